@@ -1,0 +1,1 @@
+"""weave_slurm.config."""

@@ -1,0 +1,54 @@
+"""The one exception hierarchy of weave-slurm.
+
+Exceptions are named for the caller's next move (after flux-core): a
+``ConfigError`` means "fix your input", ``InsufficientResources`` means "retry
+later", ``InfeasibleRequest`` means "never, as asked". Messages are one line that
+names the file, key or flag, quotes the bad value and lists the valid choices.
+CLIs turn any ``WeaveError`` into that line and an exit code (``exit_code``).
+"""
+
+from __future__ import annotations
+
+
+class WeaveError(Exception):
+    """Base class: every error weave-slurm raises on purpose derives from it."""
+
+    exit_code: int = 1
+
+
+class ConfigError(WeaveError):
+    """Bad user or admin input (site config, job spec, directive, flag)."""
+
+    exit_code = 2
+
+
+class InfeasibleRequest(WeaveError):
+    """The request can never be satisfied as asked (e.g. state larger than any node)."""
+
+    exit_code = 2
+
+
+class InsufficientResources(WeaveError):
+    """The request is valid but cannot be satisfied now; retry later."""
+
+
+class ExternalCommandError(WeaveError):
+    """An outside command failed; carries the evidence."""
+
+    def __init__(self, argv: list[str], returncode: int | None, stdout: str, stderr: str,
+                 what: str = "command failed") -> None:
+        self.argv = list(argv)
+        self.returncode = returncode
+        self.stdout = stdout
+        self.stderr = stderr
+        tail = (stderr or stdout).strip().splitlines()
+        last = tail[-1] if tail else ""
+        super().__init__(f"{what}: {' '.join(self.argv)} (exit {returncode}): {last}")
+
+
+class StateError(WeaveError):
+    """Persistent or shared state is missing, corrupt or owned by someone else."""
+
+
+class VersionMismatch(WeaveError):
+    """A weight version or trajectory batch does not match what the receiver expects."""
