@@ -1,1 +1,12 @@
-"""weave_slurm.sim."""
+"""weave_slurm.sim: trace-driven simulation.
+
+- ``traces``: the neutral record types (``TraceJob``, ``Trace``, ``TraceEvent``).
+- ``loader``: ``load_trace`` / ``save_trace`` (format detection, filling profiles and SLOs).
+- ``reference_traces``, ``toml_traces``: the reference line formats and our TOML format.
+- ``profiles``, ``slo``: per-kind phase times, synthetic profiles, SLO distributions.
+- ``generate``: synthetic traces shaped like the paper's production mix.
+- ``events``: the discrete-event core (virtual or wall clock).
+- ``accounting``: cost integration and the reference accounting pieces.
+
+See docs/traces.md.
+"""

@@ -1,0 +1,119 @@
+"""Placement benchmark: decision time vs active jobs, and the greedy's gap to the optimum.
+
+    python bench/placement.py --active 100,500,1000,2000,5000 --optimality 6,7,8 --json OUT
+
+Jobs are drawn as the reference's own overhead benchmark draws them: rollout and
+training seconds uniform in [25, 600], SLO uniform in [1.1, 2], groups of at most 3,
+reference accounting (a training node costs 1, a rollout node 1/3). The active jobs
+arrive one by one (online); each timed decision places one more arrival on that state
+without applying it. Optimality compares the greedy with the exact optimum on random
+sets: ``mean_ratio`` places a set as one batch (tightest budget first, as the daemon
+does with the arrivals of one tick), ``online_mean_ratio`` in the drawn arrival order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from weave_slurm.model.cost import CostRates
+from weave_slurm.model.profile import JobProfile, simple_profile
+from weave_slurm.placement.admission import place_batch
+from weave_slurm.placement.cluster import Capacity, ClusterState
+from weave_slurm.placement.engine import WeavePolicy
+from weave_slurm.placement.optimum import optimum
+
+#: The reference scheduler's per-arrival time on a 2-core machine (shared/data/README.md).
+REFERENCE_MS = {100: 104.0, 500: 338.0, 1000: 453.0, 2000: 689.0}
+REFERENCE_RATIO = {6: 1.078, 7: 1.065, 8: 1.110}
+
+
+def capacity() -> Capacity:
+    return Capacity(max_group_size=3, max_rollout_nodes_per_group=64, rollout_mem_gib=1e9,
+                    train_mem_gib=1e9, rollout_pool_nodes=10**7, train_pool_nodes=10**7,
+                    rates=CostRates(rollout_node_hour=1 / 3, train_node_hour=1.0))
+
+
+def draw(rng: random.Random, job_id: str) -> JobProfile:
+    return simple_profile(job_id, rng.uniform(25, 600), rng.uniform(25, 600), rng.uniform(1.1, 2))
+
+
+def time_decisions(active: int, probes: int, seed: int) -> dict[str, float]:
+    rng = random.Random(seed)
+    jobs = [draw(rng, f"j{i}") for i in range(active)]
+    state = place_batch(WeavePolicy(), ClusterState(capacity()), jobs, ordered=False).state
+    policy = WeavePolicy()
+    times = []
+    for i in range(probes):
+        job = draw(rng, f"probe{i}")
+        start = time.perf_counter()
+        policy.place(state, job)
+        times.append((time.perf_counter() - start) * 1000)
+    times.sort()
+    return {"active": active, "groups": len(state.groups),
+            "median_ms": round(statistics.median(times), 4),
+            "p99_ms": round(times[min(len(times) - 1, int(0.99 * len(times)))], 4)}
+
+
+def optimality(n: int, sets: int, seed: int) -> dict[str, float]:
+    cap = capacity()
+    batch, online = [], []
+    for s in range(sets):
+        rng = random.Random(seed * 1000 + n * 100 + s)
+        jobs = [draw(rng, f"j{i}") for i in range(n)]
+        best = optimum(jobs, cap).cost_per_hour
+        batch_cost = place_batch(WeavePolicy(), ClusterState(cap), jobs).state.cost_per_hour
+        batch.append(batch_cost / best)
+        online.append(place_batch(WeavePolicy(), ClusterState(cap), jobs,
+                                  ordered=False).state.cost_per_hour / best)
+    return {"jobs": n, "sets": sets,
+            "mean_ratio": round(statistics.mean(batch), 4), "max_ratio": round(max(batch), 4),
+            "online_mean_ratio": round(statistics.mean(online), 4),
+            "online_max_ratio": round(max(online), 4)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--active", default="100,500,1000,2000,5000")
+    ap.add_argument("--optimality", default="6,7,8")
+    ap.add_argument("--probes", type=int, default=200)
+    ap.add_argument("--sets", type=int, default=40)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    console = Console()
+    results = [time_decisions(int(a), args.probes, args.seed)
+               for a in args.active.split(",") if a]
+    table = Table(title="Placement time per arrival (weave policy)")
+    for col in ("active jobs", "groups", "median ms", "p99 ms", "reference ms"):
+        table.add_column(col, justify="right")
+    for r in results:
+        ref = REFERENCE_MS.get(int(r["active"]))
+        table.add_row(str(r["active"]), str(r["groups"]), f"{r['median_ms']:.3f}",
+                      f"{r['p99_ms']:.3f}", "-" if ref is None else f"{ref:.0f}")
+    console.print(table)
+    opt = [optimality(int(n), args.sets, args.seed) for n in args.optimality.split(",") if n]
+    table = Table(title="Greedy cost / exact optimum (random sets)")
+    for col in ("jobs", "sets", "batch mean", "batch max", "online mean", "online max",
+                "reference mean"):
+        table.add_column(col, justify="right")
+    for o in opt:
+        ref = REFERENCE_RATIO.get(int(o["jobs"]))
+        table.add_row(str(o["jobs"]), str(o["sets"]), f"{o['mean_ratio']:.4f}",
+                      f"{o['max_ratio']:.4f}", f"{o['online_mean_ratio']:.4f}",
+                      f"{o['online_max_ratio']:.4f}", "-" if ref is None else f"{ref:.3f}")
+    console.print(table)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"results": results, "optimality": opt}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

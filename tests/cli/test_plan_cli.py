@@ -1,0 +1,78 @@
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from weave_slurm.cli.errors import run_app
+from weave_slurm.cli.main import app
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = Path(__file__).parent / "golden"
+JOBS = sorted(str(p) for p in (ROOT / "configs" / "jobs").glob("*.toml"))
+SITE = str(ROOT / "configs" / "site.example.toml")
+
+
+def weave(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "weave_slurm.cli", *args], capture_output=True,
+                          text=True, cwd=ROOT, timeout=120, check=False)
+
+
+@pytest.mark.parametrize("policy", ["weave", "isolated"])
+def test_plan_json_matches_golden(policy: str, tmp_path: Path) -> None:
+    out = tmp_path / "plan.json"
+    rel_jobs = [os.path.relpath(p, ROOT) for p in JOBS]
+    code = run_app(app, "weave", ["plan", "--site", os.path.relpath(SITE, ROOT), "--policy",
+                                  policy, "--out", str(out), *rel_jobs])
+    assert code == 0
+    got = json.loads(out.read_text())
+    golden = GOLDEN / f"plan_{policy}.json"
+    if os.environ.get("WEAVE_UPDATE_GOLDEN") == "1":
+        golden.write_text(json.dumps(got, indent=2, sort_keys=True) + "\n")
+    assert got == json.loads(golden.read_text())
+
+
+def test_plan_weave_beats_isolated_per_job_hour() -> None:
+    proc = weave("plan", "--site", SITE, "--json", *JOBS)
+    assert proc.returncode == 0, proc.stderr
+    s = json.loads(proc.stdout)
+    assert all(j["within_slo"] for j in s["jobs"])
+    assert s["cost_ratio"]["vs_isolated"] > 1.0
+    assert s["pools"]["rollout"]["gpus"] < s["baselines"]["isolated"]["pools"]["rollout"]["gpus"]
+
+
+def test_plan_table_output() -> None:
+    proc = weave("plan", *JOBS)
+    assert proc.returncode == 0, proc.stderr
+    assert "Cost against the baselines" in proc.stdout and "colocated" in proc.stdout
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["plan", "missing.toml"], "missing.toml: file not found"),
+    (["plan", "--policy", "fastest", JOBS[0]], "--policy 'fastest': valid choices"),
+    (["config", "check", "nope.toml"], "nope.toml: file not found"),
+    (["plan", JOBS[0], JOBS[0]], "job names must be unique"),
+])
+def test_bad_input_is_one_line_and_exit_2(args: list[str], needle: str) -> None:
+    proc = weave(*args)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_bad_spec_field_names_file_key_and_value(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text(Path(JOBS[0]).read_text().replace("slo = ", "slo = 0.5 #"))
+    proc = weave("plan", str(bad))
+    assert proc.returncode == 2
+    assert f"{bad}: key 'slo' = 0.5: must be >= 1" in proc.stderr
+
+
+def test_config_check_ok() -> None:
+    proc = weave("config", "check", SITE, *JOBS)
+    assert proc.returncode == 0 and proc.stdout.count(": ok") == len(JOBS) + 1

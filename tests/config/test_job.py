@@ -1,0 +1,107 @@
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from weave_slurm.config.job import Algorithm, load_job, parse_job
+from weave_slurm.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+JOBS = sorted((ROOT / "configs" / "jobs").glob("*.toml"))
+
+BASE = """
+name = "j1"
+user = "alice"
+slo = 1.5
+[model]
+params_b = 7
+[rollout]
+prompts_per_step = 8
+samples_per_prompt = 4
+max_response_tokens = 4096
+[gpus]
+rollout = 8
+train = 8
+"""
+
+
+def test_examples_span_3b_to_32b_and_4k_to_32k() -> None:
+    specs = [load_job(p) for p in JOBS]
+    sizes = [s.model.params_b for s in specs]
+    tokens = [s.rollout.max_response_tokens for s in specs]
+    assert min(sizes) <= 3.5 and max(sizes) >= 32
+    assert min(tokens) == 4096 and max(tokens) == 32768
+    assert len({s.name for s in specs}) == len(specs)
+
+
+def test_profile_shorthand_and_table() -> None:
+    spec = parse_job(BASE + "[profile]\ntrain_s = 100\nrollout_s = {samples = [10, 30, 20]}\n")
+    assert spec.profile.train is not None and spec.profile.train.max_s == 100
+    assert spec.profile.rollout is not None
+    assert spec.profile.rollout.mean_s == 20 and spec.profile.rollout.max_s == 30
+    assert spec.algorithm is Algorithm.GRPO
+
+
+@pytest.mark.parametrize(("edit", "needle"), [
+    (("slo = 1.5", "slo = 0.9"), "'slo' = 0.9: must be >= 1"),
+    (("params_b = 7", "params_b = -7"), "'model.params_b' = -7.0: must be > 0"),
+    (("train = 8", "train = 0"), "'gpus.train' = 0: must be > 0"),
+    (("rollout = 8", "rollout = 8.5"), "'gpus.rollout' = 8.5: must be an integer"),
+    (("user = \"alice\"", "user = \"alice\"\nalgorithm = \"sac\""), "valid choices: dapo, grpo"),
+    (("name = \"j1\"", "name = \"bad name!\""), "'name' = 'bad name!'"),
+    (("[gpus]", "[gpus]\nrolout = 2"), "unknown key 'gpus.rolout'"),
+    (("name = \"j1\"", ""), "missing required key 'name'"),
+])
+def test_bad_spec_is_one_clear_line(edit: tuple[str, str], needle: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_job(BASE.replace(*edit), "job.toml")
+    assert needle in str(err.value)
+    assert str(err.value).startswith("job.toml")
+
+
+def test_profile_max_below_mean_refused() -> None:
+    with pytest.raises(ConfigError, match=r"'profile.rollout_s.max' = 5.0: must be >= mean"):
+        parse_job(BASE + "[profile]\nrollout_s = {mean = 10, max = 5}\n", "job.toml")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=300))
+def test_arbitrary_text_never_crashes(text: str) -> None:
+    try:
+        parse_job(text, "fuzz.toml")
+    except ConfigError as exc:
+        assert "\n" not in str(exc).strip() or "invalid TOML" in str(exc)
+
+
+scalars = st.one_of(st.integers(-10, 10**6), st.floats(), st.text(max_size=5),
+                    st.booleans(), st.lists(st.integers(), max_size=3))
+
+
+def _toml_value(v: object) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float) and math.isnan(v):
+        return "nan"
+    if isinstance(v, float) and math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    return json.dumps(v)
+
+
+@settings(max_examples=200, deadline=None)
+@given(key=st.sampled_from(["slo", "model.params_b", "rollout.max_response_tokens",
+                            "gpus.train", "rollout.prompt_tokens"]),
+       value=scalars)
+def test_any_value_in_any_key_is_valid_or_a_config_error(key: str, value: object) -> None:
+    table, _, leaf = key.rpartition(".")
+    lines = [ln for ln in BASE.splitlines() if not ln.startswith(f"{leaf} =")]
+    at = lines.index(f"[{table}]") + 1 if table else 1
+    lines.insert(at, f"{leaf} = {_toml_value(value)}")
+    try:
+        parse_job("\n".join(lines), "fuzz.toml")
+    except ConfigError as exc:
+        assert str(exc).startswith("fuzz.toml")

@@ -1,0 +1,69 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from weave_slurm.config.site import PoolRole, default_site, load_site, parse_site
+from weave_slurm.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+MINIMAL = """
+[pools.rollout]
+[pools.train]
+"""
+
+
+def test_example_site_loads_with_paper_defaults() -> None:
+    site = load_site(ROOT / "configs" / "site.example.toml")
+    assert site.rollout.partition == "h20" and site.train.partition == "h800"
+    ratio = site.train.price_per_gpu_hour / site.rollout.price_per_gpu_hour
+    assert ratio == pytest.approx(2.85, rel=1e-3)
+    assert site.network.inter_pool_gbps == 20 and site.network.intra_pool_gbps == 400
+    assert site.pool(PoolRole.ROLLOUT).gpus_per_node == 8
+
+
+def test_reference_site_prices_h20_node_at_a_third() -> None:
+    site = load_site(ROOT / "configs" / "reference.toml")
+    assert site.rollout.price_per_node_hour * 3 == pytest.approx(site.train.price_per_node_hour)
+    assert site.limits.max_group_size == 3
+
+
+def test_minimal_site_takes_defaults() -> None:
+    site = parse_site(MINIMAL)
+    assert site.rollout == default_site().rollout
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    (MINIMAL + "[pools.bogus]\n", "unknown pool '[pools.bogus]'"),
+    ("[pools.rollout]\n", "missing required table '[pools.train]'"),
+    (MINIMAL.replace("[pools.train]", "[pools.train]\ngpus_per_node = -8"),
+     "'pools.train.gpus_per_node' = -8: must be > 0"),
+    (MINIMAL.replace("[pools.train]", "[pools.train]\ngpus_per_node = 'eight'"),
+     "must be an integer"),
+    (MINIMAL.replace("[pools.train]", "[pools.train]\ngpu = 'v100'"),
+     "valid choices: a100, h100, h20, h800"),
+    (MINIMAL + "[site]\ndefault_slo = 0.5\n", "'site.default_slo' = 0.5: must be >= 1"),
+    (MINIMAL + "[limits]\nmax_group_sise = 3\n", "unknown key 'limits.max_group_sise'"),
+    (MINIMAL + "[network]\ninter_pool_gbps = 0\n", "must be > 0"),
+    ("[pools.rollout\n", "invalid TOML"),
+])
+def test_bad_site_is_one_clear_line(text: str, needle: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_site(text, "site.toml")
+    message = str(err.value)
+    assert needle in message
+    assert message.startswith("site.toml")
+    assert "\n" not in message
+
+
+def test_missing_file_names_it(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"nope\.toml: file not found"):
+        load_site(tmp_path / "nope.toml")
+
+
+def test_custom_gpu_kind() -> None:
+    text = MINIMAL.replace("[pools.rollout]", "[pools.rollout]\ngpu = 'l40s'") + (
+        "[gpus.l40s]\nhbm_gib = 48\nhbm_tbps = 0.864\nbf16_tflops = 362\n")
+    assert parse_site(text).rollout.gpu.hbm_gib == 48

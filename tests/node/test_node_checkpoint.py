@@ -1,0 +1,60 @@
+"""Checkpoints: atomic, private, the newest N kept, restored byte for byte."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+import torch
+
+from weave_slurm.errors import StateError
+from weave_slurm.node.checkpoint import CheckpointStore
+from weave_slurm.node.index import JobRef
+from weave_slurm.node.segments import SegmentStore
+
+pytestmark = pytest.mark.torch
+NOBODY = 65534
+
+
+def test_save_restore_round_trip_and_keep_last(shm_root: Path, ckpt_root: Path) -> None:
+    store = SegmentStore(shm_root)
+    ckpt = CheckpointStore(ckpt_root, keep_last=2)
+    job = JobRef("j1", NOBODY)
+    w = torch.randn(256, 64)
+    store.put_state(job, "weights", {"w": w}, version=1, extra={"loader_pos": 5})
+    store.put_state(job, "optim", {"m": torch.zeros(10), "step": torch.tensor(3)}, version=1)
+    for v in (2, 3, 4):
+        store.update_state(job, "weights", {"w": w + v}, version=v)
+        info = ckpt.save(store, job)
+    assert info.versions == {"optim": 1, "weights": 4} and info.seq == 3
+    assert [p.name for p in ckpt.checkpoints(job)] == ["ckpt-000002", "ckpt-000003"]
+    assert not [p for p in ckpt.job_dir(job).iterdir() if p.name.startswith(".tmp")]
+    for path in [info.path, *info.path.iterdir()]:
+        st = os.stat(path)
+        want = 0o700 if path.is_dir() else 0o600
+        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (NOBODY, want), path
+
+    store.delete_job(job)
+    restored = ckpt.restore(store, job, drop_cache=True)
+    assert restored.versions == {"optim": 1, "weights": 4} and restored.elapsed_s >= 0
+    got = store.attach_state(job, "weights")
+    assert got.index.version == 4 and got.index.extra == {"loader_pos": 5}
+    assert torch.equal(got.tensors["w"], w + 4)
+    assert int(store.attach_state(job, "optim").tensors["step"]) == 3
+
+
+def test_restore_without_checkpoint_is_a_state_error(shm_root: Path, ckpt_root: Path) -> None:
+    with pytest.raises(StateError, match="no checkpoint"):
+        CheckpointStore(ckpt_root).restore(SegmentStore(shm_root), JobRef("j9", 0))
+
+
+def test_torn_segment_is_skipped(shm_root: Path, ckpt_root: Path) -> None:
+    store = SegmentStore(shm_root)
+    job = JobRef("j1", 0)
+    store.put_state(job, "good", {"w": torch.ones(4)}, version=1)
+    store.put_state(job, "torn", {"w": torch.ones(4)}, version=1)
+    store.index_path(job, "torn").unlink()
+    info = CheckpointStore(ckpt_root).save(store, job)
+    assert info.versions == {"good": 1}

@@ -1,0 +1,161 @@
+"""The node daemon over its real Unix socket: ownership, budget, workers, drop."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from weave_slurm.errors import InfeasibleRequest, InsufficientResources, StateError
+from weave_slurm.node.client import NodeClient
+from weave_slurm.node.daemon import NodeDaemon
+from weave_slurm.node.protocol import Op
+
+pytestmark = pytest.mark.torch
+NOBODY = 65534
+
+# A phase worker: attach the job's state from the environment, report, then wait.
+WORKER = """
+import os, sys, time
+from weave_slurm.node.worker import attach_from_env
+state = attach_from_env()
+w = state["weights"].tensors["w"]
+y = w @ w.T                                   # first useful work on the attached weights
+with open(sys.argv[1], "w") as f:
+    f.write(f"{os.environ['WEAVE_PHASE']} {float(w.sum())} {tuple(y.shape)}")
+time.sleep(600)
+"""
+
+
+def _wait_for(path: Path, timeout_s: float = 60.0) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text():
+            return path.read_text()
+        time.sleep(0.05)
+    raise AssertionError(f"{path} never appeared")
+
+
+def _client(node: NodeDaemon) -> NodeClient:
+    return NodeClient(node.config.socket)
+
+
+def test_put_attach_status_over_the_socket(node: NodeDaemon) -> None:
+    with _client(node) as c:
+        job = c.register("j1")
+        w = torch.randn(32, 16)
+        c.put_state(job, "weights", {"w": w}, version=5, extra={"loader_pos": 9})
+        got = c.attach(job)["weights"]
+        assert torch.equal(got.tensors["w"], w) and got.index.extra == {"loader_pos": 9}
+        status = c.call(Op.STATUS)
+    assert status["memory"]["used_bytes"] == 4096
+    assert status["memory"]["free_bytes"] == 16 * 2**20 - 4096
+    assert status["jobs"][0]["segments"]["weights"]["version"] == 5
+
+
+def test_state_beyond_the_budget_is_refused_with_a_clear_error(node: NodeDaemon) -> None:
+    with _client(node) as c:
+        job = c.register("j1")
+        c.put_state(job, "weights", {"w": torch.zeros(3 * 2**20 // 4 * 4)}, version=1)  # 12 MiB
+        with pytest.raises(InsufficientResources, match=r"j1/optim needs 0\.008 GiB .* free"):
+            c.put_state(job, "optim", {"m": torch.zeros(2**21)}, version=1)  # 8 MiB
+        with pytest.raises(InfeasibleRequest, match="more than this node's whole"):
+            c.put_state(job, "huge", {"m": torch.zeros(2**23)}, version=1)  # 32 MiB
+        assert not node.store.seg_path(job, "optim").exists()
+        assert c.call(Op.STATUS)["memory"]["per_job_bytes"] == {"j1": 12 * 2**20}
+
+
+def test_another_uid_cannot_touch_the_job(
+        node: NodeDaemon, run_as: Callable[[int, Callable[[], str]], str]) -> None:
+    with _client(node) as c:
+        job = c.register("j1")
+        c.put_state(job, "weights", {"w": torch.ones(4)}, version=1)
+
+    def intrude() -> str:
+        with NodeClient(node.config.socket) as other:
+            outcomes = []
+            for op, args in ((Op.ATTACH_INFO, {}), (Op.DROP, {}),
+                             (Op.ACTIVATE, {"phase": "train", "argv": ["/bin/true"]})):
+                try:
+                    other.call(op, job="j1", **args)
+                    outcomes.append(f"{op.value}:allowed")
+                except StateError as exc:
+                    outcomes.append(f"{op.value}:{exc}")
+            jobs = other.call(Op.STATUS)["jobs"]
+            return "\n".join([*outcomes, f"status-jobs:{len(jobs)}"])
+
+    lines = run_as(NOBODY, intrude).splitlines()
+    assert len(lines) == 4, lines
+    for line in lines[:3]:
+        assert "uid 65534 may not touch job 'j1'" in line, line
+    assert lines[3] == "status-jobs:0"
+    assert node.store.attach_state(job, "weights").index.version == 1
+
+
+def test_worker_kill_9_leaves_state_intact(node: NodeDaemon, tmp_path: Path) -> None:
+    script, ready = tmp_path / "worker.py", tmp_path / "ready"
+    script.write_text(WORKER)
+    w = torch.randn(64, 64)
+    with _client(node) as c:
+        job = c.register("j1")
+        c.put_state(job, "weights", {"w": w}, version=3)
+        reply = c.call(Op.ACTIVATE, job="j1", phase="train",
+                       argv=[sys.executable, str(script), str(ready)],
+                       env={"PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+        assert reply["state"] == "running" and reply["env"]["WEAVE_PHASE"] == "train"
+        phase, total, shape = _wait_for(ready).split(" ", 2)
+        assert (phase, float(total), shape) == ("train", float(w.sum()), "(64, 64)")
+        with pytest.raises(StateError, match="already runs phase 'train'"):
+            c.call(Op.ACTIVATE, job="j1", phase="rollout", argv=["/bin/true"])
+        os.kill(reply["pid"], signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while (worker := c.call(Op.PHASE, job="j1")["worker"])["state"] == "running":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert worker["state"] == "killed" and worker["returncode"] == -signal.SIGKILL
+        got = c.attach(job)["weights"]
+        assert got.index.version == 3 and got.index.complete
+        assert torch.equal(got.tensors["w"], w)
+        # the next phase starts fine on the same state
+        again = c.call(Op.ACTIVATE, job="j1", phase="rollout", argv=["/bin/true"])
+        assert again["phase"] == "rollout"
+
+
+def test_drop_removes_everything_of_the_job(node: NodeDaemon) -> None:
+    with _client(node) as c:
+        job = c.register("j1")
+        other = c.register("j2")
+        c.put_state(job, "weights", {"w": torch.ones(1024)}, version=1)
+        c.put_state(other, "weights", {"w": torch.ones(1024)}, version=1)
+        ckpt: dict[str, Any] = c.call(Op.CHECKPOINT, job="j1")
+        assert Path(ckpt["path"]).is_dir()
+        c.call(Op.ACTIVATE, job="j1", phase="rollout", argv=["/bin/sleep", "600"])
+        assert c.call(Op.DROP, job="j1")["dropped"]
+        assert not node.store.job_dir(job).exists()
+        assert not node.ckpt.job_dir(job).exists()
+        assert not Path(ckpt["path"]).exists()
+        status = c.call(Op.STATUS)
+        assert [j["job"] for j in status["jobs"]] == ["j2"]
+        assert status["memory"]["per_job_bytes"] == {"j2": 4096}
+        with pytest.raises(StateError, match="not registered"):
+            c.call(Op.ATTACH_INFO, job="j1")
+        assert "j1" not in (node.config.root / "registry.json").read_text()
+
+
+def test_checkpoint_and_restore_through_the_daemon(node: NodeDaemon) -> None:
+    with _client(node) as c:
+        job = c.register("j1")
+        w = torch.randn(128)
+        c.put_state(job, "weights", {"w": w}, version=2)
+        c.call(Op.CHECKPOINT, job="j1")
+        node.store.delete_job(job)
+        reply = c.call(Op.RESTORE, job="j1", drop_cache=True)
+        assert reply["versions"] == {"weights": 2}
+        assert torch.equal(c.attach(job)["weights"].tensors["w"], w)

@@ -1,0 +1,141 @@
+"""Resident workers: forked by the zygote, kept alive between phases, replaced on death."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from weave_slurm.node.client import NodeClient
+from weave_slurm.node.daemon import NodeDaemon
+from weave_slurm.node.protocol import Op
+
+pytestmark = pytest.mark.torch
+NOBODY = 65534
+
+ENTRY = """
+import json, os, time
+import torch
+
+def report(ctx):
+    w = ctx.state["weights"].tensors["w"]
+    y = w @ torch.ones(w.shape[1])               # first useful work on the attached weights
+    return {"pid": os.getpid(), "uid": os.getuid(), "euid": os.geteuid(),
+            "groups": os.getgroups(), "phase": ctx.phase, "args": list(ctx.args),
+            "sum": float(y.sum()), "version": ctx.state["weights"].index.version,
+            "segments": json.loads(os.environ["WEAVE_SEGMENTS"])}
+
+def hang(ctx):
+    time.sleep(600)
+
+def peek(ctx):
+    try:
+        open(ctx.args[0], "rb").close()
+        return "opened"
+    except PermissionError:
+        return "PermissionError"
+"""
+
+
+@pytest.fixture
+def entry(shm_root: Path) -> str:
+    """The entry module, readable by every uid (its parent directory is 0711)."""
+    path = shm_root.parent / "entry.py"
+    path.write_text(ENTRY)
+    path.chmod(0o644)
+    return str(path)
+
+
+def _wait(c: NodeClient, job: str, timeout_s: float = 60.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while (worker := c.call(Op.PHASE, job=job)["worker"])["state"] == "running":
+        assert time.monotonic() < deadline, worker
+        time.sleep(0.01)
+    return dict(worker)
+
+
+def _run(c: NodeClient, job: str, entry: str, fn: str, *args: str) -> dict[str, Any]:
+    reply = c.call(Op.ACTIVATE, job=job, phase="train", entry=f"{entry}:{fn}", args=list(args))
+    assert reply["resident"] and reply["state"] == "running"
+    return _wait(c, job)
+
+
+def _owner() -> int:
+    return NOBODY if os.geteuid() == 0 else os.geteuid()
+
+
+def test_a_resident_worker_serves_two_activations_without_restarting(
+        resident_node: NodeDaemon, entry: str) -> None:
+    with NodeClient(resident_node.config.socket) as c:
+        job = c.register("j1", uid=_owner())
+        c.put_state(job, "weights", {"w": torch.ones(8, 4)}, version=1)
+        first = _run(c, "j1", entry, "report", "a")
+        c.put_state(job, "weights", {"w": torch.full((8, 4), 2.0)}, version=2)  # new file
+        second = _run(c, "j1", entry, "report", "b")
+        status = c.call(Op.STATUS)["jobs"][0]["resident"]
+    assert first["state"] == second["state"] == "exited", (first, second)
+    assert first["result"]["pid"] == second["result"]["pid"] == status["pid"]
+    assert (first["result"]["sum"], second["result"]["sum"]) == (32.0, 64.0)
+    assert (first["result"]["version"], second["result"]["version"]) == (1, 2)
+    assert second["result"]["args"] == ["b"] and second["activation"] == 2
+    assert status["restarts"] == 0 and status["activations"] == 2
+
+
+def test_a_killed_resident_worker_is_replaced_and_the_next_activation_works(
+        resident_node: NodeDaemon, entry: str) -> None:
+    w = torch.randn(16, 4)
+    with NodeClient(resident_node.config.socket) as c:
+        job = c.register("j1", uid=_owner())
+        c.put_state(job, "weights", {"w": w}, version=3)
+        running = c.call(Op.ACTIVATE, job="j1", phase="rollout", entry=f"{entry}:hang")
+        os.kill(running["pid"], signal.SIGKILL)
+        dead = _wait(c, "j1")
+        assert dead["state"] == "killed" and dead["pid"] == running["pid"], dead
+        after = _run(c, "j1", entry, "report")
+        status = c.call(Op.STATUS)["jobs"][0]
+        attached = c.attach(job)["weights"] if os.geteuid() == _owner() else None
+    assert after["state"] == "exited", after
+    assert after["result"]["pid"] != running["pid"]
+    assert after["result"]["version"] == 3
+    assert after["result"]["sum"] == pytest.approx(float((w @ torch.ones(4)).sum()), rel=1e-5)
+    assert status["resident"]["restarts"] == 1
+    assert status["segments"]["weights"]["version"] == 3
+    if attached is not None:
+        assert torch.equal(attached.tensors["w"], w)
+
+
+def test_the_worker_runs_as_the_jobs_uid_and_sees_only_its_paths(
+        resident_node: NodeDaemon, entry: str) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to register a job for another uid")
+    with NodeClient(resident_node.config.socket) as c:
+        mine = c.register("j1", uid=NOBODY)
+        other = c.register("j2", uid=NOBODY - 1)
+        c.put_state(mine, "weights", {"w": torch.ones(2, 2)}, version=1)
+        c.put_state(other, "weights", {"w": torch.ones(2, 2)}, version=1)
+        got = _run(c, "j1", entry, "report")["result"]
+        foreign = str(resident_node.store.seg_path(other, "weights"))
+        peek = _run(c, "j1", entry, "peek", foreign)["result"]
+    assert (got["uid"], got["euid"], got["groups"]) == (NOBODY, NOBODY, [])
+    assert got["segments"] == {"weights": str(resident_node.store.seg_path(mine, "weights"))}
+    assert peek == "PermissionError"
+
+
+def test_deactivate_interrupts_a_phase_and_a_failing_entry_keeps_the_worker(
+        resident_node: NodeDaemon, entry: str) -> None:
+    with NodeClient(resident_node.config.socket) as c:
+        job = c.register("j1", uid=_owner())
+        c.put_state(job, "weights", {"w": torch.ones(2, 2)}, version=1)
+        running = c.call(Op.ACTIVATE, job="j1", phase="sync", entry=f"{entry}:hang")
+        stopped = c.call(Op.DEACTIVATE, job="j1")
+        broken = _run(c, "j1", entry, "no_such_function")
+        fine = _run(c, "j1", entry, "report")
+    assert stopped["state"] == "failed" and "PhaseCancelled" in stopped["error"], stopped
+    assert broken["state"] == "failed" and "no_such_function" in broken["error"], broken
+    assert fine["state"] == "exited"
+    assert running["pid"] == stopped["pid"] == fine["result"]["pid"]

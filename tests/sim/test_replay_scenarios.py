@@ -1,0 +1,103 @@
+"""Failures, drift, re-planning policies and the `weave simulate` command."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from weave_slurm.cli.errors import run_app
+from weave_slurm.cli.main import app
+from weave_slurm.placement.cluster import Capacity
+from weave_slurm.sim.accounting import reference_site
+from weave_slurm.sim.drift import DriftModel, DriftPattern
+from weave_slurm.sim.failures import FailureModel
+from weave_slurm.sim.loader import load_trace
+from weave_slurm.sim.policies import Accounting
+from weave_slurm.sim.replay import ReplayOptions, replay_policies
+from weave_slurm.sim.report import build_report
+
+SMALL = "philly_0_10000_20_parsed_all"
+GPUS = {"rollout": 8, "train": 8}
+
+
+def _cap(n: int = 3) -> Capacity:
+    return Capacity.from_site(reference_site(), n)
+
+
+def test_failures_roll_back_and_readmit_others_continue() -> None:
+    trace = load_trace(SMALL)
+    opts = ReplayOptions(accounting=Accounting.CONSISTENT,
+                         failures=FailureModel(0.01, checkpoint_every_iterations=5, seed=1))
+    clean = replay_policies(trace, _cap(), ("weave",),
+                            ReplayOptions(accounting=Accounting.CONSISTENT))["weave"]
+    hit = replay_policies(trace, _cap(), ("weave",), opts)["weave"]
+    assert hit.failures > 0
+    lost = sum(r.lost_iterations for r in hit.runs.values())
+    assert lost > 0
+    assert all(r.departure_s is not None for r in hit.runs.values())
+    # The same work is done; the lost iterations and restarts cost time and money.
+    assert sum(r.done for r in hit.runs.values()) == pytest.approx(
+        sum(r.done for r in clean.runs.values()), rel=1e-6)
+    assert hit.cost > clean.cost
+    untouched = [j for j, r in hit.runs.items() if r.failures == 0]
+    assert untouched, "a failure hits only the jobs on the failed node's group"
+
+
+def test_drift_static_placement_misses_slos_that_replanning_keeps() -> None:
+    trace = load_trace(SMALL)
+    opts = ReplayOptions(drift=DriftModel(DriftPattern.INCREASING, amplitude=0.8))
+    res = replay_policies(trace, _cap(), ("weave-online", "weave", "regroup"), opts)
+    report = build_report(res, GPUS)["policies"]
+    assert report["weave-online"]["slo_attainment"] < 1.0
+    assert report["weave"]["slo_attainment"] > report["weave-online"]["slo_attainment"]
+    assert report["regroup"]["regroups"] > 0
+
+
+def test_optimal_is_a_lower_bound_of_the_greedy() -> None:
+    trace = load_trace(SMALL)
+    res = replay_policies(trace, _cap(), ("weave", "weave-online", "optimal"))
+    assert res["optimal"].reference_units <= res["weave-online"].reference_units + 1e-6
+    assert res["optimal"].optimum_fallbacks >= 0
+
+
+def test_simulate_cli_writes_json_and_plots(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    code = run_app(app, "weave", ["simulate", SMALL, "--policy", "weave,isolated,colocated",
+                                  "--max-group-size", "3", "--json", str(out),
+                                  "--plot", str(tmp_path / "plots")])
+    assert code == 0
+    doc = json.loads(out.read_text())
+    weave = doc["policies"]["weave"]
+    for key in ("cost", "cost_per_hour", "slo_violations", "slo_attainment", "admissions",
+                "peak_gpus", "bubble", "ratios", "slo_check"):
+        assert key in weave
+    assert set(weave["admissions"]) == {"direct", "scale_rollout", "new_group"}
+    assert weave["ratios"]["vs_isolated"] > 1
+    assert {p.name for p in (tmp_path / "plots").iterdir()} == {
+        "cost_rate.png", "gpus.png", "gantt.png"}
+
+
+def test_corrupt_trace_line_names_the_line(tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.trace"
+    bad.write_text("a, 2025-01-01 00:00:00, 1, 100, 100, 1.5\n"
+                   "b, 2025-01-01 00:10:00, 1, 100, oops, 1.5\n")
+    code = run_app(app, "weave", ["simulate", str(bad)])
+    assert code != 0
+    err = capsys.readouterr().err
+    assert f"{bad}:2" in err and "oops" in err
+
+
+def test_unknown_policy_lists_the_choices(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_app(app, "weave", ["simulate", SMALL, "--policy", "weave,best"]) != 0
+    err = capsys.readouterr().err
+    assert "best" in err and "most-idle" in err
+
+
+def test_trace_generate_round_trips(tmp_path: Path) -> None:
+    out = tmp_path / "gen.toml"
+    assert run_app(app, "weave", ["trace", "generate", str(out), "--jobs", "20"]) == 0
+    trace = load_trace(out)
+    assert len(trace.jobs) == 20

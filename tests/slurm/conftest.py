@@ -1,0 +1,16 @@
+"""Fixtures of the Slurm tests: the session's local cluster (only for `slurm` tests)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.slurm.session_cluster import SessionCluster, start
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SessionCluster]:
+    sc = start(tmp_path_factory)
+    yield sc
+    sc.cluster.down()

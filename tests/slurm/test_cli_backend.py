@@ -1,0 +1,141 @@
+"""SlurmCliBackend against a fake runner: the exact commands, and error mapping."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+
+from weave_slurm.errors import InfeasibleRequest, InsufficientResources, StateError
+from weave_slurm.slurm.backend import (
+    AllocationRequest,
+    ResourceSpec,
+    StepHandle,
+    StepSpec,
+    StepState,
+)
+from weave_slurm.slurm.cli_backend import SlurmCliBackend, salloc_argv, srun_argv
+from weave_slurm.slurm.fake_runner import FakeReply, FakeRunner
+from weave_slurm.slurm.runner import SlurmCommandError
+
+FIX = Path(__file__).parent / "fixtures"
+ENV = {"SLURM_CONF": "/x/slurm.conf"}
+H20 = ResourceSpec("h20", 2, 8, "h20", 8)
+H800 = ResourceSpec("h800", 1, 8, "h800", 16)
+
+
+def _backend(fake: FakeRunner) -> SlurmCliBackend:
+    fake.on(["squeue", "--json"], FakeReply(stdout=(FIX / "squeue_22.05_het.json").read_text()))
+    return SlurmCliBackend(runner=fake, env=ENV)
+
+
+def test_salloc_argv_plain_and_het() -> None:
+    req = AllocationRequest("8", "het", (H20, H800), time_limit_min=90, immediate_s=5)
+    assert salloc_argv(req) == [
+        "salloc", "--no-shell", "--job-name=weave-g8-het", "--comment=weave-group=8,pool=het",
+        "--immediate=5", "--time=90",
+        "--partition=h20", "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=8",
+        "--gres=gpu:h20:8", ":",
+        "--partition=h800", "--nodes=1", "--ntasks-per-node=1", "--cpus-per-task=16",
+        "--gres=gpu:h800:8"]
+    no_gpu = AllocationRequest("1", "cpu", (ResourceSpec("h20", 1),))
+    assert not any(a.startswith("--gres") for a in salloc_argv(no_gpu))
+
+
+def test_srun_argv_always_has_overlap_exact_n_c() -> None:
+    spec = StepSpec("roll-a", ("python", "-m", "x"), ntasks=4, cpus_per_task=2, node_count=2,
+                    nodelist=("h20-0", "h20-1"), gpus_per_node=2, het_group=1,
+                    slurm_args=("--weave-slo=1.5",))
+    assert srun_argv("12", spec) == [
+        "srun", "--jobid=12", "--overlap", "--exact", "--job-name=roll-a", "-n", "4", "-c", "2",
+        "-N", "2", "--nodelist=h20-0,h20-1", "--gres=gpu:2", "--het-group=1",
+        "--weave-slo=1.5", "python", "-m", "x"]
+
+
+def test_allocate_parses_grant_and_reads_back_from_squeue() -> None:
+    fake = FakeRunner()
+    fake.on(["salloc"], FakeReply(stderr="salloc: Granted job allocation 3\n"))
+    backend = _backend(fake)
+    alloc = backend.allocate(AllocationRequest("8", "het", (H20, H800)))
+    assert alloc.alloc_id == "3" and alloc.heterogeneous
+    assert fake.calls[0].env == ENV
+
+
+@pytest.mark.parametrize(("stderr", "exc"), [
+    ("salloc: error: Job submit/allocate failed: Requested node configuration is not "
+     "available", InfeasibleRequest),
+    ("salloc: error: invalid partition specified: nope", InfeasibleRequest),
+    ("salloc: error: Unable to allocate resources: Connection timed out", InsufficientResources),
+])
+def test_allocate_maps_refusals_to_next_moves(stderr: str, exc: type[Exception]) -> None:
+    fake = FakeRunner()
+    fake.on(["salloc"], FakeReply(stderr=stderr, returncode=1))
+    with pytest.raises(exc, match="weave-g1-h20"):
+        _backend(fake).allocate(AllocationRequest("1", "h20", (H20,)))
+
+
+def test_allocate_hang_is_insufficient_and_other_errors_pass_through() -> None:
+    fake = FakeRunner()
+    fake.on(["salloc"], FakeReply(hang=True))
+    with pytest.raises(InsufficientResources):
+        _backend(fake).allocate(AllocationRequest("1", "h20", (H20,)))
+    fake2 = FakeRunner()
+    fake2.on(["salloc"], FakeReply(stderr="salloc: error: munge decode failed", returncode=1))
+    with pytest.raises(SlurmCommandError, match="munge"):
+        _backend(fake2).allocate(AllocationRequest("1", "h20", (H20,)))
+
+
+def test_allocate_without_grant_line_is_a_state_error() -> None:
+    fake = FakeRunner()
+    fake.on(["salloc"], FakeReply(stderr="salloc: something else"))
+    with pytest.raises(StateError, match="Granted"):
+        _backend(fake).allocate(AllocationRequest("1", "h20", (H20,)))
+
+
+def test_list_allocations_drops_ended_jobs() -> None:
+    allocs = _backend(FakeRunner()).list_allocations()
+    assert [a.alloc_id for a in allocs] == ["2", "3"]
+
+
+def test_release_is_idempotent() -> None:
+    fake = FakeRunner()
+    fake.on(["scancel"], FakeReply(stderr="scancel: error: Kill job error on job id 9: Invalid "
+                                          "job id specified", returncode=1))
+    backend = _backend(fake)
+    backend.release("9")
+    assert fake.argvs("scancel") == [("scancel", "9")]
+
+
+def test_steps_launch_poll_cancel() -> None:
+    fake = FakeRunner()
+    fake.on(["srun"], FakeReply())
+    fake.on(["squeue", "--steps"], FakeReply(stdout="8.0|roll|h20-[0-1]|2\n8.1|other|h20-0|1\n"))
+    fake.on(["scancel"], FakeReply())
+    backend = _backend(fake)
+    handle = backend.launch_step("8", StepSpec("roll", ("sleep", "9"), ntasks=2,
+                                               env={"A": "1"}))
+    (call,) = [c for c in fake.calls if c.spawned]
+    assert call.env == {**ENV, "A": "1"}
+    assert backend.poll_step(handle).state is StepState.RUNNING
+    assert [s.name for s in backend.list_steps("8")] == ["roll", "other"]
+    fake.processes[0].returncode = -signal.SIGTERM  # srun exits once its step is cancelled
+    backend.cancel_step(handle, timeout_s=1)
+    assert fake.argvs("scancel") == [("scancel", "8.0")]
+    assert backend.poll_step(handle).state is StepState.CANCELLED
+
+
+def test_step_exit_codes_and_adopted_handles() -> None:
+    fake = FakeRunner()
+    fake.on(["srun"], FakeReply())
+    fake.on(["squeue", "--steps"], FakeReply(stdout="8.0|roll|h20-0|1\n"))
+    backend = _backend(fake)
+    ok = backend.launch_step("8", StepSpec("a", ("true",)))
+    bad = backend.launch_step("8", StepSpec("b", ("false",)))
+    fake.processes[0].returncode, fake.processes[1].returncode = 0, 2
+    assert backend.poll_step(ok).state is StepState.COMPLETED
+    status = backend.poll_step(bad)
+    assert (status.state, status.returncode) == (StepState.FAILED, 2)
+    fresh = _backend(fake)  # a restarted daemon knows only what Slurm lists
+    assert fresh.poll_step(StepHandle("8", "roll", 1)).state is StepState.RUNNING
+    assert fresh.poll_step(StepHandle("8", "gone", 1)).state is StepState.UNKNOWN

@@ -1,0 +1,139 @@
+"""LocalBackend on real processes: allocation bookkeeping, steps, adoption after restart."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from weave_slurm.errors import InfeasibleRequest, InsufficientResources, StateError
+from weave_slurm.slurm.backend import AllocationRequest, ResourceSpec, StepSpec, StepState
+from weave_slurm.slurm.cluster_config import ClusterLayout, PoolShape
+from weave_slurm.slurm.local_backend import LocalBackend
+
+ENV_DUMP = ("import json, os, sys; json.dump({k: v for k, v in os.environ.items() "
+            "if k.startswith(('SLURM', 'CUDA', 'WEAVE'))}, open(sys.argv[1] + "
+            "os.environ['SLURM_PROCID'], 'w'))")
+
+
+def _h20(nodes: int = 2, gpus: int = 4, cpus: int = 4) -> ResourceSpec:
+    return ResourceSpec("h20", nodes, gpus, "h20", cpus)
+
+
+def _wait(backend: LocalBackend, handle: object, timeout_s: float = 20) -> None:
+    deadline = time.monotonic() + timeout_s
+    while backend.poll_step(handle).state is StepState.RUNNING:  # type: ignore[arg-type]
+        assert time.monotonic() < deadline, "step did not finish"
+        time.sleep(0.02)
+
+
+def test_allocations_take_free_gpus_and_refuse_when_full(tmp_path: Path) -> None:
+    b = LocalBackend(tmp_path)
+    a1 = b.allocate(AllocationRequest("1", "h20", (_h20(),)))
+    a2 = b.allocate(AllocationRequest("2", "h20", (_h20(),)))
+    assert a1.nodes == a2.nodes == ("h20-0", "h20-1")
+    assert (a1.group_id, a1.pool, a1.name) == ("1", "h20", "weave-g1-h20")
+    with pytest.raises(InsufficientResources, match="retry later"):
+        b.allocate(AllocationRequest("3", "h20", (_h20(nodes=1, gpus=1),)))
+    assert {n.name: n.state for n in b.nodes()} == {
+        "h20-0": "allocated", "h20-1": "allocated", "h800-0": "idle", "h800-1": "idle"}
+    b.release(a1.alloc_id)
+    a3 = b.allocate(AllocationRequest("3", "h20", (_h20(nodes=1, gpus=1),)))
+    assert a3.nodes == ("h20-0",)
+
+
+@pytest.mark.parametrize(("spec", "match"), [
+    (ResourceSpec("a100", 1, 1), "does not exist; valid: \\['h20', 'h800'\\]"),
+    (ResourceSpec("h20", 3, 1), "node_count=3"),
+    (ResourceSpec("h20", 1, 9), "gpus_per_node=9"),
+    (ResourceSpec("h20", 1, 1, "h800"), "GPU type"),
+])
+def test_infeasible_requests(tmp_path: Path, spec: ResourceSpec, match: str) -> None:
+    with pytest.raises(InfeasibleRequest, match=match):
+        LocalBackend(tmp_path).allocate(AllocationRequest("1", "x", (spec,)))
+
+
+def test_restarted_backend_adopts_allocations_and_steps(tmp_path: Path) -> None:
+    b = LocalBackend(tmp_path)
+    a = b.allocate(AllocationRequest("7", "h20", (_h20(),)))
+    other = b.allocate(AllocationRequest("7", "h800", (ResourceSpec("h800", 1, 8, "h800"),)))
+    handle = b.launch_step(a.alloc_id, StepSpec("node-d", ("sleep", "30"), ntasks=2))
+    fresh = LocalBackend(tmp_path)  # "restart": a new object reading the same state dir
+    adopted = fresh.list_allocations()
+    assert [(x.alloc_id, x.group_id, x.pool) for x in adopted] == [
+        (a.alloc_id, "7", "h20"), (other.alloc_id, "7", "h800")]
+    assert [s.name for s in fresh.list_steps(a.alloc_id)] == ["node-d"]
+    assert fresh.poll_step(handle).state is StepState.RUNNING
+    fresh.release(a.alloc_id)  # kills the step started by the "old" process
+    _wait(b, handle)
+    assert b.poll_step(handle).state is StepState.CANCELLED
+    assert [x.alloc_id for x in fresh.list_allocations()] == [other.alloc_id]
+    assert fresh.list_allocations(prefix="weave-g8") == ()
+
+
+def test_step_env_is_slurm_like_and_gpus_are_disjoint(tmp_path: Path) -> None:
+    b = LocalBackend(tmp_path / "state")
+    a = b.allocate(AllocationRequest("1", "h20", (_h20(gpus=4),)))
+    hold = b.launch_step(a.alloc_id, StepSpec("hold", ("sleep", "30"), ntasks=2,
+                                              gpus_per_node=2))
+    out = tmp_path / "env"
+    h = b.launch_step(a.alloc_id, StepSpec("dump", (sys.executable, "-c", ENV_DUMP, str(out)),
+                                           ntasks=3, gpus_per_node=2, env={"WEAVE_X": "y"}))
+    _wait(b, h)
+    assert b.poll_step(h).state is StepState.COMPLETED
+    envs = [json.loads((tmp_path / f"env{i}").read_text()) for i in range(3)]
+    assert [e["SLURMD_NODENAME"] for e in envs] == ["h20-0", "h20-0", "h20-1"]
+    assert [e["SLURM_LOCALID"] for e in envs] == ["0", "1", "0"]
+    assert {e["SLURM_JOB_ID"] for e in envs} == {a.alloc_id}
+    assert {e["SLURM_STEP_ID"] for e in envs} == {"1"}
+    assert {e["SLURM_NTASKS"] for e in envs} == {"3"} and envs[0]["WEAVE_X"] == "y"
+    assert {e["CUDA_VISIBLE_DEVICES"] for e in envs} == {"2,3"}, "must avoid hold's 0,1"
+    with pytest.raises(InsufficientResources, match="GPUs free"):
+        b.launch_step(a.alloc_id, StepSpec("more", ("true",), ntasks=2, gpus_per_node=3))
+    b.cancel_step(hold)
+    assert b.poll_step(hold).state is StepState.CANCELLED
+    assert b.list_steps(a.alloc_id) == ()
+
+
+def test_failed_step_reports_its_exit_code_and_log(tmp_path: Path) -> None:
+    b = LocalBackend(tmp_path)
+    a = b.allocate(AllocationRequest("1", "h20", (_h20(nodes=1),)))
+    log = tmp_path / "step.log"
+    h = b.launch_step(a.alloc_id, StepSpec("bad", ("sh", "-c", "echo oops; exit 7"),
+                                           log_path=log))
+    _wait(b, h)
+    st = b.poll_step(h)
+    assert (st.state, st.returncode) == (StepState.FAILED, 7)
+    assert log.read_text() == "oops\n"
+
+
+def test_het_group_and_step_errors(tmp_path: Path) -> None:
+    b = LocalBackend(tmp_path)
+    a = b.allocate(AllocationRequest("2", "het", (_h20(nodes=1),
+                                                  ResourceSpec("h800", 1, 8, "h800", 8))))
+    assert a.heterogeneous and a.nodes == ("h20-0", "h800-0")
+    out = tmp_path / "het"
+    h = b.launch_step(a.alloc_id, StepSpec("t", (sys.executable, "-c", ENV_DUMP, str(out)),
+                                           het_group=1))
+    _wait(b, h)
+    env = json.loads((tmp_path / "het0").read_text())
+    assert env["SLURMD_NODENAME"] == "h800-0"
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6,7"
+    with pytest.raises(InfeasibleRequest, match="het_group=2"):
+        b.launch_step(a.alloc_id, StepSpec("x", ("true",), het_group=2))
+    with pytest.raises(InfeasibleRequest, match="nodelist"):
+        b.launch_step(a.alloc_id, StepSpec("x", ("true",), nodelist=("h20-1",)))
+    with pytest.raises(StateError, match="does not exist"):
+        b.launch_step("999", StepSpec("x", ("true",)))
+
+
+def test_custom_layout_and_corrupt_state(tmp_path: Path) -> None:
+    layout = ClusterLayout((PoolShape("h20", "h20", 3, gpus_per_node=2),))
+    b = LocalBackend(tmp_path, layout)
+    assert [n.name for n in b.nodes()] == ["h20-0", "h20-1", "h20-2"]
+    (tmp_path / "local_backend.json").write_text("{not json")
+    with pytest.raises(StateError, match="corrupt"):
+        b.list_allocations()

@@ -1,0 +1,98 @@
+"""Parsing squeue output captured from the live Slurm 22.05 cluster (fixtures/)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from weave_slurm.errors import StateError
+from weave_slurm.slurm.backend import AllocationState, group_comment, parse_comment
+from weave_slurm.slurm.squeue import gpus_per_node, job_state, parse_jobs, parse_steps
+
+FIX = Path(__file__).parent / "fixtures"
+
+
+def test_het_components_merge_into_one_allocation() -> None:
+    allocs = {a.alloc_id: a for a in parse_jobs((FIX / "squeue_22.05_het.json").read_text())}
+    het = allocs["3"]
+    assert het.heterogeneous
+    assert het.name == "weave-g8-het"
+    assert (het.group_id, het.pool) == ("8", "het")
+    assert [c.partition for c in het.components] == ["h20", "h800"]
+    assert het.components[0].nodes == ("h20-0",)
+    assert (het.components[0].gpu_type, het.components[0].gpus_per_node) == ("h20", 4)
+    assert het.components[1].nodes == ("h800-1",)
+    assert het.state is AllocationState.RUNNING
+    assert "4" not in allocs, "the second het component must not be its own allocation"
+
+
+def test_plain_jobs_states_and_nodes() -> None:
+    allocs = {a.alloc_id: a for a in parse_jobs((FIX / "squeue_22.05_het.json").read_text())}
+    assert allocs["1"].state is AllocationState.ENDED
+    assert allocs["1"].nodes == ("h20-0", "h20-1")
+    assert allocs["2"].state is AllocationState.RUNNING
+    assert allocs["2"].components[0].cpus == 4
+    assert allocs["2"].group_id is None, "comment 'weave-group=g7' lacks the pool"
+
+
+def test_prefix_filters_by_job_name() -> None:
+    text = (FIX / "squeue_22.05_ended.json").read_text()
+    assert {a.alloc_id for a in parse_jobs(text)} == {"1", "2", "3", "5", "6", "7"}
+    assert {a.alloc_id for a in parse_jobs(text, "weave-")} == {"1", "2", "3"}
+    assert all(a.state is AllocationState.ENDED for a in parse_jobs(text))
+
+
+def test_defensive_against_other_schemas() -> None:
+    doc = {"jobs": [
+        {"job_id": {"set": True, "number": 11}, "name": "weave-g1-h20",
+         "job_state": ["RUNNING", "COMPLETING"], "comment": group_comment("1", "h20"),
+         "tres_per_node": "gres/gpu:h20=8", "nodes": "h20-[0-1]", "partition": "h20",
+         "cpus": {"set": True, "number": 16}},
+        {"name": "no id"},
+        "not a job",
+    ]}
+    (alloc,) = parse_jobs(json.dumps(doc))
+    assert alloc.alloc_id == "11"
+    assert alloc.state is AllocationState.RUNNING
+    assert alloc.components[0].gpus_per_node == 8 and alloc.components[0].cpus == 16
+
+
+def test_not_json_is_a_state_error() -> None:
+    with pytest.raises(StateError, match="squeue --json"):
+        parse_jobs("squeue: error: slurm_load_jobs error")
+
+
+@pytest.mark.parametrize(("raw", "state"), [
+    ("PENDING", AllocationState.PENDING), ("RUNNING", AllocationState.RUNNING),
+    ("COMPLETING", AllocationState.ENDING), ("CANCELLED", AllocationState.ENDED),
+    ("TIMEOUT", AllocationState.ENDED), (["PENDING"], AllocationState.PENDING),
+    (None, AllocationState.ENDED),
+])
+def test_job_state_folding(raw: object, state: AllocationState) -> None:
+    assert job_state(raw) is state
+
+
+@pytest.mark.parametrize(("tres", "want"), [
+    ("gres:gpu:h20:8", ("h20", 8)), ("gres/gpu:h800=4", ("h800", 4)),
+    ("gres:gpu:2", (None, 2)), ("gres/gpu=3", (None, 3)), ("", (None, 0)),
+    ("gres:shard:2", (None, 0)),
+])
+def test_gpus_per_node(tres: str, want: tuple[str | None, int]) -> None:
+    assert gpus_per_node(tres) == want
+
+
+def test_steps_text() -> None:
+    steps = parse_steps((FIX / "squeue_steps_22.05.txt").read_text() + "garbage\n3+1.0|x|n1|1\n")
+    assert [(s.alloc_id, s.step_id, s.name, s.nodes, s.ntasks) for s in steps] == [
+        ("8", "8.0", "roll-a", ("h20-0", "h20-1"), 2),
+        ("8", "8.1", "node-d", ("h20-0",), 1),
+        ("3", "3+1.0", "x", ("n1",), 1),
+    ]
+
+
+def test_comment_round_trip() -> None:
+    assert parse_comment(group_comment("g-1", "h20")) == ("g-1", "h20")
+    assert parse_comment("weave-group=7") is None
+    assert parse_comment("") is None

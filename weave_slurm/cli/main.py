@@ -1,0 +1,28 @@
+"""The ``weave`` command: a thin typer app; each subcommand lives in its own module."""
+
+from __future__ import annotations
+
+import typer
+
+from weave_slurm import __version__
+from weave_slurm.cli.config_cmd import config_app
+from weave_slurm.cli.errors import entry
+from weave_slurm.cli.plan import plan
+from weave_slurm.cli.simulate import simulate, trace_app
+
+app = typer.Typer(name="weave", help="Co-execution of synchronous RL jobs on Slurm GPU pools.",
+                  no_args_is_help=True, pretty_exceptions_enable=False,
+                  add_completion=False)
+app.command("plan")(plan)
+app.add_typer(config_app, name="config")
+app.command("simulate")(simulate)
+app.add_typer(trace_app, name="trace")
+
+
+@app.command("version")
+def version() -> None:
+    """Print the version."""
+    typer.echo(f"weave-slurm {__version__}")
+
+
+main = entry(app, "weave")

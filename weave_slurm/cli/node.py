@@ -1,0 +1,94 @@
+"""``weave node``: run the per-node daemon, or ask it for its status."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from weave_slurm.errors import WeaveError
+from weave_slurm.node.daemon import NodeConfig, NodeDaemon
+from weave_slurm.node.protocol import Op
+from weave_slurm.node.segments import DEFAULT_ROOT
+
+node_app = typer.Typer(help="The per-node warm-state daemon.", no_args_is_help=True)
+
+
+@node_app.command()
+def serve(
+    host_mem_gib: Annotated[float, typer.Option(help="DRAM this node may spend on warm state.")],
+    root: Annotated[Path, typer.Option(help="Segment store root (a tmpfs).")] = DEFAULT_ROOT,
+    socket_path: Annotated[Path | None, typer.Option(
+        "--socket", help="Default <root>/node.sock")] = None,
+    checkpoint_root: Annotated[Path | None, typer.Option(
+        help="Default /var/tmp/weave-ckpt")] = None,
+    keep_checkpoints: Annotated[int, typer.Option(help="Checkpoints kept per job.")] = 2,
+) -> None:
+    """Run the node daemon in the foreground until SIGTERM/SIGINT."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    daemon = NodeDaemon(NodeConfig(host_mem_gib=host_mem_gib, root=root,
+                                   socket_path=socket_path, checkpoint_root=checkpoint_root,
+                                   keep_checkpoints=keep_checkpoints))
+    daemon.start()
+
+    def _stop(signum: int, frame: FrameType | None) -> None:
+        threading.Thread(target=daemon.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    daemon.serve()
+
+
+@node_app.command()
+def status(
+    root: Annotated[Path, typer.Option(help="Segment store root.")] = DEFAULT_ROOT,
+    socket_path: Annotated[Path | None, typer.Option(
+        "--socket", help="Default <root>/node.sock")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the raw reply.")] = False,
+) -> None:
+    """Memory, jobs and weight versions held by the node daemon."""
+    from weave_slurm.node.client import NodeClient  # imports torch: only when asked
+
+    with NodeClient(socket_path or root / "node.sock") as client:
+        reply = client.call(Op.STATUS)
+    if as_json:
+        typer.echo(json.dumps(reply, indent=1))
+        return
+    mem = reply["memory"]
+    gib = float(1 << 30)
+    table = Table(title=f"node {reply['root']}: {mem['used_bytes'] / gib:.2f} of "
+                  f"{mem['limit_bytes'] / gib:.2f} GiB used")
+    for col in ("JOBID", "UID", "SEGMENT", "VERSION", "GIB", "PHASE", "WORKER"):
+        table.add_column(col)
+    for job in reply["jobs"]:
+        worker = job["worker"] or {}
+        for name, seg in job["segments"].items() or [("-", {})]:
+            table.add_row(job["job"], str(job["uid"]), name, str(seg.get("version")),
+                          f"{seg.get('size_bytes', 0) / gib:.3f}", worker.get("phase", "-"),
+                          worker.get("state", "-"))
+    Console().print(table)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point for ``weave node``; returns the exit code."""
+    try:
+        node_app(args=argv, standalone_mode=False)
+    except WeaveError as exc:
+        typer.echo(f"weave node: {exc}", err=True)
+        return exc.exit_code
+    except typer.Abort:
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

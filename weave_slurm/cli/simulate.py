@@ -1,0 +1,138 @@
+"""``weave simulate`` (trace replay) and ``weave trace generate`` (synthetic traces)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import Progress
+
+from weave_slurm.config.site import SiteConfig, load_site
+from weave_slurm.errors import ConfigError
+from weave_slurm.placement.cluster import Capacity
+from weave_slurm.sim.accounting import reference_site
+from weave_slurm.sim.drift import DriftModel, DriftPattern
+from weave_slurm.sim.execution import GroupExecution, RolloutModel
+from weave_slurm.sim.failures import FailureModel
+from weave_slurm.sim.generate import GeneratorConfig, generate_trace
+from weave_slurm.sim.loader import load_trace, save_trace
+from weave_slurm.sim.plots import plot_all
+from weave_slurm.sim.policies import Accounting, parse_policies
+from weave_slurm.sim.profiles import load_profile_table
+from weave_slurm.sim.replay import ReplayOptions, ReplayResult, replay_policies
+from weave_slurm.sim.report import build_report, render
+from weave_slurm.sim.slo import REFERENCE_SLO_SEED, SloDistribution
+from weave_slurm.sim.traces import Trace
+
+trace_app = typer.Typer(help="Synthetic traces.", no_args_is_help=True)
+
+
+def simulate(
+    trace: Annotated[str, typer.Argument(help="Trace file, or a packaged name: wild, "
+                                              "philly_0_30000_20_parsed_all, ...")] = "wild",
+    profile: Annotated[Path | None, typer.Option(
+        "--profile", help="profile.json for kinds (default: the packaged copy).")] = None,
+    fmt: Annotated[str | None, typer.Option("--format", help="wild, philly, philly-parsed or "
+                                            "toml (default: detected).")] = None,
+    site: Annotated[Path | None, typer.Option("--site", help="Site TOML (default: the "
+                                              "reference's accounting).")] = None,
+    policy: Annotated[str, typer.Option("--policy", help="Comma-separated policies.")
+                      ] = "weave,isolated,colocated",
+    max_group_size: Annotated[int | None, typer.Option(min=1, max=16)] = None,
+    accounting: Annotated[str, typer.Option(help="reference or consistent.")] = "reference",
+    seed: Annotated[int, typer.Option(help="Seed of SLO draws and random choices.")
+                    ] = REFERENCE_SLO_SEED,
+    slo_dist: Annotated[str, typer.Option("--slo-dist", help="SLOs for jobs without one: "
+                                          "uniform:LOW,HIGH or fixed:V.")] = "uniform:1.1,2",
+    rollout_mean: Annotated[float, typer.Option(help="Expected rollout phase / max-token "
+                                                "bound (consistent accounting).")] = 1.0,
+    failure_rate: Annotated[float, typer.Option(help="Node failures per node-hour.")] = 0.0,
+    drift: Annotated[str | None, typer.Option(help="increasing, decreasing or mixed.")] = None,
+    verify: Annotated[bool, typer.Option(help="Event-level SLO check of grouped policies.")
+                      ] = True,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write the report here.")
+                        ] = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write PNG plots here.")] = None,
+) -> None:
+    """Replay a trace under placement policies and compare their cost, SLOs and usage."""
+    site_cfg = load_site(site) if site is not None else reference_site()
+    names = parse_policies(policy)
+    acc = Accounting.parse(accounting)
+    if not 0 < rollout_mean <= 1:
+        raise ConfigError(f"--rollout-mean {rollout_mean!r}: expected a fraction in (0, 1]")
+    tr = load_trace(trace, fmt=fmt, slo=SloDistribution.parse(slo_dist, flag="--slo-dist"),
+                    seed=seed, profiles=load_profile_table(profile) if profile else None)
+    if not tr.jobs:
+        raise ConfigError(f"trace {trace!r} has no jobs")
+    options = ReplayOptions(
+        accounting=acc, max_group_size=max_group_size, seed=seed,
+        rollout_mean_fraction=rollout_mean,
+        failures=FailureModel(failure_rate, seed=seed) if failure_rate > 0 else None,
+        drift=DriftModel(DriftPattern.parse(drift), seed=seed) if drift else None)
+    cap = Capacity.from_site(site_cfg, max_group_size)
+    results = _run(tr, cap, names, options)
+    gpus = {"rollout": site_cfg.rollout.gpus_per_node, "train": site_cfg.train.gpus_per_node}
+    grouped = tuple(n for n in names if n not in ("isolated", "colocated"))
+    report = build_report(results, gpus, grouped if verify else ())
+    report["trace"] = {"source": tr.source, "jobs": len(tr.jobs), "span_h": tr.end_s / 3600}
+    report["site"] = {"name": site_cfg.name, "currency": site_cfg.currency,
+                      "max_group_size": cap.max_group_size}
+    render(report["policies"], site_cfg.currency, Console())
+    if json_out is not None:
+        _write_json(json_out, report)
+    if plot is not None:
+        _plot(results, plot, site_cfg, gpus)
+
+
+def _run(tr: Trace, cap: Capacity, names: tuple[str, ...], options: ReplayOptions
+         ) -> dict[str, ReplayResult]:
+    span = max(tr.end_s, 1.0)
+    with Progress(transient=True) as bar:
+        tasks = {n: bar.add_task(f"replaying {n}", total=span) for n in names}
+
+        def tick(name: str, now_s: float) -> None:
+            bar.update(tasks[name], completed=min(now_s, span))
+
+        return replay_policies(tr, cap, names, options, tick)
+
+
+def _write_json(path: Path, report: dict[str, Any]) -> None:
+    try:
+        path.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"--json {path}: cannot write: {exc.strerror}") from None
+
+
+def _plot(results: dict[str, ReplayResult], out: Path, site: SiteConfig,
+          gpus: dict[str, int]) -> None:
+    gantt = None
+    for res in results.values():
+        if res.segments:
+            seg = max(res.segments, key=lambda s: (s.group.size, s.end_s - s.start_s))
+            if seg.group.size > 1:
+                gantt = GroupExecution(seg.group, RolloutModel(0.85, 0.1), migration=True,
+                                       seed=0).run(meta_iterations=4)
+                break
+    for path in plot_all(results, gantt, out, site.currency, gpus):
+        typer.echo(f"wrote {path}")
+
+
+@trace_app.command("generate")
+def generate(
+    out: Annotated[Path, typer.Argument(help="Output trace file (.toml, or --format).")],
+    jobs: Annotated[int, typer.Option("--jobs", min=1)] = 200,
+    days: Annotated[float, typer.Option(help="Arrival window in days.")] = 14.0,
+    seed: Annotated[int, typer.Option()] = 0,
+    fmt: Annotated[str, typer.Option("--format", help="toml, wild or philly-parsed.")
+                   ] = "toml",
+) -> None:
+    """Generate a trace shaped like the paper's production mix."""
+    if days <= 0:
+        raise ConfigError(f"--days {days!r}: expected a positive number of days")
+    trace = generate_trace(GeneratorConfig(n_jobs=jobs, arrival_window_s=days * 86400.0,
+                                           seed=seed))
+    save_trace(trace, out, fmt)
+    typer.echo(f"wrote {out}: {len(trace.jobs)} jobs over {trace.end_s / 86400:.2f} days")

@@ -1,0 +1,215 @@
+"""Job specs (user-owned TOML): the RL job, its SLO and optionally its measured profile.
+
+A spec says what the job is; :mod:`weave_slurm.model.profile` turns it into the
+numbers placement needs, preferring measured values from ``[profile]`` over the
+analytic estimates.
+"""
+
+from __future__ import annotations
+
+import getpass
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+from weave_slurm.config.reader import TableReader, parse_toml, read_toml
+from weave_slurm.errors import ConfigError
+
+
+class Algorithm(StrEnum):
+    PPO = "ppo"
+    GRPO = "grpo"
+    DAPO = "dapo"
+    RLOO = "rloo"
+    REINFORCE_PP = "reinforce++"
+
+    @property
+    def has_critic(self) -> bool:
+        return self is Algorithm.PPO
+
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    params_b: float
+    layers: int | None = None
+    hidden: int | None = None
+    kv_heads: int | None = None
+    head_dim: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutSpec:
+    prompts_per_step: int
+    samples_per_prompt: int
+    max_response_tokens: int
+    prompt_tokens: int = 512
+    mean_response_tokens: int | None = None
+
+    @property
+    def sequences(self) -> int:
+        return self.prompts_per_step * self.samples_per_prompt
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingSpec:
+    epochs: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Durations:
+    """A measured phase-duration distribution, in seconds."""
+
+    mean_s: float
+    max_s: float
+    samples: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class MeasuredProfile:
+    """The four quantities an operator records (any subset may be given)."""
+
+    rollout: Durations | None = None
+    train: Durations | None = None
+    rollout_state_gib: float | None = None
+    train_state_gib: float | None = None
+    sync_inter_gib: float | None = None
+    sync_intra_gib: float | None = None
+    colo_iter_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    name: str
+    user: str
+    algorithm: Algorithm
+    model: ModelSpec
+    rollout: RolloutSpec
+    training: TrainingSpec
+    rollout_gpus: int
+    train_gpus: int
+    slo: float | None
+    entry: str
+    profile: MeasuredProfile
+    source: str = "<string>"
+
+
+def load_job(path: str | Path) -> JobSpec:
+    path = Path(path)
+    return _job_from_data(read_toml(path), str(path))
+
+
+def parse_job(text: str, source: str = "<string>") -> JobSpec:
+    return _job_from_data(parse_toml(text, source), source)
+
+
+def _job_from_data(data: object, source: str) -> JobSpec:
+    top = TableReader(data, source)
+    name = top.string("name")
+    if not NAME_RE.match(name):
+        raise top.fail("name", name, "must be 1-64 characters of letters, digits, '.', '_', "
+                       "'-', starting with a letter or digit")
+    user = top.string("user", _current_user())
+    algorithm = Algorithm(top.string("algorithm", "grpo", choices=[a.value for a in Algorithm]))
+    slo = top.opt_number("slo", ge=1.0)
+    entry = top.string("entry", "builtin:grpo-toy")
+    model = _model(_req(top, "model"))
+    rollout = _rollout(_req(top, "rollout"))
+    training = TrainingSpec()
+    ttab = top.table("training", required=False)
+    if ttab is not None:
+        training = TrainingSpec(epochs=ttab.integer("epochs", 1, ge=1))
+        ttab.done()
+    gpus = _req(top, "gpus")
+    rollout_gpus = gpus.integer("rollout", gt=0)
+    train_gpus = gpus.integer("train", gt=0)
+    gpus.done()
+    ptab = top.table("profile", required=False)
+    profile = _profile(ptab) if ptab is not None else MeasuredProfile()
+    top.done()
+    return JobSpec(name=name, user=user, algorithm=algorithm, model=model, rollout=rollout,
+                   training=training, rollout_gpus=rollout_gpus, train_gpus=train_gpus,
+                   slo=slo, entry=entry, profile=profile, source=source)
+
+
+def _req(top: TableReader, name: str) -> TableReader:
+    tab = top.table(name)
+    assert tab is not None  # required=True raises instead of returning None
+    return tab
+
+
+def _model(r: TableReader) -> ModelSpec:
+    spec = ModelSpec(
+        params_b=r.number("params_b", gt=0, le=10_000),
+        layers=r.opt_integer("layers", gt=0),
+        hidden=r.opt_integer("hidden", gt=0),
+        kv_heads=r.opt_integer("kv_heads", gt=0),
+        head_dim=r.opt_integer("head_dim", gt=0),
+    )
+    r.done()
+    return spec
+
+
+def _rollout(r: TableReader) -> RolloutSpec:
+    spec = RolloutSpec(
+        prompts_per_step=r.integer("prompts_per_step", gt=0),
+        samples_per_prompt=r.integer("samples_per_prompt", gt=0),
+        max_response_tokens=r.integer("max_response_tokens", gt=0),
+        prompt_tokens=r.integer("prompt_tokens", 512, gt=0),
+        mean_response_tokens=r.opt_integer("mean_response_tokens", gt=0),
+    )
+    mean = spec.mean_response_tokens
+    if mean is not None and mean > spec.max_response_tokens:
+        raise r.fail("mean_response_tokens", spec.mean_response_tokens,
+                     f"must be <= max_response_tokens ({spec.max_response_tokens})")
+    r.done()
+    return spec
+
+
+def _durations(r: TableReader, name: str) -> Durations | None:
+    if not r.has(name):
+        r.opt_number(name)  # marks the key as known
+        return None
+    if not r.is_table(name):  # a plain number is shorthand for mean = max
+        value = r.number(name, gt=0)
+        return Durations(mean_s=value, max_s=value)
+    t = r.table(name)
+    assert t is not None
+    samples = t.number_list("samples", gt=0) or ()
+    mean = t.opt_number("mean", gt=0)
+    peak = t.opt_number("max", gt=0)
+    if mean is None:
+        if not samples:
+            raise ConfigError(f"{r.source}: key '{t.key('mean')}' missing: give 'mean' "
+                              "(and 'max') or 'samples'")
+        mean = sum(samples) / len(samples)
+    if peak is None:
+        peak = max(samples) if samples else mean
+    if peak < mean:
+        raise t.fail("max", peak, f"must be >= mean ({mean:g})")
+    t.done()
+    return Durations(mean_s=mean, max_s=peak, samples=samples)
+
+
+def _profile(r: TableReader) -> MeasuredProfile:
+    prof = MeasuredProfile(
+        rollout=_durations(r, "rollout_s"),
+        train=_durations(r, "train_s"),
+        rollout_state_gib=r.opt_number("rollout_state_gib", gt=0),
+        train_state_gib=r.opt_number("train_state_gib", gt=0),
+        sync_inter_gib=r.opt_number("sync_inter_gib", ge=0),
+        sync_intra_gib=r.opt_number("sync_intra_gib", ge=0),
+        colo_iter_s=r.opt_number("colo_iter_s", gt=0),
+    )
+    r.done()
+    return prof
+
+
+def _current_user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown"

@@ -1,0 +1,203 @@
+"""The site config (admin-owned TOML): pools, network tiers, prices, limits, defaults.
+
+All defaults live in this module (``DEFAULT_*``); ``configs/site.example.toml``
+documents every key. Frozen dataclasses, units in names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+from weave_slurm.config.reader import TableReader, parse_toml, read_toml
+from weave_slurm.errors import ConfigError
+
+
+class PoolRole(StrEnum):
+    """The two pools of a site: rollout (inference GPUs) and train (training GPUs)."""
+
+    ROLLOUT = "rollout"
+    TRAIN = "train"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSpec:
+    """Public spec-sheet numbers of one GPU kind (see docs/model.md for sources)."""
+
+    name: str
+    hbm_gib: float
+    hbm_tbps: float
+    bf16_tflops: float
+
+
+#: Spec-sheet defaults; a site may override or add kinds under ``[gpus.<name>]``.
+DEFAULT_GPUS: dict[str, GpuSpec] = {
+    "h20": GpuSpec("h20", hbm_gib=96.0, hbm_tbps=4.0, bf16_tflops=148.0),
+    "h800": GpuSpec("h800", hbm_gib=80.0, hbm_tbps=3.35, bf16_tflops=989.0),
+    "h100": GpuSpec("h100", hbm_gib=80.0, hbm_tbps=3.35, bf16_tflops=989.0),
+    "a100": GpuSpec("a100", hbm_gib=80.0, hbm_tbps=2.0, bf16_tflops=312.0),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PoolConfig:
+    """One pool: a Slurm partition of identical nodes."""
+
+    role: PoolRole
+    partition: str
+    gpu: GpuSpec
+    gpus_per_node: int
+    host_mem_gib: float
+    price_per_gpu_hour: float
+    max_nodes: int
+
+    @property
+    def price_per_node_hour(self) -> float:
+        return self.price_per_gpu_hour * self.gpus_per_node
+
+
+@dataclass(frozen=True, slots=True)
+class NetworkConfig:
+    intra_pool_gbps: float = 400.0
+    inter_pool_gbps: float = 20.0
+
+
+@dataclass(frozen=True, slots=True)
+class LimitsConfig:
+    max_group_size: int = 5
+    max_rollout_nodes_per_group: int = 8
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """Efficiency knobs of the analytic performance model (docs/model.md)."""
+
+    train_mfu: float = 0.35
+    decode_bw_efficiency: float = 0.6
+    rollout_mean_fraction: float = 0.8
+    colo_switch_s: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class SiteConfig:
+    name: str
+    currency: str
+    rollout: PoolConfig
+    train: PoolConfig
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    default_slo: float = 1.5
+    source: str = "<builtin>"
+
+    def pool(self, role: PoolRole) -> PoolConfig:
+        return self.rollout if role is PoolRole.ROLLOUT else self.train
+
+
+# Defaults matching the paper's evaluation: an H800 GPU-hour costs 2.85x an H20
+# GPU-hour; 5.28 $/h per H800 GPU is the reference artifact's dollar rate.
+H800_PRICE_PER_GPU_HOUR = 5.28
+H20_PRICE_PER_GPU_HOUR = round(H800_PRICE_PER_GPU_HOUR / 2.85, 4)
+
+
+def default_site() -> SiteConfig:
+    """The built-in site: two 41-node (328-GPU) pools as in the paper's testbed."""
+    return SiteConfig(
+        name="default",
+        currency="USD",
+        rollout=PoolConfig(PoolRole.ROLLOUT, "h20", DEFAULT_GPUS["h20"], 8, 2048.0,
+                           H20_PRICE_PER_GPU_HOUR, 41),
+        train=PoolConfig(PoolRole.TRAIN, "h800", DEFAULT_GPUS["h800"], 8, 2048.0,
+                         H800_PRICE_PER_GPU_HOUR, 41),
+    )
+
+
+def load_site(path: str | Path) -> SiteConfig:
+    path = Path(path)
+    return _site_from_data(read_toml(path), str(path))
+
+
+def parse_site(text: str, source: str = "<string>") -> SiteConfig:
+    return _site_from_data(parse_toml(text, source), source)
+
+
+def _site_from_data(data: object, source: str) -> SiteConfig:
+    base = default_site()
+    top = TableReader(data, source)
+    site = top.table("site", required=False)
+    name, currency, default_slo = base.name, base.currency, base.default_slo
+    if site is not None:
+        name = site.string("name", name)
+        currency = site.string("currency", currency)
+        default_slo = site.number("default_slo", default_slo, ge=1.0)
+        site.done()
+    gpus = dict(DEFAULT_GPUS)
+    gtab = top.table("gpus", required=False)
+    if gtab is not None:
+        for gname, g in top.subtables("gpus").items():
+            gpus[gname] = GpuSpec(gname, g.number("hbm_gib", gt=0), g.number("hbm_tbps", gt=0),
+                                  g.number("bf16_tflops", gt=0))
+            g.done()
+    pools_reader = top.table("pools")
+    assert pools_reader is not None
+    pools = top.subtables("pools")
+    roles = {r.value for r in PoolRole}
+    for pname in pools:
+        if pname not in roles:
+            raise ConfigError(f"{source}: unknown pool '[pools.{pname}]'; valid pools: "
+                              f"{', '.join(sorted(roles))}")
+    for role in PoolRole:
+        if role.value not in pools:
+            raise ConfigError(f"{source}: missing required table '[pools.{role.value}]'")
+    rollout = _pool(pools["rollout"], PoolRole.ROLLOUT, base.rollout, gpus)
+    train = _pool(pools["train"], PoolRole.TRAIN, base.train, gpus)
+    network = base.network
+    ntab = top.table("network", required=False)
+    if ntab is not None:
+        network = NetworkConfig(
+            intra_pool_gbps=ntab.number("intra_pool_gbps", network.intra_pool_gbps, gt=0),
+            inter_pool_gbps=ntab.number("inter_pool_gbps", network.inter_pool_gbps, gt=0))
+        ntab.done()
+    limits = base.limits
+    ltab = top.table("limits", required=False)
+    if ltab is not None:
+        limits = LimitsConfig(
+            max_group_size=ltab.integer("max_group_size", limits.max_group_size, ge=1, le=16),
+            max_rollout_nodes_per_group=ltab.integer(
+                "max_rollout_nodes_per_group", limits.max_rollout_nodes_per_group, ge=1))
+        ltab.done()
+    model = base.model
+    mtab = top.table("model", required=False)
+    if mtab is not None:
+        model = ModelConfig(
+            train_mfu=mtab.number("train_mfu", model.train_mfu, gt=0, le=1),
+            decode_bw_efficiency=mtab.number("decode_bw_efficiency", model.decode_bw_efficiency,
+                                             gt=0, le=1),
+            rollout_mean_fraction=mtab.number("rollout_mean_fraction",
+                                              model.rollout_mean_fraction, gt=0, le=1),
+            colo_switch_s=mtab.number("colo_switch_s", model.colo_switch_s, ge=0))
+        mtab.done()
+    defaults = top.table("defaults", required=False)
+    if defaults is not None:
+        default_slo = defaults.number("slo", default_slo, ge=1.0)
+        defaults.done()
+    top.done()
+    return SiteConfig(name=name, currency=currency, rollout=rollout, train=train,
+                      network=network, limits=limits, model=model, default_slo=default_slo,
+                      source=source)
+
+
+def _pool(r: TableReader, role: PoolRole, base: PoolConfig, gpus: dict[str, GpuSpec]) -> PoolConfig:
+    gpu_name = r.string("gpu", base.gpu.name, choices=gpus)
+    pool = PoolConfig(
+        role=role,
+        partition=r.string("partition", base.partition),
+        gpu=gpus[gpu_name],
+        gpus_per_node=r.integer("gpus_per_node", base.gpus_per_node, gt=0),
+        host_mem_gib=r.number("host_mem_gib", base.host_mem_gib, gt=0),
+        price_per_gpu_hour=r.number("price_per_gpu_hour", base.price_per_gpu_hour, ge=0),
+        max_nodes=r.integer("max_nodes", base.max_nodes, gt=0),
+    )
+    r.done()
+    return pool

@@ -1,0 +1,114 @@
+"""Analytic performance and state-size model (pure; formulas in docs/model.md).
+
+Used only where a job spec carries no measured profile. Rollout is decode-bound
+(weights and KV cache streamed from HBM once per decode step), training is
+compute-bound (~6 x params x tokens FLOPs at a stated MFU), sync is bytes over each
+network tier's bandwidth. The admission bound assumes every response reaches
+``max_response_tokens``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from weave_slurm.config.job import Algorithm, JobSpec
+from weave_slurm.config.site import GpuSpec, ModelConfig, NetworkConfig
+
+GIB = float(1 << 30)
+BF16_BYTES = 2
+#: Fallback KV-cache bytes per token per billion parameters, from Qwen2.5 configs
+#: (7B: 57 KiB/token with 28 layers x 4 KV heads x 128; 32B: 256 KiB with 64 x 8 x 128).
+KV_BYTES_PER_TOKEN_PER_B = 8192.0
+#: Bytes of training state per parameter: bf16 weights + bf16 grads + fp32 Adam
+#: (master, m, v) = 2 + 2 + 12 (ZeRO paper, Rajbhandari et al. 2020).
+TRAIN_BYTES_PER_PARAM = 16
+#: Fraction of HBM the weights of one rollout replica may take; the rest is KV cache.
+WEIGHT_HBM_FRACTION = 0.5
+#: Fraction of HBM usable by the rollout engine (vLLM's gpu_memory_utilization default).
+HBM_UTILIZATION = 0.9
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutEstimate:
+    max_s: float
+    tensor_parallel: int
+    waves: int
+    state_gib_per_gpu: float
+
+
+def weights_gib(params_b: float) -> float:
+    return params_b * 1e9 * BF16_BYTES / GIB
+
+
+def kv_bytes_per_token(spec: JobSpec) -> float:
+    m = spec.model
+    if m.layers and m.kv_heads and m.head_dim:
+        return 2.0 * m.layers * m.kv_heads * m.head_dim * BF16_BYTES
+    return KV_BYTES_PER_TOKEN_PER_B * m.params_b
+
+
+def mean_response_tokens(spec: JobSpec) -> float:
+    r = spec.rollout
+    return float(r.mean_response_tokens) if r.mean_response_tokens else 0.5 * r.max_response_tokens
+
+
+def estimate_rollout(spec: JobSpec, gpu: GpuSpec, gpus: int, mc: ModelConfig) -> RolloutEstimate:
+    """Conservative rollout time: every sequence decodes ``max_response_tokens`` tokens."""
+    w_bytes = weights_gib(spec.model.params_b) * GIB
+    hbm = gpu.hbm_gib * GIB
+    tp = 1
+    while w_bytes / tp > WEIGHT_HBM_FRACTION * hbm and tp < gpus:
+        tp *= 2
+    tp = min(tp, gpus)
+    replicas = max(1, gpus // tp)
+    seqs = math.ceil(spec.rollout.sequences / replicas)
+    kv_tok = kv_bytes_per_token(spec)
+    full_ctx = spec.rollout.prompt_tokens + spec.rollout.max_response_tokens
+    kv_free = max(hbm * HBM_UTILIZATION * tp - w_bytes, 0.05 * hbm * tp)
+    waves = max(1, math.ceil(seqs * full_ctx * kv_tok / kv_free))
+    per_wave = math.ceil(seqs / waves)
+    avg_ctx = spec.rollout.prompt_tokens + spec.rollout.max_response_tokens / 2
+    bw = tp * gpu.hbm_tbps * 1e12 * mc.decode_bw_efficiency
+    step_mem = (w_bytes + kv_tok * per_wave * avg_ctx) / bw
+    step_flops = 2 * spec.model.params_b * 1e9 * per_wave / (tp * gpu.bf16_tflops * 1e12 * 0.5)
+    decode = waves * spec.rollout.max_response_tokens * max(step_mem, step_flops)
+    prefill = (2 * spec.model.params_b * 1e9 * spec.rollout.prompt_tokens * spec.rollout.sequences
+               / (gpus * gpu.bf16_tflops * 1e12 * mc.train_mfu))
+    kv_per_gpu = min(seqs * full_ctx * kv_tok / tp, kv_free / tp)
+    state_per_gpu = (w_bytes / tp + kv_per_gpu) / GIB
+    return RolloutEstimate(decode + prefill, tp, waves, state_per_gpu)
+
+
+def train_flops(spec: JobSpec) -> float:
+    """FLOPs of one training step: actor update plus the forward passes RL needs."""
+    n = spec.model.params_b * 1e9
+    tokens = spec.rollout.sequences * (spec.rollout.prompt_tokens + mean_response_tokens(spec))
+    flops = spec.training.epochs * 6 * n * tokens  # actor forward + backward
+    flops += 2 * n * tokens  # old-policy log-probs
+    if spec.algorithm is not Algorithm.DAPO:
+        flops += 2 * n * tokens  # reference-model log-probs for the KL term
+    if spec.algorithm.has_critic:
+        flops += spec.training.epochs * 6 * n * tokens + 2 * n * tokens  # critic
+    return flops
+
+
+def estimate_train_s(spec: JobSpec, gpu: GpuSpec, gpus: int, mc: ModelConfig) -> float:
+    return train_flops(spec) / (gpus * gpu.bf16_tflops * 1e12 * mc.train_mfu)
+
+
+def train_state_gib(spec: JobSpec) -> float:
+    """Whole training state (all ranks): actor, reference model, critic if any."""
+    n = spec.model.params_b * 1e9
+    total = TRAIN_BYTES_PER_PARAM * n
+    if spec.algorithm is not Algorithm.DAPO:
+        total += BF16_BYTES * n
+    if spec.algorithm.has_critic:
+        total += TRAIN_BYTES_PER_PARAM * n
+    return total / GIB
+
+
+def sync_seconds(inter_gib: float, intra_gib: float, net: NetworkConfig) -> float:
+    """Two-tier sync: one copy over the inter-pool link, then an intra-pool all-gather."""
+    gbit = 8 * GIB / 1e9
+    return inter_gib * gbit / net.inter_pool_gbps + intra_gib * gbit / net.intra_pool_gbps

@@ -1,0 +1,121 @@
+"""A job's resolved profile: the numbers placement, the simulator and the runtime use.
+
+``profile_job`` prefers measured values from the spec's ``[profile]`` table and falls
+back to :mod:`weave_slurm.model.perf` estimates for anything missing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from weave_slurm.config.job import JobSpec
+from weave_slurm.config.site import SiteConfig
+from weave_slurm.errors import InfeasibleRequest
+from weave_slurm.model import perf
+
+
+@dataclass(frozen=True, slots=True)
+class JobProfile:
+    """Per-job numbers in seconds and GiB; ``*_max_s`` are the admission bounds."""
+
+    job_id: str
+    slo: float
+    rollout_nodes: int
+    train_nodes: int
+    rollout_max_s: float
+    rollout_mean_s: float
+    train_max_s: float
+    train_mean_s: float
+    sync_s: float
+    rollout_state_gib: float  # per rollout node
+    train_state_gib: float  # per training node
+    sync_inter_gib: float = 0.0
+    sync_intra_gib: float = 0.0
+    colo_iter_s: float = 0.0  # both phases on the training GPUs (co-located baseline)
+    colo_nodes: int = 0
+    name: str = ""
+    user: str = ""
+
+    @property
+    def solo_s(self) -> float:
+        """Iteration time alone on its own nodes, with the admission bounds."""
+        return self.rollout_max_s + self.sync_s + self.train_max_s
+
+    @property
+    def solo_mean_s(self) -> float:
+        return self.rollout_mean_s + self.sync_s + self.train_mean_s
+
+    @property
+    def budget_s(self) -> float:
+        """Longest admissible iteration (meta-iteration period) under the SLO."""
+        return self.slo * self.solo_s
+
+    def with_id(self, job_id: str) -> JobProfile:
+        return replace(self, job_id=job_id)
+
+
+def simple_profile(job_id: str, rollout_s: float, train_s: float, slo: float, *,
+                   rollout_nodes: int = 1, train_nodes: int = 1, sync_s: float = 0.0,
+                   rollout_mean_s: float | None = None, rollout_state_gib: float = 0.0,
+                   train_state_gib: float = 0.0, colo_iter_s: float | None = None,
+                   colo_nodes: int | None = None) -> JobProfile:
+    """A profile from bare phase times (traces, benchmarks, tests)."""
+    return JobProfile(
+        job_id=job_id, slo=slo, rollout_nodes=rollout_nodes, train_nodes=train_nodes,
+        rollout_max_s=rollout_s,
+        rollout_mean_s=rollout_s if rollout_mean_s is None else rollout_mean_s,
+        train_max_s=train_s, train_mean_s=train_s, sync_s=sync_s,
+        rollout_state_gib=rollout_state_gib, train_state_gib=train_state_gib,
+        colo_iter_s=colo_iter_s if colo_iter_s is not None else rollout_s + train_s,
+        colo_nodes=colo_nodes if colo_nodes is not None else train_nodes, name=job_id)
+
+
+def profile_job(spec: JobSpec, site: SiteConfig, job_id: str | None = None) -> JobProfile:
+    """Resolve a spec into a profile; raise InfeasibleRequest if it can never fit."""
+    rp, tp = site.rollout, site.train
+    rollout_nodes = math.ceil(spec.rollout_gpus / rp.gpus_per_node)
+    train_nodes = math.ceil(spec.train_gpus / tp.gpus_per_node)
+    meas = spec.profile
+    est = perf.estimate_rollout(spec, rp.gpu, spec.rollout_gpus, site.model)
+    if meas.rollout is not None:
+        r_max, r_mean = meas.rollout.max_s, meas.rollout.mean_s
+    else:
+        r_max = est.max_s
+        r_mean = est.max_s * site.model.rollout_mean_fraction
+    if meas.train is not None:
+        t_max, t_mean = meas.train.max_s, meas.train.mean_s
+    else:
+        t_max = t_mean = perf.estimate_train_s(spec, tp.gpu, spec.train_gpus, site.model)
+    w = perf.weights_gib(spec.model.params_b)
+    inter = meas.sync_inter_gib if meas.sync_inter_gib is not None else w
+    intra = (meas.sync_intra_gib if meas.sync_intra_gib is not None
+             else w * (rollout_nodes - 1) / rollout_nodes)
+    r_state = (meas.rollout_state_gib if meas.rollout_state_gib is not None
+               else est.state_gib_per_gpu * min(spec.rollout_gpus, rp.gpus_per_node))
+    t_state = (meas.train_state_gib if meas.train_state_gib is not None
+               else perf.train_state_gib(spec) / train_nodes)
+    if meas.colo_iter_s is not None:
+        colo = meas.colo_iter_s
+    else:
+        colo_r = perf.estimate_rollout(spec, tp.gpu, spec.train_gpus, site.model).max_s
+        colo = colo_r + t_max + 2 * site.model.colo_switch_s
+    for role, state, pool in (("rollout", r_state, rp), ("train", t_state, tp)):
+        if state > pool.host_mem_gib:
+            raise InfeasibleRequest(
+                f"{spec.source}: {role} state of {state:.1f} GiB per node exceeds host_mem_gib="
+                f"{pool.host_mem_gib:g} of pool '{role}' ({pool.partition}); ask for more "
+                f"GPUs per phase ([gpus] {role}) or run on a site with larger nodes")
+    for role, nodes, pool in (("rollout", rollout_nodes, rp), ("train", train_nodes, tp)):
+        if nodes > pool.max_nodes:
+            raise InfeasibleRequest(
+                f"{spec.source}: key 'gpus.{role}' needs {nodes} nodes but pool '{role}' "
+                f"({pool.partition}) has max_nodes={pool.max_nodes}")
+    return JobProfile(
+        job_id=job_id or spec.name, slo=spec.slo if spec.slo is not None else site.default_slo,
+        rollout_nodes=rollout_nodes, train_nodes=train_nodes,
+        rollout_max_s=r_max, rollout_mean_s=r_mean, train_max_s=t_max, train_mean_s=t_mean,
+        sync_s=perf.sync_seconds(inter, intra, site.network),
+        rollout_state_gib=r_state, train_state_gib=t_state,
+        sync_inter_gib=inter, sync_intra_gib=intra, colo_iter_s=colo, colo_nodes=train_nodes,
+        name=spec.name, user=spec.user)

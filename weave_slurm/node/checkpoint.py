@@ -1,0 +1,175 @@
+"""Periodic on-disk checkpoints of a job's warm state, and restore into shared memory.
+
+Layout under the checkpoint root (a local or shared file system, not tmpfs)::
+
+    <ckpt_root>/<uid>/<job_id>/                 0700, owned by uid
+        ckpt-000007/                            0700, one checkpoint
+            MANIFEST.json                       0600: segments, versions, bytes, time
+            <name>.seg  <name>.json             0600: raw segment bytes and index
+
+A checkpoint is written into ``.tmp-ckpt-<seq>-<pid>`` and renamed into place, so a
+crash never leaves a half checkpoint under a ``ckpt-*`` name; only the newest
+``keep_last`` are kept. Restore copies the bytes straight into new segments.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from io import BufferedWriter
+from pathlib import Path
+
+from weave_slurm.errors import ConfigError, StateError
+from weave_slurm.node.index import JobRef, SegmentIndex
+from weave_slurm.node.segments import SegmentStore
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "MANIFEST.json"
+PREFIX = "ckpt-"
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """One checkpoint on disk; ``elapsed_s`` is the time the save or restore took."""
+
+    path: Path
+    seq: int
+    versions: dict[str, int]
+    size_bytes: int
+    elapsed_s: float
+
+    def to_json(self) -> dict[str, object]:
+        return {"path": str(self.path), "seq": self.seq, "versions": dict(self.versions),
+                "size_bytes": self.size_bytes, "elapsed_s": self.elapsed_s}
+
+
+class CheckpointStore:
+    """Checkpoints of every job of a node, ``keep_last`` per job."""
+
+    def __init__(self, root: Path, keep_last: int = 2,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if keep_last < 1:
+            raise ConfigError(f"keep_last {keep_last!r} must be >= 1")
+        self.root = Path(root)
+        self.keep_last = keep_last
+        self._clock = clock
+
+    def job_dir(self, job: JobRef) -> Path:
+        return self.root / str(job.uid) / job.job_id
+
+    def checkpoints(self, job: JobRef) -> list[Path]:
+        """Complete checkpoints of ``job``, oldest first."""
+        if not self.job_dir(job).is_dir():
+            return []
+        found = [p for p in self.job_dir(job).iterdir()
+                 if p.name.startswith(PREFIX) and (p / MANIFEST).is_file()]
+        return sorted(found, key=lambda p: int(p.name.removeprefix(PREFIX)))
+
+    def save(self, store: SegmentStore, job: JobRef) -> CheckpointInfo:
+        """Checkpoint every complete segment of ``job``."""
+        start = self._clock()
+        jdir = self._ensure_dirs(job)
+        existing = self.checkpoints(job)
+        seq = int(existing[-1].name.removeprefix(PREFIX)) + 1 if existing else 1
+        tmp = jdir / f".tmp-{PREFIX}{seq:06d}-{os.getpid()}"
+        final = jdir / f"{PREFIX}{seq:06d}"
+        versions: dict[str, int] = {}
+        total = 0
+        try:
+            self._mkdir(tmp, job.uid)
+            for seg in store.list_segments(job):
+                if seg.problem is not None:
+                    log.warning("checkpoint of %s skips torn %s", job.job_id, seg.name)
+                    continue
+                with self._create(tmp / f"{seg.name}.seg", job.uid) as out:
+                    index = store.copy_out(job, seg.name, out)
+                    out.flush()
+                    os.fsync(out.fileno())
+                with self._create(tmp / f"{seg.name}.json", job.uid) as out:
+                    out.write(index.dumps().encode())
+                versions[seg.name] = index.version
+                total += index.size_bytes
+            with self._create(tmp / MANIFEST, job.uid) as out:
+                out.write(json.dumps({"seq": seq, "versions": versions,
+                                      "size_bytes": total}).encode())
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        for old in self.checkpoints(job)[:-self.keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+        return CheckpointInfo(final, seq, versions, total, self._clock() - start)
+
+    def read(self, path: Path) -> CheckpointInfo:
+        try:
+            raw = json.loads((path / MANIFEST).read_text())
+            return CheckpointInfo(path, int(raw["seq"]),
+                                  {k: int(v) for k, v in raw["versions"].items()},
+                                  int(raw["size_bytes"]), 0.0)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise StateError(f"checkpoint manifest {path / MANIFEST} is unreadable: "
+                             f"{exc}") from exc
+
+    def indexes(self, path: Path) -> list[SegmentIndex]:
+        """The segment indexes stored in checkpoint ``path``."""
+        info = self.read(path)
+        return [SegmentIndex.loads((path / f"{n}.json").read_text(), str(path / n))
+                for n in sorted(info.versions)]
+
+    def latest(self, job: JobRef) -> Path:
+        found = self.checkpoints(job)
+        if not found:
+            raise StateError(f"job {job.job_id!r} has no checkpoint under "
+                             f"{self.job_dir(job)}")
+        return found[-1]
+
+    def restore(self, store: SegmentStore, job: JobRef, path: Path | None = None,
+                drop_cache: bool = False) -> CheckpointInfo:
+        """Copy checkpoint ``path`` (default: the newest) into ``job``'s segments.
+
+        ``drop_cache`` advises the kernel to forget the files' cached pages first, so the
+        time measured is a cold read from the disk.
+        """
+        path = path or self.latest(job)
+        start = self._clock()
+        info = self.read(path)
+        for index in self.indexes(path):
+            src_path = path / f"{index.name}.seg"
+            with open(src_path, "rb", buffering=0) as src:
+                if drop_cache:
+                    os.posix_fadvise(src.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+                store.put_raw(job, index, src)
+        return CheckpointInfo(path, info.seq, info.versions, info.size_bytes,
+                              self._clock() - start)
+
+    def delete_job(self, job: JobRef) -> None:
+        shutil.rmtree(self.job_dir(job), ignore_errors=True)
+
+    # -- internals ---------------------------------------------------------------
+    def _ensure_dirs(self, job: JobRef) -> Path:
+        self.root.mkdir(mode=0o711, parents=True, exist_ok=True)
+        for d in (self.root / str(job.uid), self.job_dir(job)):
+            if not d.is_dir():
+                self._mkdir(d, job.uid)
+        return self.job_dir(job)
+
+    @staticmethod
+    def _mkdir(path: Path, uid: int) -> None:
+        path.mkdir(mode=0o700)
+        if os.geteuid() == 0 and uid != 0:
+            os.chown(path, uid, -1)
+
+    @staticmethod
+    def _create(path: Path, uid: int) -> BufferedWriter:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        if os.geteuid() == 0 and uid != 0:
+            os.fchown(fd, uid, -1)
+        return os.fdopen(fd, "wb")

@@ -1,0 +1,453 @@
+"""The resident node daemon: holds every member job's warm state and runs its phases.
+
+One daemon per node and store root (a second one is refused by a lock held for the
+daemon's life). At start it loads the job registry, re-adopts the valid segments of
+registered jobs, removes everything else (see ``recovery``), then serves the JSON-lines
+protocol of ``protocol`` on a Unix socket, one thread per connection. Every request
+that names a job is checked against the uid the kernel reports for the caller
+(SO_PEERCRED): the job's owner or root only.
+
+Locking: a short daemon-wide lock guards the registry, the budget and the worker
+table; per job, a *state* lock serialises put/commit/checkpoint/restore/drop and a
+*worker* lock serialises activate/deactivate/drop. So a long checkpoint of one job
+delays neither ``status`` nor any request of another job, nor an ``activate`` of the
+same job. A timer thread checkpoints every job whose interval passed (``autosave``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import socketserver
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock, Timeout
+
+from weave_slurm.errors import ConfigError, InfeasibleRequest, StateError, WeaveError
+from weave_slurm.node import protocol
+from weave_slurm.node.autosave import AutosaveTimer, check_interval, run_timer
+from weave_slurm.node.budget import MemoryBudget
+from weave_slurm.node.checkpoint import CheckpointStore
+from weave_slurm.node.index import JobRef, check_name
+from weave_slurm.node.pool import ResidentPool
+from weave_slurm.node.protocol import Op, Request
+from weave_slurm.node.recovery import RecoveryReport, recover
+from weave_slurm.node.registry import JobRecord, JobRegistry
+from weave_slurm.node.segments import DEFAULT_ROOT, SegmentStore
+from weave_slurm.node.worker import Phase, PhaseWorker, worker_env
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[int, Request], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """What a node daemon needs; ``host_mem_gib`` comes from the site config."""
+
+    host_mem_gib: float
+    root: Path = DEFAULT_ROOT
+    socket_path: Path | None = None          # default: <root>/node.sock
+    checkpoint_root: Path | None = None      # default: /var/tmp/weave-ckpt
+    keep_checkpoints: int = 2
+    stop_timeout_s: float = 10.0
+    checkpoint_interval_s: float = 600.0     # per job; 0 = no periodic checkpoints
+    autosave_tick_s: float = 5.0             # how often the timer looks for due jobs
+    resident_workers: bool = True            # zygote + one pre-forked worker per job
+    resident_start_timeout_s: float = 120.0
+
+    @property
+    def socket(self) -> Path:
+        return self.socket_path or self.root / "node.sock"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.checkpoint_root or Path("/var/tmp/weave-ckpt")
+
+
+class NodeDaemon:
+    """State and request handlers; ``serve`` puts them on the socket."""
+
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        self.store = SegmentStore(config.root)
+        self.ckpt = CheckpointStore(config.checkpoints, config.keep_checkpoints)
+        self.budget = MemoryBudget(config.host_mem_gib)
+        self.registry = JobRegistry(config.root / "registry.json")
+        self.workers: dict[str, PhaseWorker] = {}
+        self.pool = ResidentPool(config.root, config.resident_start_timeout_s) \
+            if config.resident_workers else None
+        self.autosave = AutosaveTimer(config.checkpoint_interval_s)
+        self._lock = threading.RLock()
+        self._state_locks: dict[str, threading.RLock] = {}
+        self._worker_locks: dict[str, threading.RLock] = {}
+        self._last_kind: dict[str, str] = {}           # job -> "process" | "resident"
+        self._stop = threading.Event()
+        self._timer: threading.Thread | None = None
+        self._life_lock = FileLock(str(config.root / ".daemon.lock"))
+        self._node_lock = FileLock(str(config.root / ".lock"))
+        self._server: socketserver.ThreadingUnixStreamServer | None = None
+        self._handlers: dict[Op, Handler] = {
+            Op.REGISTER: self._register, Op.PUT: self._put, Op.COMMIT: self._commit,
+            Op.ATTACH_INFO: self._attach_info, Op.ACTIVATE: self._activate,
+            Op.DEACTIVATE: self._deactivate, Op.PHASE: self._phase,
+            Op.CHECKPOINT: self._checkpoint, Op.RESTORE: self._restore, Op.DROP: self._drop,
+            Op.STATUS: self._status,
+        }
+
+    # -- life cycle --------------------------------------------------------------
+    def start(self) -> RecoveryReport:
+        """Take the root, re-adopt or clean what a previous daemon left behind."""
+        self.config.root.mkdir(mode=0o711, parents=True, exist_ok=True)
+        try:
+            self._life_lock.acquire(timeout=0)
+        except Timeout:
+            raise StateError(f"another node daemon serves {self.config.root} "
+                             f"(lock {self._life_lock.lock_file} is held)") from None
+        with self._node_lock:
+            self.registry.load()
+            report = recover(self.store, set(self.registry.jobs()))
+        for seg in report.adopted:
+            self.budget.force(seg.job, seg.name, seg.size_bytes)
+        now = time.monotonic()
+        for job in self.registry.jobs():
+            record = self.registry.get(job.job_id)
+            self.autosave.track(job.job_id, now,
+                                record.checkpoint_interval_s if record else None)
+        if self.pool is not None:
+            self.pool.start()
+            for job in self.registry.jobs():
+                self.pool.ensure(job, self.store.job_dir(job))
+        if self.config.checkpoint_interval_s > 0 or any(
+                (self.autosave.interval_s(j.job_id) or 0) > 0 for j in self.registry.jobs()):
+            self._start_timer()
+        log.info("node daemon on %s: adopted %d segments, removed %d paths",
+                 self.config.root, len(report.adopted), len(report.removed))
+        return report
+
+    def serve(self, ready: threading.Event | None = None) -> None:
+        """Serve the socket until ``shutdown`` (call ``start`` first)."""
+        path = self.config.socket
+        path.unlink(missing_ok=True)
+        daemon = self
+
+        class _Conn(socketserver.StreamRequestHandler):
+            def handle(self) -> None:
+                daemon._serve_connection(self.request)
+
+        server = socketserver.ThreadingUnixStreamServer(str(path), _Conn)
+        server.daemon_threads = True
+        os.chmod(path, 0o666)  # anyone may ask; each request is checked by peer uid
+        self._server = server
+        if ready is not None:
+            ready.set()
+        try:
+            server.serve_forever(poll_interval=0.2)
+        finally:
+            server.server_close()
+            path.unlink(missing_ok=True)
+
+    def shutdown(self) -> None:
+        """Stop serving, stop the workers, release the root (state stays in shm)."""
+        if self._server is not None:
+            self._server.shutdown()
+        self._stop.set()
+        if self._timer is not None:
+            self._timer.join(30)
+        if self.pool is not None:
+            self.pool.shutdown()
+        with self._lock:
+            workers = list(self.workers.values())
+        for worker in workers:
+            worker.stop(self.config.stop_timeout_s)
+        if self._life_lock.is_locked:
+            self._life_lock.release()
+
+    # -- dispatch ----------------------------------------------------------------
+    def handle(self, uid: int, request: Request) -> dict[str, Any]:
+        """Answer one request from ``uid``; raises WeaveError on refusal."""
+        return self._handlers[request.op](uid, request)
+
+    def state_lock(self, job_id: str) -> threading.RLock:
+        """The lock of a job's state (put/commit/checkpoint/restore/drop)."""
+        with self._lock:
+            return self._state_locks.setdefault(job_id, threading.RLock())
+
+    def worker_lock(self, job_id: str) -> threading.RLock:
+        """The lock of a job's workers (activate/deactivate/drop)."""
+        with self._lock:
+            return self._worker_locks.setdefault(job_id, threading.RLock())
+
+    # -- periodic checkpoints ----------------------------------------------------
+    def _start_timer(self) -> None:
+        if self._timer is None:
+            self._timer = threading.Thread(
+                target=run_timer, args=(self.autosave_tick, self._stop,
+                                        self.config.autosave_tick_s),
+                name="autosave", daemon=True)
+            self._timer.start()
+
+    def autosave_tick(self, now_s: float | None = None) -> dict[str, str]:
+        """Checkpoint every due job whose segment versions changed; job -> outcome."""
+        now = time.monotonic() if now_s is None else now_s
+        outcome: dict[str, str] = {}
+        for job_id in self.autosave.due(now):
+            with self._lock:
+                record = self.registry.get(job_id)
+            if record is None:
+                self.autosave.forget(job_id)
+                continue
+            try:
+                outcome[job_id] = self._autosave_one(record.job)
+            except (WeaveError, OSError) as exc:  # a bad tick must not stop the timer
+                log.error("periodic checkpoint of %s failed: %s", job_id, exc)
+                outcome[job_id] = f"failed: {exc}"
+            self.autosave.mark(job_id, now)
+        return outcome
+
+    def _autosave_one(self, job: JobRef) -> str:
+        with self.state_lock(job.job_id):
+            versions = {s.name: s.index.version for s in self.store.list_segments(job)
+                        if s.index is not None}
+            if not versions:
+                return "empty"
+            found = self.ckpt.checkpoints(job)
+            if found and self.ckpt.read(found[-1]).versions == versions:
+                return "unchanged"
+            info = self.ckpt.save(self.store, job)
+        log.info("periodic checkpoint of %s: %s (%.1f s)", job.job_id, info.path,
+                 info.elapsed_s)
+        return "saved"
+
+    def _serve_connection(self, sock: socket.socket) -> None:
+        uid = protocol.peer_uid(sock)
+        buf = bytearray()
+        while True:
+            try:
+                line = protocol.read_line(sock, buf)
+                if line is None:
+                    return
+                reply = protocol.ok(self.handle(uid, Request.decode(line)))
+            except WeaveError as exc:
+                reply = protocol.fail(exc)
+            except PermissionError as exc:
+                reply = protocol.fail(StateError(f"permission denied: {exc}"))
+            sock.sendall(reply)
+
+    def _job(self, uid: int, request: Request) -> JobRef:
+        job_id = check_name("job id", request.job_id())
+        with self._lock:
+            record = self.registry.get(job_id)
+        if record is None:
+            raise StateError(f"job {job_id!r} is not registered on this node; send "
+                             "'register' first")
+        if uid not in (0, record.job.uid):
+            raise StateError(f"uid {uid} may not touch job {job_id!r}: it belongs to "
+                             f"uid {record.job.uid}")
+        return record.job
+
+    # -- handlers ----------------------------------------------------------------
+    def _register(self, uid: int, request: Request) -> dict[str, Any]:
+        job_id = check_name("job id", request.job_id())
+        owner = int(request.args.get("uid", uid)) if uid == 0 else uid
+        interval = request.args.get("checkpoint_interval_s")
+        if interval is not None:
+            interval = check_interval(interval, f"register of {job_id!r}")
+        if os.geteuid() not in (0, owner):
+            raise InfeasibleRequest(f"this node daemon runs as uid {os.geteuid()}, not "
+                                    f"root: it cannot hold state of uid {owner}")
+        with self._lock:
+            record = self.registry.get(job_id)
+            if record is not None and record.job.uid != owner:
+                raise StateError(f"job {job_id!r} is already registered to uid "
+                                 f"{record.job.uid}")
+            job = JobRef(job_id, owner)
+            if record is None:
+                self.store.ensure_job_dir(job)
+                with self._node_lock:
+                    self.registry.add(JobRecord(job, time.time(), interval))
+                    self.registry.save()
+                self.autosave.track(job_id, time.monotonic(), interval)
+                if interval:
+                    self._start_timer()
+        if self.pool is not None:
+            self.pool.ensure(job, self.store.job_dir(job))
+        return {"job": job_id, "uid": owner, "root": str(self.store.root),
+                "job_dir": str(self.store.job_dir(job))}
+
+    def _put(self, uid: int, request: Request) -> dict[str, Any]:
+        job = self._job(uid, request)
+        name = check_name("segment name", str(request.args.get("name")))
+        nbytes = request.args.get("nbytes")
+        if not isinstance(nbytes, int):
+            raise ConfigError(f"put {job.job_id}/{name}: 'nbytes' must be an int, "
+                              f"got {nbytes!r}")
+        with self.state_lock(job.job_id), self._lock:
+            self.budget.charge(job, name, nbytes)
+        return {"seg_path": str(self.store.seg_path(job, name)),
+                "index_path": str(self.store.index_path(job, name)),
+                "root": str(self.store.root), "align_bytes": self.store.align_bytes}
+
+    def _commit(self, uid: int, request: Request) -> dict[str, Any]:
+        job = self._job(uid, request)
+        name = check_name("segment name", str(request.args.get("name")))
+        with self.state_lock(job.job_id):
+            found = [s for s in self.store.list_segments(job) if s.name == name]
+            if not found or found[0].index is None:
+                why = found[0].problem if found else "no such segment"
+                raise StateError(f"commit of {job.job_id}/{name} refused: {why}")
+            try:
+                with self._lock:
+                    self.budget.charge(job, name, found[0].size_bytes)
+            except WeaveError:
+                self.store.delete_segment(job, name)
+                with self._lock:
+                    self.budget.release(job, name)
+                raise
+        return {"name": name, "version": found[0].index.version,
+                "size_bytes": found[0].size_bytes}
+
+    def _attach_info(self, uid: int, request: Request) -> dict[str, Any]:
+        job = self._job(uid, request)
+        segments = {s.name: {"seg_path": str(s.seg_path), "index": s.index.to_json()}
+                    for s in self.store.list_segments(job) if s.index is not None}
+        return {"job": job.job_id, "uid": job.uid, "root": str(self.store.root),
+                "segments": segments}
+
+    def _activate(self, uid: int, request: Request) -> dict[str, Any]:
+        job = self._job(uid, request)
+        phase = Phase.parse(request.args.get("phase"))
+        extra = request.args.get("env") or {}
+        if not isinstance(extra, dict):
+            raise ConfigError(f"activate of {job.job_id}: 'env' must be an object")
+        with self.worker_lock(job.job_id):
+            self._refuse_if_running(job)
+            segments = {s.name: s.seg_path for s in self.store.list_segments(job)
+                        if s.index is not None}
+            env = worker_env(self.store, job, phase, self.config.socket, segments)
+            env = {**{str(k): str(v) for k, v in extra.items()}, **env}
+            if request.args.get("entry") is not None:
+                return {**self._activate_resident(job, phase, request, env, segments),
+                        "env": env}
+            argv = request.args.get("argv")
+            log_path = self.store.job_dir(job) / f"{phase.value}.log"
+            worker = PhaseWorker(job, phase, argv if isinstance(argv, list) else [], env,
+                                 log_path)
+            with self._lock:
+                self.workers[job.job_id] = worker
+                self._last_kind[job.job_id] = "process"
+            return {**worker.status().to_json(), "env": env}
+
+    def _activate_resident(self, job: JobRef, phase: Phase, request: Request,
+                           env: dict[str, str], segments: dict[str, Path]) -> dict[str, Any]:
+        if self.pool is None:
+            raise InfeasibleRequest("this node daemon runs without resident workers "
+                                    "(resident_workers=false): activate with 'argv'")
+        entry, args = request.args.get("entry"), request.args.get("args") or []
+        pythonpath = request.args.get("pythonpath") or []
+        if not isinstance(entry, str) or not isinstance(args, list) or \
+                not isinstance(pythonpath, list):
+            raise ConfigError(f"activate of {job.job_id}: 'entry' must be a string "
+                              f"'module:function', 'args' and 'pythonpath' lists")
+        act = self.pool.activate(job, phase, {
+            "entry": entry, "args": [str(a) for a in args], "env": env,
+            "pythonpath": [str(p) for p in pythonpath], "root": str(self.store.root),
+            "segments": {k: str(v) for k, v in segments.items()}})
+        with self._lock:
+            self._last_kind[job.job_id] = "resident"
+        return {"job": job.job_id, **act.to_json()}
+
+    def _refuse_if_running(self, job: JobRef) -> None:
+        with self._lock:
+            current = self.workers.get(job.job_id)
+        if current is not None and current.status().returncode is None:
+            raise StateError(f"job {job.job_id!r} already runs phase "
+                             f"{current.phase.value!r} (pid {current.pid}); deactivate first")
+
+    def _worker_json(self, job: JobRef) -> dict[str, Any] | None:
+        with self._lock:
+            kind = self._last_kind.get(job.job_id)
+            worker = self.workers.get(job.job_id)
+        if kind == "resident" and self.pool is not None:
+            act = self.pool.last(job)
+            return None if act is None else {"job": job.job_id, **act.to_json()}
+        return None if worker is None else dict(worker.status().to_json())
+
+    def _deactivate(self, uid: int, request: Request) -> dict[str, Any]:
+        job = self._job(uid, request)
+        with self.worker_lock(job.job_id):
+            with self._lock:
+                kind = self._last_kind.get(job.job_id)
+                worker = self.workers.get(job.job_id)
+            if kind == "resident" and self.pool is not None:
+                self.pool.cancel(job, self.config.stop_timeout_s)
+                return self._worker_json(job) or {}
+            if worker is None:
+                raise StateError(f"job {job.job_id!r} has no phase worker on this node")
+            return dict(worker.stop(self.config.stop_timeout_s).to_json())
+
+    def _phase(self, uid: int, request: Request) -> dict[str, Any]:
+        job = self._job(uid, request)
+        return {"job": job.job_id, "worker": self._worker_json(job)}
+
+    def _checkpoint(self, uid: int, request: Request) -> dict[str, Any]:
+        job = self._job(uid, request)
+        with self.state_lock(job.job_id):
+            info = self.ckpt.save(self.store, job)
+        self.autosave.mark(job.job_id, time.monotonic())
+        return info.to_json()
+
+    def _restore(self, uid: int, request: Request) -> dict[str, Any]:
+        job = self._job(uid, request)
+        with self.state_lock(job.job_id):
+            path = self.ckpt.latest(job)
+            indexes = self.ckpt.indexes(path)
+            with self._lock:
+                for index in indexes:  # all or nothing: check the whole checkpoint first
+                    self.budget.check(job, index.name, index.size_bytes)
+                for index in indexes:
+                    self.budget.charge(job, index.name, index.size_bytes)
+            return self.ckpt.restore(self.store, job, path,
+                                     drop_cache=bool(request.args.get("drop_cache"))).to_json()
+
+    def _drop(self, uid: int, request: Request) -> dict[str, Any]:
+        job = self._job(uid, request)
+        with self.worker_lock(job.job_id), self.state_lock(job.job_id):
+            with self._lock:
+                worker = self.workers.pop(job.job_id, None)
+                self._last_kind.pop(job.job_id, None)
+            if worker is not None:
+                worker.stop(self.config.stop_timeout_s)
+            if self.pool is not None:
+                self.pool.drop(job)
+            self.autosave.forget(job.job_id)
+            self.store.delete_job(job)
+            if not request.args.get("keep_checkpoints"):
+                self.ckpt.delete_job(job)
+            with self._lock:
+                self.budget.release_job(job)
+                with self._node_lock:
+                    self.registry.remove(job.job_id)
+                    self.registry.save()
+        return {"job": job.job_id, "dropped": True}
+
+    def _status(self, uid: int, request: Request) -> dict[str, Any]:
+        with self._lock:
+            registered = [j for j in self.registry.jobs() if uid in (0, j.uid)]
+            memory = self.budget.report().to_json()
+        jobs = []
+        for job in registered:
+            segs = {s.name: {"version": None if s.index is None else s.index.version,
+                             "size_bytes": s.size_bytes, "problem": s.problem}
+                    for s in self.store.list_segments(job)}
+            jobs.append({"job": job.job_id, "uid": job.uid, "segments": segs,
+                         "worker": self._worker_json(job),
+                         "resident": None if self.pool is None else self.pool.status(job),
+                         "checkpoint_interval_s": self.autosave.interval_s(job.job_id)})
+        return {"root": str(self.store.root), "memory": memory, "jobs": jobs}

@@ -1,0 +1,366 @@
+"""The daemon side of resident workers: a zygote and one pre-forked worker per job.
+
+``ResidentPool.start`` launches the zygote (``zygote``), which imports torch once.
+``ensure(job)`` asks it to fork the job's resident worker ahead of time (at register),
+so ``activate`` only sends that already-running process the job's own segment paths
+and an entry to call: no process start, no ``import torch``, an attach of < 1 ms.
+A worker that dies (crash, ``kill -9``, an entry calling ``sys.exit``) is reported by
+the zygote; its running activation is marked ``killed``/``failed`` and a replacement
+is forked at once, so the next activation works. The daemon's state (segments,
+budget, registry) never lives in a worker.
+
+Worker states: ``starting -> idle <-> busy``; any of them ``-> dead`` (then replaced
+unless the job was dropped or the pool is shutting down).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from weave_slurm.errors import InsufficientResources, StateError
+from weave_slurm.node.index import JobRef
+from weave_slurm.node.segments import gid_of
+from weave_slurm.node.worker import Phase, WorkerState
+from weave_slurm.node.zygote import receive, send
+
+log = logging.getLogger(__name__)
+
+LOG_NAME = "resident.log"
+
+
+class ResidentState(StrEnum):
+    STARTING = "starting"    # fork requested, the worker has not said ready
+    IDLE = "idle"            # alive, waiting for an activation
+    BUSY = "busy"            # running an activation
+    DEAD = "dead"            # exited; replaced unless the job is gone
+
+
+@dataclass
+class Activation:
+    """One activation of a resident worker (mutable: filled in as it runs)."""
+
+    seq: int
+    phase: Phase
+    pid: int
+    started_s: float
+    log_path: str
+    state: WorkerState = WorkerState.RUNNING
+    returncode: int | None = None
+    result: object = None
+    error: str | None = None
+    timing: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, object]:
+        return {"phase": self.phase.value, "pid": self.pid, "state": self.state.value,
+                "returncode": self.returncode, "started_s": self.started_s,
+                "log_path": self.log_path, "resident": True, "activation": self.seq,
+                "result": self.result, "error": self.error, **self.timing}
+
+
+@dataclass
+class _Worker:
+    job: JobRef
+    sock: socket.socket
+    log_path: Path
+    fork_seq: int
+    state: ResidentState = ResidentState.STARTING
+    pid: int = 0
+    uid: int = -1
+    forked_s: float = field(default_factory=time.time)
+
+
+@dataclass
+class _Slot:
+    job: JobRef
+    log_dir: Path
+    worker: _Worker | None = None
+    last: Activation | None = None
+    activations: int = 0
+    restarts: int = 0
+    wanted: bool = True
+
+
+class ResidentPool:
+    """The zygote and the resident workers of every registered job of one daemon."""
+
+    def __init__(self, root: Path, start_timeout_s: float = 120.0) -> None:
+        self.root = root
+        self.start_timeout_s = start_timeout_s
+        self._cond = threading.Condition()
+        self._slots: dict[str, _Slot] = {}
+        self._zygote: subprocess.Popen[bytes] | None = None
+        self._ctl: socket.socket | None = None
+        self._zygote_ready = False
+        self._closing = False
+        self._seq = 0
+
+    # -- zygote ------------------------------------------------------------------
+    def start(self) -> None:
+        """Launch the zygote (it imports torch in the background; does not wait)."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._zygote = subprocess.Popen(
+            [sys.executable, "-m", "weave_slurm.node.zygote", str(theirs.fileno())],
+            pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
+            env={**os.environ, "OMP_NUM_THREADS": os.environ.get(
+                "OMP_NUM_THREADS", str(os.cpu_count() or 1))})
+        theirs.close()
+        self._ctl = ours
+        threading.Thread(target=self._read_zygote, name="zygote-reader", daemon=True).start()
+
+    def wait_ready(self, timeout_s: float | None = None) -> None:
+        """Block until the zygote has imported torch and every wanted worker is idle."""
+        with self._cond:
+            ok = self._cond.wait_for(lambda: self._closing or (self._zygote_ready and all(
+                s.worker is not None and s.worker.state == ResidentState.IDLE
+                for s in self._slots.values() if s.wanted)),
+                timeout=timeout_s or self.start_timeout_s)
+        if not ok:
+            raise StateError("resident pool: zygote or workers not ready after "
+                             f"{timeout_s or self.start_timeout_s} s")
+
+    def shutdown(self) -> None:
+        """Stop every worker and the zygote (state in shm is untouched)."""
+        with self._cond:
+            self._closing = True
+            workers = [s.worker for s in self._slots.values() if s.worker is not None]
+            self._cond.notify_all()
+        for worker in workers:
+            self._kill(worker)
+        if self._ctl is not None:
+            with contextlib.suppress(OSError):
+                self._ctl.shutdown(socket.SHUT_RDWR)
+        if self._zygote is not None:
+            try:
+                self._zygote.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._zygote.kill()
+                self._zygote.wait()
+        if self._ctl is not None:
+            self._ctl.close()
+
+    def _read_zygote(self) -> None:
+        ctl = self._ctl
+        while ctl is not None:
+            try:
+                msg, fds = receive(ctl)
+            except OSError:
+                msg, fds = None, []
+            for fd in fds:
+                os.close(fd)
+            if msg is None:
+                with self._cond:
+                    if not self._closing:
+                        log.error("resident pool: the zygote exited; no new workers")
+                    self._zygote_ready = False
+                    self._closing = True
+                    self._cond.notify_all()
+                return
+            with self._cond:
+                self._on_zygote(msg)
+                self._cond.notify_all()
+
+    def _on_zygote(self, msg: dict[str, Any]) -> None:
+        event = msg.get("event")
+        if event == "ready":
+            self._zygote_ready = True
+            for slot in self._slots.values():
+                if slot.wanted and slot.worker is None:
+                    self._fork(slot)
+        elif event == "exit":
+            pid, rc = msg.get("pid"), int(msg.get("returncode", -1))
+            for slot in list(self._slots.values()):
+                w = slot.worker
+                if w is not None and w.pid == pid:
+                    self._died(slot, w, rc)
+                act = slot.last
+                if act is not None and act.pid == pid and act.returncode is None:
+                    act.returncode = rc     # the socket's end of stream came first
+                    if rc >= 0:
+                        act.state = WorkerState.EXITED if rc == 0 else WorkerState.FAILED
+        elif event == "fork_failed":
+            log.error("resident pool: fork %s failed: %s", msg.get("seq"), msg.get("message"))
+
+    # -- workers -------------------------------------------------------------------
+    def ensure(self, job: JobRef, log_dir: Path) -> None:
+        """Make sure ``job`` has a resident worker (forked now or when the zygote is up)."""
+        with self._cond:
+            slot = self._slots.setdefault(job.job_id, _Slot(job, log_dir))
+            slot.wanted = True
+            if slot.worker is None and self._zygote_ready and not self._closing:
+                self._fork(slot)
+
+    def _fork(self, slot: _Slot) -> None:
+        """Ask the zygote for a worker of ``slot.job`` (caller holds the condition)."""
+        if self._ctl is None:
+            raise StateError("resident pool: the zygote was never started")
+        job = slot.job
+        log_path = slot.log_dir / LOG_NAME
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            if os.geteuid() == 0 and job.uid != 0:
+                os.fchown(fd, job.uid, gid_of(job.uid))
+            self._seq += 1
+            worker = _Worker(job, ours, log_path, self._seq)
+            send(self._ctl, {"op": "fork", "seq": self._seq, "job": job.job_id,
+                             "uid": job.uid, "gid": gid_of(job.uid),
+                             "cwd": str(log_path.parent)}, [theirs.fileno(), fd])
+        finally:
+            theirs.close()
+            os.close(fd)
+        slot.worker = worker
+        threading.Thread(target=self._read_worker, args=(slot, worker),
+                         name=f"resident-{job.job_id}", daemon=True).start()
+
+    def _read_worker(self, slot: _Slot, worker: _Worker) -> None:
+        while True:
+            try:
+                msg, fds = receive(worker.sock)
+            except OSError:
+                msg, fds = None, []
+            for fd in fds:
+                os.close(fd)
+            with self._cond:
+                if msg is None:
+                    self._died(slot, worker, None)
+                    self._cond.notify_all()
+                    return
+                if msg.get("event") == "ready":
+                    worker.pid, worker.uid = int(msg["pid"]), int(msg["uid"])
+                    worker.state = ResidentState.IDLE
+                elif msg.get("event") == "done" and slot.last is not None \
+                        and slot.last.seq == msg.get("seq"):
+                    self._finish(slot.last, msg)
+                    worker.state = ResidentState.IDLE
+                self._cond.notify_all()
+
+    @staticmethod
+    def _finish(act: Activation, msg: Mapping[str, Any]) -> None:
+        act.result, act.error = msg.get("result"), msg.get("error")
+        act.returncode = 0 if msg.get("ok") else 1
+        act.state = WorkerState.EXITED if msg.get("ok") else WorkerState.FAILED
+        act.timing = {k: float(msg[k]) for k in ("attach_s", "elapsed_s", "t_recv",
+                                                   "t_done") if k in msg}
+
+    def _died(self, slot: _Slot, worker: _Worker, returncode: int | None) -> None:
+        """Record a worker's end; fork its replacement (caller holds the condition)."""
+        first = worker.state != ResidentState.DEAD
+        worker.state = ResidentState.DEAD
+        act = slot.last
+        if act is not None and act.pid == worker.pid and \
+                act.state in (WorkerState.RUNNING, WorkerState.KILLED):
+            act.state = WorkerState.KILLED
+            if returncode is not None:
+                act.returncode = returncode
+                if returncode >= 0:
+                    act.state = WorkerState.FAILED
+        if not first:
+            return
+        with contextlib.suppress(OSError):
+            worker.sock.close()
+        if slot.worker is worker:
+            slot.worker = None
+            if slot.wanted and self._zygote_ready and not self._closing:
+                slot.restarts += 1
+                log.warning("resident worker of %s (pid %d) died; forking a new one",
+                            slot.job.job_id, worker.pid)
+                self._fork(slot)
+
+    # -- requests --------------------------------------------------------------------
+    def activate(self, job: JobRef, phase: Phase, request: dict[str, Any]) -> Activation:
+        """Hand ``request`` (entry, args, env, this job's segments) to the job's worker."""
+        with self._cond:
+            slot = self._slots.get(job.job_id)
+            if slot is None or not slot.wanted:
+                raise StateError(f"job {job.job_id!r} has no resident worker; register it")
+            if slot.worker is not None and slot.worker.state == ResidentState.BUSY:
+                raise StateError(f"job {job.job_id!r} already runs phase "
+                                 f"{slot.last.phase.value if slot.last else '?'!r} "
+                                 f"(pid {slot.worker.pid}); deactivate first")
+            ready = self._cond.wait_for(
+                lambda: self._closing or (slot.worker is not None and
+                                          slot.worker.state == ResidentState.IDLE),
+                timeout=self.start_timeout_s)
+            worker = slot.worker
+            if not ready or self._closing or worker is None:
+                raise InsufficientResources(
+                    f"job {job.job_id!r}: no resident worker became ready in "
+                    f"{self.start_timeout_s} s (see {LOG_NAME} in the job directory)")
+            if worker.uid != job.uid:
+                raise StateError(f"resident worker {worker.pid} runs as uid {worker.uid}, "
+                                 f"job {job.job_id!r} belongs to uid {job.uid}")
+            slot.activations += 1
+            act = Activation(slot.activations, phase, worker.pid, time.time(),
+                             str(worker.log_path))
+            send(worker.sock, {**request, "op": "run", "seq": act.seq,
+                               "phase": phase.value, "uid": job.uid})
+            worker.state = ResidentState.BUSY
+            slot.last = act
+            return act
+
+    def cancel(self, job: JobRef, timeout_s: float) -> Activation | None:
+        """Interrupt the running activation (SIGUSR1), SIGKILL after ``timeout_s``."""
+        with self._cond:
+            slot = self._slots.get(job.job_id)
+            worker = slot.worker if slot else None
+            if slot is None or worker is None or worker.state != ResidentState.BUSY:
+                return slot.last if slot else None
+            seq = slot.last.seq if slot.last else 0
+            with contextlib.suppress(OSError):
+                send(worker.sock, {"op": "cancel", "seq": seq})
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker.pid, signal.SIGUSR1)
+            if not self._cond.wait_for(lambda: worker.state != ResidentState.BUSY,
+                                       timeout=timeout_s):
+                self._kill(worker)
+                self._cond.wait_for(lambda: worker.state == ResidentState.DEAD,
+                                    timeout=timeout_s)
+            return slot.last
+
+    def drop(self, job: JobRef) -> None:
+        """Stop the job's worker for good."""
+        with self._cond:
+            slot = self._slots.pop(job.job_id, None)
+            if slot is None:
+                return
+            slot.wanted = False
+            worker = slot.worker
+        if worker is not None:
+            self._kill(worker)
+
+    def status(self, job: JobRef) -> dict[str, Any] | None:
+        with self._cond:
+            slot = self._slots.get(job.job_id)
+            if slot is None:
+                return None
+            w = slot.worker
+            return {"worker_state": w.state.value if w else ResidentState.DEAD.value,
+                    "pid": w.pid if w else None, "uid": w.uid if w else None,
+                    "activations": slot.activations, "restarts": slot.restarts,
+                    "last": slot.last.to_json() if slot.last else None}
+
+    def last(self, job: JobRef) -> Activation | None:
+        with self._cond:
+            slot = self._slots.get(job.job_id)
+            return slot.last if slot else None
+
+    @staticmethod
+    def _kill(worker: _Worker) -> None:
+        if worker.pid > 0:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(worker.pid, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            worker.sock.shutdown(socket.SHUT_RDWR)

@@ -1,0 +1,112 @@
+"""The node daemon's wire protocol: one JSON object per line over a Unix socket.
+
+Request:  ``{"op": "<op>", "job": "<job id>", ...arguments}``
+Reply:    ``{"ok": true, "result": {...}}`` or
+          ``{"ok": false, "error": "<WeaveError subclass>", "message": "<one line>"}``
+
+The caller's uid is not part of the message: the daemon reads it from the socket
+(SO_PEERCRED). Only the uid that registered a job, or root, may touch it.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from weave_slurm import errors
+from weave_slurm.errors import ConfigError, WeaveError
+
+MAX_LINE_BYTES = 1 << 20
+
+
+class Op(StrEnum):
+    """Every request the node daemon answers."""
+
+    REGISTER = "register"        # job -> owner = caller's uid
+    PUT = "put"                  # job, name, nbytes -> paths to write (budget charged)
+    COMMIT = "commit"            # job, name -> index validated, state admitted
+    ATTACH_INFO = "attach_info"  # job -> segment paths and indexes
+    ACTIVATE = "activate"        # job, phase, argv, env -> worker pid and paths
+    DEACTIVATE = "deactivate"    # job -> worker stopped
+    PHASE = "phase"              # job -> worker state (running / exited / killed)
+    CHECKPOINT = "checkpoint"    # job -> checkpoint written
+    RESTORE = "restore"          # job -> newest checkpoint copied into shm
+    DROP = "drop"                # job -> worker stopped, state and checkpoints removed
+    STATUS = "status"            # -> memory, jobs, versions
+
+
+@dataclass(frozen=True)
+class Request:
+    op: Op
+    args: dict[str, Any]
+
+    def job_id(self) -> str:
+        job = self.args.get("job")
+        if not isinstance(job, str):
+            raise ConfigError(f"request {self.op.value!r}: field 'job' is missing or not a "
+                              f"string (got {job!r})")
+        return job
+
+    def encode(self) -> bytes:
+        return (json.dumps({"op": self.op.value, **self.args}) + "\n").encode()
+
+    @classmethod
+    def decode(cls, line: bytes) -> Request:
+        try:
+            raw = json.loads(line)
+        except ValueError as exc:
+            raise ConfigError(f"request is not JSON: {exc}") from exc
+        if not isinstance(raw, dict):
+            raise ConfigError(f"request must be a JSON object, got {type(raw).__name__}")
+        op = raw.pop("op", None)
+        try:
+            return cls(Op(op), raw)
+        except ValueError:
+            valid = ", ".join(o.value for o in Op)
+            raise ConfigError(f"request op {op!r} is unknown; valid: {valid}") from None
+
+
+def ok(result: dict[str, Any]) -> bytes:
+    return (json.dumps({"ok": True, "result": result}) + "\n").encode()
+
+
+def fail(exc: WeaveError) -> bytes:
+    body = {"ok": False, "error": type(exc).__name__, "message": str(exc)}
+    return (json.dumps(body) + "\n").encode()
+
+
+def raise_for(reply: dict[str, Any]) -> dict[str, Any]:
+    """Return a reply's result, or raise the WeaveError subclass it names."""
+    if reply.get("ok"):
+        result = reply.get("result")
+        return result if isinstance(result, dict) else {}
+    cls = getattr(errors, str(reply.get("error")), None)
+    if not (isinstance(cls, type) and issubclass(cls, WeaveError)) or \
+            cls is errors.ExternalCommandError:
+        cls = WeaveError
+    raise cls(str(reply.get("message")))
+
+
+def read_line(sock: socket.socket, buf: bytearray) -> bytes | None:
+    """Read one line (without its newline); None at end of stream."""
+    while b"\n" not in buf:
+        if len(buf) > MAX_LINE_BYTES:
+            raise ConfigError(f"request line longer than {MAX_LINE_BYTES} B")
+        chunk = sock.recv(65536)
+        if not chunk:
+            return None
+        buf.extend(chunk)
+    line, _, rest = bytes(buf).partition(b"\n")
+    buf[:] = rest
+    return line
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """The uid of the process at the other end of a Unix socket (SO_PEERCRED)."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    return int(uid)

@@ -1,0 +1,58 @@
+"""Crash recovery at node-daemon start: adopt what is valid, clean what is not.
+
+Rules (applied under the node lock, before the socket is served):
+
+1. A job directory whose job is not in the registry is removed whole.
+2. In a registered job: half-written ``*.tmp-<pid>`` files are removed, a segment whose
+   index is missing, corrupt, incomplete or disagrees with the data size is removed,
+   and an index without data is removed.
+3. Every other segment is adopted: the budget is charged its size.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from weave_slurm.node.index import JobRef
+from weave_slurm.node.segments import INDEX_SUFFIX, SegmentListing, SegmentStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RecoveryReport:
+    adopted: tuple[SegmentListing, ...]
+    removed: tuple[Path, ...]
+
+
+def recover(store: SegmentStore, registered: set[JobRef]) -> RecoveryReport:
+    """Scan the store's root and make it hold only valid state of registered jobs."""
+    adopted: list[SegmentListing] = []
+    removed: list[Path] = []
+    for job in store.list_jobs():
+        if job not in registered:
+            log.warning("removing stale state of unregistered job %s (uid %d)",
+                        job.job_id, job.uid)
+            removed.append(store.job_dir(job))
+            store.delete_job(job)
+            continue
+        removed.extend(store.remove_temporaries(job))
+        names: set[str] = set()
+        for seg in store.list_segments(job):
+            names.add(seg.name)
+            if seg.problem is None:
+                adopted.append(seg)
+                continue
+            log.warning("removing torn segment %s: %s", seg.seg_path, seg.problem)
+            store.delete_segment(job, seg.name)
+            removed.append(seg.seg_path)
+        for orphan in store.job_dir(job).glob(f"*{INDEX_SUFFIX}"):
+            if orphan.name.removesuffix(INDEX_SUFFIX) not in names:
+                orphan.unlink(missing_ok=True)
+                removed.append(orphan)
+    for job in registered:
+        if not store.job_dir(job).is_dir():
+            store.ensure_job_dir(job)
+    return RecoveryReport(tuple(adopted), tuple(removed))

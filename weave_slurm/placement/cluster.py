@@ -1,0 +1,146 @@
+"""The state placement decides over: the active groups and the pools' capacity."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from functools import cached_property
+
+from weave_slurm.config.site import SiteConfig
+from weave_slurm.errors import StateError
+from weave_slurm.model.cost import CostRates
+from weave_slurm.placement.decision import Placement
+from weave_slurm.placement.group import Group, Member
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    """Limits placement must respect, derived from the site config."""
+
+    max_group_size: int
+    max_rollout_nodes_per_group: int
+    rollout_mem_gib: float
+    train_mem_gib: float
+    rollout_pool_nodes: int
+    train_pool_nodes: int
+    rates: CostRates
+
+    @classmethod
+    def from_site(cls, site: SiteConfig, max_group_size: int | None = None) -> Capacity:
+        return cls(
+            max_group_size=max_group_size or site.limits.max_group_size,
+            max_rollout_nodes_per_group=site.limits.max_rollout_nodes_per_group,
+            rollout_mem_gib=site.rollout.host_mem_gib, train_mem_gib=site.train.host_mem_gib,
+            rollout_pool_nodes=site.rollout.max_nodes, train_pool_nodes=site.train.max_nodes,
+            rates=CostRates.from_site(site))
+
+
+@dataclass(frozen=True)
+class ClusterState:
+    capacity: Capacity
+    groups: tuple[Group, ...] = ()
+    next_group_id: int = 1
+
+    @cached_property
+    def by_id(self) -> dict[int, Group]:
+        return {g.group_id: g for g in self.groups}
+
+    @cached_property
+    def job_group(self) -> dict[str, int]:
+        return {jid: g.group_id for g in self.groups for jid in g.job_ids}
+
+    @cached_property
+    def rollout_nodes_used(self) -> int:
+        return sum(g.rollout_nodes for g in self.groups)
+
+    @cached_property
+    def train_nodes_used(self) -> int:
+        return sum(g.train_nodes for g in self.groups)
+
+    @property
+    def cost_per_hour(self) -> float:
+        return self.capacity.rates.rate(self.rollout_nodes_used, self.train_nodes_used)
+
+    @property
+    def jobs(self) -> int:
+        return len(self.job_group)
+
+
+def apply(state: ClusterState, placement: Placement) -> ClusterState:
+    """The state after a placement (pure)."""
+    if placement.job_id in state.job_group:
+        raise StateError(f"job {placement.job_id} is already placed in group "
+                         f"{state.job_group[placement.job_id]}")
+    gid = placement.group.group_id
+    if gid in state.by_id:
+        groups = tuple(placement.group if g.group_id == gid else g for g in state.groups)
+        return replace(state, groups=groups)
+    return replace(state, groups=(*state.groups, placement.group),
+                   next_group_id=max(state.next_group_id, gid + 1))
+
+
+def depart(state: ClusterState, job_id: str) -> ClusterState:
+    """The state after a job leaves: its group re-plans, shrinks or dissolves (pure)."""
+    gid = state.job_group.get(job_id)
+    if gid is None:
+        raise StateError(f"job {job_id} is not placed")
+    group = state.by_id[gid]
+    members = tuple(m for m in group.members if m.job.job_id != job_id)
+    if not members:
+        return replace(state, groups=tuple(g for g in state.groups if g.group_id != gid))
+    shrunk = compact(replace_members(group, members), state.capacity)
+    return replace(state, groups=tuple(shrunk if g.group_id == gid else g for g in state.groups))
+
+
+def replace_members(group: Group, members: tuple[Member, ...]) -> Group:
+    """A group with new members, releasing rollout nodes nobody is pinned to."""
+    used = sorted({p for m in members for p in m.rollout_pins})
+    remap = {old: new for new, old in enumerate(used)}
+    members = tuple(Member(m.job, tuple(remap[p] for p in m.rollout_pins)) for m in members)
+    return Group(group.group_id, members, rollout_nodes=len(used),
+                 train_nodes=max(m.job.train_nodes for m in members),
+                 colocated=group.colocated)
+
+
+def compact(group: Group, cap: Capacity) -> Group:
+    """Release rollout nodes by re-pinning members onto others while all stay feasible.
+
+    Run when a member leaves. Moving a member's rollout pin moves its warm rollout
+    state to another node of the same group over the fast intra-pool fabric.
+    """
+    if group.colocated:
+        return group
+    best = group
+    improved = True
+    while improved and best.rollout_nodes > 1:
+        improved = False
+        load = best.rollout_load_s
+        for node in sorted(range(best.rollout_nodes), key=lambda n: load[n]):
+            candidate = _evacuate(best, node, cap)
+            if candidate is not None:
+                best, improved = candidate, True
+                break
+    return best
+
+
+def _evacuate(group: Group, node: int, cap: Capacity) -> Group | None:
+    members = list(group.members)
+    others = [n for n in range(group.rollout_nodes) if n != node]
+    for i, m in enumerate(members):
+        if node not in m.rollout_pins:
+            continue
+        placed = False
+        for target in sorted(others, key=lambda n: group.rollout_load_s[n]):
+            if target in m.rollout_pins:
+                continue
+            pins = tuple(target if p == node else p for p in m.rollout_pins)
+            trial = members.copy()
+            trial[i] = Member(m.job, pins)
+            if replace_members(group, tuple(trial)).feasible(cap.rollout_mem_gib,
+                                                             cap.train_mem_gib):
+                members = trial
+                placed = True
+                break
+        if not placed:
+            return None
+    return replace_members(group, tuple(members))
+

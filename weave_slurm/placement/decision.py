@@ -1,0 +1,58 @@
+"""What a placement policy returns: a placement or a refusal with reasons."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING, Protocol
+
+from weave_slurm.placement.group import Group
+
+if TYPE_CHECKING:
+    from weave_slurm.model.profile import JobProfile
+    from weave_slurm.placement.cluster import ClusterState
+
+
+class Admission(StrEnum):
+    """How an arrival was admitted (the paper's three cases)."""
+
+    DIRECT = "direct"  # packed into an existing group's idle slots
+    SCALE_ROLLOUT = "scale_rollout"  # joined a group that grew its rollout nodes
+    NEW_GROUP = "new_group"  # provisioned in isolation
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    job_id: str
+    admission: Admission
+    group: Group  # the group as it will be after the arrival
+    cost_delta_per_hour: float
+    added_rollout_nodes: int
+    added_train_nodes: int
+
+    @property
+    def group_id(self) -> int:
+        return self.group.group_id
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """No placement now. ``retry`` is True when capacity, not the request, is the problem."""
+
+    job_id: str
+    reasons: tuple[str, ...]
+    retry: bool
+
+    def message(self) -> str:
+        return f"job {self.job_id} not placed: " + "; ".join(self.reasons)
+
+
+Decision = Placement | Refusal
+
+
+class Policy(Protocol):
+    """A placement policy: a pure function of (cluster state, arriving job)."""
+
+    name: str
+
+    def place(self, state: ClusterState, job: JobProfile) -> Decision: ...

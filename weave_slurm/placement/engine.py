@@ -1,0 +1,265 @@
+"""Inter-group placement: where an arriving job goes (pure).
+
+``WeavePolicy.place(state, job)`` considers, in the paper's terms, *direct packing*
+into an existing group's idle slots, *rollout scaling* (the job joins a group whose
+training side has room, on new h20 nodes) and *isolated provisioning* (a new group).
+Every candidate keeps every member within its SLO and every node within its host
+memory under the admission bound (every rollout at max tokens). The cheapest
+candidate wins; ties go to the tightest fit (best-fit), then to the lowest group id,
+so the decision is deterministic.
+
+Saturated groups are pruned by O(1) necessary conditions before any schedule is
+computed: the shared training node serialises training, so a group whose training
+load plus the newcomer's exceeds the tightest budget cannot take it, whatever the
+order. This keeps a decision close to linear in the number of active groups.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from weave_slurm.model.profile import JobProfile
+from weave_slurm.placement.cluster import Capacity, ClusterState
+from weave_slurm.placement.decision import Admission, Decision, Placement, Refusal
+from weave_slurm.placement.group import Group, Member, solo_group
+from weave_slurm.placement.repack import best_group
+
+_EPS = 1e-9
+#: Largest group (after the arrival) that placement may re-pin from scratch.
+REPACK_MAX_MEMBERS = 4
+
+
+def refuse_if_never_fits(job: JobProfile, cap: Capacity) -> Refusal | None:
+    reasons = []
+    if job.rollout_state_gib > cap.rollout_mem_gib:
+        reasons.append(f"rollout state {job.rollout_state_gib:.1f} GiB per node exceeds the "
+                       f"rollout nodes' host memory ({cap.rollout_mem_gib:g} GiB)")
+    if job.train_state_gib > cap.train_mem_gib:
+        reasons.append(f"training state {job.train_state_gib:.1f} GiB per node exceeds the "
+                       f"training nodes' host memory ({cap.train_mem_gib:g} GiB)")
+    if job.rollout_nodes > cap.rollout_pool_nodes:
+        reasons.append(f"needs {job.rollout_nodes} rollout nodes, the pool has "
+                       f"{cap.rollout_pool_nodes}")
+    if job.train_nodes > cap.train_pool_nodes:
+        reasons.append(f"needs {job.train_nodes} training nodes, the pool has "
+                       f"{cap.train_pool_nodes}")
+    return Refusal(job.job_id, tuple(reasons), retry=False) if reasons else None
+
+
+def new_group_placement(state: ClusterState, job: JobProfile) -> Placement | None:
+    cap = state.capacity
+    if (state.rollout_nodes_used + job.rollout_nodes > cap.rollout_pool_nodes
+            or state.train_nodes_used + job.train_nodes > cap.train_pool_nodes):
+        return None
+    group = solo_group(state.next_group_id, job)
+    return Placement(job.job_id, Admission.NEW_GROUP, group,
+                     cap.rates.rate(job.rollout_nodes, job.train_nodes),
+                     job.rollout_nodes, job.train_nodes)
+
+
+def capacity_refusal(state: ClusterState, job: JobProfile) -> Refusal:
+    cap = state.capacity
+    return Refusal(job.job_id, (
+        f"no existing group can take it within every member's SLO and host memory, and a "
+        f"new group needs {job.rollout_nodes} rollout + {job.train_nodes} training nodes "
+        f"while {cap.rollout_pool_nodes - state.rollout_nodes_used} rollout and "
+        f"{cap.train_pool_nodes - state.train_nodes_used} training nodes are free",), retry=True)
+
+
+def group_placements(state: ClusterState, job: JobProfile,
+                     repack: bool = False) -> Iterator[Placement]:
+    """Every feasible way to add ``job`` to an existing group (direct or scaled).
+
+    With ``repack``, a small group may also be re-pinned from scratch around the
+    newcomer when that needs fewer rollout nodes than keeping the current pins.
+    """
+    cap = state.capacity
+    free_r = cap.rollout_pool_nodes - state.rollout_nodes_used
+    free_t = cap.train_pool_nodes - state.train_nodes_used
+    for group in state.groups:
+        if not _may_fit(group, job, cap, free_t):
+            continue
+        fewest = None
+        for cand in _placements_in(group, job, cap, free_r):
+            added = cand.added_rollout_nodes
+            fewest = added if fewest is None else min(fewest, added)
+            yield cand
+        if repack and group.size < REPACK_MAX_MEMBERS and fewest != 0:
+            repacked = _repacked(group, job, cap, free_r, fewest)
+            if repacked is not None:
+                yield repacked
+
+
+def _repacked(group: Group, job: JobProfile, cap: Capacity, free_r: int,
+              fewest: int | None) -> Placement | None:
+    limit = group.rollout_nodes + (job.rollout_nodes if fewest is None else fewest - 1)
+    limit = min(limit, group.rollout_nodes + free_r, cap.max_rollout_nodes_per_group)
+    jobs = [m.job for m in group.members] + [job]
+    g = best_group(jobs, cap, group.group_id, max_rollout_nodes=limit)
+    if g is None:
+        return None
+    added_r = g.rollout_nodes - group.rollout_nodes
+    added_t = max(0, g.train_nodes - group.train_nodes)
+    kind = Admission.DIRECT if added_r <= 0 else Admission.SCALE_ROLLOUT
+    return Placement(job.job_id, kind, g, cap.rates.rate(added_r, added_t), added_r, added_t)
+
+
+def _may_fit(group: Group, job: JobProfile, cap: Capacity, free_t: int) -> bool:
+    """Necessary conditions, O(1) per group."""
+    if group.colocated or group.size >= cap.max_group_size:
+        return False
+    budget = min(group.min_budget_s, job.budget_s)
+    if job.solo_s > group.min_budget_s + _EPS:
+        return False
+    if group.train_load_s + job.train_max_s > budget + _EPS:
+        return False
+    if group.train_mem_gib + job.train_state_gib > cap.train_mem_gib + _EPS:
+        return False
+    return max(0, job.train_nodes - group.train_nodes) <= free_t
+
+
+def _placements_in(group: Group, job: JobProfile, cap: Capacity,
+                   free_r: int) -> Iterator[Placement]:
+    m = job.rollout_nodes
+    added_t = max(0, job.train_nodes - group.train_nodes)
+    t_cost = cap.rates.rate(0, added_t)
+    if m <= group.rollout_nodes:
+        for pins in _direct_pins(group, job, cap):
+            placed = _with_member(group, job, pins, group.rollout_nodes, cap)
+            if placed is not None:
+                yield Placement(job.job_id, Admission.DIRECT, placed, t_cost, 0, added_t)
+    if m <= free_r and group.rollout_nodes + m <= cap.max_rollout_nodes_per_group:
+        pins = tuple(range(group.rollout_nodes, group.rollout_nodes + m))
+        placed = _with_member(group, job, pins, group.rollout_nodes + m, cap)
+        if placed is not None:
+            yield Placement(job.job_id, Admission.SCALE_ROLLOUT, placed,
+                            t_cost + cap.rates.rate(m, 0), m, added_t)
+
+
+def _direct_pins(group: Group, job: JobProfile, cap: Capacity) -> Iterator[tuple[int, ...]]:
+    """Existing rollout nodes the job could share, filtered by load and memory."""
+    load, mem, nb = group.rollout_load_s, group.rollout_mem_used_gib, group.node_min_budget_s
+    ok = [n for n in range(group.rollout_nodes)
+          if load[n] + job.rollout_max_s <= min(nb[n], job.budget_s) + _EPS
+          and mem[n] + job.rollout_state_gib <= cap.rollout_mem_gib + _EPS]
+    if job.rollout_nodes == 1:
+        for n in ok:
+            yield (n,)
+    elif len(ok) >= job.rollout_nodes:
+        yield tuple(sorted(sorted(ok, key=lambda n: (load[n], n))[: job.rollout_nodes]))
+
+
+def _with_member(group: Group, job: JobProfile, pins: tuple[int, ...], rollout_nodes: int,
+                 cap: Capacity) -> Group | None:
+    """The group with ``job`` added at the first cyclic position that keeps it feasible."""
+    member = Member(job, pins)
+    train_nodes = max(group.train_nodes, job.train_nodes)
+    shared = any(p < group.rollout_nodes for p in pins)
+    positions = range(group.size, -1, -1) if shared else (group.size,)
+    for pos in positions:
+        members = (*group.members[:pos], member, *group.members[pos:])
+        trial = Group(group.group_id, members, rollout_nodes, train_nodes)
+        if trial.feasible(cap.rollout_mem_gib, cap.train_mem_gib):
+            return trial
+    return None
+
+
+def tightness(placement: Placement) -> float:
+    """Remaining relative slack of the tightest member after the placement (lower = fuller)."""
+    g = placement.group
+    p = g.schedule.period_s
+    return min((m.job.budget_s - p) / m.job.budget_s for m in g.members)
+
+
+def _lower_bound_period(group: Group, job: JobProfile, shared_load_s: float) -> float:
+    """A cheap lower bound on the period after adding ``job`` (adding never shortens it)."""
+    return max(group.schedule.period_s, group.train_load_s + job.train_max_s, job.solo_s,
+               shared_load_s)
+
+
+def _optimistic_slack(group: Group, job: JobProfile, bound_s: float) -> float:
+    budget = min(group.min_budget_s, job.budget_s)
+    return (budget - bound_s) / budget
+
+
+class WeavePolicy:
+    """Cheapest feasible option; among equals, the tightest fit by a period lower bound.
+
+    Candidates are ranked by the slack they would leave under a cheap lower bound on
+    the new period, and the exact cyclic schedule is computed only in that order until
+    one is feasible, per cost tier: direct packing on current pins, direct packing
+    after re-pinning a small group, rollout scaling, then a new group.
+    """
+
+    name = "weave"
+
+    def __init__(self, repack: bool = True) -> None:
+        self.repack = repack
+
+    def place(self, state: ClusterState, job: JobProfile) -> Decision:
+        cap = state.capacity
+        never = refuse_if_never_fits(job, cap)
+        if never is not None:
+            return never
+        free_r = cap.rollout_pool_nodes - state.rollout_nodes_used
+        free_t = cap.train_pool_nodes - state.train_nodes_used
+        groups = [g for g in state.groups if _may_fit(g, job, cap, free_t)]
+        for tier in (self._direct, self._repack, self._scale):
+            found = tier(groups, job, cap, free_r)
+            if found is not None:
+                return found
+        fresh = new_group_placement(state, job)
+        return fresh if fresh is not None else capacity_refusal(state, job)
+
+    @staticmethod
+    def _direct(groups: list[Group], job: JobProfile, cap: Capacity,
+                free_r: int) -> Placement | None:
+        ranked = []
+        for g in groups:
+            if job.rollout_nodes > g.rollout_nodes:
+                continue
+            load = g.rollout_load_s
+            for pins in _direct_pins(g, job, cap):
+                shared = max(load[p] for p in pins) + job.rollout_max_s
+                bound = _lower_bound_period(g, job, shared)
+                ranked.append((_optimistic_slack(g, job, bound), g.group_id, pins, g))
+        ranked.sort(key=lambda c: c[:3])
+        for _, _, pins, g in ranked:
+            placed = _with_member(g, job, pins, g.rollout_nodes, cap)
+            if placed is not None:
+                added_t = max(0, job.train_nodes - g.train_nodes)
+                return Placement(job.job_id, Admission.DIRECT, placed,
+                                 cap.rates.rate(0, added_t), 0, added_t)
+        return None
+
+    def _repack(self, groups: list[Group], job: JobProfile, cap: Capacity,
+                free_r: int) -> Placement | None:
+        if not self.repack:
+            return None
+        ranked = sorted(
+            ((_optimistic_slack(g, job, _lower_bound_period(g, job, 0.0)), g.group_id, g)
+             for g in groups if g.size < REPACK_MAX_MEMBERS), key=lambda c: c[:2])
+        for _, _, g in ranked:
+            cand = _repacked(g, job, cap, free_r, fewest=1)
+            if cand is not None:
+                return cand
+        return None
+
+    @staticmethod
+    def _scale(groups: list[Group], job: JobProfile, cap: Capacity,
+               free_r: int) -> Placement | None:
+        m = job.rollout_nodes
+        if m > free_r:
+            return None
+        ranked = sorted(
+            ((_optimistic_slack(g, job, _lower_bound_period(g, job, 0.0)), g.group_id, g)
+             for g in groups if g.rollout_nodes + m <= cap.max_rollout_nodes_per_group),
+            key=lambda c: c[:2])
+        for _, _, g in ranked:
+            pins = tuple(range(g.rollout_nodes, g.rollout_nodes + m))
+            placed = _with_member(g, job, pins, g.rollout_nodes + m, cap)
+            if placed is not None:
+                added_t = max(0, job.train_nodes - g.train_nodes)
+                return Placement(job.job_id, Admission.SCALE_ROLLOUT, placed,
+                                 cap.rates.rate(m, added_t), m, added_t)
+        return None

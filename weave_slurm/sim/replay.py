@@ -1,0 +1,495 @@
+"""Trace replay: jobs arrive, are placed, progress in their groups, and depart.
+
+Design (docs/simulator.md): the replay is a discrete-event simulation on
+:class:`weave_slurm.sim.events.Simulator` (virtual clock, ties on (time, priority,
+sequence)). Between two changes of a group's membership its cyclic schedule is periodic,
+so every member progresses at ``1 / expected_period`` iterations per second: the replay
+integrates progress, cost and pool usage analytically from change to change instead of
+simulating each phase. Phase-level execution (stochastic rollouts, long-tail migration,
+invariants, Gantt charts) is :mod:`weave_slurm.sim.execution`, run per group segment.
+
+Every decision goes through :mod:`weave_slurm.placement` (``policy.place``, ``apply``,
+``depart``, ``place_batch``); this module only keeps time and books.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from weave_slurm.model.profile import JobProfile
+from weave_slurm.placement.admission import place_batch
+from weave_slurm.placement.cluster import Capacity, ClusterState, apply, depart
+from weave_slurm.placement.decision import Placement, Refusal
+from weave_slurm.placement.group import Group, Member
+from weave_slurm.sim.drift import DriftModel
+from weave_slurm.sim.events import Simulator
+from weave_slurm.sim.failures import FailureModel, pick_failure
+from weave_slurm.sim.policies import (
+    Accounting,
+    SimPolicy,
+    consolidated,
+    job_profile,
+    optimum_rate,
+    regrouped,
+    scale_profile,
+)
+from weave_slurm.sim.traces import EventKind, Trace, TraceJob
+
+_EPS = 1e-9
+# Event priorities at equal times: departures free capacity before arrivals ask for it.
+_P_DEPART, _P_FAIL, _P_DRIFT, _P_ARRIVE, _P_REGROUP = 0, 1, 2, 3, 4
+
+
+@dataclass(frozen=True)
+class ReplayOptions:
+    accounting: Accounting = Accounting.REFERENCE
+    max_group_size: int | None = None
+    seed: int = 0
+    regroup_interval_s: float = 3600.0
+    rollout_mean_fraction: float = 1.0  # expected rollout phase / admission bound
+    migration_s: float = 0.0  # pause of a job whose warm state moves (consistent mode)
+    failures: FailureModel | None = None
+    drift: DriftModel | None = None
+    optimum_max_jobs: int = 10  # larger concurrent sets fall back to the weave plan
+    record_segments: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """A group with constant membership from ``start_s`` to ``end_s``."""
+
+    group: Group
+    start_s: float
+    end_s: float
+
+
+@dataclass(slots=True)
+class JobRun:
+    """Book-keeping of one job during a replay (mutable, internal to the replay)."""
+
+    job: TraceJob
+    planned: JobProfile  # what placement was told
+    actual: JobProfile  # what the job really does now (drift)
+    arrival_s: float
+    work: float  # iterations to complete (consistent) or inf (reference)
+    done: float = 0.0
+    since_s: float = 0.0
+    rate: float = 0.0  # iterations per second
+    slowdown: float = 1.0
+    violated: bool = False
+    group_id: int | None = None
+    admission: str = ""
+    departure_s: float | None = None
+    paused_until_s: float = 0.0
+    handle: int | None = None
+    slowdown_s: float = 0.0  # integral of slowdown over time
+    violated_s: float = 0.0
+    max_slowdown: float = 1.0
+    lost_iterations: float = 0.0
+    migrations: int = 0
+    failures: int = 0
+    ever_violated: bool = False
+
+    def settle(self, now: float) -> None:
+        dt = now - self.since_s
+        if dt <= 0:
+            return
+        run_dt = now - max(self.since_s, min(now, self.paused_until_s))
+        self.done += self.rate * run_dt
+        self.slowdown_s += self.slowdown * dt
+        if self.violated:
+            self.violated_s += dt
+        self.since_s = now
+
+
+@dataclass
+class ReplayResult:
+    """Raw outcome of one policy's replay; :mod:`weave_slurm.sim.report` summarises it."""
+
+    policy: str
+    accounting: Accounting
+    capacity: Capacity
+    start_s: float
+    end_s: float
+    node_s: dict[str, float]  # node-seconds per pool ("rollout", "train")
+    busy_node_s: dict[str, float]
+    cost: float  # site currency
+    reference_units: float  # h800-node-seconds at 1 / (1/3)
+    peak_nodes: dict[str, int]
+    series: list[tuple[float, int, int, float]]  # (t, rollout nodes, train nodes, cost/h)
+    runs: dict[str, JobRun]
+    admissions: dict[str, int]
+    placement_s: list[float]
+    segments: list[Segment]
+    migrations: int = 0
+    refusals: int = 0
+    failures: int = 0
+    regroups: int = 0
+    optimum_fallbacks: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class Replay:
+    """One policy over one trace."""
+
+    def __init__(self, trace: Trace, capacity: Capacity, policy: SimPolicy,
+                 options: ReplayOptions | None = None) -> None:
+        self.trace = trace
+        self.cap = capacity
+        self.policy = policy
+        self.opt = options or ReplayOptions()
+        self.sim = Simulator()
+        self.state = ClusterState(capacity)
+        self.runs: dict[str, JobRun] = {}
+        self.pending: list[str] = []
+        self.rng = random.Random(self.opt.seed)
+        self._last_s = trace.events[0].time_s if trace.events else 0.0
+        self._node_s = {"rollout": 0.0, "train": 0.0}
+        self._busy_s = {"rollout": 0.0, "train": 0.0}
+        self._peak = {"rollout": 0, "train": 0}
+        self._cost = self._ref_units = 0.0
+        self._busy_nodes = [0.0, 0.0]  # busy fraction x nodes, summed over groups
+        self._opt_rate: float | None = None
+        self._opt_cache: dict[frozenset[str], float | None] = {}
+        self._series: list[tuple[float, int, int, float]] = []
+        self._seg_start: dict[int, float] = {}
+        self.result = ReplayResult(
+            policy.name, self.opt.accounting, capacity, self._last_s, self._last_s, {}, {},
+            0.0, 0.0, {}, [], self.runs,
+            {"direct": 0, "scale_rollout": 0, "new_group": 0}, [], [])
+
+    # ---------------------------------------------------------------- driving
+
+    def run(self, progress: Callable[[float], None] | None = None) -> ReplayResult:
+        self._schedule_trace()
+        if self.policy.regroup and self.trace.events:
+            self.sim.schedule(self._last_s + self.opt.regroup_interval_s, self._on_regroup,
+                              priority=_P_REGROUP)
+        end_s = self.trace.end_s
+        while self.sim.peek() != math.inf:
+            self.sim.step()
+            if progress is not None:
+                progress(self.sim.now)
+        end_s = max(end_s, self.sim.now)
+        self._advance(end_s)
+        for r in self.runs.values():
+            if r.departure_s is None:
+                r.settle(end_s)
+        self._close_segments(end_s, set(self.state.by_id))
+        res = self.result
+        res.end_s = end_s
+        res.node_s, res.busy_node_s = dict(self._node_s), dict(self._busy_s)
+        res.cost, res.reference_units, res.peak_nodes = self._cost, self._ref_units, self._peak
+        res.series = self._series
+        return res
+
+    def _schedule_trace(self) -> None:
+        events = self.trace.events
+        by_id = {j.job_id: j for j in self.trace.jobs}
+        i = 0
+        while i < len(events):
+            ev = events[i]
+            if ev.kind is EventKind.ARRIVAL:
+                batch = [ev.job_id]
+                while (i + 1 < len(events) and events[i + 1].kind is EventKind.ARRIVAL
+                       and events[i + 1].time_s == ev.time_s):
+                    i += 1
+                    batch.append(events[i].job_id)
+                self.sim.schedule(ev.time_s, self._on_arrivals,
+                                  [by_id[j] for j in batch], priority=_P_ARRIVE)
+            elif self.opt.accounting is Accounting.REFERENCE:
+                self.sim.schedule(ev.time_s, self._on_departure, ev.job_id, priority=_P_DEPART)
+            i += 1
+        if self.opt.accounting is Accounting.CONSISTENT:
+            # Jobs that never finish their work inside the trace stop at its last event.
+            self.sim.schedule(self.trace.end_s, self._on_trace_end, priority=_P_DEPART)
+
+    # ---------------------------------------------------------------- events
+
+    def _on_arrivals(self, jobs: list[TraceJob]) -> None:
+        now = self.sim.now
+        profiles = []
+        for job in jobs:
+            p = job_profile(job, self.policy.name, self.opt.accounting,
+                            self.opt.rollout_mean_fraction)
+            self.runs[job.job_id] = JobRun(job, p, p, now, self._work(job, p), since_s=now)
+            self._schedule_drift(job, now)
+            profiles.append(p)
+        self._admit(profiles, count=True)
+        if self.opt.failures is not None and len(self.runs) == len(jobs):
+            self._schedule_failure()
+
+    def _admit(self, profiles: list[JobProfile], count: bool) -> None:
+        t0 = time.perf_counter()
+        if len(profiles) == 1:
+            decisions: tuple[Placement | Refusal, ...] = (
+                self.policy.placement.place(self.state, profiles[0]),)
+            state = (apply(self.state, decisions[0]) if isinstance(decisions[0], Placement)
+                     else self.state)
+        else:
+            batch = place_batch(self.policy.placement, self.state, profiles)
+            state, decisions = batch.state, batch.decisions
+        self.result.placement_s.append((time.perf_counter() - t0) / len(profiles))
+        for p, d in zip(profiles, decisions, strict=True):
+            if isinstance(d, Placement):
+                if count:
+                    self.result.admissions[d.admission.value] += 1
+                self.runs[p.job_id].admission = d.admission.value
+            else:
+                self.result.refusals += 1
+                self.pending.append(p.job_id)
+        self._transition(state)
+
+    def _on_departure(self, job_id: str) -> None:
+        run = self.runs.get(job_id)
+        if run is None or run.departure_s is not None:
+            return
+        now = self.sim.now
+        run.settle(now)
+        run.departure_s = now
+        gid = run.group_id
+        run.group_id = None
+        run.violated = False
+        if run.handle is not None:
+            self.sim.cancel(run.handle)
+        if job_id in self.pending:
+            self.pending.remove(job_id)
+            return
+        state = depart(self.state, job_id)
+        if self.policy.consolidate:
+            keep_work = self.opt.accounting is Accounting.CONSISTENT
+            state = consolidated(self.policy.placement, state, gid, keep_work) or state
+        self._transition(state, moved=True)
+        self._retry_pending()
+
+    def _on_trace_end(self) -> None:
+        for job_id, run in list(self.runs.items()):
+            if run.departure_s is None and not math.isfinite(run.work):
+                self._on_departure(job_id)
+
+    def _retry_pending(self) -> None:
+        if not self.pending:
+            return
+        waiting, self.pending = self.pending, []
+        self._admit([self.runs[j].actual for j in waiting], count=True)
+
+    def _on_regroup(self) -> None:
+        active = [r for r in self.runs.values() if r.group_id is not None]
+        for r in active:
+            r.planned = r.actual
+        self.result.regroups += 1
+        self._transition(regrouped(self.policy.placement, self.state,
+                                   [r.actual for r in active]), moved=True)
+        if self.sim.now < self.trace.end_s:
+            self.sim.schedule_in(self.opt.regroup_interval_s, self._on_regroup,
+                                 priority=_P_REGROUP)
+
+    def _schedule_drift(self, job: TraceJob, now: float) -> None:
+        if self.opt.drift is None:
+            return
+        life = job.lifetime_s if job.lifetime_s is not None else self.trace.end_s - now
+        for point in self.opt.drift.points(job.job_id):
+            self.sim.schedule(now + point.at_fraction * life, self._on_drift, job.job_id,
+                              point.rollout_factor, point.train_factor, priority=_P_DRIFT)
+
+    def _on_drift(self, job_id: str, rollout_factor: float, train_factor: float) -> None:
+        run = self.runs[job_id]
+        if run.departure_s is not None or run.group_id is None:
+            return
+        base = job_profile(run.job, self.policy.name, self.opt.accounting,
+                           self.opt.rollout_mean_fraction)
+        run.actual = scale_profile(base, rollout_factor, train_factor)
+        gid = run.group_id
+        group = self.state.by_id[gid]
+        if self.policy.consolidate and self._actual_slowdowns_bad(group):
+            # The live reconcile loop sees measured phase times miss the plan: re-plan
+            # this group's members with what they now do.
+            for m in group.members:
+                self.runs[m.job.job_id].planned = self.runs[m.job.job_id].actual
+            rest = replace(self.state, groups=tuple(g for g in self.state.groups
+                                                    if g.group_id != gid))
+            batch = place_batch(self.policy.placement, rest,
+                                [self.runs[m.job.job_id].actual for m in group.members])
+            if len(batch.state.job_group) == len(self.state.job_group):
+                self._transition(batch.state, moved=True)
+                return
+        self._refresh_group(group)
+
+    def _actual_slowdowns_bad(self, group: Group) -> bool:
+        return any(self.runs[j].violated for j in group.job_ids)
+
+    def _schedule_failure(self) -> None:
+        fm = self.opt.failures
+        if fm is None:
+            return
+        nodes = self.state.rollout_nodes_used + self.state.train_nodes_used
+        delay = fm.next_failure_in_s(self.rng, max(nodes, 1))
+        if self.sim.now + delay < self.trace.end_s:
+            self.sim.schedule_in(delay, self._on_failure, priority=_P_FAIL)
+
+    def _on_failure(self) -> None:
+        fm = self.opt.failures
+        assert fm is not None  # only scheduled with a failure model
+        hit = pick_failure(self.state.groups, self.rng)
+        if hit is not None and hit.jobs:
+            now = self.sim.now
+            self.result.failures += 1
+            state = self.state
+            profiles = []
+            for job_id in hit.jobs:
+                run = self.runs[job_id]
+                run.settle(now)
+                lost = fm.lost_iterations(run.done)
+                run.done -= lost
+                run.lost_iterations += lost
+                run.failures += 1
+                run.paused_until_s = now + fm.restart_s
+                state = depart(state, job_id)
+                run.group_id, run.rate = None, 0.0
+                profiles.append(run.actual)
+            self._transition(state)
+            self._admit(profiles, count=False)
+        self._schedule_failure()
+
+    # ---------------------------------------------------------------- books
+
+    def _work(self, job: TraceJob, p: JobProfile) -> float:
+        if self.opt.accounting is Accounting.REFERENCE:
+            return math.inf
+        if job.iterations is not None:
+            return float(job.iterations)
+        if job.lifetime_s is None:
+            return math.inf
+        return job.lifetime_s / p.solo_mean_s
+
+    def _advance(self, now: float) -> None:
+        dt = now - self._last_s
+        if dt > 0:
+            st = self.state
+            r, t = st.rollout_nodes_used, st.train_nodes_used
+            self._node_s["rollout"] += r * dt
+            self._node_s["train"] += t * dt
+            rate = st.cost_per_hour
+            if self.policy.optimal and self._opt_rate is not None:
+                rate = self._opt_rate
+                rates = self.cap.rates
+                self._ref_units += rate / rates.train_node_hour * dt
+            else:
+                self._ref_units += (t + r / 3) * dt
+            self._cost += rate * dt / 3600.0
+            self._busy_s["rollout"] += self._busy_nodes[0] * dt
+            self._busy_s["train"] += self._busy_nodes[1] * dt
+        self._last_s = max(self._last_s, now)
+
+    def _transition(self, new: ClusterState, moved: bool = False) -> None:
+        now = self.sim.now
+        self._advance(now)
+        old = self.state
+        changed = {gid for gid, g in old.by_id.items() if new.by_id.get(gid) is not g}
+        changed |= {gid for gid in new.by_id if gid not in old.by_id}
+        self._close_segments(now, changed & set(old.by_id))
+        self.state = new
+        for gid in changed:
+            self._count_busy(old.by_id.get(gid), -1.0)
+            group = new.by_id.get(gid)
+            if group is None:
+                continue
+            self._count_busy(group, 1.0)
+            self._seg_start[gid] = now
+            for job_id in group.job_ids:
+                run = self.runs[job_id]
+                old_gid = run.group_id
+                if moved and old_gid is not None and old_gid != gid and old_gid in old.by_id:
+                    old_mates = set(old.by_id[old_gid].job_ids)
+                    if old_mates != set(group.job_ids):
+                        run.migrations += 1
+                        self.result.migrations += 1
+                        run.paused_until_s = max(run.paused_until_s,
+                                                 now + self.opt.migration_s)
+            self._refresh_group(group)
+        r, t = new.rollout_nodes_used, new.train_nodes_used
+        self._peak["rollout"] = max(self._peak["rollout"], r)
+        self._peak["train"] = max(self._peak["train"], t)
+        if self.policy.optimal:
+            self._update_optimum()
+        rate = self._opt_rate if self.policy.optimal and self._opt_rate is not None \
+            else new.cost_per_hour
+        self._series.append((now, r, t, rate))
+
+    def _count_busy(self, group: Group | None, sign: float) -> None:
+        if group is not None:
+            s = group.schedule
+            self._busy_nodes[0] += sign * s.rollout_busy * group.rollout_nodes
+            self._busy_nodes[1] += sign * s.train_busy * group.train_nodes
+
+    def _update_optimum(self) -> None:
+        jobs = [self.runs[j].planned for j in self.state.job_group]
+        key = frozenset(self.state.job_group)
+        if key not in self._opt_cache:
+            rate = (optimum_rate(jobs, self.cap) if len(jobs) <= self.opt.optimum_max_jobs
+                    else None)
+            self._opt_cache[key] = rate
+        self._opt_rate = self._opt_cache[key]
+        if self._opt_rate is None:
+            self.result.optimum_fallbacks += 1
+
+    def _close_segments(self, now: float, gids: set[int]) -> None:
+        if not self.opt.record_segments:
+            return
+        for gid in gids:
+            start = self._seg_start.pop(gid, None)
+            group = self.state.by_id.get(gid)
+            if start is not None and group is not None and now > start:
+                self.result.segments.append(Segment(group, start, now))
+
+    def _refresh_group(self, group: Group) -> None:
+        """Settle the members' progress and set their new rates from the schedule."""
+        now = self.sim.now
+        if all(self.runs[j].actual is m.job for j, m in zip(group.job_ids, group.members,
+                                                             strict=True)):
+            sched = group.schedule
+        else:
+            sched = Group(group.group_id, tuple(Member(self.runs[m.job.job_id].actual,
+                                                       m.rollout_pins) for m in group.members),
+                          group.rollout_nodes, group.train_nodes, group.colocated).schedule
+        period = sched.expected_period_s
+        for m in group.members:
+            run = self.runs[m.job.job_id]
+            run.settle(now)
+            run.group_id = group.group_id
+            run.rate = 1.0 / period if period > 0 else 0.0
+            run.slowdown = period / run.actual.solo_mean_s
+            run.max_slowdown = max(run.max_slowdown, run.slowdown)
+            run.violated = run.slowdown > run.actual.slo + _EPS
+            run.ever_violated = run.ever_violated or run.violated
+            if self.opt.accounting is Accounting.CONSISTENT:
+                self._reschedule_departure(run)
+
+    def _reschedule_departure(self, run: JobRun) -> None:
+        if run.handle is not None:
+            self.sim.cancel(run.handle)
+            run.handle = None
+        if run.rate <= 0 or not math.isfinite(run.work):
+            return
+        now = self.sim.now
+        eta = max(now, run.paused_until_s) + max(0.0, run.work - run.done) / run.rate
+        run.handle = self.sim.schedule(eta, self._on_departure, run.job.job_id,
+                                       priority=_P_DEPART)
+
+
+def replay_policies(trace: Trace, capacity: Capacity, policies: tuple[str, ...],
+                    options: ReplayOptions | None = None,
+                    progress: Callable[[str, float], None] | None = None
+                    ) -> dict[str, ReplayResult]:
+    """Replay ``trace`` once per policy (each from an empty cluster)."""
+    out: dict[str, ReplayResult] = {}
+    opts = options or ReplayOptions()
+    for name in policies:
+        replay = Replay(trace, capacity, SimPolicy.make(name, opts.seed), opts)
+        cb = None if progress is None else (lambda t, n=name: progress(n, t))
+        out[name] = replay.run(cb)
+    return out

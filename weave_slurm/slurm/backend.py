@@ -1,0 +1,246 @@
+"""The backend interface: what the daemon asks of Slurm, whichever door answers.
+
+An *allocation* is one Slurm job holding nodes of one pool (or, heterogeneous,
+one component per pool) for a co-execution group; its job name is
+``weave-g<group>-<pool>`` and its comment carries the group id, so a restarted
+daemon can adopt what it held (:meth:`Backend.list_allocations`). *Steps* run
+inside an allocation with ``--overlap`` so several members' phases can share it.
+
+Implementations: :class:`~weave_slurm.slurm.cli_backend.SlurmCliBackend` (the
+Slurm commands) and :class:`~weave_slurm.slurm.local_backend.LocalBackend` (plain
+processes, no Slurm). :func:`~weave_slurm.slurm.factory.make_backend` picks one.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from weave_slurm.errors import ConfigError
+
+NAME_PREFIX = "weave-"
+_GROUP_RE = re.compile(r"^[A-Za-z0-9_.]+$")
+_POOL_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+class AllocationState(enum.Enum):
+    """Where an allocation is in its life, folded from Slurm's job states."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    ENDING = "ending"
+    ENDED = "ended"
+
+    @property
+    def active(self) -> bool:
+        return self in (AllocationState.PENDING, AllocationState.RUNNING)
+
+
+class StepState(enum.Enum):
+    """Where a step is: running, or how it ended."""
+
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    UNKNOWN = "unknown"
+
+    @property
+    def finished(self) -> bool:
+        return self in (StepState.COMPLETED, StepState.FAILED, StepState.CANCELLED)
+
+
+def group_comment(group_id: str, pool: str) -> str:
+    """The comment an allocation carries: ``weave-group=<id>,pool=<pool>``."""
+    return f"weave-group={group_id},pool={pool}"
+
+
+def parse_comment(comment: str) -> tuple[str, str] | None:
+    """(group id, pool) from an allocation comment, or None if it is not ours."""
+    fields = dict(item.partition("=")[::2] for item in comment.split(",") if "=" in item)
+    group, pool = fields.get("weave-group"), fields.get("pool")
+    if not group or not pool:
+        return None
+    return group, pool
+
+
+@dataclass(frozen=True)
+class ResourceSpec:
+    """One homogeneous slice of a request: N nodes of a partition, per-node GPUs/CPUs."""
+
+    partition: str
+    node_count: int
+    gpus_per_node: int = 0
+    gpu_type: str | None = None
+    cpus_per_node: int = 1
+
+    def validate(self, where: str) -> None:
+        for key, value, low in (("node_count", self.node_count, 1),
+                                ("gpus_per_node", self.gpus_per_node, 0),
+                                ("cpus_per_node", self.cpus_per_node, 1)):
+            if value < low:
+                raise ConfigError(f"{where}: {key}={value!r}; must be >= {low}")
+        if not self.partition:
+            raise ConfigError(f"{where}: partition is empty; name an h20 or h800 partition")
+
+
+@dataclass(frozen=True)
+class AllocationRequest:
+    """Nodes for one pool of a group; several components make a heterogeneous job."""
+
+    group_id: str
+    pool: str
+    components: tuple[ResourceSpec, ...]
+    time_limit_min: int | None = None
+    immediate_s: int = 30
+
+    @property
+    def job_name(self) -> str:
+        return f"{NAME_PREFIX}g{self.group_id}-{self.pool}"
+
+    @property
+    def comment(self) -> str:
+        return group_comment(self.group_id, self.pool)
+
+    def validate(self) -> None:
+        if not _GROUP_RE.match(self.group_id):
+            raise ConfigError(f"allocation request: group_id={self.group_id!r}; use letters, "
+                              "digits, '_' or '.'")
+        if not _POOL_RE.match(self.pool):
+            raise ConfigError(f"allocation request: pool={self.pool!r}; use letters, digits, "
+                              "'_', '.' or '-'")
+        if not self.components:
+            raise ConfigError(f"allocation request {self.job_name}: no components")
+        for i, comp in enumerate(self.components):
+            comp.validate(f"allocation request {self.job_name} component {i}")
+        if self.time_limit_min is not None and self.time_limit_min < 1:
+            raise ConfigError(f"allocation request {self.job_name}: time_limit_min="
+                              f"{self.time_limit_min!r}; must be >= 1 or None")
+
+
+@dataclass(frozen=True)
+class AllocatedComponent:
+    """One component of a granted allocation."""
+
+    partition: str
+    nodes: tuple[str, ...]
+    gpus_per_node: int
+    gpu_type: str | None
+    cpus: int
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """A granted (or pending) allocation as the backend sees it now."""
+
+    alloc_id: str
+    name: str
+    group_id: str | None
+    pool: str | None
+    state: AllocationState
+    components: tuple[AllocatedComponent, ...]
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(n for c in self.components for n in c.nodes)
+
+    @property
+    def heterogeneous(self) -> bool:
+        return len(self.components) > 1
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """A step to run inside an allocation (``srun --overlap`` semantics)."""
+
+    name: str
+    argv: tuple[str, ...]
+    ntasks: int = 1
+    cpus_per_task: int = 1
+    node_count: int | None = None
+    nodelist: tuple[str, ...] = ()
+    gpus_per_node: int = 0
+    het_group: int | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    slurm_args: tuple[str, ...] = ()
+    log_path: Path | None = None
+
+    def validate(self) -> None:
+        if not self.argv:
+            raise ConfigError(f"step {self.name!r}: argv is empty; give the program to run")
+        if not _POOL_RE.match(self.name):
+            raise ConfigError(f"step name {self.name!r}: use letters, digits, '_', '.' or '-'")
+        for key, value, low in (("ntasks", self.ntasks, 1),
+                                ("cpus_per_task", self.cpus_per_task, 1),
+                                ("gpus_per_node", self.gpus_per_node, 0)):
+            if value < low:
+                raise ConfigError(f"step {self.name!r}: {key}={value!r}; must be >= {low}")
+        if self.node_count is not None and not 1 <= self.node_count <= self.ntasks:
+            raise ConfigError(f"step {self.name!r}: node_count={self.node_count!r}; must be "
+                              f"between 1 and ntasks={self.ntasks}")
+
+
+@dataclass(frozen=True)
+class StepHandle:
+    """What :meth:`Backend.launch_step` returns; pass it back to poll or cancel."""
+
+    alloc_id: str
+    name: str
+    launcher_pid: int
+
+
+@dataclass(frozen=True)
+class StepStatus:
+    """A step's state and, once it has ended, its exit code."""
+
+    state: StepState
+    returncode: int | None = None
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """A step as listed by the backend."""
+
+    alloc_id: str
+    step_id: str
+    name: str
+    nodes: tuple[str, ...]
+    ntasks: int
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """One node: name, partitions, state and its GPUs."""
+
+    name: str
+    partitions: tuple[str, ...]
+    state: str
+    cpus: int
+    gpu_type: str | None
+    gpu_count: int
+
+
+class Backend(Protocol):
+    """The one interface to Slurm (or to its local stand-in)."""
+
+    kind: str
+
+    def allocate(self, request: AllocationRequest) -> Allocation: ...
+
+    def release(self, alloc_id: str) -> None: ...
+
+    def launch_step(self, alloc_id: str, spec: StepSpec) -> StepHandle: ...
+
+    def poll_step(self, handle: StepHandle) -> StepStatus: ...
+
+    def cancel_step(self, handle: StepHandle) -> None: ...
+
+    def list_allocations(self, prefix: str = NAME_PREFIX) -> tuple[Allocation, ...]: ...
+
+    def list_steps(self, alloc_id: str) -> tuple[StepInfo, ...]: ...
+
+    def nodes(self) -> tuple[NodeInfo, ...]: ...

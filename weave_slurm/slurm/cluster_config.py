@@ -1,0 +1,231 @@
+"""The layout and the config files of the local, one-host Slurm cluster.
+
+Pure: given a layout, a state directory and ports, render ``slurm.conf``,
+``gres.conf`` and ``plugstack.conf``. The settings are the ones verified on this
+kind of machine (see docs/slurm.md): linuxproc process tracking, no task plugin,
+cons_tres with CR_Core, backfill every second (heterogeneous jobs start only by
+backfill), ``config_overrides`` so a node may advertise more CPUs than the host
+has, accounting off, fake typed GPUs whose device files are symlinks to /dev/null.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from weave_slurm.errors import ConfigError
+
+CLUSTER_NAME = "weave"
+MUNGE_RUN_DIR = Path("/run/weave-munge")
+
+
+@dataclass(frozen=True)
+class PoolShape:
+    """One partition of identical nodes: ``<partition>-<i>`` with ``gpus_per_node`` GPUs."""
+
+    partition: str
+    gpu_type: str
+    node_count: int
+    gpus_per_node: int = 8
+    cpus_per_node: int = 32
+    real_memory_mib: int = 4096
+
+    def node_names(self) -> tuple[str, ...]:
+        return tuple(f"{self.partition}-{i}" for i in range(self.node_count))
+
+
+@dataclass(frozen=True)
+class ClusterLayout:
+    """The pools of the local cluster; the default is 2 h20 + 2 h800 nodes."""
+
+    pools: tuple[PoolShape, ...] = (PoolShape("h20", "h20", 2), PoolShape("h800", "h800", 2))
+
+    def node_names(self) -> tuple[str, ...]:
+        return tuple(name for pool in self.pools for name in pool.node_names())
+
+    def validate(self) -> None:
+        seen: set[str] = set()
+        for pool in self.pools:
+            if pool.partition in seen:
+                raise ConfigError(f"cluster layout: partition {pool.partition!r} given twice")
+            seen.add(pool.partition)
+            for key, value in (("node_count", pool.node_count),
+                               ("gpus_per_node", pool.gpus_per_node),
+                               ("cpus_per_node", pool.cpus_per_node)):
+                if value < 1:
+                    raise ConfigError(f"cluster layout: pool {pool.partition!r} {key}="
+                                      f"{value!r}; must be >= 1")
+
+
+def parse_layout(spec: str) -> ClusterLayout:
+    """Parse ``"h20=2,h800=2"`` (partition=nodes; the GPU type is the partition name)."""
+    pools: list[PoolShape] = []
+    for part in (p.strip() for p in spec.split(",") if p.strip()):
+        name, sep, count = part.partition("=")
+        if not sep or not name or not count.isdigit():
+            raise ConfigError(f"--nodes: bad item {part!r} in {spec!r}; expected "
+                              "PARTITION=COUNT items, e.g. 'h20=2,h800=2'")
+        pools.append(PoolShape(name, name, int(count)))
+    if not pools:
+        raise ConfigError(f"--nodes: {spec!r} names no pool; e.g. 'h20=2,h800=2'")
+    layout = ClusterLayout(tuple(pools))
+    layout.validate()
+    return layout
+
+
+@dataclass(frozen=True)
+class ClusterPaths:
+    """Where everything of one local cluster lives, all under ``state_dir``."""
+
+    state_dir: Path
+
+    @property
+    def slurm_conf(self) -> Path:
+        return self.state_dir / "slurm.conf"
+
+    @property
+    def gres_conf(self) -> Path:
+        return self.state_dir / "gres.conf"
+
+    @property
+    def plugstack_conf(self) -> Path:
+        return self.state_dir / "plugstack.conf"
+
+    @property
+    def manifest(self) -> Path:
+        return self.state_dir / "cluster.json"
+
+    @property
+    def munge_dir(self) -> Path:
+        """Under the state dir if munged can reach it there; else a short dir in /run.
+
+        munged (as the munge user) needs every ancestor searchable by others and a
+        unix socket path under ~100 bytes; pytest's 0700 temp dirs fail the first.
+        """
+        local = self.state_dir / "munge"
+        if len(str(local / "munge.socket.2")) < 100 and all(
+                p.stat().st_mode & 0o001 for p in self.state_dir.parents if p.exists()) \
+                and (not self.state_dir.exists() or self.state_dir.stat().st_mode & 0o001):
+            return local
+        digest = hashlib.sha256(str(self.state_dir).encode()).hexdigest()[:12]
+        return MUNGE_RUN_DIR / digest
+
+    @property
+    def munge_socket(self) -> Path:
+        return self.munge_dir / "munge.socket.2"
+
+    @property
+    def run_dir(self) -> Path:
+        return self.state_dir / "run"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.state_dir / "log"
+
+    @property
+    def ctld_state_dir(self) -> Path:
+        return self.state_dir / "ctld"
+
+    def spool_dir(self, node: str) -> Path:
+        return self.state_dir / "spool" / node
+
+    def tmpfs_dir(self, node: str) -> Path:
+        return self.state_dir / "tmp" / node
+
+    def gpu_dir(self, node: str) -> Path:
+        return self.state_dir / "dev" / node
+
+    def pid_file(self, daemon: str) -> Path:
+        return self.run_dir / f"{daemon}.pid"
+
+
+@dataclass(frozen=True)
+class ClusterPorts:
+    """The TCP ports of slurmctld and of each slurmd (unique per node)."""
+
+    slurmctld: int
+    slurmd: tuple[tuple[str, int], ...]
+
+    def for_node(self, node: str) -> int:
+        return dict(self.slurmd)[node]
+
+
+def render_slurm_conf(layout: ClusterLayout, paths: ClusterPaths, ports: ClusterPorts,
+                      munge_socket: Path | None) -> str:
+    """``slurm.conf`` for the local cluster; ``munge_socket`` None = the system munged."""
+    s = paths.state_dir
+    lines = [
+        "# Generated by weave-slurm (weave cluster up); edits are overwritten.",
+        f"ClusterName={CLUSTER_NAME}",
+        "SlurmctldHost=localhost",
+        f"SlurmctldPort={ports.slurmctld}",
+        "SlurmUser=root",
+        "SlurmdUser=root",
+        "AuthType=auth/munge",
+        "CredType=cred/munge",
+    ]
+    if munge_socket is not None:
+        lines.append(f"AuthInfo=socket={munge_socket}")
+    lines += [
+        f"StateSaveLocation={paths.ctld_state_dir}",
+        f"SlurmdSpoolDir={s}/spool/%n",
+        f"TmpFS={s}/tmp/%n",
+        f"SlurmctldPidFile={paths.run_dir}/slurmctld.pid.ctl",
+        f"SlurmdPidFile={paths.run_dir}/slurmd-%n.pid.ctl",
+        f"SlurmctldLogFile={paths.log_dir}/slurmctld.log",
+        f"SlurmdLogFile={paths.log_dir}/slurmd-%n.log",
+        f"PlugStackConfig={paths.plugstack_conf}",
+        "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core",
+        "SchedulerType=sched/backfill",
+        "SchedulerParameters=bf_interval=1",
+        "SlurmdParameters=config_overrides",
+        "ReturnToService=2",
+        "MailProg=/bin/true",
+        "MpiDefault=none",
+        "AccountingStorageType=accounting_storage/none",
+        "JobAcctGatherType=jobacct_gather/none",
+        "JobCompType=jobcomp/none",
+        "GresTypes=gpu",
+        "KillWait=5",
+        "MinJobAge=30",
+        "InactiveLimit=0",
+        "SlurmctldTimeout=30",
+        "SlurmdTimeout=60",
+    ]
+    for pool in layout.pools:
+        for name in pool.node_names():
+            lines.append(
+                f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 "
+                f"Port={ports.for_node(name)} CPUs={pool.cpus_per_node} "
+                f"RealMemory={pool.real_memory_mib} "
+                f"Gres=gpu:{pool.gpu_type}:{pool.gpus_per_node} State=UNKNOWN")
+    for i, pool in enumerate(layout.pools):
+        default = "YES" if i == 0 else "NO"
+        lines.append(f"PartitionName={pool.partition} Nodes={','.join(pool.node_names())} "
+                     f"Default={default} MaxTime=INFINITE State=UP OverSubscribe=NO")
+    return "\n".join(lines) + "\n"
+
+
+def render_gres_conf(layout: ClusterLayout, paths: ClusterPaths) -> str:
+    """``gres.conf``: typed GPUs per node whose device files are /dev/null symlinks."""
+    lines = ["# Generated by weave-slurm (weave cluster up).", "AutoDetect=off"]
+    for pool in layout.pools:
+        for name in pool.node_names():
+            last = pool.gpus_per_node - 1
+            files = (f"{paths.gpu_dir(name)}/nvidia[0-{last}]" if last > 0
+                     else f"{paths.gpu_dir(name)}/nvidia0")
+            lines.append(f"NodeName={name} Name=gpu Type={pool.gpu_type} File={files}")
+    return "\n".join(lines) + "\n"
+
+
+def render_plugstack_conf(spank_plugin: Path | None, socket_dir: Path | None) -> str:
+    """``plugstack.conf``: the weave SPANK plugin (optional: a missing .so is no error)."""
+    lines = ["# Generated by weave-slurm (weave cluster up)."]
+    if spank_plugin is not None:
+        arg = f" sockdir={socket_dir}" if socket_dir is not None else ""
+        lines.append(f"optional {spank_plugin}{arg}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,87 @@
+"""What a launched sync group does: the JSON-serialisable description of one run."""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from weave_slurm.errors import ConfigError
+from weave_slurm.sync.header import SyncMode
+from weave_slurm.sync.topology import Pool, PoolNodes, SyncTopology, build_topology
+
+
+class Method(enum.Enum):
+    """How weights travel: the two-tier sync or one of the naive baselines."""
+
+    TWOTIER = "twotier"
+    NAIVE = "naive"
+    FLAT = "flat"
+
+
+class Backend(enum.Enum):
+    GLOO = "gloo"
+    MPI = "mpi"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One run of a sync group: who pushes which weight files as which versions.
+
+    ``version_files[i]`` is a flat weight buffer (``total_nbytes`` bytes) pushed as
+    version ``versions[i]`` (repeat or lower a number to provoke a refusal). Fault
+    hooks for tests: ``corrupt_attempts`` (sender flips a byte in that many first sends
+    of each piece) and ``die_rank``/``die_at`` (that rank SIGKILLs itself when it starts
+    receiving a payload of the ``die_at``-th push).
+    """
+
+    job_id: str
+    n_train: int
+    n_rollout: int
+    total_nbytes: int
+    version_files: tuple[str, ...]
+    versions: tuple[int, ...]
+    word_bytes: int = 2
+    method: Method = Method.TWOTIER
+    mode: SyncMode = SyncMode.FULL
+    backend: Backend = Backend.GLOO
+    nodes_per_pool: int = 1
+    timeout_s: float = 60.0
+    verify: bool = True
+    corrupt_attempts: int = 0
+    die_rank: int = -1
+    die_at: int = 0
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if len(self.version_files) != len(self.versions):
+            raise ConfigError(f"scenario: {len(self.version_files)} version_files but "
+                              f"{len(self.versions)} versions; give one version per file")
+        if self.n_train < 1 or self.n_rollout < 1:
+            raise ConfigError(f"scenario: n_train={self.n_train!r}, n_rollout="
+                              f"{self.n_rollout!r}; both must be >= 1")
+
+    def topology(self) -> SyncTopology:
+        nodes: list[PoolNodes] = []
+        for pool, n in ((Pool.TRAIN, self.n_train), (Pool.ROLLOUT, self.n_rollout)):
+            k = max(1, min(self.nodes_per_pool, n))
+            for i in range(k):
+                share = n // k + (1 if i < n % k else 0)
+                nodes.append(PoolNodes(pool, f"{pool.value}{i}", share))
+        return build_topology(nodes)
+
+    def dump(self, path: Path) -> None:
+        d: dict[str, Any] = asdict(self)
+        d.update(method=self.method.value, mode=self.mode.name.lower(),
+                 backend=self.backend.value)
+        path.write_text(json.dumps(d))
+
+    @classmethod
+    def load(cls, path: Path) -> Scenario:
+        d = json.loads(path.read_text())
+        d.update(method=Method(d["method"]), mode=SyncMode[d["mode"].upper()],
+                 backend=Backend(d["backend"]), version_files=tuple(d["version_files"]),
+                 versions=tuple(d["versions"]))
+        return cls(**d)

@@ -1,0 +1,266 @@
+"""The RL job API: what a user's job implements, and the one place that enforces on-policy.
+
+A user job implements :class:`RLJob` (six small methods, no version bookkeeping). The
+runtime never calls it directly: it wraps it in a :class:`JobRunner`, which
+
+- tags every rollout with ``(job id, weight version that produced it)``
+  (:class:`TrajectoryBatch`),
+- refuses, with :class:`~weave_slurm.errors.VersionMismatch`, a rollout at a version
+  the runner does not hold and a training step on a batch from another job or from a
+  weight version outside the staleness window (default 0: strictly on-policy),
+- counts weight versions (each ``train`` makes version ``v + 1``),
+- packs warm state (weights, optimizer state, RNG, data position) with the version into
+  one flat ``dict[str, Tensor]`` that the node's shared-memory store can hold, and
+- writes and reads checkpoints.
+
+Determinism contract for implementers: ``generate`` may depend only on
+``(seed, weights_version, weights)`` and ``update`` only on ``(trajectories, state)``,
+so that the rollout and training roles may live in different processes and a
+co-executed job learns exactly what it would learn alone.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from weave_slurm.errors import ConfigError, StateError, VersionMismatch
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+log = logging.getLogger(__name__)
+
+#: Key under which :meth:`JobRunner.state_tensors` stores the weight version.
+VERSION_KEY = "weave.weights_version"
+_CHECKPOINT_STATE = "state.pt"
+_CHECKPOINT_META = "meta.json"
+_CHECKPOINT_FORMAT = 1
+
+
+class Role(enum.Enum):
+    """Which pool a job instance serves."""
+
+    ROLLOUT = "rollout"
+    TRAIN = "train"
+
+    @classmethod
+    def parse(cls, value: str) -> Role:
+        try:
+            return cls(value)
+        except ValueError:
+            choices = ", ".join(r.value for r in cls)
+            raise ConfigError(f"role: unknown value {value!r} (valid: {choices})") from None
+
+
+@dataclass(frozen=True)
+class JobContext:
+    """Everything ``RLJob.setup`` receives.
+
+    ``options`` is the job-specific table of the job spec (e.g. ``[job.options]``);
+    the job validates it strictly and rejects unknown keys.
+    """
+
+    job_id: str
+    role: Role
+    seed: int
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Trajectories:
+    """What a job's ``generate`` returns: tensors plus scalar metrics (e.g. mean reward)."""
+
+    tensors: Mapping[str, Tensor]
+    metrics: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TrajectoryBatch:
+    """A rollout tagged with the job and the weight version that produced it."""
+
+    job_id: str
+    weights_version: int
+    trajectories: Trajectories
+
+    @property
+    def metrics(self) -> Mapping[str, float]:
+        return self.trajectories.metrics
+
+
+@runtime_checkable
+class RLJob(Protocol):
+    """The protocol a user's RL job implements (see docs/job_api.md)."""
+
+    def setup(self, ctx: JobContext) -> None:
+        """Build the model (deterministically from ``ctx.seed``) for ``ctx.role``."""
+
+    def generate(self, weights_version: int) -> Trajectories:
+        """Rollout with the current weights; randomness derived from (seed, version)."""
+        ...
+
+    def update(self, trajectories: Trajectories) -> Mapping[str, float]:
+        """One training step on a batch; returns scalar metrics (loss, kl, ...)."""
+        ...
+
+    def export_weights(self) -> dict[str, Tensor]:
+        """The policy weights to ship from the training to the rollout pool."""
+        ...
+
+    def import_weights(self, tensors: Mapping[str, Tensor]) -> None:
+        """Install weights produced by ``export_weights`` of a peer instance."""
+
+    def state_tensors(self) -> dict[str, Tensor]:
+        """Complete warm state: weights, optimizer state, RNG, data position."""
+        ...
+
+    def load_state(self, tensors: Mapping[str, Tensor]) -> None:
+        """Restore what ``state_tensors`` returned (possibly from another process)."""
+
+
+class JobRunner:
+    """Wraps an :class:`RLJob`: version tagging, the on-policy check, warm state, checkpoints.
+
+    ``staleness`` is the hook for bounded off-policy training: a batch from version
+    ``b`` is accepted at version ``v`` when ``v - staleness <= b <= v``. The default 0
+    is the synchronous on-policy contract.
+    """
+
+    def __init__(self, job: RLJob, ctx: JobContext, *, staleness: int = 0) -> None:
+        if staleness < 0:
+            raise ConfigError(f"staleness: must be >= 0, got {staleness!r}")
+        self._job = job
+        self._ctx = ctx
+        self._staleness = staleness
+        self._version = 0
+        self.last_train_metrics: dict[str, float] = {}
+        job.setup(ctx)
+
+    @property
+    def job(self) -> RLJob:
+        return self._job
+
+    @property
+    def job_id(self) -> str:
+        return self._ctx.job_id
+
+    @property
+    def role(self) -> Role:
+        return self._ctx.role
+
+    @property
+    def weights_version(self) -> int:
+        return self._version
+
+    @property
+    def staleness(self) -> int:
+        return self._staleness
+
+    # -- phases ---------------------------------------------------------------------
+    def rollout(self, weights_version: int) -> TrajectoryBatch:
+        """Generate with the held weights; ``weights_version`` must be the held version."""
+        if weights_version != self._version:
+            raise VersionMismatch(
+                f"job {self.job_id}: rollout asked for weights version {weights_version!r} "
+                f"but this instance holds version {self._version} (import_weights first)")
+        trajectories = self._job.generate(weights_version)
+        return TrajectoryBatch(self.job_id, weights_version, trajectories)
+
+    def accepts(self, batch: TrajectoryBatch) -> bool:
+        """The staleness window: may a batch from ``batch.weights_version`` train now?"""
+        return (batch.job_id == self.job_id
+                and self._version - self._staleness <= batch.weights_version <= self._version)
+
+    def train(self, batch: TrajectoryBatch) -> int:
+        """One training step; returns the new weight version. Refuses off-policy batches."""
+        if batch.job_id != self.job_id:
+            raise VersionMismatch(
+                f"job {self.job_id}: refusing a trajectory batch of job {batch.job_id!r}")
+        if not self.accepts(batch):
+            low = self._version - self._staleness
+            window = (f"version {self._version}" if self._staleness == 0
+                      else f"versions {low}..{self._version}")
+            raise VersionMismatch(
+                f"job {self.job_id}: refusing a batch from weights version "
+                f"{batch.weights_version!r}; training holds {window} (staleness "
+                f"{self._staleness})")
+        self.last_train_metrics = dict(self._job.update(batch.trajectories))
+        self._version += 1
+        return self._version
+
+    # -- weight sync ----------------------------------------------------------------
+    def export_weights(self) -> dict[str, Tensor]:
+        return self._job.export_weights()
+
+    def import_weights(self, tensors: Mapping[str, Tensor], version: int) -> None:
+        """Install weights of ``version``; versions never go backwards."""
+        if version < self._version:
+            raise VersionMismatch(
+                f"job {self.job_id}: import of weights version {version!r} is older than "
+                f"the held version {self._version}")
+        self._job.import_weights(tensors)
+        self._version = version
+
+    # -- warm state -----------------------------------------------------------------
+    def state_tensors(self) -> dict[str, Tensor]:
+        """The job's warm state plus the weight version, as one flat tensor dict."""
+        import torch
+
+        state = self._job.state_tensors()
+        if VERSION_KEY in state:
+            raise StateError(f"job {self.job_id}: state key {VERSION_KEY!r} is reserved")
+        state[VERSION_KEY] = torch.tensor(self._version, dtype=torch.int64)
+        return state
+
+    def load_state(self, tensors: Mapping[str, Tensor]) -> None:
+        if VERSION_KEY not in tensors:
+            raise StateError(f"job {self.job_id}: warm state lacks {VERSION_KEY!r}")
+        rest = {k: v for k, v in tensors.items() if k != VERSION_KEY}
+        self._job.load_state(rest)
+        self._version = int(tensors[VERSION_KEY].item())
+
+    # -- checkpoints ----------------------------------------------------------------
+    def checkpoint(self, directory: str | os.PathLike[str]) -> Path:
+        """Write the warm state to ``directory`` atomically (state file, then meta)."""
+        import torch
+
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        tmp = path / (_CHECKPOINT_STATE + ".tmp")
+        torch.save(self.state_tensors(), tmp)
+        os.replace(tmp, path / _CHECKPOINT_STATE)
+        meta = {"format": _CHECKPOINT_FORMAT, "job_id": self.job_id,
+                "weights_version": self._version}
+        tmp_meta = path / (_CHECKPOINT_META + ".tmp")
+        tmp_meta.write_text(json.dumps(meta, indent=1) + "\n")
+        os.replace(tmp_meta, path / _CHECKPOINT_META)
+        log.info("job %s: checkpoint of version %d in %s", self.job_id, self._version, path)
+        return path
+
+    def restore(self, directory: str | os.PathLike[str]) -> int:
+        """Load a checkpoint written by :meth:`checkpoint`; returns its weight version."""
+        import torch
+
+        path = Path(directory)
+        meta_path = path / _CHECKPOINT_META
+        try:
+            meta = json.loads(meta_path.read_text())
+        except FileNotFoundError:
+            raise StateError(f"{meta_path}: no checkpoint here (missing meta file)") from None
+        except json.JSONDecodeError as exc:
+            raise StateError(f"{meta_path}: corrupt checkpoint meta: {exc}") from None
+        if meta.get("format") != _CHECKPOINT_FORMAT:
+            raise StateError(f"{meta_path}: format {meta.get('format')!r} unsupported "
+                             f"(valid: {_CHECKPOINT_FORMAT})")
+        if meta.get("job_id") != self.job_id:
+            raise StateError(f"{meta_path}: checkpoint of job {meta.get('job_id')!r}, "
+                             f"not {self.job_id!r}")
+        state = torch.load(path / _CHECKPOINT_STATE, weights_only=True)
+        self.load_state(state)
+        return self._version
