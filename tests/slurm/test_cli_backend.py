@@ -130,8 +130,8 @@ def test_step_exit_codes_and_adopted_handles() -> None:
     fake.on(["srun"], FakeReply())
     fake.on(["squeue", "--steps"], FakeReply(stdout="8.0|roll|h20-0|1\n"))
     backend = _backend(fake)
-    ok = backend.launch_step("8", StepSpec("a", ("true",)))
-    bad = backend.launch_step("8", StepSpec("b", ("false",)))
+    ok = backend.launch_step("2", StepSpec("a", ("true",)))
+    bad = backend.launch_step("2", StepSpec("b", ("false",)))
     fake.processes[0].returncode, fake.processes[1].returncode = 0, 2
     assert backend.poll_step(ok).state is StepState.COMPLETED
     status = backend.poll_step(bad)

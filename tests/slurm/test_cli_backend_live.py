@@ -101,20 +101,23 @@ def test_heterogeneous_allocation_and_het_group_step(backend: SlurmCliBackend,
     assert log.read_text().strip() == alloc.components[1].nodes[0]
 
 
-def test_concurrent_gpu_steps_get_disjoint_gpus(backend: SlurmCliBackend,
-                                                tmp_path: Path) -> None:
+def test_overlapping_gpu_steps_share_the_first_gpus(backend: SlurmCliBackend,
+                                                   tmp_path: Path) -> None:
+    """Slurm 22.05: --overlap steps share GRES (the LocalBackend mirrors this)."""
     alloc = backend.allocate(AllocationRequest("43", "h800", (ResourceSpec("h800", 1, 8,
                                                                            "h800"),)))
     out = tmp_path / "gpus"
     out.mkdir()
     handles = [backend.launch_step(alloc.alloc_id, StepSpec(
-        f"g{i}", ("sh", "-c", f"echo $SLURM_STEP_GPUS > {out}/g{i}; sleep 60"),
+        f"g{i}", ("sh", "-c", f"echo $SLURM_STEP_GPUS > {out}/g{i}.tmp; "
+                  f"mv {out}/g{i}.tmp {out}/g{i}; sleep 60"),
         gpus_per_node=4)) for i in range(2)]
-    wait_until(lambda: len(list(out.iterdir())) == 2, "both GPU steps to start")
-    gpus = [set((out / f"g{i}").read_text().strip().split(",")) for i in range(2)]
-    assert all(len(g) == 4 for g in gpus) and not gpus[0] & gpus[1]
+    wait_until(lambda: len(list(out.glob("g?"))) == 2, "both GPU steps to start")
+    gpus = [(out / f"g{i}").read_text().strip() for i in range(2)]
+    assert gpus == ["0,1,2,3", "0,1,2,3"]
     for h in handles:
         backend.cancel_step(h)
+    assert all(backend.poll_step(h).state is StepState.CANCELLED for h in handles)
 
 
 def test_refusals_name_the_next_move(backend: SlurmCliBackend) -> None:

@@ -26,7 +26,7 @@ def test_unknown_kind_lists_valid_ones() -> None:
 def test_pyslurm_is_refused_with_a_reason() -> None:
     fake = FakeRunner()
     fake.on(["sinfo", "--version"], FakeReply(stdout="slurm-wlm 22.05.8\n"))
-    with pytest.raises(ConfigError, match="pyslurm.*refused.*use backend 'slurm'"):
+    with pytest.raises(ConfigError, match=r"pyslurm.*refused.*use backend 'slurm'"):
         make_backend("pyslurm", runner=fake)
 
 

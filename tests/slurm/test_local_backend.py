@@ -74,7 +74,7 @@ def test_restarted_backend_adopts_allocations_and_steps(tmp_path: Path) -> None:
     assert fresh.list_allocations(prefix="weave-g8") == ()
 
 
-def test_step_env_is_slurm_like_and_gpus_are_disjoint(tmp_path: Path) -> None:
+def test_step_env_is_slurm_like_and_overlapping_steps_share_gpus(tmp_path: Path) -> None:
     b = LocalBackend(tmp_path / "state")
     a = b.allocate(AllocationRequest("1", "h20", (_h20(gpus=4),)))
     hold = b.launch_step(a.alloc_id, StepSpec("hold", ("sleep", "30"), ntasks=2,
@@ -90,9 +90,9 @@ def test_step_env_is_slurm_like_and_gpus_are_disjoint(tmp_path: Path) -> None:
     assert {e["SLURM_JOB_ID"] for e in envs} == {a.alloc_id}
     assert {e["SLURM_STEP_ID"] for e in envs} == {"1"}
     assert {e["SLURM_NTASKS"] for e in envs} == {"3"} and envs[0]["WEAVE_X"] == "y"
-    assert {e["CUDA_VISIBLE_DEVICES"] for e in envs} == {"2,3"}, "must avoid hold's 0,1"
-    with pytest.raises(InsufficientResources, match="GPUs free"):
-        b.launch_step(a.alloc_id, StepSpec("more", ("true",), ntasks=2, gpus_per_node=3))
+    assert {e["CUDA_VISIBLE_DEVICES"] for e in envs} == {"0,1"}, "--overlap shares GRES"
+    with pytest.raises(InfeasibleRequest, match="gpus_per_node=5"):
+        b.launch_step(a.alloc_id, StepSpec("more", ("true",), ntasks=2, gpus_per_node=5))
     b.cancel_step(hold)
     assert b.poll_step(hold).state is StepState.CANCELLED
     assert b.list_steps(a.alloc_id) == ()

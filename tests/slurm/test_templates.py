@@ -52,7 +52,7 @@ def test_rendering_is_strict(tmp_path: Path) -> None:
         render("t.sh", {}, tmp_path)
     with pytest.raises(ConfigError, match=r"unknown values \['b'\]"):
         render("t.sh", {"a": "1", "b": "2"}, tmp_path)
-    with pytest.raises(ConfigError, match="available: \\['t.sh'\\]"):
+    with pytest.raises(ConfigError, match=r"available: \['t\.sh'\]"):
         render("nope.sh", {}, tmp_path)
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import typer
 
 from weave_slurm import __version__
+from weave_slurm.cli.cluster import cluster_app
 from weave_slurm.cli.config_cmd import config_app
 from weave_slurm.cli.errors import entry
+from weave_slurm.cli.node import node_app
 from weave_slurm.cli.plan import plan
 from weave_slurm.cli.simulate import simulate, trace_app
 
@@ -15,6 +17,8 @@ app = typer.Typer(name="weave", help="Co-execution of synchronous RL jobs on Slu
                   add_completion=False)
 app.command("plan")(plan)
 app.add_typer(config_app, name="config")
+app.add_typer(cluster_app, name="cluster")
+app.add_typer(node_app, name="node")
 app.command("simulate")(simulate)
 app.add_typer(trace_app, name="trace")
 

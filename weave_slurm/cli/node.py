@@ -32,12 +32,18 @@ def serve(
     checkpoint_root: Annotated[Path | None, typer.Option(
         help="Default /var/tmp/weave-ckpt")] = None,
     keep_checkpoints: Annotated[int, typer.Option(help="Checkpoints kept per job.")] = 2,
+    checkpoint_interval_s: Annotated[float, typer.Option(
+        help="Periodic checkpoint of each changed job every N s (0 = never).")] = 600.0,
+    resident: Annotated[bool, typer.Option(
+        help="Keep a zygote and one pre-forked resident worker per job.")] = True,
 ) -> None:
     """Run the node daemon in the foreground until SIGTERM/SIGINT."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     daemon = NodeDaemon(NodeConfig(host_mem_gib=host_mem_gib, root=root,
                                    socket_path=socket_path, checkpoint_root=checkpoint_root,
-                                   keep_checkpoints=keep_checkpoints))
+                                   keep_checkpoints=keep_checkpoints,
+                                   checkpoint_interval_s=checkpoint_interval_s,
+                                   resident_workers=resident))
     daemon.start()
 
     def _stop(signum: int, frame: FrameType | None) -> None:
@@ -67,14 +73,16 @@ def status(
     gib = float(1 << 30)
     table = Table(title=f"node {reply['root']}: {mem['used_bytes'] / gib:.2f} of "
                   f"{mem['limit_bytes'] / gib:.2f} GiB used")
-    for col in ("JOBID", "UID", "SEGMENT", "VERSION", "GIB", "PHASE", "WORKER"):
+    for col in ("JOBID", "UID", "SEGMENT", "VERSION", "GIB", "PHASE", "WORKER", "RESIDENT"):
         table.add_column(col)
     for job in reply["jobs"]:
         worker = job["worker"] or {}
+        res = job.get("resident") or {}
+        resident = f"{res['worker_state']} pid {res['pid']}" if res else "-"
         for name, seg in job["segments"].items() or [("-", {})]:
             table.add_row(job["job"], str(job["uid"]), name, str(seg.get("version")),
                           f"{seg.get('size_bytes', 0) / gib:.3f}", worker.get("phase", "-"),
-                          worker.get("state", "-"))
+                          worker.get("state", "-"), resident)
     Console().print(table)
 
 

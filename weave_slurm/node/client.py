@@ -55,10 +55,14 @@ class NodeClient:
         return protocol.raise_for(json.loads(line))
 
     # -- conveniences ------------------------------------------------------------
-    def register(self, job_id: str, uid: int | None = None) -> JobRef:
+    def register(self, job_id: str, uid: int | None = None,
+                 checkpoint_interval_s: float | None = None) -> JobRef:
+        """Register ``job_id`` (root may name its ``uid``); pre-forks its resident worker."""
         args: dict[str, Any] = {"job": job_id}
         if uid is not None:
             args["uid"] = uid
+        if checkpoint_interval_s is not None:
+            args["checkpoint_interval_s"] = checkpoint_interval_s
         reply = self.call(Op.REGISTER, **args)
         return JobRef(reply["job"], int(reply["uid"]))
 

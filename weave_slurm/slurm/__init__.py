@@ -1,1 +1,10 @@
-"""weave_slurm.slurm."""
+"""weave_slurm.slurm: the one door to Slurm, its local stand-in, and the local cluster.
+
+- :mod:`.runner`: every Slurm command runs through here (argv, timeout, evidence).
+- :mod:`.backend`: the Backend protocol; :mod:`.cli_backend` (salloc/srun/squeue) and
+  :mod:`.local_backend` (plain processes) implement it; :mod:`.factory` picks one.
+- :mod:`.cluster`: ``weave cluster up|down|status``, a one-host Slurm 22.05 cluster.
+- :mod:`.templates`: scripts rendered from ``sbatch_templates/``.
+
+See docs/slurm.md.
+"""

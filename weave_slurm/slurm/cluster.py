@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 DEFAULT_STATE_DIR = Path(".state/cluster")
 SYSTEM_MUNGE_DIR = Path("/run/munge")
 _POLL_S = 0.05
+_UNUSABLE = ("down", "drain", "fail", "unk", "boot", "maint", "inval", "npc", "futr")
 
 
 @dataclass(frozen=True)
@@ -75,8 +76,9 @@ class ClusterStatus:
 
     @property
     def ready(self) -> bool:
+        """Controller up, every daemon alive, every node responding and usable (busy is ok)."""
         return (self.controller_up and bool(self.nodes) and all(d.alive for d in self.daemons)
-                and all(n.state == "idle" or n.state.startswith(("mix", "alloc"))
+                and all(not n.state.startswith(_UNUSABLE) and not n.state.endswith("*")
                         for n in self.nodes))
 
     def to_json(self) -> dict[str, object]:

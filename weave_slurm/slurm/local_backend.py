@@ -6,9 +6,9 @@ Virtual nodes come from a :class:`~weave_slurm.slurm.cluster_config.ClusterLayou
 process adopts them exactly as the Slurm backend adopts jobs by name and comment.
 A step is one subprocess per task with the environment a Slurm task would see
 (``SLURM_JOB_ID``, ``SLURM_STEP_ID``, ``SLURM_PROCID``, ``SLURMD_NODENAME``,
-``CUDA_VISIBLE_DEVICES``...). Like Slurm steps under ``--overlap``, steps share
-CPUs; GPUs requested by a step (``gpus_per_node``) are disjoint from the other
-running steps' GPUs; a step asking for none sees all of its allocation's GPUs.
+``CUDA_VISIBLE_DEVICES``...). Like Slurm 22.05 steps under ``--overlap``, steps
+share CPUs and GPUs: a step asking for N GPUs per node sees the first N of its
+allocation's GPUs on each node; a step asking for none sees all of them.
 """
 
 from __future__ import annotations
@@ -253,21 +253,19 @@ class LocalBackend:
                                     f"only {len(nodes)} node(s) available: {nodes}")
         return comp, nodes[:spec.node_count] if spec.node_count else nodes
 
-    def _step_gpus(self, rec: State, comp: State, nodes: list[str],
-                   spec: StepSpec) -> dict[str, list[int]]:
+    @staticmethod
+    def _step_gpus(comp: State, nodes: list[str], spec: StepSpec) -> dict[str, list[int]]:
+        """The GPUs each node's tasks see: the first ``gpus_per_node`` of the allocation's.
+
+        As in Slurm 22.05, ``--overlap`` steps share GRES: two running steps asking
+        for 4 GPUs each both get the same first 4 (the executor time-multiplexes them).
+        """
         if not spec.gpus_per_node:
             return {n: list(comp["gpus"][n]) for n in nodes}
-        out = {}
-        for node in nodes:
-            busy = {i for s in rec["steps"].values() for i in s["gpus"].get(node, [])
-                    if s["exclusive_gpus"]}
-            free = [i for i in comp["gpus"][node] if i not in busy]
-            if len(free) < spec.gpus_per_node:
-                raise InsufficientResources(f"step {spec.name!r}: {node} has {len(free)} of "
-                                            f"the allocation's GPUs free, {spec.gpus_per_node} "
-                                            "asked; retry when a step ends")
-            out[node] = free[:spec.gpus_per_node]
-        return out
+        if spec.gpus_per_node > comp["gpus_per_node"]:
+            raise InfeasibleRequest(f"step {spec.name!r}: gpus_per_node={spec.gpus_per_node} "
+                                    f"but the allocation holds {comp['gpus_per_node']} per node")
+        return {n: list(comp["gpus"][n][:spec.gpus_per_node]) for n in nodes}
 
     def launch_step(self, alloc_id: str, spec: StepSpec) -> StepHandle:
         spec.validate()
@@ -277,7 +275,7 @@ class LocalBackend:
                 raise StateError(f"step {spec.name!r} already runs in allocation {alloc_id}; "
                                  "step names must be unique while running")
             comp, nodes = self._place(rec, spec)
-            gpus = self._step_gpus(rec, comp, nodes, spec)
+            gpus = self._step_gpus(comp, nodes, spec)
             step_no = rec["next_step"]
             task_nodes = _spread(spec.ntasks, nodes)
             procs = [self._spawn_task(alloc_id, step_no, spec, task_nodes, rank, gpus)
@@ -286,7 +284,7 @@ class LocalBackend:
             live["next_step"] = step_no + 1
             live["steps"][spec.name] = {
                 "step_id": f"{alloc_id}.{step_no}", "nodes": nodes, "ntasks": spec.ntasks,
-                "gpus": gpus, "exclusive_gpus": bool(spec.gpus_per_node),
+                "gpus": gpus,
                 "tasks": [[p.pid, daemons.start_ticks(p.pid) or 0] for p in procs]}
         self._launched[(alloc_id, spec.name)] = _Launched(procs)
         return StepHandle(alloc_id, spec.name, procs[0].pid)

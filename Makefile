@@ -1,0 +1,57 @@
+# weave-slurm build helper. The two set-up commands of README.md:
+#   make demo   - install into .venv and run the demo (embedded local backend, no Slurm)
+#   make test   - install system packages, .venv and the SPANK plugin, run every test
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha1sum | cut -c1-12)
+APT_PACKAGES := slurm-wlm munge libslurm-dev openmpi-bin libopenmpi-dev iproute2 gcc make
+EXTRAS := dev,rl,mpi,deepspeed
+
+.PHONY: demo test install system spank lint typecheck bench clean
+
+demo: install
+	$(BIN)/weave plan --site configs/site.example.toml configs/jobs/*.toml
+
+test: system install spank
+	$(BIN)/pytest -q
+
+install: $(STAMP)
+
+# torch==2.13.0 first: on CPU machines it is a local CPU build; a bare `torch`
+# requirement would otherwise pull a multi-GB CUDA build.
+$(STAMP):
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -c constraints.txt -e ".[$(EXTRAS)]"
+	rm -f $(VENV)/.installed-* && touch $@
+
+# Slurm, munge, Open MPI and tc for the integration tests (Debian; needs root).
+system:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing:$$missing"; apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	  else echo "warning: missing$$missing (need root): Slurm/MPI tests will be skipped"; fi; \
+	fi
+
+spank:
+	@if [ -f /usr/include/slurm/spank.h ]; then $(MAKE) -s -C spank; \
+	else echo "warning: slurm/spank.h missing: SPANK tests will be skipped"; fi
+
+lint: install
+	$(BIN)/ruff check weave_slurm tests bench
+
+typecheck: install
+	$(BIN)/mypy
+
+bench: install
+	mkdir -p bench/results
+	$(BIN)/python bench/placement.py --json bench/results/placement.json
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	-$(MAKE) -s -C spank clean

@@ -1,0 +1,162 @@
+"""Trace-replay benchmarks: the paper's targets (docs/simulator.md).
+
+    .venv/bin/python bench/simulate.py [--json OUT] [--skip-10k] [--skip-optimal]
+
+Cases: wild.trace in reference and consistent accounting (all policies but optimal,
+timed); philly_0_30000_20_parsed_all with groups <= 3 against the exact optimum;
+a 10,000-job generated trace (timed); drift (static vs reacting vs hourly regroup);
+long-tail migration's throughput effect on the wild groups; node failures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from weave_slurm.placement.cluster import Capacity
+from weave_slurm.sim.accounting import reference_site
+from weave_slurm.sim.drift import DriftModel, DriftPattern
+from weave_slurm.sim.execution import RolloutModel, migration_speedup
+from weave_slurm.sim.failures import FailureModel
+from weave_slurm.sim.generate import GeneratorConfig, generate_trace
+from weave_slurm.sim.loader import load_trace
+from weave_slurm.sim.policies import Accounting
+from weave_slurm.sim.replay import ReplayOptions, replay_policies
+from weave_slurm.sim.report import build_report
+
+GPUS = {"rollout": 8, "train": 8}
+ALL_BUT_OPTIMAL = ("weave", "weave-online", "isolated", "colocated", "random", "most-idle",
+                   "regroup")
+FIELDS = ("reference_units", "cost_per_hour", "slo_attainment", "slo_violations",
+          "admissions_pct", "ratios", "migrations", "slo_check")
+
+
+def _cap(n: int) -> Capacity:
+    return Capacity.from_site(reference_site(), n)
+
+
+def wild(accounting: Accounting) -> dict[str, Any]:
+    trace = load_trace("wild")
+    t0 = time.perf_counter()
+    res = replay_policies(trace, _cap(5), ALL_BUT_OPTIMAL, ReplayOptions(accounting=accounting))
+    elapsed = time.perf_counter() - t0
+    rep = build_report(res, GPUS, verify=("weave",))["policies"]
+    return {"replay_s": round(elapsed, 2),
+            "policies": {n: {k: rep[n].get(k) for k in FIELDS} for n in rep}}
+
+
+def philly_optimal() -> dict[str, Any]:
+    trace = load_trace("philly_0_30000_20_parsed_all")
+    t0 = time.perf_counter()
+    res = replay_policies(trace, _cap(3), ("weave", "weave-online", "optimal"),
+                          ReplayOptions(optimum_max_jobs=12))
+    opt = res["optimal"].reference_units
+    return {"replay_s": round(time.perf_counter() - t0, 2), "optimum": round(opt, 1),
+            "optimum_fallback_intervals": res["optimal"].optimum_fallbacks,
+            "reference_greedy_over_optimum": 1.090,
+            **{f"{n}_over_optimum": round(res[n].reference_units / opt, 4)
+               for n in ("weave", "weave-online")},
+            **{f"{n}_cost": round(res[n].reference_units, 1) for n in ("weave", "weave-online")}}
+
+
+def big_trace() -> dict[str, Any]:
+    trace = generate_trace(GeneratorConfig(n_jobs=10_000, seed=1))
+    t0 = time.perf_counter()
+    res = replay_policies(trace, _cap(5), ("weave", "isolated", "colocated"))
+    elapsed = time.perf_counter() - t0
+    w = res["weave"].reference_units
+    return {"jobs": 10_000, "max_concurrent": trace.max_concurrent(),
+            "replay_s": round(elapsed, 1),
+            "vs_isolated": round(res["isolated"].reference_units / w, 4),
+            "vs_colocated": round(res["colocated"].reference_units / w, 4)}
+
+
+def drift() -> dict[str, Any]:
+    trace = load_trace("wild")
+    out: dict[str, Any] = {}
+    for pattern in DriftPattern:
+        opts = ReplayOptions(drift=DriftModel(pattern, amplitude=0.5))
+        res = replay_policies(trace, _cap(5), ("weave-online", "weave", "regroup"), opts)
+        rep = build_report(res, GPUS)["policies"]
+        regroup = rep["regroup"]["reference_units"]
+        out[pattern.value] = {n: {"cost_over_regroup": round(rep[n]["reference_units"] / regroup,
+                                                               4),
+                                  "slo_attainment": rep[n]["slo_attainment"]} for n in rep}
+    return out
+
+
+def migration() -> dict[str, Any]:
+    trace = load_trace("wild")
+    res = replay_policies(trace, _cap(5), ("weave",))["weave"]
+    model = RolloutModel(mean_fraction=0.9, sigma=0.15)
+    weighted = total = 0.0
+    best = 1.0
+    seen: dict[int, float] = {}
+    for seg in res.segments:
+        if seg.group.size < 2:
+            continue
+        key = id(seg.group)
+        if key not in seen:
+            seen[key] = migration_speedup(seg.group, model, meta_iterations=30)
+        dt = seg.end_s - seg.start_s
+        weighted += seen[key] * dt
+        total += dt
+        best = max(best, seen[key])
+    return {"time_weighted_speedup": round(weighted / total, 4) if total else 1.0,
+            "max_group_speedup": round(best, 4), "groups": len(seen)}
+
+
+def failures() -> dict[str, Any]:
+    trace = load_trace("wild")
+    opts = ReplayOptions(accounting=Accounting.CONSISTENT,
+                         failures=FailureModel(0.001, checkpoint_every_iterations=10, seed=7))
+    res = replay_policies(trace, _cap(5), ("weave", "isolated"), opts)
+    return {n: {"failures": r.failures, "lost_iterations": round(
+        sum(x.lost_iterations for x in r.runs.values()), 1),
+        "reference_units": round(r.reference_units, 1)} for n, r in res.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--skip-10k", action="store_true")
+    ap.add_argument("--skip-optimal", action="store_true")
+    args = ap.parse_args()
+    out: dict[str, Any] = {"wild_reference": wild(Accounting.REFERENCE),
+                           "wild_consistent": wild(Accounting.CONSISTENT)}
+    if not args.skip_optimal:
+        out["philly_optimal"] = philly_optimal()
+    if not args.skip_10k:
+        out["generated_10k"] = big_trace()
+    out["drift"] = drift()
+    out["migration"] = migration()
+    out["failures"] = failures()
+    console = Console()
+    for mode in ("wild_reference", "wild_consistent"):
+        table = Table(title=f"{mode} (replay of all policies: {out[mode]['replay_s']} s)")
+        for col in ("policy", "h800-node-s", "vs isolated", "vs colocated", "SLO att.",
+                    "direct/scale/new %"):
+            table.add_column(col, justify="right")
+        for name, p in out[mode]["policies"].items():
+            adm = p["admissions_pct"]
+            table.add_row(name, f"{p['reference_units']:,.0f}",
+                          str(p["ratios"].get("vs_isolated", "-")),
+                          str(p["ratios"].get("vs_colocated", "-")),
+                          f"{100 * p['slo_attainment']:.2f}%",
+                          f"{adm['direct']:.1f}/{adm['scale_rollout']:.1f}/{adm['new_group']:.1f}")
+        console.print(table)
+    for key in ("philly_optimal", "generated_10k", "drift", "migration", "failures"):
+        if key in out:
+            console.print(f"[bold]{key}[/bold]: {json.dumps(out[key])}")
+    if args.json is not None:
+        args.json.write_text(json.dumps(out, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
