@@ -28,21 +28,31 @@ def _cap(n: int = 3) -> Capacity:
 
 def test_failures_roll_back_and_readmit_others_continue() -> None:
     trace = load_trace(SMALL)
-    opts = ReplayOptions(accounting=Accounting.CONSISTENT,
-                         failures=FailureModel(0.01, checkpoint_every_iterations=5, seed=1))
-    clean = replay_policies(trace, _cap(), ("weave",),
-                            ReplayOptions(accounting=Accounting.CONSISTENT))["weave"]
-    hit = replay_policies(trace, _cap(), ("weave",), opts)["weave"]
-    assert hit.failures > 0
-    lost = sum(r.lost_iterations for r in hit.runs.values())
-    assert lost > 0
-    assert all(r.departure_s is not None for r in hit.runs.values())
-    # The same work is done; the lost iterations and restarts cost time and money.
-    assert sum(r.done for r in hit.runs.values()) == pytest.approx(
-        sum(r.done for r in clean.runs.values()), rel=1e-6)
-    assert hit.cost > clean.cost
-    untouched = [j for j, r in hit.runs.items() if r.failures == 0]
-    assert untouched, "a failure hits only the jobs on the failed node's group"
+    fm = FailureModel(0.01, checkpoint_every_iterations=5, restart_s=300.0, seed=1)
+    clean_opts = ReplayOptions(accounting=Accounting.CONSISTENT)
+    opts = ReplayOptions(accounting=Accounting.CONSISTENT, failures=fm)
+    clean = replay_policies(trace, _cap(), ("weave", "isolated"), clean_opts)
+    hit = replay_policies(trace, _cap(), ("weave", "isolated"), opts)
+    for name in ("weave", "isolated"):
+        assert hit[name].failures > 0
+        assert all(r.departure_s is not None for r in hit[name].runs.values())
+        # The same work is done in the end, lost iterations included.
+        assert sum(r.done for r in hit[name].runs.values()) == pytest.approx(
+            sum(r.done for r in clean[name].runs.values()), rel=1e-6)
+    # Isolated jobs are re-admitted on fresh nodes of the same shape: a hit job departs
+    # later by its lost iterations plus the restart, the others exactly on time.
+    iso, iso_clean = hit["isolated"].runs, clean["isolated"].runs
+    struck = [j for j, r in iso.items() if r.failures]
+    assert struck and len(struck) < len(iso)
+    for job_id, run in iso.items():
+        base = iso_clean[job_id]
+        assert run.departure_s is not None and base.departure_s is not None
+        if run.failures:
+            delay = run.lost_iterations * run.actual.solo_mean_s + run.failures * fm.restart_s
+            assert run.departure_s == pytest.approx(base.departure_s + delay, rel=1e-6)
+        else:
+            assert run.departure_s == pytest.approx(base.departure_s)
+    assert hit["isolated"].cost > clean["isolated"].cost
 
 
 def test_drift_static_placement_misses_slos_that_replanning_keeps() -> None:

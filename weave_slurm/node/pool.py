@@ -113,9 +113,7 @@ class ResidentPool:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._zygote = subprocess.Popen(
             [sys.executable, "-m", "weave_slurm.node.zygote", str(theirs.fileno())],
-            pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
-            env={**os.environ, "OMP_NUM_THREADS": os.environ.get(
-                "OMP_NUM_THREADS", str(os.cpu_count() or 1))})
+            pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
         theirs.close()
         self._ctl = ours
         threading.Thread(target=self._read_zygote, name="zygote-reader", daemon=True).start()
@@ -258,6 +256,7 @@ class ResidentPool:
     def _died(self, slot: _Slot, worker: _Worker, returncode: int | None) -> None:
         """Record a worker's end; fork its replacement (caller holds the condition)."""
         first = worker.state != ResidentState.DEAD
+        never_ready = worker.state == ResidentState.STARTING
         worker.state = ResidentState.DEAD
         act = slot.last
         if act is not None and act.pid == worker.pid and \
@@ -273,7 +272,10 @@ class ResidentPool:
             worker.sock.close()
         if slot.worker is worker:
             slot.worker = None
-            if slot.wanted and self._zygote_ready and not self._closing:
+            if never_ready:  # no fork loop: the next activate tries once more
+                log.error("resident worker of %s died before it was ready; see %s",
+                          slot.job.job_id, worker.log_path)
+            elif slot.wanted and self._zygote_ready and not self._closing:
                 slot.restarts += 1
                 log.warning("resident worker of %s (pid %d) died; forking a new one",
                             slot.job.job_id, worker.pid)
@@ -290,6 +292,8 @@ class ResidentPool:
                 raise StateError(f"job {job.job_id!r} already runs phase "
                                  f"{slot.last.phase.value if slot.last else '?'!r} "
                                  f"(pid {slot.worker.pid}); deactivate first")
+            if slot.worker is None and self._zygote_ready and not self._closing:
+                self._fork(slot)
             ready = self._cond.wait_for(
                 lambda: self._closing or (slot.worker is not None and
                                           slot.worker.state == ResidentState.IDLE),

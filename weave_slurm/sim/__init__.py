@@ -7,6 +7,10 @@
 - ``generate``: synthetic traces shaped like the paper's production mix.
 - ``events``: the discrete-event core (virtual or wall clock).
 - ``accounting``: cost integration and the reference accounting pieces.
+- ``replay`` (+ ``outcome``): the trace replay; ``policies``: how it drives placement.
+- ``execution``: phase-level execution of one group (invariants, migration, Gantt).
+- ``failures``, ``drift``: injected node failures and drifting phase times.
+- ``report``, ``plots``: the figures `weave simulate` prints, writes and draws.
 
-See docs/traces.md.
+See docs/traces.md and docs/simulator.md.
 """

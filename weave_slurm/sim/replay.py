@@ -18,7 +18,7 @@ import math
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from weave_slurm.model.profile import JobProfile
 from weave_slurm.placement.admission import place_batch
@@ -28,6 +28,7 @@ from weave_slurm.placement.group import Group, Member
 from weave_slurm.sim.drift import DriftModel
 from weave_slurm.sim.events import Simulator
 from weave_slurm.sim.failures import FailureModel, pick_failure
+from weave_slurm.sim.outcome import JobRun, ReplayResult, Segment
 from weave_slurm.sim.policies import (
     Accounting,
     SimPolicy,
@@ -38,6 +39,8 @@ from weave_slurm.sim.policies import (
     scale_profile,
 )
 from weave_slurm.sim.traces import EventKind, Trace, TraceJob
+
+__all__ = ["JobRun", "Replay", "ReplayOptions", "ReplayResult", "Segment", "replay_policies"]
 
 _EPS = 1e-9
 # Event priorities at equal times: departures free capacity before arrivals ask for it.
@@ -56,81 +59,6 @@ class ReplayOptions:
     drift: DriftModel | None = None
     optimum_max_jobs: int = 10  # larger concurrent sets fall back to the weave plan
     record_segments: bool = True
-
-
-@dataclass(frozen=True, slots=True)
-class Segment:
-    """A group with constant membership from ``start_s`` to ``end_s``."""
-
-    group: Group
-    start_s: float
-    end_s: float
-
-
-@dataclass(slots=True)
-class JobRun:
-    """Book-keeping of one job during a replay (mutable, internal to the replay)."""
-
-    job: TraceJob
-    planned: JobProfile  # what placement was told
-    actual: JobProfile  # what the job really does now (drift)
-    arrival_s: float
-    work: float  # iterations to complete (consistent) or inf (reference)
-    done: float = 0.0
-    since_s: float = 0.0
-    rate: float = 0.0  # iterations per second
-    slowdown: float = 1.0
-    violated: bool = False
-    group_id: int | None = None
-    admission: str = ""
-    departure_s: float | None = None
-    paused_until_s: float = 0.0
-    handle: int | None = None
-    slowdown_s: float = 0.0  # integral of slowdown over time
-    violated_s: float = 0.0
-    max_slowdown: float = 1.0
-    lost_iterations: float = 0.0
-    migrations: int = 0
-    failures: int = 0
-    ever_violated: bool = False
-
-    def settle(self, now: float) -> None:
-        dt = now - self.since_s
-        if dt <= 0:
-            return
-        run_dt = now - max(self.since_s, min(now, self.paused_until_s))
-        self.done += self.rate * run_dt
-        self.slowdown_s += self.slowdown * dt
-        if self.violated:
-            self.violated_s += dt
-        self.since_s = now
-
-
-@dataclass
-class ReplayResult:
-    """Raw outcome of one policy's replay; :mod:`weave_slurm.sim.report` summarises it."""
-
-    policy: str
-    accounting: Accounting
-    capacity: Capacity
-    start_s: float
-    end_s: float
-    node_s: dict[str, float]  # node-seconds per pool ("rollout", "train")
-    busy_node_s: dict[str, float]
-    cost: float  # site currency
-    reference_units: float  # h800-node-seconds at 1 / (1/3)
-    peak_nodes: dict[str, int]
-    series: list[tuple[float, int, int, float]]  # (t, rollout nodes, train nodes, cost/h)
-    runs: dict[str, JobRun]
-    admissions: dict[str, int]
-    placement_s: list[float]
-    segments: list[Segment]
-    migrations: int = 0
-    refusals: int = 0
-    failures: int = 0
-    regroups: int = 0
-    optimum_fallbacks: int = 0
-    extra: dict[str, float] = field(default_factory=dict)
 
 
 class Replay:
@@ -154,6 +82,7 @@ class Replay:
         self._cost = self._ref_units = 0.0
         self._busy_nodes = [0.0, 0.0]  # busy fraction x nodes, summed over groups
         self._opt_rate: float | None = None
+        self._failure_handle: int | None = None
         self._opt_cache: dict[frozenset[str], float | None] = {}
         self._series: list[tuple[float, int, int, float]] = []
         self._seg_start: dict[int, float] = {}
@@ -220,8 +149,6 @@ class Replay:
             self._schedule_drift(job, now)
             profiles.append(p)
         self._admit(profiles, count=True)
-        if self.opt.failures is not None and len(self.runs) == len(jobs):
-            self._schedule_failure()
 
     def _admit(self, profiles: list[JobProfile], count: bool) -> None:
         t0 = time.perf_counter()
@@ -258,6 +185,8 @@ class Replay:
             self.sim.cancel(run.handle)
         if job_id in self.pending:
             self.pending.remove(job_id)
+            return
+        if gid is None:
             return
         state = depart(self.state, job_id)
         if self.policy.consolidate:
@@ -305,6 +234,7 @@ class Replay:
         run.actual = scale_profile(base, rollout_factor, train_factor)
         gid = run.group_id
         group = self.state.by_id[gid]
+        self._refresh_group(group)
         if self.policy.consolidate and self._actual_slowdowns_bad(group):
             # The live reconcile loop sees measured phase times miss the plan: re-plan
             # this group's members with what they now do.
@@ -316,24 +246,30 @@ class Replay:
                                 [self.runs[m.job.job_id].actual for m in group.members])
             if len(batch.state.job_group) == len(self.state.job_group):
                 self._transition(batch.state, moved=True)
-                return
-        self._refresh_group(group)
 
     def _actual_slowdowns_bad(self, group: Group) -> bool:
         return any(self.runs[j].violated for j in group.job_ids)
 
     def _schedule_failure(self) -> None:
+        """Draw the next failure at the current node count; redrawn on every change
+        (exponential gaps are memoryless, so this is exact for a piecewise-constant
+        count)."""
         fm = self.opt.failures
         if fm is None:
             return
+        if self._failure_handle is not None:
+            self.sim.cancel(self._failure_handle)
+            self._failure_handle = None
         nodes = self.state.rollout_nodes_used + self.state.train_nodes_used
-        delay = fm.next_failure_in_s(self.rng, max(nodes, 1))
+        delay = fm.next_failure_in_s(self.rng, nodes)
         if self.sim.now + delay < self.trace.end_s:
-            self.sim.schedule_in(delay, self._on_failure, priority=_P_FAIL)
+            self._failure_handle = self.sim.schedule_in(delay, self._on_failure,
+                                                        priority=_P_FAIL)
 
     def _on_failure(self) -> None:
         fm = self.opt.failures
         assert fm is not None  # only scheduled with a failure model
+        self._failure_handle = None
         hit = pick_failure(self.state.groups, self.rng)
         if hit is not None and hit.jobs:
             now = self.sim.now
@@ -353,7 +289,8 @@ class Replay:
                 profiles.append(run.actual)
             self._transition(state)
             self._admit(profiles, count=False)
-        self._schedule_failure()
+        else:
+            self._schedule_failure()
 
     # ---------------------------------------------------------------- books
 
@@ -419,6 +356,8 @@ class Replay:
         rate = self._opt_rate if self.policy.optimal and self._opt_rate is not None \
             else new.cost_per_hour
         self._series.append((now, r, t, rate))
+        if self.opt.failures is not None:
+            self._schedule_failure()
 
     def _count_busy(self, group: Group | None, sign: float) -> None:
         if group is not None:

@@ -1,0 +1,218 @@
+"""What each request does: submit, cancel, status, groups, show (uid from the socket).
+
+Submissions are validated completely (spec, profile, "can it ever fit") before one
+transaction inserts the job, so a refused submission leaves nothing behind. A user
+may cancel and see the details of their own jobs; root and the configured admin
+uids may act on all. Listings (status, groups) are visible to everyone, as squeue is.
+"""
+
+from __future__ import annotations
+
+import pwd
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from typing import Any
+
+from weave_slurm.config.job import parse_job
+from weave_slurm.config.site import SiteConfig
+from weave_slurm.daemon import membership
+from weave_slurm.daemon.executor import job_nodes
+from weave_slurm.daemon.protocol import Op, PermissionDenied
+from weave_slurm.daemon.records import AllocRow, GroupRow, JobRow
+from weave_slurm.daemon.states import JobState
+from weave_slurm.daemon.store import Store
+from weave_slurm.errors import ConfigError, InfeasibleRequest, StateError, WeaveError
+from weave_slurm.model.profile import profile_job
+from weave_slurm.placement import Capacity, Group
+from weave_slurm.placement.engine import refuse_if_never_fits
+
+MAX_SPEC_BYTES = 64 * 1024
+
+
+def user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def _int_list(args: dict[str, Any], key: str) -> list[int]:
+    raw = args.get(key, [])
+    if not isinstance(raw, list) or not all(isinstance(x, int) and not isinstance(x, bool)
+                                            for x in raw):
+        raise ConfigError(f"request field {key!r} must be a list of job ids, got {raw!r}")
+    return raw
+
+
+class Api:
+    """The request handlers; thread-safe through the store."""
+
+    def __init__(self, store: Store, site: SiteConfig, capacity: Capacity,
+                 now: Callable[[], float], *, admin_uids: Sequence[int] = (),
+                 wake: Callable[[], None] = lambda: None, phase: str = "idle") -> None:
+        self.store, self.site, self.capacity, self.now = store, site, capacity, now
+        self.admins = frozenset({0, *admin_uids})
+        self.wake = wake
+        self.phase = phase
+
+    def handle(self, op: Op, args: dict[str, Any], uid: int) -> dict[str, Any]:
+        if op is Op.SUBMIT:
+            return self.submit(uid, args.get("spec"), args.get("source"))
+        if op is Op.CANCEL:
+            return self.cancel(uid, _int_list(args, "jobs"))
+        if op is Op.STATUS:
+            return self.status(args)
+        if op is Op.GROUPS:
+            return self.groups()
+        if op is Op.SHOW:
+            return self.show(uid, args.get("kind"), args.get("id"))
+        return {"daemon": "weaved", "uid": uid, "admin": uid in self.admins}
+
+    # -- submit / cancel ---------------------------------------------------------------
+
+    def submit(self, uid: int, spec: object, source: object) -> dict[str, Any]:
+        if not isinstance(spec, str) or not spec.strip():
+            raise ConfigError("submit: field 'spec' must be the job spec's TOML text")
+        if len(spec.encode()) > MAX_SPEC_BYTES:
+            raise ConfigError(f"submit: spec is {len(spec.encode())} bytes; the limit is "
+                              f"{MAX_SPEC_BYTES}")
+        where = source if isinstance(source, str) and source else "<submitted spec>"
+        job = parse_job(spec, where)
+        profile = profile_job(job, self.site)
+        never = refuse_if_never_fits(profile, self.capacity)
+        if never is not None:
+            raise InfeasibleRequest(f"{where}: can never be placed on this site: "
+                                    f"{'; '.join(never.reasons)}")
+        job_id = self.store.add_job(uid=uid, user=user_name(uid), name=job.name, spec=spec,
+                                    source=where, profile=profile, now=self.now())
+        self.wake()
+        return {"job": job_id}
+
+    def cancel(self, uid: int, ids: list[int]) -> dict[str, Any]:
+        if not ids:
+            raise ConfigError("cancel: give at least one job id")
+        results = []
+        for job_id in ids:
+            try:
+                results.append({"job": job_id, "ok": True, "message": self._cancel(uid, job_id)})
+            except WeaveError as exc:
+                results.append({"job": job_id, "ok": False, "message": str(exc)})
+        self.wake()
+        return {"results": results}
+
+    def _cancel(self, uid: int, job_id: int) -> str:
+        for _ in range(3):  # the reconcile loop may move the job meanwhile
+            job = self.store.job(job_id)
+            if job is None:
+                raise ConfigError(f"Invalid job id specified: {job_id}")
+            if uid not in self.admins and uid != job.uid:
+                raise PermissionDenied(f"Access/permission denied for job {job_id} (owned by "
+                                       f"{job.user})")
+            if job.state.final:
+                raise StateError(f"Job {job_id} already {job.state.value.lower()}")
+            if job.state is JobState.CANCELLING:
+                return f"job {job_id} is already being cancelled"
+            dst = JobState.CANCELLED if job.state is JobState.PENDING else JobState.CANCELLING
+            extra = {"ended_s": self.now()} if dst is JobState.CANCELLED else {}
+            try:
+                self.store.transition("job", job_id, dst, f"cancelled by uid {uid}", self.now(),
+                                      expect=job.state, **extra)
+            except StateError:
+                continue
+            return f"job {job_id} {dst.value.lower()}"
+        raise StateError(f"job {job_id} keeps changing state; try again")
+
+    # -- views -------------------------------------------------------------------------
+
+    def _context(self) -> tuple[dict[int, JobRow], dict[int, GroupRow],
+                                dict[int, list[AllocRow]], dict[int, Group]]:
+        jobs = {j.job_id: j for j in self.store.jobs()}
+        groups = {g.group_id: g for g in self.store.groups(live_only=False)}
+        allocs: dict[int, list[AllocRow]] = {}
+        for a in self.store.allocs(live_only=False):
+            allocs.setdefault(a.group_id, []).append(a)
+        models = {gid: m for gid, g in groups.items() if not g.state.final
+                  for m in [membership.group_model(g, jobs)] if m is not None}
+        return jobs, groups, allocs, models
+
+    def _job_view(self, job: JobRow, groups: dict[int, GroupRow],
+                  allocs: dict[int, list[AllocRow]], models: dict[int, Group],
+                  now: float) -> dict[str, Any]:
+        slowdown, nodes = None, []
+        group = groups.get(job.group_id) if job.group_id is not None else None
+        if group is not None and not job.state.final:
+            model = models.get(group.group_id)
+            if model is not None and str(job.job_id) in model.job_ids:
+                slowdown = model.schedule.slowdowns[model.job_ids.index(str(job.job_id))]
+            used = job_nodes(job, group, [a for a in allocs.get(group.group_id, [])
+                                          if not a.state.final])
+            nodes = used["rollout"] + used["train"]
+        end = job.ended_s if job.ended_s is not None else now
+        return {"job": job.job_id, "user": job.user, "uid": job.uid, "name": job.name,
+                "group": job.group_id, "state": job.state.value,
+                "phase": self.phase if job.state is JobState.RUNNING else "-",
+                "iter": None, "slowdown": slowdown, "slo": job.profile.slo,
+                "time_s": end - job.started_s if job.started_s is not None else 0.0,
+                "nodes": nodes, "reason": job.reason, "submitted_s": job.submitted_s}
+
+    def status(self, args: dict[str, Any]) -> dict[str, Any]:
+        ids = set(_int_list(args, "jobs"))
+        users = args.get("users") or []
+        if not isinstance(users, list):
+            raise ConfigError(f"status: field 'users' must be a list, got {users!r}")
+        show_all = bool(args.get("all"))
+        jobs, groups, allocs, models = self._context()
+        now = self.now()
+        rows = [self._job_view(j, groups, allocs, models, now) for j in jobs.values()
+                if (show_all or ids or not j.state.final)
+                and (not ids or j.job_id in ids) and (not users or j.user in users
+                                                      or str(j.uid) in users)]
+        return {"jobs": rows, "now": now}
+
+    def _group_view(self, g: GroupRow, allocs: list[AllocRow],
+                    model: Group | None) -> dict[str, Any]:
+        sched = model.schedule if model is not None else None
+        return {"group": g.group_id, "label": g.label, "state": g.state.value,
+                "members": list(g.plan.job_ids), "rollout_nodes": g.plan.rollout_nodes,
+                "train_nodes": g.plan.train_nodes,
+                "period_s": sched.period_s if sched else None,
+                "rollout_bubble": 1.0 - sched.rollout_busy if sched else None,
+                "train_bubble": 1.0 - sched.train_busy if sched else None,
+                "allocations": [{"id": a.alloc_id, "role": a.role, "pool": a.pool,
+                                 "partition": a.partition, "state": a.state.value,
+                                 "nodes": list(a.nodes), "node_count": a.node_count}
+                                for a in allocs],
+                "created_s": g.created_s}
+
+    def groups(self) -> dict[str, Any]:
+        _jobs, groups, allocs, models = self._context()
+        return {"groups": [self._group_view(g, [a for a in allocs.get(gid, [])
+                                                if not a.state.final], models.get(gid))
+                           for gid, g in groups.items() if not g.state.final]}
+
+    def show(self, uid: int, kind: object, ident: object) -> dict[str, Any]:
+        if kind not in ("job", "group"):
+            raise ConfigError(f"show: kind {kind!r} is unknown; valid: job, group")
+        if not isinstance(ident, int) or isinstance(ident, bool):
+            raise ConfigError(f"show: id must be an integer, got {ident!r}")
+        jobs, groups, allocs, models = self._context()
+        if kind == "group":
+            g = groups.get(ident)
+            if g is None:
+                raise ConfigError(f"Invalid group id specified: {ident}")
+            view = self._group_view(g, allocs.get(ident, []), models.get(ident))
+            view["transitions"] = [asdict(t) for t in self.store.transitions("group", ident)]
+            return view
+        job = jobs.get(ident)
+        if job is None:
+            raise ConfigError(f"Invalid job id specified: {ident}")
+        if uid not in self.admins and uid != job.uid:
+            raise PermissionDenied(f"Access/permission denied for job {ident} (owned by "
+                                   f"{job.user})")
+        view = self._job_view(job, groups, allocs, models, self.now())
+        view.update({"spec": job.spec, "source": job.source,
+                     "profile": asdict(job.profile),
+                     "steps": [{"name": s.name, "state": s.state.value, "reason": s.reason}
+                               for s in self.store.steps(job_id=ident, live_only=False)],
+                     "transitions": [asdict(t) for t in self.store.transitions("job", ident)]})
+        return view

@@ -1,0 +1,418 @@
+"""The reconcile loop: read the world, then act. One bad tick is logged and survived.
+
+A tick (:meth:`Reconciler.tick`) first reads what the backend holds (allocations
+with this daemon's name prefix and their steps), reconciles the store's rows with
+it (intents left by a crash are resolved against what Slurm shows; allocations
+nobody owns are released), then acts: stop cancelled jobs, place pending jobs as
+one batch, obtain the allocations groups need, launch node daemons, activate
+groups, launch the jobs' steps and release the allocations of empty groups.
+Every action writes its intent (a transition) before calling the backend.
+Time comes from the injected clock; decisions never read the wall clock.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from weave_slurm.daemon import membership
+from weave_slurm.daemon.executor import Executor
+from weave_slurm.daemon.records import AllocRow, GroupPlan, GroupRow, JobRow, StepRow
+from weave_slurm.daemon.states import AllocState, GroupState, JobState, StepRunState
+from weave_slurm.daemon.store import Store
+from weave_slurm.errors import InfeasibleRequest, InsufficientResources, WeaveError
+from weave_slurm.placement import Capacity, Placement, Refusal, WeavePolicy, depart, place_batch
+from weave_slurm.slurm.backend import (
+    Allocation,
+    AllocationRequest,
+    Backend,
+    ResourceSpec,
+    StepHandle,
+    StepSpec,
+    StepState,
+)
+
+log = logging.getLogger(__name__)
+
+NODE_STEP = "weave-node"
+_LIVE_JOB = (JobState.PLACED, JobState.RUNNING, JobState.CANCELLING)
+
+
+class Clock(Protocol):
+    def now(self) -> float: ...
+
+
+@dataclass(frozen=True)
+class PoolRequest:
+    """How a group's allocations of one role are shaped (from the site config)."""
+
+    partition: str
+    gpus_per_node: int
+    gpu_type: str | None
+    cpus_per_node: int
+
+
+@dataclass
+class World:
+    """What the backend shows at the start of a tick."""
+
+    allocations: dict[str, Allocation] = field(default_factory=dict)
+    steps: dict[str, set[str]] = field(default_factory=dict)  # alloc id -> step names
+
+
+NodeStepFactory = Callable[[GroupRow, AllocRow], StepSpec]
+
+
+class Reconciler:
+    """The daemon's control loop body; :meth:`tick` is called by the service."""
+
+    def __init__(self, store: Store, backend: Backend, capacity: Capacity,
+                 pools: dict[str, PoolRequest], executor: Executor, clock: Clock, *,
+                 instance: str = "", node_step: NodeStepFactory | None = None,
+                 immediate_s: int = 10) -> None:
+        self.store, self.backend, self.capacity = store, backend, capacity
+        self.pools, self.executor, self.clock = pools, executor, clock
+        self.instance = instance
+        self.prefix = membership.name_prefix(instance)
+        self.node_step = node_step
+        self.immediate_s = immediate_s
+        self.policy = WeavePolicy()
+        self._handles: dict[int, StepHandle] = {}  # step row key -> handle (this process)
+        self.ticks = 0
+
+    # -- the tick ----------------------------------------------------------------------
+
+    def tick(self) -> None:
+        """One pass: read the world (or skip the tick), then each act, failures isolated."""
+        world = self._read_world()
+        now = self.clock.now()
+        acts: list[Callable[[], None]] = [lambda: self._reconcile_allocs(world, now),
+                    lambda: self._reconcile_steps(world, now),
+                    lambda: self._finish_cancelled(now),
+                    lambda: self._place_pending(now),
+                    lambda: self._ensure_allocs(now),
+                    lambda: self._launch_node_daemons(world, now),
+                    lambda: self._activate_groups(now),
+                    lambda: self._launch_jobs(world, now),
+                    lambda: self._drain_groups(now)]
+        for act in acts:
+            try:
+                act()
+            except WeaveError as exc:
+                log.warning("reconcile: %s", exc)
+            except Exception:
+                log.exception("reconcile: unexpected error; continuing with the next step")
+        self.ticks += 1
+
+    def _read_world(self) -> World:
+        world = World()
+        for a in self.backend.list_allocations(self.prefix):
+            world.allocations[a.alloc_id] = a
+            world.steps[a.alloc_id] = {s.name for s in self.backend.list_steps(a.alloc_id)}
+        return world
+
+    # -- reconciling the store with the world ------------------------------------------
+
+    def _request(self, group: GroupRow, alloc: AllocRow) -> AllocationRequest:
+        return AllocationRequest(group.label, alloc.pool, (ResourceSpec(
+            alloc.partition, alloc.node_count, alloc.gpus_per_node, alloc.gpu_type,
+            alloc.cpus_per_node),), immediate_s=self.immediate_s)
+
+    def _reconcile_allocs(self, world: World, now: float) -> None:
+        claimed = {a.alloc_id for a in self.store.allocs() if a.alloc_id}
+        for row in self.store.allocs():
+            group = self.store.group(row.group_id)
+            if group is None:
+                continue
+            if row.state is AllocState.ALLOCATING:  # a crash between intent and result
+                name = self._request(group, row).job_name
+                found = [a for a in world.allocations.values()
+                         if a.name == name and a.alloc_id not in claimed]
+                if found:
+                    claimed.add(found[0].alloc_id)
+                    self._held(row, found[0], now, "adopted: Slurm lists it after a restart")
+                else:
+                    self.store.transition("alloc", row.key, AllocState.WANTED,
+                                          "not in Slurm after a restart; ask again", now)
+            elif row.state is AllocState.HELD and row.alloc_id not in world.allocations:
+                self.store.transition("alloc", row.key, AllocState.LOST,
+                                      f"allocation {row.alloc_id} vanished from the backend",
+                                      now)
+            elif row.state is AllocState.RELEASING:
+                self._release(row, now)
+        for alloc_id, a in world.allocations.items():
+            if alloc_id not in claimed:
+                log.warning("releasing orphan allocation %s (%s): no group in the store",
+                            alloc_id, a.name)
+                self.backend.release(alloc_id)
+
+    def _held(self, row: AllocRow, a: Allocation, now: float, reason: str) -> None:
+        self.store.transition("alloc", row.key, AllocState.HELD, reason, now,
+                              expect=AllocState.ALLOCATING, alloc_id=a.alloc_id,
+                              nodes=json.dumps(list(a.nodes)), updated_s=now)
+
+    def _alloc_of(self, key: int) -> AllocRow | None:
+        return next((a for a in self.store.allocs(live_only=False) if a.key == key), None)
+
+    def _reconcile_steps(self, world: World, now: float) -> None:
+        allocs = {a.key: a for a in self.store.allocs(live_only=False)}
+        for step in self.store.steps():
+            alloc = allocs.get(step.alloc_key)
+            if alloc is None or alloc.state is not AllocState.HELD or alloc.alloc_id is None:
+                self._end_step(step, now, "its allocation is gone")
+                continue
+            listed = step.name in world.steps.get(alloc.alloc_id, set())
+            if step.state is StepRunState.LAUNCHING:
+                if listed:
+                    self.store.transition("step", step.key, StepRunState.RUNNING,
+                                          "adopted: Slurm lists it after a restart", now)
+                else:
+                    self._end_step(step, now, "not in Slurm after a restart")
+            elif step.state is StepRunState.STOPPING:
+                self._stop_step(step, alloc, now)
+            elif step.state is StepRunState.RUNNING:
+                self._check_running(step, alloc, listed, now)
+
+    def _check_running(self, step: StepRow, alloc: AllocRow, listed: bool, now: float) -> None:
+        handle = self._handles.get(step.key)
+        if handle is not None:  # launched by this process: its launcher tells the truth
+            status = self.backend.poll_step(handle)
+            if status.state is StepState.RUNNING:
+                return
+            why = f"exited with code {status.returncode}" if status.returncode is not None \
+                else f"ended ({status.state.value})"
+            ok = status.state is StepState.COMPLETED
+        elif listed:
+            return
+        else:
+            why, ok = "vanished from the backend", False
+        self._end_step(step, now, why)
+        if step.job_id is not None:
+            job = self.store.job(step.job_id)
+            if job is not None and job.state is JobState.RUNNING:
+                left = [s for s in self.store.steps(job_id=job.job_id)]
+                if ok and not left:
+                    self._finish_job(job, JobState.COMPLETED, f"step {step.name} {why}", now)
+                elif not ok:
+                    self._finish_job(job, JobState.FAILED, f"step {step.name} {why}", now)
+        else:
+            log.warning("node daemon step of allocation %s %s; relaunching", alloc.alloc_id,
+                        why)
+
+    def _end_step(self, step: StepRow, now: float, reason: str) -> None:
+        self.store.transition("step", step.key, StepRunState.ENDED, reason, now)
+        self._handles.pop(step.key, None)
+
+    def _stop_step(self, step: StepRow, alloc: AllocRow, now: float) -> None:
+        if step.state is not StepRunState.STOPPING:
+            self.store.transition("step", step.key, StepRunState.STOPPING, "stopping", now)
+        if alloc.alloc_id is not None and alloc.state is AllocState.HELD:
+            handle = self._handles.get(step.key) or StepHandle(alloc.alloc_id, step.name,
+                                                               step.launcher_pid or 0)
+            self.backend.cancel_step(handle)
+        self._end_step(step, now, "cancelled")
+
+    # -- jobs leaving ------------------------------------------------------------------
+
+    def _finish_job(self, job: JobRow, dst: JobState, reason: str, now: float) -> None:
+        """Stop the job's steps, take it out of its group, then record ``dst``."""
+        allocs = {a.key: a for a in self.store.allocs(live_only=False)}
+        for step in self.store.steps(job_id=job.job_id):
+            self._stop_step(step, allocs[step.alloc_key], now)
+        if job.group_id is not None:
+            self._leave_group(job, now)
+        self.store.transition("job", job.job_id, dst, reason, now, expect=job.state,
+                              ended_s=now)
+
+    def _leave_group(self, job: JobRow, now: float) -> None:
+        group = self.store.group(job.group_id or 0)
+        if group is None or group.state.final or job.job_id not in group.plan.job_ids:
+            return
+        state = membership.cluster_state(self.capacity, [group], self.store.jobs(_LIVE_JOB),
+                                         self.store.next_group_id())
+        model = state.by_id.get(group.group_id)
+        after = depart(state, str(job.job_id)) if model and str(job.job_id) in model.job_ids \
+            else state
+        new = after.by_id.get(group.group_id)
+        if new is None:
+            self.store.update("group", group.group_id, plan=GroupPlan(
+                group.plan.rollout_nodes, group.plan.train_nodes, ()).to_json())
+            if group.state is not GroupState.DRAINING:
+                self.store.transition("group", group.group_id, GroupState.DRAINING,
+                                      f"its last member (job {job.job_id}) left", now)
+        else:
+            self.store.update("group", group.group_id, plan=membership.plan_of(new).to_json())
+
+    def _finish_cancelled(self, now: float) -> None:
+        for job in self.store.jobs([JobState.CANCELLING]):
+            self._finish_job(job, JobState.CANCELLED, "cancelled by its owner", now)
+
+    # -- placing -----------------------------------------------------------------------
+
+    def _place_pending(self, now: float) -> None:
+        pending = self.store.jobs([JobState.PENDING])
+        if not pending:
+            return
+        groups = self.store.groups()
+        before = membership.cluster_state(self.capacity, groups, self.store.jobs(_LIVE_JOB),
+                                          self.store.next_group_id())
+        result = place_batch(self.policy, before,
+                             [j.profile.with_id(str(j.job_id)) for j in pending])
+        writes = []
+        for g in result.state.groups:
+            old = before.by_id.get(g.group_id)
+            if old is None or old.members != g.members or old.rollout_nodes != g.rollout_nodes \
+                    or old.train_nodes != g.train_nodes:
+                writes.append((g.group_id, membership.group_label(self.instance, g.group_id),
+                               membership.plan_of(g), old is None))
+        placed = []
+        for job, decision in zip(pending, result.decisions, strict=True):
+            if isinstance(decision, Placement):
+                placed.append((job.job_id, decision.group_id,
+                               f"{decision.admission.value} into group {decision.group_id}"))
+            elif isinstance(decision, Refusal) and not decision.retry:
+                self.store.transition("job", job.job_id, JobState.REFUSED, decision.message(),
+                                      now, expect=JobState.PENDING, ended_s=now)
+            elif decision.message() != job.reason:
+                self.store.update("job", job.job_id, reason=decision.message())
+        if placed:
+            self.store.commit_placement(writes, placed, now)
+            log.info("placed jobs %s", [p[0] for p in placed])
+
+    # -- allocations -------------------------------------------------------------------
+
+    def _ensure_allocs(self, now: float) -> None:
+        for group in self.store.groups():
+            if group.state not in (GroupState.FORMING, GroupState.ACTIVE):
+                continue
+            rows = self.store.allocs(group.group_id, live_only=False)
+            for role, need in (("rollout", group.plan.rollout_nodes),
+                               ("train", group.plan.train_nodes)):
+                live = [a for a in rows if a.role == role and not a.state.final]
+                have = sum(a.node_count for a in live)
+                if have < need:
+                    self._want(group, role, need - have, sum(a.role == role for a in rows), now)
+            for alloc in self.store.allocs(group.group_id):
+                if alloc.state is AllocState.WANTED:
+                    self._allocate(group, alloc, now)
+
+    def _want(self, group: GroupRow, role: str, nodes: int, seq: int, now: float) -> None:
+        pool = self.pools[role]
+        kind = "rollout scaling: extra" if role == "rollout" and seq else "initial"
+        self.store.add_alloc(group_id=group.group_id, role=role,
+                             pool=f"{pool.partition}-{seq}", partition=pool.partition,
+                             node_count=nodes, gpus_per_node=pool.gpus_per_node,
+                             gpu_type=pool.gpu_type, cpus_per_node=pool.cpus_per_node,
+                             now=now, reason=f"{kind} {role} allocation of {nodes} node(s)")
+        if group.state is GroupState.ACTIVE:
+            self.store.transition("group", group.group_id, GroupState.FORMING,
+                                  f"needs {nodes} more {role} node(s)", now)
+
+    def _allocate(self, group: GroupRow, alloc: AllocRow, now: float) -> None:
+        request = self._request(group, alloc)
+        self.store.transition("alloc", alloc.key, AllocState.ALLOCATING,
+                              f"requesting {request.job_name}", now, expect=AllocState.WANTED)
+        try:
+            granted = self.backend.allocate(request)
+        except InfeasibleRequest as exc:
+            self.store.transition("alloc", alloc.key, AllocState.FAILED, str(exc), now)
+            for job in self.store.jobs([JobState.PLACED], group_id=group.group_id):
+                self._finish_job(job, JobState.FAILED, f"group {group.group_id}: {exc}", now)
+            return
+        except (InsufficientResources, WeaveError) as exc:
+            self.store.transition("alloc", alloc.key, AllocState.WANTED,
+                                  f"not granted, retrying: {exc}", now)
+            return
+        self._held(alloc, granted, now, f"granted as {granted.alloc_id}")
+
+    def _release(self, alloc: AllocRow, now: float) -> None:
+        if alloc.state is AllocState.WANTED:
+            self.store.transition("alloc", alloc.key, AllocState.RELEASED, "not needed", now)
+            return
+        if alloc.state is AllocState.HELD:
+            self.store.transition("alloc", alloc.key, AllocState.RELEASING,
+                                  f"releasing {alloc.alloc_id}", now)
+        if alloc.alloc_id is not None:
+            self.backend.release(alloc.alloc_id)
+        self.store.transition("alloc", alloc.key, AllocState.RELEASED, "released", now,
+                              updated_s=now)
+
+    # -- steps -------------------------------------------------------------------------
+
+    def _launch(self, alloc: AllocRow, job_id: int | None, spec: StepSpec, world: World,
+                now: float) -> bool:
+        """Write the intent, then launch (or adopt a step of that name Slurm already runs)."""
+        key = self.store.add_step(alloc_key=alloc.key, job_id=job_id, name=spec.name,
+                                  now=now, reason=f"launching in {alloc.alloc_id}")
+        if spec.name in world.steps.get(alloc.alloc_id or "", set()):
+            self.store.transition("step", key, StepRunState.RUNNING, "adopted", now)
+            return True
+        try:
+            handle = self.backend.launch_step(alloc.alloc_id or "", spec)
+        except WeaveError as exc:
+            self.store.transition("step", key, StepRunState.ENDED, f"launch failed: {exc}", now)
+            log.warning("launching %s in %s failed: %s", spec.name, alloc.alloc_id, exc)
+            return False
+        self._handles[key] = handle
+        self.store.transition("step", key, StepRunState.RUNNING, "launched", now,
+                              launcher_pid=handle.launcher_pid)
+        return True
+
+    def _launch_node_daemons(self, world: World, now: float) -> None:
+        if self.node_step is None:
+            return
+        for group in self.store.groups():
+            for alloc in self.store.allocs(group.group_id):
+                if alloc.state is not AllocState.HELD:
+                    continue
+                if any(s.job_id is None for s in self.store.steps(alloc_key=alloc.key)):
+                    continue
+                self._launch(alloc, None, self.node_step(group, alloc), world, now)
+
+    def _node_daemons_up(self, allocs: Sequence[AllocRow]) -> bool:
+        if self.node_step is None:
+            return True
+        return all(any(s.job_id is None and s.state is StepRunState.RUNNING
+                       for s in self.store.steps(alloc_key=a.key)) for a in allocs)
+
+    def _activate_groups(self, now: float) -> None:
+        for group in self.store.groups():
+            if group.state is not GroupState.FORMING:
+                continue
+            allocs = self.store.allocs(group.group_id)
+            if allocs and all(a.state is AllocState.HELD for a in allocs) \
+                    and self._node_daemons_up(allocs):
+                self.store.transition("group", group.group_id, GroupState.ACTIVE,
+                                      f"allocations {[a.alloc_id for a in allocs]} held", now)
+
+    def _launch_jobs(self, world: World, now: float) -> None:
+        for group in self.store.groups():
+            if group.state is not GroupState.ACTIVE:
+                continue
+            allocs = self.store.allocs(group.group_id)
+            for job in self.store.jobs([JobState.PLACED], group_id=group.group_id):
+                steps = self.executor.job_steps(job, group, allocs)
+                ok = all([self._launch(s.alloc, job.job_id, s.spec, world, now) for s in steps])
+                fresh = self.store.job(job.job_id)
+                if fresh is None or fresh.state is not JobState.PLACED:
+                    continue  # cancelled meanwhile: the next tick stops its steps
+                if ok:
+                    self.store.transition("job", job.job_id, JobState.RUNNING,
+                                          f"{len(steps)} step(s) launched", now,
+                                          expect=JobState.PLACED, started_s=now)
+                else:
+                    self._finish_job(fresh, JobState.FAILED, "a step could not be launched", now)
+
+    def _drain_groups(self, now: float) -> None:
+        for group in self.store.groups():
+            if group.state is not GroupState.DRAINING:
+                continue
+            for alloc in self.store.allocs(group.group_id):
+                for step in self.store.steps(alloc_key=alloc.key):
+                    self._end_step(step, now, "group released")
+                self._release(alloc, now)
+            self.store.transition("group", group.group_id, GroupState.RELEASED,
+                                  "allocations released", now)

@@ -1,0 +1,114 @@
+"""The rows the daemon's store holds, as frozen values."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from weave_slurm.daemon.states import AllocState, GroupState, JobState, StepRunState
+from weave_slurm.model.profile import JobProfile
+
+
+def profile_to_json(profile: JobProfile) -> str:
+    return json.dumps(asdict(profile), sort_keys=True)
+
+
+def profile_from_json(text: str) -> JobProfile:
+    return JobProfile(**json.loads(text))
+
+
+@dataclass(frozen=True)
+class JobRow:
+    job_id: int
+    uid: int
+    user: str
+    name: str
+    spec: str  # the canonical spec TOML as submitted
+    source: str
+    profile: JobProfile
+    state: JobState
+    reason: str
+    group_id: int | None
+    submitted_s: float
+    started_s: float | None
+    ended_s: float | None
+
+
+@dataclass(frozen=True)
+class MemberPlan:
+    job_id: int
+    rollout_pins: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """What placement decided for a group: node counts and members in cyclic order."""
+
+    rollout_nodes: int
+    train_nodes: int
+    members: tuple[MemberPlan, ...]
+
+    def to_json(self) -> str:
+        return json.dumps({"rollout_nodes": self.rollout_nodes, "train_nodes": self.train_nodes,
+                           "members": [{"job": m.job_id, "pins": list(m.rollout_pins)}
+                                       for m in self.members]})
+
+    @classmethod
+    def from_json(cls, text: str) -> GroupPlan:
+        raw: dict[str, Any] = json.loads(text)
+        return cls(int(raw["rollout_nodes"]), int(raw["train_nodes"]),
+                   tuple(MemberPlan(int(m["job"]), tuple(int(p) for p in m["pins"]))
+                         for m in raw["members"]))
+
+    @property
+    def job_ids(self) -> tuple[int, ...]:
+        return tuple(m.job_id for m in self.members)
+
+
+@dataclass(frozen=True)
+class GroupRow:
+    group_id: int
+    label: str  # the backend's group id (in allocation names and comments)
+    state: GroupState
+    plan: GroupPlan
+    created_s: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class AllocRow:
+    key: int
+    group_id: int
+    role: str  # "rollout" or "train"
+    pool: str  # label in the allocation's name/comment, e.g. "h20-0"
+    partition: str
+    node_count: int
+    gpus_per_node: int
+    gpu_type: str | None
+    cpus_per_node: int
+    state: AllocState
+    alloc_id: str | None
+    nodes: tuple[str, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class StepRow:
+    key: int
+    alloc_key: int
+    job_id: int | None  # None: the allocation's node-daemon step
+    name: str
+    state: StepRunState
+    launcher_pid: int | None
+    reason: str
+
+
+@dataclass(frozen=True)
+class TransitionRow:
+    ts: float
+    entity: str
+    key: str
+    src: str | None
+    dst: str
+    reason: str

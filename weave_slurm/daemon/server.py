@@ -1,0 +1,87 @@
+"""The Unix-socket server: a thread per connection, size-limited lines, timeouts.
+
+A connection that sends nothing for ``client_timeout_s`` is closed, so a slow or
+stuck client holds one thread for at most that long and never the reconcile
+loop. At most ``max_clients`` connections are served at once; more are answered
+with one error line and closed. The socket file is made mode 0666: every local
+user may talk to the daemon, which authorises each request by the peer's uid.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import socketserver
+import threading
+from pathlib import Path
+
+from weave_slurm.daemon import protocol
+from weave_slurm.daemon.api import Api
+from weave_slurm.errors import StateError, WeaveError
+
+log = logging.getLogger(__name__)
+
+
+class _Handler(socketserver.BaseRequestHandler):
+    server: ApiServer
+
+    def handle(self) -> None:
+        sock: socket.socket = self.request
+        srv = self.server
+        if not srv.slots.acquire(blocking=False):
+            with contextlib.suppress(OSError):
+                sock.sendall(protocol.fail(StateError(
+                    f"weaved is serving {srv.max_clients} clients; retry shortly")))
+            return
+        try:
+            sock.settimeout(srv.client_timeout_s)
+            uid = protocol.peer_uid(sock)
+            buf = bytearray()
+            while True:
+                try:
+                    line = protocol.read_line(sock, buf, srv.max_line_bytes)
+                except protocol.LineTooLong as exc:
+                    sock.sendall(protocol.fail(exc))
+                    return
+                if line is None:
+                    return
+                sock.sendall(self._answer(line, uid))
+        except (TimeoutError, OSError):
+            return
+        finally:
+            srv.slots.release()
+
+    def _answer(self, line: bytes, uid: int) -> bytes:
+        try:
+            op, args = protocol.decode_request(line)
+            return protocol.ok(self.server.api.handle(op, args, uid))
+        except WeaveError as exc:
+            return protocol.fail(exc)
+        except Exception as exc:  # a bug must not kill the connection thread silently
+            log.exception("request failed")
+            return protocol.fail(WeaveError(f"internal error: {type(exc).__name__}: {exc}"))
+
+
+class ApiServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+    def __init__(self, path: Path, api: Api, *, client_timeout_s: float = 10.0,
+                 max_line_bytes: int = protocol.MAX_LINE_BYTES, max_clients: int = 64) -> None:
+        self.api = api
+        self.client_timeout_s = client_timeout_s
+        self.max_line_bytes = max_line_bytes
+        self.max_clients = max_clients
+        self.slots = threading.BoundedSemaphore(max_clients)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists() or path.is_symlink():
+            path.unlink()
+        super().__init__(str(path), _Handler)
+        os.chmod(path, 0o666)
+        self.path = path
+
+    def server_close(self) -> None:
+        super().server_close()
+        with contextlib.suppress(OSError):
+            self.path.unlink()

@@ -1,0 +1,359 @@
+"""The daemon's state: one SQLite file (WAL, ``synchronous=FULL``).
+
+Every state change is a compare-and-set on the entity's row plus a row in
+``transitions``, committed in one transaction BEFORE the action it records: an
+``ALLOCATING`` row is durable before ``salloc`` runs, so a restarted daemon knows
+the call may have happened and looks for it in Slurm before asking again.
+A file that is not a database, fails ``quick_check`` or has another schema
+version raises :class:`StateError`: the daemon never runs on state it cannot read.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from weave_slurm.daemon.records import (
+    AllocRow,
+    GroupPlan,
+    GroupRow,
+    JobRow,
+    StepRow,
+    TransitionRow,
+    profile_from_json,
+    profile_to_json,
+)
+from weave_slurm.daemon.states import (
+    AllocState,
+    GroupState,
+    JobState,
+    State,
+    StepRunState,
+    check_transition,
+    state_of,
+)
+from weave_slurm.errors import StateError
+from weave_slurm.model.profile import JobProfile
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE jobs (
+  job_id INTEGER PRIMARY KEY AUTOINCREMENT, uid INTEGER NOT NULL, user TEXT NOT NULL,
+  name TEXT NOT NULL, spec TEXT NOT NULL, source TEXT NOT NULL, profile TEXT NOT NULL,
+  state TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '', group_id INTEGER,
+  submitted_s REAL NOT NULL, started_s REAL, ended_s REAL);
+CREATE INDEX jobs_state ON jobs(state);
+CREATE TABLE groups (
+  group_id INTEGER PRIMARY KEY, label TEXT NOT NULL UNIQUE, state TEXT NOT NULL,
+  plan TEXT NOT NULL, created_s REAL NOT NULL, reason TEXT NOT NULL DEFAULT '');
+CREATE TABLE allocations (
+  key INTEGER PRIMARY KEY AUTOINCREMENT, group_id INTEGER NOT NULL, role TEXT NOT NULL,
+  pool TEXT NOT NULL, partition TEXT NOT NULL, node_count INTEGER NOT NULL,
+  gpus_per_node INTEGER NOT NULL, gpu_type TEXT, cpus_per_node INTEGER NOT NULL,
+  state TEXT NOT NULL, alloc_id TEXT, nodes TEXT NOT NULL DEFAULT '[]',
+  reason TEXT NOT NULL DEFAULT '', updated_s REAL NOT NULL);
+CREATE TABLE steps (
+  key INTEGER PRIMARY KEY AUTOINCREMENT, alloc_key INTEGER NOT NULL, job_id INTEGER,
+  name TEXT NOT NULL, state TEXT NOT NULL, launcher_pid INTEGER,
+  reason TEXT NOT NULL DEFAULT '', updated_s REAL NOT NULL);
+CREATE TABLE transitions (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL, entity TEXT NOT NULL,
+  key TEXT NOT NULL, src TEXT, dst TEXT NOT NULL, reason TEXT NOT NULL);
+CREATE INDEX transitions_key ON transitions(entity, key);
+"""
+
+#: entity -> (table, key column, state enum)
+_ENTITIES: dict[str, tuple[str, str, type[State]]] = {
+    "job": ("jobs", "job_id", JobState),
+    "group": ("groups", "group_id", GroupState),
+    "alloc": ("allocations", "key", AllocState),
+    "step": ("steps", "key", StepRunState),
+}
+_FIELDS = {"jobs": {"reason", "group_id", "started_s", "ended_s"},
+           "groups": {"reason", "plan"},
+           "allocations": {"reason", "alloc_id", "nodes", "updated_s"},
+           "steps": {"reason", "launcher_pid", "updated_s"}}
+
+
+def _parse_state(kind: type[State], value: str) -> State:
+    if kind is JobState:
+        return state_of(JobState, value)
+    if kind is GroupState:
+        return state_of(GroupState, value)
+    if kind is AllocState:
+        return state_of(AllocState, value)
+    return state_of(StepRunState, value)
+
+
+class Store:
+    """One SQLite file; thread-safe (one connection behind a lock)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.RLock()
+        try:
+            self._db = sqlite3.connect(str(path), isolation_level=None,
+                                       check_same_thread=False, timeout=10.0)
+            self._db.row_factory = sqlite3.Row
+            self._open()
+        except sqlite3.DatabaseError as exc:
+            raise StateError(f"state database {str(path)!r} is unreadable or corrupt ({exc}); "
+                             "the daemon will not run on it: restore a backup or move it "
+                             "away to start afresh") from exc
+
+    def _open(self) -> None:
+        db = self._db
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")
+        db.execute("PRAGMA foreign_keys=ON")
+        check = db.execute("PRAGMA quick_check").fetchone()[0]
+        if check != "ok":
+            raise StateError(f"state database {str(self.path)!r} fails quick_check ({check}); "
+                             "restore a backup or move it away to start afresh")
+        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if not tables:
+            with self._tx():
+                for stmt in _SCHEMA.split(";"):
+                    if stmt.strip():
+                        db.execute(stmt)
+                db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            return
+        if "meta" not in tables:
+            raise StateError(f"{str(self.path)!r} is an SQLite file but not a weaved state "
+                             f"database (tables: {sorted(tables)})")
+        row = db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        version = row[0] if row else None
+        if version != str(SCHEMA_VERSION):
+            raise StateError(f"state database {str(self.path)!r} has schema version "
+                             f"{version!r}; this weaved reads version {SCHEMA_VERSION}")
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _rows(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            return list(self._db.execute(sql, args).fetchall())
+
+    # -- transitions -------------------------------------------------------------------
+
+    def _log(self, db: sqlite3.Connection, now: float, entity: str, key: object,
+             src: State | None, dst: State, reason: str) -> None:
+        db.execute("INSERT INTO transitions (ts, entity, key, src, dst, reason) "
+                   "VALUES (?, ?, ?, ?, ?, ?)",
+                   (now, entity, str(key), src.value if src else None, dst.value, reason))
+
+    def transition(self, entity: str, key: int, dst: State, reason: str, now: float, *,
+                   expect: State | Sequence[State] | None = None, **fields: Any) -> State:
+        """Move ``entity`` ``key`` to ``dst`` (and set ``fields``) if the edge is legal.
+
+        ``expect``: the state(s) the caller read; StateError if it changed meanwhile
+        (a compare-and-set). Returns the state it came from.
+        """
+        table, col, kind = _ENTITIES[entity]
+        bad = set(fields) - _FIELDS[table]
+        if bad:
+            raise StateError(f"store: cannot set {sorted(bad)} on {table}")
+        with self._tx() as db:
+            row = db.execute(f"SELECT state FROM {table} WHERE {col}=?", (key,)).fetchone()
+            if row is None:
+                raise StateError(f"{entity} {key} does not exist")
+            src = _parse_state(kind, row[0])
+            wanted = (expect,) if isinstance(expect, (JobState, GroupState, AllocState,
+                                                       StepRunState)) else expect
+            if wanted is not None and src not in wanted:
+                raise StateError(f"{entity} {key} is {src.value}, not "
+                                 f"{'/'.join(s.value for s in wanted)}; it changed meanwhile")
+            check_transition(src, dst)
+            sets = ", ".join(f"{k}=?" for k in ("state", *fields))
+            db.execute(f"UPDATE {table} SET {sets} WHERE {col}=?",
+                       (dst.value, *fields.values(), key))
+            self._log(db, now, entity, key, src, dst, reason)
+        return src
+
+    def update(self, entity: str, key: int, **fields: Any) -> None:
+        """Set non-state fields (a reason, a plan) without a transition."""
+        table, col, _ = _ENTITIES[entity]
+        bad = set(fields) - _FIELDS[table]
+        if bad or not fields:
+            raise StateError(f"store: cannot set {sorted(bad) or 'nothing'} on {table}")
+        with self._tx() as db:
+            db.execute(f"UPDATE {table} SET {', '.join(f'{k}=?' for k in fields)} "
+                       f"WHERE {col}=?", (*fields.values(), key))
+
+    def transitions(self, entity: str, key: int) -> list[TransitionRow]:
+        return [TransitionRow(r["ts"], r["entity"], r["key"], r["src"], r["dst"], r["reason"])
+                for r in self._rows("SELECT * FROM transitions WHERE entity=? AND key=? "
+                                    "ORDER BY id", (entity, str(key)))]
+
+    # -- jobs --------------------------------------------------------------------------
+
+    def add_job(self, *, uid: int, user: str, name: str, spec: str, source: str,
+                profile: JobProfile, now: float) -> int:
+        """Insert a PENDING job (one transaction); returns its id."""
+        with self._tx() as db:
+            cur = db.execute(
+                "INSERT INTO jobs (uid, user, name, spec, source, profile, state, "
+                "submitted_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (uid, user, name, spec, source, profile_to_json(profile),
+                 JobState.PENDING.value, now))
+            job_id = int(cur.lastrowid or 0)
+            self._log(db, now, "job", job_id, None, JobState.PENDING, f"submitted by uid {uid}")
+        return job_id
+
+    @staticmethod
+    def _job(r: sqlite3.Row) -> JobRow:
+        return JobRow(r["job_id"], r["uid"], r["user"], r["name"], r["spec"], r["source"],
+                      profile_from_json(r["profile"]), state_of(JobState, r["state"]),
+                      r["reason"], r["group_id"], r["submitted_s"], r["started_s"],
+                      r["ended_s"])
+
+    def job(self, job_id: int) -> JobRow | None:
+        rows = self._rows("SELECT * FROM jobs WHERE job_id=?", (job_id,))
+        return self._job(rows[0]) if rows else None
+
+    def jobs(self, states: Sequence[JobState] | None = None,
+             group_id: int | None = None) -> list[JobRow]:
+        sql, args = "SELECT * FROM jobs WHERE 1=1", list[Any]()
+        if states is not None:
+            sql += f" AND state IN ({','.join('?' * len(states))})"
+            args += [s.value for s in states]
+        if group_id is not None:
+            sql += " AND group_id=?"
+            args.append(group_id)
+        return [self._job(r) for r in self._rows(sql + " ORDER BY job_id", args)]
+
+    # -- groups ------------------------------------------------------------------------
+
+    def add_group(self, group_id: int, label: str, plan: GroupPlan, now: float,
+                  reason: str) -> None:
+        with self._tx() as db:
+            db.execute("INSERT INTO groups (group_id, label, state, plan, created_s) "
+                       "VALUES (?, ?, ?, ?, ?)",
+                       (group_id, label, GroupState.FORMING.value, plan.to_json(), now))
+            self._log(db, now, "group", group_id, None, GroupState.FORMING, reason)
+
+    def next_group_id(self) -> int:
+        rows = self._rows("SELECT MAX(group_id) FROM groups")
+        return int(rows[0][0] or 0) + 1
+
+    @staticmethod
+    def _group(r: sqlite3.Row) -> GroupRow:
+        return GroupRow(r["group_id"], r["label"], state_of(GroupState, r["state"]),
+                        GroupPlan.from_json(r["plan"]), r["created_s"], r["reason"])
+
+    def group(self, group_id: int) -> GroupRow | None:
+        rows = self._rows("SELECT * FROM groups WHERE group_id=?", (group_id,))
+        return self._group(rows[0]) if rows else None
+
+    def groups(self, live_only: bool = True) -> list[GroupRow]:
+        sql = "SELECT * FROM groups"
+        if live_only:
+            sql += f" WHERE state != '{GroupState.RELEASED.value}'"
+        return [self._group(r) for r in self._rows(sql + " ORDER BY group_id")]
+
+    # -- allocations -------------------------------------------------------------------
+
+    def add_alloc(self, *, group_id: int, role: str, pool: str, partition: str,
+                  node_count: int, gpus_per_node: int, gpu_type: str | None,
+                  cpus_per_node: int, now: float, reason: str) -> int:
+        with self._tx() as db:
+            cur = db.execute(
+                "INSERT INTO allocations (group_id, role, pool, partition, node_count, "
+                "gpus_per_node, gpu_type, cpus_per_node, state, updated_s) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (group_id, role, pool, partition, node_count, gpus_per_node, gpu_type,
+                 cpus_per_node, AllocState.WANTED.value, now))
+            key = int(cur.lastrowid or 0)
+            self._log(db, now, "alloc", key, None, AllocState.WANTED, reason)
+        return key
+
+    @staticmethod
+    def _alloc(r: sqlite3.Row) -> AllocRow:
+        return AllocRow(r["key"], r["group_id"], r["role"], r["pool"], r["partition"],
+                        r["node_count"], r["gpus_per_node"], r["gpu_type"], r["cpus_per_node"],
+                        state_of(AllocState, r["state"]), r["alloc_id"],
+                        tuple(json.loads(r["nodes"])), r["reason"])
+
+    def allocs(self, group_id: int | None = None, live_only: bool = True) -> list[AllocRow]:
+        sql, args = "SELECT * FROM allocations WHERE 1=1", []
+        if group_id is not None:
+            sql += " AND group_id=?"
+            args.append(group_id)
+        rows = [self._alloc(r) for r in self._rows(sql + " ORDER BY key", args)]
+        return [a for a in rows if not (live_only and a.state.final)]
+
+    # -- steps -------------------------------------------------------------------------
+
+    def add_step(self, *, alloc_key: int, job_id: int | None, name: str, now: float,
+                 reason: str) -> int:
+        """A LAUNCHING step row: the intent, written before the launch call."""
+        with self._tx() as db:
+            cur = db.execute("INSERT INTO steps (alloc_key, job_id, name, state, updated_s) "
+                             "VALUES (?, ?, ?, ?, ?)",
+                             (alloc_key, job_id, name, StepRunState.LAUNCHING.value, now))
+            key = int(cur.lastrowid or 0)
+            self._log(db, now, "step", key, None, StepRunState.LAUNCHING, reason)
+        return key
+
+    @staticmethod
+    def _step(r: sqlite3.Row) -> StepRow:
+        return StepRow(r["key"], r["alloc_key"], r["job_id"], r["name"],
+                       state_of(StepRunState, r["state"]), r["launcher_pid"], r["reason"])
+
+    def steps(self, *, alloc_key: int | None = None, job_id: int | None = None,
+              live_only: bool = True) -> list[StepRow]:
+        sql, args = "SELECT * FROM steps WHERE 1=1", []
+        if alloc_key is not None:
+            sql += " AND alloc_key=?"
+            args.append(alloc_key)
+        if job_id is not None:
+            sql += " AND job_id=?"
+            args.append(job_id)
+        if live_only:
+            sql += f" AND state != '{StepRunState.ENDED.value}'"
+        return [self._step(r) for r in self._rows(sql + " ORDER BY key", args)]
+
+    # -- placement (one transaction) ---------------------------------------------------
+
+    def commit_placement(self, groups: Sequence[tuple[int, str, GroupPlan, bool]],
+                         placed: Sequence[tuple[int, int, str]], now: float) -> None:
+        """Write new/changed group plans and move jobs PENDING -> PLACED, atomically.
+
+        ``groups``: (group id, label, plan, is_new); ``placed``: (job id, group id, reason).
+        """
+        with self._tx() as db:
+            for gid, label, plan, is_new in groups:
+                if is_new:
+                    db.execute("INSERT INTO groups (group_id, label, state, plan, created_s) "
+                               "VALUES (?, ?, ?, ?, ?)",
+                               (gid, label, GroupState.FORMING.value, plan.to_json(), now))
+                    self._log(db, now, "group", gid, None, GroupState.FORMING,
+                              f"new group for job(s) {list(plan.job_ids)}")
+                else:
+                    db.execute("UPDATE groups SET plan=? WHERE group_id=?", (plan.to_json(), gid))
+            for job_id, gid, reason in placed:
+                row = db.execute("SELECT state FROM jobs WHERE job_id=?", (job_id,)).fetchone()
+                src = state_of(JobState, row[0])
+                check_transition(src, JobState.PLACED)
+                db.execute("UPDATE jobs SET state=?, group_id=?, reason='' WHERE job_id=?",
+                           (JobState.PLACED.value, gid, job_id))
+                self._log(db, now, "job", job_id, src, JobState.PLACED, reason)
