@@ -7,10 +7,12 @@ import typer
 from weave_slurm import __version__
 from weave_slurm.cli.cluster import cluster_app
 from weave_slurm.cli.config_cmd import config_app
+from weave_slurm.cli.daemon_cmd import daemon
 from weave_slurm.cli.errors import entry
 from weave_slurm.cli.node import node_app
 from weave_slurm.cli.plan import plan
 from weave_slurm.cli.simulate import simulate, trace_app
+from weave_slurm.cli.status import mount as mount_status
 
 app = typer.Typer(name="weave", help="Co-execution of synchronous RL jobs on Slurm GPU pools.",
                   no_args_is_help=True, pretty_exceptions_enable=False,
@@ -21,6 +23,8 @@ app.add_typer(cluster_app, name="cluster")
 app.add_typer(node_app, name="node")
 app.command("simulate")(simulate)
 app.add_typer(trace_app, name="trace")
+app.command("daemon")(daemon)
+mount_status(app)
 
 
 @app.command("version")

@@ -1,39 +1,63 @@
-"""``weave-sbatch``: submit a job spec to the meta-scheduler (the daemon lands with issue 4).
+"""``weave-sbatch``: submit a job spec (TOML) or a script with ``#WEAVE`` directives.
 
-Until the daemon exists this validates the spec against the site and prints the
-profile placement would use, then says plainly that nothing was submitted.
+Like sbatch it prints ``Submitted weave job <id>`` (``--parsable``: the id alone).
+The spec is validated here first (for a good message) and again, atomically, by
+the daemon; a refused submission leaves nothing behind.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from weave_slurm.cli.errors import entry
-from weave_slurm.cli.plan import load_site_or_default
-from weave_slurm.config.job import load_job
-from weave_slurm.errors import WeaveError
-from weave_slurm.model.profile import profile_job
+from weave_slurm.daemon.client import DaemonClient, default_socket
+from weave_slurm.daemon.protocol import Op
+from weave_slurm.daemon.submission import build_spec
 
 app = typer.Typer(name="weave-sbatch", add_completion=False, pretty_exceptions_enable=False)
 
 
-class NoDaemon(WeaveError):
-    exit_code = 1
 
-
-@app.command()
+@app.command(context_settings={"help_option_names": ["-h", "--help"]})
 def submit(
-    spec: Annotated[Path, typer.Argument(help="Job spec TOML.")],
-    site: Annotated[Path | None, typer.Option("--site", help="Site config TOML.")] = None,
+    path: Annotated[Path, typer.Argument(help="Job spec (.toml) or a script with #WEAVE lines.")],
+    job_name: Annotated[str | None, typer.Option("--job-name", "-J", help="Job name.")] = None,
+    slo: Annotated[float | None, typer.Option("--slo", help="Permitted slowdown.")] = None,
+    rollout_gpus: Annotated[int | None, typer.Option("--rollout-gpus")] = None,
+    train_gpus: Annotated[int | None, typer.Option("--train-gpus")] = None,
+    max_tokens: Annotated[int | None, typer.Option("--max-tokens")] = None,
+    prompts_per_step: Annotated[int | None, typer.Option("--prompts-per-step")] = None,
+    samples_per_prompt: Annotated[int | None, typer.Option("--samples-per-prompt")] = None,
+    model_params_b: Annotated[float | None, typer.Option("--model-params-b")] = None,
+    algorithm: Annotated[str | None, typer.Option("--algorithm")] = None,
+    entry_point: Annotated[str | None, typer.Option("--entry")] = None,
+    rollout_s: Annotated[float | None, typer.Option("--rollout-s")] = None,
+    train_s: Annotated[float | None, typer.Option("--train-s")] = None,
+    rollout_state_gib: Annotated[float | None, typer.Option("--rollout-state-gib")] = None,
+    train_state_gib: Annotated[float | None, typer.Option("--train-state-gib")] = None,
+    parsable: Annotated[bool, typer.Option("--parsable", help="Print the job id only.")] = False,
+    test_only: Annotated[bool, typer.Option("--test-only", help="Validate, do not "
+                                            "submit.")] = False,
+    socket_path: Annotated[Path | None, typer.Option("--socket", help="weaved's socket.")] = None,
 ) -> None:
-    """Validate SPEC against the site; submission needs the weaved daemon."""
-    prof = profile_job(load_job(spec), load_site_or_default(site))
-    typer.echo(f"{spec}: valid; solo iteration {prof.solo_s:.0f} s, slo {prof.slo:g}, "
-               f"{prof.rollout_nodes} rollout + {prof.train_nodes} training node(s)")
-    raise NoDaemon("no weaved daemon to submit to yet: nothing was submitted")
+    """Submit PATH to weaved (flags override #WEAVE directives and the spec)."""
+    given: dict[str, Any] = {
+        "job-name": job_name, "slo": slo, "rollout-gpus": rollout_gpus,
+        "train-gpus": train_gpus, "max-tokens": max_tokens,
+        "prompts-per-step": prompts_per_step, "samples-per-prompt": samples_per_prompt,
+        "model-params-b": model_params_b, "algorithm": algorithm, "entry": entry_point,
+        "rollout-s": rollout_s, "train-s": train_s, "rollout-state-gib": rollout_state_gib,
+        "train-state-gib": train_state_gib}
+    spec_text, spec = build_spec(path, {k: v for k, v in given.items() if v is not None})
+    if test_only:
+        typer.echo(f"weave-sbatch: {path}: valid spec for job {spec.name!r} (not submitted)")
+        return
+    with DaemonClient(default_socket(socket_path)) as client:
+        result = client.call(Op.SUBMIT, spec=spec_text, source=str(path))
+    typer.echo(str(result["job"]) if parsable else f"Submitted weave job {result['job']}")
 
 
 main = entry(app, "weave-sbatch")

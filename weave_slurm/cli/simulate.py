@@ -50,6 +50,9 @@ def simulate(
     rollout_mean: Annotated[float, typer.Option(help="Expected rollout phase / max-token "
                                                 "bound (consistent accounting).")] = 1.0,
     failure_rate: Annotated[float, typer.Option(help="Node failures per node-hour.")] = 0.0,
+    migration_s: Annotated[float, typer.Option(
+        "--migration-s", min=0, help="Pause of a job moved to another group (its warm state "
+        "is copied), charged in consistent accounting.")] = ReplayOptions.migration_s,
     drift: Annotated[str | None, typer.Option(help="increasing, decreasing or mixed.")] = None,
     verify: Annotated[bool, typer.Option(help="Event-level SLO check of grouped policies.")
                       ] = True,
@@ -69,7 +72,7 @@ def simulate(
         raise ConfigError(f"trace {trace!r} has no jobs")
     options = ReplayOptions(
         accounting=acc, max_group_size=max_group_size, seed=seed,
-        rollout_mean_fraction=rollout_mean,
+        rollout_mean_fraction=rollout_mean, migration_s=migration_s,
         failures=FailureModel(failure_rate, seed=seed) if failure_rate > 0 else None,
         drift=DriftModel(DriftPattern.parse(drift), seed=seed) if drift else None)
     cap = Capacity.from_site(site_cfg, max_group_size)

@@ -16,7 +16,8 @@ order. This keeps a decision close to linear in the number of active groups.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from weave_slurm.model.profile import JobProfile
 from weave_slurm.placement.cluster import Capacity, ClusterState
@@ -164,31 +165,30 @@ def _with_member(group: Group, job: JobProfile, pins: tuple[int, ...], rollout_n
     return None
 
 
-def tightness(placement: Placement) -> float:
-    """Remaining relative slack of the tightest member after the placement (lower = fuller)."""
-    g = placement.group
-    p = g.schedule.period_s
-    return min((m.job.budget_s - p) / m.job.budget_s for m in g.members)
-
-
 def _lower_bound_period(group: Group, job: JobProfile, shared_load_s: float) -> float:
     """A cheap lower bound on the period after adding ``job`` (adding never shortens it)."""
     return max(group.schedule.period_s, group.train_load_s + job.train_max_s, job.solo_s,
                shared_load_s)
 
 
-def _optimistic_slack(group: Group, job: JobProfile, bound_s: float) -> float:
-    budget = min(group.min_budget_s, job.budget_s)
-    return (budget - bound_s) / budget
+def _slack(budget_s: float, period_s: float) -> float:
+    """Relative slack of the tightest member: 1 - period / smallest budget."""
+    return 1.0 - period_s / budget_s
 
 
 class WeavePolicy:
-    """Cheapest feasible option; among equals, the tightest fit by a period lower bound.
+    """Cheapest feasible option; among equals, the one that leaves the most slack.
 
-    Candidates are ranked by the slack they would leave under a cheap lower bound on
-    the new period, and the exact cyclic schedule is computed only in that order until
-    one is feasible, per cost tier: direct packing on current pins, direct packing
-    after re-pinning a small group, rollout scaling, then a new group.
+    Tiers, cheapest first: direct packing (on current pins, or after re-pinning a
+    small group's members around the newcomer without new nodes), rollout scaling, a
+    new group. Inside a tier the winner is
+    the candidate whose tightest member keeps the most relative slack (worst fit): it
+    damages the existing members' SLO headroom least and leaves room for later
+    arrivals and for rollouts longer than planned. A cheap lower bound on the new
+    period gives an upper bound on each candidate's slack, so candidates are examined
+    in that order and the search stops (branch and bound) once no remaining bound can
+    beat the best exact slack found; the exact cyclic schedule is computed only for
+    the candidates examined.
     """
 
     name = "weave"
@@ -204,8 +204,9 @@ class WeavePolicy:
         free_r = cap.rollout_pool_nodes - state.rollout_nodes_used
         free_t = cap.train_pool_nodes - state.train_nodes_used
         groups = [g for g in state.groups if _may_fit(g, job, cap, free_t)]
-        for tier in (self._direct, self._repack, self._scale):
-            found = tier(groups, job, cap, free_r)
+        tiers = ((self._direct, self._repack), (self._scale, self._repack_scaled))
+        for tier in tiers:
+            found = _most_slack([c for make in tier for c in make(groups, job, cap, free_r)])
             if found is not None:
                 return found
         fresh = new_group_placement(state, job)
@@ -213,53 +214,106 @@ class WeavePolicy:
 
     @staticmethod
     def _direct(groups: list[Group], job: JobProfile, cap: Capacity,
-                free_r: int) -> Placement | None:
-        ranked = []
+                free_r: int) -> list[_Candidate]:
+        out = []
         for g in groups:
             if job.rollout_nodes > g.rollout_nodes:
                 continue
             load = g.rollout_load_s
+            added_t = max(0, job.train_nodes - g.train_nodes)
             for pins in _direct_pins(g, job, cap):
                 shared = max(load[p] for p in pins) + job.rollout_max_s
                 bound = _lower_bound_period(g, job, shared)
-                ranked.append((_optimistic_slack(g, job, bound), g.group_id, pins, g))
-        ranked.sort(key=lambda c: c[:3])
-        for _, _, pins, g in ranked:
-            placed = _with_member(g, job, pins, g.rollout_nodes, cap)
-            if placed is not None:
-                added_t = max(0, job.train_nodes - g.train_nodes)
-                return Placement(job.job_id, Admission.DIRECT, placed,
-                                 cap.rates.rate(0, added_t), 0, added_t)
-        return None
+
+                def build(g: Group = g, pins: tuple[int, ...] = pins,
+                          added_t: int = added_t) -> Placement | None:
+                    placed = _with_member(g, job, pins, g.rollout_nodes, cap)
+                    if placed is None:
+                        return None
+                    return Placement(job.job_id, Admission.DIRECT, placed,
+                                     cap.rates.rate(0, added_t), 0, added_t)
+
+                out.append(_Candidate(_slack(min(g.min_budget_s, job.budget_s), bound),
+                                      g.group_id, pins, build))
+        return out
 
     def _repack(self, groups: list[Group], job: JobProfile, cap: Capacity,
-                free_r: int) -> Placement | None:
-        if not self.repack:
-            return None
-        ranked = sorted(
-            ((_optimistic_slack(g, job, _lower_bound_period(g, job, 0.0)), g.group_id, g)
-             for g in groups if g.size < REPACK_MAX_MEMBERS), key=lambda c: c[:2])
-        for _, _, g in ranked:
-            cand = _repacked(g, job, cap, free_r, fewest=1)
-            if cand is not None:
-                return cand
-        return None
+                free_r: int, added: int = 0) -> list[_Candidate]:
+        """Re-pin a small group from scratch around the newcomer on at most
+        ``added`` new rollout nodes."""
+        if not self.repack or added > free_r:
+            return []
+        out = []
+        for g in groups:
+            if g.size >= REPACK_MAX_MEMBERS:
+                continue
+            if g.rollout_nodes + added > cap.max_rollout_nodes_per_group:
+                continue
+            # Re-pinning may shorten the current period, so the bound omits it.
+            bound = max(g.train_load_s + job.train_max_s, job.solo_s,
+                        max(m.job.solo_s for m in g.members))
+
+            def build(g: Group = g) -> Placement | None:
+                return _repacked(g, job, cap, free_r, fewest=added + 1)
+
+            out.append(_Candidate(_slack(min(g.min_budget_s, job.budget_s), bound),
+                                  g.group_id, (), build))
+        return out
+
+    def _repack_scaled(self, groups: list[Group], job: JobProfile, cap: Capacity,
+                       free_r: int) -> list[_Candidate]:
+        return self._repack(groups, job, cap, free_r, added=job.rollout_nodes)
 
     @staticmethod
     def _scale(groups: list[Group], job: JobProfile, cap: Capacity,
-               free_r: int) -> Placement | None:
+               free_r: int) -> list[_Candidate]:
         m = job.rollout_nodes
         if m > free_r:
-            return None
-        ranked = sorted(
-            ((_optimistic_slack(g, job, _lower_bound_period(g, job, 0.0)), g.group_id, g)
-             for g in groups if g.rollout_nodes + m <= cap.max_rollout_nodes_per_group),
-            key=lambda c: c[:2])
-        for _, _, g in ranked:
-            pins = tuple(range(g.rollout_nodes, g.rollout_nodes + m))
-            placed = _with_member(g, job, pins, g.rollout_nodes + m, cap)
-            if placed is not None:
+            return []
+        out = []
+        for g in groups:
+            if g.rollout_nodes + m > cap.max_rollout_nodes_per_group:
+                continue
+            bound = _lower_bound_period(g, job, 0.0)
+
+            def build(g: Group = g) -> Placement | None:
+                pins = tuple(range(g.rollout_nodes, g.rollout_nodes + m))
+                placed = _with_member(g, job, pins, g.rollout_nodes + m, cap)
+                if placed is None:
+                    return None
                 added_t = max(0, job.train_nodes - g.train_nodes)
                 return Placement(job.job_id, Admission.SCALE_ROLLOUT, placed,
                                  cap.rates.rate(m, added_t), m, added_t)
-        return None
+
+            out.append(_Candidate(_slack(min(g.min_budget_s, job.budget_s), bound),
+                                  g.group_id, (), build))
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Candidate:
+    """A candidate placement not yet checked: an upper bound on its slack and a builder."""
+
+    slack_bound: float
+    group_id: int
+    pins: tuple[int, ...]
+    build: Callable[[], Placement | None]
+
+
+def _most_slack(candidates: list[_Candidate]) -> Placement | None:
+    """The feasible candidate with the most exact slack (ties: lowest group id, pins)."""
+    candidates.sort(key=lambda c: (-c.slack_bound, c.group_id, c.pins))
+    best: Placement | None = None
+    best_key = (float("inf"), float("inf"))
+    for cand in candidates:
+        if cand.slack_bound < -best_key[1] - _EPS:
+            break  # no later candidate can leave more slack
+        placed = cand.build()
+        if placed is None:
+            continue
+        slack = _slack(placed.group.min_budget_s, placed.group.schedule.period_s)
+        key = (round(placed.cost_delta_per_hour, 9), -slack)
+        if key[0] < best_key[0] - _EPS or (abs(key[0] - best_key[0]) <= _EPS
+                                            and key[1] < best_key[1] - _EPS):
+            best, best_key = placed, key
+    return best

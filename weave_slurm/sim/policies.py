@@ -6,8 +6,8 @@ Everything that *decides* is in :mod:`weave_slurm.placement`; this module only a
   accounting mode (``reference`` charges the baselines two h800 nodes for a 32B job,
   the grouped schedule one; ``consistent`` uses one shape for every policy);
 - :class:`SimPolicy`: a placement policy plus what the replay does around it: on a
-  departure, *consolidation* re-places the members of the group that shrank with the same
-  ``place_batch`` the daemon uses, and keeps the result only if it lowers the cost;
+  departure, *consolidation* (:func:`weave_slurm.placement.consolidate.consolidated`)
+  re-places the members of the group that shrank, kept only if it lowers the cost;
 - :func:`optimum_rate`: the exact optimum of the concurrent job set (reference
   definition: the optimum grouping of the jobs running between two events).
 """
@@ -20,9 +20,8 @@ from dataclasses import dataclass, replace
 
 from weave_slurm.errors import ConfigError
 from weave_slurm.model.profile import JobProfile, simple_profile
-from weave_slurm.placement.admission import place_batch
 from weave_slurm.placement.baselines import make_policy
-from weave_slurm.placement.cluster import Capacity, ClusterState
+from weave_slurm.placement.cluster import Capacity
 from weave_slurm.placement.decision import Policy
 from weave_slurm.placement.optimum import MAX_JOBS, optimum
 from weave_slurm.sim.traces import TraceJob
@@ -106,48 +105,6 @@ class SimPolicy:
         base = {"weave-online": "weave", "optimal": "weave", "regroup": "weave"}.get(name, name)
         return cls(name, make_policy(base, seed), consolidate=name == "weave",
                    regroup=name == "regroup", optimal=name == "optimal")
-
-
-def solo_work_rate(state: ClusterState) -> float:
-    """Solo-speed jobs the state runs: sum over jobs of solo time / iteration time."""
-    total = 0.0
-    for g in state.groups:
-        period = g.schedule.expected_period_s
-        if period > 0:
-            total += sum(m.job.solo_mean_s for m in g.members) / period
-    return total
-
-
-def consolidated(policy: Policy, state: ClusterState, group_id: int,
-                 keep_work: bool = False) -> ClusterState | None:
-    """Re-place the members of a group that just shrank into the rest of the cluster.
-
-    Returns the new state when it is strictly cheaper per hour, else None. With
-    ``keep_work`` (consistent accounting, where a slowed job runs and pays longer) the
-    cluster's solo-speed work rate must not drop either; in reference accounting
-    lifetimes are fixed, so any slowdown within the SLOs is free. Each moved member's
-    warm state is copied to its new group's nodes (counted as a migration).
-    """
-    group = state.by_id.get(group_id)
-    if group is None or group.colocated:
-        return None
-    rest = replace(state, groups=tuple(g for g in state.groups if g.group_id != group_id))
-    result = place_batch(policy, rest, [m.job for m in group.members])
-    new = result.state
-    if len(new.job_group) != len(state.job_group):
-        return None  # some member found no place: keep the group as it is
-    if new.cost_per_hour >= state.cost_per_hour - 1e-9:
-        return None
-    if keep_work and solo_work_rate(new) < solo_work_rate(state) * (1 - 1e-9):
-        return None
-    return new
-
-
-def regrouped(policy: Policy, state: ClusterState, jobs: Sequence[JobProfile]) -> ClusterState:
-    """Global re-planning from scratch (the paper's impractical hourly baseline)."""
-    fresh = ClusterState(state.capacity, (), state.next_group_id)
-    result = place_batch(policy, fresh, jobs)
-    return result.state
 
 
 def optimum_rate(jobs: Sequence[JobProfile], cap: Capacity) -> float | None:

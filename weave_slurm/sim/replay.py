@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from weave_slurm.model.profile import JobProfile
 from weave_slurm.placement.admission import place_batch
 from weave_slurm.placement.cluster import Capacity, ClusterState, apply, depart
+from weave_slurm.placement.consolidate import consolidated, regrouped
 from weave_slurm.placement.decision import Placement, Refusal
 from weave_slurm.placement.group import Group, Member
 from weave_slurm.sim.drift import DriftModel
@@ -32,10 +33,8 @@ from weave_slurm.sim.outcome import JobRun, ReplayResult, Segment
 from weave_slurm.sim.policies import (
     Accounting,
     SimPolicy,
-    consolidated,
     job_profile,
     optimum_rate,
-    regrouped,
     scale_profile,
 )
 from weave_slurm.sim.traces import EventKind, Trace, TraceJob
@@ -54,7 +53,9 @@ class ReplayOptions:
     seed: int = 0
     regroup_interval_s: float = 3600.0
     rollout_mean_fraction: float = 1.0  # expected rollout phase / admission bound
-    migration_s: float = 0.0  # pause of a job whose warm state moves (consistent mode)
+    # Pause of a job whose warm state moves to another group: ~500 GB of state over a
+    # 400 Gb/s fabric is ~10 s, plus restarting its workers (consistent accounting).
+    migration_s: float = 60.0
     failures: FailureModel | None = None
     drift: DriftModel | None = None
     optimum_max_jobs: int = 10  # larger concurrent sets fall back to the weave plan

@@ -53,6 +53,7 @@ class Scenario:
     corrupt_attempts: int = 0
     die_rank: int = -1
     die_at: int = 0
+    chunk_nbytes: int = 2 << 20
     extra: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -1,13 +1,16 @@
-"""Two-tier weight sync: one sharded copy over the slow link, then an all-gather.
+"""Two-tier weight sync: one sharded copy over the slow link, relayed inside the rollout pool.
 
 Stage 1: every training rank sends its pieces of the rollout shards to their owners,
-all streams in parallel (see :func:`plan_streams`). Each piece carries a
-:class:`PieceHeader` (job, version, checksums, full/delta) and is answered with a
-:class:`Status`; a corrupt piece, or a delta whose base the receiver does not hold, is
-sent again once, in full. Stage 2: the rollout ranks agree on the outcome (one tiny
-all-gather), then all-gather the shards over their fast fabric and check each shard's
-checksum. A refusal or failure raises on the rollout ranks (and, for stage-1 refusals,
-on the sending training ranks too); weights are never silently mixed.
+all streams in parallel (see :func:`plan_streams`), each piece as a
+:class:`PieceHeader`, payload chunks and a trailer of chunk checksums that the sender
+computes while the chunks are in flight (:mod:`~weave_slurm.sync.pieces`). Stage 2: the
+owner relays every chunk to the other rollout ranks as soon as it has it, so the fast
+intra-pool transfer hides behind the slow link (:mod:`~weave_slurm.sync.receiver`).
+Each piece is answered with a :class:`Status`; a corrupt piece, or a delta whose base
+the receiver does not hold, is sent again once, in full. The rollout ranks then agree
+(one tiny all-gather per round): a version is committed only when every rank holds
+every piece intact; otherwise every rollout rank raises and, if its weights were
+written, marks them torn so the next sync is full. Weights are never silently mixed.
 """
 
 from __future__ import annotations
@@ -19,33 +22,34 @@ from dataclasses import dataclass, field
 import torch
 
 from weave_slurm.errors import VersionMismatch
-from weave_slurm.sync.delta import apply_delta, encode_delta
+from weave_slurm.sync.delta import encode_delta
 from weave_slurm.sync.errors import ShardCorrupt, SyncError
-from weave_slurm.sync.header import (
-    NO_BASE,
-    PieceHeader,
-    Status,
-    SyncMode,
-    crc32,
-    empty_header,
-    job_hash,
-)
+from weave_slurm.sync.header import NO_BASE, PieceHeader, Status, SyncMode, job_hash
 from weave_slurm.sync.ledger import VersionLedger
+from weave_slurm.sync.pieces import Slot, chunk_crcs, chunk_spans, crc32_into, tag
+from weave_slurm.sync.receiver import RoundReceiver, RoundResult
 from weave_slurm.sync.topology import Pool, ShardLayout, StreamPiece, SyncTopology, plan_streams
-from weave_slurm.sync.transport import Transport
+from weave_slurm.sync.transport import Pending, Transport
 
 log = logging.getLogger(__name__)
 
 ROUNDS = 2  # first attempt + one retry
+DEFAULT_CHUNK_NBYTES = 2 << 20
 
 
 @dataclass(frozen=True)
 class SyncConfig:
-    """Per-job sync settings."""
+    """Per-job sync settings (identical on every rank of the group).
+
+    ``chunk_nbytes``: payload chunk size (a multiple of 64); smaller chunks shorten the
+    pipeline's tail, larger ones cost fewer messages. ``verify_gather``: rollout ranks
+    also checksum the chunks relayed to them (their own pieces are always checked).
+    """
 
     job_id: str
     mode: SyncMode = SyncMode.FULL
     verify_gather: bool = True
+    chunk_nbytes: int = DEFAULT_CHUNK_NBYTES
 
 
 @dataclass(frozen=True)
@@ -68,12 +72,12 @@ class SyncReport:
     stages_s: dict[str, float] = field(default_factory=dict)
 
 
-def _tags(piece: int) -> tuple[int, int, int]:
-    return 3 * piece, 3 * piece + 1, 3 * piece + 2
-
-
 class TwoTierSync:
-    """One rank's end of the two-tier sync of one job's weights."""
+    """One rank's end of the two-tier sync of one job's weights.
+
+    Buffers that outlive a sync (the sender's delta bases, the receiver's scratch space)
+    are allocated once and reused, so steady-state syncs never touch fresh memory.
+    """
 
     def __init__(self, transport: Transport, topology: SyncTopology, layout: ShardLayout,
                  word_bytes: int, config: SyncConfig, ledger: VersionLedger | None = None,
@@ -85,31 +89,37 @@ class TwoTierSync:
         self.plan = plan_streams(topology, layout)
         self.pool = topology.info(transport.rank).pool
         self._job = job_hash(config.job_id)
-        self._sent: dict[int, tuple[int, torch.Tensor]] = {}  # piece -> (version, bytes)
+        self._base_version: dict[int, int] = {}  # piece -> version its delta base holds
+        self._base: dict[int, torch.Tensor] = {}  # piece -> bytes last delivered (reused)
         self._sends_done: dict[int, int] = {}
-        self._piece_crc: dict[int, int] = {}
+        chunk_spans(ShardLayout(64, 1).shard_nbytes, config.chunk_nbytes)  # validates
+        peers = [r for r in topology.rollout_ranks if r != transport.rank]
+        self._rx = RoundReceiver(transport, layout, peers, self._job, config.job_id,
+                                 self.ledger, config.chunk_nbytes, config.verify_gather)
 
     # ---------------------------------------------------------------- sender
     def push(self, flat: torch.Tensor, version: int) -> SyncReport:
-        """Training rank: send this rank's pieces of ``flat`` (weights at ``version``)."""
+        """Training rank: send this rank's pieces of ``flat`` (weights at ``version``;
+        ``layout.padded_nbytes`` bytes avoid a padding copy for the last shard)."""
         if self.pool is not Pool.TRAIN:
             raise SyncError(f"push called on rank {self.t.rank}, a {self.pool.value!r} rank")
         start = time.perf_counter()
         report = SyncReport(version)
-        mine = [p for p in self.plan if p.src == self.t.rank]
-        todo, full_only, worst = mine, False, Status.OK
+        todo = [p for p in self.plan if p.src == self.t.rank]
+        full_only, worst = False, Status.OK
         for rnd in range(ROUNDS):
-            statuses = self._send_round(flat, version, todo, full_only, report)
-            retry = [p for p in todo if statuses[p.piece] in (Status.RESEND, Status.NEED_FULL)]
+            statuses = self._send_round(flat, version, todo, full_only, rnd, report)
+            last = rnd + 1 == ROUNDS
+            retry = [p for p in todo if statuses[p.piece] in (Status.RESEND, Status.NEED_FULL)
+                     and not last]
             for p in todo:
                 st = statuses[p.piece]
-                if st is Status.OK:
+                if st is Status.OK or p in retry:
                     continue
-                if st not in (Status.STALE, Status.WRONG_JOB):  # refusals change nothing
-                    self._sent.pop(p.piece, None)
-                if not (rnd + 1 < ROUNDS and p in retry):
-                    worst = max(worst, st if st is not Status.RESEND else Status.FAILED)
-            if not retry or rnd + 1 == ROUNDS:
+                if st not in (Status.STALE, Status.WRONG_JOB):  # refusals keep the base
+                    self._base_version.pop(p.piece, None)
+                worst = max(worst, Status.FAILED if st is Status.RESEND else st)
+            if not retry:
                 break
             report.retries += len(retry)
             todo, full_only = retry, True
@@ -120,23 +130,24 @@ class TwoTierSync:
     def _payload(self, flat: torch.Tensor, version: int, p: StreamPiece, full_only: bool,
                  report: SyncReport) -> tuple[PieceHeader, torch.Tensor, torch.Tensor]:
         new = _piece_bytes(flat, self.layout, p)
-        mode, base, payload = SyncMode.FULL, NO_BASE, new
-        prev = self._sent.get(p.piece)
-        if self.config.mode is SyncMode.DELTA and prev is not None and not full_only:
-            encoded = encode_delta(prev[1], new, self.word_bytes)
+        mode, base, payload, payload_crc = SyncMode.FULL, NO_BASE, new, 0
+        if (self.config.mode is SyncMode.DELTA and not full_only
+                and p.piece in self._base_version):
+            encoded = encode_delta(self._base[p.piece], new, self.word_bytes)
             if encoded is not None:
-                mode, base, payload = SyncMode.DELTA, prev[0], encoded[0]
-        piece_crc = crc32(new)
-        payload_crc = piece_crc if mode is SyncMode.FULL else crc32(payload)
+                mode, base, payload = SyncMode.DELTA, self._base_version[p.piece], encoded[0]
+                payload_crc = crc32_into(payload)
         report.full_pieces += mode is SyncMode.FULL
         report.delta_pieces += mode is SyncMode.DELTA
         head = PieceHeader(self._job, version, base, p.piece, mode, payload.numel(),
-                           payload_crc, piece_crc)
+                           payload_crc, 0)
         return head, payload, new
 
     def _send_round(self, flat: torch.Tensor, version: int, todo: list[StreamPiece],
-                    full_only: bool, report: SyncReport) -> dict[int, Status]:
-        pending, replies, kept = [], {}, {}
+                    full_only: bool, rnd: int, report: SyncReport) -> dict[int, Status]:
+        pending: list[Pending] = []
+        replies: dict[int, torch.Tensor] = {}
+        kept: list[tuple[StreamPiece, torch.Tensor]] = []
         for p in todo:
             head, payload, new = self._payload(flat, version, p, full_only, report)
             n_done = self._sends_done.get(p.piece, 0)
@@ -144,179 +155,111 @@ class TwoTierSync:
             if n_done < self.fault.corrupt_attempts and payload.numel():
                 payload = payload.clone()
                 payload[payload.numel() // 2] ^= 0x5A
-            h_tag, p_tag, s_tag = _tags(p.piece)
-            pending.append(self.t.isend(head.to_tensor(self.t.device), p.dst, h_tag))
-            pending.append(self.t.isend(payload, p.dst, p_tag))
+            pending.append(self.t.isend(head.to_tensor(self.t.device), p.dst,
+                                        tag(p.piece, Slot.HEAD, rnd, False)))
+            for i, (o, n) in enumerate(chunk_spans(payload.numel(), self.config.chunk_nbytes)):
+                pending.append(self.t.isend(payload[o:o + n], p.dst,
+                                            tag(p.piece, Slot.PAYLOAD + i, rnd, False)))
             replies[p.piece] = torch.zeros(1, dtype=torch.int64, device=self.t.device)
-            pending.append(self.t.irecv(replies[p.piece], p.dst, s_tag))
+            pending.append(self.t.irecv(replies[p.piece], p.dst,
+                                        tag(p.piece, Slot.STATUS, rnd, False)))
             report.slow_link_bytes += payload.numel()
-            kept[p.piece] = new
+            kept.append((p, new))
+        trailers = []
+        for p, new in kept:  # checksums while the chunks are on the wire
+            trailers.append(chunk_crcs(new, self.config.chunk_nbytes).to(self.t.device))
+            pending.append(self.t.isend(trailers[-1], p.dst,
+                                        tag(p.piece, Slot.TRAILER, rnd, False)))
         for w in pending:
             w.wait()
         statuses = {k: Status(int(v.item())) for k, v in replies.items()}
         if self.config.mode is SyncMode.DELTA:
-            for piece, st in statuses.items():
-                if st is Status.OK:
-                    self._sent[piece] = (version, kept[piece].clone())
+            for p, new in kept:
+                if statuses[p.piece] is Status.OK:
+                    self._keep_base(p.piece, version, new)
         return statuses
+
+    def _keep_base(self, piece: int, version: int, new: torch.Tensor) -> None:
+        buf = self._base.get(piece)
+        if buf is None or buf.numel() != new.numel():
+            buf = torch.empty_like(new)
+            self._base[piece] = buf
+        buf.copy_(new)
+        self._base_version[piece] = version
 
     # -------------------------------------------------------------- receiver
     def receive(self, flat: torch.Tensor) -> SyncReport:
         """Rollout rank: receive the next version into ``flat`` (``layout.padded_nbytes``
-        bytes, the rank's current weights); returns after the all-gather."""
+        bytes, the rank's current weights); returns once every rollout rank has it."""
         if self.pool is not Pool.ROLLOUT:
             raise SyncError(f"receive called on rank {self.t.rank}, a {self.pool.value!r} rank")
         if flat.numel() < self.layout.padded_nbytes:
             raise SyncError(f"receive buffer has {flat.numel()} B, needs "
                             f"{self.layout.padded_nbytes} (layout.padded_nbytes)")
-        start = time.perf_counter()
-        mine = [p for p in self.plan if p.dst == self.t.rank]
-        staged, version, worst, report = self._receive_stage1(flat, mine)
-        report.stages_s["slow_link_s"] = time.perf_counter() - start
-        shard, crcs = self._agree(version, worst, staged, mine)
-        t_gather = time.perf_counter()
-        self._gather(flat, shard, crcs, report.version)
-        report.stages_s["gather_s"] = time.perf_counter() - t_gather
-        report.elapsed_s = time.perf_counter() - start
-        return report
+        try:
+            return self._receive(flat)
+        except SyncError:
+            self.ledger.invalidate(self.config.job_id)  # weights may be half-written
+            raise
 
-    def _receive_stage1(self, flat: torch.Tensor, mine: list[StreamPiece]
-                        ) -> tuple[dict[int, torch.Tensor], int, Status, SyncReport]:
-        staged: dict[int, torch.Tensor] = {}
-        todo, version, worst = mine, -1, Status.OK
-        report = SyncReport(version)
+    def _receive(self, flat: torch.Tensor) -> SyncReport:
+        start = time.perf_counter()
+        report = SyncReport(-1)
+        todo, final, touched = list(self.plan), dict[int, Status](), False
+        version = -1
         for rnd in range(ROUNDS):
-            results = self._receive_round(flat, todo, report)
+            last = rnd + 1 == ROUNDS
+            res = self._rx.run(flat, todo, rnd, final=last)
+            report.stages_s[f"round{rnd}_s"] = time.perf_counter() - start
+            report.slow_link_bytes += res.slow_link_bytes
+            report.full_pieces += res.full_pieces
+            report.delta_pieces += res.delta_pieces
+            touched |= res.touched
+            table = self._share(res, todo)
+            version = max(row[0] for row in table)
             retry = []
             for p in todo:
-                head, st, data = results[p.piece]
-                version = max(version, head.version)
-                if st is Status.OK:
-                    staged[p.piece] = data
-                    self._piece_crc[p.piece] = head.piece_crc
-                elif st in (Status.RESEND, Status.NEED_FULL) and rnd + 1 < ROUNDS:
+                owner = table[self.topology.rollout_ranks.index(p.dst)][2 + p.piece]
+                if owner in (Status.RESEND, Status.NEED_FULL) and not last:
                     retry.append(p)
-                else:
-                    worst = max(worst, Status.FAILED if st is Status.RESEND else st)
-            if rnd + 1 < ROUNDS:
-                # tell each sender its piece's status (RESEND/NEED_FULL mean "again")
-                self._reply(results, todo, final=False)
-            else:
-                self._reply(results, todo, final=True)
+                    continue
+                worst = max(Status(row[2 + p.piece]) for row in table)
+                final[p.piece] = (Status.FAILED if worst in (Status.RESEND, Status.NEED_FULL)
+                                  else worst)
             if not retry:
                 break
             report.retries += len(retry)
             todo = retry
         report.version = version
-        return staged, version, worst, report
+        self._commit(final, {row[0] for row in table}, version, touched)
+        report.elapsed_s = time.perf_counter() - start
+        return report
 
-    def _reply(self, results: dict[int, tuple[PieceHeader, Status, torch.Tensor]],
-               todo: list[StreamPiece], final: bool) -> None:
-        pending = []
+    def _share(self, res: RoundResult, todo: list[StreamPiece]) -> list[list[int]]:
+        """All-gather ``[version, 0, status of every piece]`` across the rollout pool."""
+        row = [res.version, 0] + [0] * len(self.plan)
         for p in todo:
-            st = results[p.piece][1]
-            if final and st in (Status.RESEND, Status.NEED_FULL):
-                st = Status.FAILED
-            code = torch.tensor([int(st)], dtype=torch.int64, device=self.t.device)
-            pending.append(self.t.isend(code, p.src, _tags(p.piece)[2]))
-        for w in pending:
-            w.wait()
+            row[2 + p.piece] = int(res.statuses[p.piece])
+        mine = torch.tensor(row, dtype=torch.int64, device=self.t.device)
+        rows = [torch.empty_like(mine) for _ in self.topology.rollout_ranks]
+        self.t.all_gather(rows, mine, Pool.ROLLOUT)
+        return [[int(x) for x in r.tolist()] for r in rows]
 
-    def _receive_round(self, flat: torch.Tensor, todo: list[StreamPiece], report: SyncReport
-                       ) -> dict[int, tuple[PieceHeader, Status, torch.Tensor]]:
-        heads = {p.piece: empty_header(self.t.device) for p in todo}
-        waits = [self.t.irecv(heads[p.piece], p.src, _tags(p.piece)[0]) for p in todo]
-        for w in waits:
-            w.wait()
-        parsed = {k: PieceHeader.from_tensor(v) for k, v in heads.items()}
-        payloads, waits = {}, []
-        for p in todo:
-            payloads[p.piece] = torch.empty(parsed[p.piece].payload_nbytes, dtype=torch.uint8,
-                                            device=self.t.device)
-            waits.append(self.t.irecv(payloads[p.piece], p.src, _tags(p.piece)[1]))
-        for w in waits:
-            w.wait()
-        out = {}
-        for p in todo:
-            head = parsed[p.piece]
-            report.slow_link_bytes += head.payload_nbytes
-            report.full_pieces += head.mode is SyncMode.FULL
-            report.delta_pieces += head.mode is SyncMode.DELTA
-            st, data = self._judge(flat, p, head, payloads[p.piece])
-            if st is not Status.OK:
-                log.warning("rank %d: piece %d of version %d from rank %d: %s", self.t.rank,
-                            p.piece, head.version, p.src, st.name)
-            out[p.piece] = (head, st, data)
-        return out
-
-    def _judge(self, flat: torch.Tensor, p: StreamPiece, head: PieceHeader,
-               payload: torch.Tensor) -> tuple[Status, torch.Tensor]:
+    def _commit(self, final: dict[int, Status], versions: set[int], version: int,
+                touched: bool) -> None:
         job = self.config.job_id
-        if head.job != self._job or head.piece != p.piece:
-            return Status.WRONG_JOB, payload
-        if not self.ledger.is_fresh(job, head.version):
-            return Status.STALE, payload
-        if crc32(payload) != head.payload_crc:
-            return Status.RESEND, payload
-        if head.mode is SyncMode.FULL:
-            data = payload
-        else:
-            if head.base_version != self.ledger.applied(job):
-                return Status.NEED_FULL, payload
-            data = _piece_bytes(flat, self.layout, p).clone()
-            try:
-                apply_delta(data, payload)
-            except SyncError:
-                return Status.RESEND, payload
-        if data.numel() != p.nbytes:
-            return Status.RESEND, payload
-        if head.mode is SyncMode.DELTA and crc32(data) != head.piece_crc:
-            return Status.RESEND, payload  # (a full piece's payload crc is its piece crc)
-        if head.mode is SyncMode.FULL and head.payload_crc != head.piece_crc:
-            return Status.RESEND, payload
-        return Status.OK, data
-
-    def _agree(self, version: int, worst: Status, staged: dict[int, torch.Tensor],
-               mine: list[StreamPiece]) -> tuple[torch.Tensor, list[int]]:
-        """All rollout ranks learn every rank's stage-1 outcome; any failure fails all."""
-        shard = (staged[mine[0].piece] if len(mine) == 1 and worst is Status.OK
-                 else torch.cat([staged[p.piece] for p in mine]) if worst is Status.OK
-                 else torch.empty(0, dtype=torch.uint8, device=self.t.device))
-        crc = 0
-        if worst is Status.OK:  # one piece per shard: its verified crc is the shard's
-            crc = self._piece_crc[mine[0].piece] if len(mine) == 1 else crc32(shard)
-        n = len(self.topology.rollout_ranks)
-        mine_t = torch.tensor([int(worst), version, crc], dtype=torch.int64,
-                              device=self.t.device)
-        rows = [torch.empty(3, dtype=torch.int64, device=self.t.device) for _ in range(n)]
-        self.t.all_gather(rows, mine_t, Pool.ROLLOUT)
-        table = [tuple(int(x) for x in r.tolist()) for r in rows]
-        worst_all = Status(max(row[0] for row in table))
-        versions = {row[1] for row in table}
-        if worst_all is Status.OK and len(versions) > 1:
-            raise VersionMismatch(f"job {self.config.job_id!r}: rollout ranks received "
-                                  f"different weight versions {sorted(versions)}; refused")
-        _raise_for(worst_all, self.config.job_id, version, f"rank {self.t.rank} receive")
-        return shard, [row[2] for row in table]
-
-    def _gather(self, flat: torch.Tensor, shard: torch.Tensor, crcs: list[int],
-                version: int) -> None:
-        size = self.layout.shard_nbytes
-        views = [flat[i * size:(i + 1) * size] for i in range(self.layout.n_shards)]
-        job = self.config.job_id
-        try:
-            self.t.all_gather(views, shard, Pool.ROLLOUT)
-        except SyncError:
-            self.ledger.invalidate(job)
-            raise
-        if self.config.verify_gather:
-            own = self.topology.rollout_ranks.index(self.t.rank)
-            bad = [i for i, v in enumerate(views) if i != own and crc32(v) != crcs[i]]
-            if bad:
+        worst = max(final.values(), default=Status.OK)
+        if worst is Status.OK and len(versions) > 1:
+            if touched:
                 self.ledger.invalidate(job)
-                raise ShardCorrupt(f"job {job!r} version {version}: shards {bad} failed their "
-                                   "checksum after the rollout-pool all-gather")
-        self.ledger.commit(job, version)
+            raise VersionMismatch(f"job {job!r}: rollout ranks received different weight "
+                                  f"versions {sorted(versions)}; refused")
+        if worst is Status.OK:
+            self.ledger.commit(job, version)
+            return
+        if touched:
+            self.ledger.invalidate(job)
+        _raise_for(worst, job, version, f"rank {self.t.rank} receive")
 
 
 def _piece_bytes(flat: torch.Tensor, layout: ShardLayout, p: StreamPiece) -> torch.Tensor:
@@ -338,5 +281,6 @@ def _raise_for(status: Status, job: str, version: int, where: str) -> None:
                               f"rollout rank ({status.name}: stale, duplicate or wrong job)")
     if status is Status.FAILED:
         raise ShardCorrupt(f"{where}: job {job!r} version {version}: a piece failed its "
-                           "checksum twice (first attempt and one retry)")
+                           "checksum on the slow link twice (first attempt and one retry) "
+                           "or in the rollout-pool relay")
     raise SyncError(f"{where}: job {job!r} version {version}: sync failed ({status.name})")

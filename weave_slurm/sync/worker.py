@@ -21,6 +21,7 @@ import torch
 
 from weave_slurm.errors import VersionMismatch, WeaveError
 from weave_slurm.sync.baselines import flat_broadcast, naive_pull
+from weave_slurm.sync.pieces import is_payload_tag
 from weave_slurm.sync.scenario import Backend, Method, Scenario
 from weave_slurm.sync.topology import Pool, ShardLayout, SyncTopology
 from weave_slurm.sync.transport import Pending, TorchTransport, Transport
@@ -40,7 +41,7 @@ class _DyingTransport:
         return self.inner.isend(buf, dst, tag)
 
     def irecv(self, buf: torch.Tensor, src: int, tag: int) -> Pending:
-        if self.armed and tag % 3 == 1:
+        if self.armed and is_payload_tag(tag):
             os.kill(os.getpid(), signal.SIGKILL)
         return self.inner.irecv(buf, src, tag)
 
@@ -61,6 +62,21 @@ def _attach(path: str, nbytes: int) -> torch.Tensor:
     return torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
 
 
+def _fill(flat: torch.Tensor, src: torch.Tensor, sync: TwoTierSync | None, rank: int) -> None:
+    """Put the new version into a training rank's buffer (two-tier: only its own pieces)."""
+    if sync is None:
+        flat[:src.numel()].copy_(src)
+        return
+    size = sync.layout.shard_nbytes
+    for p in sync.plan:
+        if p.src == rank:
+            start = p.shard * size + p.offset
+            end = min(start + p.nbytes, src.numel())
+            flat[start:start + p.nbytes].zero_()
+            if start < end:
+                flat[start:end].copy_(src[start:end])
+
+
 def _connect(sc: Scenario, topo: SyncTopology) -> Transport:
     if sc.backend is Backend.MPI:
         from weave_slurm.sync.mpi import MpiTransport
@@ -72,25 +88,24 @@ def _connect(sc: Scenario, topo: SyncTopology) -> Transport:
 
 def _step(sc: Scenario, topo: SyncTopology, t: Transport, sync: TwoTierSync | None,
           flat: torch.Tensor, i: int) -> dict[str, Any]:
+    """One push/receive; on training ranks ``flat`` is the resident weight buffer, which
+    gets version ``i`` before the timed part (as a trainer's optimizer step would)."""
     pool = topo.info(t.rank).pool
     version = sc.versions[i]
-    src = _attach(sc.version_files[i], sc.total_nbytes) if pool is Pool.TRAIN else None
+    if pool is Pool.TRAIN:
+        _fill(flat, _attach(sc.version_files[i], sc.total_nbytes), sync, t.rank)
     out: dict[str, Any] = {"version": version, "ok": True}
     t.barrier()
     start = time.perf_counter()
     if sync is not None:
-        report = (sync.push(src, version) if src is not None else sync.receive(flat))
+        report = sync.push(flat, version) if pool is Pool.TRAIN else sync.receive(flat)
         out.update(slow_link_bytes=report.slow_link_bytes, full_pieces=report.full_pieces,
                    delta_pieces=report.delta_pieces, retries=report.retries,
                    stages_s=report.stages_s)
+    elif sc.method is Method.NAIVE:
+        out["slow_link_bytes"] = naive_pull(t, topo, flat[:sc.total_nbytes])
     else:
-        buf = src if src is not None and t.rank == topo.train_ranks[0] else flat
-        if sc.method is Method.NAIVE:
-            buf = src if src is not None else flat
-            moved = naive_pull(t, topo, buf[:sc.total_nbytes])
-        else:
-            moved = flat_broadcast(t, topo, buf[:sc.total_nbytes])
-        out["slow_link_bytes"] = moved
+        out["slow_link_bytes"] = flat_broadcast(t, topo, flat[:sc.total_nbytes])
     out["elapsed_s"] = time.perf_counter() - start
     if pool is Pool.ROLLOUT and sc.verify:
         expect = _attach(sc.version_files[i], sc.total_nbytes)
@@ -107,11 +122,13 @@ def run_rank(sc: Scenario) -> dict[str, Any]:
     layout = ShardLayout(sc.total_nbytes, sc.n_rollout)
     sync = None
     if sc.method is Method.TWOTIER:
-        sync = TwoTierSync(t, topo, layout, sc.word_bytes, SyncConfig(sc.job_id, sc.mode),
+        config = SyncConfig(sc.job_id, sc.mode, chunk_nbytes=sc.chunk_nbytes)
+        sync = TwoTierSync(t, topo, layout, sc.word_bytes, config,
                            fault=FaultPlan(sc.corrupt_attempts))
-    n = (layout.padded_nbytes if pool is Pool.ROLLOUT
-         else sc.total_nbytes if sc.method is Method.FLAT else 0)
-    flat = torch.zeros(n, dtype=torch.uint8)
+    # allocated once and reused by every version, so no timed sync touches fresh memory:
+    # rollout ranks zero theirs, training ranks touch what they fill before each push
+    alloc = torch.zeros if pool is Pool.ROLLOUT else torch.empty
+    flat = alloc(layout.padded_nbytes, dtype=torch.uint8)
     steps: list[dict[str, Any]] = []
     result: dict[str, Any] = {"rank": t.rank, "pool": pool.value, "steps": steps}
     for i in range(len(sc.versions)):

@@ -1,0 +1,92 @@
+"""weave-sbatch: spec files and #WEAVE scripts, flags, refusals, and submission."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.daemon.conftest import Running, public_dir, spec_text, weaved  # noqa: F401
+from weave_slurm.cli.errors import run_app
+from weave_slurm.cli.sbatch import app
+from weave_slurm.daemon.submission import build_spec, read_directives, to_toml
+from weave_slurm.errors import ConfigError
+
+SCRIPT = """\
+#!/bin/bash
+#SBATCH -J my-rl
+#WEAVE --slo=2.5 --rollout-gpus=8
+#WEAVE --train-gpus 8 --max-tokens=256
+#WEAVE --model-params-b=0.5 --rollout-s=10 --train-s=10
+#WEAVE --rollout-state-gib=1 --train-state-gib=1
+echo hello
+#WEAVE --slo=9  (after the header: ignored, as sbatch ignores late #SBATCH)
+"""
+
+
+def test_script_directives_build_a_spec(tmp_path: Path) -> None:
+    script = tmp_path / "train.sh"
+    script.write_text(SCRIPT)
+    text, spec = build_spec(script, {})
+    assert spec.name == "my-rl" and spec.slo == 2.5 and spec.rollout_gpus == 8
+    assert spec.rollout.max_response_tokens == 256 and spec.profile.train is not None
+    _, flagged = build_spec(script, {"slo": 1.5, "job-name": "other"})
+    assert flagged.slo == 1.5 and flagged.name == "other"  # flags beat directives
+    assert "max_response_tokens = 256" in text
+
+
+def test_spec_file_with_overrides_round_trips(tmp_path: Path) -> None:
+    path = tmp_path / "job.toml"
+    path.write_text(spec_text("tiny"))
+    text, spec = build_spec(path, {"max-tokens": 128})
+    assert spec.rollout.max_response_tokens == 128 and spec.profile.rollout is not None
+    assert build_spec(path, {})[1] == build_spec(path, {})[1]
+    assert "[profile]" in to_toml({"profile": {"rollout_s": {"mean": 1.0, "max": 2.0}}}) \
+        or "profile" in text
+
+
+@pytest.mark.parametrize(("line", "match"), [
+    ("#WEAVE --slo=fast", r"train.sh:2: #WEAVE: --slo='fast' is not a number"),
+    ("#WEAVE --gpus=8", r"unknown option '--gpus'; valid: --job-name"),
+    ("#WEAVE --slo", r"needs a value"),
+    ("#WEAVE slo=2", r"expected an option like --slo=1.5"),
+    ("#WEAVE --slo='1.5", r"cannot parse #WEAVE line"),
+])
+def test_malformed_directives_are_refused_with_the_line(tmp_path: Path, line: str,
+                                                        match: str) -> None:
+    script = tmp_path / "train.sh"
+    script.write_text(f"#!/bin/bash\n{line}\n")
+    with pytest.raises(ConfigError, match=match):
+        read_directives(script.read_text(), str(script))
+
+
+def test_missing_and_invalid_values_are_refused(tmp_path: Path) -> None:
+    script = tmp_path / "train.sh"
+    script.write_text("#!/bin/bash\n#WEAVE --slo=2\n")
+    with pytest.raises(ConfigError, match=r"missing #WEAVE --model-params-b"):
+        build_spec(script, {})
+    with pytest.raises(ConfigError, match="slo"):
+        build_spec(script, {"model-params-b": 1.0, "rollout-gpus": 8, "train-gpus": 8,
+                            "max-tokens": 64, "slo": 0.2})
+    bad = tmp_path / "bad.toml"
+    bad.write_text("name = [\n")
+    with pytest.raises(ConfigError, match=r"bad.toml: invalid TOML"):
+        build_spec(bad, {})
+
+
+def test_submit_prints_like_sbatch_and_refuses_cleanly(
+        weaved: Running, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: F811
+    spec = tmp_path / "job.toml"
+    spec.write_text(spec_text("tiny"))
+    sock = ["--socket", str(weaved.socket)]
+    assert run_app(app, "weave-sbatch", [str(spec), *sock]) == 0
+    assert capsys.readouterr().out.strip() == "Submitted weave job 1"
+    assert run_app(app, "weave-sbatch", [str(spec), "--parsable", *sock]) == 0
+    assert capsys.readouterr().out.strip() == "2"
+    assert run_app(app, "weave-sbatch", [str(spec), "--slo", "0.3", *sock]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("weave-sbatch: error:") and "slo" in err and len(err.splitlines()) == 1
+    assert run_app(app, "weave-sbatch", [str(spec), "--rollout-gpus", "800", *sock]) == 2
+    assert "needs 100 nodes" in capsys.readouterr().err
+    assert run_app(app, "weave-sbatch", [str(spec), "--socket", "/nonexistent/s"]) == 1
+    assert "no weaved at" in capsys.readouterr().err

@@ -1,0 +1,125 @@
+"""The socket API with a real second Unix user (fork + setuid to nobody)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.daemon.conftest import Running, spec_text
+from weave_slurm.daemon.client import DaemonClient
+from weave_slurm.daemon.protocol import Op
+from weave_slurm.errors import ConfigError, InfeasibleRequest, WeaveError
+
+NOBODY = 65534
+
+
+def as_user(uid: int, fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` in a child process with ``uid``; returns its JSON result or error text."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: drop privileges, call, report, exit without cleanup
+        os.close(r)
+        try:
+            os.setgid(uid)
+            os.setuid(uid)
+            out: Any = {"ok": fn()}
+        except WeaveError as exc:
+            out = {"error": type(exc).__name__, "message": str(exc)}
+        except BaseException as exc:
+            out = {"error": "crash", "message": repr(exc)}
+        os.write(w, json.dumps(out).encode())
+        os._exit(0)
+    os.close(w)
+    data = b""
+    while chunk := os.read(r, 65536):
+        data += chunk
+    os.close(r)
+    os.waitpid(pid, 0)
+    return json.loads(data)
+
+
+def call(sock: Path, op: Op, **args: Any) -> dict[str, Any]:
+    with DaemonClient(sock, timeout_s=10) as c:
+        return c.call(op, **args)
+
+
+def wait_for(pred: Callable[[], bool], timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise AssertionError("condition not reached")
+
+
+def state_of(sock: Path, job: int) -> str:
+    rows = call(sock, Op.STATUS, jobs=[job])["jobs"]
+    return str(rows[0]["state"])
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to setuid")
+def test_second_user_cannot_touch_first_users_job(weaved: Running) -> None:
+    sock = weaved.socket
+    mine = call(sock, Op.SUBMIT, spec=spec_text("root-job"), source="r.toml")["job"]
+    theirs = as_user(NOBODY, lambda: call(sock, Op.SUBMIT, spec=spec_text("nobody-job"),
+                                          source="n.toml"))["ok"]["job"]
+    wait_for(lambda: state_of(sock, mine) == "RUNNING" and state_of(sock, theirs) == "RUNNING")
+    rows = {j["job"]: j for j in call(sock, Op.STATUS)["jobs"]}
+    assert rows[theirs]["uid"] == NOBODY and rows[theirs]["user"] == "nobody"
+    assert rows[mine]["group"] == rows[theirs]["group"]  # co-scheduled in one group
+
+    denied = as_user(NOBODY, lambda: call(sock, Op.CANCEL, jobs=[mine]))["ok"]["results"][0]
+    assert not denied["ok"] and "permission denied" in denied["message"]
+    shown = as_user(NOBODY, lambda: call(sock, Op.SHOW, kind="job", id=mine))
+    assert shown["error"] == "PermissionDenied"
+    assert state_of(sock, mine) == "RUNNING"
+
+    own = as_user(NOBODY, lambda: call(sock, Op.CANCEL, jobs=[theirs]))["ok"]["results"][0]
+    assert own["ok"]
+    wait_for(lambda: state_of(sock, theirs) == "CANCELLED")
+    assert state_of(sock, mine) == "RUNNING"
+    assert call(sock, Op.SHOW, kind="job", id=theirs)["uid"] == NOBODY  # root sees all
+    res = call(sock, Op.CANCEL, jobs=[mine, 999])["results"]
+    assert res[0]["ok"] and "Invalid job id" in res[1]["message"]
+
+
+def test_invalid_submissions_leave_nothing_behind(weaved: Running) -> None:
+    sock = weaved.socket
+    with pytest.raises(ConfigError, match="slo"):
+        call(sock, Op.SUBMIT, spec=spec_text("x").replace("slo = 3.0", "slo = 0.5"))
+    with pytest.raises(ConfigError, match="unknown"):
+        call(sock, Op.SUBMIT, spec=spec_text("x") + "bogus_key = 1\n")
+    huge = spec_text("x").replace("rollout_state_gib = 1.0", "rollout_state_gib = 99999.0")
+    with pytest.raises(InfeasibleRequest, match="rollout state"):
+        call(sock, Op.SUBMIT, spec=huge)
+    too_many = spec_text("x").replace("rollout = 8", "rollout = 64")
+    with pytest.raises(InfeasibleRequest):
+        call(sock, Op.SUBMIT, spec=too_many)
+    assert call(sock, Op.STATUS, all=True)["jobs"] == []
+
+
+def test_protocol_limits_and_slow_clients(weaved: Running) -> None:
+    sock = weaved.socket
+    idle = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    idle.connect(str(sock))  # says nothing: must not stall anyone
+    assert call(sock, Op.PING)["uid"] == os.geteuid()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(str(sock))
+        s.sendall(b"{not json}\n")
+        assert json.loads(s.makefile().readline())["error"] == "ConfigError"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(str(sock))
+        s.sendall(b"x" * (300 * 1024))
+        assert json.loads(s.makefile().readline())["error"] == "LineTooLong"
+    idle.settimeout(5)
+    assert idle.recv(10) == b""  # closed by the daemon after client_timeout_s
+    idle.close()
+    with pytest.raises(ConfigError, match="kind"):
+        call(sock, Op.SHOW, kind="nope", id=1)

@@ -1,0 +1,110 @@
+"""The store and the one transition table: legal edges persist, illegal ones raise."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from weave_slurm.daemon.records import GroupPlan, MemberPlan
+from weave_slurm.daemon.states import (
+    TRANSITIONS,
+    AllocState,
+    GroupState,
+    JobState,
+    StepRunState,
+    check_transition,
+)
+from weave_slurm.daemon.store import Store
+from weave_slurm.errors import StateError
+from weave_slurm.model.profile import simple_profile
+
+
+def _job(store: Store, now: float = 1.0) -> int:
+    return store.add_job(uid=1000, user="alice", name="a", spec="name='a'", source="a.toml",
+                         profile=simple_profile("a", 10, 10, 1.5), now=now)
+
+
+def test_every_edge_has_a_comment_and_finals_have_no_exit() -> None:
+    for (src, dst), why in TRANSITIONS.items():
+        assert type(src) is type(dst) and why
+    for kind in (JobState, GroupState, AllocState, StepRunState):
+        for s in kind:
+            if s.final:
+                assert not any(src is s for src, _ in TRANSITIONS)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from(list(JobState)), min_size=1, max_size=8))
+def test_random_job_walks(tmp_path_factory: pytest.TempPathFactory,
+                          walk: list[JobState]) -> None:
+    store = Store(tmp_path_factory.mktemp("db") / "w.db")
+    job = _job(store)
+    state, history = JobState.PENDING, [JobState.PENDING]
+    for t, dst in enumerate(walk, start=2):
+        if (state, dst) in TRANSITIONS:
+            store.transition("job", job, dst, "walk", float(t))
+            state = dst
+            history.append(dst)
+        else:
+            with pytest.raises(StateError, match="illegal JobState transition"):
+                store.transition("job", job, dst, "walk", float(t))
+    row = store.job(job)
+    assert row is not None and row.state is state
+    assert [JobState(t.dst) for t in store.transitions("job", job)] == history
+
+
+def test_compare_and_set_refuses_a_stale_expectation(tmp_path: Path) -> None:
+    store = Store(tmp_path / "w.db")
+    job = _job(store)
+    store.transition("job", job, JobState.CANCELLED, "user", 2.0, expect=JobState.PENDING)
+    with pytest.raises(StateError, match="changed meanwhile"):
+        store.transition("job", job, JobState.REFUSED, "placement", 3.0,
+                         expect=JobState.PENDING)
+
+
+def test_state_survives_reopen_and_placement_is_atomic(tmp_path: Path) -> None:
+    store = Store(tmp_path / "w.db")
+    a, b = _job(store), _job(store)
+    store.transition("job", b, JobState.CANCELLED, "user", 2.0)
+    plan = GroupPlan(1, 1, (MemberPlan(a, (0,)), MemberPlan(b, (0,))))
+    with pytest.raises(StateError):  # b is cancelled: nothing of the placement is written
+        store.commit_placement([(1, "1", plan, True)], [(a, 1, "x"), (b, 1, "x")], 3.0)
+    assert store.groups() == []
+    store.commit_placement([(1, "1", GroupPlan(1, 1, (MemberPlan(a, (0,)),)), True)],
+                           [(a, 1, "new group")], 3.0)
+    store.close()
+    again = Store(tmp_path / "w.db")
+    row = again.job(a)
+    assert row is not None and row.state is JobState.PLACED and row.group_id == 1
+    assert again.groups()[0].plan.job_ids == (a,)
+
+
+def test_corrupt_or_foreign_database_is_refused(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.db"
+    bad.write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(StateError, match="unreadable or corrupt"):
+        Store(bad)
+    other = tmp_path / "other.db"
+    con = sqlite3.connect(other)
+    con.execute("CREATE TABLE t (x)")
+    con.commit()
+    con.close()
+    with pytest.raises(StateError, match="not a weaved state database"):
+        Store(other)
+    newer = tmp_path / "newer.db"
+    Store(newer).close()
+    con = sqlite3.connect(newer)
+    con.execute("UPDATE meta SET value='99' WHERE key='schema_version'")
+    con.commit()
+    con.close()
+    with pytest.raises(StateError, match="schema version '99'"):
+        Store(newer)
+
+
+def test_check_transition_lists_the_legal_targets() -> None:
+    with pytest.raises(StateError, match=r"only: \['ALLOCATING', 'RELEASED'\]"):
+        check_transition(AllocState.WANTED, AllocState.HELD)

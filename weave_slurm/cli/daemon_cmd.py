@@ -1,0 +1,54 @@
+"""``weave daemon``: run weaved in the foreground (logging is configured here only)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from pathlib import Path
+from types import FrameType
+from typing import Annotated
+
+import typer
+
+from weave_slurm.daemon.client import DEFAULT_STATE_DIR
+from weave_slurm.daemon.service import DaemonConfig, Weaved
+
+
+def daemon(
+    state_dir: Annotated[Path, typer.Option("--state-dir", help="Store, socket, logs.")] =
+    DEFAULT_STATE_DIR,
+    backend: Annotated[str, typer.Option("--backend", help="local or slurm.")] = "local",
+    site: Annotated[Path | None, typer.Option("--site", help="Site config TOML.")] = None,
+    socket_path: Annotated[Path | None, typer.Option(
+        "--socket", help="API socket (default <state-dir>/weaved.sock).")] = None,
+    instance: Annotated[str, typer.Option(
+        "--instance", help="Name distinguishing daemons that share one Slurm.")] = "",
+    tick_s: Annotated[float, typer.Option("--tick-s", help="Seconds between ticks.")] = 1.0,
+    admin_uid: Annotated[list[int] | None, typer.Option(
+        "--admin-uid", help="A uid that may act on every job (repeatable).")] = None,
+    node_command: Annotated[str | None, typer.Option(
+        "--node-command", help="Node-daemon command (shell words); default 'weave node "
+        "serve'.")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at INFO.")] = False,
+) -> None:
+    """Run the meta-scheduler daemon in the foreground until SIGTERM/SIGINT."""
+    import shlex
+
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(asctime)s weaved %(levelname)s %(name)s: %(message)s",
+                        force=True)
+    cfg = DaemonConfig(state_dir=state_dir, socket_path=socket_path, backend=backend,
+                       site_path=site, instance=instance, tick_s=tick_s,
+                       admin_uids=tuple(admin_uid or ()),
+                       node_command=tuple(shlex.split(node_command)) if node_command else None,
+                       env={k: v for k, v in os.environ.items() if k == "SLURM_CONF"})
+    weaved = Weaved(cfg)
+
+    def _stop(signum: int, frame: FrameType | None) -> None:
+        weaved.stop()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    typer.echo(f"weaved: listening on {cfg.socket}", err=True)
+    weaved.run()

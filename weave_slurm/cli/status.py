@@ -1,0 +1,215 @@
+"""``weave status | groups | cancel | show``: the user's view of weaved, squeue-style.
+
+``weave status -o`` takes squeue-like ``%[.][width]code`` fields ('.' right-justifies)
+or a preset name; codes: %i JOBID, %u USER, %U UID, %j NAME, %g GROUP, %p PHASE,
+%I ITER, %s SLOWDOWN/SLO, %T STATE, %t ST, %M TIME, %D NODE COUNT, %N NODES,
+%r REASON. Errors are one line and an exit code, like scancel's.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from weave_slurm.daemon.client import DaemonClient, default_socket
+from weave_slurm.daemon.protocol import Op
+from weave_slurm.daemon.states import JobState
+from weave_slurm.errors import ConfigError, WeaveError
+
+PRESETS = {
+    "default": "%.6i %.9u %.16j %.5g %.6p %.4I %.12s %.10T %.10M %N",
+    "long": "%.6i %.9u %.16j %.5g %.6p %.4I %.12s %.10T %.10M %.5D %N %r",
+    "short": "%.6i %.9u %.16j %.2t %.10M",
+    "ids": "%i",
+}
+_FIELD = re.compile(r"%([.-]?)(\d*)([a-zA-Z%])")
+
+
+def _clock(seconds: float) -> str:
+    s = int(seconds)
+    d, s = divmod(s, 86400)
+    h, s = divmod(s, 3600)
+    m, s = divmod(s, 60)
+    hms = f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+    return f"{d}-{h:02d}:{m:02d}:{s:02d}" if d else hms
+
+
+def _slowdown(j: dict[str, Any]) -> str:
+    sd = j.get("slowdown")
+    return f"{'-' if sd is None else f'{sd:.2f}'}/{j['slo']:.2f}"
+
+
+CODES: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
+    "i": ("JOBID", lambda j: str(j["job"])),
+    "u": ("USER", lambda j: str(j["user"])),
+    "U": ("UID", lambda j: str(j["uid"])),
+    "j": ("NAME", lambda j: str(j["name"])),
+    "g": ("GROUP", lambda j: "-" if j["group"] is None else str(j["group"])),
+    "p": ("PHASE", lambda j: str(j["phase"])),
+    "I": ("ITER", lambda j: "-" if j["iter"] is None else str(j["iter"])),
+    "s": ("SLOWDOWN/SLO", _slowdown),
+    "T": ("STATE", lambda j: str(j["state"])),
+    "t": ("ST", lambda j: JobState(j["state"]).short),
+    "M": ("TIME", lambda j: _clock(float(j["time_s"]))),
+    "D": ("NODES", lambda j: str(len(j["nodes"]))),
+    "N": ("NODELIST", lambda j: ",".join(j["nodes"]) or "-"),
+    "r": ("REASON", lambda j: str(j["reason"]) or "None"),
+}
+
+
+def format_rows(jobs: list[dict[str, Any]], fmt: str, header: bool = True) -> list[str]:
+    """squeue-like lines for ``jobs`` (``fmt``: a preset name or %-codes)."""
+    fmt = PRESETS.get(fmt, fmt)
+    fields = list(_FIELD.finditer(fmt))
+    if not fields:
+        raise ConfigError(f"--format {fmt!r}: no %-codes; presets: {', '.join(PRESETS)}")
+    for m in fields:
+        if m.group(3) not in CODES and m.group(3) != "%":
+            raise ConfigError(f"--format: unknown code %{m.group(3)}; valid: "
+                              f"{' '.join('%' + c for c in CODES)}")
+
+    def line(cell: Callable[[str], str]) -> str:
+        out, pos = [], 0
+        for m in fields:
+            out.append(fmt[pos:m.start()])
+            text = "%" if m.group(3) == "%" else cell(m.group(3))
+            width = int(m.group(2)) if m.group(2) else 0
+            if width:
+                text = text[:width].rjust(width) if m.group(1) == "." else text[:width].ljust(width)
+            out.append(text)
+            pos = m.end()
+        out.append(fmt[pos:])
+        return "".join(out).rstrip()
+
+    lines = [line(lambda c: CODES[c][0])] if header else []
+    return lines + [line(lambda c, j=j: CODES[c][1](j)) for j in jobs]  # type: ignore[misc]
+
+
+_Socket = Annotated[Path | None, typer.Option("--socket", help="weaved's socket.")]
+
+
+def _call(socket_path: Path | None, op: Op, **args: Any) -> dict[str, Any]:
+    with DaemonClient(default_socket(socket_path)) as client:
+        return client.call(op, **args)
+
+
+def status(
+    user: Annotated[list[str] | None, typer.Option("--user", "-u", help="Only these users.")]
+    = None,
+    jobs: Annotated[str | None, typer.Option("--jobs", "-j", help="Comma-separated ids.")]
+    = None,
+    fmt: Annotated[str, typer.Option("--format", "-o", help="%-codes or a preset: "
+                                     + ", ".join(PRESETS))] = "default",
+    show_all: Annotated[bool, typer.Option("--all", "-a", help="Include ended jobs.")] = False,
+    no_header: Annotated[bool, typer.Option("--noheader", "-h")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    watch: Annotated[bool, typer.Option("--watch", help="Refresh until Ctrl-C.")] = False,
+    interval_s: Annotated[float, typer.Option("--interval", help="Seconds between "
+                                              "refreshes.")] = 2.0,
+    iterations: Annotated[int, typer.Option("--iterations", hidden=True)] = 0,
+    socket_path: _Socket = None,
+) -> None:
+    """Jobs known to weaved, like squeue."""
+    ids = []
+    for part in (jobs or "").split(","):
+        if part.strip():
+            if not part.strip().isdigit():
+                raise ConfigError(f"--jobs: {part.strip()!r} is not a job id")
+            ids.append(int(part))
+    users = [u for item in user or [] for u in item.split(",") if u]
+    shown = 0
+    while True:
+        result = _call(socket_path, Op.STATUS, users=users, jobs=ids, all=show_all)
+        if as_json:
+            typer.echo(json.dumps(result["jobs"], indent=1))
+        else:
+            if watch:
+                typer.echo("\x1b[H\x1b[2J" + time.strftime("%a %b %d %H:%M:%S %Y"))
+            typer.echo("\n".join(format_rows(result["jobs"], fmt, not no_header)))
+        shown += 1
+        if not watch or (iterations and shown >= iterations):
+            return
+        time.sleep(interval_s)
+
+
+def groups(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    socket_path: _Socket = None,
+) -> None:
+    """Co-execution groups: members, pools, allocation ids, bubbles."""
+    result = _call(socket_path, Op.GROUPS)
+    if as_json:
+        typer.echo(json.dumps(result["groups"], indent=1))
+        return
+    head = f"{'GROUP':>5} {'STATE':>8} {'MEMBERS':<16} {'H20':>3} {'H800':>4} {'PERIOD_S':>8} " \
+           f"{'BUB_H20':>7} {'BUB_H800':>8} ALLOCATIONS"
+    lines = [head]
+    for g in result["groups"]:
+        allocs = ",".join(f"{a['id'] or '?'}({a['partition']}:{a['state'].lower()})"
+                          for a in g["allocations"]) or "-"
+        lines.append(
+            f"{g['group']:>5} {g['state']:>8} {','.join(map(str, g['members'])) or '-':<16} "
+            f"{g['rollout_nodes']:>3} {g['train_nodes']:>4} "
+            f"{_num(g['period_s'], '.0f'):>8} {_num(g['rollout_bubble'], '.0%'):>7} "
+            f"{_num(g['train_bubble'], '.0%'):>8} {allocs}")
+    typer.echo("\n".join(lines))
+
+
+def _num(x: float | None, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+class CancelFailed(WeaveError):
+    exit_code = 1
+
+
+def cancel(
+    job_ids: Annotated[list[int], typer.Argument(help="Job ids.")],
+    socket_path: _Socket = None,
+) -> None:
+    """Cancel jobs, like scancel (exit 1 if any id is unknown, foreign or ended)."""
+    result = _call(socket_path, Op.CANCEL, jobs=job_ids)
+    failed = [r for r in result["results"] if not r["ok"]]
+    for r in failed[:-1]:
+        typer.echo(f"weave cancel: error: {r['message']}", err=True)
+    if failed:
+        raise CancelFailed(failed[-1]["message"])
+
+
+def show(
+    kind: Annotated[str, typer.Argument(help="job or group")],
+    ident: Annotated[int, typer.Argument(help="Its id.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    socket_path: _Socket = None,
+) -> None:
+    """Details of one job (your own, unless admin) or group, like scontrol show."""
+    result = _call(socket_path, Op.SHOW, kind=kind, id=ident)
+    if as_json:
+        typer.echo(json.dumps(result, indent=1))
+        return
+    for key, value in result.items():
+        if key in ("transitions", "steps", "allocations", "profile", "spec"):
+            continue
+        typer.echo(f"{key}={value}")
+    for a in result.get("allocations", []):
+        typer.echo(f"allocation={a['id']} {a['partition']} {a['state']} "
+                   f"nodes={','.join(a['nodes']) or '-'}")
+    for s in result.get("steps", []):
+        typer.echo(f"step={s['name']} {s['state']} {s['reason']}")
+    for t in result.get("transitions", []):
+        typer.echo(f"transition={time.strftime('%Y-%m-%dT%H:%M:%S', time.localtime(t['ts']))} "
+                   f"{t['src'] or '-'}->{t['dst']} {t['reason']}")
+
+
+def mount(app: typer.Typer) -> None:
+    """Add status, groups, cancel and show to the ``weave`` app."""
+    app.command("status")(status)
+    app.command("groups")(groups)
+    app.command("cancel")(cancel)
+    app.command("show")(show)

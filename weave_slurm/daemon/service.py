@@ -1,0 +1,189 @@
+"""weaved's life cycle: lock the state dir, open the store, serve the socket, reconcile.
+
+One daemon per state directory (a file lock). Stopping it (SIGTERM) leaves every
+allocation and step in place: the next start adopts them. Layout of the state dir
+(mode 0755)::
+
+    weaved.lock   the life lock        weaved.db (+ -wal, -shm)  the store, mode 0600
+    weaved.sock   the API, mode 0666   scripts/  rendered node-daemon scripts
+    logs/         step logs            local/    the local backend's records
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import sys
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from filelock import FileLock, Timeout
+
+from weave_slurm.config.site import SiteConfig, default_site, load_site
+from weave_slurm.daemon.api import Api
+from weave_slurm.daemon.client import SOCKET_NAME
+from weave_slurm.daemon.executor import Executor, IdleExecutor
+from weave_slurm.daemon.reconcile import NODE_STEP, PoolRequest, Reconciler
+from weave_slurm.daemon.records import AllocRow, GroupRow
+from weave_slurm.daemon.server import ApiServer
+from weave_slurm.daemon.store import Store
+from weave_slurm.errors import ConfigError, StateError, WeaveError
+from weave_slurm.placement import Capacity
+from weave_slurm.slurm.backend import Backend, StepSpec
+from weave_slurm.slurm.factory import make_backend
+from weave_slurm.slurm.templates import render_node_daemon
+
+log = logging.getLogger(__name__)
+
+_INSTANCE_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
+
+
+class WallClock:
+    """The daemon's real clock (decision code gets it injected)."""
+
+    def now(self) -> float:
+        return time.time()
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    state_dir: Path = Path(".state/weaved")
+    socket_path: Path | None = None  # default <state_dir>/weaved.sock
+    backend: str = "local"
+    site_path: Path | None = None
+    instance: str = ""  # distinguishes daemons sharing one Slurm (allocation names)
+    tick_s: float = 1.0
+    admin_uids: tuple[int, ...] = ()
+    node_command: tuple[str, ...] | None = None  # default: `weave node serve` per node
+    node_socket_dir: Path | None = None  # default <state_dir>/nodes
+    shm_root: Path = Path("/dev/shm/weave-nodes")
+    cpus_per_node: int = 2
+    immediate_s: int = 10
+    client_timeout_s: float = 10.0
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def socket(self) -> Path:
+        return self.socket_path or self.state_dir / SOCKET_NAME
+
+    def validate(self) -> None:
+        if self.instance and not set(self.instance) <= _INSTANCE_CHARS:
+            raise ConfigError(f"--instance {self.instance!r}: use letters, digits and '_'")
+        if self.tick_s <= 0:
+            raise ConfigError(f"--tick-s {self.tick_s!r}: must be > 0")
+        if self.cpus_per_node < 1:
+            raise ConfigError(f"cpus_per_node={self.cpus_per_node!r}: must be >= 1")
+
+
+def capacity_for(site: SiteConfig, backend: Backend) -> Capacity:
+    """The site's capacity, with each pool clamped to the nodes the backend really has."""
+    cap = Capacity.from_site(site)
+    try:
+        nodes = backend.nodes()
+    except WeaveError as exc:
+        log.warning("cannot list the backend's nodes (%s); using the site's max_nodes", exc)
+        return cap
+    count = {p: sum(p in n.partitions for n in nodes)
+             for p in (site.rollout.partition, site.train.partition)}
+    return replace(cap, rollout_pool_nodes=min(cap.rollout_pool_nodes,
+                                               count[site.rollout.partition] or 10**9),
+                   train_pool_nodes=min(cap.train_pool_nodes,
+                                        count[site.train.partition] or 10**9))
+
+
+class Weaved:
+    """The daemon: build with a config, :meth:`run` in the foreground, :meth:`stop`."""
+
+    def __init__(self, config: DaemonConfig, backend: Backend | None = None,
+                 executor: Executor | None = None) -> None:
+        config.validate()
+        self.config = config
+        config.state_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(config.state_dir, 0o755)
+        self._lock = FileLock(str(config.state_dir / "weaved.lock"))
+        try:
+            self._lock.acquire(timeout=0)
+        except Timeout:
+            raise StateError(f"another weaved holds {str(config.state_dir)!r}; stop it first") \
+                from None
+        try:
+            self._setup(backend, executor)
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def _setup(self, backend: Backend | None, executor: Executor | None) -> None:
+        cfg = self.config
+        db = cfg.state_dir / "weaved.db"
+        self.store = Store(db)
+        os.chmod(db, 0o600)
+        self.site = load_site(cfg.site_path) if cfg.site_path else default_site()
+        self.backend = backend or make_backend(
+            cfg.backend, state_dir=cfg.state_dir / "local", env=cfg.env or None,
+            log_dir=cfg.state_dir / "logs")
+        self.capacity = capacity_for(self.site, self.backend)
+        self.clock = WallClock()
+        self.executor = executor or IdleExecutor()
+        pools = {role: PoolRequest(p.partition, p.gpus_per_node, p.gpu.name, cfg.cpus_per_node)
+                 for role, p in (("rollout", self.site.rollout), ("train", self.site.train))}
+        self.reconciler = Reconciler(self.store, self.backend, self.capacity, pools,
+                                     self.executor, self.clock, instance=cfg.instance,
+                                     node_step=self._node_step, immediate_s=cfg.immediate_s)
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self.api = Api(self.store, self.site, self.capacity, self.clock.now,
+                       admin_uids=cfg.admin_uids, wake=self._wake.set,
+                       phase=self.executor.phase)
+        self.server = ApiServer(cfg.socket, self.api, client_timeout_s=cfg.client_timeout_s)
+
+    def _node_command(self, role: str) -> tuple[str, ...]:
+        if self.config.node_command is not None:
+            return self.config.node_command
+        pool = self.site.rollout if role == "rollout" else self.site.train
+        root = shlex.quote(str(self.config.shm_root))
+        return ("sh", "-c", f"exec {shlex.quote(sys.executable)} -m weave_slurm.cli.node serve "
+                f"--host-mem-gib {pool.host_mem_gib:g} --root {root}/\"$SLURMD_NODENAME\" "
+                "--socket \"$WEAVE_NODE_SOCKET\"")
+
+    def _node_step(self, group: GroupRow, alloc: AllocRow) -> StepSpec:
+        """The node-daemon step of an allocation: the rendered template, one task per node."""
+        cfg = self.config
+        pool = self.site.rollout if alloc.role == "rollout" else self.site.train
+        script = render_node_daemon(group.label, alloc.pool,
+                                    (cfg.node_socket_dir or cfg.state_dir / "nodes").resolve(),
+                                    self._node_command(alloc.role), pool.host_mem_gib)
+        path = cfg.state_dir.resolve() / "scripts" / f"node-{group.label}-{alloc.pool}.sh"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(script)
+        return StepSpec(name=NODE_STEP, argv=("bash", str(path)), ntasks=alloc.node_count,
+                        node_count=alloc.node_count,
+                        log_path=cfg.state_dir.resolve() / "logs" /
+                        f"node-{group.label}-{alloc.pool}.log")
+
+    def run(self) -> None:
+        """Serve and reconcile until :meth:`stop`."""
+        server = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.2},
+                                  name="weaved-api", daemon=True)
+        server.start()
+        log.info("weaved: serving %s, backend %s, instance %r", self.config.socket,
+                 self.backend.kind, self.config.instance)
+        try:
+            while not self._stop.is_set():
+                try:
+                    self.reconciler.tick()
+                except Exception:
+                    log.exception("reconcile tick failed; the next one will retry")
+                self._wake.wait(self.config.tick_s)
+                self._wake.clear()
+        finally:
+            self.server.shutdown()
+            self.server.server_close()
+            self.store.close()
+            self._lock.release()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()

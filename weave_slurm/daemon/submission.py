@@ -1,0 +1,209 @@
+"""Turning what a user submits (a spec TOML, or a script with ``#WEAVE`` directives,
+plus command-line flags) into the one canonical spec TOML the daemon stores.
+
+Directives: lines ``#WEAVE --key=value`` (or ``--key value``) in the script's header,
+i.e. before its first line that is neither blank nor a comment, as sbatch reads
+``#SBATCH``. ``#SBATCH --job-name=NAME`` / ``-J NAME`` name the job too. Flags on
+the command line win over directives, which win over the spec file.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from weave_slurm.config.job import JobSpec, parse_job
+from weave_slurm.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Directive:
+    flag: str
+    path: tuple[str, ...]  # key path in the spec
+    kind: type
+    help: str
+
+
+DIRECTIVES: tuple[Directive, ...] = (
+    Directive("job-name", ("name",), str, "job name (also #SBATCH -J/--job-name)"),
+    Directive("slo", ("slo",), float, "permitted slowdown, >= 1.0 (e.g. 1.5)"),
+    Directive("rollout-gpus", ("gpus", "rollout"), int, "GPUs of the rollout phase"),
+    Directive("train-gpus", ("gpus", "train"), int, "GPUs of the training phase"),
+    Directive("max-tokens", ("rollout", "max_response_tokens"), int,
+              "max response tokens per rollout sample"),
+    Directive("prompts-per-step", ("rollout", "prompts_per_step"), int,
+              "prompts per step (default 64)"),
+    Directive("samples-per-prompt", ("rollout", "samples_per_prompt"), int,
+              "samples per prompt (default 8)"),
+    Directive("model-params-b", ("model", "params_b"), float, "model size, billions of params"),
+    Directive("algorithm", ("algorithm",), str, "ppo, grpo, dapo, rloo or reinforce++"),
+    Directive("entry", ("entry",), str, "entry point (module:Class or builtin:NAME)"),
+    Directive("rollout-s", ("profile", "rollout_s"), float, "measured rollout seconds"),
+    Directive("train-s", ("profile", "train_s"), float, "measured training seconds"),
+    Directive("rollout-state-gib", ("profile", "rollout_state_gib"), float,
+              "warm rollout state per node, GiB"),
+    Directive("train-state-gib", ("profile", "train_state_gib"), float,
+              "warm training state per node, GiB"),
+)
+BY_FLAG = {d.flag: d for d in DIRECTIVES}
+#: What a script must say (a spec file says it in TOML).
+SCRIPT_REQUIRED = ("model-params-b", "rollout-gpus", "train-gpus", "max-tokens")
+SCRIPT_DEFAULTS: dict[str, Any] = {"rollout": {"prompts_per_step": 64, "samples_per_prompt": 8}}
+_NAME_BAD = re.compile(r"[^A-Za-z0-9._-]")
+_BARE = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def convert(flag: str, raw: str, where: str) -> Any:
+    d = BY_FLAG.get(flag)
+    if d is None:
+        raise ConfigError(f"{where}: unknown option '--{flag}'; valid: "
+                          f"{', '.join('--' + x.flag for x in DIRECTIVES)}")
+    if d.kind is str:
+        return raw
+    try:
+        return d.kind(raw)
+    except ValueError:
+        kind = "an integer" if d.kind is int else "a number"
+        raise ConfigError(f"{where}: --{flag}={raw!r} is not {kind} ({d.help})") from None
+
+
+def _tokens(words: list[str], where: str) -> list[tuple[str, str]]:
+    out, i = [], 0
+    while i < len(words):
+        w = words[i]
+        if not w.startswith("-"):
+            raise ConfigError(f"{where}: expected an option like --slo=1.5, got {w!r}")
+        key, eq, val = w.lstrip("-").partition("=")
+        if key == "J":
+            key = "job-name"
+        if not eq:
+            if i + 1 >= len(words):
+                raise ConfigError(f"{where}: option {w!r} needs a value")
+            val, i = words[i + 1], i + 1
+        out.append((key, val))
+        i += 1
+    return out
+
+
+def read_directives(text: str, source: str) -> dict[str, Any]:
+    """``{flag: value}`` from a script's ``#WEAVE`` (and ``#SBATCH -J``) header lines."""
+    found: dict[str, Any] = {}
+    for no, line in enumerate(text.splitlines(), 1):
+        s = line.strip()
+        if s and not s.startswith("#"):
+            break
+        where = f"{source}:{no}"
+        for tag in ("#WEAVE", "#SBATCH"):
+            if not s.startswith(tag + " ") and s != tag:
+                continue
+            try:
+                words = shlex.split(s[len(tag):], comments=False)
+            except ValueError as exc:
+                raise ConfigError(f"{where}: cannot parse {tag} line ({exc})") from None
+            if tag == "#SBATCH":
+                for key, val in _tokens_lenient(words):
+                    if key == "job-name":
+                        found["job-name"] = val
+                continue
+            if not words:
+                raise ConfigError(f"{where}: empty #WEAVE directive")
+            for key, val in _tokens(words, f"{where}: #WEAVE"):
+                found[key] = convert(key, val, f"{where}: #WEAVE")
+    return found
+
+
+def _tokens_lenient(words: list[str]) -> list[tuple[str, str]]:
+    out = []
+    for i, w in enumerate(words):
+        if w.startswith("--job-name="):
+            out.append(("job-name", w.partition("=")[2]))
+        elif w in ("-J", "--job-name") and i + 1 < len(words):
+            out.append(("job-name", words[i + 1]))
+        elif w.startswith("-J") and len(w) > 2:
+            out.append(("job-name", w[2:]))
+    return out
+
+
+def _set(data: dict[str, Any], path: Sequence[str], value: Any) -> None:
+    for key in path[:-1]:
+        node = data.setdefault(key, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"key {key!r} must be a table to set {'.'.join(path)}")
+        data = node
+    data[path[-1]] = value
+
+
+def apply_options(data: dict[str, Any], options: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = json.loads(json.dumps(data))
+    for flag, value in options.items():
+        _set(out, BY_FLAG[flag].path, value)
+    return out
+
+
+def to_toml(data: Mapping[str, Any]) -> str:
+    """TOML for a spec-shaped mapping (scalars, lists of scalars, nested tables)."""
+    lines: list[str] = []
+    _emit(data, (), lines)
+    return "\n".join(lines).strip() + "\n"
+
+
+def _value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(_value(x) for x in v) + "]"
+    raise ConfigError(f"cannot write {type(v).__name__} value {v!r} to TOML")
+
+
+def _key(k: str) -> str:
+    return k if _BARE.match(k) else json.dumps(k)
+
+
+def _emit(data: Mapping[str, Any], prefix: tuple[str, ...], lines: list[str]) -> None:
+    tables = {k: v for k, v in data.items() if isinstance(v, dict)}
+    if prefix and (len(tables) < len(data) or not data):
+        lines.append(f"\n[{'.'.join(_key(p) for p in prefix)}]")
+    for k, v in data.items():
+        if not isinstance(v, dict):
+            lines.append(f"{_key(k)} = {_value(v)}")
+    for k, v in tables.items():
+        _emit(v, (*prefix, k), lines)
+
+
+def _script_name(path: Path) -> str:
+    name = _NAME_BAD.sub("-", path.stem)[:64].lstrip("._-")
+    return name or "script"
+
+
+def build_spec(path: Path, options: Mapping[str, Any]) -> tuple[str, JobSpec]:
+    """The canonical spec TOML for ``path`` (a .toml spec or a script) and ``options``."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read ({exc})") from exc
+    if path.suffix == ".toml":
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+        merged = apply_options(data, options)
+    else:
+        directives = {**read_directives(text, str(path)), **options}
+        missing = [f for f in SCRIPT_REQUIRED if f not in directives]
+        if missing:
+            raise ConfigError(f"{path}: missing {', '.join('#WEAVE --' + f for f in missing)}"
+                              f" ({'; '.join(BY_FLAG[f].help for f in missing)})")
+        base = {"name": _script_name(path), **json.loads(json.dumps(SCRIPT_DEFAULTS))}
+        merged = apply_options(base, directives)
+    spec_text = to_toml(merged)
+    return spec_text, parse_job(spec_text, str(path))

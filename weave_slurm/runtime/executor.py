@@ -1,0 +1,432 @@
+"""The group executor: drives a group's node daemons through the cyclic round-robin.
+
+One tick (:meth:`GroupExecutor.tick`) first reads the world (each running phase's
+state from its node daemon), then acts: finished phases move their output (rollout:
+trajectories rollout node -> training node; train: weights training node -> every
+rollout node the member is pinned to, then a node checkpoint), failed or hung phases
+send their member to recovery, and every free node starts the next ready member in
+cyclic order (:func:`~weave_slurm.runtime.ordering.next_member`). The on-policy
+barrier holds end to end: a member has at most one phase in flight, its rollout runs
+on the weights segment of its latest version, and its training step is handed only
+its own ``traj`` segment, which ``JobRunner.train`` refuses unless it is of the
+current version. A failure touches only its member: it is re-admitted from the
+newest checkpoint on its training node while the others keep running.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from weave_slurm.errors import ConfigError, StateError, WeaveError
+from weave_slurm.node.index import JobRef
+from weave_slurm.node.protocol import Op
+from weave_slurm.runtime import phases
+from weave_slurm.runtime.group import (
+    TRANSITIONS,
+    GroupLayout,
+    MemberSpec,
+    MemberState,
+    NodeRef,
+    PhaseKind,
+    Pool,
+)
+from weave_slurm.runtime.ordering import next_member, phase_deadline_s
+from weave_slurm.runtime.profiler import LiveProfiler
+from weave_slurm.runtime.timeline import Span
+from weave_slurm.runtime.transfer import copy_segment
+
+log = logging.getLogger(__name__)
+
+_ENTRY = "weave_slurm.runtime.phases:"
+
+
+class Clock(Protocol):
+    def now(self) -> float: ...
+
+    def sleep(self, seconds: float) -> None: ...
+
+
+class MonotonicClock:
+    """The real clock (the simulator passes a virtual one)."""
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+@dataclass(frozen=True)
+class ExecutorConfig:
+    poll_s: float = 0.005
+    deadline_factor: float = 4.0        # hung = longer than factor x longest seen
+    deadline_floor_s: float = 60.0      # ... but never before this
+    max_recoveries: int = 3
+    recovery_backoff_s: float = 1.0     # between attempts when a node is unreachable
+
+
+@dataclass
+class _Running:
+    kind: PhaseKind
+    node: NodeRef
+    start_s: float
+    deadline_s: float
+    init: bool = False
+
+
+@dataclass
+class Member:
+    """The executor's live view of one member (read it, do not change it)."""
+
+    spec: MemberSpec
+    job: JobRef
+    train_node: NodeRef
+    rollout_nodes: tuple[NodeRef, ...]
+    state: MemberState = MemberState.STARTING
+    version: int = 0
+    next_kind: PhaseKind = PhaseKind.TRAIN       # init runs on the training node
+    initialised: bool = False
+    running: _Running | None = None
+    recoveries: int = 0
+    rewards: list[float] = field(default_factory=list)
+    history: list[tuple[float, MemberState, str]] = field(default_factory=list)
+    error: str | None = None
+    retry_at_s: float = 0.0
+
+
+class GroupExecutor:
+    """Runs the members of one group on its node daemons (see module doc)."""
+
+    def __init__(self, layout: GroupLayout, members: Sequence[MemberSpec], *,
+                 clock: Clock | None = None, config: ExecutorConfig | None = None,
+                 profiler: LiveProfiler | None = None,
+                 client_factory: Callable[[Path], Any] | None = None) -> None:
+        layout.validate()
+        self.layout = layout
+        self.clock = clock or MonotonicClock()
+        self.config = config or ExecutorConfig()
+        self.profiler = profiler or LiveProfiler()
+        self.members: dict[str, Member] = {}
+        self.order: list[str] = []
+        self.spans: list[Span] = []
+        self._clients: dict[Path, Any] = {}
+        self._client_factory = client_factory
+        self._last_served: dict[str, str] = {}
+        self._busy: dict[str, str] = {}             # node name -> job id
+        self.listeners: list[Callable[[Member, str], None]] = []
+        for spec in members:
+            self.join(spec)
+
+    # -- node daemons ----------------------------------------------------------------
+    def client(self, socket_path: Path) -> Any:
+        if socket_path not in self._clients:
+            if self._client_factory is not None:
+                self._clients[socket_path] = self._client_factory(socket_path)
+            else:
+                from weave_slurm.node.client import NodeClient
+
+                self._clients[socket_path] = NodeClient(socket_path)
+        return self._clients[socket_path]
+
+    def _call(self, node: NodeRef, op: Op, **args: Any) -> dict[str, Any]:
+        try:
+            return dict(self.client(node.socket_path).call(op, **args))
+        except (OSError, StateError) as exc:
+            if isinstance(exc, StateError) and "closed the connection" not in str(exc) \
+                    and "no node daemon" not in str(exc):
+                raise
+            old = self._clients.pop(node.socket_path, None)   # reconnect next time
+            if old is not None:
+                old.close()
+            raise StateError(f"node {node.name}: daemon at {node.socket_path} is gone: "
+                             f"{exc}") from exc
+
+    def close(self) -> None:
+        for client in self._clients.values():
+            client.close()
+        self._clients.clear()
+
+    # -- membership ------------------------------------------------------------------
+    def join(self, spec: MemberSpec) -> Member:
+        """Add a member at the end of the cyclic order; its state is put on first use."""
+        if spec.job_id in self.members and \
+                self.members[spec.job_id].state is not MemberState.CANCELLED:
+            raise ConfigError(f"member {spec.job_id!r} is already in the group")
+        spec.validate(len(self.layout.rollout), len(self.layout.train))
+        member = Member(spec, JobRef(spec.job_id, os.getuid()),
+                        self.layout.train[spec.train_node],
+                        tuple(self.layout.rollout[p] for p in spec.rollout_pins))
+        member.history.append((self.clock.now(), MemberState.STARTING, "joined"))
+        self.members[spec.job_id] = member
+        self.order = [j for j in self.order if j != spec.job_id] + [spec.job_id]
+        self.profiler.track(spec.job_id, spec.declared)
+        return member
+
+    def leave(self, job_id: str) -> None:
+        """Cancel a member: stop its phase, drop its state, workers and checkpoints."""
+        member = self._member(job_id)
+        if member.running is not None:
+            self._release(member)
+        for node in (member.train_node, *member.rollout_nodes):
+            try:
+                self._call(node, Op.DROP, job=job_id)
+            except WeaveError as exc:   # unregistered there, or the node is gone
+                log.info("drop of %s on %s: %s", job_id, node.name, exc)
+        self._move(member, MemberState.CANCELLED, "left the group")
+        self.order.remove(job_id)
+        self.profiler.forget(job_id)
+
+    def _member(self, job_id: str) -> Member:
+        if job_id not in self.members:
+            raise ConfigError(f"no member {job_id!r} in this group "
+                              f"(members: {', '.join(self.order) or 'none'})")
+        return self.members[job_id]
+
+    def _move(self, member: Member, to: MemberState, why: str) -> None:
+        if to not in TRANSITIONS[member.state]:
+            raise StateError(f"member {member.spec.job_id}: {member.state.value} -> "
+                             f"{to.value} is not a valid transition ({why})")
+        member.history.append((self.clock.now(), to, why))
+        member.state = to
+        for listener in self.listeners:
+            listener(member, why)
+
+    # -- the loop --------------------------------------------------------------------
+    @property
+    def finished(self) -> bool:
+        live = (MemberState.DONE, MemberState.FAILED, MemberState.CANCELLED)
+        return all(m.state in live for m in self.members.values())
+
+    def run(self, timeout_s: float | None = None,
+            on_tick: Callable[[GroupExecutor], None] | None = None) -> None:
+        """Tick until every member is done, failed or cancelled."""
+        end = None if timeout_s is None else self.clock.now() + timeout_s
+        while not self.finished:
+            if end is not None and self.clock.now() > end:
+                raise StateError(f"group did not finish in {timeout_s} s: "
+                                 + ", ".join(f"{m.spec.job_id}={m.state.value}"
+                                             for m in self.members.values()))
+            if not self.tick():
+                self.clock.sleep(self.config.poll_s)
+            if on_tick is not None:
+                on_tick(self)
+
+    def tick(self) -> bool:
+        """Read the world, then act; True if anything changed."""
+        changed = False
+        for member in list(self.members.values()):
+            if member.running is not None:
+                changed |= self._poll(member)
+        for member in list(self.members.values()):
+            if member.state is MemberState.RECOVERING:
+                changed |= self._recover(member)
+        changed |= self._dispatch(self.layout.train, Pool.TRAIN)
+        changed |= self._dispatch(self.layout.rollout, Pool.ROLLOUT)
+        return changed
+
+    # -- dispatch --------------------------------------------------------------------
+    def _ready_on(self, node: NodeRef, pool: Pool) -> set[str]:
+        ready = set()
+        for job_id, m in self.members.items():
+            if m.running is not None or m.state not in (MemberState.READY,
+                                                        MemberState.STARTING):
+                continue
+            if pool is Pool.TRAIN and m.next_kind is PhaseKind.TRAIN and m.train_node == node:
+                ready.add(job_id)
+            if pool is Pool.ROLLOUT and m.next_kind is PhaseKind.ROLLOUT \
+                    and node in m.rollout_nodes:
+                ready.add(job_id)
+        return ready
+
+    def _dispatch(self, nodes: Sequence[NodeRef], pool: Pool) -> bool:
+        started = False
+        for node in nodes:
+            if node.name in self._busy:
+                continue
+            job_id = next_member(self.order, self._last_served.get(node.name),
+                                 self._ready_on(node, pool))
+            if job_id is None:
+                continue
+            self._last_served[node.name] = job_id
+            member = self.members[job_id]
+            try:
+                self._start(member, node)
+                started = True
+            except WeaveError as exc:
+                self._fail(member, f"start of {member.next_kind.value} on {node.name}: {exc}")
+        return started
+
+    def _start(self, member: Member, node: NodeRef) -> None:
+        init = not member.initialised
+        if init:
+            self._register(member)
+        kind = member.next_kind
+        deadline = phase_deadline_s(
+            member.spec.declared.rollout_s if kind is PhaseKind.ROLLOUT
+            else member.spec.declared.train_s,
+            self.profiler.durations(member.spec.job_id, kind),
+            self.config.deadline_factor, self.config.deadline_floor_s)
+        fn = "init_train" if init else kind.value
+        args = phases.PhaseArgs(member.spec.entry_point, member.spec.seed,
+                                dict(member.spec.options)).encode()
+        self._call(node, Op.ACTIVATE, job=member.spec.job_id, phase=kind.value,
+                   entry=_ENTRY + fn, args=[args])
+        now = self.clock.now()
+        member.running = _Running(kind, node, now, now + deadline, init)
+        self._busy[node.name] = member.spec.job_id
+        if member.state is MemberState.READY:
+            self._move(member, MemberState.ROLLOUT if kind is PhaseKind.ROLLOUT
+                       else MemberState.TRAIN, f"{kind.value} v{member.version} on {node.name}")
+
+    def _register(self, member: Member) -> None:
+        for node in (member.train_node, *member.rollout_nodes):
+            self._call(node, Op.REGISTER, job=member.spec.job_id, checkpoint_interval_s=0)
+
+    # -- completion ------------------------------------------------------------------
+    def _poll(self, member: Member) -> bool:
+        run = member.running
+        if run is None:
+            return False
+        try:
+            worker = self._call(run.node, Op.PHASE, job=member.spec.job_id).get("worker") or {}
+        except WeaveError as exc:
+            self._fail(member, str(exc))
+            return True
+        state = worker.get("state")
+        if state == "running":
+            if self.clock.now() > run.deadline_s:
+                self._fail(member, f"{run.kind.value} on {run.node.name} hung: ran past its "
+                           f"deadline of {run.deadline_s - run.start_s:.1f} s")
+                return True
+            return False
+        if state != "exited":
+            self._fail(member, f"{run.kind.value} on {run.node.name} {state}: "
+                       f"{worker.get('error') or 'returncode ' + str(worker.get('returncode'))}")
+            return True
+        try:
+            self._finish(member, run, dict(worker.get("result") or {}))
+        except WeaveError as exc:
+            self._fail(member, f"after {run.kind.value} on {run.node.name}: {exc}")
+        return True
+
+    def _finish(self, member: Member, run: _Running, result: Mapping[str, Any]) -> None:
+        end = self.clock.now()
+        job_id = member.spec.job_id
+        self._release(member)
+        self.spans.append(Span(job_id, run.kind, run.node.name, run.node.pool,
+                               run.start_s, end))
+        if not run.init:
+            self.profiler.phase(job_id, run.kind, end - run.start_s)
+        if run.kind is PhaseKind.ROLLOUT:
+            self._sync(member, phases.TRAJ, run.node, [member.train_node], "trajectories")
+            member.next_kind = PhaseKind.TRAIN
+            self._move(member, MemberState.READY, f"rollout v{member.version} done")
+            return
+        member.version = int(result["version"])
+        self.profiler.state_bytes(job_id, train=int(result.get("state_bytes", 0)),
+                                  rollout=int(result.get("weights_bytes", 0)))
+        self._sync(member, phases.WEIGHTS, member.train_node, member.rollout_nodes, "weights")
+        if run.init or member.version % member.spec.checkpoint_every == 0 \
+                or member.version >= member.spec.steps:
+            self._call(member.train_node, Op.CHECKPOINT, job=job_id)
+        if run.init:
+            member.initialised = True
+        else:
+            member.rewards.append(float(dict(result.get("metrics", {})).get("reward_mean",
+                                                                            float("nan"))))
+            self.profiler.iteration_end(job_id, self.clock.now())
+        member.next_kind = PhaseKind.ROLLOUT
+        if member.version >= member.spec.steps:
+            self._move(member, MemberState.READY, "final step")
+            self._move(member, MemberState.DONE, f"reached version {member.version}")
+        elif member.state is MemberState.STARTING:
+            self._move(member, MemberState.READY, "warm state on its nodes")
+        else:
+            self._move(member, MemberState.READY, f"train -> v{member.version}")
+
+    def _sync(self, member: Member, name: str, src: NodeRef, dsts: Sequence[NodeRef],
+              what: str) -> None:
+        start = self.clock.now()
+        _, moved = copy_segment(lambda p: self.client(p), src.socket_path,
+                                [d.socket_path for d in dsts], member.job, name)
+        end = self.clock.now()
+        self.profiler.sync(member.spec.job_id, what, moved)
+        self.profiler.phase(member.spec.job_id, PhaseKind.SYNC, end - start)
+        self.spans.append(Span(member.spec.job_id, PhaseKind.SYNC, src.name, src.pool,
+                               start, end))
+
+    def _release(self, member: Member) -> None:
+        run = member.running
+        if run is None:
+            return
+        member.running = None
+        self._busy.pop(run.node.name, None)
+
+    # -- failure isolation -----------------------------------------------------------
+    def _fail(self, member: Member, why: str) -> None:
+        """Only this member: stop what it runs, then re-admit it from its checkpoint."""
+        log.warning("member %s failed: %s", member.spec.job_id, why)
+        run = member.running
+        if run is not None:
+            self.spans.append(Span(member.spec.job_id, run.kind, run.node.name,
+                                   run.node.pool, run.start_s, self.clock.now(), ok=False))
+            try:
+                self._call(run.node, Op.DEACTIVATE, job=member.spec.job_id)
+            except WeaveError as exc:
+                log.info("deactivate of %s on %s: %s", member.spec.job_id, run.node.name, exc)
+            self._release(member)
+        member.error = why
+        if member.state is MemberState.STARTING:
+            self._move(member, MemberState.FAILED, why)
+            return
+        self._move(member, MemberState.RECOVERING, why)
+
+    def _recover(self, member: Member) -> bool:
+        """Restore the newest checkpoint on the training node; weights to rollout nodes."""
+        if self.clock.now() < member.retry_at_s:
+            return False
+        if member.recoveries >= self.config.max_recoveries:
+            self._move(member, MemberState.FAILED, f"gave up after {member.recoveries} "
+                       f"recoveries: {member.error}")
+            return True
+        member.recoveries += 1
+        job_id = member.spec.job_id
+        try:
+            self._register(member)   # a restarted node daemon may have lost it
+        except WeaveError:
+            pass
+        try:
+            self._call(member.train_node, Op.RESTORE, job=job_id)
+            self._sync(member, phases.WEIGHTS, member.train_node, member.rollout_nodes,
+                       "weights")
+            info = self._call(member.train_node, Op.ATTACH_INFO, job=job_id)
+            member.version = int(info["segments"][phases.STATE]["index"]["version"])
+        except WeaveError as exc:
+            member.error = f"recovery {member.recoveries}: {exc}"
+            member.retry_at_s = self.clock.now() + self.config.recovery_backoff_s
+            log.warning("member %s: %s", job_id, member.error)
+            return False
+        del member.rewards[member.version:]
+        member.next_kind = PhaseKind.ROLLOUT
+        self._move(member, MemberState.READY, f"re-admitted from checkpoint "
+                   f"v{member.version} (recovery {member.recoveries})")
+        return True
+
+    # -- read API (daemon status, demo) ----------------------------------------------
+    def status(self) -> list[dict[str, object]]:
+        rows: list[dict[str, object]] = []
+        for job_id in [*self.order, *(j for j in self.members if j not in self.order)]:
+            m = self.members[job_id]
+            rows.append({"job": job_id, "state": m.state.value, "version": m.version,
+                         "steps": m.spec.steps, "phase": m.running.kind.value
+                         if m.running else None,
+                         "node": m.running.node.name if m.running else None,
+                         "reward": m.rewards[-1] if m.rewards else None,
+                         "recoveries": m.recoveries, "error": m.error})
+        return rows

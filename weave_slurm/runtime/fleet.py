@@ -1,0 +1,131 @@
+"""Node daemons for a group, launched as steps through the Slurm backend.
+
+One ``weave node serve`` per node of the group, each a one-task step pinned to its
+node (``srun --jobid --overlap -w <node>`` on Slurm; a plain process per virtual node
+on the LocalBackend). On one host the virtual nodes get separate store roots
+(``<shm_dir>/<node>``) and checkpoint roots, so each behaves as its own node.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from weave_slurm.errors import StateError, WeaveError
+from weave_slurm.runtime.group import GroupLayout, NodeRef, Pool
+from weave_slurm.slurm.backend import (
+    Allocation,
+    AllocationRequest,
+    Backend,
+    ResourceSpec,
+    StepHandle,
+    StepSpec,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    group_id: str
+    shm_dir: Path                    # e.g. /dev/shm/weave-demo-XXXX
+    state_dir: Path                  # checkpoints and daemon logs
+    rollout_nodes: int = 1
+    train_nodes: int = 1
+    rollout_partition: str = "h20"
+    train_partition: str = "h800"
+    host_mem_gib: float = 0.5
+    start_timeout_s: float = 60.0
+
+
+@dataclass
+class NodeFleet:
+    """The allocations and node-daemon steps of one group."""
+
+    backend: Backend
+    config: FleetConfig
+    allocations: dict[Pool, Allocation] = field(default_factory=dict)
+    steps: dict[str, tuple[Allocation, StepHandle]] = field(default_factory=dict)
+    layout: GroupLayout | None = None
+
+    def start(self) -> GroupLayout:
+        cfg = self.config
+        refs: dict[Pool, list[NodeRef]] = {Pool.ROLLOUT: [], Pool.TRAIN: []}
+        for pool, partition, count in ((Pool.ROLLOUT, cfg.rollout_partition, cfg.rollout_nodes),
+                                       (Pool.TRAIN, cfg.train_partition, cfg.train_nodes)):
+            alloc = self.backend.allocate(AllocationRequest(
+                cfg.group_id, pool.value, (ResourceSpec(partition, count, cpus_per_node=1),)))
+            self.allocations[pool] = alloc
+            for node in alloc.nodes:
+                refs[pool].append(self._launch(alloc, pool, node))
+        self.layout = GroupLayout(tuple(refs[Pool.ROLLOUT]), tuple(refs[Pool.TRAIN]))
+        for ref in (*self.layout.rollout, *self.layout.train):
+            self.wait_ready(ref)
+        return self.layout
+
+    def root(self, node: str) -> Path:
+        return self.config.shm_dir / node / "weave"
+
+    def _launch(self, alloc: Allocation, pool: Pool, node: str) -> NodeRef:
+        cfg = self.config
+        root = self.root(node)
+        root.parent.mkdir(parents=True, exist_ok=True)
+        root.parent.chmod(0o711)
+        argv = (sys.executable, "-m", "weave_slurm.cli", "node", "serve",
+                "--host-mem-gib", str(cfg.host_mem_gib), "--root", str(root),
+                "--checkpoint-root", str(cfg.state_dir / "ckpt" / node),
+                "--checkpoint-interval-s", "0")
+        name = f"weave-node-{node}"
+        handle = self.backend.launch_step(alloc.alloc_id, StepSpec(
+            name=name, argv=argv, ntasks=1, node_count=1, nodelist=(node,),
+            log_path=cfg.state_dir / "logs" / f"{name}.log"))
+        self.steps[node] = (alloc, handle)
+        return NodeRef(node, pool, root / "node.sock")
+
+    def wait_ready(self, ref: NodeRef) -> None:
+        from weave_slurm.node.client import NodeClient
+        from weave_slurm.node.protocol import Op
+
+        end = time.monotonic() + self.config.start_timeout_s
+        last: Exception | None = None
+        while time.monotonic() < end:
+            try:
+                with NodeClient(ref.socket_path, timeout_s=5.0) as client:
+                    client.call(Op.STATUS)
+                return
+            except (WeaveError, OSError) as exc:
+                last = exc
+                time.sleep(0.1)
+        raise StateError(f"node daemon of {ref.name} did not answer on {ref.socket_path} "
+                         f"within {self.config.start_timeout_s} s ({last}); see "
+                         f"{self.config.state_dir / 'logs'}")
+
+    def restart(self, node: str) -> None:
+        """Start a node's daemon again (after it died); it re-adopts its shm state."""
+        alloc, handle = self.steps[node]
+        try:
+            self.backend.cancel_step(handle)
+        except WeaveError as exc:
+            log.info("cancel of the old daemon step on %s: %s", node, exc)
+        pool = Pool.ROLLOUT if alloc is self.allocations[Pool.ROLLOUT] else Pool.TRAIN
+        self.wait_ready(self._launch(alloc, pool, node))
+
+    def stop(self, remove_state: bool = True) -> None:
+        for _alloc, handle in self.steps.values():
+            try:
+                self.backend.cancel_step(handle)
+            except WeaveError as exc:
+                log.info("cancel of %s: %s", handle.name, exc)
+        for alloc in self.allocations.values():
+            try:
+                self.backend.release(alloc.alloc_id)
+            except WeaveError as exc:
+                log.info("release of %s: %s", alloc.alloc_id, exc)
+        self.steps.clear()
+        self.allocations.clear()
+        if remove_state:
+            shutil.rmtree(self.config.shm_dir, ignore_errors=True)

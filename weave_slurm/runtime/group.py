@@ -1,0 +1,131 @@
+"""Values the group runtime works on: members, nodes, phases, member states.
+
+A *group* here is what the placement engine decided (members in cyclic round-robin
+order, each pinned to some of the group's rollout nodes) plus the node daemons that
+serve the group's nodes. Everything is frozen; the executor keeps the live state.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from weave_slurm.errors import ConfigError
+
+
+class Pool(enum.Enum):
+    """The two GPU pools a group spans."""
+
+    ROLLOUT = "rollout"   # h20
+    TRAIN = "train"       # h800
+
+
+class PhaseKind(enum.Enum):
+    """One phase of a member's iteration (sync is done by the executor itself)."""
+
+    ROLLOUT = "rollout"
+    SYNC = "sync"
+    TRAIN = "train"
+
+
+class MemberState(enum.Enum):
+    """Where a member is; transitions in :data:`TRANSITIONS`."""
+
+    STARTING = "starting"        # warm state being put on its nodes
+    READY = "ready"              # waiting for a pool
+    ROLLOUT = "rollout"
+    TRAIN = "train"
+    RECOVERING = "recovering"    # a phase failed; re-admitted from its checkpoint
+    DONE = "done"                # reached its step count
+    FAILED = "failed"            # gave up (recovery attempts exhausted)
+    CANCELLED = "cancelled"      # left the group; its processes and state are gone
+
+
+#: Allowed transitions, one comment per edge.
+TRANSITIONS: dict[MemberState, frozenset[MemberState]] = {
+    # state put on the nodes -> waits for the rollout pool; cancel before it ran
+    MemberState.STARTING: frozenset({MemberState.READY, MemberState.CANCELLED,
+                                     MemberState.FAILED}),
+    # the pool picked it for rollout or training; it reached its steps; its phase
+    # could not be started (node gone); it left
+    MemberState.READY: frozenset({MemberState.ROLLOUT, MemberState.TRAIN, MemberState.DONE,
+                                  MemberState.RECOVERING, MemberState.CANCELLED}),
+    # rollout ended (trajectories moved) or failed or was cancelled
+    MemberState.ROLLOUT: frozenset({MemberState.READY, MemberState.RECOVERING,
+                                    MemberState.CANCELLED}),
+    # train ended (weights synced) or failed or was cancelled
+    MemberState.TRAIN: frozenset({MemberState.READY, MemberState.DONE,
+                                  MemberState.RECOVERING, MemberState.CANCELLED}),
+    # restored from its checkpoint (ready again) or gave up
+    MemberState.RECOVERING: frozenset({MemberState.READY, MemberState.FAILED,
+                                       MemberState.CANCELLED}),
+    MemberState.DONE: frozenset({MemberState.CANCELLED}),
+    MemberState.FAILED: frozenset({MemberState.CANCELLED}),
+    MemberState.CANCELLED: frozenset(),
+}
+
+
+@dataclass(frozen=True)
+class NodeRef:
+    """One node of the group and the socket of its node daemon."""
+
+    name: str
+    pool: Pool
+    socket_path: Path
+
+
+@dataclass(frozen=True)
+class DeclaredProfile:
+    """What the job spec declared (seconds per phase); None = unknown."""
+
+    rollout_s: float | None = None
+    train_s: float | None = None
+    slo: float | None = None
+
+
+@dataclass(frozen=True)
+class MemberSpec:
+    """A member job: its RL entry point, seed, options and how many steps to run."""
+
+    job_id: str
+    entry_point: str = "builtin:grpo-toy"
+    seed: int = 0
+    steps: int = 10
+    options: Mapping[str, Any] = field(default_factory=dict)
+    rollout_pins: tuple[int, ...] = (0,)     # indices into the group's rollout nodes
+    train_node: int = 0                      # index into the group's training nodes
+    checkpoint_every: int = 1                # train steps between node checkpoints
+    declared: DeclaredProfile = field(default_factory=DeclaredProfile)
+
+    def validate(self, rollout_nodes: int, train_nodes: int) -> None:
+        where = f"member {self.job_id!r}"
+        if self.steps < 1:
+            raise ConfigError(f"{where}: steps={self.steps!r}; must be >= 1")
+        if self.checkpoint_every < 1:
+            raise ConfigError(f"{where}: checkpoint_every={self.checkpoint_every!r}; "
+                              "must be >= 1")
+        if not self.rollout_pins:
+            raise ConfigError(f"{where}: rollout_pins is empty; pin at least one node")
+        bad = [p for p in self.rollout_pins if not 0 <= p < rollout_nodes]
+        if bad or len(set(self.rollout_pins)) != len(self.rollout_pins):
+            raise ConfigError(f"{where}: rollout_pins={list(self.rollout_pins)!r}; valid: "
+                              f"distinct indices in 0..{rollout_nodes - 1}")
+        if not 0 <= self.train_node < train_nodes:
+            raise ConfigError(f"{where}: train_node={self.train_node!r}; valid: "
+                              f"0..{train_nodes - 1}")
+
+
+@dataclass(frozen=True)
+class GroupLayout:
+    """The nodes of a group, by pool, in allocation order."""
+
+    rollout: tuple[NodeRef, ...]
+    train: tuple[NodeRef, ...]
+
+    def validate(self) -> None:
+        if not self.rollout or not self.train:
+            raise ConfigError("group layout: needs at least one rollout and one training "
+                              f"node (got {len(self.rollout)} and {len(self.train)})")

@@ -1,0 +1,47 @@
+"""Intra-group ordering: which member a free pool serves next (pure, no clock).
+
+The cyclic round-robin of the placement engine fixes the members' order. A free pool
+serves the first member, counting cyclically from the one after the member it served
+last, whose next phase is ready on that pool. The schedule is *work-conserving*: a
+pool never waits for a member that is not ready while another is, so a rollout that
+ends before its planned (max-length) slot lets the next member start at once, and the
+slack the conservative admission reserved is reclaimed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def next_member(order: Sequence[str], last_served: str | None,
+                ready: frozenset[str] | set[str]) -> str | None:
+    """The member a free pool serves next, or None when none is ready.
+
+    ``order`` is the cyclic order; ``last_served`` the member the pool served last
+    (None: start at the head); ``ready`` the members whose next phase runs on this
+    pool and may start now.
+    """
+    if not order:
+        return None
+    start = 0
+    if last_served is not None and last_served in order:
+        start = (list(order).index(last_served) + 1) % len(order)
+    for i in range(len(order)):
+        member = order[(start + i) % len(order)]
+        if member in ready:
+            return member
+    return None
+
+
+def phase_deadline_s(declared_s: float | None, measured_s: Sequence[float],
+                     factor: float, floor_s: float) -> float:
+    """How long a phase may run before it is called hung.
+
+    ``factor`` times the longest measured duration of this phase of this member, or
+    the declared duration when nothing was measured yet; never below ``floor_s``
+    (the first phase also pays for building the model in a fresh worker).
+    """
+    basis = max(measured_s) if measured_s else declared_s
+    if basis is None:
+        return floor_s
+    return max(floor_s, factor * basis)

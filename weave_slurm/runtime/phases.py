@@ -1,0 +1,154 @@
+"""The phase entries a member's resident worker runs on a node (``module:function``).
+
+The executor activates, through the node daemon, one of
+
+- :func:`init_train` on the member's training node: builds the job from its seed
+  (version 0) and puts its warm state (``state``) and its policy (``weights``);
+- :func:`rollout` on a rollout node: installs the ``weights`` segment if it is newer
+  than what the worker holds, generates one rollout through ``JobRunner.rollout``
+  (refused unless the held version is the segment's) and puts it as ``traj``;
+- :func:`train` on the training node: loads ``state`` unless the worker already holds
+  that version, trains on ``traj`` through ``JobRunner.train`` (refused unless the
+  batch is this job's, of the current version) and puts the new ``state`` and
+  ``weights``.
+
+The JobRunner is kept in the worker between phases (the worker is resident and
+serves only this job), so a warm phase neither rebuilds the model nor reloads
+state; a fresh worker (after a crash) rebuilds it from the segments. The argument
+is one JSON string: ``{"entry_point", "seed", "options"}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from weave_slurm.errors import ConfigError, StateError
+from weave_slurm.workloads.api import JobContext, JobRunner, Role, Trajectories, TrajectoryBatch
+from weave_slurm.workloads.entry import start_job
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from weave_slurm.node.client import NodeClient
+    from weave_slurm.node.resident import PhaseContext
+
+STATE = "state"
+WEIGHTS = "weights"
+TRAJ = "traj"
+
+
+@dataclass(frozen=True)
+class PhaseArgs:
+    """What the executor passes to every entry."""
+
+    entry_point: str
+    seed: int
+    options: dict[str, Any]
+
+    def encode(self) -> str:
+        return json.dumps({"entry_point": self.entry_point, "seed": self.seed,
+                           "options": self.options}, sort_keys=True)
+
+    @classmethod
+    def decode(cls, ctx: PhaseContext) -> PhaseArgs:
+        if len(ctx.args) != 1:
+            raise ConfigError(f"phase {ctx.phase} of {ctx.job.job_id}: expected one JSON "
+                              f"argument, got {len(ctx.args)}")
+        raw = json.loads(ctx.args[0])
+        return cls(str(raw["entry_point"]), int(raw["seed"]), dict(raw["options"]))
+
+
+_RUNNERS: dict[tuple[str, Role], JobRunner] = {}
+
+
+def _runner(ctx: PhaseContext, args: PhaseArgs, role: Role, *, fresh: bool = False) -> JobRunner:
+    key = (ctx.job.job_id, role)
+    if fresh or key not in _RUNNERS:
+        _RUNNERS[key] = start_job(args.entry_point,
+                                  JobContext(ctx.job.job_id, role, args.seed, args.options))
+    return _RUNNERS[key]
+
+
+def _client() -> NodeClient:
+    from weave_slurm.node.client import NodeClient
+
+    socket_path = os.environ.get("WEAVE_NODE_SOCKET")
+    if not socket_path:
+        raise StateError("WEAVE_NODE_SOCKET is not set: phases run under a node daemon")
+    return NodeClient(Path(socket_path))
+
+
+def _segment(ctx: PhaseContext, name: str) -> Any:
+    state = ctx.state.get(name)
+    if state is None:
+        raise StateError(f"job {ctx.job.job_id}: phase {ctx.phase} needs segment {name!r} "
+                         f"on this node (has {sorted(ctx.state)})")
+    return state
+
+
+def _nbytes(tensors: dict[str, Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def init_train(ctx: PhaseContext) -> dict[str, Any]:
+    """Build the job at version 0 and put its warm state and weights on this node."""
+    args = PhaseArgs.decode(ctx)
+    runner = _runner(ctx, args, Role.TRAIN, fresh=True)
+    state, weights = runner.state_tensors(), runner.export_weights()
+    with _client() as client:
+        client.put_state(ctx.job, STATE, state, runner.weights_version)
+        client.put_state(ctx.job, WEIGHTS, weights, runner.weights_version)
+    return {"version": runner.weights_version, "state_bytes": _nbytes(state),
+            "weights_bytes": _nbytes(weights)}
+
+
+def rollout(ctx: PhaseContext) -> dict[str, Any]:
+    """One rollout with the weights in this node's ``weights`` segment."""
+    args = PhaseArgs.decode(ctx)
+    seg = _segment(ctx, WEIGHTS)
+    version = seg.index.version
+    runner = _runner(ctx, args, Role.ROLLOUT)
+    if version < runner.weights_version:   # rolled back to a checkpoint: start afresh
+        runner = _runner(ctx, args, Role.ROLLOUT, fresh=True)
+    if version != runner.weights_version:
+        runner.import_weights({k: v.clone() for k, v in seg.tensors.items()}, version)
+    try:
+        batch = runner.rollout(version)
+    except BaseException:
+        _RUNNERS.pop((ctx.job.job_id, Role.ROLLOUT), None)   # may be half-updated
+        raise
+    tensors = {k: v.contiguous() for k, v in batch.trajectories.tensors.items()}
+    with _client() as client:
+        client.put_state(ctx.job, TRAJ, tensors, version,
+                         extra={"metrics": dict(batch.metrics)})
+    return {"version": version, "metrics": dict(batch.metrics),
+            "traj_bytes": _nbytes(tensors)}
+
+
+def train(ctx: PhaseContext) -> dict[str, Any]:
+    """One training step on this node's ``traj``; puts the new ``state`` and ``weights``."""
+    args = PhaseArgs.decode(ctx)
+    state_seg, traj_seg = _segment(ctx, STATE), _segment(ctx, TRAJ)
+    runner = _runner(ctx, args, Role.TRAIN)
+    if runner.weights_version != state_seg.index.version:
+        runner = _runner(ctx, args, Role.TRAIN, fresh=True)
+        runner.load_state(state_seg.tensors)
+    metrics = dict(traj_seg.index.extra.get("metrics", {}))
+    batch = TrajectoryBatch(ctx.job.job_id, traj_seg.index.version,
+                            Trajectories({k: v.clone() for k, v in traj_seg.tensors.items()},
+                                         metrics))
+    try:
+        version = runner.train(batch)
+    except BaseException:
+        _RUNNERS.pop((ctx.job.job_id, Role.TRAIN), None)     # may be half-updated
+        raise
+    state, weights = runner.state_tensors(), runner.export_weights()
+    with _client() as client:
+        client.put_state(ctx.job, STATE, state, version)
+        client.put_state(ctx.job, WEIGHTS, weights, version)
+    return {"version": version, "metrics": {**metrics, **runner.last_train_metrics},
+            "state_bytes": _nbytes(state), "weights_bytes": _nbytes(weights)}

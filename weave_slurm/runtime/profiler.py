@@ -1,0 +1,129 @@
+"""Live profiling: the four quantities of each member, measured while the group runs.
+
+Per member: rollout and training durations (distributions), warm-state bytes (rollout
+side = its weights segment, training side = its state segment) and sync bytes (weights
+train -> rollout, trajectories rollout -> train). :meth:`LiveProfiler.snapshot` is the
+read API (the daemon's status and later placement decisions read it); a member whose
+measured median drifts from its declared duration by more than ``drift_tolerance`` is
+flagged, and its live slowdown (mean iteration time in the group over its solo
+iteration time, estimated from its own measured phases) is compared with its SLO.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from weave_slurm.runtime.group import DeclaredProfile, PhaseKind
+
+
+@dataclass
+class _Series:
+    durations_s: dict[PhaseKind, list[float]] = field(default_factory=dict)
+    iteration_ends_s: list[float] = field(default_factory=list)
+    rollout_state_bytes: int = 0
+    train_state_bytes: int = 0
+    sync_bytes: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MemberProfile:
+    """What the runtime measured for one member (a snapshot)."""
+
+    job_id: str
+    rollout_s: tuple[float, ...]
+    train_s: tuple[float, ...]
+    sync_s: tuple[float, ...]
+    rollout_state_bytes: int
+    train_state_bytes: int
+    sync_bytes: dict[str, int]
+    solo_iteration_s: float | None
+    group_iteration_s: float | None
+    slowdown: float | None
+    slo: float | None
+    drift: tuple[str, ...]
+
+    @property
+    def slo_ok(self) -> bool | None:
+        if self.slowdown is None or self.slo is None:
+            return None
+        return self.slowdown <= self.slo
+
+    def to_json(self) -> dict[str, object]:
+        return {"job": self.job_id, "rollout_s": list(self.rollout_s),
+                "train_s": list(self.train_s), "sync_s": list(self.sync_s),
+                "rollout_state_bytes": self.rollout_state_bytes,
+                "train_state_bytes": self.train_state_bytes, "sync_bytes": self.sync_bytes,
+                "solo_iteration_s": self.solo_iteration_s,
+                "group_iteration_s": self.group_iteration_s, "slowdown": self.slowdown,
+                "slo": self.slo, "slo_ok": self.slo_ok, "drift": list(self.drift)}
+
+
+def _median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+class LiveProfiler:
+    """Accumulates measurements; ``snapshot`` gives frozen :class:`MemberProfile` values."""
+
+    def __init__(self, drift_tolerance: float = 0.5, min_samples: int = 3) -> None:
+        self.drift_tolerance = drift_tolerance
+        self.min_samples = min_samples
+        self._series: dict[str, _Series] = {}
+        self._declared: dict[str, DeclaredProfile] = {}
+
+    def track(self, job_id: str, declared: DeclaredProfile) -> None:
+        self._series.setdefault(job_id, _Series())
+        self._declared[job_id] = declared
+
+    def forget(self, job_id: str) -> None:
+        self._series.pop(job_id, None)
+        self._declared.pop(job_id, None)
+
+    def phase(self, job_id: str, kind: PhaseKind, duration_s: float) -> None:
+        self._series[job_id].durations_s.setdefault(kind, []).append(duration_s)
+
+    def iteration_end(self, job_id: str, now_s: float) -> None:
+        self._series[job_id].iteration_ends_s.append(now_s)
+
+    def state_bytes(self, job_id: str, *, rollout: int | None = None,
+                    train: int | None = None) -> None:
+        series = self._series[job_id]
+        if rollout is not None:
+            series.rollout_state_bytes = rollout
+        if train is not None:
+            series.train_state_bytes = train
+
+    def sync(self, job_id: str, what: str, nbytes: int) -> None:
+        bytes_ = self._series[job_id].sync_bytes
+        bytes_[what] = bytes_.get(what, 0) + nbytes
+
+    def durations(self, job_id: str, kind: PhaseKind) -> list[float]:
+        series = self._series.get(job_id)
+        return list(series.durations_s.get(kind, [])) if series else []
+
+    def snapshot(self) -> dict[str, MemberProfile]:
+        return {job_id: self._one(job_id, s) for job_id, s in self._series.items()}
+
+    def _one(self, job_id: str, s: _Series) -> MemberProfile:
+        declared = self._declared.get(job_id, DeclaredProfile())
+        roll = s.durations_s.get(PhaseKind.ROLLOUT, [])
+        train = s.durations_s.get(PhaseKind.TRAIN, [])
+        sync = s.durations_s.get(PhaseKind.SYNC, [])
+        solo = None
+        if roll and train:
+            solo = (statistics.mean(roll) + statistics.mean(train)
+                    + (statistics.mean(sync) if sync else 0.0))
+        ends = s.iteration_ends_s
+        group = (ends[-1] - ends[0]) / (len(ends) - 1) if len(ends) >= 2 else None
+        slowdown = group / solo if group is not None and solo else None
+        drift = []
+        for name, xs, want in (("rollout", roll, declared.rollout_s),
+                               ("train", train, declared.train_s)):
+            med = _median(xs)
+            if want and med is not None and len(xs) >= self.min_samples \
+                    and abs(med - want) > self.drift_tolerance * want:
+                drift.append(f"{name}: measured median {med:.3f} s vs declared {want:.3f} s")
+        return MemberProfile(job_id, tuple(roll), tuple(train), tuple(sync),
+                             s.rollout_state_bytes, s.train_state_bytes, dict(s.sync_bytes),
+                             solo, group, slowdown, declared.slo, tuple(drift))

@@ -1,0 +1,114 @@
+"""What ran where and when: the record behind busy fractions, overheads and Gantt charts."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from weave_slurm.runtime.group import PhaseKind, Pool
+
+
+@dataclass(frozen=True)
+class Span:
+    """One phase of one member on one node, in the executor's clock (seconds)."""
+
+    job_id: str
+    kind: PhaseKind
+    node: str
+    pool: Pool
+    start_s: float
+    end_s: float
+    ok: bool = True
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_s - self.start_s
+
+    def to_json(self) -> dict[str, object]:
+        return {"job": self.job_id, "phase": self.kind.value, "node": self.node,
+                "pool": self.pool.value, "start_s": self.start_s, "end_s": self.end_s,
+                "ok": self.ok}
+
+
+def _union_s(intervals: Iterable[tuple[float, float]]) -> float:
+    total, cur_start, cur_end = 0.0, None, None
+    for start, end in sorted(intervals):
+        if cur_end is None or start > cur_end:
+            if cur_end is not None and cur_start is not None:
+                total += cur_end - cur_start
+            cur_start, cur_end = start, end
+        else:
+            cur_end = max(cur_end, end)
+    if cur_end is not None and cur_start is not None:
+        total += cur_end - cur_start
+    return total
+
+
+def busy_fraction(spans: Sequence[Span], pool: Pool, nodes: Sequence[str],
+                  start_s: float, end_s: float) -> float:
+    """Busy node-seconds of a pool over ``nodes x (end - start)``.
+
+    Rollout and train phases count; sync counts on the pool of the node it ran on.
+    """
+    wall = end_s - start_s
+    if wall <= 0 or not nodes:
+        return 0.0
+    busy = sum(_union_s((s.start_s, s.end_s) for s in spans
+                        if s.pool is pool and s.node == node) for node in nodes)
+    return busy / (wall * len(nodes))
+
+
+def switch_gaps_s(spans: Sequence[Span], kind: PhaseKind) -> list[float]:
+    """Gaps on each node between one member's ``kind`` phase ending and another's starting.
+
+    Only back-to-back pairs of *different* members count (that is the switch), and only
+    gaps where the second phase was waiting to start (callers pass a saturated run).
+    """
+    gaps: list[float] = []
+    by_node: dict[str, list[Span]] = {}
+    for s in spans:
+        if s.kind is kind:
+            by_node.setdefault(s.node, []).append(s)
+    for node_spans in by_node.values():
+        node_spans.sort(key=lambda s: s.start_s)
+        for a, b in zip(node_spans, node_spans[1:], strict=False):
+            if a.job_id != b.job_id:
+                gaps.append(b.start_s - a.end_s)
+    return gaps
+
+
+_COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown")
+
+
+def gantt_png(spans: Sequence[Span], path: Path, title: str) -> Path:
+    """A Gantt chart (one row per node, one colour per member, hatched = train)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    nodes = sorted({(s.pool.value, s.node) for s in spans}, reverse=True)
+    rows = {node: i for i, (_, node) in enumerate(nodes)}
+    jobs = sorted({s.job_id for s in spans})
+    color = {job: _COLORS[i % len(_COLORS)] for i, job in enumerate(jobs)}
+    t0 = min((s.start_s for s in spans), default=0.0)
+    fig, ax = plt.subplots(figsize=(11, 1.0 + 0.6 * max(1, len(nodes))))
+    for s in spans:
+        hatch = {PhaseKind.TRAIN: "//", PhaseKind.SYNC: ".."}.get(s.kind, "")
+        ax.broken_barh([(s.start_s - t0, max(s.duration_s, 1e-4))], (rows[s.node] - 0.4, 0.8),
+                       facecolors=color[s.job_id] if s.ok else "black", hatch=hatch,
+                       edgecolor="white", linewidth=0.3)
+    ax.set_yticks(range(len(nodes)), [f"{node} ({pool})" for pool, node in nodes])
+    ax.set_xlabel("time since start (s)")
+    ax.set_title(title)
+    ax.legend(handles=[Patch(color=color[j], label=j) for j in jobs]
+              + [Patch(facecolor="white", edgecolor="grey", hatch="//", label="train"),
+                 Patch(facecolor="black", label="failed")],
+              loc="upper right", fontsize=8, ncol=len(jobs) + 2)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
