@@ -137,3 +137,30 @@ def test_custom_layout_and_corrupt_state(tmp_path: Path) -> None:
     (tmp_path / "local_backend.json").write_text("{not json")
     with pytest.raises(StateError, match="corrupt"):
         b.list_allocations()
+
+
+def test_interrupted_launch_tasks_are_adopted_not_orphaned(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A launcher killed after starting a task but before recording its pid."""
+    import subprocess
+
+    b = LocalBackend(tmp_path)
+    alloc = b.allocate(AllocationRequest("1", "h20", (_h20(),)))
+    started: list[subprocess.Popen[bytes]] = []
+    real_spawn = LocalBackend._spawn_task
+
+    def spawn_then_die(self: LocalBackend, *args: object) -> subprocess.Popen[bytes]:
+        started.append(real_spawn(self, *args))  # type: ignore[arg-type]
+        raise KeyboardInterrupt  # the launcher dies before it records the task
+
+    monkeypatch.setattr(LocalBackend, "_spawn_task", spawn_then_die)
+    spec = StepSpec("sleeper", (sys.executable, "-c", "import time; time.sleep(60)"))
+    with pytest.raises(KeyboardInterrupt):
+        b.launch_step(alloc.alloc_id, spec)
+    monkeypatch.undo()
+    fresh = LocalBackend(tmp_path)  # a restarted daemon
+    (step,) = fresh.list_steps(alloc.alloc_id)
+    assert step.name == "sleeper"
+    fresh.release(alloc.alloc_id)
+    started[0].wait(timeout=20)
+    assert started[0].returncode is not None

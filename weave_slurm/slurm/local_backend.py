@@ -105,11 +105,16 @@ class LocalBackend:
 
     @staticmethod
     def _prune(state: State) -> None:
-        """Forget steps whose tasks have all exited."""
+        """Adopt tasks of interrupted launches, then forget steps whose tasks all exited."""
         for alloc in state["allocations"].values():
+            steps = alloc.get("steps", {})
+            for step in steps.values():
+                if "launching_since" in step:
+                    _adopt_launching(step)
             alloc["steps"] = {
-                name: step for name, step in alloc.get("steps", {}).items()
-                if any(daemons.process_alive(pid, ticks) for pid, ticks in step["tasks"])}
+                name: step for name, step in steps.items()
+                if "launching_since" in step
+                or any(daemons.process_alive(pid, ticks) for pid, ticks in step["tasks"])}
 
     def _pool(self, partition: str) -> PoolShape:
         for pool in self.layout.pools:
@@ -269,6 +274,9 @@ class LocalBackend:
 
     def launch_step(self, alloc_id: str, spec: StepSpec) -> StepHandle:
         spec.validate()
+        # Record the step before starting its tasks, each tagged in its environment, so
+        # a process killed in between leaves tasks that the next state load finds by
+        # their tag (see _adopt_launching) instead of orphans nobody will stop.
         with self._state() as state:
             rec = self._alloc(state, alloc_id)
             if spec.name in rec["steps"]:
@@ -277,20 +285,30 @@ class LocalBackend:
             comp, nodes = self._place(rec, spec)
             gpus = self._step_gpus(comp, nodes, spec)
             step_no = rec["next_step"]
-            task_nodes = _spread(spec.ntasks, nodes)
-            procs = [self._spawn_task(alloc_id, step_no, spec, task_nodes, rank, gpus)
-                     for rank in range(spec.ntasks)]
+            tag = f"{self._path}:{alloc_id}.{step_no}"
             live = state["allocations"][alloc_id]
             live["next_step"] = step_no + 1
             live["steps"][spec.name] = {
                 "step_id": f"{alloc_id}.{step_no}", "nodes": nodes, "ntasks": spec.ntasks,
-                "gpus": gpus,
-                "tasks": [[p.pid, daemons.start_ticks(p.pid) or 0] for p in procs]}
+                "gpus": gpus, "tasks": [], "tag": tag, "launching_since": time.time()}
+        task_nodes = _spread(spec.ntasks, nodes)
+        procs: list[subprocess.Popen[bytes]] = []
+        try:
+            for rank in range(spec.ntasks):
+                procs.append(self._spawn_task(alloc_id, step_no, spec, task_nodes, rank, gpus,
+                                              tag))
+        finally:
+            with self._state() as state:
+                step = state["allocations"].get(alloc_id, {}).get("steps", {}).get(spec.name)
+                if step is not None and procs:
+                    step["tasks"] = [[p.pid, daemons.start_ticks(p.pid) or 0] for p in procs]
+                    step.pop("launching_since", None)
         self._launched[(alloc_id, spec.name)] = _Launched(procs)
         return StepHandle(alloc_id, spec.name, procs[0].pid)
 
     def _spawn_task(self, alloc_id: str, step_no: int, spec: StepSpec, task_nodes: list[str],
-                    rank: int, gpus: dict[str, list[int]]) -> subprocess.Popen[bytes]:
+                    rank: int, gpus: dict[str, list[int]],
+                    tag: str) -> subprocess.Popen[bytes]:
         node = task_nodes[rank]
         nodes = list(dict.fromkeys(task_nodes))
         visible = ",".join(str(i) for i in gpus[node])
@@ -303,7 +321,7 @@ class LocalBackend:
                "SLURM_NNODES": str(len(nodes)), "SLURM_STEP_NODELIST": ",".join(nodes),
                "SLURM_CPUS_PER_TASK": str(spec.cpus_per_task), "SLURMD_NODENAME": node,
                "CUDA_VISIBLE_DEVICES": visible, "SLURM_STEP_GPUS": visible,
-               "WEAVE_BACKEND": self.kind}
+               "WEAVE_BACKEND": self.kind, STEP_TAG_ENV: tag}
         sink: Any = subprocess.DEVNULL
         if spec.log_path is not None:
             spec.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -368,3 +386,31 @@ class LocalBackend:
                 if not live:
                     return
                 time.sleep(0.02)
+
+
+#: Environment variable carrying a local step's tag into each of its tasks.
+STEP_TAG_ENV = "WEAVE_LOCAL_STEP"
+#: How long a launch may stay unconfirmed before its record is dropped.
+LAUNCH_GRACE_S = 30.0
+
+
+def _adopt_launching(step: dict[str, Any]) -> None:
+    """Find the tasks of a launch that was interrupted, by the tag in their environment."""
+    needle = f"{STEP_TAG_ENV}={step['tag']}".encode() + b"\0"
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as fh:
+                env = fh.read()
+        except OSError:
+            continue
+        if needle in env + b"\0":
+            pid = int(entry.name)
+            found.append([pid, daemons.start_ticks(pid) or 0])
+    if found:
+        step["tasks"] = sorted(found)
+        step.pop("launching_since", None)
+    elif time.time() - float(step["launching_since"]) > LAUNCH_GRACE_S:
+        step.pop("launching_since", None)  # nothing started: _prune forgets the record
