@@ -10,6 +10,7 @@ from weave_slurm.sync.header import SyncMode
 from weave_slurm.sync.launch import check_outcomes, run_group
 from weave_slurm.sync.linkemu import LinkSpec
 from weave_slurm.sync.scenario import Method, Scenario
+from weave_slurm.sync.topology import ShardLayout
 
 pytestmark = pytest.mark.torch
 
@@ -69,3 +70,22 @@ def test_baselines_deliver_the_same_bytes(make_versions: VersionsFactory, method
                   versions=(1,), method=method)
     results = check_outcomes(run_group(sc, LOOPBACK))
     assert all(r["steps"][0]["identical"] for r in _by_pool(results, "rollout"))
+
+
+def test_small_chunks_relay_one_copy_and_survive_a_corrupt_first_send(
+        make_versions: VersionsFactory) -> None:
+    files = make_versions(3 * MIB, [0.05])
+    sc = Scenario("job-chunks", n_train=2, n_rollout=4, total_nbytes=3 * MIB,
+                  version_files=files, versions=(1, 2), mode=SyncMode.DELTA,
+                  corrupt_attempts=1, chunk_nbytes=64 * 1024)
+    results = check_outcomes(run_group(sc, LOOPBACK))
+    rollout, train = _by_pool(results, "rollout"), _by_pool(results, "train")
+    assert all(s["identical"] for r in rollout for s in r["steps"])
+    shard = ShardLayout(3 * MIB, 4).shard_nbytes
+    # each rollout rank took only its own shard over the slow link (first attempt and
+    # the full retry); the other three shards came through the relay
+    assert [r["steps"][0]["slow_link_bytes"] for r in rollout] == [2 * shard] * 4
+    assert sum(r["steps"][0]["slow_link_bytes"] for r in train) == 8 * shard
+    assert all(r["steps"][0]["retries"] == 2 for r in train)  # two pieces each
+    assert sum(r["steps"][1]["delta_pieces"] for r in train) == 4
+    assert sum(r["steps"][1]["slow_link_bytes"] for r in train) < 0.5 * 4 * shard

@@ -69,8 +69,8 @@ def demo(
     for job, ys in result.rewards.items():
         rewards.add_row(job, f"{ys[0]:.3f}", f"{ys[-1]:.3f}", _spark(ys))
     console.print(rewards)
-    pools = Table(title="pools over the steady window (first rollout -> end; model builds "
-                  "excluded)")
+    pools = Table(title="pools over the steady window (all first rollouts done -> end; "
+                  "model builds excluded)")
     for col in ("RUN", "WALL_S", "H20_BUSY", "H800_BUSY"):
         pools.add_column(col)
     runs = [("grouped", result.grouped)]

@@ -20,7 +20,7 @@ from weave_slurm.sim.failures import FailureModel
 from weave_slurm.sim.generate import GeneratorConfig, generate_trace
 from weave_slurm.sim.loader import load_trace, save_trace
 from weave_slurm.sim.plots import plot_all
-from weave_slurm.sim.policies import Accounting, parse_policies
+from weave_slurm.sim.policies import Accounting, StalenessMix, parse_policies
 from weave_slurm.sim.profiles import load_profile_table
 from weave_slurm.sim.replay import ReplayOptions, ReplayResult, replay_policies
 from weave_slurm.sim.report import build_report, render
@@ -54,6 +54,9 @@ def simulate(
         "--migration-s", min=0, help="Pause of a job moved to another group (its warm state "
         "is copied), charged in consistent accounting.")] = ReplayOptions.migration_s,
     drift: Annotated[str | None, typer.Option(help="increasing, decreasing or mixed.")] = None,
+    staleness_mix: Annotated[str, typer.Option(
+        "--staleness-mix", help="FRACTION:K: that fraction of jobs (drawn per job) declares "
+        "staleness K, e.g. 0.3:1.")] = "0:1",
     verify: Annotated[bool, typer.Option(help="Event-level SLO check of grouped policies.")
                       ] = True,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the report here.")
@@ -73,6 +76,7 @@ def simulate(
     options = ReplayOptions(
         accounting=acc, max_group_size=max_group_size, seed=seed,
         rollout_mean_fraction=rollout_mean, migration_s=migration_s,
+        staleness=StalenessMix.parse(staleness_mix, seed),
         failures=FailureModel(failure_rate, seed=seed) if failure_rate > 0 else None,
         drift=DriftModel(DriftPattern.parse(drift), seed=seed) if drift else None)
     cap = Capacity.from_site(site_cfg, max_group_size)

@@ -95,6 +95,7 @@ class JobSpec:
     entry: str
     profile: MeasuredProfile
     source: str = "<string>"
+    staleness: int = 0
 
 
 def load_job(path: str | Path) -> JobSpec:
@@ -115,6 +116,7 @@ def _job_from_data(data: object, source: str) -> JobSpec:
     user = top.string("user", _current_user())
     algorithm = Algorithm(top.string("algorithm", "grpo", choices=[a.value for a in Algorithm]))
     slo = top.opt_number("slo", ge=1.0)
+    staleness = _staleness(top)
     entry = top.string("entry", "builtin:grpo-toy")
     model = _model(_req(top, "model"))
     rollout = _rollout(_req(top, "rollout"))
@@ -132,7 +134,25 @@ def _job_from_data(data: object, source: str) -> JobSpec:
     top.done()
     return JobSpec(name=name, user=user, algorithm=algorithm, model=model, rollout=rollout,
                    training=training, rollout_gpus=rollout_gpus, train_gpus=train_gpus,
-                   slo=slo, entry=entry, profile=profile, source=source)
+                   slo=slo, entry=entry, profile=profile, source=source, staleness=staleness)
+
+
+#: Largest dependency window accepted: beyond a few steps a job is effectively
+#: asynchronous and its rollout and training no longer leave a bubble to share.
+MAX_STALENESS = 8
+
+
+def _staleness(top: TableReader) -> int:
+    """``staleness = k``: rollout of step m may use weights of step m - 1 - k (0 = on-policy)."""
+    if top.has("staleness") and not isinstance(top.raw("staleness"), int | bool):
+        value = top.raw("staleness")
+        if isinstance(value, str) and value.strip().lower() in ("unbounded", "inf", "async"):
+            raise top.fail("staleness", value, "fully asynchronous jobs (no staleness bound) "
+                           "have no rollout/training bubble for co-execution to fill, so "
+                           "weave-slurm does not take them; give a bound 0-"
+                           f"{MAX_STALENESS} (0 = strictly on-policy, 1 = one-step "
+                           "off-policy)")
+    return top.integer("staleness", 0, ge=0, le=MAX_STALENESS)
 
 
 def _req(top: TableReader, name: str) -> TableReader:

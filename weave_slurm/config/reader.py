@@ -66,6 +66,10 @@ class TableReader:
     def has(self, name: str) -> bool:
         return name in self._data
 
+    def raw(self, name: str) -> Any:
+        """The unvalidated value of a key (for keys with a special-case message)."""
+        return self._data.get(name)
+
     def is_table(self, name: str) -> bool:
         return isinstance(self._data.get(name), dict)
 

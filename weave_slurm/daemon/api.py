@@ -17,6 +17,7 @@ from weave_slurm.config.job import parse_job
 from weave_slurm.config.site import SiteConfig
 from weave_slurm.daemon import membership
 from weave_slurm.daemon.executor import job_nodes
+from weave_slurm.daemon.faults import FaultPoint, crossing
 from weave_slurm.daemon.protocol import Op, PermissionDenied
 from weave_slurm.daemon.records import AllocRow, GroupRow, JobRow
 from weave_slurm.daemon.states import JobState
@@ -85,6 +86,7 @@ class Api:
                                     f"{'; '.join(never.reasons)}")
         job_id = self.store.add_job(uid=uid, user=user_name(uid), name=job.name, spec=spec,
                                     source=where, profile=profile, now=self.now())
+        crossing(FaultPoint.SUBMIT_STORED)
         self.wake()
         return {"job": job_id}
 

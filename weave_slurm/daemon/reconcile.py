@@ -20,6 +20,7 @@ from typing import Protocol
 
 from weave_slurm.daemon import membership
 from weave_slurm.daemon.executor import Executor
+from weave_slurm.daemon.faults import FaultPoint, crossing
 from weave_slurm.daemon.records import AllocRow, GroupPlan, GroupRow, JobRow, StepRow
 from weave_slurm.daemon.states import AllocState, GroupState, JobState, StepRunState
 from weave_slurm.daemon.store import Store
@@ -209,6 +210,7 @@ class Reconciler:
     def _stop_step(self, step: StepRow, alloc: AllocRow, now: float) -> None:
         if step.state is not StepRunState.STOPPING:
             self.store.transition("step", step.key, StepRunState.STOPPING, "stopping", now)
+        crossing(FaultPoint.CANCEL_STOPPING)
         if alloc.alloc_id is not None and alloc.state is AllocState.HELD:
             handle = self._handles.get(step.key) or StepHandle(alloc.alloc_id, step.name,
                                                                step.launcher_pid or 0)
@@ -224,6 +226,7 @@ class Reconciler:
             self._stop_step(step, allocs[step.alloc_key], now)
         if job.group_id is not None:
             self._leave_group(job, now)
+        crossing(FaultPoint.CANCEL_STOPPED)
         self.store.transition("job", job.job_id, dst, reason, now, expect=job.state,
                               ended_s=now)
 
@@ -280,6 +283,7 @@ class Reconciler:
                 self.store.update("job", job.job_id, reason=decision.message())
         if placed:
             self.store.commit_placement(writes, placed, now)
+            crossing(FaultPoint.PLACE_COMMITTED)
             log.info("placed jobs %s", [p[0] for p in placed])
 
     # -- allocations -------------------------------------------------------------------
@@ -315,6 +319,7 @@ class Reconciler:
         request = self._request(group, alloc)
         self.store.transition("alloc", alloc.key, AllocState.ALLOCATING,
                               f"requesting {request.job_name}", now, expect=AllocState.WANTED)
+        crossing(FaultPoint.ALLOC_INTENT)
         try:
             granted = self.backend.allocate(request)
         except InfeasibleRequest as exc:
@@ -326,6 +331,7 @@ class Reconciler:
             self.store.transition("alloc", alloc.key, AllocState.WANTED,
                                   f"not granted, retrying: {exc}", now)
             return
+        crossing(FaultPoint.ALLOC_GRANTED)
         self._held(alloc, granted, now, f"granted as {granted.alloc_id}")
 
     def _release(self, alloc: AllocRow, now: float) -> None:
@@ -335,8 +341,10 @@ class Reconciler:
         if alloc.state is AllocState.HELD:
             self.store.transition("alloc", alloc.key, AllocState.RELEASING,
                                   f"releasing {alloc.alloc_id}", now)
+        crossing(FaultPoint.RELEASE_INTENT)
         if alloc.alloc_id is not None:
             self.backend.release(alloc.alloc_id)
+        crossing(FaultPoint.RELEASE_DONE)
         self.store.transition("alloc", alloc.key, AllocState.RELEASED, "released", now,
                               updated_s=now)
 
@@ -350,6 +358,7 @@ class Reconciler:
         if spec.name in world.steps.get(alloc.alloc_id or "", set()):
             self.store.transition("step", key, StepRunState.RUNNING, "adopted", now)
             return True
+        crossing(FaultPoint.STEP_INTENT)
         try:
             handle = self.backend.launch_step(alloc.alloc_id or "", spec)
         except WeaveError as exc:
@@ -357,6 +366,7 @@ class Reconciler:
             log.warning("launching %s in %s failed: %s", spec.name, alloc.alloc_id, exc)
             return False
         self._handles[key] = handle
+        crossing(FaultPoint.STEP_LAUNCHED)
         self.store.transition("step", key, StepRunState.RUNNING, "launched", now,
                               launcher_pid=handle.launcher_pid)
         return True
@@ -387,6 +397,7 @@ class Reconciler:
                     and self._node_daemons_up(allocs):
                 self.store.transition("group", group.group_id, GroupState.ACTIVE,
                                       f"allocations {[a.alloc_id for a in allocs]} held", now)
+                crossing(FaultPoint.GROUP_ACTIVE)
 
     def _launch_jobs(self, world: World, now: float) -> None:
         for group in self.store.groups():
@@ -403,6 +414,7 @@ class Reconciler:
                     self.store.transition("job", job.job_id, JobState.RUNNING,
                                           f"{len(steps)} step(s) launched", now,
                                           expect=JobState.PLACED, started_s=now)
+                    crossing(FaultPoint.JOB_RUNNING)
                 else:
                     self._finish_job(fresh, JobState.FAILED, "a step could not be launched", now)
 

@@ -36,15 +36,16 @@ class JobProfile:
     colo_nodes: int = 0
     name: str = ""
     user: str = ""
+    staleness: int = 0  # rollout of step m may use the weights of step m - 1 - staleness
 
     @property
     def solo_s(self) -> float:
         """Iteration time alone on its own nodes, with the admission bounds."""
-        return self.rollout_max_s + self.sync_s + self.train_max_s
+        return solo_period(self.rollout_max_s, self.train_max_s, self.sync_s, self.staleness)
 
     @property
     def solo_mean_s(self) -> float:
-        return self.rollout_mean_s + self.sync_s + self.train_mean_s
+        return solo_period(self.rollout_mean_s, self.train_mean_s, self.sync_s, self.staleness)
 
     @property
     def budget_s(self) -> float:
@@ -55,11 +56,22 @@ class JobProfile:
         return replace(self, job_id=job_id)
 
 
+def solo_period(rollout_s: float, train_s: float, sync_s: float, staleness: int = 0) -> float:
+    """Iteration time of a job alone on its own nodes.
+
+    Strictly on-policy it is ``rollout + sync + train``. With a window of ``k`` the
+    rollout of step ``m`` needs only the weights of step ``m - 1 - k``, so rollout and
+    training overlap, and the cycles of the schedule's recurrence give
+    ``max(rollout, train, (rollout + sync + train) / (k + 1))``.
+    """
+    return max(rollout_s, train_s, (rollout_s + sync_s + train_s) / (staleness + 1))
+
+
 def simple_profile(job_id: str, rollout_s: float, train_s: float, slo: float, *,
                    rollout_nodes: int = 1, train_nodes: int = 1, sync_s: float = 0.0,
                    rollout_mean_s: float | None = None, rollout_state_gib: float = 0.0,
                    train_state_gib: float = 0.0, colo_iter_s: float | None = None,
-                   colo_nodes: int | None = None) -> JobProfile:
+                   colo_nodes: int | None = None, staleness: int = 0) -> JobProfile:
     """A profile from bare phase times (traces, benchmarks, tests)."""
     return JobProfile(
         job_id=job_id, slo=slo, rollout_nodes=rollout_nodes, train_nodes=train_nodes,
@@ -68,7 +80,8 @@ def simple_profile(job_id: str, rollout_s: float, train_s: float, slo: float, *,
         train_max_s=train_s, train_mean_s=train_s, sync_s=sync_s,
         rollout_state_gib=rollout_state_gib, train_state_gib=train_state_gib,
         colo_iter_s=colo_iter_s if colo_iter_s is not None else rollout_s + train_s,
-        colo_nodes=colo_nodes if colo_nodes is not None else train_nodes, name=job_id)
+        colo_nodes=colo_nodes if colo_nodes is not None else train_nodes, name=job_id,
+        staleness=staleness)
 
 
 def profile_job(spec: JobSpec, site: SiteConfig, job_id: str | None = None) -> JobProfile:
@@ -118,4 +131,4 @@ def profile_job(spec: JobSpec, site: SiteConfig, job_id: str | None = None) -> J
         sync_s=perf.sync_seconds(inter, intra, site.network),
         rollout_state_gib=r_state, train_state_gib=t_state,
         sync_inter_gib=inter, sync_intra_gib=intra, colo_iter_s=colo, colo_nodes=train_nodes,
-        name=spec.name, user=spec.user)
+        name=spec.name, user=spec.user, staleness=spec.staleness)

@@ -15,6 +15,7 @@ then on the schedule is exactly periodic, so the period is exact, not an average
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 _REL_TOL = 1e-9
 
@@ -29,6 +30,7 @@ def cyclic_period(
     train_order: Sequence[int] | None = None,
     max_iterations: int = 0,
     closed_form: bool = True,
+    staleness: Sequence[int] | None = None,
 ) -> float:
     """Steady-state meta-iteration period of a cyclic schedule.
 
@@ -36,14 +38,18 @@ def cyclic_period(
     syncs for ``sync_s[i]`` (a delay, no node held), and trains for ``train_s[i]`` on
     every node in ``train_pins[i]``. Each node serves its members in ``rollout_order``
     (rollout nodes) or ``train_order`` (training nodes); both default to the members'
-    index order, which is the cyclic round-robin.
+    index order, which is the cyclic round-robin. ``staleness[i] = k`` lets member
+    ``i``'s rollout of meta-iteration ``m`` use the weights trained in ``m - 1 - k``
+    (0, the default, is the strict on-policy barrier).
     """
     n = len(rollout_s)
     if n == 0:
         return 0.0
+    lag = [0] * n if staleness is None else list(staleness)
     r_order = range(n) if rollout_order is None else rollout_order
     t_order = range(n) if train_order is None else train_order
-    if closed_form and _unshared(rollout_pins) and _all_share_one_node(train_pins):
+    if (closed_form and not any(lag) and _unshared(rollout_pins)
+            and _all_share_one_node(train_pins)):
         # Closed form: the training node is the only shared resource, so the period
         # is the larger of its load and the longest single-member cycle.
         return max(sum(train_s), max(r + s + t for r, s, t in zip(rollout_s, sync_s, train_s,
@@ -52,15 +58,16 @@ def cyclic_period(
     t_nodes = 1 + max((p for pins in train_pins for p in pins), default=-1)
     r_free = [0.0] * r_nodes
     t_free = [0.0] * t_nodes
-    t_end = [-s for s in sync_s]
+    # ends[i][j]: end of member i's training j+1 meta-iterations ago (ready at time 0).
+    ends = [[-s] * (k + 1) for s, k in zip(sync_s, lag, strict=True)]
     r_end = [0.0] * n
     history: list[list[float]] = []
     scale = max(1.0, sum(rollout_s) + sum(train_s) + sum(sync_s))
     tol = _REL_TOL * scale
-    limit = max_iterations or (12 * n + 24)
+    limit = max_iterations or (12 * n + 24) * (1 + max(lag))
     for k in range(limit):
         for i in r_order:
-            start = t_end[i] + sync_s[i]
+            start = ends[i][-1] + sync_s[i]
             for node in rollout_pins[i]:
                 if r_free[node] > start:
                     start = r_free[node]
@@ -76,9 +83,9 @@ def cyclic_period(
             end = start + train_s[i]
             for node in train_pins[i]:
                 t_free[node] = end
-            t_end[i] = end
-        state = t_end + r_free + t_free
-        for back in range(1, min(k, 2 * n + 4) + 1):
+            ends[i] = [end, *ends[i][:-1]]
+        state = [e for hist in ends for e in hist] + r_free + t_free
+        for back in range(1, min(k, (2 * n + 4) * (1 + max(lag))) + 1):
             prev = history[k - back]
             shift = state[0] - prev[0]
             if all(abs((a - b) - shift) <= tol for a, b in zip(state, prev, strict=True)):
@@ -108,3 +115,58 @@ def _all_share_one_node(pins: Sequence[Sequence[int]]) -> bool:
     for member in pins[1:]:
         common &= set(member)
     return bool(common)
+
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseRun:
+    """One phase of one member in an unrolled cyclic schedule."""
+
+    member: int
+    meta_iteration: int
+    phase: str  # "rollout" or "train"
+    start_s: float
+    end_s: float
+    nodes: tuple[int, ...]
+    weights_version: int  # rollout: weights it used; train: the version it produces
+
+
+def cyclic_timeline(
+    rollout_s: Sequence[float],
+    train_s: Sequence[float],
+    sync_s: Sequence[float],
+    rollout_pins: Sequence[Sequence[int]],
+    train_pins: Sequence[Sequence[int]],
+    meta_iterations: int,
+    staleness: Sequence[int] | None = None,
+) -> list[PhaseRun]:
+    """The explicit schedule of ``meta_iterations`` rounds (round-robin order).
+
+    Weight versions count training steps: a member starts at version 0, training in
+    meta-iteration ``m`` produces version ``m + 1``, and a rollout in ``m`` uses the
+    newest version its window allows, ``max(0, m - k)``. Used for Gantt charts and to
+    check the dependency windows and node exclusivity of a schedule.
+    """
+    n = len(rollout_s)
+    lag = [0] * n if staleness is None else list(staleness)
+    r_free: dict[int, float] = {}
+    t_free: dict[int, float] = {}
+    ends = [[-s] * (k + 1) for s, k in zip(sync_s, lag, strict=True)]
+    out: list[PhaseRun] = []
+    for m in range(meta_iterations):
+        r_end = [0.0] * n
+        for i in range(n):
+            start = max([ends[i][-1] + sync_s[i]] + [r_free.get(p, 0.0) for p in rollout_pins[i]])
+            r_end[i] = start + rollout_s[i]
+            for p in rollout_pins[i]:
+                r_free[p] = r_end[i]
+            out.append(PhaseRun(i, m, "rollout", start, r_end[i], tuple(rollout_pins[i]),
+                                max(0, m - lag[i])))
+        for i in range(n):
+            start = max([r_end[i]] + [t_free.get(p, 0.0) for p in train_pins[i]])
+            end = start + train_s[i]
+            for p in train_pins[i]:
+                t_free[p] = end
+            ends[i] = [end, *ends[i][:-1]]
+            out.append(PhaseRun(i, m, "train", start, end, tuple(train_pins[i]), m + 1))
+    return out

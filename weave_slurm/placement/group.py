@@ -120,6 +120,7 @@ def period(members: tuple[Member, ...], expected: bool = False) -> float:
         [j.sync_s for j in jobs],
         [m.rollout_pins for m in members],
         [m.train_pins for m in members],
+        staleness=[j.staleness for j in jobs] if any(j.staleness for j in jobs) else None,
     )
 
 

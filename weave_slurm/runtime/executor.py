@@ -15,6 +15,7 @@ newest checkpoint on its training node while the others keep running.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -78,6 +79,7 @@ class _Running:
     start_s: float
     deadline_s: float
     init: bool = False
+    ready_s: float | None = None
 
 
 @dataclass
@@ -98,6 +100,7 @@ class Member:
     history: list[tuple[float, MemberState, str]] = field(default_factory=list)
     error: str | None = None
     retry_at_s: float = 0.0
+    ready_s: float | None = None
 
 
 class GroupExecutor:
@@ -194,6 +197,8 @@ class GroupExecutor:
                              f"{to.value} is not a valid transition ({why})")
         member.history.append((self.clock.now(), to, why))
         member.state = to
+        if to is MemberState.READY:
+            member.ready_s = self.clock.now()
         for listener in self.listeners:
             listener(member, why)
 
@@ -278,7 +283,7 @@ class GroupExecutor:
         self._call(node, Op.ACTIVATE, job=member.spec.job_id, phase=kind.value,
                    entry=_ENTRY + fn, args=[args])
         now = self.clock.now()
-        member.running = _Running(kind, node, now, now + deadline, init)
+        member.running = _Running(kind, node, now, now + deadline, init, member.ready_s)
         self._busy[node.name] = member.spec.job_id
         if member.state is MemberState.READY:
             self._move(member, MemberState.ROLLOUT if kind is PhaseKind.ROLLOUT
@@ -310,17 +315,20 @@ class GroupExecutor:
                        f"{worker.get('error') or 'returncode ' + str(worker.get('returncode'))}")
             return True
         try:
-            self._finish(member, run, dict(worker.get("result") or {}))
+            self._finish(member, run, dict(worker.get("result") or {}),
+                         (worker.get("t_recv"), worker.get("t_done")))
         except WeaveError as exc:
             self._fail(member, f"after {run.kind.value} on {run.node.name}: {exc}")
         return True
 
-    def _finish(self, member: Member, run: _Running, result: Mapping[str, Any]) -> None:
+    def _finish(self, member: Member, run: _Running, result: Mapping[str, Any],
+                worker_s: tuple[Any, Any] = (None, None)) -> None:
         end = self.clock.now()
         job_id = member.spec.job_id
         self._release(member)
+        w0, w1 = (None if t is None else float(t) for t in worker_s)
         self.spans.append(Span(job_id, run.kind, run.node.name, run.node.pool,
-                               run.start_s, end))
+                               run.start_s, end, True, run.ready_s, w0, w1))
         if not run.init:
             self.profiler.phase(job_id, run.kind, end - run.start_s)
         if run.kind is PhaseKind.ROLLOUT:
@@ -397,10 +405,8 @@ class GroupExecutor:
             return True
         member.recoveries += 1
         job_id = member.spec.job_id
-        try:
+        with contextlib.suppress(WeaveError):
             self._register(member)   # a restarted node daemon may have lost it
-        except WeaveError:
-            pass
         try:
             self._call(member.train_node, Op.RESTORE, job=job_id)
             self._sync(member, phases.WEIGHTS, member.train_node, member.rollout_nodes,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,9 @@ class Span:
     start_s: float
     end_s: float
     ok: bool = True
+    ready_s: float | None = None          # when the member was ready for this phase
+    worker_start_s: float | None = None   # the entry received the activation (worker)
+    worker_end_s: float | None = None     # the entry returned (worker)
 
     @property
     def duration_s(self) -> float:
@@ -28,7 +32,8 @@ class Span:
     def to_json(self) -> dict[str, object]:
         return {"job": self.job_id, "phase": self.kind.value, "node": self.node,
                 "pool": self.pool.value, "start_s": self.start_s, "end_s": self.end_s,
-                "ok": self.ok}
+                "ok": self.ok, "ready_s": self.ready_s, "worker_start_s": self.worker_start_s,
+                "worker_end_s": self.worker_end_s}
 
 
 def _union_s(intervals: Iterable[tuple[float, float]]) -> float:
@@ -60,21 +65,27 @@ def busy_fraction(spans: Sequence[Span], pool: Pool, nodes: Sequence[str],
 
 
 def switch_gaps_s(spans: Sequence[Span], kind: PhaseKind) -> list[float]:
-    """Gaps on each node between one member's ``kind`` phase ending and another's starting.
+    """Meta-iteration overhead: on each node, one member's ``kind`` phase ending (its
+    entry returned, worker clock) to the next member's entry starting.
 
     Only back-to-back pairs of *different* members count (that is the switch), and only
-    gaps where the second phase was waiting to start (callers pass a saturated run).
+    where the second member was ready before the first phase ended (it was waiting for
+    the node, so the gap is pure runtime overhead, not an empty pool). Workers and the
+    executor share the host's CLOCK_MONOTONIC.
     """
     gaps: list[float] = []
     by_node: dict[str, list[Span]] = {}
     for s in spans:
-        if s.kind is kind:
+        if s.kind is kind and s.ok and s.worker_start_s is not None \
+                and s.worker_end_s is not None:
             by_node.setdefault(s.node, []).append(s)
     for node_spans in by_node.values():
         node_spans.sort(key=lambda s: s.start_s)
-        for a, b in zip(node_spans, node_spans[1:], strict=False):
-            if a.job_id != b.job_id:
-                gaps.append(b.start_s - a.end_s)
+        for a, b in itertools.pairwise(node_spans):
+            if a.job_id == b.job_id or b.ready_s is None or a.worker_end_s is None \
+                    or b.worker_start_s is None or b.ready_s > a.worker_end_s:
+                continue
+            gaps.append(b.worker_start_s - a.worker_end_s)
     return gaps
 
 

@@ -47,12 +47,3 @@ def copy_segment(clients: ClientFactory, src: Path, dsts: Sequence[Path], job: J
               src, len(dsts))
     return attached.index.version, moved
 
-
-def segment_version(clients: ClientFactory, node: Path, job: JobRef, name: str) -> int | None:
-    """The version of a segment on a node, or None if it has none."""
-    info = clients(node).call(Op.ATTACH_INFO, job=job.job_id)
-    seg = info["segments"].get(name)
-    if seg is None:
-        return None
-    index = seg.get("index", seg) if isinstance(seg, dict) else None
-    return None if index is None else int(index.get("version", 0))

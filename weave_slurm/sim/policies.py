@@ -15,6 +15,7 @@ Everything that *decides* is in :mod:`weave_slurm.placement`; this module only a
 from __future__ import annotations
 
 import enum
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -62,8 +63,40 @@ def needs_two_nodes(job: TraceJob) -> bool:
     return job.kind is not None and job.kind.startswith("32B")
 
 
+@dataclass(frozen=True)
+class StalenessMix:
+    """A fraction of a trace's jobs declared with a staleness window ``k`` (issue 9).
+
+    Which jobs: a deterministic draw per job id and seed, so every policy of a replay
+    sees the same jobs bounded-stale.
+    """
+
+    fraction: float = 0.0
+    k: int = 1
+    seed: int = 0
+
+    @classmethod
+    def parse(cls, spec: str, seed: int = 0) -> StalenessMix:
+        try:
+            frac_s, _, k_s = spec.partition(":")
+            mix = cls(float(frac_s), int(k_s or 1), seed)
+        except ValueError:
+            mix = cls(-1.0)
+        if not 0 <= mix.fraction <= 1 or not 0 <= mix.k <= 8:
+            raise ConfigError(f"--staleness-mix {spec!r}: expected FRACTION:K with FRACTION in "
+                              "[0, 1] and K in 0-8, e.g. 0.3:1")
+        return mix
+
+    def staleness_of(self, job_id: str) -> int:
+        if self.fraction <= 0:
+            return 0
+        digest = hashlib.sha256(f"{self.seed}:{job_id}".encode()).digest()
+        draw = int.from_bytes(digest[:8], "big") / 2**64
+        return self.k if draw < self.fraction else 0
+
+
 def job_profile(job: TraceJob, policy: str, accounting: Accounting,
-                rollout_mean_fraction: float = 1.0) -> JobProfile:
+                rollout_mean_fraction: float = 1.0, staleness: int = 0) -> JobProfile:
     """Placement input for ``job`` (solo times from the trace, SLO filled by the loader)."""
     if job.t_rollout_s is None or job.t_train_s is None or job.slo is None:
         raise ConfigError(f"{job.source_line}: job {job.job_id!r} has no profile or SLO; "
@@ -76,7 +109,8 @@ def job_profile(job: TraceJob, policy: str, accounting: Accounting,
         job.job_id, job.t_rollout_s, job.t_train_s, job.slo,
         rollout_nodes=2 if two else 1, train_nodes=train_nodes,
         rollout_mean_s=job.t_rollout_s * rollout_mean_fraction,
-        colo_iter_s=colo_r * rollout_mean_fraction + colo_t, colo_nodes=2 if two else 1)
+        colo_iter_s=colo_r * rollout_mean_fraction + colo_t, colo_nodes=2 if two else 1,
+        staleness=staleness)
 
 
 def scale_profile(p: JobProfile, rollout_factor: float, train_factor: float) -> JobProfile:

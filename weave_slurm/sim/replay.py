@@ -18,7 +18,7 @@ import math
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from weave_slurm.model.profile import JobProfile
 from weave_slurm.placement.admission import place_batch
@@ -33,6 +33,7 @@ from weave_slurm.sim.outcome import JobRun, ReplayResult, Segment
 from weave_slurm.sim.policies import (
     Accounting,
     SimPolicy,
+    StalenessMix,
     job_profile,
     optimum_rate,
     scale_profile,
@@ -58,6 +59,7 @@ class ReplayOptions:
     migration_s: float = 60.0
     failures: FailureModel | None = None
     drift: DriftModel | None = None
+    staleness: StalenessMix = field(default_factory=StalenessMix)
     optimum_max_jobs: int = 10  # larger concurrent sets fall back to the weave plan
     record_segments: bool = True
 
@@ -145,7 +147,8 @@ class Replay:
         profiles = []
         for job in jobs:
             p = job_profile(job, self.policy.name, self.opt.accounting,
-                            self.opt.rollout_mean_fraction)
+                            self.opt.rollout_mean_fraction,
+                            self.opt.staleness.staleness_of(job.job_id))
             self.runs[job.job_id] = JobRun(job, p, p, now, self._work(job, p), since_s=now)
             self._schedule_drift(job, now)
             profiles.append(p)
@@ -231,7 +234,8 @@ class Replay:
         if run.departure_s is not None or run.group_id is None:
             return
         base = job_profile(run.job, self.policy.name, self.opt.accounting,
-                           self.opt.rollout_mean_fraction)
+                           self.opt.rollout_mean_fraction,
+                           self.opt.staleness.staleness_of(run.job.job_id))
         run.actual = scale_profile(base, rollout_factor, train_factor)
         gid = run.group_id
         group = self.state.by_id[gid]

@@ -12,6 +12,7 @@ wrong job, missing delta base) go to reusable scratch space so the weights stay 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -57,6 +58,7 @@ class RoundResult:
     full_pieces: int = 0
     delta_pieces: int = 0
     touched: bool = False  # the weight buffer was written (a failure now tears it)
+    marks_s: dict[str, float] = field(default_factory=dict)  # seconds since the round began
 
 
 class RoundReceiver:
@@ -74,7 +76,7 @@ class RoundReceiver:
             ) -> RoundResult:
         """Take in ``todo`` (own pieces from trainers, the rest relayed by their owners);
         reply to the trainers of own pieces (``final``: a retry request becomes FAILED)."""
-        me = self.t.rank
+        me, t0 = self.t.rank, time.perf_counter()
         intakes = [self._post_head(p, rnd) for p in todo]
         own = [i for i in intakes if not i.relay]
         others = [i for i in intakes if i.relay]
@@ -85,7 +87,9 @@ class RoundReceiver:
             if not it.relay:
                 sends += self._relay(it.head_buf, it.piece.piece, Slot.HEAD, rnd)
             self._open(flat, it, rnd, result)
-        self._pump(own, others, rnd, sends)
+        result.marks_s["headers_s"] = time.perf_counter() - t0
+        self._pump(own, others, rnd, sends, result, t0)
+        result.marks_s["chunks_s"] = time.perf_counter() - t0
         for it in own + others:
             if it.trailer_wait is not None and it.trailer is not None:
                 it.trailer_wait.wait()
@@ -102,8 +106,10 @@ class RoundReceiver:
                 st = Status.FAILED
             code = torch.tensor([int(st)], dtype=torch.int64, device=self.t.device)
             sends.append(self.t.isend(code, it.src, tag(it.piece.piece, Slot.STATUS, rnd, False)))
+        result.marks_s["verified_s"] = time.perf_counter() - t0
         for w in sends:
             w.wait()
+        result.marks_s["relayed_s"] = time.perf_counter() - t0
         return result
 
     # ------------------------------------------------------------------ steps
@@ -155,7 +161,7 @@ class RoundReceiver:
                                                                it.relay))
 
     def _pump(self, own: list[_Intake], others: list[_Intake], rnd: int,
-              sends: list[Pending]) -> None:
+              sends: list[Pending], result: RoundResult, t0: float) -> None:
         """Chunk by chunk across all pieces: wait, relay (own pieces), checksum."""
         depth = max((len(it.spans) for it in own + others), default=0)
         for k in range(depth):
@@ -168,6 +174,8 @@ class RoundReceiver:
                 if not it.relay:
                     sends += self._relay(chunk, it.piece.piece, Slot.PAYLOAD + k, rnd)
                 self._absorb(it, chunk)
+                if not it.relay and k == len(it.spans) - 1:
+                    result.marks_s["own_chunks_s"] = time.perf_counter() - t0
 
     def _absorb(self, it: _Intake, chunk: torch.Tensor) -> None:
         if it.status is not Status.OK or it.head is None:

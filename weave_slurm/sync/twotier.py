@@ -210,7 +210,8 @@ class TwoTierSync:
         for rnd in range(ROUNDS):
             last = rnd + 1 == ROUNDS
             res = self._rx.run(flat, todo, rnd, final=last)
-            report.stages_s[f"round{rnd}_s"] = time.perf_counter() - start
+            report.stages_s.update({f"round{rnd}_{k}": v for k, v in res.marks_s.items()})
+            report.stages_s[f"round{rnd}_agreed_s"] = time.perf_counter() - start
             report.slow_link_bytes += res.slow_link_bytes
             report.full_pieces += res.full_pieces
             report.delta_pieces += res.delta_pieces

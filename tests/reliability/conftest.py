@@ -1,0 +1,51 @@
+"""Fixtures of the reliability suite: the daemon tests' fixtures (re-exported, not copied)
+and two real Unix users for the isolation tests."""
+
+from __future__ import annotations
+
+import pwd
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from tests.daemon.conftest import public_dir, slurm_cluster, weaved
+
+__all__ = ["public_dir", "slurm_cluster", "test_users", "weaved"]
+
+USER_NAMES = ("weave-test-a", "weave-test-b")
+
+
+@dataclass(frozen=True)
+class TestUser:
+    name: str
+    uid: int
+    gid: int
+    home: str
+
+
+@pytest.fixture(scope="session")
+def test_users() -> Iterator[tuple[TestUser, TestUser]]:
+    """``weave-test-a`` and ``weave-test-b``, created with useradd if absent and removed
+    at the end (only the ones this session created)."""
+    if not shutil.which("useradd"):
+        pytest.skip("useradd is not installed")
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create users")
+    created = []
+    for name in USER_NAMES:
+        try:
+            pwd.getpwnam(name)
+        except KeyError:
+            subprocess.run(["useradd", "--create-home", "--shell", "/usr/sbin/nologin", name],
+                           check=True, capture_output=True)
+            created.append(name)
+    users = tuple(TestUser(p.pw_name, p.pw_uid, p.pw_gid, p.pw_dir)
+                  for p in (pwd.getpwnam(n) for n in USER_NAMES))
+    yield users[0], users[1]
+    for name in created:
+        subprocess.run(["userdel", "--remove", name], check=False, capture_output=True)

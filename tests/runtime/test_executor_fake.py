@@ -1,0 +1,83 @@
+"""The executor's decisions against scripted node daemons and a virtual clock."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from weave_slurm.node.protocol import Op
+from weave_slurm.runtime.executor import ExecutorConfig, GroupExecutor
+from weave_slurm.runtime.group import GroupLayout, MemberSpec, MemberState, NodeRef, Pool
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def now(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.t += seconds
+
+
+class FakeNode:
+    """Accepts every request; a phase stays 'running' until the test says otherwise."""
+
+    def __init__(self, log: list[tuple[str, Op, str]], name: str) -> None:
+        self.log, self.name = log, name
+        self.phase_state: dict[str, str] = {}
+
+    def call(self, op: Op, **args: Any) -> dict[str, Any]:
+        job = str(args.get("job", ""))
+        self.log.append((self.name, op, job))
+        if op is Op.ACTIVATE:
+            self.phase_state[job] = "running"
+        if op is Op.PHASE:
+            return {"worker": {"state": self.phase_state.get(job, "running")}}
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+def _layout() -> GroupLayout:
+    return GroupLayout((NodeRef("h20-0", Pool.ROLLOUT, Path("/nowhere/r.sock")),),
+                       (NodeRef("h800-0", Pool.TRAIN, Path("/nowhere/t.sock")),))
+
+
+def test_hung_phase_is_cancelled_at_its_deadline_and_only_its_member_recovers() -> None:
+    log: list[tuple[str, Op, str]] = []
+    nodes = {Path("/nowhere/r.sock"): FakeNode(log, "h20-0"),
+             Path("/nowhere/t.sock"): FakeNode(log, "h800-0")}
+    clock = FakeClock()
+    ex = GroupExecutor(_layout(), [MemberSpec("a"), MemberSpec("b")], clock=clock,
+                       config=ExecutorConfig(deadline_floor_s=10.0, recovery_backoff_s=1.0),
+                       client_factory=lambda p: nodes[p])
+    ex.tick()
+    assert ex.members["a"].running is not None          # a's init on the train node
+    assert ex.members["b"].running is None               # one phase per node at a time
+    clock.t = 9.0
+    ex.tick()
+    assert ex.members["a"].running is not None           # not hung yet
+    clock.t = 10.5
+    ex.tick()
+    assert ("h800-0", Op.DEACTIVATE, "a") in log
+    assert ex.members["a"].state is MemberState.FAILED   # never got warm: not re-admitted
+    assert "hung" in (ex.members["a"].error or "")
+    assert ex.members["b"].running is not None           # b got the node at once
+    assert ex.members["b"].state is MemberState.STARTING
+
+
+def test_leave_drops_the_member_on_every_node() -> None:
+    log: list[tuple[str, Op, str]] = []
+    nodes = {Path("/nowhere/r.sock"): FakeNode(log, "h20-0"),
+             Path("/nowhere/t.sock"): FakeNode(log, "h800-0")}
+    ex = GroupExecutor(_layout(), [MemberSpec("a")], clock=FakeClock(),
+                       client_factory=lambda p: nodes[p])
+    ex.tick()
+    ex.leave("a")
+    assert {(n, op) for n, op, j in log if j == "a" and op is Op.DROP} == \
+        {("h20-0", Op.DROP), ("h800-0", Op.DROP)}
+    assert ex.members["a"].state is MemberState.CANCELLED
+    assert ex.finished

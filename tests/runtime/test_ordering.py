@@ -1,0 +1,42 @@
+"""The pure decisions: cyclic work-conserving order, hung-phase deadlines, profiling."""
+
+from __future__ import annotations
+
+from weave_slurm.runtime.group import DeclaredProfile, PhaseKind
+from weave_slurm.runtime.ordering import next_member, phase_deadline_s
+from weave_slurm.runtime.profiler import LiveProfiler
+
+
+def test_cyclic_order_starts_after_the_last_served() -> None:
+    order = ["a", "b", "c"]
+    assert next_member(order, None, {"a", "b", "c"}) == "a"
+    assert next_member(order, "a", {"a", "b", "c"}) == "b"
+    assert next_member(order, "c", {"a", "b", "c"}) == "a"
+
+
+def test_work_conserving_skips_a_member_that_is_not_ready() -> None:
+    assert next_member(["a", "b", "c"], "a", {"c", "a"}) == "c"
+    assert next_member(["a", "b", "c"], "a", set()) is None
+    assert next_member([], None, {"a"}) is None
+
+
+def test_deadline_from_measured_then_declared_with_floor() -> None:
+    assert phase_deadline_s(None, [], 4.0, 30.0) == 30.0
+    assert phase_deadline_s(20.0, [], 4.0, 30.0) == 80.0
+    assert phase_deadline_s(20.0, [1.0, 12.0], 4.0, 30.0) == 48.0
+    assert phase_deadline_s(20.0, [1.0, 2.0], 4.0, 30.0) == 30.0
+
+
+def test_profiler_flags_drift_and_computes_slowdown() -> None:
+    prof = LiveProfiler(drift_tolerance=0.5, min_samples=3)
+    prof.track("j", DeclaredProfile(rollout_s=1.0, train_s=1.0, slo=1.5))
+    for t in (0.0, 3.0, 6.0, 9.0):
+        prof.iteration_end("j", t)
+    for _ in range(3):
+        prof.phase("j", PhaseKind.ROLLOUT, 2.0)   # twice the declared
+        prof.phase("j", PhaseKind.TRAIN, 1.0)
+    snap = prof.snapshot()["j"]
+    assert snap.solo_iteration_s == 3.0
+    assert snap.group_iteration_s == 3.0
+    assert snap.slowdown == 1.0 and snap.slo_ok is True
+    assert len(snap.drift) == 1 and snap.drift[0].startswith("rollout")
