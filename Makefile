@@ -12,7 +12,7 @@ EXTRAS := dev,rl,mpi,deepspeed
 .PHONY: demo test install system spank lint typecheck bench clean
 
 demo: install
-	$(BIN)/weave plan --site configs/site.example.toml configs/jobs/*.toml
+	$(BIN)/weave demo --out out/demo
 
 test: system install spank
 	$(BIN)/pytest -q

@@ -99,6 +99,7 @@ def annotate(rows: list[dict[str, Any]], link_gbps: float) -> None:
     for r in rows:
         r["ideal_s"] = r["slow_link_bytes"] * 8 / (link_gbps * 1e9)
         r["fraction_of_ideal"] = r["ideal_s"] / r["time_s"]
+        r["link_gbps"] = r["slow_link_bytes"] * 8 / r["time_s"] / 1e9
         for base in (Method.NAIVE, Method.FLAT):
             other = by_key.get((r["ranks"], r["size_mib"], base.value))
             r[f"speedup_vs_{base.value}"] = other["time_s"] / r["time_s"] if other else None
@@ -165,13 +166,14 @@ def _print(console: Console, link: dict[str, Any], methods: list[dict[str, Any]]
                   f"{link['used_gbps']:.3f}")
     t = Table(title="two-tier vs naive pull vs flat broadcast (median of reps)")
     for col in ("ranks", "MiB", "method", "time s", "slow-link MiB", "ideal s", "of ideal",
-                "vs naive", "vs flat"):
+                "link Gbit/s", "vs naive", "vs flat"):
         t.add_column(col, justify="right")
     for r in methods:
         sp = [f"{r[k]:.2f}x" if r[k] else "-" for k in ("speedup_vs_naive", "speedup_vs_flat")]
         t.add_row(f"{r['ranks']}-to-{r['ranks']}", str(r["size_mib"]), r["method"],
                   f"{r['time_s']:.2f}", f"{r['slow_link_bytes'] / MIB:.0f}",
-                  f"{r['ideal_s']:.2f}", f"{r['fraction_of_ideal']:.0%}", *sp)
+                  f"{r['ideal_s']:.2f}", f"{r['fraction_of_ideal']:.0%}",
+                  f"{r['link_gbps']:.2f}", *sp)
     console.print(t)
     t = Table(title="delta mode, 2-to-2 (median of reps)")
     for col in ("update", "MiB", "slow-link MiB", "time s", "bit-identical"):

@@ -1,4 +1,4 @@
-"""weaved killed at every fault point of the control loop, 24 times in one run, and restarted.
+"""weaved killed at every fault point of the control loop, 22 times in one run, and restarted.
 
 The daemon is a real subprocess on the local backend (real processes for steps).
 Each cycle starts it with ``WEAVE_FAULT_POINT=<point>:<n>`` so that it exits 137
@@ -42,8 +42,7 @@ FINAL = {"COMPLETED", "FAILED", "CANCELLED", "REFUSED"}
 SCHEDULE = [(p, 1) for p in FaultPoint] + [(p, 2) for p in (
     FaultPoint.SUBMIT_STORED, FaultPoint.PLACE_COMMITTED, FaultPoint.STEP_INTENT,
     FaultPoint.STEP_LAUNCHED, FaultPoint.JOB_RUNNING, FaultPoint.CANCEL_STOPPING,
-    FaultPoint.CANCEL_STOPPED, FaultPoint.ALLOC_INTENT, FaultPoint.RELEASE_INTENT,
-    FaultPoint.RELEASE_DONE, FaultPoint.ALLOC_GRANTED, FaultPoint.GROUP_ACTIVE)]
+    FaultPoint.CANCEL_STOPPED, FaultPoint.ALLOC_INTENT, FaultPoint.RELEASE_INTENT)]
 
 
 @dataclass
@@ -71,8 +70,9 @@ def _settled(sock: Path) -> bool:
         all(g["state"] == "ACTIVE" for g in groups)
 
 
-def _submit_and_cancel(sock: Path, ledger: Ledger) -> None:
-    """Two submissions, then cancel every live job but the newest two."""
+def _submit_and_cancel(sock: Path, ledger: Ledger, everything: bool) -> None:
+    """Two submissions, then cancel every live job but the newest two (or all of them:
+    groups empty out, so allocations are released and new ones asked for)."""
     for _ in range(2):
         name = ledger.name()
         try:
@@ -80,11 +80,12 @@ def _submit_and_cancel(sock: Path, ledger: Ledger) -> None:
         except WeaveError:
             ledger.maybe.add(name)
             return
-    time.sleep(0.3)
+    time.sleep(0.2)
     try:
-        live = [j["job"] for j in call(sock, Op.STATUS)["jobs"] if j["state"] not in FINAL]
-        if len(live) > 2:
-            call(sock, Op.CANCEL, jobs=sorted(live)[:-2])
+        live = sorted(j["job"] for j in call(sock, Op.STATUS)["jobs"] if j["state"] not in FINAL)
+        doomed = live if everything else live[:-2]
+        if doomed:
+            call(sock, Op.CANCEL, jobs=doomed)
     except WeaveError:
         return
 
@@ -120,8 +121,10 @@ def _check(state: Path, ledger: Ledger) -> None:
             if old["iter"] is not None:
                 assert j["iter"] is not None and j["iter"] >= old["iter"]
         mine = sum(n.startswith(f"weave-j{job_id}-") for n in steps)
-        assert mine == (2 if j["state"] == "RUNNING" else 0), \
-            f"job {job_id}: {mine} steps {j} {call(sock, Op.SHOW, kind='job', id=job_id)} {ledger.kills}"
+        if j["state"] == "RUNNING":  # PLACED and CANCELLING jobs may be between the two
+            assert mine == 2, f"running job {job_id} has {mine} steps, not one per pool"
+        elif j["state"] == "PENDING" or j["state"] in FINAL:
+            assert mine == 0, f"{j['state']} job {job_id} still has {mine} steps"
         ledger.seen[job_id] = j
     for job_id in list(jobs)[-3:]:  # the transition log of the newest jobs is a chain
         log = call(sock, Op.SHOW, kind="job", id=job_id)["transitions"]
@@ -144,10 +147,11 @@ def test_kill_at_every_fault_point(state: Path, monkeypatch: pytest.MonkeyPatch)
         monkeypatch.setenv(ENV, f"{point.value}:{nth}")
         proc = start(state)
         monkeypatch.delenv(ENV)
-        deadline = time.monotonic() + 6.0
+        deadline, rounds = time.monotonic() + 15.0, 0
         while proc.poll() is None and time.monotonic() < deadline:
-            _submit_and_cancel(sock, ledger)
-            time.sleep(0.1)
+            _submit_and_cancel(sock, ledger, everything=rounds % 2 == 1)
+            rounds += 1
+            time.sleep(0.2)
         if proc.poll() is None:
             kill9(proc)
             ledger.kills["timed SIGKILL (point not crossed)"] = \

@@ -68,7 +68,7 @@ def single_rank(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("ds") / "result.pt"
     proc = mp.get_context("spawn").Process(target=_single_rank_child, args=(str(out),))
     proc.start()
-    proc.join(timeout=300)
+    proc.join(timeout=900)
     clean_shm_leftovers()
     assert proc.exitcode == 0, f"DeepSpeed child failed (exit {proc.exitcode})"
     result: dict[str, Any] = torch.load(out, weights_only=True)

@@ -8,6 +8,7 @@ from weave_slurm import __version__
 from weave_slurm.cli.cluster import cluster_app
 from weave_slurm.cli.config_cmd import config_app
 from weave_slurm.cli.daemon_cmd import daemon
+from weave_slurm.cli.demo import demo
 from weave_slurm.cli.errors import entry
 from weave_slurm.cli.node import node_app
 from weave_slurm.cli.plan import plan
@@ -24,6 +25,7 @@ app.add_typer(node_app, name="node")
 app.command("simulate")(simulate)
 app.add_typer(trace_app, name="trace")
 app.command("daemon")(daemon)
+app.command("demo")(demo)
 mount_status(app)
 
 

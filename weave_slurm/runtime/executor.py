@@ -122,6 +122,7 @@ class GroupExecutor:
         self._client_factory = client_factory
         self._last_served: dict[str, str] = {}
         self._busy: dict[str, str] = {}             # node name -> job id
+        self._ended: list[tuple[Member, _Running, dict[str, Any], tuple[Any, Any], float]] = []
         self.listeners: list[Callable[[Member, str], None]] = []
         for spec in members:
             self.join(spec)
@@ -231,8 +232,21 @@ class GroupExecutor:
         for member in list(self.members.values()):
             if member.state is MemberState.RECOVERING:
                 changed |= self._recover(member)
+        # start the next members first: a node's next phase need not wait for the
+        # previous member's data moves and checkpoint (other jobs, other segments)
         changed |= self._dispatch(self.layout.train, Pool.TRAIN)
         changed |= self._dispatch(self.layout.rollout, Pool.ROLLOUT)
+        ended, self._ended = self._ended, []
+        for member, run, result, worker_s, end in ended:
+            if member.state is MemberState.CANCELLED:
+                continue
+            try:
+                self._finish(member, run, result, worker_s, end)
+            except WeaveError as exc:
+                self._fail(member, f"after {run.kind.value} on {run.node.name}: {exc}")
+        if ended:
+            self._dispatch(self.layout.train, Pool.TRAIN)
+            self._dispatch(self.layout.rollout, Pool.ROLLOUT)
         return changed
 
     # -- dispatch --------------------------------------------------------------------
@@ -314,18 +328,14 @@ class GroupExecutor:
             self._fail(member, f"{run.kind.value} on {run.node.name} {state}: "
                        f"{worker.get('error') or 'returncode ' + str(worker.get('returncode'))}")
             return True
-        try:
-            self._finish(member, run, dict(worker.get("result") or {}),
-                         (worker.get("t_recv"), worker.get("t_done")))
-        except WeaveError as exc:
-            self._fail(member, f"after {run.kind.value} on {run.node.name}: {exc}")
+        self._release(member)    # the node is free; the member is not ready yet
+        self._ended.append((member, run, dict(worker.get("result") or {}),
+                            (worker.get("t_recv"), worker.get("t_done")), self.clock.now()))
         return True
 
     def _finish(self, member: Member, run: _Running, result: Mapping[str, Any],
-                worker_s: tuple[Any, Any] = (None, None)) -> None:
-        end = self.clock.now()
+                worker_s: tuple[Any, Any], end: float) -> None:
         job_id = member.spec.job_id
-        self._release(member)
         w0, w1 = (None if t is None else float(t) for t in worker_s)
         self.spans.append(Span(job_id, run.kind, run.node.name, run.node.pool,
                                run.start_s, end, True, run.ready_s, w0, w1))

@@ -38,15 +38,27 @@ _STATE_KEY = "optim.deepspeed_zero"
 _SHM_GLOB = "/dev/shm/deepspeed_*"
 
 
+#: DeepSpeed's CPU accelerator JIT-compiles this C++ op (an intra-node shared-memory
+#: allreduce) the first time a process group is wrapped: minutes of g++ on a busy
+#: 2-core machine. It only speeds up multi-rank allreduce on one CPU host, so on the
+#: CPU we mark it unavailable and DeepSpeed falls back to torch.distributed (gloo).
+#: Set WEAVE_DEEPSPEED_SHM_OP=1 to let DeepSpeed build and use it.
+_SHM_OP = "deepspeed_shm_comm"
+
+
 def import_deepspeed() -> Any:
     """Import deepspeed or raise a ``ConfigError`` naming the extra."""
     try:
-        return importlib.import_module("deepspeed")
+        deepspeed = importlib.import_module("deepspeed")
     except ImportError as exc:
         raise ConfigError(
             "entry point builtin:grpo-toy-deepspeed needs the 'deepspeed' extra "
             "(pip install -c constraints.txt 'weave-slurm[deepspeed]'): "
             f"import failed: {exc}") from None
+    compatible = getattr(deepspeed.ops, "__compatible_ops__", None)
+    if isinstance(compatible, dict) and os.environ.get("WEAVE_DEEPSPEED_SHM_OP") != "1":
+        compatible[_SHM_OP] = False
+    return deepspeed
 
 
 def clean_shm_leftovers(pattern: str = _SHM_GLOB) -> list[str]:
