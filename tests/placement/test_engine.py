@@ -166,8 +166,8 @@ def test_placement_speed_is_not_quadratic_in_groups() -> None:
     jobs = [simple_profile(f"j{i}", rng.uniform(25, 600), rng.uniform(25, 600),
                            rng.uniform(1.1, 2)) for i in range(300)]
     state = place_batch(WeavePolicy(), ClusterState(cap), jobs, ordered=False).state
-    from weave_slurm.placement.engine import _may_fit
+    from weave_slurm.placement.engine import may_fit
 
     newcomer = simple_profile("x", 300, 300, 1.5)
-    survivors = [g for g in state.groups if _may_fit(g, newcomer, cap, 10**6)]
+    survivors = [g for g in state.groups if may_fit(g, newcomer, cap, 10**6)]
     assert len(survivors) < len(state.groups) / 4

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -62,7 +64,7 @@ def test_no_schedule_violates_any_window(members: list[tuple[float, ...]]) -> No
                     by_node.setdefault(node, []).append((p.start_s, p.end_s))
         for spans in by_node.values():
             spans.sort()
-            for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
+            for (_, end), (start, _) in itertools.pairwise(spans):
                 assert start >= end - 1e-6  # a node runs one phase at a time
 
 

@@ -1,4 +1,4 @@
-"""``weave demo``: three reference GRPO jobs in one group on the embedded local backend."""
+"""``weave demo``: three reference GRPO jobs through weaved on the embedded local backend."""
 
 from __future__ import annotations
 
@@ -22,28 +22,32 @@ def _spark(ys: list[float]) -> str:
 
 
 def _live_table(rows: list[dict[str, object]], title: str) -> Table:
+    """The jobs as ``weave status`` shows them (from weaved's socket)."""
     table = Table(title=title)
-    for col in ("JOB", "STATE", "STEP", "PHASE", "NODE", "REWARD", "RECOVERIES"):
+    for col in ("JOBID", "NAME", "GROUP", "STATE", "PHASE", "ITER", "SLOWDOWN/SLO", "NODES"):
         table.add_column(col)
     for r in rows:
-        reward = r["reward"]
-        table.add_row(str(r["job"]), str(r["state"]), f"{r['version']}/{r['steps']}",
-                      str(r["phase"] or "-"), str(r["node"] or "-"),
-                      "-" if reward is None else f"{float(str(reward)):.3f}",
-                      str(r["recoveries"]))
+        sd = r.get("slowdown")
+        slo = r.get("slo")
+        mark = "!" if r.get("slo_ok") is False else ""
+        nodes = r.get("nodes") or []
+        table.add_row(str(r["job"]), str(r["name"]), str(r.get("group") or "-"),
+                      str(r["state"]), str(r.get("phase") or "-"), str(r.get("iter") or "-"),
+                      f"{'-' if sd is None else f'{float(str(sd)):.2f}'}/"
+                      f"{'-' if slo is None else f'{float(str(slo)):.2f}'}{mark}",
+                      ",".join(str(n) for n in nodes) if isinstance(nodes, list) else "-")
     return table
 
 
 def demo(
-    steps: Annotated[int, typer.Option(help="Training steps per job.")] = 30,
+    steps: Annotated[int, typer.Option(help="Training steps per job.")] = 12,
     out: Annotated[Path, typer.Option(help="Directory for the PNGs and summary.json.")]
     = Path("weave-demo"),
     isolated: Annotated[bool, typer.Option(
         help="Also run each job alone, one after another, to compare.")] = True,
 ) -> None:
-    """Run three small GRPO jobs in one group (local backend, no Slurm) and summarise."""
+    """Start weaved (local backend, no Slurm), submit three small GRPO jobs, summarise."""
     from weave_slurm.runtime.demo import run_demo
-    from weave_slurm.runtime.executor import GroupExecutor
 
     if steps < 1:
         raise ConfigError(f"--steps: must be >= 1, got {steps!r}")
@@ -52,17 +56,18 @@ def demo(
     title = ["starting"]
     last = [0.0]
     with Live(_live_table([], title[0]), console=console, refresh_per_second=4) as live:
-        def on_tick(ex: GroupExecutor) -> None:
+        def on_status(rows: list[dict[str, object]]) -> None:
             now = time.monotonic()
             if now - last[0] > 0.25:
                 last[0] = now
-                live.update(_live_table(ex.status(), title[0]))
+                live.update(_live_table(rows, title[0]))
 
         def on_phase(text: str) -> None:
             title[0] = text
             live.update(_live_table([], text))
 
-        result = run_demo(steps, out, isolated=isolated, on_tick=on_tick, on_phase=on_phase)
+        result = run_demo(steps, out, isolated=isolated, on_status=on_status,
+                          on_phase=on_phase)
     rewards = Table(title="reward per job (grouped run)")
     for col in ("JOB", "FIRST", "LAST", "CURVE"):
         rewards.add_column(col)

@@ -23,8 +23,8 @@ from weave_slurm.daemon.states import JobState
 from weave_slurm.errors import ConfigError, WeaveError
 
 PRESETS = {
-    "default": "%.6i %.9u %.16j %.5g %.6p %.4I %.12s %.10T %.10M %N",
-    "long": "%.6i %.9u %.16j %.5g %.6p %.4I %.12s %.10T %.10M %.5D %N %r",
+    "default": "%.6i %.9u %.16j %.5g %.7p %.7I %.13s %.10T %.10M %N",
+    "long": "%.6i %.9u %.16j %.5g %.7p %.7I %.13s %.10T %.10M %.5D %N %r",
     "short": "%.6i %.9u %.16j %.2t %.10M",
     "ids": "%i",
 }
@@ -41,8 +41,10 @@ def _clock(seconds: float) -> str:
 
 
 def _slowdown(j: dict[str, Any]) -> str:
+    """Live (measured) slowdown against the SLO; a trailing '!' when it is violated."""
     sd = j.get("slowdown")
-    return f"{'-' if sd is None else f'{sd:.2f}'}/{j['slo']:.2f}"
+    over = "!" if j.get("slo_ok") is False else ""
+    return f"{'-' if sd is None else f'{sd:.2f}'}/{j['slo']:.2f}{over}"
 
 
 CODES: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
@@ -194,9 +196,11 @@ def show(
         typer.echo(json.dumps(result, indent=1))
         return
     for key, value in result.items():
-        if key in ("transitions", "steps", "allocations", "profile", "spec"):
+        if key in ("transitions", "steps", "allocations", "profile", "spec", "runtime"):
             continue
         typer.echo(f"{key}={value}")
+    for line in _runtime_lines(result.get("runtime")):
+        typer.echo(line)
     for a in result.get("allocations", []):
         typer.echo(f"allocation={a['id']} {a['partition']} {a['state']} "
                    f"nodes={','.join(a['nodes']) or '-'}")
@@ -205,6 +209,35 @@ def show(
     for t in result.get("transitions", []):
         typer.echo(f"transition={time.strftime('%Y-%m-%dT%H:%M:%S', time.localtime(t['ts']))} "
                    f"{t['src'] or '-'}->{t['dst']} {t['reason']}")
+
+
+def _stats(xs: list[float]) -> str:
+    if not xs:
+        return "-"
+    ys = sorted(xs)
+    return f"n={len(ys)} median={ys[len(ys) // 2]:.3f}s max={ys[-1]:.3f}s"
+
+
+def _runtime_lines(rt: dict[str, Any] | None) -> list[str]:
+    """The group runtime's view of a job: the four measured quantities and drift."""
+    if not rt:
+        return []
+    lines = [f"runtime=member {rt['member_state']} version={rt['version']}/"
+             f"{rt['iterations']} node={rt.get('node') or '-'} "
+             f"recoveries={rt['recoveries']} error={rt.get('error') or '-'}"]
+    m = rt.get("measured") or {}
+    if m:
+        sync = ",".join(f"{k}:{v}" for k, v in sorted(m["sync_bytes"].items())) or "-"
+        lines += [f"measured.rollout_time={_stats(m['rollout_s'])}",
+                  f"measured.train_time={_stats(m['train_s'])}",
+                  f"measured.state_bytes=rollout:{m['rollout_state_bytes']} "
+                  f"train:{m['train_state_bytes']}",
+                  f"measured.sync_bytes={sync} sync_time={_stats(m['sync_s'])}",
+                  f"measured.slowdown={_num(m['slowdown'], '.2f')} slo={_num(m['slo'], '.2f')}"
+                  f" slo_ok={m['slo_ok']}"]
+    drift = rt.get("drift") or []
+    lines.append(f"drift={','.join(drift) if drift else 'none'}")
+    return lines
 
 
 def mount(app: typer.Typer) -> None:

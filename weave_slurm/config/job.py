@@ -96,6 +96,9 @@ class JobSpec:
     profile: MeasuredProfile
     source: str = "<string>"
     staleness: int = 0
+    iterations: int = 10  # training steps (weight versions) to run, then the job ends
+    seed: int = 0  # the entry point's seed (same seed -> same weights)
+    options: tuple[tuple[str, str | int | float | bool], ...] = ()  # [options] for the entry
 
 
 def load_job(path: str | Path) -> JobSpec:
@@ -118,6 +121,9 @@ def _job_from_data(data: object, source: str) -> JobSpec:
     slo = top.opt_number("slo", ge=1.0)
     staleness = _staleness(top)
     entry = top.string("entry", "builtin:grpo-toy")
+    iterations = top.integer("iterations", 10, ge=1)
+    seed = top.integer("seed", 0, ge=0)
+    options = _options(top)
     model = _model(_req(top, "model"))
     rollout = _rollout(_req(top, "rollout"))
     training = TrainingSpec()
@@ -134,7 +140,25 @@ def _job_from_data(data: object, source: str) -> JobSpec:
     top.done()
     return JobSpec(name=name, user=user, algorithm=algorithm, model=model, rollout=rollout,
                    training=training, rollout_gpus=rollout_gpus, train_gpus=train_gpus,
-                   slo=slo, entry=entry, profile=profile, source=source, staleness=staleness)
+                   slo=slo, entry=entry, profile=profile, source=source, staleness=staleness,
+                   iterations=iterations, seed=seed, options=options)
+
+
+def _options(top: TableReader) -> tuple[tuple[str, str | int | float | bool], ...]:
+    """``[options]``: scalar keys handed to the entry point (e.g. ``task = "copy"``)."""
+    raw = top.raw("options")
+    if raw is None:
+        return ()
+    top.table("options")
+    if not isinstance(raw, dict):
+        raise top.fail("options", raw, "must be a table of scalar keys")
+    out: list[tuple[str, str | int | float | bool]] = []
+    for key, value in sorted(raw.items()):
+        if not isinstance(value, (str, int, float, bool)):
+            raise top.fail("options", value, f"key {key!r} must be a string, number or "
+                           "boolean")
+        out.append((str(key), value))
+    return tuple(out)
 
 
 #: Largest dependency window accepted: beyond a few steps a job is effectively

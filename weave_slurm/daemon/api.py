@@ -50,11 +50,13 @@ class Api:
 
     def __init__(self, store: Store, site: SiteConfig, capacity: Capacity,
                  now: Callable[[], float], *, admin_uids: Sequence[int] = (),
-                 wake: Callable[[], None] = lambda: None, phase: str = "idle") -> None:
+                 wake: Callable[[], None] = lambda: None, phase: str = "idle",
+                 live: Callable[[int], dict[str, Any] | None] = lambda job_id: None) -> None:
         self.store, self.site, self.capacity, self.now = store, site, capacity, now
         self.admins = frozenset({0, *admin_uids})
         self.wake = wake
         self.phase = phase
+        self.live = live
 
     def handle(self, op: Op, args: dict[str, Any], uid: int) -> dict[str, Any]:
         if op is Op.SUBMIT:
@@ -150,10 +152,17 @@ class Api:
                                           if not a.state.final])
             nodes = used["rollout"] + used["train"]
         end = job.ended_s if job.ended_s is not None else now
+        phase, it = (self.phase if job.state is JobState.RUNNING else "-"), None
+        live = self.live(job.job_id)
+        slo_ok = None
+        if live is not None:  # the runtime's measurements replace the plan's numbers
+            phase = live["phase"] if job.state is JobState.RUNNING else "-"
+            it = f"{live['version']}/{live['iterations']}"
+            if live.get("slowdown") is not None:
+                slowdown, slo_ok = live["slowdown"], live.get("slo_ok")
         return {"job": job.job_id, "user": job.user, "uid": job.uid, "name": job.name,
-                "group": job.group_id, "state": job.state.value,
-                "phase": self.phase if job.state is JobState.RUNNING else "-",
-                "iter": None, "slowdown": slowdown, "slo": job.profile.slo,
+                "group": job.group_id, "state": job.state.value, "phase": phase,
+                "iter": it, "slowdown": slowdown, "slo_ok": slo_ok, "slo": job.profile.slo,
                 "time_s": end - job.started_s if job.started_s is not None else 0.0,
                 "nodes": nodes, "reason": job.reason, "submitted_s": job.submitted_s}
 
@@ -212,6 +221,11 @@ class Api:
             raise PermissionDenied(f"Access/permission denied for job {ident} (owned by "
                                    f"{job.user})")
         view = self._job_view(job, groups, allocs, models, self.now())
+        live = self.live(ident)
+        if live is not None:
+            view["runtime"] = {k: live.get(k) for k in (
+                "member_state", "version", "iterations", "node", "rewards", "recoveries",
+                "error", "drift", "measured")}
         view.update({"spec": job.spec, "source": job.source,
                      "profile": asdict(job.profile),
                      "steps": [{"name": s.name, "state": s.state.value, "reason": s.reason}

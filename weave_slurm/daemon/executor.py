@@ -1,21 +1,26 @@
-"""The seam between the control plane and the group runtime (the next issue).
+"""The seam between the control plane and the group runtime.
 
 The reconcile loop asks an :class:`Executor` which steps a placed job runs inside
-its group's allocations and launches them (write-ahead, like everything else).
-:class:`IdleExecutor` holds each job's nodes with an idle step per allocation the
-job uses, so a placed job shows RUNNING (PHASE ``idle``) until the runtime that
-drives rollout / sync / train phases replaces it.
+its group's allocations and launches them (write-ahead, like everything else), then
+lets it :meth:`~Executor.drive` its groups once per tick and applies the job
+outcomes it reports. :class:`IdleExecutor` holds each job's nodes with an idle step
+per allocation the job uses (PHASE ``idle``); the group runtime
+(:mod:`weave_slurm.daemon.runtime_executor`) runs no step per job and drives the
+rollout / sync / train phases on the node daemons instead.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from weave_slurm.daemon.records import AllocRow, GroupRow, JobRow
-from weave_slurm.daemon.states import AllocState
+from weave_slurm.daemon.states import AllocState, JobState
 from weave_slurm.slurm.backend import StepSpec
+
+if TYPE_CHECKING:
+    from weave_slurm.daemon.store import Store
 
 
 @dataclass(frozen=True)
@@ -41,13 +46,35 @@ def job_nodes(job: JobRow, group: GroupRow, allocs: Sequence[AllocRow]) -> dict[
             "train": [n for _, n in train[:job.profile.train_nodes]]}
 
 
+@dataclass(frozen=True)
+class JobOutcome:
+    """A running job the executor says has ended (COMPLETED or FAILED), and why."""
+
+    job_id: int
+    state: JobState
+    reason: str
+
+
 class Executor(Protocol):
-    """Decides the steps of a placed job (the group runtime implements this)."""
+    """Decides the steps of a placed job and drives what runs (the group runtime)."""
 
     phase: str
+    wake: Callable[[], None]  # set by the daemon: run the reconcile loop soon
 
     def job_steps(self, job: JobRow, group: GroupRow,
                   allocs: Sequence[AllocRow]) -> list[JobStep]: ...
+
+    def drive(self, store: Store, now: float) -> list[JobOutcome]:
+        """Once per reconcile tick (the loop owns the store): the jobs that ended."""
+        ...
+
+    def start(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def live(self, job_id: int) -> dict[str, Any] | None:
+        """Live runtime fields of a job for status views (None: nothing to add)."""
+        ...
 
 
 class IdleExecutor:
@@ -57,6 +84,19 @@ class IdleExecutor:
 
     def __init__(self, argv: Sequence[str] = ("sleep", "infinity")) -> None:
         self.argv = tuple(argv)
+        self.wake: Callable[[], None] = lambda: None
+
+    def drive(self, store: Store, now: float) -> list[JobOutcome]:
+        return []
+
+    def start(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+    def live(self, job_id: int) -> dict[str, Any] | None:
+        return None
 
     def job_steps(self, job: JobRow, group: GroupRow,
                   allocs: Sequence[AllocRow]) -> list[JobStep]:

@@ -92,6 +92,7 @@ class Reconciler:
         now = self.clock.now()
         acts: list[Callable[[], None]] = [lambda: self._reconcile_allocs(world, now),
                     lambda: self._reconcile_steps(world, now),
+                    lambda: self._drive_executor(now),
                     lambda: self._finish_cancelled(now),
                     lambda: self._place_pending(now),
                     lambda: self._ensure_allocs(now),
@@ -216,6 +217,13 @@ class Reconciler:
                                                                step.launcher_pid or 0)
             self.backend.cancel_step(handle)
         self._end_step(step, now, "cancelled")
+
+    def _drive_executor(self, now: float) -> None:
+        """Let the executor sync its groups with the store; apply the jobs that ended."""
+        for outcome in self.executor.drive(self.store, now):
+            job = self.store.job(outcome.job_id)
+            if job is not None and job.state is JobState.RUNNING:
+                self._finish_job(job, outcome.state, outcome.reason, now)
 
     # -- jobs leaving ------------------------------------------------------------------
 

@@ -3,19 +3,27 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from weave_slurm.daemon.states import AllocState, GroupState, JobState, StepRunState
 from weave_slurm.model.profile import JobProfile
 
 
+def _init_fields() -> frozenset[str]:
+    return frozenset(f.name for f in fields(JobProfile) if f.init)
+
+
 def profile_to_json(profile: JobProfile) -> str:
-    return json.dumps(asdict(profile), sort_keys=True)
+    """The profile's constructor fields (derived ones are recomputed when read)."""
+    names = _init_fields()
+    return json.dumps({k: v for k, v in asdict(profile).items() if k in names},
+                      sort_keys=True)
 
 
 def profile_from_json(text: str) -> JobProfile:
-    return JobProfile(**json.loads(text))
+    names = _init_fields()
+    return JobProfile(**{k: v for k, v in json.loads(text).items() if k in names})
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from weave_slurm.daemon.client import SOCKET_NAME
 from weave_slurm.daemon.executor import Executor, IdleExecutor
 from weave_slurm.daemon.reconcile import NODE_STEP, PoolRequest, Reconciler
 from weave_slurm.daemon.records import AllocRow, GroupRow
+from weave_slurm.daemon.runtime_executor import RuntimeConfig, RuntimeExecutor
 from weave_slurm.daemon.server import ApiServer
 from weave_slurm.daemon.store import Store
 from weave_slurm.errors import ConfigError, StateError, WeaveError
@@ -64,6 +65,10 @@ class DaemonConfig:
     immediate_s: int = 10
     client_timeout_s: float = 10.0
     env: dict[str, str] = field(default_factory=dict)
+    # "rl": the group runtime drives phases on the node daemons; "idle": one idle step
+    # per job; "auto": "rl" unless node_command replaces the node daemon
+    runtime: str = "auto"
+    runtime_poll_s: float = 0.01
 
     @property
     def socket(self) -> Path:
@@ -74,6 +79,8 @@ class DaemonConfig:
             raise ConfigError(f"--instance {self.instance!r}: use letters, digits and '_'")
         if self.tick_s <= 0:
             raise ConfigError(f"--tick-s {self.tick_s!r}: must be > 0")
+        if self.runtime not in ("auto", "rl", "idle"):
+            raise ConfigError(f"--runtime {self.runtime!r}: valid choices: auto, rl, idle")
         if self.cpus_per_node < 1:
             raise ConfigError(f"cpus_per_node={self.cpus_per_node!r}: must be >= 1")
 
@@ -103,7 +110,8 @@ class Weaved:
         self.config = config
         config.state_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(config.state_dir, 0o755)
-        self._lock = FileLock(str(config.state_dir / "weaved.lock"))
+        # not thread-local: run() (maybe another thread) releases what __init__ took
+        self._lock = FileLock(str(config.state_dir / "weaved.lock"), thread_local=False)
         try:
             self._lock.acquire(timeout=0)
         except Timeout:
@@ -117,6 +125,8 @@ class Weaved:
 
     def _setup(self, backend: Backend | None, executor: Executor | None) -> None:
         cfg = self.config
+        self._wake = threading.Event()
+        self._stop = threading.Event()
         db = cfg.state_dir / "weaved.db"
         self.store = Store(db)
         os.chmod(db, 0o600)
@@ -126,27 +136,43 @@ class Weaved:
             log_dir=cfg.state_dir / "logs")
         self.capacity = capacity_for(self.site, self.backend)
         self.clock = WallClock()
-        self.executor = executor or IdleExecutor()
+        self.executor = executor or self._default_executor()
+        self.executor.wake = self._wake_loop
         pools = {role: PoolRequest(p.partition, p.gpus_per_node, p.gpu.name, cfg.cpus_per_node)
                  for role, p in (("rollout", self.site.rollout), ("train", self.site.train))}
         self.reconciler = Reconciler(self.store, self.backend, self.capacity, pools,
                                      self.executor, self.clock, instance=cfg.instance,
                                      node_step=self._node_step, immediate_s=cfg.immediate_s)
-        self._wake = threading.Event()
-        self._stop = threading.Event()
         self.api = Api(self.store, self.site, self.capacity, self.clock.now,
                        admin_uids=cfg.admin_uids, wake=self._wake.set,
-                       phase=self.executor.phase)
+                       phase=self.executor.phase, live=self.executor.live)
         self.server = ApiServer(cfg.socket, self.api, client_timeout_s=cfg.client_timeout_s)
+
+    def _wake_loop(self) -> None:
+        self._wake.set()
+
+    def _default_executor(self) -> Executor:
+        cfg = self.config
+        rl = cfg.runtime == "rl" or (cfg.runtime == "auto" and cfg.node_command is None)
+        if not rl:
+            return IdleExecutor()
+        return RuntimeExecutor(self.node_socket, RuntimeConfig(poll_s=cfg.runtime_poll_s))
+
+    def node_socket(self, alloc: AllocRow, node: str) -> Path:
+        """Where the node daemon of ``node`` listens (the template's WEAVE_NODE_SOCKET)."""
+        cfg = self.config
+        return (cfg.node_socket_dir or cfg.state_dir / "nodes").resolve() / f"node-{node}.sock"
 
     def _node_command(self, role: str) -> tuple[str, ...]:
         if self.config.node_command is not None:
             return self.config.node_command
         pool = self.site.rollout if role == "rollout" else self.site.train
         root = shlex.quote(str(self.config.shm_root))
+        ckpt = shlex.quote(str(self.config.state_dir.resolve() / "ckpt"))
         return ("sh", "-c", f"exec {shlex.quote(sys.executable)} -m weave_slurm.cli.node serve "
                 f"--host-mem-gib {pool.host_mem_gib:g} --root {root}/\"$SLURMD_NODENAME\" "
-                "--socket \"$WEAVE_NODE_SOCKET\"")
+                "--socket \"$WEAVE_NODE_SOCKET\" --checkpoint-interval-s 0 "
+                f"--checkpoint-root {ckpt}/\"$SLURMD_NODENAME\"")
 
     def _node_step(self, group: GroupRow, alloc: AllocRow) -> StepSpec:
         """The node-daemon step of an allocation: the rendered template, one task per node."""
@@ -170,6 +196,7 @@ class Weaved:
         server.start()
         log.info("weaved: serving %s, backend %s, instance %r", self.config.socket,
                  self.backend.kind, self.config.instance)
+        self.executor.start()
         try:
             while not self._stop.is_set():
                 try:
@@ -179,6 +206,7 @@ class Weaved:
                 self._wake.wait(self.config.tick_s)
                 self._wake.clear()
         finally:
+            self.executor.close()
             self.server.shutdown()
             self.server.server_close()
             self.store.close()

@@ -98,21 +98,23 @@ class Store:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock = threading.RLock()
+        self._db = sqlite3.connect(str(path), isolation_level=None,
+                                   check_same_thread=False, timeout=10.0)
+        self._db.row_factory = sqlite3.Row
         try:
-            self._db = sqlite3.connect(str(path), isolation_level=None,
-                                       check_same_thread=False, timeout=10.0)
-            self._db.row_factory = sqlite3.Row
             self._open()
-        except sqlite3.DatabaseError as exc:
+        except BaseException as exc:
+            self._db.close()
+            if not isinstance(exc, sqlite3.DatabaseError | UnicodeDecodeError):
+                raise  # StateError from the checks, or a bug
             raise StateError(f"state database {str(path)!r} is unreadable or corrupt ({exc}); "
                              "the daemon will not run on it: restore a backup or move it "
                              "away to start afresh") from exc
 
     def _open(self) -> None:
         db = self._db
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=FULL")
-        db.execute("PRAGMA foreign_keys=ON")
+        # check before anything writes: journal_mode=WAL rewrites the file header, and a
+        # file we refuse must be left exactly as it was found
         check = db.execute("PRAGMA quick_check").fetchone()[0]
         if check != "ok":
             raise StateError(f"state database {str(self.path)!r} fails quick_check ({check}); "
@@ -124,6 +126,7 @@ class Store:
                     if stmt.strip():
                         db.execute(stmt)
                 db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            self._pragmas()
             return
         if "meta" not in tables:
             raise StateError(f"{str(self.path)!r} is an SQLite file but not a weaved state "
@@ -133,6 +136,33 @@ class Store:
         if version != str(SCHEMA_VERSION):
             raise StateError(f"state database {str(self.path)!r} has schema version "
                              f"{version!r}; this weaved reads version {SCHEMA_VERSION}")
+        self._check_rows()
+        self._pragmas()
+
+    def _check_rows(self) -> None:
+        """Read every row through its parser: SQLite has no page checksums, so garbage
+        inside a row passes quick_check; it must not pass this."""
+        readers = (("jobs", "job_id", self._job), ("groups", "group_id", self._group),
+                   ("allocations", "key", self._alloc), ("steps", "key", self._step),
+                   ("transitions", "id", lambda r: tuple(r)))
+        for table, col, parse in readers:
+            key: object = None
+            try:
+                for r in self._db.execute(f"SELECT * FROM {table} ORDER BY {col}"):
+                    key = r[col]
+                    parse(r)
+            except (sqlite3.DatabaseError, UnicodeDecodeError, ValueError, KeyError,
+                    TypeError, StateError) as exc:
+                where = f"at or after {col}={key}" if key is not None else "its first row"
+                raise StateError(f"state database {str(self.path)!r}: table {table}, {where}, "
+                                 f"is unreadable ({type(exc).__name__}: "
+                                 f"{str(exc).splitlines()[0] if str(exc) else ''}); restore a "
+                                 "backup or move it away to start afresh") from exc
+
+    def _pragmas(self) -> None:
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute("PRAGMA foreign_keys=ON")
 
     def close(self) -> None:
         with self._lock:

@@ -44,6 +44,8 @@ DIRECTIVES: tuple[Directive, ...] = (
     Directive("model-params-b", ("model", "params_b"), float, "model size, billions of params"),
     Directive("algorithm", ("algorithm",), str, "ppo, grpo, dapo, rloo or reinforce++"),
     Directive("entry", ("entry",), str, "entry point (module:Class or builtin:NAME)"),
+    Directive("iterations", ("iterations",), int, "training steps to run (default 10)"),
+    Directive("seed", ("seed",), int, "the entry point's seed (default 0)"),
     Directive("rollout-s", ("profile", "rollout_s"), float, "measured rollout seconds"),
     Directive("train-s", ("profile", "train_s"), float, "measured training seconds"),
     Directive("rollout-state-gib", ("profile", "rollout_state_gib"), float,

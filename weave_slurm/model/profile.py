@@ -7,7 +7,7 @@ back to :mod:`weave_slurm.model.perf` estimates for anything missing.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from weave_slurm.config.job import JobSpec
 from weave_slurm.config.site import SiteConfig
@@ -38,19 +38,19 @@ class JobProfile:
     user: str = ""
     staleness: int = 0  # rollout of step m may use the weights of step m - 1 - staleness
 
-    @property
-    def solo_s(self) -> float:
-        """Iteration time alone on its own nodes, with the admission bounds."""
-        return solo_period(self.rollout_max_s, self.train_max_s, self.sync_s, self.staleness)
+    # Derived once (placement asks for them millions of times in a long replay).
+    solo_s: float = field(init=False, repr=False, compare=False)
+    solo_mean_s: float = field(init=False, repr=False, compare=False)
+    budget_s: float = field(init=False, repr=False, compare=False)
 
-    @property
-    def solo_mean_s(self) -> float:
-        return solo_period(self.rollout_mean_s, self.train_mean_s, self.sync_s, self.staleness)
-
-    @property
-    def budget_s(self) -> float:
-        """Longest admissible iteration (meta-iteration period) under the SLO."""
-        return self.slo * self.solo_s
+    def __post_init__(self) -> None:
+        solo = solo_period(self.rollout_max_s, self.train_max_s, self.sync_s, self.staleness)
+        # solo_s: iteration time alone on its own nodes, with the admission bounds;
+        # budget_s: the longest admissible iteration (meta-iteration period) under the SLO.
+        object.__setattr__(self, "solo_s", solo)
+        object.__setattr__(self, "solo_mean_s", solo_period(
+            self.rollout_mean_s, self.train_mean_s, self.sync_s, self.staleness))
+        object.__setattr__(self, "budget_s", self.slo * solo)
 
     def with_id(self, job_id: str) -> JobProfile:
         return replace(self, job_id=job_id)

@@ -14,6 +14,7 @@ from weave_slurm.model.profile import JobProfile
 from weave_slurm.placement.admission import place_batch
 from weave_slurm.placement.cluster import ClusterState
 from weave_slurm.placement.decision import Policy
+from weave_slurm.placement.engine import may_fit
 
 _EPS = 1e-9
 
@@ -54,6 +55,12 @@ def consolidated(policy: Policy, state: ClusterState, group_id: int,
     if group is None or group.colocated:
         return None
     rest = replace(state, groups=tuple(g for g in state.groups if g.group_id != group_id))
+    # Cheaper needs the group's training nodes released, so every member must be able
+    # to join some other group: check the O(1) necessary conditions first.
+    free_t = state.capacity.train_pool_nodes - rest.train_nodes_used
+    for m in group.members:
+        if not any(may_fit(g, m.job, state.capacity, free_t) for g in rest.groups):
+            return None
     new = place_batch(policy, rest, [m.job for m in group.members]).state
     if len(new.job_group) != len(state.job_group):
         return None  # some member found no place

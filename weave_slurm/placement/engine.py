@@ -78,7 +78,7 @@ def group_placements(state: ClusterState, job: JobProfile,
     free_r = cap.rollout_pool_nodes - state.rollout_nodes_used
     free_t = cap.train_pool_nodes - state.train_nodes_used
     for group in state.groups:
-        if not _may_fit(group, job, cap, free_t):
+        if not may_fit(group, job, cap, free_t):
             continue
         fewest = None
         for cand in _placements_in(group, job, cap, free_r):
@@ -105,8 +105,8 @@ def _repacked(group: Group, job: JobProfile, cap: Capacity, free_r: int,
     return Placement(job.job_id, kind, g, cap.rates.rate(added_r, added_t), added_r, added_t)
 
 
-def _may_fit(group: Group, job: JobProfile, cap: Capacity, free_t: int) -> bool:
-    """Necessary conditions, O(1) per group."""
+def may_fit(group: Group, job: JobProfile, cap: Capacity, free_t: int) -> bool:
+    """Necessary conditions for ``job`` to join ``group``, O(1) per group."""
     if group.colocated or group.size >= cap.max_group_size:
         return False
     budget = min(group.min_budget_s, job.budget_s)
@@ -203,7 +203,7 @@ class WeavePolicy:
             return never
         free_r = cap.rollout_pool_nodes - state.rollout_nodes_used
         free_t = cap.train_pool_nodes - state.train_nodes_used
-        groups = [g for g in state.groups if _may_fit(g, job, cap, free_t)]
+        groups = [g for g in state.groups if may_fit(g, job, cap, free_t)]
         tiers = ((self._direct, self._repack), (self._scale, self._repack_scaled))
         for tier in tiers:
             found = _most_slack([c for make in tier for c in make(groups, job, cap, free_r)])
@@ -249,15 +249,18 @@ class WeavePolicy:
                 continue
             if g.rollout_nodes + added > cap.max_rollout_nodes_per_group:
                 continue
-            # Re-pinning may shorten the current period, so the bound omits it.
+            # Re-pinning may shorten the current period, so the bound omits it; the
+            # rollout work must still fit on the nodes the re-pinned group may use.
+            rollout_work = sum(g.rollout_load_s) + job.rollout_max_s * job.rollout_nodes
             bound = max(g.train_load_s + job.train_max_s, job.solo_s,
-                        max(m.job.solo_s for m in g.members))
+                        max(m.job.solo_s for m in g.members),
+                        rollout_work / (g.rollout_nodes + added))
 
             def build(g: Group = g) -> Placement | None:
                 return _repacked(g, job, cap, free_r, fewest=added + 1)
 
             out.append(_Candidate(_slack(min(g.min_budget_s, job.budget_s), bound),
-                                  g.group_id, (), build))
+                                  g.group_id, (), build, expensive=True))
         return out
 
     def _repack_scaled(self, groups: list[Group], job: JobProfile, cap: Capacity,
@@ -298,16 +301,24 @@ class _Candidate:
     group_id: int
     pins: tuple[int, ...]
     build: Callable[[], Placement | None]
+    expensive: bool = False  # a re-pinning search rather than one schedule
 
 
 def _most_slack(candidates: list[_Candidate]) -> Placement | None:
-    """The feasible candidate with the most exact slack (ties: lowest group id, pins)."""
-    candidates.sort(key=lambda c: (-c.slack_bound, c.group_id, c.pins))
+    """The feasible candidate with the most exact slack (ties: lowest group id, pins).
+
+    Cheap candidates (one schedule each) are examined first so that their best exact
+    slack prunes the expensive re-pinning searches; within each kind, in order of
+    their slack bound, stopping once no remaining bound can beat the incumbent.
+    """
+    candidates.sort(key=lambda c: (c.expensive, -c.slack_bound, c.group_id, c.pins))
     best: Placement | None = None
     best_key = (float("inf"), float("inf"))
     for cand in candidates:
         if cand.slack_bound < -best_key[1] - _EPS:
-            break  # no later candidate can leave more slack
+            if cand.expensive:
+                break  # sorted by bound within the expensive kind too
+            continue  # the rest of the cheap kind cannot win; go on to the expensive
         placed = cand.build()
         if placed is None:
             continue

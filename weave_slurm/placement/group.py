@@ -103,13 +103,21 @@ class Group:
                 out[node] = min(out[node], m.job.budget_s)
         return tuple(out)
 
+    @cached_property
+    def period_s(self) -> float:
+        """Meta-iteration period under the admission bound (what feasibility needs)."""
+        if self.colocated:
+            return self.members[0].job.colo_iter_s
+        return period(self.members)
+
     def feasible(self, rollout_mem_gib: float, train_mem_gib: float) -> bool:
         """Every member within its SLO and every node within its host memory."""
-        s = self.schedule
-        return (all(sd <= m.job.slo + _EPS for sd, m in zip(s.slowdowns, self.members,
-                                                             strict=True))
-                and all(x <= rollout_mem_gib + _EPS for x in s.rollout_mem_gib)
-                and all(x <= train_mem_gib + _EPS for x in s.train_mem_gib))
+        if any(x > rollout_mem_gib + _EPS for x in self.rollout_mem_used_gib):
+            return False
+        if self.train_mem_gib > train_mem_gib + _EPS:
+            return False
+        p = self.period_s
+        return all(p <= m.job.budget_s * (1 + _EPS) + _EPS for m in self.members)
 
 
 def period(members: tuple[Member, ...], expected: bool = False) -> float:
@@ -128,7 +136,7 @@ def evaluate(group: Group) -> GroupSchedule:
     if group.colocated:
         return _evaluate_colocated(group)
     members = group.members
-    p = period(members)
+    p = group.period_s
     pe = period(members, expected=True)
     r_mem = [0.0] * group.rollout_nodes
     t_mem = [0.0] * group.train_nodes

@@ -1,9 +1,11 @@
 """The demo run behind ``weave demo``: three reference GRPO jobs grouped, then isolated.
 
-Everything runs for real on the embedded LocalBackend: one h20 and one h800 virtual
-node, each with its node daemon as a local process; the group executor drives them
-(``weaved`` is not in the loop yet). Grouped: the three jobs share both nodes in
-cyclic round-robin. Isolated: each job alone on the same two nodes, one after another.
+Everything runs for real through ``weaved`` on the embedded LocalBackend: the daemon
+runs in this process (temp state dir and socket), the jobs are submitted over its
+socket as ``weave-sbatch`` sends them, placement groups them, weaved allocates the
+group's virtual nodes, starts their node daemons and its group runtime runs the
+members round-robin. Grouped: the three jobs share one group. Isolated: each job is
+submitted alone (its own group), one after another.
 Busy fractions and wall times are measured over the *steady window* of each run:
 from the moment every job of the run has finished its first rollout to the end, so
 each job's one-off model builds in its fresh resident workers (the ``init`` train
@@ -16,15 +18,18 @@ import json
 import os
 import shutil
 import tempfile
+import threading
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
-from weave_slurm.runtime.executor import GroupExecutor
-from weave_slurm.runtime.fleet import FleetConfig, NodeFleet
+from weave_slurm.daemon.client import DaemonClient
+from weave_slurm.daemon.protocol import Op
+from weave_slurm.errors import StateError
 from weave_slurm.runtime.group import MemberSpec, PhaseKind, Pool
 from weave_slurm.runtime.timeline import Span, busy_fraction, gantt_png
-from weave_slurm.slurm.local_backend import LocalBackend
 
 JOB_NAMES = ("grpo-a", "grpo-b", "grpo-c")
 TASKS = ("copy", "reverse", "copy")
@@ -99,46 +104,108 @@ def reward_png(rewards: dict[str, list[float]], path: Path) -> Path:
     return path
 
 
+def demo_spec(name: str, seed: int, task: str, steps: int) -> str:
+    """The spec TOML of one reference GRPO job, as ``weave-sbatch JOB.toml`` sends it."""
+    return (f'name = "{name}"\nslo = 3.0\nentry = "builtin:grpo-toy"\n'
+            f"iterations = {steps}\nseed = {seed}\n"
+            "[model]\nparams_b = 0.5\n"
+            "[rollout]\nprompts_per_step = 8\nsamples_per_prompt = 2\n"
+            "max_response_tokens = 256\n[gpus]\nrollout = 8\ntrain = 8\n"
+            "[profile]\nrollout_s = 10.0\ntrain_s = 10.0\nrollout_state_gib = 1.0\n"
+            f'train_state_gib = 1.0\n[options]\ntask = "{task}"\n')
+
+
+class _Daemon:
+    """weaved in this process (LocalBackend, temp state dir and socket)."""
+
+    def __init__(self, state_dir: Path, shm: Path) -> None:
+        from weave_slurm.daemon.runtime_executor import RuntimeExecutor
+        from weave_slurm.daemon.service import DaemonConfig, Weaved
+
+        self.weaved = Weaved(DaemonConfig(state_dir=state_dir, tick_s=0.2, shm_root=shm,
+                                          runtime="rl", client_timeout_s=10.0))
+        if not isinstance(self.weaved.executor, RuntimeExecutor):
+            raise StateError("weave demo: weaved did not start the group runtime")
+        self.runtime = self.weaved.executor
+        self.thread = threading.Thread(target=self.weaved.run, name="weaved", daemon=True)
+        self.thread.start()
+
+    def call(self, op: Op, **args: Any) -> dict[str, Any]:
+        with DaemonClient(self.weaved.config.socket) as client:
+            return client.call(op, **args)
+
+    def run(self, specs: list[tuple[str, str]], on_status: _OnStatus | None,
+            timeout_s: float) -> tuple[list[dict[str, Any]], list[Span]]:
+        """Submit ``(name, spec)``s, follow them to the end; their rows and spans."""
+        ids = [int(self.call(Op.SUBMIT, spec=text, source=f"{name}.toml")["job"])
+               for name, text in specs]
+        end = time.monotonic() + timeout_s
+        while True:
+            rows = self.call(Op.STATUS, jobs=ids)["jobs"]
+            if on_status is not None:
+                on_status(rows)
+            if all(r["state"] in _FINAL for r in rows):
+                break
+            if time.monotonic() > end:
+                raise StateError(f"weave demo: jobs not done after {timeout_s:.0f} s: "
+                                 + ", ".join(f"{r['job']}={r['state']}" for r in rows))
+            time.sleep(0.25)
+        bad = [r for r in rows if r["state"] != "COMPLETED"]
+        if bad:
+            raise StateError(f"weave demo: job {bad[0]['job']} {bad[0]['state']}: "
+                             f"{bad[0]['reason']}")
+        names = {str(r["job"]): str(r["name"]) for r in rows}   # spans by job name
+        spans = [replace(s, job_id=names.get(s.job_id, s.job_id))
+                 for gid in {r["group"] for r in rows}
+                 for s in self.runtime.spans.get(int(gid), [])]
+        return rows, spans
+
+    def stop(self) -> None:
+        self.weaved.stop()
+        self.thread.join(timeout=60)
+
+
+_FINAL = ("COMPLETED", "FAILED", "CANCELLED", "REFUSED")
+_OnStatus = Callable[[list[dict[str, Any]]], None]
+
+
 def run_demo(steps: int, out: Path, *, isolated: bool = True,
-             on_tick: Callable[[GroupExecutor], None] | None = None,
-             on_phase: Callable[[str], None] | None = None) -> DemoResult:
-    """Run the grouped (and isolated) demo; writes PNGs and ``summary.json`` to ``out``."""
+             on_status: _OnStatus | None = None,
+             on_phase: Callable[[str], None] | None = None,
+             timeout_s: float = 900.0) -> DemoResult:
+    """Run the grouped (and isolated) demo through weaved; PNGs and ``summary.json``."""
     out.mkdir(parents=True, exist_ok=True)
+    state = Path(tempfile.mkdtemp(prefix="weave-demo-"))
+    state.chmod(0o755)
     shm = Path(tempfile.mkdtemp(prefix="weave-demo-", dir="/dev/shm"))
     os.chmod(shm, 0o711)
-    fleet = NodeFleet(LocalBackend(out / "backend"), FleetConfig("demo", shm, out / "state"))
+    if on_phase:
+        on_phase("starting weaved (LocalBackend: 2 h20 + 2 h800 virtual nodes)")
+    daemon = _Daemon(state / "weaved", shm)
     try:
         if on_phase:
-            on_phase("starting two node daemons (h20-0, h800-0) on the LocalBackend")
-        layout = fleet.start()
-        rollout = [n.name for n in layout.rollout]
-        train = [n.name for n in layout.train]
-        if on_phase:
-            on_phase(f"grouped: {len(JOB_NAMES)} jobs x {steps} steps")
-        ex = GroupExecutor(layout, demo_members(steps))
-        try:
-            ex.run(on_tick=on_tick)
-            rewards = {j: list(m.rewards) for j, m in ex.members.items()}
-            grouped_spans = list(ex.spans)
-        finally:
-            for job in list(ex.order):
-                ex.leave(job)
-            ex.close()
+            on_phase(f"grouped: {len(JOB_NAMES)} jobs x {steps} steps submitted to weaved")
+        specs = [(n, demo_spec(n, i, t, steps))
+                 for i, (n, t) in enumerate(zip(JOB_NAMES, TASKS, strict=True))]
+        rows, grouped_spans = daemon.run(specs, on_status, timeout_s)
+        groups = {r["group"] for r in rows}
+        rewards = {r["name"]: list((daemon.runtime.live(int(r["job"])) or {}).get(
+            "rewards", [])) for r in rows}
         iso_runs: list[list[Span]] = []
         if isolated:
-            for spec in demo_members(steps, "-alone"):
+            for i, (name, task) in enumerate(zip(JOB_NAMES, TASKS, strict=True)):
                 if on_phase:
-                    on_phase(f"isolated: {spec.job_id} alone")
-                solo = GroupExecutor(layout, [spec])
-                try:
-                    solo.run(on_tick=on_tick)
-                    iso_runs.append(list(solo.spans))
-                finally:
-                    solo.leave(spec.job_id)
-                    solo.close()
+                    on_phase(f"isolated: {name} alone")
+                _, spans = daemon.run([(f"{name}-alone", demo_spec(f"{name}-alone", i, task,
+                                                                   steps))],
+                                      on_status, timeout_s)
+                iso_runs.append(spans)
     finally:
-        fleet.stop()
+        daemon.stop()
         shutil.rmtree(shm, ignore_errors=True)
+        shutil.rmtree(state, ignore_errors=True)
+    rollout = sorted({s.node for s in grouped_spans if s.pool is Pool.ROLLOUT})
+    train = sorted({s.node for s in grouped_spans if s.pool is Pool.TRAIN})
     grouped = stats([grouped_spans], rollout, train)
     iso = stats(iso_runs, rollout, train) if iso_runs else None
     gantt = gantt_png(grouped_spans, out / "gantt.png",
@@ -147,7 +214,8 @@ def run_demo(steps: int, out: Path, *, isolated: bool = True,
     summary = out / "summary.json"
     summary.write_text(json.dumps({
         "steps": steps, "rewards": rewards, "grouped": grouped.to_json(),
-        "isolated": iso.to_json() if iso else None,
+        "isolated": iso.to_json() if iso else None, "groups": sorted(groups),
+        "via": "weaved (in-process, LocalBackend), jobs submitted over its socket",
         "window": "from every job's first rollout done to the end (model builds excluded)",
         "spans": [s.to_json() for s in grouped_spans]}, indent=1))
     return DemoResult(rewards, grouped, iso, gantt, curves, summary)

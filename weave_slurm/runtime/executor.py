@@ -11,6 +11,10 @@ on the weights segment of its latest version, and its training step is handed on
 its own ``traj`` segment, which ``JobRunner.train`` refuses unless it is of the
 current version. A failure touches only its member: it is re-admitted from the
 newest checkpoint on its training node while the others keep running.
+
+A member with a staleness window ``k >= 1`` may have its rollout of step ``m`` (on
+exactly version ``max(0, m - k)``, from a ring of ``k + 1`` checked weight buffers)
+in flight next to its training step; see :mod:`weave_slurm.runtime.staleness`.
 """
 
 from __future__ import annotations
@@ -18,11 +22,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from weave_slurm.errors import ConfigError, StateError, WeaveError
 from weave_slurm.node.index import JobRef
@@ -37,70 +39,35 @@ from weave_slurm.runtime.group import (
     PhaseKind,
     Pool,
 )
-from weave_slurm.runtime.ordering import next_member, phase_deadline_s
+from weave_slurm.runtime.member import (
+    Clock,
+    ExecutorConfig,
+    Member,
+    MonotonicClock,
+    PhaseRun,
+)
+from weave_slurm.runtime.ordering import (
+    next_member,
+    phase_deadline_s,
+    rollout_version,
+)
 from weave_slurm.runtime.profiler import LiveProfiler
+from weave_slurm.runtime.staleness import (
+    TRAJ_BUFFER,
+    WEIGHTS_BUFFER,
+    BatchRecord,
+    VersionLog,
+    buffer_name,
+    copy_as,
+)
 from weave_slurm.runtime.timeline import Span
 from weave_slurm.runtime.transfer import copy_segment
+
+__all__ = ["Clock", "ExecutorConfig", "GroupExecutor", "Member", "MonotonicClock"]
 
 log = logging.getLogger(__name__)
 
 _ENTRY = "weave_slurm.runtime.phases:"
-
-
-class Clock(Protocol):
-    def now(self) -> float: ...
-
-    def sleep(self, seconds: float) -> None: ...
-
-
-class MonotonicClock:
-    """The real clock (the simulator passes a virtual one)."""
-
-    def now(self) -> float:
-        return time.monotonic()
-
-    def sleep(self, seconds: float) -> None:
-        time.sleep(seconds)
-
-
-@dataclass(frozen=True)
-class ExecutorConfig:
-    poll_s: float = 0.005
-    deadline_factor: float = 4.0        # hung = longer than factor x longest seen
-    deadline_floor_s: float = 60.0      # ... but never before this
-    max_recoveries: int = 3
-    recovery_backoff_s: float = 1.0     # between attempts when a node is unreachable
-
-
-@dataclass
-class _Running:
-    kind: PhaseKind
-    node: NodeRef
-    start_s: float
-    deadline_s: float
-    init: bool = False
-    ready_s: float | None = None
-
-
-@dataclass
-class Member:
-    """The executor's live view of one member (read it, do not change it)."""
-
-    spec: MemberSpec
-    job: JobRef
-    train_node: NodeRef
-    rollout_nodes: tuple[NodeRef, ...]
-    state: MemberState = MemberState.STARTING
-    version: int = 0
-    next_kind: PhaseKind = PhaseKind.TRAIN       # init runs on the training node
-    initialised: bool = False
-    running: _Running | None = None
-    recoveries: int = 0
-    rewards: list[float] = field(default_factory=list)
-    history: list[tuple[float, MemberState, str]] = field(default_factory=list)
-    error: str | None = None
-    retry_at_s: float = 0.0
-    ready_s: float | None = None
 
 
 class GroupExecutor:
@@ -122,7 +89,7 @@ class GroupExecutor:
         self._client_factory = client_factory
         self._last_served: dict[str, str] = {}
         self._busy: dict[str, str] = {}             # node name -> job id
-        self._ended: list[tuple[Member, _Running, dict[str, Any], tuple[Any, Any], float]] = []
+        self._ended: list[tuple[Member, PhaseRun, dict[str, Any], tuple[Any, Any], float]] = []
         self.listeners: list[Callable[[Member, str], None]] = []
         for spec in members:
             self.join(spec)
@@ -167,6 +134,9 @@ class GroupExecutor:
                         self.layout.train[spec.train_node],
                         tuple(self.layout.rollout[p] for p in spec.rollout_pins))
         member.history.append((self.clock.now(), MemberState.STARTING, "joined"))
+        records = self.config.records_dir
+        member.versions = VersionLog(spec.job_id, spec.staleness, None if records is None
+                                     else Path(records) / f"{spec.job_id}.versions.jsonl")
         self.members[spec.job_id] = member
         self.order = [j for j in self.order if j != spec.job_id] + [spec.job_id]
         self.profiler.track(spec.job_id, spec.declared)
@@ -175,8 +145,8 @@ class GroupExecutor:
     def leave(self, job_id: str) -> None:
         """Cancel a member: stop its phase, drop its state, workers and checkpoints."""
         member = self._member(job_id)
-        if member.running is not None:
-            self._release(member)
+        for run in list(member.runs.values()):
+            self._release(member, run)
         for node in (member.train_node, *member.rollout_nodes):
             try:
                 self._call(node, Op.DROP, job=job_id)
@@ -227,8 +197,9 @@ class GroupExecutor:
         """Read the world, then act; True if anything changed."""
         changed = False
         for member in list(self.members.values()):
-            if member.running is not None:
-                changed |= self._poll(member)
+            for run in list(member.runs.values()):
+                if not run.ended and run.kind in member.runs:
+                    changed |= self._poll(member, run)
         for member in list(self.members.values()):
             if member.state is MemberState.RECOVERING:
                 changed |= self._recover(member)
@@ -238,7 +209,7 @@ class GroupExecutor:
         changed |= self._dispatch(self.layout.rollout, Pool.ROLLOUT)
         ended, self._ended = self._ended, []
         for member, run, result, worker_s, end in ended:
-            if member.state is MemberState.CANCELLED:
+            if member.state is MemberState.CANCELLED or member.runs.get(run.kind) is not run:
                 continue
             try:
                 self._finish(member, run, result, worker_s, end)
@@ -253,13 +224,10 @@ class GroupExecutor:
     def _ready_on(self, node: NodeRef, pool: Pool) -> set[str]:
         ready = set()
         for job_id, m in self.members.items():
-            if m.running is not None or m.state not in (MemberState.READY,
-                                                        MemberState.STARTING):
-                continue
-            if pool is Pool.TRAIN and m.next_kind is PhaseKind.TRAIN and m.train_node == node:
+            kind = m.wants()
+            if pool is Pool.TRAIN and kind is PhaseKind.TRAIN and m.train_node == node:
                 ready.add(job_id)
-            if pool is Pool.ROLLOUT and m.next_kind is PhaseKind.ROLLOUT \
-                    and node in m.rollout_nodes:
+            if pool is Pool.ROLLOUT and kind is PhaseKind.ROLLOUT and node in m.rollout_nodes:
                 ready.add(job_id)
         return ready
 
@@ -285,33 +253,36 @@ class GroupExecutor:
         init = not member.initialised
         if init:
             self._register(member)
-        kind = member.next_kind
+        kind = PhaseKind.TRAIN if node.pool is Pool.TRAIN else PhaseKind.ROLLOUT
         deadline = phase_deadline_s(
             member.spec.declared.rollout_s if kind is PhaseKind.ROLLOUT
             else member.spec.declared.train_s,
             self.profiler.durations(member.spec.job_id, kind),
             self.config.deadline_factor, self.config.deadline_floor_s)
         fn = "init_train" if init else kind.value
-        args = phases.PhaseArgs(member.spec.entry_point, member.spec.seed,
-                                dict(member.spec.options)).encode()
+        step = member.rolled if kind is PhaseKind.ROLLOUT else member.version
+        args = phases.PhaseArgs.for_phase(member.spec, kind, step).encode()
         self._call(node, Op.ACTIVATE, job=member.spec.job_id, phase=kind.value,
                    entry=_ENTRY + fn, args=[args])
         now = self.clock.now()
-        member.running = _Running(kind, node, now, now + deadline, init, member.ready_s)
+        member.runs[kind] = PhaseRun(kind, node, now, now + deadline, init, member.ready_s,
+                                     step)
         self._busy[node.name] = member.spec.job_id
-        if member.state is MemberState.READY:
+        if kind is PhaseKind.ROLLOUT and member.versions is not None:
+            member.versions.produced(step, rollout_version(step, member.staleness),
+                                     member.version)
+        where = f"{kind.value} v{member.version} on {node.name}"
+        if member.state is MemberState.READY or (member.state is MemberState.ROLLOUT
+                                                 and kind is PhaseKind.TRAIN):
             self._move(member, MemberState.ROLLOUT if kind is PhaseKind.ROLLOUT
-                       else MemberState.TRAIN, f"{kind.value} v{member.version} on {node.name}")
+                       else MemberState.TRAIN, where)
 
     def _register(self, member: Member) -> None:
         for node in (member.train_node, *member.rollout_nodes):
             self._call(node, Op.REGISTER, job=member.spec.job_id, checkpoint_interval_s=0)
 
     # -- completion ------------------------------------------------------------------
-    def _poll(self, member: Member) -> bool:
-        run = member.running
-        if run is None:
-            return False
+    def _poll(self, member: Member, run: PhaseRun) -> bool:
         try:
             worker = self._call(run.node, Op.PHASE, job=member.spec.job_id).get("worker") or {}
         except WeaveError as exc:
@@ -328,28 +299,49 @@ class GroupExecutor:
             self._fail(member, f"{run.kind.value} on {run.node.name} {state}: "
                        f"{worker.get('error') or 'returncode ' + str(worker.get('returncode'))}")
             return True
-        self._release(member)    # the node is free; the member is not ready yet
+        run.ended = True         # the node is free; the member's output is not moved yet
+        self._busy.pop(run.node.name, None)
         self._ended.append((member, run, dict(worker.get("result") or {}),
                             (worker.get("t_recv"), worker.get("t_done")), self.clock.now()))
         return True
 
-    def _finish(self, member: Member, run: _Running, result: Mapping[str, Any],
+    def _finish(self, member: Member, run: PhaseRun, result: Mapping[str, Any],
                 worker_s: tuple[Any, Any], end: float) -> None:
         job_id = member.spec.job_id
+        member.runs.pop(run.kind, None)
+        for write in member.deferred.pop(run.node.name, []):
+            write()
         w0, w1 = (None if t is None else float(t) for t in worker_s)
         self.spans.append(Span(job_id, run.kind, run.node.name, run.node.pool,
                                run.start_s, end, True, run.ready_s, w0, w1))
         if not run.init:
             self.profiler.phase(job_id, run.kind, end - run.start_s)
         if run.kind is PhaseKind.ROLLOUT:
-            self._sync(member, phases.TRAJ, run.node, [member.train_node], "trajectories")
-            member.next_kind = PhaseKind.TRAIN
-            self._move(member, MemberState.READY, f"rollout v{member.version} done")
-            return
+            self._finish_rollout(member, run)
+        else:
+            self._finish_train(member, run, result)
+
+    def _finish_rollout(self, member: Member, run: PhaseRun) -> None:
+        k = member.staleness
+        name = phases.TRAJ if k == 0 else buffer_name(TRAJ_BUFFER, run.step, k)
+        member.rolled = run.step + 1
+
+        def deliver() -> None:
+            self._sync(member, name, run.node, [member.train_node], "trajectories")
+            member.delivered = run.step + 1
+        self._write(member, member.train_node, deliver)
+        member.next_kind = PhaseKind.TRAIN
+        if PhaseKind.TRAIN not in member.runs:
+            self._move(member, MemberState.READY, f"rollout {run.step} done")
+
+    def _finish_train(self, member: Member, run: PhaseRun, result: Mapping[str, Any]) -> None:
+        job_id = member.spec.job_id
         member.version = int(result["version"])
         self.profiler.state_bytes(job_id, train=int(result.get("state_bytes", 0)),
                                   rollout=int(result.get("weights_bytes", 0)))
-        self._sync(member, phases.WEIGHTS, member.train_node, member.rollout_nodes, "weights")
+        if not run.init and member.versions is not None:
+            member.versions.consumed(run.step, run.step)
+        self._sync_weights(member)
         if run.init or member.version % member.spec.checkpoint_every == 0 \
                 or member.version >= member.spec.steps:
             self._call(member.train_node, Op.CHECKPOINT, job=job_id)
@@ -360,7 +352,10 @@ class GroupExecutor:
                                                                             float("nan"))))
             self.profiler.iteration_end(job_id, self.clock.now())
         member.next_kind = PhaseKind.ROLLOUT
-        if member.version >= member.spec.steps:
+        if PhaseKind.ROLLOUT in member.runs:
+            self._move(member, MemberState.ROLLOUT, f"train -> v{member.version}, "
+                       f"rollout {member.runs[PhaseKind.ROLLOUT].step} still running")
+        elif member.version >= member.spec.steps:
             self._move(member, MemberState.READY, "final step")
             self._move(member, MemberState.DONE, f"reached version {member.version}")
         elif member.state is MemberState.STARTING:
@@ -368,42 +363,77 @@ class GroupExecutor:
         else:
             self._move(member, MemberState.READY, f"train -> v{member.version}")
 
+    def _sync_weights(self, member: Member) -> None:
+        """The train node's ``weights`` to the rollout nodes (k >= 1: into a checked buffer).
+
+        A stale member also keeps the ring on its training node, so a checkpoint holds
+        the last ``k + 1`` versions its replayed rollouts need after a restore.
+        """
+        k = member.staleness
+        if k == 0:
+            self._sync(member, phases.WEIGHTS, member.train_node, member.rollout_nodes,
+                       "weights")
+            return
+        buf = buffer_name(WEIGHTS_BUFFER, member.version, k)
+        for node in (member.train_node, *member.rollout_nodes):
+            self._write(member, node, lambda node=node: self._sync(  # type: ignore[misc]
+                member, phases.WEIGHTS, member.train_node, [node], "weights", buf))
+
+    def _write(self, member: Member, node: NodeRef, write: Callable[[], None]) -> None:
+        """Put a segment of ``member`` on ``node`` now, or when its phase there ends.
+
+        The resident worker attaches every segment of its job when a phase starts; a
+        segment being replaced meanwhile reads as missing there. So a write to a node
+        where the member's own phase runs waits for that phase's end (another buffer
+        than the one it reads, so the phase never needed it).
+        """
+        if any(r.node == node and not r.ended for r in member.runs.values()):
+            member.deferred.setdefault(node.name, []).append(write)
+        else:
+            write()
+
     def _sync(self, member: Member, name: str, src: NodeRef, dsts: Sequence[NodeRef],
-              what: str) -> None:
+              what: str, as_name: str | None = None) -> None:
+        """Copy a segment to ``dsts`` (``as_name``: into that checked buffer there)."""
         start = self.clock.now()
-        _, moved = copy_segment(lambda p: self.client(p), src.socket_path,
-                                [d.socket_path for d in dsts], member.job, name)
+        clients = lambda p: self.client(p)  # noqa: E731
+        paths = [d.socket_path for d in dsts]
+        _, moved = (copy_segment(clients, src.socket_path, paths, member.job, name)
+                    if as_name is None else
+                    copy_as(clients, src.socket_path, name, paths, member.job, as_name))
         end = self.clock.now()
         self.profiler.sync(member.spec.job_id, what, moved)
         self.profiler.phase(member.spec.job_id, PhaseKind.SYNC, end - start)
         self.spans.append(Span(member.spec.job_id, PhaseKind.SYNC, src.name, src.pool,
                                start, end))
 
-    def _release(self, member: Member) -> None:
-        run = member.running
-        if run is None:
-            return
-        member.running = None
-        self._busy.pop(run.node.name, None)
+    def _release(self, member: Member, run: PhaseRun) -> None:
+        member.runs.pop(run.kind, None)
+        if self._busy.get(run.node.name) == member.spec.job_id:
+            self._busy.pop(run.node.name, None)
 
     # -- failure isolation -----------------------------------------------------------
     def _fail(self, member: Member, why: str) -> None:
         """Only this member: stop what it runs, then re-admit it from its checkpoint."""
         log.warning("member %s failed: %s", member.spec.job_id, why)
-        run = member.running
-        if run is not None:
-            self.spans.append(Span(member.spec.job_id, run.kind, run.node.name,
-                                   run.node.pool, run.start_s, self.clock.now(), ok=False))
-            try:
-                self._call(run.node, Op.DEACTIVATE, job=member.spec.job_id)
-            except WeaveError as exc:
-                log.info("deactivate of %s on %s: %s", member.spec.job_id, run.node.name, exc)
-            self._release(member)
+        for run in list(member.runs.values()):
+            if not run.ended:
+                self.spans.append(Span(member.spec.job_id, run.kind, run.node.name,
+                                       run.node.pool, run.start_s, self.clock.now(), ok=False))
+                try:
+                    self._call(run.node, Op.DEACTIVATE, job=member.spec.job_id)
+                except WeaveError as exc:
+                    log.info("deactivate of %s on %s: %s", member.spec.job_id,
+                             run.node.name, exc)
+            self._release(member, run)
+        self._ended = [e for e in self._ended if e[0] is not member]
+        member.deferred.clear()
         member.error = why
         if member.state is MemberState.STARTING:
             self._move(member, MemberState.FAILED, why)
             return
-        self._move(member, MemberState.RECOVERING, why)
+        if member.state is not MemberState.RECOVERING:
+            self._move(member, MemberState.RECOVERING, why)
 
     def _recover(self, member: Member) -> bool:
         """Restore the newest checkpoint on the training node; weights to rollout nodes."""
@@ -419,30 +449,46 @@ class GroupExecutor:
             self._register(member)   # a restarted node daemon may have lost it
         try:
             self._call(member.train_node, Op.RESTORE, job=job_id)
-            self._sync(member, phases.WEIGHTS, member.train_node, member.rollout_nodes,
-                       "weights")
             info = self._call(member.train_node, Op.ATTACH_INFO, job=job_id)
             member.version = int(info["segments"][phases.STATE]["index"]["version"])
+            self._restore_weights(member, info)
         except WeaveError as exc:
             member.error = f"recovery {member.recoveries}: {exc}"
             member.retry_at_s = self.clock.now() + self.config.recovery_backoff_s
             log.warning("member %s: %s", job_id, member.error)
             return False
         del member.rewards[member.version:]
+        member.rolled = member.delivered = member.version
+        if member.versions is not None:
+            member.versions.rewind(member.version)
         member.next_kind = PhaseKind.ROLLOUT
         self._move(member, MemberState.READY, f"re-admitted from checkpoint "
                    f"v{member.version} (recovery {member.recoveries})")
         return True
 
+    def _restore_weights(self, member: Member, info: Mapping[str, Any]) -> None:
+        """Rollout nodes get the restored weights (k >= 1: every version a replay needs)."""
+        k = member.staleness
+        if k == 0:
+            self._sync(member, phases.WEIGHTS, member.train_node, member.rollout_nodes,
+                       "weights")
+            return
+        for version in range(rollout_version(member.version, k), member.version + 1):
+            buf = buffer_name(WEIGHTS_BUFFER, version, k)
+            held = dict(info["segments"].get(buf) or {}).get("index", {}).get("version")
+            if held != version:
+                raise StateError(f"member {member.spec.job_id}: its checkpoint's buffer {buf} "
+                                 f"holds version {held!r}; the replay needs v{version}")
+            self._sync(member, buf, member.train_node, member.rollout_nodes, "weights", buf)
+
     # -- read API (daemon status, demo) ----------------------------------------------
     def status(self) -> list[dict[str, object]]:
-        rows: list[dict[str, object]] = []
-        for job_id in [*self.order, *(j for j in self.members if j not in self.order)]:
-            m = self.members[job_id]
-            rows.append({"job": job_id, "state": m.state.value, "version": m.version,
-                         "steps": m.spec.steps, "phase": m.running.kind.value
-                         if m.running else None,
-                         "node": m.running.node.name if m.running else None,
-                         "reward": m.rewards[-1] if m.rewards else None,
-                         "recoveries": m.recoveries, "error": m.error})
-        return rows
+        """One row per member (:meth:`Member.status_row`: state, version, phase, node,
+        reward, recoveries, error, the window ``staleness`` and ``current_staleness``)."""
+        return [self.members[j].status_row() for j in
+                [*self.order, *(j for j in self.members if j not in self.order)]]
+
+    def version_log(self, job_id: str) -> list[BatchRecord]:
+        """The member's trajectory-version log: one record per batch, in step order."""
+        log_ = self._member(job_id).versions
+        return [] if log_ is None else list(log_.records)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from weave_slurm.config.job import MAX_STALENESS
 from weave_slurm.errors import ConfigError
 
 
@@ -36,8 +37,8 @@ class MemberState(enum.Enum):
 
     STARTING = "starting"        # warm state being put on its nodes
     READY = "ready"              # waiting for a pool
-    ROLLOUT = "rollout"
-    TRAIN = "train"
+    ROLLOUT = "rollout"          # a rollout runs (and no training)
+    TRAIN = "train"              # a training step runs (a stale member: maybe a rollout too)
     RECOVERING = "recovering"    # a phase failed; re-admitted from its checkpoint
     DONE = "done"                # reached its step count
     FAILED = "failed"            # gave up (recovery attempts exhausted)
@@ -53,11 +54,13 @@ TRANSITIONS: dict[MemberState, frozenset[MemberState]] = {
     # could not be started (node gone); it left
     MemberState.READY: frozenset({MemberState.ROLLOUT, MemberState.TRAIN, MemberState.DONE,
                                   MemberState.RECOVERING, MemberState.CANCELLED}),
-    # rollout ended (trajectories moved) or failed or was cancelled
-    MemberState.ROLLOUT: frozenset({MemberState.READY, MemberState.RECOVERING,
-                                    MemberState.CANCELLED}),
-    # train ended (weights synced) or failed or was cancelled
-    MemberState.TRAIN: frozenset({MemberState.READY, MemberState.DONE,
+    # rollout ended (trajectories moved) or failed or was cancelled; a stale member
+    # (staleness >= 1) started its training while this rollout runs
+    MemberState.ROLLOUT: frozenset({MemberState.READY, MemberState.TRAIN,
+                                    MemberState.RECOVERING, MemberState.CANCELLED}),
+    # train ended (weights synced) or failed or was cancelled; a stale member's
+    # training ended while its next rollout still runs
+    MemberState.TRAIN: frozenset({MemberState.READY, MemberState.ROLLOUT, MemberState.DONE,
                                   MemberState.RECOVERING, MemberState.CANCELLED}),
     # restored from its checkpoint (ready again) or gave up
     MemberState.RECOVERING: frozenset({MemberState.READY, MemberState.FAILED,
@@ -99,6 +102,7 @@ class MemberSpec:
     train_node: int = 0                      # index into the group's training nodes
     checkpoint_every: int = 1                # train steps between node checkpoints
     declared: DeclaredProfile = field(default_factory=DeclaredProfile)
+    staleness: int = 0                       # window k: rollout m uses version max(0, m - k)
 
     def validate(self, rollout_nodes: int, train_nodes: int) -> None:
         where = f"member {self.job_id!r}"
@@ -107,6 +111,10 @@ class MemberSpec:
         if self.checkpoint_every < 1:
             raise ConfigError(f"{where}: checkpoint_every={self.checkpoint_every!r}; "
                               "must be >= 1")
+        if isinstance(self.staleness, bool) or not isinstance(self.staleness, int) \
+                or not 0 <= self.staleness <= MAX_STALENESS:
+            raise ConfigError(f"{where}: staleness={self.staleness!r}; valid: 0..{MAX_STALENESS} "
+                              "(0 = strictly on-policy)")
         if not self.rollout_pins:
             raise ConfigError(f"{where}: rollout_pins is empty; pin at least one node")
         bad = [p for p in self.rollout_pins if not 0 <= p < rollout_nodes]

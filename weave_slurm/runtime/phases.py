@@ -12,6 +12,11 @@ The executor activates, through the node daemon, one of
   batch is this job's, of the current version) and puts the new ``state`` and
   ``weights``.
 
+A member with a staleness window ``k >= 1`` names its buffers in the argument: its
+rollout reads the weights buffer ``weights.b<v % (k+1)>`` and refuses unless it holds
+exactly version ``v = max(0, m - k)`` with an intact CRC32, and puts ``traj.b<m % (k+1)>``
+(with its step); its training reads that buffer and refuses a batch of another step.
+
 The JobRunner is kept in the worker between phases (the worker is resident and
 serves only this job), so a warm phase neither rebuilds the model nor reloads
 state; a fresh worker (after a crash) rebuilds it from the segments. The argument
@@ -22,11 +27,20 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from weave_slurm.errors import ConfigError, StateError
+from weave_slurm.errors import ConfigError, StateError, VersionMismatch
+from weave_slurm.runtime.group import MemberSpec, PhaseKind
+from weave_slurm.runtime.ordering import rollout_version
+from weave_slurm.runtime.staleness import (
+    CRC_KEY,
+    TRAJ_BUFFER,
+    WEIGHTS_BUFFER,
+    buffer_name,
+    storage_crc32,
+)
 from weave_slurm.workloads.api import JobContext, JobRunner, Role, Trajectories, TrajectoryBatch
 from weave_slurm.workloads.entry import start_job
 
@@ -43,15 +57,42 @@ TRAJ = "traj"
 
 @dataclass(frozen=True)
 class PhaseArgs:
-    """What the executor passes to every entry."""
+    """What the executor passes to every entry.
+
+    A member with a staleness window (``staleness >= 1``) also names the weights
+    buffer its rollout must read and the exact version it must hold
+    (``weights``/``version``), and the trajectory buffer of the batch (``traj``) with
+    its step (``step``); the defaults are the on-policy segments.
+    """
 
     entry_point: str
     seed: int
     options: dict[str, Any]
+    staleness: int = 0
+    weights: str = WEIGHTS
+    version: int | None = None
+    traj: str = TRAJ
+    step: int | None = None
 
     def encode(self) -> str:
         return json.dumps({"entry_point": self.entry_point, "seed": self.seed,
-                           "options": self.options}, sort_keys=True)
+                           "options": self.options, "staleness": self.staleness,
+                           "weights": self.weights, "version": self.version,
+                           "traj": self.traj, "step": self.step}, sort_keys=True)
+
+    @classmethod
+    def for_phase(cls, spec: MemberSpec, kind: PhaseKind, step: int) -> PhaseArgs:
+        """The arguments of a member's rollout of ``step`` or training at version ``step``."""
+        k = spec.staleness
+        args = cls(spec.entry_point, spec.seed, dict(spec.options), k)
+        if k == 0:
+            return args
+        traj = buffer_name(TRAJ_BUFFER, step, k)
+        if kind is PhaseKind.ROLLOUT:
+            version = rollout_version(step, k)
+            return replace(args, weights=buffer_name(WEIGHTS_BUFFER, version, k),
+                           version=version, traj=traj, step=step)
+        return replace(args, traj=traj, step=step)
 
     @classmethod
     def decode(cls, ctx: PhaseContext) -> PhaseArgs:
@@ -59,7 +100,11 @@ class PhaseArgs:
             raise ConfigError(f"phase {ctx.phase} of {ctx.job.job_id}: expected one JSON "
                               f"argument, got {len(ctx.args)}")
         raw = json.loads(ctx.args[0])
-        return cls(str(raw["entry_point"]), int(raw["seed"]), dict(raw["options"]))
+        version, step = raw.get("version"), raw.get("step")
+        return cls(str(raw["entry_point"]), int(raw["seed"]), dict(raw["options"]),
+                   int(raw.get("staleness", 0)), str(raw.get("weights", WEIGHTS)),
+                   None if version is None else int(version), str(raw.get("traj", TRAJ)),
+                   None if step is None else int(step))
 
 
 _RUNNERS: dict[tuple[str, Role], JobRunner] = {}
@@ -69,7 +114,8 @@ def _runner(ctx: PhaseContext, args: PhaseArgs, role: Role, *, fresh: bool = Fal
     key = (ctx.job.job_id, role)
     if fresh or key not in _RUNNERS:
         _RUNNERS[key] = start_job(args.entry_point,
-                                  JobContext(ctx.job.job_id, role, args.seed, args.options))
+                                  JobContext(ctx.job.job_id, role, args.seed, args.options),
+                                  staleness=args.staleness)
     return _RUNNERS[key]
 
 
@@ -106,10 +152,24 @@ def init_train(ctx: PhaseContext) -> dict[str, Any]:
             "weights_bytes": _nbytes(weights)}
 
 
+def _weights(ctx: PhaseContext, args: PhaseArgs) -> Any:
+    """The weights segment this rollout must read, checked (version, CRC32)."""
+    seg = _segment(ctx, args.weights)
+    if args.version is not None and seg.index.version != args.version:
+        raise VersionMismatch(f"job {ctx.job.job_id}: weights buffer {args.weights!r} holds "
+                              f"version {seg.index.version}, the rollout needs "
+                              f"{args.version}")
+    crc = seg.index.extra.get(CRC_KEY)
+    if crc is not None and storage_crc32(seg.storage) != int(crc):
+        raise StateError(f"job {ctx.job.job_id}: weights buffer {args.weights!r} "
+                         f"v{seg.index.version} fails its CRC32 check (half written?)")
+    return seg
+
+
 def rollout(ctx: PhaseContext) -> dict[str, Any]:
-    """One rollout with the weights in this node's ``weights`` segment."""
+    """One rollout with the weights in this node's ``weights`` segment (or named buffer)."""
     args = PhaseArgs.decode(ctx)
-    seg = _segment(ctx, WEIGHTS)
+    seg = _weights(ctx, args)
     version = seg.index.version
     runner = _runner(ctx, args, Role.ROLLOUT)
     if version < runner.weights_version:   # rolled back to a checkpoint: start afresh
@@ -122,9 +182,11 @@ def rollout(ctx: PhaseContext) -> dict[str, Any]:
         _RUNNERS.pop((ctx.job.job_id, Role.ROLLOUT), None)   # may be half-updated
         raise
     tensors = {k: v.contiguous() for k, v in batch.trajectories.tensors.items()}
+    extra: dict[str, Any] = {"metrics": dict(batch.metrics)}
+    if args.step is not None:
+        extra["step"] = args.step
     with _client() as client:
-        client.put_state(ctx.job, TRAJ, tensors, version,
-                         extra={"metrics": dict(batch.metrics)})
+        client.put_state(ctx.job, args.traj, tensors, version, extra=extra)
     return {"version": version, "metrics": dict(batch.metrics),
             "traj_bytes": _nbytes(tensors)}
 
@@ -132,11 +194,15 @@ def rollout(ctx: PhaseContext) -> dict[str, Any]:
 def train(ctx: PhaseContext) -> dict[str, Any]:
     """One training step on this node's ``traj``; puts the new ``state`` and ``weights``."""
     args = PhaseArgs.decode(ctx)
-    state_seg, traj_seg = _segment(ctx, STATE), _segment(ctx, TRAJ)
+    state_seg, traj_seg = _segment(ctx, STATE), _segment(ctx, args.traj)
     runner = _runner(ctx, args, Role.TRAIN)
     if runner.weights_version != state_seg.index.version:
         runner = _runner(ctx, args, Role.TRAIN, fresh=True)
         runner.load_state(state_seg.tensors)
+    step = traj_seg.index.extra.get("step")
+    if step is not None and int(step) != runner.weights_version:
+        raise VersionMismatch(f"job {ctx.job.job_id}: batch {args.traj!r} is of step {step}, "
+                              f"training is at step {runner.weights_version}")
     metrics = dict(traj_seg.index.extra.get("metrics", {}))
     batch = TrajectoryBatch(ctx.job.job_id, traj_seg.index.version,
                             Trajectories({k: v.clone() for k, v in traj_seg.tensors.items()},

@@ -15,6 +15,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from weave_slurm.errors import ConfigError
@@ -52,24 +53,6 @@ def _words(buf: torch.Tensor, word_bytes: int) -> torch.Tensor:
     return buf.view(_WORD_DTYPES[word_bytes])
 
 
-def _pack_bits(mask: torch.Tensor) -> torch.Tensor:
-    n = mask.numel()
-    padded = torch.zeros(_pad8(n), dtype=torch.uint8, device=mask.device)
-    padded[:n] = mask
-    rows = padded.view(-1, 8)
-    out = torch.zeros(rows.shape[0], dtype=torch.uint8, device=mask.device)
-    for bit in range(8):
-        out |= rows[:, bit] << bit
-    return out
-
-
-def _unpack_bits(packed: torch.Tensor, n: int) -> torch.Tensor:
-    rows = torch.empty(packed.numel(), 8, dtype=torch.bool, device=packed.device)
-    for bit in range(8):
-        rows[:, bit] = (packed >> bit) & 1
-    return rows.view(-1)[:n]
-
-
 def _sizes(n_words: int, n_changed: int, word_bytes: int) -> tuple[PositionFormat, int]:
     idx_bytes, map_bytes = 4 * n_changed, -(-n_words // 8)
     fmt = PositionFormat.INDICES if idx_bytes <= map_bytes else PositionFormat.BITMAP
@@ -79,35 +62,35 @@ def _sizes(n_words: int, n_changed: int, word_bytes: int) -> tuple[PositionForma
 
 def encode_delta(prev: torch.Tensor, new: torch.Tensor, word_bytes: int
                  ) -> tuple[torch.Tensor, DeltaStats] | None:
-    """Encode ``new`` against ``prev`` (equal-length ``uint8`` tensors); ``None`` when the
-    delta would not be smaller than ``new``."""
+    """Encode ``new`` against ``prev`` (equal-length CPU ``uint8`` tensors); ``None`` when
+    the delta would not be smaller than ``new``."""
     if prev.numel() != new.numel():
         raise ConfigError(f"delta: previous piece has {prev.numel()} bytes, new has "
                           f"{new.numel()}")
     old_w, new_w = _words(prev, word_bytes), _words(new, word_bytes)
-    changed = old_w != new_w
-    n_words, n_changed = new_w.numel(), int(changed.sum())
+    changed = (old_w != new_w).numpy()
+    idx = np.flatnonzero(changed)  # one pass; its length is the change count
+    n_words, n_changed = new_w.numel(), int(idx.size)
     fmt, total = _sizes(n_words, n_changed, word_bytes)
     if total >= new.numel():
         return None
-    payload = torch.zeros(total, dtype=torch.uint8, device=new.device)
+    payload = torch.zeros(total, dtype=torch.uint8)
     payload[:_PREFIX_BYTES].view(torch.int64).copy_(
         torch.tensor([int(fmt), n_changed, word_bytes, n_words], dtype=torch.int64))
     pos_end = total - _pad8(n_changed * word_bytes)
     if fmt is PositionFormat.INDICES:
-        idx = torch.nonzero(changed).reshape(-1)
-        payload[_PREFIX_BYTES:_PREFIX_BYTES + 4 * n_changed].view(torch.int32).copy_(idx)
-        values = new_w[idx]
-    else:
-        bits = _pack_bits(changed)
-        payload[_PREFIX_BYTES:_PREFIX_BYTES + bits.numel()].copy_(bits)
-        values = new_w[changed]
-    payload[pos_end:pos_end + n_changed * word_bytes].view(new_w.dtype).copy_(values)
+        payload[_PREFIX_BYTES:_PREFIX_BYTES + 4 * n_changed].view(torch.int32).numpy()[:] = idx
+    else:  # bit b of byte i is word 8 * i + b
+        bits = np.packbits(changed, bitorder="little")
+        payload[_PREFIX_BYTES:_PREFIX_BYTES + bits.size].numpy()[:] = bits
+    values = new_w.numpy()[idx]
+    payload[pos_end:pos_end + n_changed * word_bytes].view(new_w.dtype).numpy()[:] = values
     return payload, DeltaStats(n_words, n_changed, fmt, total)
 
 
 def apply_delta(base: torch.Tensor, payload: torch.Tensor) -> DeltaStats:
-    """Apply ``payload`` to ``base`` (a ``uint8`` piece) in place."""
+    """Apply ``payload`` to ``base`` (a CPU ``uint8`` piece) in place; nothing is written
+    unless the payload is well formed."""
     if payload.numel() < _PREFIX_BYTES:
         raise SyncError(f"delta payload of {payload.numel()} bytes is shorter than its prefix")
     fmt_code, n_changed, word_bytes, n_words = (
@@ -123,15 +106,15 @@ def apply_delta(base: torch.Tensor, payload: torch.Tensor) -> DeltaStats:
         raise SyncError(f"delta payload has {payload.numel()} bytes, its prefix says {total}")
     base_w = _words(base, word_bytes)
     pos_end = total - _pad8(n_changed * word_bytes)
-    values = payload[pos_end:pos_end + n_changed * word_bytes].view(base_w.dtype)
+    values = payload[pos_end:pos_end + n_changed * word_bytes].view(base_w.dtype).numpy()
     if fmt is PositionFormat.INDICES:
-        idx = payload[_PREFIX_BYTES:_PREFIX_BYTES + 4 * n_changed].view(torch.int32).long()
+        idx = payload[_PREFIX_BYTES:_PREFIX_BYTES + 4 * n_changed].view(torch.int32).numpy()
         if n_changed and (int(idx.min()) < 0 or int(idx.max()) >= n_words):
             raise SyncError("delta payload: changed-word index out of range")
-        base_w[idx] = values
     else:
-        mask = _unpack_bits(payload[_PREFIX_BYTES:_PREFIX_BYTES + -(-n_words // 8)], n_words)
-        if int(mask.sum()) != n_changed:
+        packed = payload[_PREFIX_BYTES:_PREFIX_BYTES + -(-n_words // 8)].numpy()
+        idx = np.flatnonzero(np.unpackbits(packed, count=n_words, bitorder="little"))
+        if idx.size != n_changed:
             raise SyncError("delta payload: bitmap population does not match its prefix")
-        base_w[mask] = values
+    base_w.numpy()[idx] = values
     return DeltaStats(n_words, n_changed, fmt, total)

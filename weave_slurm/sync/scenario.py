@@ -54,6 +54,7 @@ class Scenario:
     die_rank: int = -1
     die_at: int = 0
     chunk_nbytes: int = 2 << 20
+    verify_gather: bool = True
     extra: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -126,7 +126,8 @@ def run_rank(sc: Scenario) -> dict[str, Any]:
     layout = ShardLayout(sc.total_nbytes, sc.n_rollout)
     sync = None
     if sc.method is Method.TWOTIER:
-        config = SyncConfig(sc.job_id, sc.mode, chunk_nbytes=sc.chunk_nbytes)
+        config = SyncConfig(sc.job_id, sc.mode, verify_gather=sc.verify_gather,
+                            chunk_nbytes=sc.chunk_nbytes)
         sync = TwoTierSync(t, topo, layout, sc.word_bytes, config,
                            fault=FaultPlan(sc.corrupt_attempts))
     # allocated once and reused by every version, so no timed sync touches fresh memory:

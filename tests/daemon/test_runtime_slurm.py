@@ -1,0 +1,126 @@
+"""Issue 7's acceptance on the real local Slurm cluster (2 h20 + 2 h800 nodes).
+
+Three reference GRPO jobs submitted with weave-sbatch land in one group (rollout
+node in h20, training node in h800, node daemons as `srun --overlap` steps), run K
+iterations round-robin and end with the weights of their solo runs, bit for bit.
+Prints the pools' busy fraction and wall time grouped vs one after another.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.runtime.test_weaved_local import OPTIONS, call, daemons_gone, job_spec, wait_states
+from weave_slurm.cli.errors import run_app
+from weave_slurm.cli.sbatch import app as sbatch_app
+from weave_slurm.daemon.protocol import Op
+from weave_slurm.daemon.runtime_executor import weights_digest
+from weave_slurm.daemon.service import DaemonConfig, Weaved
+from weave_slurm.runtime.demo import stats
+from weave_slurm.runtime.group import MemberSpec, Pool
+from weave_slurm.runtime.solo import run_solo
+from weave_slurm.runtime.timeline import Span
+from weave_slurm.slurm.cli_backend import SlurmCliBackend
+
+pytestmark = [pytest.mark.slurm, pytest.mark.torch,
+              pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
+
+K = 2
+
+
+def pool_stats(spans: list[Span]) -> dict[str, float]:
+    """Steady window as ``weave demo`` measures it: every first rollout done -> end."""
+    rollout = sorted({s.node for s in spans if s.pool is Pool.ROLLOUT})
+    train = sorted({s.node for s in spans if s.pool is Pool.TRAIN})
+    st = stats([spans], rollout, train)
+    return {"wall_s": st.wall_s, "h20_busy": st.rollout_busy, "h800_busy": st.train_busy}
+
+
+def run_jobs(sock: Path, w: Weaved, specs: list[tuple[str, int]], public: Path,
+             capsys: pytest.CaptureFixture[str]) -> list[int]:
+    ids = []
+    for name, seed in specs:
+        path = public / f"{name}.toml"
+        path.write_text(job_spec(name, seed, K))
+        assert run_app(sbatch_app, "weave-sbatch", [str(path), "--parsable",
+                                                    "--socket", str(sock)]) == 0
+        ids.append(int(capsys.readouterr().out.strip()))
+    return ids
+
+
+def test_grouped_jobs_on_slurm_match_solo(slurm_cluster: Any,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    public = Path(tempfile.mkdtemp(prefix="weaved-slurm-rt-"))
+    public.chmod(0o755)
+    shm = Path(tempfile.mkdtemp(prefix="weaved-slurm-rt-", dir="/dev/shm"))
+    shm.chmod(0o711)
+    env = dict(slurm_cluster.env)
+    instance = f"rt{os.getpid()}"
+    backend = SlurmCliBackend(env=env)
+    cfg = DaemonConfig(state_dir=public / "state", backend="slurm", instance=instance,
+                       tick_s=0.3, shm_root=shm, runtime="rl", client_timeout_s=5.0, env=env)
+    w = Weaved(cfg, backend=backend)
+    t = threading.Thread(target=w.run, daemon=True)
+    t.start()
+    try:
+        sock = cfg.socket
+        deadline = time.monotonic() + 30
+        while not sock.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        ids = run_jobs(sock, w, [(f"grpo{i}", 31 + i) for i in range(3)], public, capsys)
+        seen: list[dict[str, Any]] = []
+        groups: list[dict[str, Any]] = []
+        end = time.monotonic() + 60
+        while time.monotonic() < end and not groups:
+            groups = [g for g in call(sock, Op.GROUPS)["groups"] if g["state"] == "ACTIVE"]
+            time.sleep(0.3)
+        assert len(groups) == 1 and sorted(groups[0]["members"]) == sorted(ids)
+        parts = {a["role"]: a["partition"] for a in groups[0]["allocations"]}
+        assert parts == {"rollout": "h20", "train": "h800"}
+        gid = groups[0]["group"]
+        rows = wait_states(sock, ids, {"COMPLETED", "FAILED"}, 240, seen)
+        assert [r["state"] for r in rows] == ["COMPLETED"] * 3, rows
+        assert {r["phase"] for r in seen} & {"rollout", "train"}
+        for i, job in enumerate(ids):
+            live = w.executor.live(job)
+            assert live is not None
+            solo = run_solo(MemberSpec(str(job), seed=31 + i, steps=K, options=OPTIONS))
+            assert live["weights_sha256"] == weights_digest(solo.weights), f"job {job}"
+        spans = list(w.executor.spans[gid])  # type: ignore[attr-defined]
+        grouped = pool_stats(spans)
+        # the same three jobs one after another, each alone in its own group
+        iso: list[dict[str, float]] = []
+        for i in range(3):
+            (job,) = run_jobs(sock, w, [(f"alone{i}", 31 + i)], public, capsys)
+            wait_states(sock, [job], {"COMPLETED"}, 120, [])
+            gid1 = call(sock, Op.STATUS, jobs=[job])["jobs"][0]["group"]
+            one = list(w.executor.spans[gid1])  # type: ignore[attr-defined]
+            iso.append(pool_stats(one))
+        wall = sum(x["wall_s"] for x in iso)
+        isolated = {"wall_s": wall,
+                    "h20_busy": sum(x["h20_busy"] * x["wall_s"] for x in iso) / wall,
+                    "h800_busy": sum(x["h800_busy"] * x["wall_s"] for x in iso) / wall}
+        with capsys.disabled():
+            print(f"\nslurm acceptance (K={K}, steady window): grouped {grouped}; "
+                  f"isolated one after another {isolated}")
+        assert grouped["h800_busy"] > 0 and isolated["h800_busy"] > 0
+        end = time.monotonic() + 30
+        while time.monotonic() < end and backend.list_allocations(f"weave-g{instance}."):
+            time.sleep(0.3)
+        assert not backend.list_allocations(f"weave-g{instance}.")
+        assert daemons_gone(cfg.state_dir.resolve() / "ckpt", 20)
+    finally:
+        w.stop()
+        t.join(timeout=30)
+        for a in backend.list_allocations(f"weave-g{instance}."):
+            backend.release(a.alloc_id)
+        shutil.rmtree(public, ignore_errors=True)
+        shutil.rmtree(shm, ignore_errors=True)

@@ -1,0 +1,73 @@
+"""What weave status / show print from the runtime's live fields, and the spec keys
+the runtime reads (iterations, seed, [options])."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.daemon.conftest import spec_text
+from weave_slurm.cli.status import _runtime_lines, format_rows
+from weave_slurm.config.job import parse_job
+from weave_slurm.daemon.executor import IdleExecutor
+from weave_slurm.daemon.records import GroupPlan, GroupRow, MemberPlan
+from weave_slurm.daemon.runtime_executor import RuntimeExecutor, member_spec
+from weave_slurm.daemon.states import GroupState
+from weave_slurm.errors import ConfigError
+
+ROW = {"job": 7, "user": "u", "uid": 0, "name": "a", "group": 1, "state": "RUNNING",
+       "phase": "rollout", "iter": "12/30", "slowdown": 1.8, "slo_ok": False, "slo": 1.5,
+       "time_s": 3.0, "nodes": ["h20-0"], "reason": ""}
+
+
+def test_status_shows_phase_iter_and_violated_slo() -> None:
+    head, line = format_rows([ROW], "default")
+    assert head.split()[4:7] == ["PHASE", "ITER", "SLOWDOWN/SLO"]
+    assert line.split()[4:7] == ["rollout", "12/30", "1.80/1.50!"]
+    ok = format_rows([{**ROW, "slo_ok": True, "slowdown": 1.2}], "default")[1]
+    assert "1.20/1.50" in ok.split() and "!" not in ok
+
+
+def test_show_prints_the_four_quantities_and_drift() -> None:
+    rt = {"member_state": "train", "version": 3, "iterations": 5, "node": "h800-0",
+          "recoveries": 0, "error": None, "drift": ["rollout 2.0x declared"],
+          "measured": {"rollout_s": [0.2, 0.3, 0.25], "train_s": [0.5], "sync_s": [0.01],
+                       "rollout_state_bytes": 100, "train_state_bytes": 400,
+                       "sync_bytes": {"weights": 300, "trajectories": 50},
+                       "slowdown": 1.3, "slo": 1.5, "slo_ok": True}}
+    text = "\n".join(_runtime_lines(rt))
+    assert "version=3/5" in text
+    assert "measured.rollout_time=n=3 median=0.250s max=0.300s" in text
+    assert "measured.state_bytes=rollout:100 train:400" in text
+    assert "trajectories:50,weights:300" in text
+    assert "drift=rollout 2.0x declared" in text
+    assert _runtime_lines(None) == []
+
+
+def test_spec_iterations_seed_options() -> None:
+    job = parse_job("iterations = 3\nseed = 4\n" + spec_text("x") + "[options]\ntask = 'copy'\n")
+    assert (job.iterations, job.seed, job.options) == (3, 4, (("task", "copy"),))
+    default = parse_job(spec_text("x"))
+    assert (default.iterations, default.seed, default.options) == (10, 0, ())
+    with pytest.raises(ConfigError, match="iterations"):
+        parse_job("iterations = 0\n" + spec_text("x"))
+    with pytest.raises(ConfigError, match="options"):
+        parse_job(spec_text("x") + "[options]\nbad = [1, 2]\n")
+
+
+def test_member_spec_from_a_stored_job() -> None:
+    from weave_slurm.daemon.records import JobRow
+    from weave_slurm.daemon.states import JobState
+    from weave_slurm.model.profile import simple_profile
+
+    prof = simple_profile("9", 4.0, 6.0, 2.0)
+    job = JobRow(9, 0, "u", "x", "iterations = 3\nseed = 4\n" + spec_text("x")
+                 + "[options]\ntask = 'copy'\n", "x.toml", prof, JobState.RUNNING, "", 1,
+                 0.0, 0.0, None)
+    group = GroupRow(1, "1", GroupState.ACTIVE, GroupPlan(2, 1, (MemberPlan(9, (1,)),)),
+                     0.0, "")
+    spec = member_spec(job, group)
+    assert (spec.job_id, spec.steps, spec.seed, spec.rollout_pins) == ("9", 3, 4, (1,))
+    assert dict(spec.options) == {"task": "copy"} and spec.declared.slo == 2.0
+    rt = RuntimeExecutor(lambda a, n: n)  # type: ignore[arg-type,return-value]
+    assert rt.job_steps(job, group, []) == [] and rt.live(9) is None
+    assert IdleExecutor().live(9) is None

@@ -1,0 +1,317 @@
+"""The group runtime inside weaved: one :class:`GroupExecutor` per active group.
+
+:class:`RuntimeExecutor` implements the reconcile loop's :class:`Executor` seam. A
+placed job needs no step of its own (``job_steps`` returns none): its phases run in
+resident workers on the node daemons weaved launched for its group's allocations.
+
+- :meth:`RuntimeExecutor.drive` (called by the reconcile loop, which owns the store)
+  builds a group's executor once its node daemons answer, joins each RUNNING job
+  (spec: entry point, seed, iterations, options; pins from the group's plan), makes
+  cancelled and ended jobs leave (their workers, segments and checkpoints dropped
+  on every node), and reports members that reached their iterations (COMPLETED) or
+  gave up (FAILED). After a weaved restart a RUNNING job whose warm state is still
+  on its training node is re-attached: re-admitted from its newest node checkpoint.
+- A runtime thread (:meth:`start`) ticks every group executor every ``poll_s``, so
+  phases hand over in milliseconds while the reconcile loop ticks once a second;
+  it wakes the loop when a member ends. Both threads share one lock.
+- :meth:`live` is what ``weave status`` / ``weave show job`` read: phase, version,
+  the four measured quantities, live slowdown vs SLO and drift flags (a snapshot
+  refreshed by the runtime thread; API threads never touch a node daemon).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from weave_slurm.config.job import parse_job
+from weave_slurm.daemon.executor import JobOutcome, JobStep, pool_nodes
+from weave_slurm.daemon.records import AllocRow, GroupRow, JobRow
+from weave_slurm.daemon.states import GroupState, JobState
+from weave_slurm.daemon.store import Store
+from weave_slurm.errors import WeaveError
+from weave_slurm.runtime.executor import ExecutorConfig, GroupExecutor, Member
+from weave_slurm.runtime.group import (
+    DeclaredProfile,
+    GroupLayout,
+    MemberSpec,
+    MemberState,
+    NodeRef,
+    Pool,
+)
+from weave_slurm.runtime.timeline import Span
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+log = logging.getLogger(__name__)
+
+_PHASE = {MemberState.STARTING: "init", MemberState.READY: "idle",
+          MemberState.ROLLOUT: "rollout", MemberState.TRAIN: "train",
+          MemberState.RECOVERING: "recover", MemberState.DONE: "done",
+          MemberState.FAILED: "failed", MemberState.CANCELLED: "left"}
+_ENDED = (JobState.CANCELLING, JobState.CANCELLED, JobState.COMPLETED, JobState.FAILED)
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    poll_s: float = 0.01           # runtime thread tick when nothing changed
+    snapshot_s: float = 0.2        # how often the status snapshot is refreshed
+    ping_timeout_s: float = 2.0    # a node daemon must answer this fast to build a group
+    executor: ExecutorConfig = field(default_factory=ExecutorConfig)
+
+
+def member_spec(job: JobRow, group: GroupRow) -> MemberSpec:
+    """The runtime's view of a stored job: its spec's entry, seed, iterations, options."""
+    spec = parse_job(job.spec, job.source)
+    pins = next((m.rollout_pins for m in group.plan.members if m.job_id == job.job_id), (0,))
+    return MemberSpec(str(job.job_id), entry_point=spec.entry, seed=spec.seed,
+                      steps=spec.iterations, options=dict(spec.options),
+                      rollout_pins=tuple(pins) or (0,), train_node=0,
+                      declared=DeclaredProfile(job.profile.rollout_mean_s or None,
+                                               job.profile.train_mean_s or None,
+                                               job.profile.slo))
+
+
+def weights_digest(tensors: Mapping[str, Tensor]) -> str:
+    """SHA-256 over names and raw bytes, in name order: equal iff bit-identical."""
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].detach().contiguous().cpu()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
+        h.update(t.view(-1).view(torch_uint8()).numpy().tobytes())
+    return h.hexdigest()
+
+
+def torch_uint8() -> Any:
+    import torch
+
+    return torch.uint8
+
+
+class RuntimeExecutor:
+    """The :class:`~weave_slurm.daemon.executor.Executor` that runs RL phases."""
+
+    phase = "rl"
+
+    def __init__(self, node_socket: Callable[[AllocRow, str], Path],
+                 config: RuntimeConfig | None = None) -> None:
+        self.node_socket = node_socket
+        self.config = config or RuntimeConfig()
+        self.groups: dict[int, GroupExecutor] = {}     # active groups
+        self.spans: dict[int, list[Span]] = {}         # group id -> spans (kept after end)
+        self.wake: Callable[[], None] = lambda: None
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._live: dict[int, dict[str, Any]] = {}
+        self._snap_at = 0.0
+
+    # -- the Executor seam -----------------------------------------------------------
+    def job_steps(self, job: JobRow, group: GroupRow,
+                  allocs: Sequence[AllocRow]) -> list[JobStep]:
+        return []
+
+    def drive(self, store: Store, now: float) -> list[JobOutcome]:
+        """Membership from the store: join, leave, and the jobs that ended."""
+        outcomes: list[JobOutcome] = []
+        with self._lock:
+            live_groups = {g.group_id: g for g in store.groups()}
+            for gid in [g for g in self.groups if g not in live_groups
+                        or live_groups[g].state in (GroupState.DRAINING, GroupState.RELEASED)]:
+                self._close(gid)
+            for group in live_groups.values():
+                if group.state is GroupState.ACTIVE and group.group_id not in self.groups:
+                    self._build(group, store.allocs(group.group_id))
+                gx = self.groups.get(group.group_id)
+                if gx is None:
+                    continue
+                for job in store.jobs(group_id=group.group_id):
+                    outcome = self._member_of(gx, group, job)
+                    if outcome is not None:
+                        outcomes.append(outcome)
+            self._snapshot(force=True)
+        return outcomes
+
+    def _build(self, group: GroupRow, allocs: Sequence[AllocRow]) -> None:
+        refs = {role: [NodeRef(node, pool, self.node_socket(a, node))
+                       for a, node in pool_nodes(allocs, role)]
+                for role, pool in (("rollout", Pool.ROLLOUT), ("train", Pool.TRAIN))}
+        if not refs["rollout"] or not refs["train"]:
+            return
+        layout = GroupLayout(tuple(refs["rollout"]), tuple(refs["train"]))
+        if not all(self._answers(r) for r in (*layout.rollout, *layout.train)):
+            return   # node daemons still starting: the next tick tries again
+        gx = GroupExecutor(layout, [], config=self.config.executor)
+        gx.listeners.append(self._on_move)
+        self.groups[group.group_id] = gx
+        self.spans[group.group_id] = gx.spans
+        log.info("group %s: runtime attached to %d rollout and %d training node(s)",
+                 group.group_id, len(layout.rollout), len(layout.train))
+
+    def _answers(self, ref: NodeRef) -> bool:
+        from weave_slurm.node.client import NodeClient
+        from weave_slurm.node.protocol import Op
+
+        try:
+            with NodeClient(ref.socket_path, timeout_s=self.config.ping_timeout_s) as client:
+                client.call(Op.STATUS)
+        except (WeaveError, OSError):
+            return False
+        return True
+
+    def _member_of(self, gx: GroupExecutor, group: GroupRow, job: JobRow) -> JobOutcome | None:
+        key = str(job.job_id)
+        member = gx.members.get(key)
+        if job.state is JobState.RUNNING:
+            if member is None:
+                try:
+                    self._join(gx, job, group)
+                except WeaveError as exc:
+                    return JobOutcome(job.job_id, JobState.FAILED, f"cannot join: {exc}")
+                return None
+            if member.state in (MemberState.DONE, MemberState.FAILED):
+                done = member.state is MemberState.DONE
+                why = (f"reached version {member.version}/{member.spec.steps}" if done
+                       else f"runtime gave up: {member.error}")
+                self._leave(gx, job.job_id)
+                return JobOutcome(job.job_id, JobState.COMPLETED if done else JobState.FAILED,
+                                  why)
+        elif job.state in _ENDED and member is not None \
+                and member.state is not MemberState.CANCELLED:
+            self._leave(gx, job.job_id)
+        return None
+
+    def _join(self, gx: GroupExecutor, job: JobRow, group: GroupRow) -> None:
+        from weave_slurm.node.protocol import Op
+        from weave_slurm.runtime import phases
+
+        member = gx.join(member_spec(job, group))
+        try:
+            info = gx.client(member.train_node.socket_path).call(Op.ATTACH_INFO,
+                                                                 job=member.spec.job_id)
+            held = phases.STATE in dict(info.get("segments") or {})
+        except (WeaveError, OSError):
+            held = False
+        if held:
+            self._reattach(gx, member)
+        log.info("job %s joined group %s%s", job.job_id, group.group_id,
+                 " (re-attached to its warm state)" if held else "")
+
+    def _reattach(self, gx: GroupExecutor, member: Member) -> None:
+        """A job left running by a previous weaved: stop its phase, resume from checkpoint."""
+        from weave_slurm.node.protocol import Op
+
+        for node in (member.train_node, *member.rollout_nodes):
+            with contextlib.suppress(WeaveError, OSError):
+                gx.client(node.socket_path).call(Op.DEACTIVATE, job=member.spec.job_id)
+        # GroupExecutor has no public adopt(): mark the warm state as existing and let
+        # its own recovery restore the newest checkpoint and re-sync the weights
+        member.initialised = True
+        member.history.append((gx.clock.now(), MemberState.RECOVERING,
+                               "re-attached after a weaved restart"))
+        member.state = MemberState.RECOVERING
+
+    def _leave(self, gx: GroupExecutor, job_id: int) -> None:
+        key = str(job_id)
+        member = gx.members[key]
+        final = {**self._row(gx, member), "phase": "-"}
+        if member.state is MemberState.DONE:   # record what it learned before the drop
+            try:
+                final["weights_sha256"] = self._final_digest(gx, member)
+            except (WeaveError, OSError) as exc:
+                log.warning("job %s: cannot read its final weights: %s", job_id, exc)
+        self._live[job_id] = final
+        try:
+            gx.leave(key)
+        except WeaveError as exc:
+            log.warning("leave of job %s: %s", job_id, exc)
+
+    @staticmethod
+    def _final_digest(gx: GroupExecutor, member: Member) -> str:
+        from weave_slurm.runtime import phases
+
+        seg = gx.client(member.train_node.socket_path).attach(member.job)[phases.WEIGHTS]
+        return weights_digest(seg.tensors)
+
+    def _close(self, gid: int) -> None:
+        gx = self.groups.pop(gid)
+        for key in list(gx.order):
+            self._leave(gx, int(key))
+        gx.close()
+
+    def _on_move(self, member: Member, why: str) -> None:
+        if member.state in (MemberState.DONE, MemberState.FAILED):
+            self.wake()
+
+    # -- the runtime thread ----------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._loop, name="weaved-runtime",
+                                            daemon=True)
+            self._thread.start()
+
+    def close(self) -> None:
+        """Stop ticking; node daemons and members stay (a restart re-attaches)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+        with self._lock:
+            for gx in self.groups.values():
+                gx.close()
+
+    def tick(self) -> bool:
+        """One pass over every group executor; True if anything changed."""
+        changed = False
+        with self._lock:
+            for gid, gx in list(self.groups.items()):
+                try:
+                    changed |= gx.tick()
+                except Exception:
+                    log.exception("group %s: runtime tick failed; retrying", gid)
+            self._snapshot()
+        return changed
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            if not self.tick():
+                self._stop.wait(self.config.poll_s)
+
+    # -- the read side ---------------------------------------------------------------
+    def _row(self, gx: GroupExecutor, m: Member) -> dict[str, Any]:
+        prof = gx.profiler.snapshot().get(m.spec.job_id)
+        st = next((r for r in gx.status() if r["job"] == m.spec.job_id), {})
+        row: dict[str, Any] = {
+            "phase": _PHASE[m.state], "version": m.version, "iterations": m.spec.steps,
+            "node": st.get("node"), "reward": m.rewards[-1] if m.rewards else None,
+            "rewards": list(m.rewards), "recoveries": m.recoveries, "error": m.error,
+            "member_state": m.state.value}
+        if prof is not None:
+            row.update({"slowdown": prof.slowdown, "slo_ok": prof.slo_ok,
+                        "drift": list(prof.drift), "measured": prof.to_json()})
+        return row
+
+    def _snapshot(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._snap_at < self.config.snapshot_s:
+            return
+        self._snap_at = now
+        live = dict(self._live)
+        for gx in self.groups.values():
+            for key, m in gx.members.items():
+                if m.state is not MemberState.CANCELLED:
+                    live[int(key)] = self._row(gx, m)
+        self._live = live
+
+    def live(self, job_id: int) -> dict[str, Any] | None:
+        """The runtime's view of a job for status (None: never ran here)."""
+        return self._live.get(job_id)
