@@ -16,9 +16,8 @@ from rich.console import Console
 from rich.table import Table
 
 from weave_slurm.errors import WeaveError
-from weave_slurm.node.daemon import NodeConfig, NodeDaemon
+from weave_slurm.node.index import DEFAULT_ROOT
 from weave_slurm.node.protocol import Op
-from weave_slurm.node.segments import DEFAULT_ROOT
 
 node_app = typer.Typer(help="The per-node warm-state daemon.", no_args_is_help=True)
 
@@ -38,6 +37,7 @@ def serve(
         help="Keep a zygote and one pre-forked resident worker per job.")] = True,
 ) -> None:
     """Run the node daemon in the foreground until SIGTERM/SIGINT."""
+    from weave_slurm.node.daemon import NodeConfig, NodeDaemon  # imports torch: only here
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     daemon = NodeDaemon(NodeConfig(host_mem_gib=host_mem_gib, root=root,
                                    socket_path=socket_path, checkpoint_root=checkpoint_root,

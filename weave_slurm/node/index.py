@@ -16,9 +16,13 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from weave_slurm.errors import ConfigError, StateError
+
+#: Default root of a node's segment store (a tmpfs).
+DEFAULT_ROOT = Path("/dev/shm/weave")
 
 INDEX_FORMAT = 1
 DEFAULT_ALIGN_BYTES = 64

@@ -38,6 +38,7 @@ from filelock import FileLock
 from weave_slurm.errors import ConfigError, InsufficientResources, StateError
 from weave_slurm.node.index import (
     DEFAULT_ALIGN_BYTES,
+    DEFAULT_ROOT,
     JobRef,
     SegmentIndex,
     check_name,
@@ -46,7 +47,6 @@ from weave_slurm.node.index import (
 
 log = logging.getLogger(__name__)
 
-DEFAULT_ROOT = Path("/dev/shm/weave")
 SEG_SUFFIX = ".seg"
 INDEX_SUFFIX = ".json"
 TMP_MARK = ".tmp-"
