@@ -34,12 +34,12 @@ from weave_slurm.node import protocol
 from weave_slurm.node.autosave import AutosaveTimer, check_interval, run_timer
 from weave_slurm.node.budget import MemoryBudget
 from weave_slurm.node.checkpoint import CheckpointStore
-from weave_slurm.node.index import JobRef, check_name
+from weave_slurm.node.index import DEFAULT_ROOT, JobRef, check_name
 from weave_slurm.node.pool import ResidentPool
 from weave_slurm.node.protocol import Op, Request
 from weave_slurm.node.recovery import RecoveryReport, recover
 from weave_slurm.node.registry import JobRecord, JobRegistry
-from weave_slurm.node.segments import DEFAULT_ROOT, SegmentStore
+from weave_slurm.node.segments import SegmentStore
 from weave_slurm.node.worker import Phase, PhaseWorker, worker_env
 
 log = logging.getLogger(__name__)
