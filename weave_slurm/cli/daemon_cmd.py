@@ -30,6 +30,10 @@ def daemon(
     node_command: Annotated[str | None, typer.Option(
         "--node-command", help="Node-daemon command (shell words); default 'weave node "
         "serve'.")] = None,
+    runtime: Annotated[str, typer.Option(
+        "--runtime", help="rl: run the jobs' RL phases round-robin on the node daemons; "
+        "idle: only hold allocations and idle steps; auto: rl unless --node-command is "
+        "given.")] = "auto",
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at INFO.")] = False,
 ) -> None:
     """Run the meta-scheduler daemon in the foreground until SIGTERM/SIGINT."""
@@ -42,6 +46,7 @@ def daemon(
                        site_path=site, instance=instance, tick_s=tick_s,
                        admin_uids=tuple(admin_uid or ()),
                        node_command=tuple(shlex.split(node_command)) if node_command else None,
+                       runtime=runtime,
                        env={k: v for k, v in os.environ.items() if k == "SLURM_CONF"})
     weaved = Weaved(cfg)
 

@@ -34,6 +34,11 @@ def submit(
     model_params_b: Annotated[float | None, typer.Option("--model-params-b")] = None,
     algorithm: Annotated[str | None, typer.Option("--algorithm")] = None,
     entry_point: Annotated[str | None, typer.Option("--entry")] = None,
+    iterations: Annotated[int | None, typer.Option("--iterations", help="Training steps "
+                                                   "to run.")] = None,
+    seed: Annotated[int | None, typer.Option("--seed", help="The entry point's seed.")] = None,
+    staleness: Annotated[int | None, typer.Option("--staleness", help="Dependency window "
+                                                  "k (0 = strictly on-policy).")] = None,
     rollout_s: Annotated[float | None, typer.Option("--rollout-s")] = None,
     train_s: Annotated[float | None, typer.Option("--train-s")] = None,
     rollout_state_gib: Annotated[float | None, typer.Option("--rollout-state-gib")] = None,
@@ -49,6 +54,7 @@ def submit(
         "train-gpus": train_gpus, "max-tokens": max_tokens,
         "prompts-per-step": prompts_per_step, "samples-per-prompt": samples_per_prompt,
         "model-params-b": model_params_b, "algorithm": algorithm, "entry": entry_point,
+        "iterations": iterations, "seed": seed, "staleness": staleness,
         "rollout-s": rollout_s, "train-s": train_s, "rollout-state-gib": rollout_state_gib,
         "train-state-gib": train_state_gib}
     spec_text, spec = build_spec(path, {k: v for k, v in given.items() if v is not None})

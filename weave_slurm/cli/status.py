@@ -2,7 +2,8 @@
 
 ``weave status -o`` takes squeue-like ``%[.][width]code`` fields ('.' right-justifies)
 or a preset name; codes: %i JOBID, %u USER, %U UID, %j NAME, %g GROUP, %p PHASE,
-%I ITER, %s SLOWDOWN/SLO, %T STATE, %t ST, %M TIME, %D NODE COUNT, %N NODES,
+%I ITER, %s SLOWDOWN/SLO, %w STALE/WIN (versions behind / window), %T STATE, %t ST,
+%M TIME, %D NODE COUNT, %N NODES,
 %r REASON. Errors are one line and an exit code, like scancel's.
 """
 
@@ -24,7 +25,7 @@ from weave_slurm.errors import ConfigError, WeaveError
 
 PRESETS = {
     "default": "%.6i %.9u %.16j %.5g %.7p %.7I %.13s %.10T %.10M %N",
-    "long": "%.6i %.9u %.16j %.5g %.7p %.7I %.13s %.10T %.10M %.5D %N %r",
+    "long": "%.6i %.9u %.16j %.5g %.7p %.7I %.13s %.9w %.10T %.10M %.5D %N %r",
     "short": "%.6i %.9u %.16j %.2t %.10M",
     "ids": "%i",
 }
@@ -62,6 +63,10 @@ CODES: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "D": ("NODES", lambda j: str(len(j["nodes"]))),
     "N": ("NODELIST", lambda j: ",".join(j["nodes"]) or "-"),
     "r": ("REASON", lambda j: str(j["reason"]) or "None"),
+    # Bounded staleness: the declared window k and how many versions behind the last
+    # trained batch's weights were (0 for on-policy jobs).
+    "w": ("STALE/WIN", lambda j: f"{'-' if j.get('staleness') is None else j['staleness']}"
+          f"/{j.get('window', 0)}"),
 }
 
 

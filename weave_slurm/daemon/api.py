@@ -154,8 +154,9 @@ class Api:
         end = job.ended_s if job.ended_s is not None else now
         phase, it = (self.phase if job.state is JobState.RUNNING else "-"), None
         live = self.live(job.job_id)
-        slo_ok = None
+        slo_ok, behind = None, None
         if live is not None:  # the runtime's measurements replace the plan's numbers
+            behind = live.get("current_staleness")
             phase = live["phase"] if job.state is JobState.RUNNING else "-"
             it = f"{live['version']}/{live['iterations']}"
             if live.get("slowdown") is not None:
@@ -164,7 +165,8 @@ class Api:
                 "group": job.group_id, "state": job.state.value, "phase": phase,
                 "iter": it, "slowdown": slowdown, "slo_ok": slo_ok, "slo": job.profile.slo,
                 "time_s": end - job.started_s if job.started_s is not None else 0.0,
-                "nodes": nodes, "reason": job.reason, "submitted_s": job.submitted_s}
+                "nodes": nodes, "reason": job.reason, "submitted_s": job.submitted_s,
+                "window": job.profile.staleness, "staleness": behind}
 
     def status(self, args: dict[str, Any]) -> dict[str, Any]:
         ids = set(_int_list(args, "jobs"))

@@ -74,6 +74,7 @@ def member_spec(job: JobRow, group: GroupRow) -> MemberSpec:
     pins = next((m.rollout_pins for m in group.plan.members if m.job_id == job.job_id), (0,))
     return MemberSpec(str(job.job_id), entry_point=spec.entry, seed=spec.seed,
                       steps=spec.iterations, options=dict(spec.options),
+                      staleness=spec.staleness,
                       rollout_pins=tuple(pins) or (0,), train_node=0,
                       declared=DeclaredProfile(job.profile.rollout_mean_s or None,
                                                job.profile.train_mean_s or None,
@@ -294,7 +295,8 @@ class RuntimeExecutor:
             "phase": _PHASE[m.state], "version": m.version, "iterations": m.spec.steps,
             "node": st.get("node"), "reward": m.rewards[-1] if m.rewards else None,
             "rewards": list(m.rewards), "recoveries": m.recoveries, "error": m.error,
-            "member_state": m.state.value}
+            "member_state": m.state.value,
+            "current_staleness": st.get("current_staleness")}
         if prof is not None:
             row.update({"slowdown": prof.slowdown, "slo_ok": prof.slo_ok,
                         "drift": list(prof.drift), "measured": prof.to_json()})

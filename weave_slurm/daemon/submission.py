@@ -46,6 +46,8 @@ DIRECTIVES: tuple[Directive, ...] = (
     Directive("entry", ("entry",), str, "entry point (module:Class or builtin:NAME)"),
     Directive("iterations", ("iterations",), int, "training steps to run (default 10)"),
     Directive("seed", ("seed",), int, "the entry point's seed (default 0)"),
+    Directive("staleness", ("staleness",), int,
+              "dependency window k: rollout of step m may use weights of m - 1 - k (default 0)"),
     Directive("rollout-s", ("profile", "rollout_s"), float, "measured rollout seconds"),
     Directive("train-s", ("profile", "train_s"), float, "measured training seconds"),
     Directive("rollout-state-gib", ("profile", "rollout_state_gib"), float,

@@ -69,11 +69,11 @@ def encode_delta(prev: torch.Tensor, new: torch.Tensor, word_bytes: int
                           f"{new.numel()}")
     old_w, new_w = _words(prev, word_bytes), _words(new, word_bytes)
     changed = (old_w != new_w).numpy()
-    idx = np.flatnonzero(changed)  # one pass; its length is the change count
-    n_words, n_changed = new_w.numel(), int(idx.size)
+    n_words, n_changed = new_w.numel(), int(np.count_nonzero(changed))
     fmt, total = _sizes(n_words, n_changed, word_bytes)
     if total >= new.numel():
-        return None
+        return None  # decided before the costlier index pass
+    idx = np.flatnonzero(changed)
     payload = torch.zeros(total, dtype=torch.uint8)
     payload[:_PREFIX_BYTES].view(torch.int64).copy_(
         torch.tensor([int(fmt), n_changed, word_bytes, n_words], dtype=torch.int64))
