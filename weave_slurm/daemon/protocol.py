@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import json
 import socket
-import struct
 from enum import StrEnum
 from typing import Any
 
-from weave_slurm import errors
+from weave_slurm import wire
 from weave_slurm.errors import ConfigError, WeaveError
+from weave_slurm.wire import LineTooLong as LineTooLong
+from weave_slurm.wire import encode as encode
+from weave_slurm.wire import fail as fail
+from weave_slurm.wire import ok as ok
+from weave_slurm.wire import peer_uid as peer_uid
 
 MAX_LINE_BYTES = 256 * 1024
 
@@ -35,12 +39,7 @@ class PermissionDenied(WeaveError):
     """The caller's uid may not act on (or see the details of) this object."""
 
 
-class LineTooLong(WeaveError):
-    """A request line exceeded the size limit."""
-
-
-_LOCAL_ERRORS: dict[str, type[WeaveError]] = {"PermissionDenied": PermissionDenied,
-                                              "LineTooLong": LineTooLong}
+_LOCAL_ERRORS: dict[str, type[WeaveError]] = {"PermissionDenied": PermissionDenied}
 
 
 def decode_request(line: bytes) -> tuple[Op, dict[str, Any]]:
@@ -58,50 +57,10 @@ def decode_request(line: bytes) -> tuple[Op, dict[str, Any]]:
                           f"{', '.join(o.value for o in Op)}") from None
 
 
-def encode(obj: dict[str, Any]) -> bytes:
-    return (json.dumps(obj, separators=(",", ":")) + "\n").encode()
-
-
-def ok(result: dict[str, Any]) -> bytes:
-    return encode({"ok": True, "result": result})
-
-
-def fail(exc: WeaveError) -> bytes:
-    return encode({"ok": False, "error": type(exc).__name__,
-                   "message": str(exc).splitlines()[0] if str(exc) else type(exc).__name__})
-
-
 def raise_for(reply: dict[str, Any]) -> dict[str, Any]:
     """A reply's result, or raise the WeaveError subclass it names."""
-    if reply.get("ok"):
-        result = reply.get("result")
-        return result if isinstance(result, dict) else {}
-    name = str(reply.get("error"))
-    cls = _LOCAL_ERRORS.get(name) or getattr(errors, name, None)
-    if not (isinstance(cls, type) and issubclass(cls, WeaveError)) or \
-            cls is errors.ExternalCommandError:
-        cls = WeaveError
-    raise cls(str(reply.get("message")))
+    return wire.raise_for(reply, _LOCAL_ERRORS)
 
 
 def read_line(sock: socket.socket, buf: bytearray, limit: int = MAX_LINE_BYTES) -> bytes | None:
-    """One line without its newline; None at end of stream; LineTooLong past ``limit``."""
-    while b"\n" not in buf:
-        if len(buf) > limit:
-            raise LineTooLong(f"request line longer than {limit} bytes; refused")
-        chunk = sock.recv(65536)
-        if not chunk:
-            return None
-        buf.extend(chunk)
-    line, _, rest = bytes(buf).partition(b"\n")
-    if len(line) > limit:
-        raise LineTooLong(f"request line longer than {limit} bytes; refused")
-    buf[:] = rest
-    return line
-
-
-def peer_uid(sock: socket.socket) -> int:
-    """The uid of the process at the other end (SO_PEERCRED)."""
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    _pid, uid, _gid = struct.unpack("3i", creds)
-    return int(uid)
+    return wire.read_line(sock, buf, limit)

@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import json
 import socket
-import struct
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from weave_slurm import errors
-from weave_slurm.errors import ConfigError, WeaveError
+from weave_slurm import wire
+from weave_slurm.errors import ConfigError
+from weave_slurm.wire import fail as fail
+from weave_slurm.wire import ok as ok
+from weave_slurm.wire import peer_uid as peer_uid
+from weave_slurm.wire import raise_for as raise_for
 
 MAX_LINE_BYTES = 1 << 20
 
@@ -70,43 +73,5 @@ class Request:
             raise ConfigError(f"request op {op!r} is unknown; valid: {valid}") from None
 
 
-def ok(result: dict[str, Any]) -> bytes:
-    return (json.dumps({"ok": True, "result": result}) + "\n").encode()
-
-
-def fail(exc: WeaveError) -> bytes:
-    body = {"ok": False, "error": type(exc).__name__, "message": str(exc)}
-    return (json.dumps(body) + "\n").encode()
-
-
-def raise_for(reply: dict[str, Any]) -> dict[str, Any]:
-    """Return a reply's result, or raise the WeaveError subclass it names."""
-    if reply.get("ok"):
-        result = reply.get("result")
-        return result if isinstance(result, dict) else {}
-    cls = getattr(errors, str(reply.get("error")), None)
-    if not (isinstance(cls, type) and issubclass(cls, WeaveError)) or \
-            cls is errors.ExternalCommandError:
-        cls = WeaveError
-    raise cls(str(reply.get("message")))
-
-
-def read_line(sock: socket.socket, buf: bytearray) -> bytes | None:
-    """Read one line (without its newline); None at end of stream."""
-    while b"\n" not in buf:
-        if len(buf) > MAX_LINE_BYTES:
-            raise ConfigError(f"request line longer than {MAX_LINE_BYTES} B")
-        chunk = sock.recv(65536)
-        if not chunk:
-            return None
-        buf.extend(chunk)
-    line, _, rest = bytes(buf).partition(b"\n")
-    buf[:] = rest
-    return line
-
-
-def peer_uid(sock: socket.socket) -> int:
-    """The uid of the process at the other end of a Unix socket (SO_PEERCRED)."""
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    _pid, uid, _gid = struct.unpack("3i", creds)
-    return int(uid)
+def read_line(sock: socket.socket, buf: bytearray, limit: int = MAX_LINE_BYTES) -> bytes | None:
+    return wire.read_line(sock, buf, limit)
