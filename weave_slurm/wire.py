@@ -13,10 +13,11 @@ import json
 import socket
 import struct
 from collections.abc import Mapping
-from typing import Any
+from pathlib import Path
+from typing import Any, Self
 
 from weave_slurm import errors
-from weave_slurm.errors import ConfigError, WeaveError
+from weave_slurm.errors import ConfigError, StateError, WeaveError
 
 
 class LineTooLong(ConfigError):
@@ -73,3 +74,56 @@ def raise_for(reply: Mapping[str, Any],
             cls is errors.ExternalCommandError:
         cls = WeaveError
     raise cls(str(reply.get("message")))
+
+
+class LineClient:
+    """One connection to a JSON-lines server; usable as a context manager.
+
+    ``server`` names the server in messages ("weaved", "node daemon") and
+    ``start_hint`` says how to start it when nobody listens.
+    """
+
+    server = "server"
+    start_hint = ""
+
+    def __init__(self, socket_path: Path, timeout_s: float = 30.0,
+                 max_reply_bytes: int = 1 << 30) -> None:
+        self.socket_path = Path(socket_path)
+        self._limit = max_reply_bytes
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.settimeout(timeout_s)
+        try:
+            self._sock.connect(str(self.socket_path))
+        except OSError as exc:
+            self._sock.close()
+            raise StateError(f"no {self.server} at {str(self.socket_path)!r} "
+                             f"({exc.strerror or exc}); {self.start_hint}") from exc
+        self._buf = bytearray()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def request(self, message: Mapping[str, Any],
+                local: Mapping[str, type[WeaveError]] | None = None) -> dict[str, Any]:
+        """Send one request; return its result or raise the error it names."""
+        where = f"{self.server} at {str(self.socket_path)!r}"
+        try:
+            self._sock.sendall(encode(message))
+            line = read_line(self._sock, self._buf, self._limit)
+        except OSError as exc:
+            raise StateError(f"{where}: {exc}") from exc
+        if line is None:
+            raise StateError(f"{where} closed the connection")
+        try:
+            reply = json.loads(line)
+        except ValueError as exc:
+            raise StateError(f"{where} sent a reply that is not JSON: {exc}") from exc
+        if not isinstance(reply, dict):
+            raise StateError(f"{where} sent a reply that is not a JSON object")
+        return raise_for(reply, local)

@@ -39,7 +39,7 @@ class PermissionDenied(WeaveError):
     """The caller's uid may not act on (or see the details of) this object."""
 
 
-_LOCAL_ERRORS: dict[str, type[WeaveError]] = {"PermissionDenied": PermissionDenied}
+LOCAL_ERRORS: dict[str, type[WeaveError]] = {"PermissionDenied": PermissionDenied}
 
 
 def decode_request(line: bytes) -> tuple[Op, dict[str, Any]]:
@@ -59,7 +59,7 @@ def decode_request(line: bytes) -> tuple[Op, dict[str, Any]]:
 
 def raise_for(reply: dict[str, Any]) -> dict[str, Any]:
     """A reply's result, or raise the WeaveError subclass it names."""
-    return wire.raise_for(reply, _LOCAL_ERRORS)
+    return wire.raise_for(reply, LOCAL_ERRORS)
 
 
 def read_line(sock: socket.socket, buf: bytearray, limit: int = MAX_LINE_BYTES) -> bytes | None:

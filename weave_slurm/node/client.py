@@ -7,52 +7,30 @@ caller's uid, then asks the daemon to commit it.
 
 from __future__ import annotations
 
-import json
-import socket
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from weave_slurm.errors import StateError
-from weave_slurm.node import protocol
 from weave_slurm.node.index import DEFAULT_ALIGN_BYTES, JobRef, SegmentIndex, plan_layout
-from weave_slurm.node.protocol import Op, Request
+from weave_slurm.node.protocol import Op
 from weave_slurm.node.segments import AttachedState, SegmentStore, dtype_name
+from weave_slurm.wire import LineClient
 
 
-class NodeClient:
+class NodeClient(LineClient):
     """One connection to a node daemon; usable as a context manager."""
 
+    server = "node daemon"
+    start_hint = "start it with 'weave node serve'"
+
     def __init__(self, socket_path: Path, timeout_s: float = 120.0) -> None:
-        self.socket_path = Path(socket_path)
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._sock.settimeout(timeout_s)
-        try:
-            self._sock.connect(str(self.socket_path))
-        except OSError as exc:
-            self._sock.close()
-            raise StateError(f"no node daemon at {self.socket_path}: {exc}; start it "
-                             "with 'weave node serve'") from exc
-        self._buf = bytearray()
-
-    def __enter__(self) -> NodeClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self._sock.close()
+        super().__init__(socket_path, timeout_s)
 
     def call(self, op: Op, **args: Any) -> dict[str, Any]:
         """Send one request; return its result or raise the error it names."""
-        self._sock.sendall(Request(op, args).encode())
-        line = protocol.read_line(self._sock, self._buf)
-        if line is None:
-            raise StateError(f"node daemon at {self.socket_path} closed the connection")
-        return protocol.raise_for(json.loads(line))
+        return self.request({"op": op.value, **args})
 
     # -- conveniences ------------------------------------------------------------
     def register(self, job_id: str, uid: int | None = None,
