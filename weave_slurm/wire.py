@@ -9,15 +9,19 @@ from the kernel (``SO_PEERCRED``), never from the message.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import struct
 from collections.abc import Mapping
+from enum import StrEnum
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 from weave_slurm import errors
 from weave_slurm.errors import ConfigError, StateError, WeaveError
+
+OpT = TypeVar("OpT", bound=StrEnum)
 
 
 class LineTooLong(ConfigError):
@@ -38,6 +42,39 @@ def read_line(sock: socket.socket, buf: bytearray, limit: int) -> bytes | None:
         raise LineTooLong(f"request line longer than {limit} bytes; refused")
     buf[:] = rest
     return line
+
+
+def refuse_long_line(sock: socket.socket, exc: LineTooLong, max_drain_bytes: int = 64 << 20,
+                     drain_s: float = 2.0) -> None:
+    """Answer an oversized request, then read and drop the rest of it before the caller
+    closes: closing with unread input would break the client's pipe before it can read
+    the reason. The drain is bounded in bytes and time, so a slow or endless sender
+    cannot hold the connection."""
+    with contextlib.suppress(OSError):
+        sock.sendall(fail(exc))
+        sock.settimeout(drain_s)
+        drained = 0
+        while drained < max_drain_bytes:
+            chunk = sock.recv(65536)
+            if not chunk or b"\n" in chunk:
+                return
+            drained += len(chunk)
+
+
+def decode_request(line: bytes, ops: type[OpT]) -> tuple[OpT, dict[str, Any]]:
+    """A request line as (op, arguments); a one-line ConfigError for anything else."""
+    try:
+        raw = json.loads(line)
+    except ValueError as exc:
+        raise ConfigError(f"request is not JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"request must be a JSON object, got {type(raw).__name__}")
+    op = raw.pop("op", None)
+    try:
+        return ops(op), raw
+    except ValueError:
+        raise ConfigError(f"request op {op!r} is unknown; valid: "
+                          f"{', '.join(o.value for o in ops)}") from None
 
 
 def peer_uid(sock: socket.socket) -> int:

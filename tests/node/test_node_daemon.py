@@ -159,3 +159,21 @@ def test_checkpoint_and_restore_through_the_daemon(node: NodeDaemon) -> None:
         reply = c.call(Op.RESTORE, job="j1", drop_cache=True)
         assert reply["versions"] == {"weights": 2}
         assert torch.equal(c.attach(job)["weights"].tensors["w"], w)
+
+
+def test_oversized_request_gets_one_reason_then_the_connection_closes(node: NodeDaemon) -> None:
+    """The reason reaches the client (no broken pipe) and the daemon does not spin."""
+    import json
+    import socket
+
+    from weave_slurm.node.protocol import MAX_LINE_BYTES
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(10)
+        s.connect(str(node.config.socket))
+        s.sendall(b"x" * (MAX_LINE_BYTES + 300 * 1024) + b"\n")
+        stream = s.makefile("rb")
+        assert json.loads(stream.readline())["error"] == "LineTooLong"
+        assert stream.readline() == b""  # closed after the one reply
+    with _client(node) as c:  # and it still serves others
+        assert "memory" in c.call(Op.STATUS)

@@ -10,14 +10,23 @@ from weave_slurm.placement.admission import place_batch
 from weave_slurm.placement.cluster import ClusterState
 from weave_slurm.placement.engine import WeavePolicy
 from weave_slurm.placement.optimum import optimum
-from weave_slurm.placement.repack import set_partitions
+from weave_slurm.placement.repack import pinnings
 
 from .conftest import capacity, job_lists
 
 
-def test_set_partitions_counts_are_bell_numbers() -> None:
-    assert [sum(1 for _ in set_partitions(list(range(n)))) for n in range(6)] == [
-        1, 1, 2, 5, 15, 52]
+def test_pinnings_of_one_node_jobs_are_the_set_partitions() -> None:
+    # Bell numbers: every way to split n one-node jobs over shared rollout nodes.
+    assert [sum(1 for _ in pinnings([1] * n)) for n in range(6)] == [1, 1, 2, 5, 15, 52]
+
+
+def test_pinnings_include_overlapping_multi_node_jobs() -> None:
+    layouts = set(pinnings([2, 2]))
+    assert ((0, 1), (1, 2)) in layouts  # share one node, one each of their own
+    assert ((0, 1), (0, 1)) in layouts and ((0, 1), (2, 3)) in layouts
+    for layout in layouts:  # nodes numbered in order of first use, no gaps
+        used = sorted({p for pins in layout for p in pins})
+        assert used == list(range(len(used)))
 
 
 @settings(max_examples=40, deadline=None)

@@ -7,12 +7,12 @@ children write their results to a file and the tests compare them.
 
 from __future__ import annotations
 
-import importlib.util
 import multiprocessing as mp
 import os
 from typing import Any
 
 import pytest
+from deepspeed_common import NEEDS_DEEPSPEED, SEED, STEPS, train
 
 from weave_slurm.errors import ConfigError
 from weave_slurm.workloads.api import JobContext, JobRunner, Role
@@ -20,20 +20,7 @@ from weave_slurm.workloads.deepspeed_backend import DeepSpeedGrpoJob, clean_shm_
 from weave_slurm.workloads.grpo_toy import GrpoToyJob
 
 torch = pytest.importorskip("torch")
-pytestmark = [
-    pytest.mark.torch,
-    pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
-                       reason="deepspeed (the 'deepspeed' extra) is not installed"),
-]
-_STEPS = 3
-_SEED = 11
-
-
-def _train(job: GrpoToyJob, steps: int, **options: object) -> JobRunner:
-    r = JobRunner(job, JobContext("ds", Role.TRAIN, _SEED, dict(options)))
-    for _ in range(steps):
-        r.train(r.rollout(r.weights_version))
-    return r
+pytestmark = [*NEEDS_DEEPSPEED]
 
 
 def _single_rank_child(out: str) -> None:
@@ -42,14 +29,14 @@ def _single_rank_child(out: str) -> None:
     result: dict[str, Any] = {}
     for stage in (1, 2):
         job = DeepSpeedGrpoJob()
-        r = _train(job, _STEPS, zero_stage=stage)
+        r = train(job, STEPS, zero_stage=stage)
         result[f"stage{stage}"] = r.export_weights()
         result[f"stage{stage}_version"] = r.weights_version
         job.close()
-    a = _train(DeepSpeedGrpoJob(), 2, zero_stage=1)
+    a = train(DeepSpeedGrpoJob(), 2, zero_stage=1)
     state = {k: v.clone() for k, v in a.state_tensors().items()}
     result["state_keys"] = sorted(state)
-    b = JobRunner(DeepSpeedGrpoJob(), JobContext("ds", Role.TRAIN, _SEED, {"zero_stage": 1}))
+    b = JobRunner(DeepSpeedGrpoJob(), JobContext("ds", Role.TRAIN, SEED, {"zero_stage": 1}))
     b.load_state(state)
     result["restored_version"] = b.weights_version
     for r in (a, b):
@@ -77,15 +64,15 @@ def single_rank(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def plain() -> dict[str, Any]:
-    return _train(GrpoToyJob(), _STEPS).export_weights()
+    return train(GrpoToyJob(), STEPS).export_weights()
 
 
 @pytest.mark.parametrize("stage", [1, 2])
 def test_zero_stage_learns_what_plain_torch_learns(
         stage: int, single_rank: dict[str, Any], plain: dict[str, Any]) -> None:
     weights = single_rank[f"stage{stage}"]
-    assert single_rank[f"stage{stage}_version"] == _STEPS
-    initial = JobRunner(GrpoToyJob(), JobContext("ds", Role.ROLLOUT, _SEED)).export_weights()
+    assert single_rank[f"stage{stage}_version"] == STEPS
+    initial = JobRunner(GrpoToyJob(), JobContext("ds", Role.ROLLOUT, SEED)).export_weights()
     assert _max_diff(weights, initial) > 1e-3  # it did train
     assert _max_diff(weights, plain) < 1e-5
 

@@ -2,33 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 from typing import Any
 
 import pytest
+from deepspeed_common import NEEDS_DEEPSPEED, SEED, STEPS, train
 
 from weave_slurm.workloads.api import JobContext, JobRunner, Role
 from weave_slurm.workloads.deepspeed_backend import DeepSpeedGrpoJob, clean_shm_leftovers
 from weave_slurm.workloads.grpo_toy import GrpoToyJob
 
 torch = pytest.importorskip("torch")
-pytestmark = [
-    pytest.mark.torch,
-    pytest.mark.slow,
-    pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
-                       reason="deepspeed (the 'deepspeed' extra) is not installed"),
-]
-_STEPS = 3
-_SEED = 11
-
-
-def _train(job: GrpoToyJob, steps: int, **options: object) -> JobRunner:
-    r = JobRunner(job, JobContext("ds", Role.TRAIN, _SEED, dict(options)))
-    for _ in range(steps):
-        r.train(r.rollout(r.weights_version))
-    return r
+pytestmark = [*NEEDS_DEEPSPEED, pytest.mark.slow]
 
 
 def _rank_child(rank: int, store: str, out: str) -> None:
@@ -37,7 +23,7 @@ def _rank_child(rank: int, store: str, out: str) -> None:
     os.environ["LOCAL_RANK"] = str(rank)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     job = DeepSpeedGrpoJob()
-    r = _train(job, _STEPS, zero_stage=2)
+    r = train(job, STEPS, zero_stage=2)
     if rank == 0:
         torch.save(r.export_weights(), out)
     dist.barrier()
@@ -53,8 +39,8 @@ def test_two_ranks_learn_what_one_rank_learns(tmp_path: Path) -> None:
         _rank_child, args=(str(tmp_path / "store"), str(out)), nprocs=2, join=True)
     clean_shm_leftovers()
     two: dict[str, Any] = torch.load(out, weights_only=True)
-    one = _train(GrpoToyJob(), _STEPS).export_weights()
+    one = train(GrpoToyJob(), STEPS).export_weights()
     assert two.keys() == one.keys()
     assert max(float((two[k] - one[k]).abs().max()) for k in one) < 1e-5
-    initial = JobRunner(GrpoToyJob(), JobContext("ds", Role.ROLLOUT, _SEED)).export_weights()
+    initial = JobRunner(GrpoToyJob(), JobContext("ds", Role.ROLLOUT, SEED)).export_weights()
     assert max(float((two[k] - initial[k]).abs().max()) for k in one) > 1e-3

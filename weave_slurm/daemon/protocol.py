@@ -10,13 +10,12 @@ The caller's uid is never part of a message: the daemon reads it from the socket
 
 from __future__ import annotations
 
-import json
 import socket
 from enum import StrEnum
 from typing import Any
 
 from weave_slurm import wire
-from weave_slurm.errors import ConfigError, WeaveError
+from weave_slurm.errors import WeaveError
 from weave_slurm.wire import LineTooLong as LineTooLong
 from weave_slurm.wire import encode as encode
 from weave_slurm.wire import fail as fail
@@ -43,18 +42,7 @@ LOCAL_ERRORS: dict[str, type[WeaveError]] = {"PermissionDenied": PermissionDenie
 
 
 def decode_request(line: bytes) -> tuple[Op, dict[str, Any]]:
-    try:
-        raw = json.loads(line)
-    except ValueError as exc:
-        raise ConfigError(f"request is not JSON: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise ConfigError(f"request must be a JSON object, got {type(raw).__name__}")
-    op = raw.pop("op", None)
-    try:
-        return Op(op), raw
-    except ValueError:
-        raise ConfigError(f"request op {op!r} is unknown; valid: "
-                          f"{', '.join(o.value for o in Op)}") from None
+    return wire.decode_request(line, Op)
 
 
 def raise_for(reply: dict[str, Any]) -> dict[str, Any]:

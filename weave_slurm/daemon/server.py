@@ -17,6 +17,7 @@ import socketserver
 import threading
 from pathlib import Path
 
+from weave_slurm import wire
 from weave_slurm.daemon import protocol
 from weave_slurm.daemon.api import Api
 from weave_slurm.errors import StateError, WeaveError
@@ -43,7 +44,7 @@ class _Handler(socketserver.BaseRequestHandler):
                 try:
                     line = protocol.read_line(sock, buf, srv.max_line_bytes)
                 except protocol.LineTooLong as exc:
-                    sock.sendall(protocol.fail(exc))
+                    wire.refuse_long_line(sock, exc)
                     return
                 if line is None:
                     return

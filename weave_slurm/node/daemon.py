@@ -29,6 +29,7 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
+from weave_slurm import wire
 from weave_slurm.errors import ConfigError, InfeasibleRequest, StateError, WeaveError
 from weave_slurm.node import protocol
 from weave_slurm.node.autosave import AutosaveTimer, check_interval, run_timer
@@ -231,8 +232,12 @@ class NodeDaemon:
         while True:
             try:
                 line = protocol.read_line(sock, buf)
-                if line is None:
-                    return
+            except wire.LineTooLong as exc:
+                wire.refuse_long_line(sock, exc)
+                return  # the rest of the stream is not trustworthy framing any more
+            if line is None:
+                return
+            try:
                 reply = protocol.ok(self.handle(uid, Request.decode(line)))
             except WeaveError as exc:
                 reply = protocol.fail(exc)

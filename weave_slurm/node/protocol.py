@@ -10,7 +10,6 @@ The caller's uid is not part of the message: the daemon reads it from the socket
 
 from __future__ import annotations
 
-import json
 import socket
 from dataclasses import dataclass
 from enum import StrEnum
@@ -55,22 +54,12 @@ class Request:
         return job
 
     def encode(self) -> bytes:
-        return (json.dumps({"op": self.op.value, **self.args}) + "\n").encode()
+        return wire.encode({"op": self.op.value, **self.args})
 
     @classmethod
     def decode(cls, line: bytes) -> Request:
-        try:
-            raw = json.loads(line)
-        except ValueError as exc:
-            raise ConfigError(f"request is not JSON: {exc}") from exc
-        if not isinstance(raw, dict):
-            raise ConfigError(f"request must be a JSON object, got {type(raw).__name__}")
-        op = raw.pop("op", None)
-        try:
-            return cls(Op(op), raw)
-        except ValueError:
-            valid = ", ".join(o.value for o in Op)
-            raise ConfigError(f"request op {op!r} is unknown; valid: {valid}") from None
+        op, args = wire.decode_request(line, Op)
+        return cls(op, args)
 
 
 def read_line(sock: socket.socket, buf: bytearray, limit: int = MAX_LINE_BYTES) -> bytes | None:

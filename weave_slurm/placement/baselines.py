@@ -40,10 +40,9 @@ class ColocatedPolicy:
     def place(self, state: ClusterState, job: JobProfile) -> Decision:
         cap = state.capacity
         nodes = job.colo_nodes or job.train_nodes
-        if job.train_state_gib > cap.train_mem_gib or nodes > cap.train_pool_nodes:
-            never = refuse_if_never_fits(job, cap)
-            if never is not None:
-                return never
+        never = refuse_if_never_fits(job, cap, colocated=True)
+        if never is not None:
+            return never
         if state.train_nodes_used + nodes > cap.train_pool_nodes:
             return capacity_refusal(state, job)
         group = Group(state.next_group_id, (Member(job, ()),), rollout_nodes=0,

@@ -30,19 +30,22 @@ _EPS = 1e-9
 REPACK_MAX_MEMBERS = 4
 
 
-def refuse_if_never_fits(job: JobProfile, cap: Capacity) -> Refusal | None:
+def refuse_if_never_fits(job: JobProfile, cap: Capacity,
+                         colocated: bool = False) -> Refusal | None:
+    """A refusal if ``job`` can never run on these pools (``colocated``: on h800 only)."""
     reasons = []
-    if job.rollout_state_gib > cap.rollout_mem_gib:
+    if not colocated and job.rollout_state_gib > cap.rollout_mem_gib:
         reasons.append(f"rollout state {job.rollout_state_gib:.1f} GiB per node exceeds the "
                        f"rollout nodes' host memory ({cap.rollout_mem_gib:g} GiB)")
     if job.train_state_gib > cap.train_mem_gib:
         reasons.append(f"training state {job.train_state_gib:.1f} GiB per node exceeds the "
                        f"training nodes' host memory ({cap.train_mem_gib:g} GiB)")
-    if job.rollout_nodes > cap.rollout_pool_nodes:
+    if not colocated and job.rollout_nodes > cap.rollout_pool_nodes:
         reasons.append(f"needs {job.rollout_nodes} rollout nodes, the pool has "
                        f"{cap.rollout_pool_nodes}")
-    if job.train_nodes > cap.train_pool_nodes:
-        reasons.append(f"needs {job.train_nodes} training nodes, the pool has "
+    train_nodes = (job.colo_nodes or job.train_nodes) if colocated else job.train_nodes
+    if train_nodes > cap.train_pool_nodes:
+        reasons.append(f"needs {train_nodes} training nodes, the pool has "
                        f"{cap.train_pool_nodes}")
     return Refusal(job.job_id, tuple(reasons), retry=False) if reasons else None
 
@@ -86,14 +89,17 @@ def group_placements(state: ClusterState, job: JobProfile,
             fewest = added if fewest is None else min(fewest, added)
             yield cand
         if repack and group.size < REPACK_MAX_MEMBERS and fewest != 0:
-            repacked = _repacked(group, job, cap, free_r, fewest)
+            # Only worth it if re-pinning needs fewer new nodes than the best so far.
+            max_added = job.rollout_nodes if fewest is None else fewest - 1
+            repacked = _repacked(group, job, cap, free_r, max_added)
             if repacked is not None:
                 yield repacked
 
 
 def _repacked(group: Group, job: JobProfile, cap: Capacity, free_r: int,
-              fewest: int | None) -> Placement | None:
-    limit = group.rollout_nodes + (job.rollout_nodes if fewest is None else fewest - 1)
+              max_added: int) -> Placement | None:
+    """``group`` re-pinned from scratch around ``job`` on at most ``max_added`` new nodes."""
+    limit = group.rollout_nodes + max_added
     limit = min(limit, group.rollout_nodes + free_r, cap.max_rollout_nodes_per_group)
     jobs = [m.job for m in group.members] + [job]
     g = best_group(jobs, cap, group.group_id, max_rollout_nodes=limit)
@@ -257,7 +263,7 @@ class WeavePolicy:
                         rollout_work / (g.rollout_nodes + added))
 
             def build(g: Group = g) -> Placement | None:
-                return _repacked(g, job, cap, free_r, fewest=added + 1)
+                return _repacked(g, job, cap, free_r, added)
 
             out.append(_Candidate(_slack(min(g.min_budget_s, job.budget_s), bound),
                                   g.group_id, (), build, expensive=True))

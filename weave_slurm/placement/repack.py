@@ -16,54 +16,53 @@ from weave_slurm.placement.cluster import Capacity
 from weave_slurm.placement.group import Group, Member
 
 
-def set_partitions(items: Sequence[int]) -> Iterator[list[list[int]]]:
-    """All partitions of ``items`` into non-empty blocks."""
-    if not items:
-        yield []
-        return
-    first, rest = items[0], items[1:]
-    for part in set_partitions(rest):
-        yield [[first], *part]
-        for i in range(len(part)):
-            yield [*part[:i], [first, *part[i]], *part[i + 1:]]
+def pinnings(needs: Sequence[int]) -> Iterator[tuple[tuple[int, ...], ...]]:
+    """Every way to pin members needing ``needs[i]`` rollout nodes each, up to renaming.
+
+    Nodes are numbered in order of first use, so each layout appears once: member ``i``
+    takes some nodes already used and the next unused ones. With one node per member
+    these are exactly the set partitions of the members (Bell numbers); a member needing
+    two nodes may share one with a member and the other with another.
+    """
+    def extend(i: int, used: int, acc: tuple[tuple[int, ...], ...]
+               ) -> Iterator[tuple[tuple[int, ...], ...]]:
+        if i == len(needs):
+            yield acc
+            return
+        need = needs[i]
+        for new in range(need + 1):
+            for old in itertools.combinations(range(used), need - new):
+                pins = (*old, *range(used, used + new))
+                yield from extend(i + 1, used + new, (*acc, pins))
+
+    yield from extend(0, 0, ())
 
 
 @cache
-def _partitions_by_blocks(n: int) -> tuple[tuple[tuple[int, ...], ...], ...]:
-    parts = [tuple(tuple(b) for b in p) for p in set_partitions(list(range(n)))]
-    return tuple(sorted(parts, key=len))
+def _pinnings_by_nodes(needs: tuple[int, ...]) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """All pinnings, fewest rollout nodes first."""
+    return tuple(sorted(pinnings(needs), key=lambda ps: 1 + max(p for pins in ps for p in pins)))
 
 
 def best_group(jobs: Sequence[JobProfile], cap: Capacity, group_id: int = 0,
                max_rollout_nodes: int | None = None) -> Group | None:
     """The cheapest feasible configuration of one group holding exactly ``jobs``.
 
-    Configurations are tried in order of rollout node count, so the first feasible one
-    at the smallest count is returned; ``max_rollout_nodes`` stops the search early.
+    Every pinning of the members onto rollout nodes and every cyclic order up to
+    rotation; pinnings are tried in order of rollout node count, so the first feasible
+    one is the cheapest; ``max_rollout_nodes`` stops the search early.
     """
     n = len(jobs)
     train_nodes = max(j.train_nodes for j in jobs)
     limit = cap.max_rollout_nodes_per_group if max_rollout_nodes is None else max_rollout_nodes
-    found: tuple[float, Group] | None = None
-    for blocks in _partitions_by_blocks(n):
-        widths = [max(jobs[i].rollout_nodes for i in b) for b in blocks]
-        rollout_nodes = sum(widths)
+    for pins in _pinnings_by_nodes(tuple(j.rollout_nodes for j in jobs)):
+        rollout_nodes = 1 + max(p for member in pins for p in member)
         if rollout_nodes > limit and n > 1:
-            continue
-        cost = cap.rates.rate(rollout_nodes, train_nodes)
-        if found is not None and cost >= found[0]:
-            continue
-        pins: dict[int, tuple[int, ...]] = {}
-        offset = 0
-        for block, width in zip(blocks, widths, strict=True):
-            for i in block:
-                pins[i] = tuple(range(offset, offset + jobs[i].rollout_nodes))
-            offset += width
+            break
         for rest in itertools.permutations(range(1, n)):
             order = (0, *rest)
             group = Group(group_id, tuple(Member(jobs[i], pins[i]) for i in order),
                           rollout_nodes, train_nodes)
             if group.feasible(cap.rollout_mem_gib, cap.train_mem_gib):
-                found = (cost, group)
-                break
-    return None if found is None else found[1]
+                return group
+    return None
