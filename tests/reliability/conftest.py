@@ -13,13 +13,15 @@ import pytest
 
 from tests.daemon.conftest import public_dir, slurm_cluster, weaved
 
-__all__ = ["public_dir", "slurm_cluster", "test_users", "weaved"]
+__all__ = ["public_dir", "python_for_users", "slurm_cluster", "test_users", "weaved"]
 
 USER_NAMES = ("weave-test-a", "weave-test-b")
 
 
 @dataclass(frozen=True)
 class TestUser:
+    __test__ = False  # not a test class, despite its name
+
     name: str
     uid: int
     gid: int
@@ -49,3 +51,30 @@ def test_users() -> Iterator[tuple[TestUser, TestUser]]:
     yield users[0], users[1]
     for name in created:
         subprocess.run(["userdel", "--remove", name], check=False, capture_output=True)
+
+
+@pytest.fixture
+def python_for_users() -> Iterator[list[str]]:
+    """Let other uids reach this interpreter's standard library for one test.
+
+    Workers that drop to a job's uid import modules lazily, so that uid must be able to
+    read Python (on a site it lives in /usr or a shared prefix). Here it may sit under a
+    0700 home: each such ancestor of ``sys.base_prefix`` gets o+x (traverse, not list)
+    for the test and its old mode back after. Yields the directories changed.
+    """
+    import os
+    import stat
+    import sys
+    from pathlib import Path
+
+    changed: list[tuple[Path, int]] = []
+    for d in reversed(Path(sys.base_prefix).resolve().parents):
+        mode = stat.S_IMODE(d.stat().st_mode)
+        if not mode & stat.S_IXOTH:
+            os.chmod(d, mode | stat.S_IXOTH)
+            changed.append((d, mode))
+    try:
+        yield [str(d) for d, _ in changed]
+    finally:
+        for d, mode in changed:
+            os.chmod(d, mode)

@@ -155,3 +155,49 @@ def test_options_are_strict() -> None:
     with pytest.raises(ConfigError, match="group_size"):
         GrpoToyOptions.from_mapping({"group_size": 1})
     assert GrpoToyOptions.from_mapping({"lr": 1}).lr == 1.0
+
+
+def test_borrowed_weights_are_bound_without_a_copy_and_roll_out_identically(
+        tmp_path: Path) -> None:
+    from weave_slurm.node.index import JobRef
+    from weave_slurm.node.segments import SegmentStore
+
+    trainer = _runner(seed=3)
+    _steps(trainer, 2)
+    store = SegmentStore(tmp_path / "shm")
+    job = JobRef("toy", 0)
+    store.put_state(job, "weights", trainer.export_weights(), version=trainer.weights_version)
+    seg = store.attach_state(job, "weights")
+
+    borrowing, copying = _runner(Role.ROLLOUT, seed=3), _runner(Role.ROLLOUT, seed=3)
+    assert borrowing.import_weights(seg.tensors, trainer.weights_version, borrow=True)
+    assert not copying.import_weights(seg.tensors, trainer.weights_version)
+    params = dict(borrowing.job.policy.named_parameters())  # type: ignore[attr-defined]
+    for name, t in seg.tensors.items():   # the parameters ARE the mapped segment
+        assert params[name].data_ptr() == t.data_ptr(), name
+    a = borrowing.rollout(trainer.weights_version)
+    b = copying.rollout(trainer.weights_version)
+    for k in a.trajectories.tensors:
+        assert torch.equal(a.trajectories.tensors[k], b.trajectories.tensors[k]), k
+    # generation never wrote into the shared bytes
+    _assert_same_weights(dict(seg.tensors), trainer.export_weights())
+
+
+def test_training_cannot_borrow_and_other_jobs_get_copies() -> None:
+    trainer = _runner(seed=3)
+    weights = trainer.export_weights()
+    with pytest.raises(StateError, match="borrow_weights\\(\\) needs role rollout"):
+        trainer.job.borrow_weights(weights)  # type: ignore[attr-defined]
+
+    kept: dict[str, Any] = {}
+
+    class Keeps(GrpoToyJob):            # a job without borrow support keeps references
+        borrow_weights = None  # type: ignore[assignment]  # opts out of BorrowsWeights
+
+        def import_weights(self, tensors: Any) -> None:
+            kept.update(tensors)
+            super().import_weights(tensors)
+
+    runner = JobRunner(Keeps(), JobContext("toy", Role.ROLLOUT, 3, {}))
+    assert not runner.import_weights(weights, 1, borrow=True)
+    assert all(kept[k].data_ptr() != weights[k].data_ptr() for k in weights)

@@ -27,6 +27,9 @@ def daemon(
     tick_s: Annotated[float, typer.Option("--tick-s", help="Seconds between ticks.")] = 1.0,
     admin_uid: Annotated[list[int] | None, typer.Option(
         "--admin-uid", help="A uid that may act on every job (repeatable).")] = None,
+    path_root: Annotated[list[Path] | None, typer.Option(
+        "--path-root", help="A shared directory that paths in job specs may name, besides "
+        "the submitting user's home (repeatable).")] = None,
     node_command: Annotated[str | None, typer.Option(
         "--node-command", help="Node-daemon command (shell words); default 'weave node "
         "serve'.")] = None,
@@ -45,6 +48,7 @@ def daemon(
     cfg = DaemonConfig(state_dir=state_dir, socket_path=socket_path, backend=backend,
                        site_path=site, instance=instance, tick_s=tick_s,
                        admin_uids=tuple(admin_uid or ()),
+                       path_roots=tuple(p.resolve() for p in path_root or ()),
                        node_command=tuple(shlex.split(node_command)) if node_command else None,
                        runtime=runtime,
                        env={k: v for k, v in os.environ.items() if k == "SLURM_CONF"})

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
+import socket
 import sys
 import threading
 from pathlib import Path
@@ -15,21 +17,35 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from weave_slurm.errors import WeaveError
+from weave_slurm.errors import ConfigError, WeaveError
 from weave_slurm.node.index import DEFAULT_ROOT
 from weave_slurm.node.protocol import Op
 
 node_app = typer.Typer(help="The per-node warm-state daemon.", no_args_is_help=True)
 
 
+def _per_node(path: Path) -> Path:
+    """``{node}`` in a path -> this node's name (``SLURMD_NODENAME``, else the host name):
+    one argv serves every node of a step, with no shell to expand variables."""
+    text = str(path)
+    if "{node}" not in text:
+        return path
+    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    if not node or "/" in node or node in (".", ".."):
+        raise ConfigError(f"node serve: cannot expand {{node}} in {text!r}: node name "
+                          f"{node!r} is not a plain name")
+    return Path(text.replace("{node}", node))
+
+
 @node_app.command()
 def serve(
     host_mem_gib: Annotated[float, typer.Option(help="DRAM this node may spend on warm state.")],
-    root: Annotated[Path, typer.Option(help="Segment store root (a tmpfs).")] = DEFAULT_ROOT,
+    root: Annotated[Path, typer.Option(
+        help="Segment store root (a tmpfs); '{node}' becomes $SLURMD_NODENAME.")] = DEFAULT_ROOT,
     socket_path: Annotated[Path | None, typer.Option(
-        "--socket", help="Default <root>/node.sock")] = None,
+        "--socket", envvar="WEAVE_NODE_SOCKET", help="Default <root>/node.sock")] = None,
     checkpoint_root: Annotated[Path | None, typer.Option(
-        help="Default /var/tmp/weave-ckpt")] = None,
+        help="Default /var/tmp/weave-ckpt; '{node}' as in --root.")] = None,
     keep_checkpoints: Annotated[int, typer.Option(help="Checkpoints kept per job.")] = 2,
     checkpoint_interval_s: Annotated[float, typer.Option(
         help="Periodic checkpoint of each changed job every N s (0 = never).")] = 600.0,
@@ -39,6 +55,8 @@ def serve(
     """Run the node daemon in the foreground until SIGTERM/SIGINT."""
     from weave_slurm.node.daemon import NodeConfig, NodeDaemon  # imports torch: only here
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    root = _per_node(root)
+    checkpoint_root = _per_node(checkpoint_root) if checkpoint_root is not None else None
     daemon = NodeDaemon(NodeConfig(host_mem_gib=host_mem_gib, root=root,
                                    socket_path=socket_path, checkpoint_root=checkpoint_root,
                                    keep_checkpoints=keep_checkpoints,

@@ -201,11 +201,19 @@ def show(
         typer.echo(json.dumps(result, indent=1))
         return
     for key, value in result.items():
-        if key in ("transitions", "steps", "allocations", "profile", "spec", "runtime"):
+        if key in ("transitions", "steps", "allocations", "profile", "spec", "runtime",
+                   "planning_profile"):
             continue
         typer.echo(f"{key}={value}")
     for line in _runtime_lines(result.get("runtime")):
         typer.echo(line)
+    for name in ("profile", "planning_profile"):
+        p = result.get(name)
+        if p:
+            typer.echo(f"{name}=rollout {p['rollout_mean_s']:.3f}/{p['rollout_max_s']:.3f}s "
+                       f"train {p['train_mean_s']:.3f}/{p['train_max_s']:.3f}s (mean/max) "
+                       f"state {p['rollout_state_gib']:.3g}/{p['train_state_gib']:.3g} GiB "
+                       "(rollout/train node)")
     for a in result.get("allocations", []):
         typer.echo(f"allocation={a['id']} {a['partition']} {a['state']} "
                    f"nodes={','.join(a['nodes']) or '-'}")
@@ -227,9 +235,12 @@ def _runtime_lines(rt: dict[str, Any] | None) -> list[str]:
     """The group runtime's view of a job: the four measured quantities and drift."""
     if not rt:
         return []
-    lines = [f"runtime=member {rt['member_state']} version={rt['version']}/"
+    version = "-" if rt["version"] is None else rt["version"]   # unknown while restoring
+    lines = [f"runtime=member {rt['member_state']} version={version}/"
              f"{rt['iterations']} node={rt.get('node') or '-'} "
              f"recoveries={rt['recoveries']} error={rt.get('error') or '-'}"]
+    if rt.get("event"):   # its last fault and what was done about it, in words
+        lines.append(f"runtime.event={rt['event']}")
     m = rt.get("measured") or {}
     if m:
         sync = ",".join(f"{k}:{v}" for k, v in sorted(m["sync_bytes"].items())) or "-"

@@ -8,10 +8,13 @@ analytic estimates.
 from __future__ import annotations
 
 import getpass
+import os
+import pwd
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from weave_slurm.config.reader import TableReader, parse_toml, read_toml
 from weave_slurm.errors import ConfigError
@@ -30,6 +33,11 @@ class Algorithm(StrEnum):
 
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+#: ``builtin:<name>`` or ``package.module:factory`` (what workloads.entry can load).
+_DOTTED = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
+ENTRY_RE = re.compile(rf"^(?:builtin:[A-Za-z0-9][A-Za-z0-9._-]*|{_DOTTED}:{_DOTTED})$")
+#: ``[options]`` keys whose string value is a filesystem path (``out_dir``, ``data_path``...).
+PATH_KEY_RE = re.compile(r"(?:^|_)(?:dir|path|file|root|prefix)$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +129,8 @@ def _job_from_data(data: object, source: str) -> JobSpec:
     slo = top.opt_number("slo", ge=1.0)
     staleness = _staleness(top)
     entry = top.string("entry", "builtin:grpo-toy")
+    if not ENTRY_RE.match(entry):
+        raise top.fail("entry", entry, "must be 'builtin:<name>' or 'package.module:factory'")
     iterations = top.integer("iterations", 10, ge=1)
     seed = top.integer("seed", 0, ge=0)
     options = _options(top)
@@ -250,6 +260,56 @@ def _profile(r: TableReader) -> MeasuredProfile:
     )
     r.done()
     return prof
+
+
+def _looks_like_path(value: str) -> bool:
+    """Absolute, home-relative or dot-relative, or climbing (``a/../b``); not ``org/model``."""
+    return value.startswith(("/", "~", "./", "../")) or value == ".." \
+        or "/../" in value or value.endswith("/..")
+
+
+def spec_paths(job: JobSpec) -> list[tuple[str, str]]:
+    """``(key, value)`` of every spec value that names a filesystem path: a string
+    ``[options]`` value whose key says so (:data:`PATH_KEY_RE`) or that looks like one."""
+    return [(f"options.{key}", value) for key, value in job.options
+            if isinstance(value, str) and (PATH_KEY_RE.search(key) or _looks_like_path(value))]
+
+
+def user_dirs(uid: int, roots: Sequence[Path] = ()) -> list[Path]:
+    """Where ``uid``'s spec paths may point: its home, then the site's shared roots
+    (all resolved, symlinks followed)."""
+    try:
+        home = [Path(os.path.realpath(pwd.getpwuid(uid).pw_dir))]
+    except KeyError:
+        home = []
+    return [d for d in home if d != Path("/")] + [Path(os.path.realpath(r)) for r in roots]
+
+
+def check_paths(job: JobSpec, uid: int, roots: Sequence[Path] = ()) -> None:
+    """Refuse a spec path that escapes the submitter's own directories.
+
+    A path must be absolute, have no ``..`` component, and resolve (every symlink
+    followed) to its owner's home or below one of ``roots``; ConfigError names the key.
+    This is the check at submission; at run time the job's processes run as its uid,
+    so the kernel refuses what a later-swapped symlink would reach.
+    """
+    paths = spec_paths(job)
+    if not paths:  # most specs: no passwd lookup on the submit path
+        return
+    allowed = user_dirs(uid, roots)
+    valid = f"valid: absolute paths under {', '.join(map(str, allowed)) or '(none)'}"
+    for key, value in paths:
+        where = f"{job.source}: key '{key}' = {value[:60]!r}"
+        path = PurePosixPath(value)
+        if not value.isprintable() or not path.is_absolute():
+            raise ConfigError(f"{where}: must be an absolute path (the job's processes do "
+                              f"not run in your working directory); {valid}")
+        if ".." in path.parts:
+            raise ConfigError(f"{where}: '..' is not allowed in a path; {valid}")
+        real = Path(os.path.realpath(value))
+        if not any(real == d or d in real.parents for d in allowed):
+            raise ConfigError(f"{where}: resolves to {str(real)[:80]!r} (symlinks "
+                              f"followed), outside your own directories; {valid}")
 
 
 def _current_user() -> str:

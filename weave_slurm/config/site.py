@@ -79,6 +79,29 @@ class ModelConfig:
     colo_switch_s: float = 10.0
 
 
+#: How the group runtime moves weights from a training node to rollout nodes.
+WEIGHT_TRANSFERS = ("shm", "twotier")
+SYNC_MODES = ("full", "delta")
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeConfig:
+    """The group runtime's weight transfer (docs/runtime.md, "Weight sync").
+
+    ``weight_transfer``: ``shm`` (shared-memory handoff; only where all of a group's
+    nodes share one host) or ``twotier`` (weave_slurm.sync through per-node agents);
+    ``sync_mode`` and ``sync_timeout_s`` apply to ``twotier``. ``long_tail_migration``:
+    a rollout whose remaining requests fall to ``tail_fraction`` of its batch frees its
+    node for the next member's rollout (docs/runtime.md, "Long-tail migration").
+    """
+
+    weight_transfer: str = "shm"
+    sync_mode: str = "full"
+    sync_timeout_s: float = 60.0
+    long_tail_migration: bool = False
+    tail_fraction: float = 0.25
+
+
 @dataclass(frozen=True, slots=True)
 class SiteConfig:
     name: str
@@ -88,6 +111,7 @@ class SiteConfig:
     network: NetworkConfig = field(default_factory=NetworkConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     default_slo: float = 1.5
     source: str = "<builtin>"
 
@@ -178,13 +202,26 @@ def _site_from_data(data: object, source: str) -> SiteConfig:
                                               model.rollout_mean_fraction, gt=0, le=1),
             colo_switch_s=mtab.number("colo_switch_s", model.colo_switch_s, ge=0))
         mtab.done()
+    runtime = RuntimeConfig()
+    rttab = top.table("runtime", required=False)
+    if rttab is not None:
+        runtime = RuntimeConfig(
+            weight_transfer=rttab.string("weight_transfer", runtime.weight_transfer,
+                                         choices=WEIGHT_TRANSFERS),
+            sync_mode=rttab.string("sync_mode", runtime.sync_mode, choices=SYNC_MODES),
+            sync_timeout_s=rttab.number("sync_timeout_s", runtime.sync_timeout_s, gt=0),
+            long_tail_migration=rttab.boolean("long_tail_migration",
+                                              runtime.long_tail_migration),
+            tail_fraction=rttab.number("tail_fraction", runtime.tail_fraction, gt=0, le=0.99))
+        rttab.done()
     defaults = top.table("defaults", required=False)
     if defaults is not None:
         default_slo = defaults.number("slo", default_slo, ge=1.0)
         defaults.done()
     top.done()
     return SiteConfig(name=name, currency=currency, rollout=rollout, train=train,
-                      network=network, limits=limits, model=model, default_slo=default_slo,
+                      network=network, limits=limits, model=model, runtime=runtime,
+                      default_slo=default_slo,
                       source=source)
 
 

@@ -1,7 +1,8 @@
 """What each request does: submit, cancel, status, groups, show (uid from the socket).
 
 Submissions are validated completely (spec, profile, "can it ever fit") before one
-transaction inserts the job, so a refused submission leaves nothing behind. A user
+transaction inserts the job, so a refused submission leaves nothing behind; paths in
+a spec must resolve under the submitter's home or a site root (``check_paths``). A user
 may cancel and see the details of their own jobs; root and the configured admin
 uids may act on all. Listings (status, groups) are visible to everyone, as squeue is.
 """
@@ -11,9 +12,10 @@ from __future__ import annotations
 import pwd
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
-from weave_slurm.config.job import parse_job
+from weave_slurm.config.job import check_paths, parse_job
 from weave_slurm.config.site import SiteConfig
 from weave_slurm.daemon import membership
 from weave_slurm.daemon.executor import job_nodes
@@ -51,8 +53,10 @@ class Api:
     def __init__(self, store: Store, site: SiteConfig, capacity: Capacity,
                  now: Callable[[], float], *, admin_uids: Sequence[int] = (),
                  wake: Callable[[], None] = lambda: None, phase: str = "idle",
-                 live: Callable[[int], dict[str, Any] | None] = lambda job_id: None) -> None:
+                 live: Callable[[int], dict[str, Any] | None] = lambda job_id: None,
+                 path_roots: Sequence[Path] = ()) -> None:
         self.store, self.site, self.capacity, self.now = store, site, capacity, now
+        self.path_roots = tuple(path_roots)  # shared dirs a spec path may name, besides home
         self.admins = frozenset({0, *admin_uids})
         self.wake = wake
         self.phase = phase
@@ -80,7 +84,10 @@ class Api:
             raise ConfigError(f"submit: spec is {len(spec.encode())} bytes; the limit is "
                               f"{MAX_SPEC_BYTES}")
         where = source if isinstance(source, str) and source else "<submitted spec>"
+        if not where.isprintable() or len(where) > 256:  # errors stay one line
+            where = repr(where)[:256]
         job = parse_job(spec, where)
+        check_paths(job, uid, self.path_roots)
         profile = profile_job(job, self.site)
         never = refuse_if_never_fits(profile, self.capacity)
         if never is not None:
@@ -154,18 +161,20 @@ class Api:
         end = job.ended_s if job.ended_s is not None else now
         phase, it = (self.phase if job.state is JobState.RUNNING else "-"), None
         live = self.live(job.job_id)
-        slo_ok, behind = None, None
+        slo_ok, behind, reason = None, None, job.reason
         if live is not None:  # the runtime's measurements replace the plan's numbers
             behind = live.get("current_staleness")
+            if job.state is JobState.RUNNING and live.get("event"):
+                reason = live["event"]   # its last fault and the recovery, in words
             phase = live["phase"] if job.state is JobState.RUNNING else "-"
-            it = f"{live['version']}/{live['iterations']}"
+            it = None if live["version"] is None else f"{live['version']}/{live['iterations']}"
             if live.get("slowdown") is not None:
                 slowdown, slo_ok = live["slowdown"], live.get("slo_ok")
         return {"job": job.job_id, "user": job.user, "uid": job.uid, "name": job.name,
                 "group": job.group_id, "state": job.state.value, "phase": phase,
                 "iter": it, "slowdown": slowdown, "slo_ok": slo_ok, "slo": job.profile.slo,
                 "time_s": end - job.started_s if job.started_s is not None else 0.0,
-                "nodes": nodes, "reason": job.reason, "submitted_s": job.submitted_s,
+                "nodes": nodes, "reason": reason, "submitted_s": job.submitted_s,
                 "window": job.profile.staleness, "staleness": behind}
 
     def status(self, args: dict[str, Any]) -> dict[str, Any]:
@@ -227,9 +236,11 @@ class Api:
         if live is not None:
             view["runtime"] = {k: live.get(k) for k in (
                 "member_state", "version", "iterations", "node", "rewards", "recoveries",
-                "error", "drift", "measured")}
+                "error", "event", "drift", "measured", "weights_sha256")}
         view.update({"spec": job.spec, "source": job.source,
                      "profile": asdict(job.profile),
+                     "planning_profile": (asdict(job.measured) if job.measured is not None
+                                          else None),
                      "steps": [{"name": s.name, "state": s.state.value, "reason": s.reason}
                                for s in self.store.steps(job_id=ident, live_only=False)],
                      "transitions": [asdict(t) for t in self.store.transitions("job", ident)]})

@@ -19,7 +19,7 @@ def plan_of(group: Group) -> GroupPlan:
 
 def group_model(row: GroupRow, jobs: Mapping[int, JobRow]) -> Group | None:
     """The placement engine's view of a stored group (None if no live member is left)."""
-    members = tuple(Member(jobs[m.job_id].profile.with_id(str(m.job_id)), m.rollout_pins)
+    members = tuple(Member(jobs[m.job_id].plan_profile.with_id(str(m.job_id)), m.rollout_pins)
                     for m in row.plan.members
                     if m.job_id in jobs and jobs[m.job_id].state.value in _LIVE)
     if not members:

@@ -16,6 +16,7 @@ import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 from weave_slurm.daemon import membership
@@ -39,7 +40,18 @@ from weave_slurm.slurm.backend import (
 log = logging.getLogger(__name__)
 
 NODE_STEP = "weave-node"
+RETRY_FIRST_S = 1.0   # first wait after a failed or hung allocate call; doubles per failure
+RETRY_MAX_S = 15.0
 _LIVE_JOB = (JobState.PLACED, JobState.RUNNING, JobState.CANCELLING)
+
+
+def _words(exc: Exception) -> str:
+    """A failed backend call in words: a hung command says so."""
+    cause = exc.__cause__ or exc
+    if getattr(cause, "timed_out", False):
+        argv = getattr(cause, "argv", None) or ["command"]
+        return f"{Path(argv[0]).name} hung: {str(cause).split(':')[0]}"
+    return str(exc)
 
 
 class Clock(Protocol):
@@ -82,6 +94,7 @@ class Reconciler:
         self.immediate_s = immediate_s
         self.policy = WeavePolicy()
         self._handles: dict[int, StepHandle] = {}  # step row key -> handle (this process)
+        self._retry: dict[int, tuple[int, float]] = {}  # alloc key -> (failures, next try)
         self.ticks = 0
 
     # -- the tick ----------------------------------------------------------------------
@@ -140,13 +153,21 @@ class Reconciler:
                     self.store.transition("alloc", row.key, AllocState.WANTED,
                                           "not in Slurm after a restart; ask again", now)
             elif row.state is AllocState.HELD and row.alloc_id not in world.allocations:
-                self.store.transition("alloc", row.key, AllocState.LOST,
-                                      f"allocation {row.alloc_id} vanished from the backend",
-                                      now)
+                why = (f"{row.role} allocation {row.alloc_id} (node(s) "
+                       f"{','.join(row.nodes) or '?'}) vanished from Slurm")
+                self.store.transition("alloc", row.key, AllocState.LOST, why, now)
+                for job in self.store.jobs([JobState.RUNNING, JobState.PLACED],
+                                           group_id=row.group_id):
+                    self.store.update("job", job.job_id, reason=f"{why}; asking for a new "
+                                      "allocation, then re-admitting from checkpoint")
             elif row.state is AllocState.RELEASING:
                 self._release(row, now)
+        gone = {a.alloc_id for a in self.store.allocs(live_only=False)
+                if a.alloc_id and a.state is AllocState.RELEASED}
         for alloc_id, a in world.allocations.items():
-            if alloc_id not in claimed:
+            if alloc_id in gone and alloc_id not in claimed:
+                log.debug("allocation %s is ending in Slurm (released)", alloc_id)
+            elif alloc_id not in claimed:
                 log.warning("releasing orphan allocation %s (%s): no group in the store",
                             alloc_id, a.name)
                 self.backend.release(alloc_id)
@@ -176,9 +197,10 @@ class Reconciler:
             elif step.state is StepRunState.STOPPING:
                 self._stop_step(step, alloc, now)
             elif step.state is StepRunState.RUNNING:
-                self._check_running(step, alloc, listed, now)
+                self._check_running(step, alloc, listed, now, world)
 
-    def _check_running(self, step: StepRow, alloc: AllocRow, listed: bool, now: float) -> None:
+    def _check_running(self, step: StepRow, alloc: AllocRow, listed: bool, now: float,
+                       world: World) -> None:
         handle = self._handles.get(step.key)
         if handle is not None:  # launched by this process: its launcher tells the truth
             status = self.backend.poll_step(handle)
@@ -203,6 +225,9 @@ class Reconciler:
         else:
             log.warning("node daemon step of allocation %s %s; relaunching", alloc.alloc_id,
                         why)
+            if handle is not None and listed:   # a backend that still lists the dead step
+                self.backend.cancel_step(handle)   # would make the relaunch adopt it
+                world.steps.get(alloc.alloc_id or "", set()).discard(step.name)
 
     def _end_step(self, step: StepRow, now: float, reason: str) -> None:
         self.store.transition("step", step.key, StepRunState.ENDED, reason, now)
@@ -237,6 +262,7 @@ class Reconciler:
         crossing(FaultPoint.CANCEL_STOPPED)
         self.store.transition("job", job.job_id, dst, reason, now, expect=job.state,
                               ended_s=now)
+        self.store.update("job", job.job_id, reason=reason)   # status shows why it ended
 
     def _leave_group(self, job: JobRow, now: float) -> None:
         group = self.store.group(job.group_id or 0)
@@ -306,14 +332,18 @@ class Reconciler:
                 live = [a for a in rows if a.role == role and not a.state.final]
                 have = sum(a.node_count for a in live)
                 if have < need:
-                    self._want(group, role, need - have, sum(a.role == role for a in rows), now)
+                    lost = any(a.role == role and a.state is AllocState.LOST for a in rows)
+                    self._want(group, role, need - have, sum(a.role == role for a in rows), now,
+                               "replacement for a lost" if lost else "")
             for alloc in self.store.allocs(group.group_id):
-                if alloc.state is AllocState.WANTED:
+                if alloc.state is AllocState.WANTED \
+                        and now >= self._retry.get(alloc.key, (0, 0.0))[1]:
                     self._allocate(group, alloc, now)
 
-    def _want(self, group: GroupRow, role: str, nodes: int, seq: int, now: float) -> None:
+    def _want(self, group: GroupRow, role: str, nodes: int, seq: int, now: float,
+              kind: str = "") -> None:
         pool = self.pools[role]
-        kind = "rollout scaling: extra" if role == "rollout" and seq else "initial"
+        kind = kind or ("rollout scaling: extra" if role == "rollout" and seq else "initial")
         self.store.add_alloc(group_id=group.group_id, role=role,
                              pool=f"{pool.partition}-{seq}", partition=pool.partition,
                              node_count=nodes, gpus_per_node=pool.gpus_per_node,
@@ -336,9 +366,16 @@ class Reconciler:
                 self._finish_job(job, JobState.FAILED, f"group {group.group_id}: {exc}", now)
             return
         except (InsufficientResources, WeaveError) as exc:
-            self.store.transition("alloc", alloc.key, AllocState.WANTED,
-                                  f"not granted, retrying: {exc}", now)
+            n, _ = self._retry.get(alloc.key, (0, 0.0))
+            wait = min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** n)
+            self._retry[alloc.key] = (n + 1, now + wait)
+            why = f"{alloc.role} allocation {request.job_name} not granted ({_words(exc)}); " \
+                  f"attempt {n + 1}, retrying in {wait:g} s"
+            self.store.transition("alloc", alloc.key, AllocState.WANTED, why, now)
+            for job in self.store.jobs([JobState.PLACED], group_id=group.group_id):
+                self.store.update("job", job.job_id, reason=f"waiting: {why}")
             return
+        self._retry.pop(alloc.key, None)
         crossing(FaultPoint.ALLOC_GRANTED)
         self._held(alloc, granted, now, f"granted as {granted.alloc_id}")
 
@@ -355,6 +392,7 @@ class Reconciler:
         crossing(FaultPoint.RELEASE_DONE)
         self.store.transition("alloc", alloc.key, AllocState.RELEASED, "released", now,
                               updated_s=now)
+        self._retry.clear()   # nodes were freed: waiting allocations may ask again now
 
     # -- steps -------------------------------------------------------------------------
 
@@ -422,6 +460,8 @@ class Reconciler:
                     self.store.transition("job", job.job_id, JobState.RUNNING,
                                           f"{len(steps)} step(s) launched", now,
                                           expect=JobState.PLACED, started_s=now)
+                    if fresh.reason:   # e.g. a "waiting: ... retrying" that no longer holds
+                        self.store.update("job", job.job_id, reason="")
                     crossing(FaultPoint.JOB_RUNNING)
                 else:
                     self._finish_job(fresh, JobState.FAILED, "a step could not be launched", now)

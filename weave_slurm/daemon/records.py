@@ -41,6 +41,12 @@ class JobRow:
     submitted_s: float
     started_s: float | None
     ended_s: float | None
+    measured: JobProfile | None = None  # the runtime's live numbers, once it has enough
+
+    @property
+    def plan_profile(self) -> JobProfile:
+        """What placement plans with: the measured profile once there is one."""
+        return self.measured if self.measured is not None else self.profile
 
 
 @dataclass(frozen=True)

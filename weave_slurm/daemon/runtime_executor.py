@@ -17,6 +17,10 @@ resident workers on the node daemons weaved launched for its group's allocations
 - :meth:`live` is what ``weave status`` / ``weave show job`` read: phase, version,
   the four measured quantities, live slowdown vs SLO and drift flags (a snapshot
   refreshed by the runtime thread; API threads never touch a node daemon).
+- Live profiles feed back into placement: once a member has enough measured phases
+  and they moved, :meth:`drive` stores them as the job's planning profile
+  (:func:`~weave_slurm.runtime.profiler.planning_profile`), which the next placement
+  decisions (arrivals packed next to it, consolidation) use instead of the declared one.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import re
+import signal
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -34,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from weave_slurm.config.job import parse_job
 from weave_slurm.daemon.executor import JobOutcome, JobStep, pool_nodes
 from weave_slurm.daemon.records import AllocRow, GroupRow, JobRow
-from weave_slurm.daemon.states import GroupState, JobState
+from weave_slurm.daemon.states import AllocState, GroupState, JobState
 from weave_slurm.daemon.store import Store
 from weave_slurm.errors import WeaveError
 from weave_slurm.runtime.executor import ExecutorConfig, GroupExecutor, Member
@@ -46,6 +52,7 @@ from weave_slurm.runtime.group import (
     NodeRef,
     Pool,
 )
+from weave_slurm.runtime.profiler import planning_profile
 from weave_slurm.runtime.timeline import Span
 
 if TYPE_CHECKING:
@@ -74,11 +81,59 @@ def member_spec(job: JobRow, group: GroupRow) -> MemberSpec:
     pins = next((m.rollout_pins for m in group.plan.members if m.job_id == job.job_id), (0,))
     return MemberSpec(str(job.job_id), entry_point=spec.entry, seed=spec.seed,
                       steps=spec.iterations, options=dict(spec.options),
-                      staleness=spec.staleness,
+                      staleness=spec.staleness, uid=job.uid,
                       rollout_pins=tuple(pins) or (0,), train_node=0,
                       declared=DeclaredProfile(job.profile.rollout_mean_s or None,
                                                job.profile.train_mean_s or None,
                                                job.profile.slo))
+
+
+_PHASE_END = re.compile(r"^(rollout|train) on (\S+) (killed|failed): returncode (-?\d+|None)$")
+_GONE = re.compile(r"daemon at '?\S*?node-([^/\s']+?)\.sock'?:? (?:is gone: )?(.*)$")
+
+
+def fault_words(why: str) -> str:
+    """A runtime failure message as a sentence: which worker or daemon, what, when."""
+    m = _PHASE_END.match(why)
+    if m is not None:
+        phase, node, how, rc = m.groups()
+        if rc == "None":   # the worker's socket closed before its exit status arrived
+            return f"worker on node {node} {how} during {phase} (exit status not known)"
+        code = int(rc)
+        if code < 0:
+            name = signal_name(-code)
+            return f"worker on node {node} killed by signal {-code} ({name}) during {phase}"
+        return f"worker on node {node} exited with code {code} during {phase}"
+    m = _GONE.search(why)
+    if m is not None:
+        return f"node daemon on node {m.group(1)} stopped answering ({m.group(2)})"
+    return why
+
+
+def signal_name(num: int) -> str:
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
+
+
+def member_event(m: Member) -> str | None:
+    """The member's last fault and what was done about it, in words (None: no fault)."""
+    fault: str | None = None
+    outcome: str | None = None
+    for _, state, why in m.history:
+        if state is MemberState.RECOVERING:
+            fault, outcome = fault_words(why), None
+        elif fault is not None and why.startswith("re-admitted"):
+            outcome = why
+        elif fault is not None and state is MemberState.FAILED:
+            outcome = "gave up"
+    if fault is None:
+        return None
+    if outcome is None:
+        return f"{fault}; recovering (attempt {m.recoveries}: {m.error})" \
+            if m.error and m.error != fault and m.recoveries else f"{fault}; recovering"
+    return f"{fault}; {outcome}"
 
 
 def weights_digest(tensors: Mapping[str, Tensor]) -> str:
@@ -113,6 +168,9 @@ class RuntimeExecutor:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._live: dict[int, dict[str, Any]] = {}
+        self._readmit_why: dict[int, str] = {}   # job -> why it is re-attached (words)
+        self._init_restarts: dict[int, int] = {}  # job -> fresh restarts after a killed init
+        self._restarted: dict[int, str] = {}      # job -> why it was restarted (words)
         self._snap_at = 0.0
 
     # -- the Executor seam -----------------------------------------------------------
@@ -128,6 +186,9 @@ class RuntimeExecutor:
             for gid in [g for g in self.groups if g not in live_groups
                         or live_groups[g].state in (GroupState.DRAINING, GroupState.RELEASED)]:
                 self._close(gid)
+            for gid in [g for g in self.groups if g in live_groups]:
+                outcomes += self._detach_if_lost(gid, live_groups[gid],
+                                                 store.allocs(gid), store)
             for group in live_groups.values():
                 if group.state is GroupState.ACTIVE and group.group_id not in self.groups:
                     self._build(group, store.allocs(group.group_id))
@@ -138,6 +199,8 @@ class RuntimeExecutor:
                     outcome = self._member_of(gx, group, job)
                     if outcome is not None:
                         outcomes.append(outcome)
+                    elif job.state is JobState.RUNNING:
+                        self._feed_back(store, gx, job)
             self._snapshot(force=True)
         return outcomes
 
@@ -156,6 +219,43 @@ class RuntimeExecutor:
         self.spans[group.group_id] = gx.spans
         log.info("group %s: runtime attached to %d rollout and %d training node(s)",
                  group.group_id, len(layout.rollout), len(layout.train))
+
+    def _detach_if_lost(self, gid: int, group: GroupRow, allocs: Sequence[AllocRow],
+                        store: Store) -> list[JobOutcome]:
+        """A node of the group's layout is no longer in a held allocation (the allocation
+        was lost, e.g. its node went down): stop driving the group without dropping any
+        state. Members whose training node survived keep their warm state and checkpoint
+        and are re-admitted from it once the group is active on a new allocation; members
+        whose training node was lost fail (their warm state and checkpoints went with it)."""
+        gx = self.groups[gid]
+        held = {n for a in allocs if a.state is AllocState.HELD for n in a.nodes}
+        lost = [r for r in (*gx.layout.rollout, *gx.layout.train) if r.name not in held]
+        if not lost:
+            return []
+        names = ", ".join(f"{r.pool.value} node {r.name}" for r in lost)
+        log.warning("group %s: lost %s; detaching its runtime until it is active again",
+                    gid, names)
+        outcomes = []
+        for key in list(gx.order):
+            member = gx.members[key]
+            if member.state in (MemberState.DONE, MemberState.FAILED):
+                outcomes.append(self._ended(gx, int(key), member))
+                continue
+            row = {**self._row(gx, member), "phase": "recover"}
+            if member.train_node in lost:
+                why = (f"its training node {member.train_node.name} was lost with its warm "
+                       "state and checkpoints (allocation vanished from Slurm); not resumable")
+                row["event"] = why
+                outcomes.append(JobOutcome(int(key), JobState.FAILED, why))
+            else:
+                why = (f"{names} lost (allocation vanished from Slurm); waiting for a new "
+                       "allocation, then re-admitted from its checkpoint")
+                row["event"] = why
+                self._readmit_why[int(key)] = f"{names} lost; re-attached on a new allocation"
+            self._live[int(key)] = row
+        gx.close()
+        del self.groups[gid]
+        return outcomes
 
     def _answers(self, ref: NodeRef) -> bool:
         from weave_slurm.node.client import NodeClient
@@ -178,17 +278,68 @@ class RuntimeExecutor:
                 except WeaveError as exc:
                     return JobOutcome(job.job_id, JobState.FAILED, f"cannot join: {exc}")
                 return None
+            if self._restart_init(gx, group, job, member):
+                return None
             if member.state in (MemberState.DONE, MemberState.FAILED):
-                done = member.state is MemberState.DONE
-                why = (f"reached version {member.version}/{member.spec.steps}" if done
-                       else f"runtime gave up: {member.error}")
-                self._leave(gx, job.job_id)
-                return JobOutcome(job.job_id, JobState.COMPLETED if done else JobState.FAILED,
-                                  why)
+                return self._ended(gx, job.job_id, member)
         elif job.state in _ENDED and member is not None \
                 and member.state is not MemberState.CANCELLED:
             self._leave(gx, job.job_id)
         return None
+
+    @staticmethod
+    def _feed_back(store: Store, gx: GroupExecutor, job: JobRow) -> None:
+        """Store what the runtime measured as the job's planning profile, once it has
+        enough samples and it moved (placement's later decisions read it)."""
+        measured = gx.profiler.snapshot().get(str(job.job_id))
+        if measured is None:
+            return
+        new = planning_profile(job.plan_profile, job.profile, measured)
+        if new is not None:
+            store.set_measured(job.job_id, new)
+            log.info("job %s: planning profile from measurements: rollout %.3f/%.3f s, "
+                     "train %.3f/%.3f s (mean/max)", job.job_id, new.rollout_mean_s,
+                     new.rollout_max_s, new.train_mean_s, new.train_max_s)
+
+    def _ended(self, gx: GroupExecutor, job_id: int, member: Member) -> JobOutcome:
+        """A DONE or FAILED member leaves; its outcome, with its faults in words."""
+        done = member.state is MemberState.DONE
+        why = (f"reached version {member.version}/{member.spec.steps}" if done
+               else f"runtime gave up: {fault_words(member.error or 'unknown')}")
+        event = member_event(member)
+        n = member.recoveries
+        if event is not None:
+            why += f" after {n} recover{'y' if n == 1 else 'ies'} (last: {event})"
+        if job_id in self._restarted:
+            why += f"; earlier: {self._restarted[job_id]}"
+        self._leave(gx, job_id)
+        return JobOutcome(job_id, JobState.COMPLETED if done else JobState.FAILED, why)
+
+    def _restart_init(self, gx: GroupExecutor, group: GroupRow, job: JobRow,
+                      member: Member) -> bool:
+        """A member whose worker or node daemon died during its first (init) phase has
+        no checkpoint to be re-admitted from: start it again from scratch, as a fresh
+        init is what it was doing (twice at most; other init failures stay FAILED)."""
+        if member.state is not MemberState.FAILED:
+            return False
+        words = fault_words(member.error or "")
+        killed = words.startswith("worker on node") and " killed" in words
+        no_ckpt = "has no checkpoint" in words   # re-attached, but killed before its first
+        if not no_ckpt and (member.initialised or not (   # checkpoint was written
+                killed or words.startswith("node daemon on node"))):
+            return False
+        if no_ckpt:
+            words = "weaved restarted before its first checkpoint"
+        tries = self._init_restarts.get(job.job_id, 0)
+        if tries >= 2:
+            return False
+        self._init_restarts[job.job_id] = tries + 1
+        self._restarted[job.job_id] = (f"{words} during its first phase; restarted from "
+                                       f"scratch (no checkpoint yet, restart {tries + 1})")
+        log.warning("job %s: %s", job.job_id, self._restarted[job.job_id])
+        self._leave(gx, job.job_id)
+        self._join(gx, job, group)
+        return True
 
     def _join(self, gx: GroupExecutor, job: JobRow, group: GroupRow) -> None:
         from weave_slurm.node.protocol import Op
@@ -199,14 +350,24 @@ class RuntimeExecutor:
             info = gx.client(member.train_node.socket_path).call(Op.ATTACH_INFO,
                                                                  job=member.spec.job_id)
             held = phases.STATE in dict(info.get("segments") or {})
+            known = True
         except (WeaveError, OSError):
-            held = False
+            held = known = False
         if held:
-            self._reattach(gx, member)
+            self._reattach(gx, member, self._readmit_why.pop(job.job_id,
+                                                             "re-attached after a weaved restart"))
+        elif known:
+            # no warm state yet, but a previous weaved may have left its first phase
+            # running: drop it (worker killed) rather than cancel it, since a cancel that
+            # lands inside the first phase's imports leaves the worker unable to import
+            for node in (member.train_node, *member.rollout_nodes):
+                with contextlib.suppress(WeaveError, OSError):
+                    gx.client(node.socket_path).call(Op.DROP, job=member.spec.job_id)
         log.info("job %s joined group %s%s", job.job_id, group.group_id,
                  " (re-attached to its warm state)" if held else "")
 
-    def _reattach(self, gx: GroupExecutor, member: Member) -> None:
+    def _reattach(self, gx: GroupExecutor, member: Member,
+                  why: str = "re-attached after a weaved restart") -> None:
         """A job left running by a previous weaved: stop its phase, resume from checkpoint."""
         from weave_slurm.node.protocol import Op
 
@@ -216,8 +377,7 @@ class RuntimeExecutor:
         # GroupExecutor has no public adopt(): mark the warm state as existing and let
         # its own recovery restore the newest checkpoint and re-sync the weights
         member.initialised = True
-        member.history.append((gx.clock.now(), MemberState.RECOVERING,
-                               "re-attached after a weaved restart"))
+        member.history.append((gx.clock.now(), MemberState.RECOVERING, why))
         member.state = MemberState.RECOVERING
 
     def _leave(self, gx: GroupExecutor, job_id: int) -> None:
@@ -292,10 +452,14 @@ class RuntimeExecutor:
         prof = gx.profiler.snapshot().get(m.spec.job_id)
         st = next((r for r in gx.status() if r["job"] == m.spec.job_id), {})
         row: dict[str, Any] = {
-            "phase": _PHASE[m.state], "version": m.version, "iterations": m.spec.steps,
+            "phase": _PHASE[m.state], "iterations": m.spec.steps,
+            # unknown (None) until a re-attached member is restored from its checkpoint
+            "version": None if m.state is MemberState.RECOVERING and m.recoveries == 0
+            and m.initialised else m.version,
             "node": st.get("node"), "reward": m.rewards[-1] if m.rewards else None,
             "rewards": list(m.rewards), "recoveries": m.recoveries, "error": m.error,
             "member_state": m.state.value,
+            "event": member_event(m) or self._restarted.get(int(m.spec.job_id)),
             "current_staleness": st.get("current_staleness")}
         if prof is not None:
             row.update({"slowdown": prof.slowdown, "slo_ok": prof.slo_ok,

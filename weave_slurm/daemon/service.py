@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shlex
 import sys
 import threading
 import time
@@ -58,6 +57,7 @@ class DaemonConfig:
     instance: str = ""  # distinguishes daemons sharing one Slurm (allocation names)
     tick_s: float = 1.0
     admin_uids: tuple[int, ...] = ()
+    path_roots: tuple[Path, ...] = ()  # shared dirs spec paths may name, besides $HOME
     node_command: tuple[str, ...] | None = None  # default: `weave node serve` per node
     node_socket_dir: Path | None = None  # default <state_dir>/nodes
     shm_root: Path = Path("/dev/shm/weave-nodes")
@@ -144,7 +144,8 @@ class Weaved:
                                      self.executor, self.clock, instance=cfg.instance,
                                      node_step=self._node_step, immediate_s=cfg.immediate_s)
         self.api = Api(self.store, self.site, self.capacity, self.clock.now,
-                       admin_uids=cfg.admin_uids, wake=self._wake.set,
+                       admin_uids=cfg.admin_uids, path_roots=cfg.path_roots,
+                       wake=self._wake.set,
                        phase=self.executor.phase, live=self.executor.live)
         self.server = ApiServer(cfg.socket, self.api, client_timeout_s=cfg.client_timeout_s)
 
@@ -156,7 +157,18 @@ class Weaved:
         rl = cfg.runtime == "rl" or (cfg.runtime == "auto" and cfg.node_command is None)
         if not rl:
             return IdleExecutor()
-        return RuntimeExecutor(self.node_socket, RuntimeConfig(poll_s=cfg.runtime_poll_s))
+        from weave_slurm.runtime.executor import ExecutorConfig
+        from weave_slurm.runtime.transfer import TransferConfig
+
+        # a node daemon weaved relaunches takes seconds to answer (~8 s on a loaded
+        # 2-core VM): recovery retries after 2, 4, 8, 16 s before a member gives up
+        rt = self.site.runtime
+        executor = ExecutorConfig(transfer=TransferConfig.from_site(rt),
+                                  migrate_tail=rt.long_tail_migration,
+                                  tail_fraction=rt.tail_fraction,
+                                  recovery_backoff_s=2.0, max_recoveries=5)
+        return RuntimeExecutor(self.node_socket, RuntimeConfig(poll_s=cfg.runtime_poll_s,
+                                                               executor=executor))
 
     def node_socket(self, alloc: AllocRow, node: str) -> Path:
         """Where the node daemon of ``node`` listens (the template's WEAVE_NODE_SOCKET)."""
@@ -164,15 +176,16 @@ class Weaved:
         return (cfg.node_socket_dir or cfg.state_dir / "nodes").resolve() / f"node-{node}.sock"
 
     def _node_command(self, role: str) -> tuple[str, ...]:
+        """The node daemon's argv: no shell; ``weave node serve`` expands ``{node}`` from
+        ``SLURMD_NODENAME`` and takes its socket from ``WEAVE_NODE_SOCKET`` itself."""
         if self.config.node_command is not None:
             return self.config.node_command
         pool = self.site.rollout if role == "rollout" else self.site.train
-        root = shlex.quote(str(self.config.shm_root))
-        ckpt = shlex.quote(str(self.config.state_dir.resolve() / "ckpt"))
-        return ("sh", "-c", f"exec {shlex.quote(sys.executable)} -m weave_slurm.cli.node serve "
-                f"--host-mem-gib {pool.host_mem_gib:g} --root {root}/\"$SLURMD_NODENAME\" "
-                "--socket \"$WEAVE_NODE_SOCKET\" --checkpoint-interval-s 0 "
-                f"--checkpoint-root {ckpt}/\"$SLURMD_NODENAME\"")
+        ckpt = self.config.state_dir.resolve() / "ckpt"
+        return (sys.executable, "-m", "weave_slurm.cli.node", "serve",
+                "--host-mem-gib", f"{pool.host_mem_gib:g}",
+                "--root", f"{self.config.shm_root}/{{node}}",
+                "--checkpoint-interval-s", "0", "--checkpoint-root", f"{ckpt}/{{node}}")
 
     def _node_step(self, group: GroupRow, alloc: AllocRow) -> StepSpec:
         """The node-daemon step of an allocation: the rendered template, one task per node."""

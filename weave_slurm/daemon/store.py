@@ -40,14 +40,19 @@ from weave_slurm.daemon.states import (
 from weave_slurm.errors import StateError
 from weave_slurm.model.profile import JobProfile
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: version -> statements that bring a file of that version to the next one
+_MIGRATIONS: dict[str, tuple[str, ...]] = {
+    # 2: the runtime's measured planning profile of a job (NULL until measured)
+    "1": ("ALTER TABLE jobs ADD COLUMN measured TEXT",),
+}
 
 _SCHEMA = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE jobs (
   job_id INTEGER PRIMARY KEY AUTOINCREMENT, uid INTEGER NOT NULL, user TEXT NOT NULL,
   name TEXT NOT NULL, spec TEXT NOT NULL, source TEXT NOT NULL, profile TEXT NOT NULL,
-  state TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '', group_id INTEGER,
+  measured TEXT, state TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '', group_id INTEGER,
   submitted_s REAL NOT NULL, started_s REAL, ended_s REAL);
 CREATE INDEX jobs_state ON jobs(state);
 CREATE TABLE groups (
@@ -133,6 +138,12 @@ class Store:
                              f"database (tables: {sorted(tables)})")
         row = db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
         version = row[0] if row else None
+        while version in _MIGRATIONS:
+            with self._tx():
+                for stmt in _MIGRATIONS[version]:
+                    db.execute(stmt)
+                version = str(int(version) + 1)
+                db.execute("UPDATE meta SET value=? WHERE key='schema_version'", (version,))
         if version != str(SCHEMA_VERSION):
             raise StateError(f"state database {str(self.path)!r} has schema version "
                              f"{version!r}; this weaved reads version {SCHEMA_VERSION}")
@@ -254,7 +265,15 @@ class Store:
         return JobRow(r["job_id"], r["uid"], r["user"], r["name"], r["spec"], r["source"],
                       profile_from_json(r["profile"]), state_of(JobState, r["state"]),
                       r["reason"], r["group_id"], r["submitted_s"], r["started_s"],
-                      r["ended_s"])
+                      r["ended_s"],
+                      profile_from_json(r["measured"]) if r["measured"] else None)
+
+    def set_measured(self, job_id: int, profile: JobProfile) -> None:
+        """Record the runtime's measured planning profile of a job (state unchanged)."""
+        with self._tx() as db:
+            if db.execute("UPDATE jobs SET measured=? WHERE job_id=?",
+                          (profile_to_json(profile), job_id)).rowcount != 1:
+                raise StateError(f"job {job_id} does not exist")
 
     def job(self, job_id: int) -> JobRow | None:
         rows = self._rows("SELECT * FROM jobs WHERE job_id=?", (job_id,))

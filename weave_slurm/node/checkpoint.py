@@ -24,13 +24,16 @@ from dataclasses import dataclass
 from io import BufferedWriter
 from pathlib import Path
 
+import torch
+
 from weave_slurm.errors import ConfigError, StateError
 from weave_slurm.node.index import JobRef, SegmentIndex
-from weave_slurm.node.segments import SegmentStore
+from weave_slurm.node.segments import SegmentStore, tensor_views
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "MANIFEST.json"
+_CHUNK_BYTES = 64 << 20
 PREFIX = "ckpt-"
 
 
@@ -153,6 +156,7 @@ class CheckpointStore:
     def delete_job(self, job: JobRef) -> None:
         shutil.rmtree(self.job_dir(job), ignore_errors=True)
 
+
     # -- internals ---------------------------------------------------------------
     def _ensure_dirs(self, job: JobRef) -> Path:
         self.root.mkdir(mode=0o711, parents=True, exist_ok=True)
@@ -173,3 +177,27 @@ class CheckpointStore:
         if os.geteuid() == 0 and uid != 0:
             os.fchown(fd, uid, -1)
         return os.fdopen(fd, "wb")
+
+
+def read_segment(path: Path, name: str) -> tuple[SegmentIndex, dict[str, torch.Tensor]]:
+    """Load segment ``name`` of checkpoint ``path`` into private memory, for a process
+    that starts cold (no node daemon, no shared memory): one read of the file."""
+    where = path / f"{name}.json"
+    try:
+        index = SegmentIndex.loads(where.read_text(), str(where))
+    except FileNotFoundError:
+        have = sorted(p.stem for p in path.glob("*.json") if p.name != MANIFEST)
+        raise StateError(f"checkpoint {path} has no segment {name!r} (has: "
+                         f"{', '.join(have)})") from None
+    index.validate(f"checkpoint {path}/{name}")
+    buf = torch.empty(index.size_bytes, dtype=torch.uint8)
+    data = buf.numpy()
+    with open(path / f"{name}.seg", "rb", buffering=0) as src:
+        done = 0
+        while done < index.size_bytes:
+            got = src.readinto(data[done:done + _CHUNK_BYTES].data)
+            if not got:
+                raise StateError(f"checkpoint {path}/{name}.seg ends "
+                                 f"{index.size_bytes - done} B early")
+            done += got
+    return index, tensor_views(buf.untyped_storage(), index)

@@ -1,21 +1,26 @@
 """Talking to a node daemon: the JSON-lines client and the put/attach helpers.
 
 Bulk bytes never cross the socket: ``put_state`` asks the daemon to admit the
-segment's size (budget), writes the tensors straight into shared memory as the
-caller's uid, then asks the daemon to commit it.
+segment's size (budget) and to stage its files, writes the tensors straight into the
+staged shared memory as the caller's uid (creating nothing), then asks the daemon to
+commit it (see ``staging``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from weave_slurm.errors import StateError, WeaveError
 from weave_slurm.node.index import DEFAULT_ALIGN_BYTES, JobRef, SegmentIndex, plan_layout
 from weave_slurm.node.protocol import Op
 from weave_slurm.node.segments import AttachedState, SegmentStore, dtype_name
+from weave_slurm.node.staging import write_staged
 from weave_slurm.wire import LineClient
 
 
@@ -46,13 +51,37 @@ class NodeClient(LineClient):
 
     def put_state(self, job: JobRef, name: str, tensors: Mapping[str, torch.Tensor],
                   version: int, extra: Mapping[str, Any] | None = None) -> SegmentIndex:
+        """Write ``tensors`` as segment ``name`` of ``job``: put, write staged, commit.
+
+        Raises ``StateError`` when the job was dropped (or this put was replaced by a
+        newer one) before the commit; nothing of the write is then left on the node.
+        """
         specs = [(k, dtype_name(t.dtype), tuple(t.shape)) for k, t in tensors.items()]
-        reply = self.call(Op.PUT, job=job.job_id, name=name,
-                          nbytes=plan_layout(specs, DEFAULT_ALIGN_BYTES)[1])
-        store = SegmentStore(Path(reply["root"]), align_bytes=int(reply["align_bytes"]))
-        index = store.put_state(job, name, tensors, version, extra)
-        self.call(Op.COMMIT, job=job.job_id, name=name)
+        entries, size = plan_layout(specs, DEFAULT_ALIGN_BYTES)
+        reply = self.call(Op.PUT, job=job.job_id, name=name, nbytes=size)
+        now = time.time()
+        index = SegmentIndex(name=name, version=version, size_bytes=size,
+                             align_bytes=DEFAULT_ALIGN_BYTES, tensors=entries,
+                             created_s=now, updated_s=now, extra=dict(extra or {}))
+        token = str(reply["token"])
+        try:
+            self._write_staged(reply, index, tensors)
+        except FileNotFoundError as exc:
+            raise StateError(f"put of {job.job_id}/{name}: its staged file {exc.filename} "
+                             "is gone (the job was dropped on this node, or a newer put of "
+                             "this segment replaced it); nothing was kept") from None
+        except BaseException:
+            with contextlib.suppress(WeaveError, OSError):
+                self.call(Op.ABORT, job=job.job_id, name=name, token=token)
+            raise
+        self.call(Op.COMMIT, job=job.job_id, name=name, token=token)
         return index
+
+    def _write_staged(self, reply: Mapping[str, Any], index: SegmentIndex,
+                      tensors: Mapping[str, torch.Tensor]) -> None:
+        """Fill the files the daemon staged (a seam for tests that race a drop)."""
+        write_staged(Path(reply["stage_seg_path"]), Path(reply["stage_index_path"]),
+                     index, tensors)
 
     def attach(self, job: JobRef) -> dict[str, AttachedState]:
         reply = self.call(Op.ATTACH_INFO, job=job.job_id)

@@ -22,7 +22,8 @@ import socket
 import socketserver
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ from weave_slurm.node.protocol import Op, Request
 from weave_slurm.node.recovery import RecoveryReport, recover
 from weave_slurm.node.registry import JobRecord, JobRegistry
 from weave_slurm.node.segments import SegmentStore
+from weave_slurm.node.staging import Reservation, StagingArea, discard
 from weave_slurm.node.worker import Phase, PhaseWorker, worker_env
 
 log = logging.getLogger(__name__)
@@ -80,6 +82,7 @@ class NodeDaemon:
         self.store = SegmentStore(config.root)
         self.ckpt = CheckpointStore(config.checkpoints, config.keep_checkpoints)
         self.budget = MemoryBudget(config.host_mem_gib)
+        self.staging = StagingArea(self.store)
         self.registry = JobRegistry(config.root / "registry.json")
         self.workers: dict[str, PhaseWorker] = {}
         self.pool = ResidentPool(config.root, config.resident_start_timeout_s) \
@@ -96,6 +99,7 @@ class NodeDaemon:
         self._server: socketserver.ThreadingUnixStreamServer | None = None
         self._handlers: dict[Op, Handler] = {
             Op.REGISTER: self._register, Op.PUT: self._put, Op.COMMIT: self._commit,
+            Op.ABORT: self._abort,
             Op.ATTACH_INFO: self._attach_info, Op.ACTIVATE: self._activate,
             Op.DEACTIVATE: self._deactivate, Op.PHASE: self._phase,
             Op.CHECKPOINT: self._checkpoint, Op.RESTORE: self._restore, Op.DROP: self._drop,
@@ -245,11 +249,14 @@ class NodeDaemon:
                 reply = protocol.fail(StateError(f"permission denied: {exc}"))
             sock.sendall(reply)
 
-    def _job(self, uid: int, request: Request) -> JobRef:
+    def _job(self, uid: int, request: Request, what: str = "") -> JobRef:
         job_id = check_name("job id", request.job_id())
         with self._lock:
             record = self.registry.get(job_id)
         if record is None:
+            if what:  # a step of a started write: the job went away in between
+                raise StateError(f"{what} refused: job {job_id!r} is no longer registered "
+                                 "on this node (dropped); nothing of it was kept")
             raise StateError(f"job {job_id!r} is not registered on this node; send "
                              "'register' first")
         if uid not in (0, record.job.uid):
@@ -286,37 +293,65 @@ class NodeDaemon:
         return {"job": job_id, "uid": owner, "root": str(self.store.root),
                 "job_dir": str(self.store.job_dir(job))}
 
+    @contextmanager
+    def _job_state(self, uid: int, request: Request, what: str = "") -> Iterator[JobRef]:
+        """The job, checked again once its state lock is held (a drop may have won it)."""
+        job = self._job(uid, request, what)
+        with self.state_lock(job.job_id):
+            yield self._job(uid, request, what)
+
     def _put(self, uid: int, request: Request) -> dict[str, Any]:
-        job = self._job(uid, request)
         name = check_name("segment name", str(request.args.get("name")))
         nbytes = request.args.get("nbytes")
-        if not isinstance(nbytes, int):
-            raise ConfigError(f"put {job.job_id}/{name}: 'nbytes' must be an int, "
-                              f"got {nbytes!r}")
-        with self.state_lock(job.job_id), self._lock:
-            self.budget.charge(job, name, nbytes)
-        return {"seg_path": str(self.store.seg_path(job, name)),
+        if not isinstance(nbytes, int) or isinstance(nbytes, bool):
+            raise ConfigError(f"put {request.args.get('job')}/{name}: 'nbytes' must be an "
+                              f"int, got {nbytes!r}")
+        with self._job_state(uid, request) as job:
+            with self._lock:
+                prev = self.budget.charged(job, name)
+                self.budget.charge(job, name, nbytes)
+            try:
+                res = self.staging.reserve(job, name, nbytes, prev)
+            except BaseException:
+                with self._lock:
+                    self._restore_charge(job, name, prev)
+                raise
+        return {**res.to_json(), "seg_path": str(self.store.seg_path(job, name)),
                 "index_path": str(self.store.index_path(job, name)),
                 "root": str(self.store.root), "align_bytes": self.store.align_bytes}
 
     def _commit(self, uid: int, request: Request) -> dict[str, Any]:
-        job = self._job(uid, request)
-        name = check_name("segment name", str(request.args.get("name")))
-        with self.state_lock(job.job_id):
-            found = [s for s in self.store.list_segments(job) if s.name == name]
-            if not found or found[0].index is None:
-                why = found[0].problem if found else "no such segment"
-                raise StateError(f"commit of {job.job_id}/{name} refused: {why}")
+        what = f"commit of {request.args.get('job')}/{request.args.get('name')}"
+        with self._job_state(uid, request, what) as job:
+            res = self._reservation(job, request, what)
             try:
+                index = self.staging.commit(res)
+            except BaseException:
                 with self._lock:
-                    self.budget.charge(job, name, found[0].size_bytes)
-            except WeaveError:
-                self.store.delete_segment(job, name)
-                with self._lock:
-                    self.budget.release(job, name)
+                    self._restore_charge(job, res.name, res.prev_bytes)
                 raise
-        return {"name": name, "version": found[0].index.version,
-                "size_bytes": found[0].size_bytes}
+            with self._lock:
+                self.budget.force(job, res.name, index.size_bytes)
+        return {"name": res.name, "version": index.version, "size_bytes": index.size_bytes}
+
+    def _abort(self, uid: int, request: Request) -> dict[str, Any]:
+        what = f"abort of {request.args.get('job')}/{request.args.get('name')}"
+        with self._job_state(uid, request, what) as job:
+            res = self._reservation(job, request, what)
+            discard(res)
+            with self._lock:
+                self._restore_charge(job, res.name, res.prev_bytes)
+        return {"name": res.name, "aborted": True}
+
+    def _reservation(self, job: JobRef, request: Request, what: str) -> Reservation:
+        name = check_name("segment name", str(request.args.get("name")))
+        return self.staging.take(job, name, str(request.args.get("token")), what)
+
+    def _restore_charge(self, job: JobRef, name: str, prev_bytes: int) -> None:
+        if prev_bytes:
+            self.budget.force(job, name, prev_bytes)
+        else:
+            self.budget.release(job, name)
 
     def _attach_info(self, uid: int, request: Request) -> dict[str, Any]:
         job = self._job(uid, request)
@@ -402,15 +437,13 @@ class NodeDaemon:
         return {"job": job.job_id, "worker": self._worker_json(job)}
 
     def _checkpoint(self, uid: int, request: Request) -> dict[str, Any]:
-        job = self._job(uid, request)
-        with self.state_lock(job.job_id):
+        with self._job_state(uid, request) as job:
             info = self.ckpt.save(self.store, job)
         self.autosave.mark(job.job_id, time.monotonic())
         return info.to_json()
 
     def _restore(self, uid: int, request: Request) -> dict[str, Any]:
-        job = self._job(uid, request)
-        with self.state_lock(job.job_id):
+        with self._job_state(uid, request) as job:
             path = self.ckpt.latest(job)
             indexes = self.ckpt.indexes(path)
             with self._lock:
@@ -432,6 +465,7 @@ class NodeDaemon:
             if self.pool is not None:
                 self.pool.drop(job)
             self.autosave.forget(job.job_id)
+            self.staging.forget_job(job)
             self.store.delete_job(job)
             if not request.args.get("keep_checkpoints"):
                 self.ckpt.delete_job(job)

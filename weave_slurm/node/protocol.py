@@ -29,8 +29,9 @@ class Op(StrEnum):
     """Every request the node daemon answers."""
 
     REGISTER = "register"        # job -> owner = caller's uid
-    PUT = "put"                  # job, name, nbytes -> paths to write (budget charged)
-    COMMIT = "commit"            # job, name -> index validated, state admitted
+    PUT = "put"                  # job, name, nbytes -> staged files to write (budget charged)
+    COMMIT = "commit"            # job, name, token -> staged files validated, renamed in place
+    ABORT = "abort"              # job, name, token -> staged files removed, charge undone
     ATTACH_INFO = "attach_info"  # job -> segment paths and indexes
     ACTIVATE = "activate"        # job, phase, argv, env -> worker pid and paths
     DEACTIVATE = "deactivate"    # job -> worker stopped

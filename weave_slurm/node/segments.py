@@ -19,6 +19,7 @@ unlinks segments when an attaching process exits.
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import os
 import pwd
@@ -33,7 +34,6 @@ from pathlib import Path
 from typing import Any, BinaryIO, cast
 
 import torch
-from filelock import FileLock
 
 from weave_slurm.errors import ConfigError, InsufficientResources, StateError
 from weave_slurm.node.index import (
@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 SEG_SUFFIX = ".seg"
 INDEX_SUFFIX = ".json"
 TMP_MARK = ".tmp-"
+STAGE_MARK = ".stage-"       # files the daemon staged for a client's put (``staging``)
 _CHUNK_BYTES = 64 << 20
 
 
@@ -125,11 +126,43 @@ class SegmentStore:
             os.close(fd)
         return self.job_dir(job)
 
+    def check_job_dir(self, job: JobRef) -> Path:
+        """The job's directory, which must exist already (it is never created here)."""
+        jdir = self.job_dir(job)
+        try:
+            self._check_private_dir(jdir, job.uid)
+        except FileNotFoundError:
+            raise StateError(f"job {job.job_id!r} has no state directory {jdir} on this "
+                             "node (dropped?); register it again") from None
+        return jdir
+
     @contextmanager
     def job_lock(self, job: JobRef, timeout_s: float = 60.0) -> Iterator[None]:
-        """Serialise writers of one job's segments (across processes)."""
-        with FileLock(str(self.job_dir(job) / ".lock"), timeout=timeout_s, mode=0o600):
+        """Serialise writers of one job's segments (across processes).
+
+        flock on the job's existing ``.lock``: never creates it or its directory, so
+        a writer that lost a race with ``drop`` cannot bring the job's directory back.
+        """
+        path = self.job_dir(job) / ".lock"
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            raise StateError(f"job {job.job_id!r} has no state directory "
+                             f"{self.job_dir(job)} on this node (dropped?)") from None
+        try:
+            deadline = time.monotonic() + timeout_s
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise StateError(f"{path}: held by another writer for more than "
+                                         f"{timeout_s} s") from None
+                    time.sleep(0.01)
             yield
+        finally:
+            os.close(fd)  # releases the flock
 
     # -- write -------------------------------------------------------------------
     def put_state(self, job: JobRef, name: str, tensors: Mapping[str, torch.Tensor],
@@ -147,7 +180,7 @@ class SegmentStore:
                              updated_s=now, extra=dict(extra or {}))
         with self.job_lock(job):
             try:
-                self._allocate(tmp, size, job.uid)
+                self.allocate(tmp, size, job.uid)
                 storage = map_file(tmp, size)
                 views = tensor_views(storage, index)
                 for key, src in tensors.items():
@@ -197,7 +230,7 @@ class SegmentStore:
         tmp = seg.with_name(f"{seg.name}{TMP_MARK}{os.getpid()}")
         with self.job_lock(job):
             try:
-                self._allocate(tmp, index.size_bytes, job.uid)
+                self.allocate(tmp, index.size_bytes, job.uid)
                 storage = map_file(tmp, index.size_bytes)
                 data = torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
                 done = 0
@@ -284,8 +317,9 @@ class SegmentStore:
             (self.root / str(job.uid)).rmdir()
 
     def remove_temporaries(self, job: JobRef) -> list[Path]:
-        """Delete half-written ``*.tmp-<pid>`` files left by crashed writers."""
-        gone = [p for p in self.job_dir(job).glob(f"*{TMP_MARK}*") if p.is_file()]
+        """Delete half-written ``*.tmp-<pid>`` and ``*.stage-<token>`` files."""
+        gone = [p for mark in (TMP_MARK, STAGE_MARK)
+                for p in self.job_dir(job).glob(f"*{mark}*") if p.is_file()]
         for p in gone:
             p.unlink(missing_ok=True)
         return gone
@@ -336,11 +370,13 @@ class SegmentStore:
                              f"{index.size_bytes} B: torn write")
         return map_file(path, size)
 
-    def _allocate(self, path: Path, size: int, uid: int) -> None:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    def allocate(self, path: Path, size: int, uid: int) -> None:
+        """Create ``path`` (0600, owned by ``uid``) with ``size`` bytes of real tmpfs."""
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
             self._own_fd(fd, uid)
-            os.posix_fallocate(fd, 0, size)
+            if size > 0:
+                os.posix_fallocate(fd, 0, size)
         except OSError as exc:
             if exc.errno == errno.ENOSPC:
                 raise InsufficientResources(

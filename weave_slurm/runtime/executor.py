@@ -12,6 +12,11 @@ its own ``traj`` segment, which ``JobRunner.train`` refuses unless it is of the
 current version. A failure touches only its member: it is re-admitted from the
 newest checkpoint on its training node while the others keep running.
 
+With ``ExecutorConfig.migrate_tail`` a rollout reports its progress; once its
+remaining requests fall to ``tail_fraction`` of the batch, its node counts as free
+for the next ready member's rollout, which starts beside the tail (at most one tail
+per node); the tail ends and is delivered as usual (docs/runtime.md).
+
 A member with a staleness window ``k >= 1`` may have its rollout of step ``m`` (on
 exactly version ``max(0, m - k)``, from a ring of ``k + 1`` checked weight buffers)
 in flight next to its training step; see :mod:`weave_slurm.runtime.staleness`.
@@ -20,6 +25,7 @@ in flight next to its training step; see :mod:`weave_slurm.runtime.staleness`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -45,6 +51,7 @@ from weave_slurm.runtime.member import (
     Member,
     MonotonicClock,
     PhaseRun,
+    TailMove,
 )
 from weave_slurm.runtime.ordering import (
     next_member,
@@ -58,12 +65,11 @@ from weave_slurm.runtime.staleness import (
     BatchRecord,
     VersionLog,
     buffer_name,
-    copy_as,
 )
 from weave_slurm.runtime.timeline import Span
-from weave_slurm.runtime.transfer import copy_segment
+from weave_slurm.runtime.transfer import make_transfer
 
-__all__ = ["Clock", "ExecutorConfig", "GroupExecutor", "Member", "MonotonicClock"]
+__all__ = ["Clock", "ExecutorConfig", "GroupExecutor", "Member", "MonotonicClock", "TailMove"]
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +88,7 @@ class GroupExecutor:
         self.clock = clock or MonotonicClock()
         self.config = config or ExecutorConfig()
         self.profiler = profiler or LiveProfiler()
+        self.transfer = make_transfer(self.config.transfer, layout, self.client)
         self.members: dict[str, Member] = {}
         self.order: list[str] = []
         self.spans: list[Span] = []
@@ -89,6 +96,9 @@ class GroupExecutor:
         self._client_factory = client_factory
         self._last_served: dict[str, str] = {}
         self._busy: dict[str, str] = {}             # node name -> job id
+        self._tails: dict[str, str] = {}            # node name -> job id of its migrated tail
+        self.tail_moves: list[TailMove] = []
+        self._run_ids = 0
         self._ended: list[tuple[Member, PhaseRun, dict[str, Any], tuple[Any, Any], float]] = []
         self.listeners: list[Callable[[Member, str], None]] = []
         for spec in members:
@@ -110,7 +120,8 @@ class GroupExecutor:
             return dict(self.client(node.socket_path).call(op, **args))
         except (OSError, StateError) as exc:
             if isinstance(exc, StateError) and "closed the connection" not in str(exc) \
-                    and "no node daemon" not in str(exc):
+                    and "no node daemon" not in str(exc) \
+                    and not isinstance(exc.__cause__, OSError):   # broken pipe, reset
                 raise
             old = self._clients.pop(node.socket_path, None)   # reconnect next time
             if old is not None:
@@ -119,6 +130,7 @@ class GroupExecutor:
                              f"{exc}") from exc
 
     def close(self) -> None:
+        self.transfer.close()
         for client in self._clients.values():
             client.close()
         self._clients.clear()
@@ -130,7 +142,8 @@ class GroupExecutor:
                 self.members[spec.job_id].state is not MemberState.CANCELLED:
             raise ConfigError(f"member {spec.job_id!r} is already in the group")
         spec.validate(len(self.layout.rollout), len(self.layout.train))
-        member = Member(spec, JobRef(spec.job_id, os.getuid()),
+        member = Member(spec, JobRef(spec.job_id, os.getuid() if spec.uid is None
+                                     else spec.uid),
                         self.layout.train[spec.train_node],
                         tuple(self.layout.rollout[p] for p in spec.rollout_pins))
         member.history.append((self.clock.now(), MemberState.STARTING, "joined"))
@@ -152,6 +165,7 @@ class GroupExecutor:
                 self._call(node, Op.DROP, job=job_id)
             except WeaveError as exc:   # unregistered there, or the node is gone
                 log.info("drop of %s on %s: %s", job_id, node.name, exc)
+        self.transfer.forget(member.job)
         self._move(member, MemberState.CANCELLED, "left the group")
         self.order.remove(job_id)
         self.profiler.forget(job_id)
@@ -200,6 +214,10 @@ class GroupExecutor:
             for run in list(member.runs.values()):
                 if not run.ended and run.kind in member.runs:
                     changed |= self._poll(member, run)
+                if self.config.migrate_tail and run.run_id is not None \
+                        and run.tail_s is None and not run.ended \
+                        and member.runs.get(run.kind) is run:
+                    changed |= self._watch_tail(member, run)
         for member in list(self.members.values()):
             if member.state is MemberState.RECOVERING:
                 changed |= self._recover(member)
@@ -261,12 +279,18 @@ class GroupExecutor:
             self.config.deadline_factor, self.config.deadline_floor_s)
         fn = "init_train" if init else kind.value
         step = member.rolled if kind is PhaseKind.ROLLOUT else member.version
-        args = phases.PhaseArgs.for_phase(member.spec, kind, step).encode()
+        args = phases.PhaseArgs.for_phase(member.spec, kind, step)
+        run_id = None
+        if kind is PhaseKind.ROLLOUT and self.config.migrate_tail:
+            self._run_ids += 1
+            run_id = f"{member.spec.job_id}.{step}.{self._run_ids}"
+            args = dataclasses.replace(args, progress=run_id,
+                                       tail_fraction=self.config.tail_fraction)
         self._call(node, Op.ACTIVATE, job=member.spec.job_id, phase=kind.value,
-                   entry=_ENTRY + fn, args=[args])
+                   entry=_ENTRY + fn, args=[args.encode()])
         now = self.clock.now()
         member.runs[kind] = PhaseRun(kind, node, now, now + deadline, init, member.ready_s,
-                                     step)
+                                     step, run_id=run_id)
         self._busy[node.name] = member.spec.job_id
         if kind is PhaseKind.ROLLOUT and member.versions is not None:
             member.versions.produced(step, rollout_version(step, member.staleness),
@@ -279,7 +303,9 @@ class GroupExecutor:
 
     def _register(self, member: Member) -> None:
         for node in (member.train_node, *member.rollout_nodes):
-            self._call(node, Op.REGISTER, job=member.spec.job_id, checkpoint_interval_s=0)
+            owner = {} if member.spec.uid is None else {"uid": member.spec.uid}
+            self._call(node, Op.REGISTER, job=member.spec.job_id, checkpoint_interval_s=0,
+                       **owner)
 
     # -- completion ------------------------------------------------------------------
     def _poll(self, member: Member, run: PhaseRun) -> bool:
@@ -300,10 +326,45 @@ class GroupExecutor:
                        f"{worker.get('error') or 'returncode ' + str(worker.get('returncode'))}")
             return True
         run.ended = True         # the node is free; the member's output is not moved yet
-        self._busy.pop(run.node.name, None)
+        self._free(member, run)
         self._ended.append((member, run, dict(worker.get("result") or {}),
                             (worker.get("t_recv"), worker.get("t_done")), self.clock.now()))
         return True
+
+    def _watch_tail(self, member: Member, run: PhaseRun) -> bool:
+        """Read a rollout's progress; in its tail, free its node for the next member."""
+        now = self.clock.now()
+        node = run.node.name
+        if now < run.progress_at_s + self.config.progress_poll_s or node in self._tails:
+            return False          # at most one migrated tail per node
+        run.progress_at_s = now
+        try:
+            info = self._call(run.node, Op.ATTACH_INFO, job=member.spec.job_id)
+        except WeaveError as exc:     # the PHASE poll decides about a lost node
+            log.info("progress of %s on %s: %s", member.spec.job_id, node, exc)
+            return False
+        seg = dict(dict(info.get("segments") or {}).get(phases.PROGRESS) or {})
+        extra = dict(dict(seg.get("index") or {}).get("extra") or {})
+        if extra.get("run") != run.run_id or not extra.get("tail"):
+            return False
+        run.tail_s = now
+        self._tails[node] = member.spec.job_id
+        if self._busy.get(node) == member.spec.job_id:
+            self._busy.pop(node)
+        move = TailMove(member.spec.job_id, node, run.step, now, int(extra["remaining"]),
+                        int(extra["total"]))
+        self.tail_moves.append(move)
+        log.info("rollout %d of %s on %s: tail (%d of %d requests left); node freed",
+                 run.step, member.spec.job_id, node, move.remaining, move.total)
+        return True
+
+    def _free(self, member: Member, run: PhaseRun) -> None:
+        """The node ``run`` held is free (its bulk or its migrated tail, whichever it is)."""
+        job_id = member.spec.job_id
+        if self._busy.get(run.node.name) == job_id:
+            self._busy.pop(run.node.name, None)
+        if self._tails.get(run.node.name) == job_id:
+            self._tails.pop(run.node.name, None)
 
     def _finish(self, member: Member, run: PhaseRun, result: Mapping[str, Any],
                 worker_s: tuple[Any, Any], end: float) -> None:
@@ -396,11 +457,7 @@ class GroupExecutor:
               what: str, as_name: str | None = None) -> None:
         """Copy a segment to ``dsts`` (``as_name``: into that checked buffer there)."""
         start = self.clock.now()
-        clients = lambda p: self.client(p)  # noqa: E731
-        paths = [d.socket_path for d in dsts]
-        _, moved = (copy_segment(clients, src.socket_path, paths, member.job, name)
-                    if as_name is None else
-                    copy_as(clients, src.socket_path, name, paths, member.job, as_name))
+        _, moved = self.transfer.copy(src, dsts, member.job, name, as_name)
         end = self.clock.now()
         self.profiler.sync(member.spec.job_id, what, moved)
         self.profiler.phase(member.spec.job_id, PhaseKind.SYNC, end - start)
@@ -409,8 +466,7 @@ class GroupExecutor:
 
     def _release(self, member: Member, run: PhaseRun) -> None:
         member.runs.pop(run.kind, None)
-        if self._busy.get(run.node.name) == member.spec.job_id:
-            self._busy.pop(run.node.name, None)
+        self._free(member, run)
 
     # -- failure isolation -----------------------------------------------------------
     def _fail(self, member: Member, why: str) -> None:
@@ -451,10 +507,12 @@ class GroupExecutor:
             self._call(member.train_node, Op.RESTORE, job=job_id)
             info = self._call(member.train_node, Op.ATTACH_INFO, job=job_id)
             member.version = int(info["segments"][phases.STATE]["index"]["version"])
+            self.transfer.forget(member.job)   # versions start over from the checkpoint
             self._restore_weights(member, info)
         except WeaveError as exc:
             member.error = f"recovery {member.recoveries}: {exc}"
-            member.retry_at_s = self.clock.now() + self.config.recovery_backoff_s
+            member.retry_at_s = self.clock.now() + self.config.recovery_backoff_s \
+                * 2 ** (member.recoveries - 1)   # a restarting node daemon gets time
             log.warning("member %s: %s", job_id, member.error)
             return False
         del member.rewards[member.version:]
@@ -484,7 +542,8 @@ class GroupExecutor:
     # -- read API (daemon status, demo) ----------------------------------------------
     def status(self) -> list[dict[str, object]]:
         """One row per member (:meth:`Member.status_row`: state, version, phase, node,
-        reward, recoveries, error, the window ``staleness`` and ``current_staleness``)."""
+        reward, recoveries, error, the window ``staleness`` and ``current_staleness``,
+        ``tail``: its rollout is a migrated tail)."""
         return [self.members[j].status_row() for j in
                 [*self.order, *(j for j in self.members if j not in self.order)]]
 

@@ -103,6 +103,7 @@ class MemberSpec:
     checkpoint_every: int = 1                # train steps between node checkpoints
     declared: DeclaredProfile = field(default_factory=DeclaredProfile)
     staleness: int = 0                       # window k: rollout m uses version max(0, m - k)
+    uid: int | None = None                   # owner: workers, shm, checkpoints (None: ours)
 
     def validate(self, rollout_nodes: int, train_nodes: int) -> None:
         where = f"member {self.job_id!r}"

@@ -12,10 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from weave_slurm.errors import ConfigError
 from weave_slurm.node.index import JobRef
 from weave_slurm.runtime.group import MemberSpec, MemberState, NodeRef, PhaseKind
 from weave_slurm.runtime.ordering import rollout_ready
 from weave_slurm.runtime.staleness import VersionLog
+from weave_slurm.runtime.transfer import TransferConfig
 
 
 class Clock(Protocol):
@@ -42,6 +44,35 @@ class ExecutorConfig:
     max_recoveries: int = 3
     recovery_backoff_s: float = 1.0     # between attempts when a node is unreachable
     records_dir: Path | None = None     # where <job>.versions.jsonl logs are kept
+    transfer: TransferConfig = field(default_factory=TransferConfig)  # weights train -> rollout
+    # long-tail migration (docs/runtime.md): a rollout whose remaining requests fell to
+    # tail_fraction x its requests frees its node for the next member's rollout
+    migrate_tail: bool = False
+    tail_fraction: float = 0.25
+    progress_poll_s: float = 0.02      # least time between two reads of a rollout's progress
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.migrate_tail, bool):
+            raise ConfigError(f"executor.migrate_tail: expected true or false, got "
+                              f"{self.migrate_tail!r}")
+        if not 0.0 < self.tail_fraction < 1.0:
+            raise ConfigError(f"executor.tail_fraction: must be in (0, 1) (e.g. 0.25 = the "
+                              f"last quarter of the requests), got {self.tail_fraction!r}")
+        if self.progress_poll_s < 0:
+            raise ConfigError(f"executor.progress_poll_s: must be >= 0, got "
+                              f"{self.progress_poll_s!r}")
+
+
+@dataclass(frozen=True)
+class TailMove:
+    """A rollout that entered its tail: its node was freed for the next member at ``at_s``."""
+
+    job_id: str
+    node: str
+    step: int
+    at_s: float
+    remaining: int
+    total: int
 
 
 @dataclass
@@ -56,6 +87,9 @@ class PhaseRun:
     ready_s: float | None = None
     step: int = 0                   # rollout: its step m; train: the held version
     ended: bool = False             # the node is free; output not moved yet
+    run_id: str | None = None       # a rollout that reports progress (migration on)
+    tail_s: float | None = None     # when it entered its tail (its node was freed)
+    progress_at_s: float = 0.0      # when its progress was last read
 
 
 @dataclass
@@ -103,7 +137,8 @@ class Member:
                 "recoveries": self.recoveries, "error": self.error,
                 "staleness": self.staleness,
                 "current_staleness": None if self.versions is None
-                else self.versions.current_staleness()}
+                else self.versions.current_staleness(),
+                "tail": any(r.tail_s is not None and not r.ended for r in self.runs.values())}
 
     def wants(self) -> PhaseKind | None:
         """The phase a member may start now, if any (the window decides, not alternation)."""

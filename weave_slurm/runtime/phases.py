@@ -17,6 +17,14 @@ rollout reads the weights buffer ``weights.b<v % (k+1)>`` and refuses unless it 
 exactly version ``v = max(0, m - k)`` with an intact CRC32, and puts ``traj.b<m % (k+1)>``
 (with its step); its training reads that buffer and refuses a batch of another step.
 
+With long-tail migration on, the executor names the rollout (``progress``: a run id)
+and its tail threshold (``tail_fraction``): the rollout then puts a tiny ``progress``
+segment (index extra: run id, requests remaining and in all, ``tail``) as the job
+reports its requests finishing, at most every :data:`PROGRESS_EVERY_S` and at once
+when the remaining requests first fall to the threshold; the executor reads it with
+``attach_info`` (docs/runtime.md, "Long-tail migration"). Nothing the job computes
+depends on it.
+
 The JobRunner is kept in the worker between phases (the worker is resident and
 serves only this job), so a warm phase neither rebuilds the model nor reloads
 state; a fresh worker (after a crash) rebuilds it from the segments. The argument
@@ -26,12 +34,14 @@ is one JSON string: ``{"entry_point", "seed", "options"}``.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from weave_slurm.errors import ConfigError, StateError, VersionMismatch
+from weave_slurm.errors import ConfigError, StateError, VersionMismatch, WeaveError
 from weave_slurm.runtime.group import MemberSpec, PhaseKind
 from weave_slurm.runtime.ordering import rollout_version
 from weave_slurm.runtime.staleness import (
@@ -50,9 +60,14 @@ if TYPE_CHECKING:
     from weave_slurm.node.client import NodeClient
     from weave_slurm.node.resident import PhaseContext
 
+log = logging.getLogger(__name__)
+
 STATE = "state"
 WEIGHTS = "weights"
 TRAJ = "traj"
+PROGRESS = "progress"
+#: Least time between two progress reports of a rollout (the tail report is never held).
+PROGRESS_EVERY_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -73,12 +88,16 @@ class PhaseArgs:
     version: int | None = None
     traj: str = TRAJ
     step: int | None = None
+    progress: str | None = None         # run id: report progress (long-tail migration)
+    tail_fraction: float = 0.25         # ... "tail" once remaining <= this x all requests
 
     def encode(self) -> str:
         return json.dumps({"entry_point": self.entry_point, "seed": self.seed,
                            "options": self.options, "staleness": self.staleness,
                            "weights": self.weights, "version": self.version,
-                           "traj": self.traj, "step": self.step}, sort_keys=True)
+                           "traj": self.traj, "step": self.step,
+                           "progress": self.progress, "tail_fraction": self.tail_fraction},
+                          sort_keys=True)
 
     @classmethod
     def for_phase(cls, spec: MemberSpec, kind: PhaseKind, step: int) -> PhaseArgs:
@@ -101,10 +120,13 @@ class PhaseArgs:
                               f"argument, got {len(ctx.args)}")
         raw = json.loads(ctx.args[0])
         version, step = raw.get("version"), raw.get("step")
+        progress = raw.get("progress")
         return cls(str(raw["entry_point"]), int(raw["seed"]), dict(raw["options"]),
                    int(raw.get("staleness", 0)), str(raw.get("weights", WEIGHTS)),
                    None if version is None else int(version), str(raw.get("traj", TRAJ)),
-                   None if step is None else int(step))
+                   None if step is None else int(step),
+                   None if progress is None else str(progress),
+                   float(raw.get("tail_fraction", 0.25)))
 
 
 _RUNNERS: dict[tuple[str, Role], JobRunner] = {}
@@ -175,9 +197,15 @@ def rollout(ctx: PhaseContext) -> dict[str, Any]:
     if version < runner.weights_version:   # rolled back to a checkpoint: start afresh
         runner = _runner(ctx, args, Role.ROLLOUT, fresh=True)
     if version != runner.weights_version:
-        runner.import_weights({k: v.clone() for k, v in seg.tensors.items()}, version)
+        # zero-copy when the job can borrow: the segment's file is never rewritten
+        # (a new version is a new file), so the mapping stays this version's bytes
+        runner.import_weights(seg.tensors, version, borrow=True)
     try:
-        batch = runner.rollout(version)
+        if args.progress is None:
+            batch = runner.rollout(version)
+        else:
+            with _client() as client:
+                batch = runner.rollout(version, _Progress(client, ctx, args, version))
     except BaseException:
         _RUNNERS.pop((ctx.job.job_id, Role.ROLLOUT), None)   # may be half-updated
         raise
@@ -189,6 +217,37 @@ def rollout(ctx: PhaseContext) -> dict[str, Any]:
         client.put_state(ctx.job, args.traj, tensors, version, extra=extra)
     return {"version": version, "metrics": dict(batch.metrics),
             "traj_bytes": _nbytes(tensors)}
+
+
+class _Progress:
+    """A rollout's progress reporter: puts the ``progress`` segment (see module doc)."""
+
+    def __init__(self, client: NodeClient, ctx: PhaseContext, args: PhaseArgs,
+                 version: int) -> None:
+        self._client, self._ctx, self._args, self._version = client, ctx, args, version
+        self._last: int | None = None
+        self._at = 0.0
+        self._tail = False
+
+    def __call__(self, remaining: int, total: int) -> None:
+        import torch
+
+        if self._tail or remaining == self._last:
+            return       # the executor needs nothing after the tail report
+        tail = remaining <= self._args.tail_fraction * total
+        now = time.monotonic()
+        if not tail and self._last is not None and now - self._at < PROGRESS_EVERY_S:
+            return
+        self._last, self._at, self._tail = remaining, now, tail
+        try:
+            self._client.put_state(
+                self._ctx.job, PROGRESS, {"remaining": torch.tensor([remaining, total])},
+                self._version, extra={"run": self._args.progress, "remaining": remaining,
+                                      "total": total, "tail": tail})
+        except WeaveError as exc:   # e.g. the node's budget is full: the rollout goes on
+            self._tail = True       # ... unmigrated; report no more
+            log.warning("job %s: progress report failed, rollout not migrated: %s",
+                        self._ctx.job.job_id, exc)
 
 
 def train(ctx: PhaseContext) -> dict[str, Any]:

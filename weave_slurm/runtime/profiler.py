@@ -7,13 +7,16 @@ read API (the daemon's status and later placement decisions read it); a member w
 measured median drifts from its declared duration by more than ``drift_tolerance`` is
 flagged, and its live slowdown (mean iteration time in the group over its solo
 iteration time, estimated from its own measured phases) is compared with its SLO.
+:func:`planning_profile` turns a snapshot into the profile that later placement
+decisions use (the daemon stores it next to the declared one).
 """
 
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from weave_slurm.model.profile import JobProfile
 from weave_slurm.runtime.group import DeclaredProfile, PhaseKind
 
 
@@ -127,3 +130,46 @@ class LiveProfiler:
         return MemberProfile(job_id, tuple(roll), tuple(train), tuple(sync),
                              s.rollout_state_bytes, s.train_state_bytes, dict(s.sync_bytes),
                              solo, group, slowdown, declared.slo, tuple(drift))
+
+
+def planning_profile(current: JobProfile, declared: JobProfile, measured: MemberProfile, *,
+                     min_samples: int = 3, window: int = 20,
+                     tolerance: float = 0.1) -> JobProfile | None:
+    """The profile later placement decisions should use, from what the runtime measured.
+
+    ``declared`` is the job's profile at submission (its admission headroom: the ratio of
+    its worst-case to mean phase time is kept, because a few measured iterations rarely
+    see the longest rollout); ``current`` is what placement uses now. Means come from the
+    last ``window`` samples (a drifting job is followed), state sizes from the measured
+    segment bytes. None until both phases have ``min_samples`` samples, or when no
+    quantity differs from ``current`` by more than ``tolerance`` (relative): placement is
+    not re-fed with noise.
+    """
+    roll, train = measured.rollout_s[-window:], measured.train_s[-window:]
+    if len(roll) < min_samples or len(train) < min_samples:
+        return None
+
+    def bound(xs: tuple[float, ...], mean_s: float, max_s: float) -> tuple[float, float]:
+        mean = statistics.fmean(xs)
+        headroom = max_s / mean_s if mean_s > 0 else 1.0
+        return mean, max(max(xs), mean * max(1.0, headroom))
+
+    roll_mean, roll_max = bound(roll, declared.rollout_mean_s, declared.rollout_max_s)
+    train_mean, train_max = bound(train, declared.train_mean_s, declared.train_max_s)
+    sync = statistics.fmean(measured.sync_s[-window:]) if measured.sync_s else current.sync_s
+    gib = float(1 << 30)
+    roll_gib = measured.rollout_state_bytes / gib or current.rollout_state_gib
+    train_gib = measured.train_state_bytes / gib or current.train_state_gib
+    new = replace(current, rollout_mean_s=roll_mean, rollout_max_s=roll_max,
+                  train_mean_s=train_mean, train_max_s=train_max, sync_s=sync,
+                  rollout_state_gib=roll_gib, train_state_gib=train_gib)
+
+    def moved(a: float, b: float) -> bool:
+        return abs(a - b) > tolerance * max(abs(b), 1e-9)
+
+    pairs = ((new.rollout_max_s, current.rollout_max_s), (new.train_max_s, current.train_max_s),
+             (new.rollout_mean_s, current.rollout_mean_s),
+             (new.train_mean_s, current.train_mean_s), (new.sync_s, current.sync_s),
+             (new.rollout_state_gib, current.rollout_state_gib),
+             (new.train_state_gib, current.train_state_gib))
+    return new if any(moved(a, b) for a, b in pairs) else None

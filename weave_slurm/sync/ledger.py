@@ -38,6 +38,15 @@ class VersionLedger:
         self._applied[job] = version
         self._high[job] = version
 
+    def forget(self, job: str) -> None:
+        """The owner restored an older checkpoint on purpose: versions start over.
+
+        Only the group runtime calls this, as part of a recovery it decided on; a
+        version that merely arrives late is still refused.
+        """
+        self._applied.pop(job, None)
+        self._high.pop(job, None)
+
     def invalidate(self, job: str) -> None:
         """Local weights are torn (a sync failed half-way): demand full pieces next time."""
         self._applied.pop(job, None)

@@ -21,11 +21,12 @@ co-executed job learns exactly what it would learn alone.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -42,6 +43,33 @@ VERSION_KEY = "weave.weights_version"
 _CHECKPOINT_STATE = "state.pt"
 _CHECKPOINT_META = "meta.json"
 _CHECKPOINT_FORMAT = 1
+
+#: ``fn(remaining, total)``: how many of a rollout's requests are still decoding.
+ProgressFn = Callable[[int, int], None]
+_PROGRESS: list[ProgressFn] = []
+
+
+def report_progress(remaining: int, total: int) -> None:
+    """Called by a job's ``generate`` as its requests finish (optional for a job).
+
+    A no-op unless the runtime listens (:meth:`JobRunner.rollout` with ``progress``):
+    the group executor uses it to spot a rollout's long tail (docs/runtime.md). It
+    must not change what ``generate`` computes.
+    """
+    if _PROGRESS:
+        _PROGRESS[-1](remaining, total)
+
+
+@contextlib.contextmanager
+def _listening(fn: ProgressFn | None) -> Iterator[None]:
+    if fn is None:
+        yield
+        return
+    _PROGRESS.append(fn)
+    try:
+        yield
+    finally:
+        _PROGRESS.pop()
 
 
 class Role(enum.Enum):
@@ -124,6 +152,20 @@ class RLJob(Protocol):
         """Restore what ``state_tensors`` returned (possibly from another process)."""
 
 
+@runtime_checkable
+class BorrowsWeights(Protocol):
+    """Optional: a rollout-role job that can run on weights it does not own.
+
+    ``borrow_weights`` binds the job's parameters to ``tensors`` without copying them
+    (e.g. ``load_state_dict(..., assign=True)``). The runtime passes read-only views of
+    a node's ``/dev/shm`` weights segment, whose file is never rewritten in place (a new
+    version is a new file), so a warm rollout switch costs no copy of the weights and
+    the worker holds no private copy of them. The job must never write into them.
+    """
+
+    def borrow_weights(self, tensors: Mapping[str, Tensor]) -> None: ...
+
+
 class JobRunner:
     """Wraps an :class:`RLJob`: version tagging, the on-policy check, warm state, checkpoints.
 
@@ -163,13 +205,18 @@ class JobRunner:
         return self._staleness
 
     # -- phases ---------------------------------------------------------------------
-    def rollout(self, weights_version: int) -> TrajectoryBatch:
-        """Generate with the held weights; ``weights_version`` must be the held version."""
+    def rollout(self, weights_version: int, progress: ProgressFn | None = None,
+                ) -> TrajectoryBatch:
+        """Generate with the held weights; ``weights_version`` must be the held version.
+
+        ``progress`` hears the job's :func:`report_progress` calls during ``generate``.
+        """
         if weights_version != self._version:
             raise VersionMismatch(
                 f"job {self.job_id}: rollout asked for weights version {weights_version!r} "
                 f"but this instance holds version {self._version} (import_weights first)")
-        trajectories = self._job.generate(weights_version)
+        with _listening(progress):
+            trajectories = self._job.generate(weights_version)
         return TrajectoryBatch(self.job_id, weights_version, trajectories)
 
     def accepts(self, batch: TrajectoryBatch) -> bool:
@@ -198,14 +245,28 @@ class JobRunner:
     def export_weights(self) -> dict[str, Tensor]:
         return self._job.export_weights()
 
-    def import_weights(self, tensors: Mapping[str, Tensor], version: int) -> None:
-        """Install weights of ``version``; versions never go backwards."""
+    def import_weights(self, tensors: Mapping[str, Tensor], version: int, *,
+                       borrow: bool = False) -> bool:
+        """Install weights of ``version``; versions never go backwards.
+
+        ``borrow``: the tensors are immutable shared memory the caller keeps alive; a
+        job that implements :class:`BorrowsWeights` binds to them without a copy (the
+        return value says whether it did); any other job is handed private copies (it
+        may keep references to what it imports).
+        """
         if version < self._version:
             raise VersionMismatch(
                 f"job {self.job_id}: import of weights version {version!r} is older than "
                 f"the held version {self._version}")
-        self._job.import_weights(tensors)
+        job: object = self._job
+        borrowed = borrow and isinstance(job, BorrowsWeights)
+        if borrowed and isinstance(job, BorrowsWeights):
+            job.borrow_weights(tensors)
+        else:
+            self._job.import_weights({k: v.clone() for k, v in tensors.items()} if borrow
+                                     else tensors)
         self._version = version
+        return borrowed
 
     # -- warm state -----------------------------------------------------------------
     def state_tensors(self) -> dict[str, Tensor]:

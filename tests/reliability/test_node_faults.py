@@ -1,0 +1,249 @@
+"""Node-level faults through weaved (issue 8): a member's resident worker killed with
+SIGKILL mid-phase, a node daemon killed with SIGKILL, and a job whose warm state is
+larger than a node's host-memory budget.
+
+weaved runs in process on the LocalBackend with the group runtime (real node daemons,
+real resident workers, real /dev/shm). After each fault: the affected member is
+re-admitted from its checkpoint (or ends FAILED with the reason in words), the other
+members finish with the weights of their solo runs bit for bit, and ``weave status``
+(the ``status`` op) and ``weave show job`` say what happened in words.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.runtime.test_weaved_local import OPTIONS, call, daemons_gone, job_spec, wait_states
+from weave_slurm.daemon.protocol import Op
+from weave_slurm.daemon.runtime_executor import weights_digest
+from weave_slurm.daemon.service import DaemonConfig, Weaved
+from weave_slurm.node.client import NodeClient
+from weave_slurm.node.protocol import Op as NodeOp
+from weave_slurm.runtime.group import MemberSpec
+from weave_slurm.runtime.solo import run_solo
+from weave_slurm.slurm.backend import StepHandle
+
+pytestmark = pytest.mark.torch
+
+STEPS = 2
+
+
+@dataclass
+class Rig:
+    weaved: Weaved
+    socket: Path
+    shm: Path
+    public: Path
+
+    @property
+    def nodes_dir(self) -> Path:
+        return self.weaved.config.state_dir.resolve() / "nodes"
+
+
+def make_rig(site: str | None = None) -> Iterator[Rig]:
+    public = Path(tempfile.mkdtemp(prefix="weave-nf-"))
+    public.chmod(0o755)
+    shm = Path(tempfile.mkdtemp(prefix="weave-nf-", dir="/dev/shm"))
+    shm.chmod(0o711)
+    site_path = None
+    if site is not None:
+        site_path = public / "site.toml"
+        site_path.write_text(site)
+    cfg = DaemonConfig(state_dir=public / "state", tick_s=0.2, shm_root=shm,
+                       client_timeout_s=5.0, runtime="rl", site_path=site_path)
+    w = Weaved(cfg)
+    t = threading.Thread(target=w.run, daemon=True)
+    t.start()
+    try:
+        yield Rig(w, cfg.socket, shm, public)
+    finally:
+        w.stop()
+        t.join(timeout=30)
+        for a in w.backend.list_allocations(""):
+            for s in w.backend.list_steps(a.alloc_id):
+                w.backend.cancel_step(StepHandle(a.alloc_id, s.name, 0))
+            w.backend.release(a.alloc_id)
+        daemons_gone(cfg.state_dir.resolve() / "ckpt", 20)
+        shutil.rmtree(public, ignore_errors=True)
+        shutil.rmtree(shm, ignore_errors=True)
+
+
+@pytest.fixture
+def rig() -> Iterator[Rig]:
+    yield from make_rig()
+
+
+def wait_until(what: str, cond: Callable[[], Any], timeout_s: float) -> Any:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def node_status(sock: Path) -> dict[str, Any]:
+    with NodeClient(sock, timeout_s=5.0) as client:
+        return dict(client.call(NodeOp.STATUS))
+
+
+def busy_worker(rig: Rig, job: int, min_version: int) -> tuple[int, str, str]:
+    """(pid, node, phase) of ``job``'s resident worker while it runs a phase at
+    version >= ``min_version``, read from the node daemons' status."""
+    def find() -> tuple[int, str, str] | None:
+        live = rig.weaved.executor.live(job)
+        if live is None or live["version"] < min_version:
+            return None
+        for sock in rig.nodes_dir.glob("node-*.sock"):
+            for j in node_status(sock)["jobs"]:
+                act = j.get("worker") or {}
+                if j["job"] == str(job) and act.get("state") == "running" and act.get("pid"):
+                    return int(act["pid"]), sock.name[5:-5], str(act.get("phase"))
+        return None
+    return wait_until(f"job {job} running a phase at v>={min_version}", find, 180)  # type: ignore[no-any-return]
+
+
+def node_daemon_pid(sock: Path) -> int:
+    """The pid of the process listening on a node daemon's socket (from /proc/net/unix)."""
+    inode = next(line.split()[6] for line in Path("/proc/net/unix").read_text().splitlines()[1:]
+                 if line.endswith(" " + str(sock)))
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == f"socket:[{inode}]":
+                    return int(pid)
+            except OSError:
+                continue
+    raise AssertionError(f"no process listens on {sock}")
+
+
+def submit(rig: Rig, name: str, seed: int, steps: int = STEPS, extra: str = "") -> int:
+    spec = job_spec(name, seed, steps) + extra
+    return int(call(rig.socket, Op.SUBMIT, spec=spec, source=f"{name}.toml")["job"])
+
+
+def check_solo(rig: Rig, jobs: dict[int, int], steps: int = STEPS) -> None:
+    """Each job's final weights equal its solo run's (job id -> seed)."""
+    for job, seed in jobs.items():
+        live = rig.weaved.executor.live(job)
+        assert live is not None and live["version"] == steps, live
+        solo = run_solo(MemberSpec(str(job), seed=seed, steps=steps, options=OPTIONS))
+        assert live["weights_sha256"] == weights_digest(solo.weights), f"job {job} differs"
+
+
+def check_clean(rig: Rig, ids: list[int]) -> None:
+    """The group drained: no allocation, no node daemon or worker, no job segment."""
+    wait_until("allocations released",
+               lambda: not rig.weaved.backend.list_allocations(""), 30)
+    assert daemons_gone(rig.weaved.config.state_dir.resolve() / "ckpt", 30)
+    assert [p for p in rig.shm.rglob("*") if p.name in {str(j) for j in ids}] == []
+
+
+def test_worker_killed_mid_phase_is_readmitted(rig: Rig) -> None:
+    seeds = {submit(rig, f"wk{i}", 41 + i): 41 + i for i in range(2)}
+    victim, other = list(seeds)
+    pid, node, phase = busy_worker(rig, victim, 1)
+    os.kill(pid, signal.SIGKILL)
+    seen: list[dict[str, Any]] = []
+    rows = wait_states(rig.socket, list(seeds), {"COMPLETED", "FAILED"}, 240, seen)
+    assert [r["state"] for r in rows] == ["COMPLETED", "COMPLETED"], rows
+    after = rig.weaved.executor.live(victim)
+    assert after is not None and after["recoveries"] >= 1, after
+    assert rig.weaved.executor.live(other)["recoveries"] == 0  # type: ignore[index]
+    check_solo(rig, seeds)
+    # in words: which worker, which signal, which phase, re-admitted from which version
+    # ("killed by signal 9 (SIGKILL)" when the node daemon already knows the exit status)
+    said = [r["reason"] for r in seen if r["job"] == victim]
+    words = next((s for s in said if "re-admitted from checkpoint v" in (s or "")), None)
+    assert words is not None and f"worker on node {node} killed" in words, said
+    assert f"during {phase}" in words and "returncode" not in words, words
+    final = call(rig.socket, Op.SHOW, kind="job", id=victim)["reason"]
+    assert final.startswith(f"reached version {STEPS}/{STEPS} after 1 recovery"), final
+    assert f"worker on node {node} killed" in final, final
+    check_clean(rig, list(seeds))
+
+
+@pytest.mark.slow
+def test_node_daemon_killed_members_readmitted(rig: Rig) -> None:
+    seeds = {submit(rig, f"nd{i}", 51 + i, steps=3): 51 + i for i in range(2)}
+    victim = next(iter(seeds))
+    _pid, node, _phase = busy_worker(rig, victim, 1)
+    sock = rig.nodes_dir / f"node-{node}.sock"
+    pid = node_daemon_pid(sock)
+    os.kill(pid, signal.SIGKILL)
+    seen: list[dict[str, Any]] = []
+    rows = wait_states(rig.socket, list(seeds), {"COMPLETED", "FAILED"}, 240, seen)
+    states = {r["job"]: r["state"] for r in rows}
+    # the node daemon is relaunched by weaved and re-adopts its segments: the members
+    # on that node are re-admitted from checkpoint (or, if recovery ran out, FAILED
+    # with the reason in words); nothing is left RUNNING and no other job is touched
+    said = " | ".join(str(r["reason"]) for r in seen)
+    assert "node daemon" in said or "daemon at" in said, said
+    done = {j: s for j, s in seeds.items() if states[j] == "COMPLETED"}
+    for r in rows:
+        if r["state"] == "FAILED":
+            assert "node" in r["reason"], r
+    assert done, rows
+    check_solo(rig, done, steps=3)
+    check_clean(rig, list(seeds))
+
+
+BUDGET_SITE = """\
+[site]
+name = "tiny-budget"
+[pools.rollout]
+partition = "h20"
+gpu = "h20"
+gpus_per_node = 8
+host_mem_gib = 0.05
+max_nodes = 2
+[pools.train]
+partition = "h800"
+gpu = "h800"
+gpus_per_node = 8
+host_mem_gib = 0.05
+max_nodes = 2
+"""
+
+
+@pytest.fixture
+def tiny_rig() -> Iterator[Rig]:
+    yield from make_rig(BUDGET_SITE)
+
+
+def test_state_over_host_memory_budget_fails_only_that_job(tiny_rig: Rig) -> None:
+    rig = tiny_rig
+    small = job_spec("fits", 61, 2).replace("rollout_state_gib = 1.0", "rollout_state_gib = 0.001")
+    small = small.replace("train_state_gib = 1.0", "train_state_gib = 0.001")
+    big = job_spec("huge", 62, 2).replace("rollout_state_gib = 1.0", "rollout_state_gib = 0.001")
+    big = big.replace("train_state_gib = 1.0", "train_state_gib = 0.001")
+    # the declared profile fits, the real warm state (~100 MiB) does not fit 0.05 GiB
+    big = big.replace("group_size = 4\n", "group_size = 4\nhidden_size = 512\n"
+                      "intermediate_size = 1024\nvocab_size = 2048\n")
+    ok = int(call(rig.socket, Op.SUBMIT, spec=small, source="fits.toml")["job"])
+    bad = int(call(rig.socket, Op.SUBMIT, spec=big, source="huge.toml")["job"])
+    rows = wait_states(rig.socket, [ok, bad], {"COMPLETED", "FAILED"}, 240, [])
+    states = {r["job"]: r for r in rows}
+    assert states[ok]["state"] == "COMPLETED", rows
+    assert states[bad]["state"] == "FAILED", rows
+    reason = states[bad]["reason"]
+    assert "host_mem_gib" in reason or "budget" in reason, reason
+    assert "\n" not in reason
+    check_solo(rig, {ok: 61}, steps=2)
+    check_clean(rig, [ok, bad])

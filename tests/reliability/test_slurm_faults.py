@@ -1,0 +1,304 @@
+"""Faults on the real local Slurm cluster (issue 8), with the group runtime running
+small reference GRPO jobs:
+
+* weaved SIGKILLed mid-run and started again: every job is there exactly once and
+  finishes with the weights of its solo run; Slurm's allocations before and after are
+  the same ones (adopted, none duplicated) and none is left once the jobs end; no
+  job's weight version (ITER) ever goes backwards;
+* a node of a group's rollout allocation set DOWN (``scontrol update state=down``):
+  the allocation vanishes, weaved asks Slurm for a replacement through the normal
+  allocation path and re-admits the members from their checkpoints on it;
+* ``salloc`` failing, then hanging past its timeout (a wrapper first on weaved's
+  PATH): weaved backs off and retries, status says why in words, no job is lost and
+  no allocation leaks or doubles; after the fault clears the jobs run to the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.reliability.test_node_faults import wait_until
+from tests.runtime.test_weaved_local import OPTIONS, call, daemons_gone, job_spec
+from weave_slurm.daemon.protocol import Op
+from weave_slurm.daemon.runtime_executor import weights_digest
+from weave_slurm.daemon.service import DaemonConfig, Weaved
+from weave_slurm.errors import WeaveError
+from weave_slurm.runtime.group import MemberSpec
+from weave_slurm.runtime.solo import run_solo
+from weave_slurm.slurm.cli_backend import SlurmCliBackend
+from weave_slurm.slurm.runner import run_command
+
+pytestmark = [pytest.mark.slurm, pytest.mark.torch,
+              pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
+
+STEPS = 3
+
+#: weaved as a separate process (so it can be SIGKILLed), configured from JSON
+LAUNCH = """\
+import json, logging, sys
+from pathlib import Path
+from weave_slurm.daemon.service import DaemonConfig, Weaved
+a = json.loads(sys.argv[1])
+logging.basicConfig(level=logging.WARNING, format="%(asctime)s weaved %(message)s")
+Weaved(DaemonConfig(state_dir=Path(a["state"]), backend="slurm", instance=a["instance"],
+                    tick_s=0.3, shm_root=Path(a["shm"]), runtime="rl",
+                    client_timeout_s=5.0, env=a["env"])).run()
+"""
+
+
+@dataclass
+class Place:
+    public: Path
+    shm: Path
+    instance: str
+    env: dict[str, str]
+    backend: SlurmCliBackend
+    seen_iter: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def state(self) -> Path:
+        return self.public / "state"
+
+    @property
+    def socket(self) -> Path:
+        return self.state / "weaved.sock"
+
+    @property
+    def prefix(self) -> str:
+        return f"weave-g{self.instance}."
+
+    def allocations(self) -> dict[str, str]:
+        """Slurm's allocations under this daemon's prefix: id -> name (no name twice)."""
+        allocs = self.backend.list_allocations(self.prefix)
+        names = Counter(a.name for a in allocs)
+        assert all(n == 1 for n in names.values()), f"duplicate allocations: {allocs}"
+        return {a.alloc_id: a.name for a in allocs}
+
+
+@pytest.fixture
+def place(slurm_cluster: Any) -> Iterator[Place]:
+    public = Path(tempfile.mkdtemp(prefix="weave-sf-"))
+    public.chmod(0o755)
+    shm = Path(tempfile.mkdtemp(prefix="weave-sf-", dir="/dev/shm"))
+    shm.chmod(0o711)
+    env = dict(slurm_cluster.env)
+    p = Place(public, shm, f"sf{os.getpid()}{int(time.time()) % 1000}", env,
+              SlurmCliBackend(env=env))
+    try:
+        yield p
+    finally:
+        for a in p.backend.list_allocations(p.prefix):
+            p.backend.release(a.alloc_id)
+        daemons_gone(p.state.resolve() / "ckpt", 20)
+        shutil.rmtree(public, ignore_errors=True)
+        shutil.rmtree(shm, ignore_errors=True)
+
+
+def spawn(p: Place) -> subprocess.Popen[bytes]:
+    args = {"state": str(p.state), "instance": p.instance, "shm": str(p.shm), "env": p.env}
+    log = open(p.public / "weaved.log", "ab")  # noqa: SIM115 (kept by the child)
+    proc = subprocess.Popen([sys.executable, "-c", LAUNCH, json.dumps(args)],
+                            stdout=log, stderr=log)
+    log.close()
+
+    def up() -> bool:
+        try:
+            return bool(call(p.socket, Op.PING))
+        except (WeaveError, OSError):
+            return False
+    wait_until("weaved answers", up, 60)
+    return proc
+
+
+def submit(p: Place, name: str, seed: int, steps: int = STEPS) -> int:
+    return int(call(p.socket, Op.SUBMIT, spec=job_spec(name, seed, steps),
+                    source=f"{name}.toml")["job"])
+
+
+def observe(p: Place, ids: list[int]) -> list[dict[str, Any]]:
+    """One status poll: ITER never goes backwards, allocations never doubled."""
+    rows = list(call(p.socket, Op.STATUS, jobs=ids)["jobs"])
+    assert sorted(r["job"] for r in rows) == sorted(ids), rows   # each job exactly once
+    for r in rows:
+        if r["iter"]:
+            v = int(r["iter"].split("/")[0])
+            assert v >= p.seen_iter.get(r["job"], 0), (r, p.seen_iter)
+            p.seen_iter[r["job"]] = v
+    p.allocations()
+    return rows
+
+
+def finish(p: Place, ids: list[int], timeout_s: float) -> list[dict[str, Any]]:
+    def done() -> list[dict[str, Any]] | None:
+        rows = observe(p, ids)
+        return rows if all(r["state"] in ("COMPLETED", "FAILED", "CANCELLED")
+                           for r in rows) else None
+    return list(wait_until(f"jobs {ids} to end", done, timeout_s))
+
+
+def check_solo_digests(p: Place, seeds: dict[int, int], steps: int = STEPS) -> None:
+    for job, seed in seeds.items():
+        shown = call(p.socket, Op.SHOW, kind="job", id=job)
+        solo = run_solo(MemberSpec(str(job), seed=seed, steps=steps, options=OPTIONS))
+        assert shown["runtime"]["weights_sha256"] == weights_digest(solo.weights), job
+
+
+def check_released(p: Place) -> None:
+    wait_until("allocations released", lambda: not p.allocations(), 40)
+    assert daemons_gone(p.state.resolve() / "ckpt", 30)
+
+
+@pytest.mark.slow
+def test_weaved_sigkill_on_slurm_keeps_jobs_and_allocations(place: Place) -> None:
+    p = place
+    proc = spawn(p)
+    try:
+        seeds = {submit(p, f"sk{i}", 71 + i): 71 + i for i in range(2)}
+        ids = list(seeds)
+        wait_until("both jobs at version >= 1",
+                   lambda: all(int((r["iter"] or "0/0").split("/")[0]) >= 1
+                               for r in observe(p, ids)), 180)
+        before = p.allocations()
+        assert sorted(before.values()) == sorted(
+            {n for n in before.values()}) and len(before) == 2, before
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        assert p.allocations() == before   # Slurm keeps them while weaved is dead
+        proc = spawn(p)
+        rows = finish(p, ids, 240)
+        assert [r["state"] for r in rows] == ["COMPLETED", "COMPLETED"], rows
+        assert {r["iter"] for r in rows} == {f"{STEPS}/{STEPS}"}
+        for job in ids:   # resumed from a checkpoint, not from scratch
+            shown = call(p.socket, Op.SHOW, kind="job", id=job)
+            assert shown["runtime"]["recoveries"] >= 1, shown["runtime"]
+            assert "re-attached after a weaved restart" in shown["reason"], shown["reason"]
+        check_solo_digests(p, seeds)
+        check_released(p)
+        log = (p.public / "weaved.log").read_text()
+        assert "orphan" not in log, log   # the restarted daemon adopted, never re-asked
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+def scontrol(env: dict[str, str], *args: str) -> None:
+    run_command(["scontrol", "update", *args], env=env, timeout_s=20)
+
+
+def start_inproc(p: Place, backend: SlurmCliBackend | None = None,
+                 immediate_s: int = 10) -> tuple[Weaved, threading.Thread]:
+    cfg = DaemonConfig(state_dir=p.state, backend="slurm", instance=p.instance, tick_s=0.3,
+                       shm_root=p.shm, runtime="rl", client_timeout_s=5.0, env=p.env,
+                       immediate_s=immediate_s)
+    w = Weaved(cfg, backend=backend or p.backend)
+    t = threading.Thread(target=w.run, daemon=True)
+    t.start()
+    wait_until("weaved socket", p.socket.exists, 30)
+    return w, t
+
+
+@pytest.mark.slow
+def test_rollout_node_down_reprovisions_and_readmits(place: Place) -> None:
+    p = place
+    w, t = start_inproc(p)
+    down: str | None = None
+    try:
+        seeds = {submit(p, f"dn{i}", 81 + i): 81 + i for i in range(2)}
+        ids = list(seeds)
+        wait_until("both jobs at version >= 1",
+                   lambda: all(int((r["iter"] or "0/0").split("/")[0]) >= 1
+                               for r in observe(p, ids)), 180)
+        (group,) = call(p.socket, Op.GROUPS)["groups"]
+        rollout = next(a for a in group["allocations"] if a["role"] == "rollout")
+        down = rollout["nodes"][0]
+        scontrol(p.env, f"nodename={down}", "state=down", "reason=weave-fault-test")
+        seen: list[dict[str, Any]] = []
+
+        def replaced() -> bool:
+            seen.extend(observe(p, ids))
+            groups = call(p.socket, Op.GROUPS)["groups"]
+            return any(a["role"] == "rollout" and a["state"] == "HELD"
+                       and a["id"] != rollout["id"] for g in groups for a in g["allocations"])
+        wait_until("a replacement rollout allocation", replaced, 60)
+        rows = finish(p, ids, 240)
+        assert [r["state"] for r in rows] == ["COMPLETED", "COMPLETED"], rows
+        said = " | ".join(str(r["reason"]) for r in seen)
+        assert f"rollout allocation {rollout['id']}" in said and "vanished from Slurm" in said, \
+            said
+        for job in ids:
+            shown = call(p.socket, Op.SHOW, kind="job", id=job)
+            assert "lost" in shown["reason"] and "re-admitted from checkpoint" in \
+                shown["reason"], shown["reason"]
+            allocs = [x for x in call(p.socket, Op.SHOW, kind="group",
+                                      id=group["group"])["transitions"]]
+            assert any(x["dst"] == "FORMING" for x in allocs), allocs
+        check_solo_digests(p, seeds)
+        check_released(p)
+    finally:
+        w.stop()
+        t.join(timeout=30)
+        if down is not None:   # "resume" is refused when it already returned to service
+            run_command(["scontrol", "update", f"nodename={down}", "state=resume"],
+                        env=p.env, timeout_s=20, check=False)
+
+
+SALLOC_WRAPPER = """\
+#!/bin/sh
+# weave fault test: the first {fail} calls fail, the next {hang} are granted but hang
+n=$(cat {count} 2>/dev/null || echo 0); n=$((n + 1)); echo $n > {count}
+if [ $n -le {fail} ]; then
+  echo "salloc: error: Unable to contact slurm controller (connect failure)" >&2; exit 1
+fi
+if [ $n -le {total} ]; then {real} "$@"; sleep 60; fi
+exec {real} "$@"
+"""
+
+
+def test_salloc_failing_then_hanging_is_retried(place: Place) -> None:
+    p = place
+    real = shutil.which("salloc")
+    assert real is not None
+    wrap = p.public / "bin"
+    wrap.mkdir()
+    count = p.public / "salloc.count"
+    (wrap / "salloc").write_text(SALLOC_WRAPPER.format(fail=2, hang=1, total=3, count=count,
+                                                       real=real))
+    (wrap / "salloc").chmod(0o755)
+    env = {**p.env, "PATH": f"{wrap}:{os.environ['PATH']}"}
+    backend = SlurmCliBackend(env=env, timeout_s=5.0)
+    w, t = start_inproc(p, backend=backend, immediate_s=1)
+    try:
+        seeds = {submit(p, f"sa{i}", 91 + i, 2): 91 + i for i in range(2)}
+        ids = list(seeds)
+        seen: list[dict[str, Any]] = []
+        def running() -> bool:
+            rows = observe(p, ids)
+            seen.extend(rows)
+            return all(x["state"] == "RUNNING" for x in rows)
+        wait_until("both running", running, 120)
+        said = " | ".join(str(r["reason"]) for r in seen)
+        assert "Unable to contact slurm controller" in said and "retrying in" in said, said
+        assert "salloc hung: command timed out after" in said, said
+        assert int(count.read_text()) >= 4   # 2 failures, 1 hang, then granted
+        rows = finish(p, ids, 240)
+        assert [r["state"] for r in rows] == ["COMPLETED", "COMPLETED"], rows
+        check_solo_digests(p, seeds, steps=2)
+        check_released(p)
+    finally:
+        w.stop()
+        t.join(timeout=30)

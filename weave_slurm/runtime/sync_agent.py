@@ -1,0 +1,282 @@
+"""A node's weight-sync agent: one rank of its group's two-tier sync world.
+
+``python -m weave_slurm.runtime.sync_agent SPEC`` (SPEC: an :class:`AgentSpec` as JSON).
+One agent runs per node of a group, started once per group layout by
+:class:`~weave_slurm.runtime.transfer.TwoTierTransfer` (a process with torch imported
+costs ~1.5 s to start; a sync costs milliseconds). The agents form one gloo process
+group over TCP (rendezvous on the first training node's agent); each also listens on
+a small control channel (JSON lines over TCP) for the executor's requests:
+
+- ``prepare``: attach segment ``name`` of ``job`` zero-copy from this node's daemon
+  (``/dev/shm``) and hold it; reply with its index (the version to announce).
+- ``push``: send this rank's pieces of the prepared segment.
+- ``recv``: receive the version into a buffer kept per member (allocated once), then
+  put it into this node's daemon (``NodeClient.put_state``: version-tagged and
+  budget-checked); a checked buffer (``as_name``) gets the CRC32 of the bytes in its
+  index and is read back.
+- ``forget``: the runtime restored ``job`` from a checkpoint: its versions start over.
+- ``arm_die`` (test hook): SIGKILL this agent when it next posts a payload receive.
+- ``ping`` / ``stop``.
+
+Every reply is ``{"ok": true, ...}`` or ``{"ok": false, "error": <class>, "message":
+<one line>}``. A stale or duplicate version is refused by the rollout agents' version
+ledger (``VersionMismatch``); corrupt pieces are retried once (``ShardCorrupt`` after
+that); a dead peer surfaces as ``SyncError`` within the transport's timeout. The agent
+exits when its control connection closes, so it never outlives its executor.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from weave_slurm.errors import ConfigError, StateError, VersionMismatch, WeaveError
+from weave_slurm.node.client import NodeClient
+from weave_slurm.node.index import DTYPE_ITEMSIZE, JobRef, SegmentIndex
+from weave_slurm.node.protocol import Op
+from weave_slurm.node.segments import AttachedState, SegmentStore, tensor_views
+from weave_slurm.runtime.staleness import CRC_KEY, storage_crc32
+from weave_slurm.sync.header import SyncMode
+from weave_slurm.sync.ledger import VersionLedger
+from weave_slurm.sync.pieces import crc32_into, is_payload_tag
+from weave_slurm.sync.subgroup import SubTransport, member_topology
+from weave_slurm.sync.topology import Pool, PoolNodes, ShardLayout, build_topology
+from weave_slurm.sync.transport import Pending, TorchTransport
+from weave_slurm.sync.twotier import DEFAULT_CHUNK_NBYTES, SyncConfig, SyncReport, TwoTierSync
+
+log = logging.getLogger(__name__)
+
+MAX_LINE_BYTES = 16 << 20
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    """What one agent process needs: its rank in the group's world and its node."""
+
+    rank: int
+    world: tuple[tuple[str, str], ...]      # (pool, node name) of every global rank
+    init_method: str                        # tcp://<first training node>:<port>
+    node_socket: str                        # this node's daemon
+    timeout_s: float = 60.0
+    mode: str = "full"                      # SyncMode name: full | delta
+    chunk_nbytes: int = DEFAULT_CHUNK_NBYTES
+    control_host: str = "127.0.0.1"
+
+    def dumps(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def loads(cls, text: str) -> AgentSpec:
+        raw = json.loads(text)
+        raw["world"] = tuple(tuple(w) for w in raw["world"])
+        return cls(**raw)
+
+
+class _DyingSub(SubTransport):
+    """Test hook: SIGKILL this process when it posts a payload receive while armed."""
+
+    armed = False
+
+    def irecv(self, buf: torch.Tensor, src: int, tag: int) -> Pending:
+        if type(self).armed and is_payload_tag(tag):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().irecv(buf, src, tag)
+
+
+@dataclass
+class _MemberSync:
+    """One member's sync between its training node and its rollout nodes, on this rank."""
+
+    sync: TwoTierSync
+    buf: torch.Tensor | None = None           # rollout side: the receive buffer (reused)
+    size_bytes: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _word_bytes(index: SegmentIndex) -> int:
+    return min((DTYPE_ITEMSIZE[e.dtype] for e in index.tensors), default=1)
+
+
+class SyncAgent:
+    """One rank: its transport to the group, its node daemon, one ledger for all jobs."""
+
+    def __init__(self, spec: AgentSpec) -> None:
+        self.spec = spec
+        self.world = build_topology([PoolNodes(Pool(p), n, 1) for p, n in spec.world])
+        self.global_rank = {(r.pool.value, r.node): r.rank for r in self.world.ranks}
+        self.node = NodeClient(Path(spec.node_socket))
+        self.ledger = VersionLedger()
+        self.mode = SyncMode[spec.mode.upper()]
+        self.t: TorchTransport | None = None
+        self._members: dict[tuple[str, str, tuple[str, ...], int, int], _MemberSync] = {}
+        self._prepared: dict[tuple[str, str], AttachedState] = {}
+
+    def connect(self) -> None:
+        self.t = TorchTransport(self.world, self.spec.rank, self.spec.init_method,
+                                self.spec.timeout_s)
+
+    # -- requests ----------------------------------------------------------------------
+    def handle(self, req: dict[str, Any]) -> dict[str, Any]:
+        op = req.get("op")
+        if op == "ping":
+            return {"rank": self.spec.rank, "pid": os.getpid()}
+        if op == "prepare":
+            return self._prepare(req)
+        if op == "push":
+            return self._push(req)
+        if op == "recv":
+            return self._recv(req)
+        if op == "forget":
+            self.ledger.forget(str(req["job"]))
+            for key in [k for k in self._members if k[0] == req["job"]]:
+                del self._members[key]
+            return {}
+        if op == "arm_die":
+            _DyingSub.armed = True
+            return {}
+        raise ConfigError(f"sync agent: unknown op {op!r}; valid: ping, prepare, push, "
+                          "recv, forget, arm_die, stop")
+
+    def _member(self, req: dict[str, Any], size_bytes: int, word_bytes: int) -> _MemberSync:
+        src, dsts = str(req["src"]), tuple(str(d) for d in req["dsts"])
+        key = (str(req["job"]), src, dsts, size_bytes, word_bytes)
+        found = self._members.get(key)
+        if found is not None:
+            return found
+        assert self.t is not None, "connect() first"
+        topo = member_topology(src, dsts)
+        ranks = [self.global_rank[(Pool.TRAIN.value, src)],
+                 *(self.global_rank[(Pool.ROLLOUT.value, d)] for d in dsts)]
+        sub = _DyingSub(self.t, topo, ranks)
+        layout = ShardLayout(size_bytes, len(dsts))
+        config = SyncConfig(str(req["job"]), self.mode, chunk_nbytes=self.spec.chunk_nbytes)
+        made = _MemberSync(TwoTierSync(sub, topo, layout, word_bytes, config, self.ledger))
+        if sub.rank != 0:
+            made.buf = torch.zeros(layout.padded_nbytes, dtype=torch.uint8)
+        self._members[key] = made
+        return made
+
+    def _prepare(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Attach the segment and hold it for the push: the version the rollout agents
+        are told is the version that is sent, whatever the node writes meanwhile."""
+        job = JobRef(str(req["job"]), int(req["uid"]))
+        name = str(req["name"])
+        info = self.node.call(Op.ATTACH_INFO, job=job.job_id)
+        if name not in info["segments"]:
+            raise StateError(f"job {job.job_id}: node {req['src']} has no segment {name!r} "
+                             f"(has {sorted(info['segments'])})")
+        attached = SegmentStore(Path(info["root"])).attach_state(job, name)
+        self._prepared[(job.job_id, name)] = attached
+        return {"index": attached.index.to_json()}
+
+    def _push(self, req: dict[str, Any]) -> dict[str, Any]:
+        job = JobRef(str(req["job"]), int(req["uid"]))
+        name, version = str(req["name"]), int(req["version"])
+        attached = self._prepared.pop((job.job_id, name), None)
+        if attached is None:
+            raise StateError(f"job {job.job_id}: push of {name!r} without a prepare")
+        if attached.index.version != version:
+            raise VersionMismatch(f"job {job.job_id}: segment {name!r} on node "
+                                  f"{req['src']} holds version {attached.index.version}, "
+                                  f"the executor announced {version}")
+        flat = torch.empty(0, dtype=torch.uint8).set_(attached.storage)   # zero-copy
+        ms = self._member(req, attached.index.size_bytes, _word_bytes(attached.index))
+        report = ms.sync.push(flat, version)
+        out = _report(report)
+        if req.get("crc"):
+            out["crc"] = storage_crc32(attached.storage)
+        return out
+
+    def _recv(self, req: dict[str, Any]) -> dict[str, Any]:
+        job = JobRef(str(req["job"]), int(req["uid"]))
+        index = SegmentIndex.loads(json.dumps(req["index"]), f"{job.job_id}/{req['name']}")
+        ms = self._member(req, index.size_bytes, _word_bytes(index))
+        assert ms.buf is not None
+        report = ms.sync.receive(ms.buf)
+        if report.version != index.version:
+            raise VersionMismatch(f"job {job.job_id}: received weight version "
+                                  f"{report.version}, the executor announced {index.version}")
+        dst = str(req.get("as_name") or req["name"])
+        views = tensor_views(ms.buf.untyped_storage(), index)
+        extra = dict(index.extra)
+        out = _report(report)
+        if req.get("crc"):
+            extra[CRC_KEY] = out["crc"] = crc32_into(ms.buf[:index.size_bytes])
+        t0 = time.perf_counter()
+        self.node.put_state(job, dst, views, index.version, extra)
+        out["put_s"] = time.perf_counter() - t0
+        if req.get("crc"):
+            info = self.node.call(Op.ATTACH_INFO, job=job.job_id)
+            written = SegmentStore(Path(info["root"])).attach_state(job, dst)
+            if written.index.version != index.version or \
+                    storage_crc32(written.storage) != out["crc"]:
+                raise VersionMismatch(f"job {job.job_id}: {dst} v{index.version} on node "
+                                      f"{self.spec.node_socket} does not match the bytes "
+                                      f"received (CRC32 {out['crc']:#010x})")
+        return out
+
+
+def _report(report: SyncReport) -> dict[str, Any]:
+    return {"version": report.version, "slow_link_bytes": report.slow_link_bytes,
+            "full_pieces": report.full_pieces, "delta_pieces": report.delta_pieces,
+            "retries": report.retries, "elapsed_s": report.elapsed_s}
+
+
+def _error(exc: BaseException) -> dict[str, Any]:
+    lines = str(exc).strip().splitlines()
+    return {"ok": False, "error": type(exc).__name__,
+            "message": lines[0] if lines else type(exc).__name__}
+
+
+def serve(agent: SyncAgent, listener: socket.socket) -> None:
+    """Answer the executor's requests on one connection until it closes or says stop."""
+    conn, _ = listener.accept()
+    listener.close()
+    rfile = conn.makefile("rb")
+    while True:
+        line = rfile.readline(MAX_LINE_BYTES)
+        if not line:
+            return                                  # the executor is gone
+        try:
+            req = json.loads(line)
+            if req.get("op") == "stop":
+                conn.sendall(b'{"ok": true}\n')
+                return
+            reply = {"ok": True, **agent.handle(req)}
+        except (WeaveError, ValueError, KeyError, TypeError, OSError) as exc:
+            log.warning("request failed: %s", exc)
+            reply = _error(exc)
+        conn.sendall(json.dumps(reply).encode() + b"\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    spec = AgentSpec.loads(args[0])
+    logging.basicConfig(level=os.environ.get("WEAVE_LOG", "WARNING"),
+                        format=f"%(asctime)s sync-agent {spec.rank} %(levelname)s %(message)s")
+    torch.set_num_threads(1)
+    listener = socket.create_server((spec.control_host, 0))
+    print(f"READY {listener.getsockname()[1]}", flush=True)
+    agent = SyncAgent(spec)
+    try:
+        agent.connect()
+        serve(agent, listener)
+    except WeaveError as exc:
+        print(f"sync agent {spec.rank}: {exc}", file=sys.stderr, flush=True)
+        os._exit(1)
+    sys.stderr.flush()
+    os._exit(0)  # skip process-group teardown: a dead peer must not hang the exit
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
