@@ -302,3 +302,73 @@ def test_salloc_failing_then_hanging_is_retried(place: Place) -> None:
     finally:
         w.stop()
         t.join(timeout=30)
+
+
+def _workers(p: Place, job: int, phase: str | None = None) -> dict[str, dict[str, Any]]:
+    """``job``'s resident worker per node daemon socket (optionally: only those running
+    ``phase`` now), from the node daemons' own status."""
+    from tests.reliability.test_node_faults import node_status
+
+    out = {}
+    for sock in (p.state.resolve() / "nodes").glob("node-*.sock"):
+        try:
+            jobs = node_status(sock)["jobs"]
+        except (WeaveError, OSError):
+            continue
+        for j in jobs:
+            act = j.get("worker") or {}
+            if j["job"] != str(job):
+                continue
+            if phase is None or (act.get("state") == "running" and act.get("phase") == phase
+                                 and act.get("pid")):
+                out[sock.name] = {"resident": j.get("resident") or {}, "worker": act}
+    return out
+
+
+@pytest.mark.slow
+def test_worker_killed_and_job_cancelled_mid_rollout_on_slurm(place: Place) -> None:
+    """Issue 7's acceptance on Slurm: one member's worker SIGKILLed mid-phase is
+    re-admitted from its checkpoint and finishes with its solo weights; a member
+    cancelled mid-rollout leaves no worker process and no shared memory; the third
+    finishes with its solo weights."""
+    steps = 4
+    proc = spawn(place)
+    try:
+        seeds = {submit(place, f"k{i}", 51 + i, steps): 51 + i for i in range(3)}
+        victim, cancelled, bystander = list(seeds)
+
+        def victim_busy() -> int | None:
+            row = next(r for r in observe(place, list(seeds)) if r["job"] == victim)
+            if not row["iter"] or int(row["iter"].split("/")[0]) < 1:
+                return None
+            running = [w["worker"] for w in _workers(place, victim).values()
+                       if w["worker"].get("state") == "running" and w["worker"].get("pid")]
+            return int(running[0]["pid"]) if running else None
+        os.kill(wait_until("the victim running a phase at v>=1", victim_busy, 240),
+                signal.SIGKILL)
+
+        def cancelled_rolling_out() -> dict[str, dict[str, Any]] | None:
+            observe(place, list(seeds))
+            return _workers(place, cancelled, "rollout") or None
+        wait_until("the second job in a rollout", cancelled_rolling_out, 240)
+        pids = {int(w["resident"]["pid"]) for w in _workers(place, cancelled).values()
+                if w["resident"].get("pid")}
+        assert pids, "no resident worker of the cancelled job found"
+        assert call(place.socket, Op.CANCEL, jobs=[cancelled])["results"][0]["ok"]
+
+        rows = finish(place, list(seeds), 360)
+        states = {r["job"]: r["state"] for r in rows}
+        assert states == {victim: "COMPLETED", cancelled: "CANCELLED",
+                          bystander: "COMPLETED"}, rows
+        check_solo_digests(place, {victim: seeds[victim], bystander: seeds[bystander]},
+                           steps)
+        reason = call(place.socket, Op.SHOW, kind="job", id=victim)["reason"]
+        assert "recover" in reason and "killed" in reason, reason
+        wait_until("the cancelled job's workers gone",
+                   lambda: not any(Path(f"/proc/{pid}").exists() for pid in pids), 30)
+        assert not _workers(place, cancelled)
+        assert [q for q in place.shm.rglob("*") if q.name == str(cancelled)] == []
+        check_released(place)
+    finally:
+        proc.terminate()
+        proc.wait(30)
