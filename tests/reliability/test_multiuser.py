@@ -49,7 +49,6 @@ from weave_slurm.node.protocol import Op as NodeOp
 from weave_slurm.slurm.backend import (
     AllocationRequest,
     ResourceSpec,
-    StepHandle,
     StepSpec,
     StepState,
 )
@@ -266,29 +265,7 @@ def test_uid_claimed_in_the_request_is_ignored(
 
 # -- 3 and 4: A's job on real node daemons --------------------------------------------------
 
-@pytest.fixture
-def rl_weaved() -> Iterator[tuple[Weaved, Path, Path]]:
-    """weaved with the group runtime on the LocalBackend (node daemons run as root)."""
-    public = Path(tempfile.mkdtemp(prefix="weaved-mu-"))
-    public.chmod(0o755)
-    shm = Path(tempfile.mkdtemp(prefix="weaved-mu-", dir="/dev/shm"))
-    shm.chmod(0o711)
-    cfg = DaemonConfig(state_dir=public / "state", tick_s=0.2, shm_root=shm,
-                       client_timeout_s=5.0, runtime="rl")
-    w = Weaved(cfg)
-    t = threading.Thread(target=w.run, daemon=True)
-    t.start()
-    try:
-        yield w, cfg.socket, shm
-    finally:
-        for alloc in w.backend.list_allocations(""):
-            for s in w.backend.list_steps(alloc.alloc_id):
-                w.backend.cancel_step(StepHandle(alloc.alloc_id, s.name, 0))
-            w.backend.release(alloc.alloc_id)
-        w.stop()
-        t.join(timeout=30)
-        shutil.rmtree(public, ignore_errors=True)
-        shutil.rmtree(shm, ignore_errors=True)
+# rl_weaved: weaved with the group runtime on the LocalBackend (conftest re-exports it)
 
 
 def rl_spec(name: str, iterations: int) -> str:

@@ -1,0 +1,28 @@
+"""README's first command: ``weave demo`` end to end (short), as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.torch
+
+
+def test_weave_demo_runs_three_jobs_as_one_group_and_writes_its_summary(
+        tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    proc = subprocess.run([sys.executable, "-m", "weave_slurm.cli", "demo", "--steps", "2",
+                           "--out", str(out)], capture_output=True, text=True, timeout=540)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["groups"] == [1]   # one co-execution group
+    assert sorted(summary["rewards"]) == ["grpo-a", "grpo-b", "grpo-c"]
+    assert all(len(r) == 2 for r in summary["rewards"].values())
+    for run in ("grouped", "isolated"):
+        assert 0 < summary[run]["rollout_busy"] <= 1 and 0 < summary[run]["train_busy"] <= 1
+    assert (out / "gantt.png").stat().st_size > 0 and (out / "rewards.png").stat().st_size > 0
+    assert "Gantt chart:" in proc.stdout
