@@ -33,12 +33,6 @@ def report(ctx):
 def hang(ctx):
     time.sleep(600)
 
-def slow_import(ctx):
-    import sys
-    sys.path.insert(0, ctx.args[0])
-    import weave_slow_module                     # sleeps while it is being imported
-    return weave_slow_module.VALUE
-
 def peek(ctx):
     try:
         open(ctx.args[0], "rb").close()
@@ -146,34 +140,3 @@ def test_deactivate_interrupts_a_phase_and_a_failing_entry_keeps_the_worker(
     assert fine["state"] == "exited"
     assert running["pid"] == stopped["pid"] == fine["result"]["pid"]
 
-
-def test_a_cancel_inside_an_import_replaces_the_worker_and_the_import_works_after(
-        resident_node: NodeDaemon, entry: str, shm_root: Path) -> None:
-    mod_dir = shm_root.parent / "mods"
-    mod_dir.mkdir(mode=0o755)
-    started = mod_dir / "started"
-    (mod_dir / "weave_slow_module.py").write_text(
-        "import pathlib, time\n"
-        f"pathlib.Path({str(started)!r}).touch()\n"
-        "time.sleep(600 if not pathlib.Path(__file__ + '.fast').exists() else 0)\n"
-        "VALUE = 42\n")
-    (mod_dir / "weave_slow_module.py").chmod(0o644)
-    mod_dir.chmod(0o777)      # the worker (another uid when root) writes 'started'
-    with NodeClient(resident_node.config.socket) as c:
-        c.register("j1", uid=_owner())
-        running = c.call(Op.ACTIVATE, job="j1", phase="rollout", entry=f"{entry}:slow_import",
-                         args=[str(mod_dir)])
-        deadline = time.monotonic() + 60
-        while not started.exists():
-            assert time.monotonic() < deadline, "the slow import never started"
-            time.sleep(0.01)
-        stopped = c.call(Op.DEACTIVATE, job="j1")
-        (mod_dir / "weave_slow_module.py.fast").touch()
-        deadline = time.monotonic() + 60      # the tainted worker exits; a clean one comes
-        while (c.call(Op.STATUS)["jobs"][0]["resident"] or {}).get("restarts", 0) < 1:
-            assert time.monotonic() < deadline, "the tainted worker was not replaced"
-            time.sleep(0.05)
-        after = _run(c, "j1", entry, "slow_import", str(mod_dir))
-    assert stopped["state"] == "failed" and "PhaseCancelled" in stopped["error"], stopped
-    assert after["state"] == "exited" and after["result"] == 42, after
-    assert after["pid"] != running["pid"]

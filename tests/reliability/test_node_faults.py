@@ -117,8 +117,9 @@ def busy_worker(rig: Rig, job: int, min_version: int) -> tuple[int, str, str]:
 
 def node_daemon_pid(sock: Path) -> int:
     """The pid of the process listening on a node daemon's socket (from /proc/net/unix)."""
+    # the listening socket (flags __SO_ACCEPTCON), not an accepted connection on that path
     inode = next(line.split()[6] for line in Path("/proc/net/unix").read_text().splitlines()[1:]
-                 if line.endswith(" " + str(sock)))
+                 if line.endswith(" " + str(sock)) and line.split()[3] == "00010000")
     for pid in (p for p in os.listdir("/proc") if p.isdigit()):
         try:
             fds = os.listdir(f"/proc/{pid}/fd")

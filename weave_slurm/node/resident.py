@@ -144,30 +144,13 @@ def load_entry(spec: str, pythonpath: list[str]) -> Callable[[PhaseContext], Any
 
 
 class _Cancel:
-    """SIGUSR1 raises PhaseCancelled while a phase runs, and is ignored otherwise.
-
-    A cancel that lands inside the import machinery leaves half-initialised modules
-    behind (in ``sys.modules`` or in a package's attributes), and every later phase of
-    this worker could fail on them: such a worker is *tainted* and exits after it has
-    reported the cancelled phase; the pool forks a clean one from the zygote.
-    """
+    """SIGUSR1 raises PhaseCancelled while a phase runs, and is ignored otherwise."""
 
     running = False
-    tainted = False
 
     def handler(self, signum: int, frame: FrameType | None) -> None:
         if self.running:
-            self.tainted = self.tainted or _in_import(frame)
             raise PhaseCancelled("phase deactivated by the node daemon")
-
-
-def _in_import(frame: FrameType | None) -> bool:
-    """True if ``frame`` or a caller runs importlib's bootstrap (an import under way)."""
-    while frame is not None:
-        if frame.f_code.co_filename.startswith("<frozen importlib"):
-            return True
-        frame = frame.f_back
-    return False
 
 
 def _result_json(value: object) -> tuple[object, str | None]:
@@ -248,7 +231,3 @@ def serve(sock: socket.socket, job_id: str) -> None:
             sys.stdout.flush()
             sys.stderr.flush()
             send(sock, reply)
-            if cancel.tainted:
-                print("resident worker: a cancel interrupted an import; exiting so that "
-                      "the pool forks a clean worker", file=sys.stderr, flush=True)
-                return
