@@ -124,7 +124,10 @@ def _make_state(size_gib: float) -> dict[str, torch.Tensor]:
     return {f"layer{i:04d}": torch.full((rows, COLS), 1e-3 * (i + 1)) for i in range(n_layers)}
 
 
-def _wait(client: NodeClient, mode: str, timeout_s: float = 900.0) -> dict[str, Any]:
+def _wait(client: NodeClient, what: str, timeout_s: float = 900.0,
+          poll_s: float = 0.002) -> dict[str, Any]:
+    """Poll the bench job's phase until it ends; its worker record (error if not exited).
+    A job-level run polls slower: polling must not steal the 2 cores from the worker."""
     deadline = time.monotonic() + timeout_s
     while True:
         worker: dict[str, Any] = client.call(Op.PHASE, job="bench")["worker"]
@@ -132,12 +135,11 @@ def _wait(client: NodeClient, mode: str, timeout_s: float = 900.0) -> dict[str, 
             break
         if time.monotonic() > deadline:
             client.call(Op.DEACTIVATE, job="bench")
-            raise RuntimeError(f"{mode} worker did not finish in {timeout_s} s")
-        time.sleep(0.002)
+            raise RuntimeError(f"{what} did not finish in {timeout_s} s")
+        time.sleep(poll_s)
     if worker["state"] != "exited":
-        log = Path(worker["log_path"]).read_text()[-2000:]
-        raise RuntimeError(f"{mode} worker ended {worker['state']}: "
-                           f"{worker.get('error')} {log}")
+        log = Path(worker["log_path"]).read_text()[-3000:] if worker.get("log_path") else ""
+        raise RuntimeError(f"{what} ended {worker['state']}: {worker.get('error')} {log}")
     return worker
 
 
@@ -262,27 +264,11 @@ def job_options(size_gib: float, threads: int) -> dict[str, Any]:
             "group_size": 2, "minibatches": 1, "num_threads": threads}
 
 
-def _wait_job(client: NodeClient, what: str, timeout_s: float = 1800.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        worker: dict[str, Any] = client.call(Op.PHASE, job="bench")["worker"]
-        if worker["state"] != "running":
-            break
-        if time.monotonic() > deadline:
-            client.call(Op.DEACTIVATE, job="bench")
-            raise RuntimeError(f"{what} did not finish in {timeout_s} s")
-        time.sleep(0.02)   # polling must not steal the 2 cores from the measured worker
-    if worker["state"] != "exited":
-        log = Path(worker["log_path"]).read_text()[-3000:] if worker.get("log_path") else ""
-        raise RuntimeError(f"{what} ended {worker['state']}: {worker.get('error')} {log}")
-    return worker
-
-
 def _job_resident(client: NodeClient, fn: str, phase: str, args: list[str]) -> dict[str, Any]:
     t0 = time.monotonic()
     client.call(Op.ACTIVATE, job="bench", phase=phase, entry=f"{JOB_FILE}:{fn}", args=args,
                 pythonpath=[str(REPO)])
-    w = _wait_job(client, f"{fn} {args[:2]}")
+    w = _wait(client, f"{fn} {args[:2]}", 1800.0, 0.02)
     return {"t0": t0, **w}
 
 
@@ -301,7 +287,7 @@ def _job_cold(client: NodeClient, role: str, ckpt: Path, out: Path,
     client.call(Op.ACTIVATE, job="bench", phase=role,
                 argv=[sys.executable, str(JOB_FILE), "cold", role, str(ckpt), str(out),
                       json.dumps(options)], env={"PYTHONPATH": str(REPO)})
-    _wait_job(client, f"cold {role}")
+    _wait(client, f"cold {role}", 1800.0, 0.02)
     t = json.loads(out.read_text())
     out.unlink()
     return {"e2e_s": t["t_first"] - t0, "spawn_s": t["t_start"] - t0,

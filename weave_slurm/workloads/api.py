@@ -259,14 +259,14 @@ class JobRunner:
                 f"job {self.job_id}: import of weights version {version!r} is older than "
                 f"the held version {self._version}")
         job: object = self._job
-        borrowed = borrow and isinstance(job, BorrowsWeights)
-        if borrowed and isinstance(job, BorrowsWeights):
+        if borrow and isinstance(job, BorrowsWeights):
             job.borrow_weights(tensors)
-        else:
-            self._job.import_weights({k: v.clone() for k, v in tensors.items()} if borrow
-                                     else tensors)
+            self._version = version
+            return True
+        self._job.import_weights({k: v.clone() for k, v in tensors.items()} if borrow
+                                 else tensors)
         self._version = version
-        return borrowed
+        return False
 
     # -- warm state -----------------------------------------------------------------
     def state_tensors(self) -> dict[str, Tensor]:
