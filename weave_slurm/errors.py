@@ -32,6 +32,11 @@ class InsufficientResources(WeaveError):
     """The request is valid but cannot be satisfied now; retry later."""
 
 
+class NodeUnavailable(InsufficientResources):
+    """A node daemon cannot take work now: it is gone, stopping, or restarting its
+    worker pool. Not the job's fault: retry after a while, or on a replacement node."""
+
+
 class ExternalCommandError(WeaveError):
     """An outside command failed; carries the evidence."""
 

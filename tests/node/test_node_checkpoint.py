@@ -76,3 +76,29 @@ def test_a_cold_process_reads_a_checkpoint_segment_without_shm(
     assert torch.equal(read_segment(path, "state")[1]["w"], w)
     with pytest.raises(StateError, match=r"has no segment 'weights' \(has: state\)"):
         read_segment(path, "weights")
+
+
+def test_adopt_takes_the_newest_checkpoint_of_a_lost_nodes_root(
+        shm_root: Path, ckpt_root: Path) -> None:
+    store = SegmentStore(shm_root)
+    lost, new = CheckpointStore(ckpt_root / "h800-0"), CheckpointStore(ckpt_root / "h800-1")
+    job = JobRef("j1", NOBODY if os.geteuid() == 0 else os.geteuid())
+    w = torch.randn(64, 8)
+    store.put_state(job, "weights", {"w": w}, version=1)
+    new.save(store, job)                  # an older checkpoint already on the new node
+    for v in (2, 3):
+        store.update_state(job, "weights", {"w": w + v}, version=v)
+        lost.save(store, job)
+    store.delete_job(job)
+
+    info = new.adopt(lost, job)
+    assert info.seq == 2 and info.versions == {"weights": 3}
+    assert new.latest(job) == info.path and not lost.job_dir(job).exists()
+    for path in [info.path, *info.path.iterdir()]:
+        st = os.stat(path)
+        want = 0o700 if path.is_dir() else 0o600
+        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (job.uid, want), path
+    new.restore(store, job)
+    assert torch.equal(store.attach_state(job, "weights").tensors["w"], w + 3)
+    with pytest.raises(StateError, match="no checkpoint"):   # nothing left to adopt
+        new.adopt(lost, job)

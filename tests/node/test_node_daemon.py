@@ -13,9 +13,11 @@ from typing import Any
 import pytest
 import torch
 
-from weave_slurm.errors import InfeasibleRequest, InsufficientResources, StateError
+from weave_slurm.errors import ConfigError, InfeasibleRequest, InsufficientResources, StateError
+from weave_slurm.node.checkpoint import CheckpointStore
 from weave_slurm.node.client import NodeClient
 from weave_slurm.node.daemon import NodeDaemon
+from weave_slurm.node.index import JobRef
 from weave_slurm.node.protocol import Op
 
 pytestmark = pytest.mark.torch
@@ -82,20 +84,23 @@ def test_another_uid_cannot_touch_the_job(
         with NodeClient(node.config.socket) as other:
             outcomes = []
             for op, args in ((Op.ATTACH_INFO, {}), (Op.DROP, {}),
-                             (Op.ACTIVATE, {"phase": "train", "argv": ["/bin/true"]})):
+                             (Op.ACTIVATE, {"phase": "train", "argv": ["/bin/true"]}),
+                             (Op.ADOPT, {"from_root": "/tmp"})):
                 try:
                     other.call(op, job="j1", **args)
                     outcomes.append(f"{op.value}:allowed")
                 except StateError as exc:
                     outcomes.append(f"{op.value}:{exc}")
-            jobs = other.call(Op.STATUS)["jobs"]
-            return "\n".join([*outcomes, f"status-jobs:{len(jobs)}"])
+            status = other.call(Op.STATUS)
+            return "\n".join([*outcomes, f"status-jobs:{len(status['jobs'])}",
+                              f"status-bytes:{status['memory']['per_job_bytes']}"])
 
     lines = run_as(NOBODY, intrude).splitlines()
-    assert len(lines) == 4, lines
+    assert len(lines) == 6, lines
     for line in lines[:3]:
         assert "uid 65534 may not touch job 'j1'" in line, line
-    assert lines[3] == "status-jobs:0"
+    assert lines[3] == "adopt:adopt: only root (weaved) may move checkpoints between nodes"
+    assert lines[4:] == ["status-jobs:0", "status-bytes:{}"]
     assert node.store.attach_state(job, "weights").index.version == 1
 
 
@@ -159,6 +164,27 @@ def test_checkpoint_and_restore_through_the_daemon(node: NodeDaemon) -> None:
         reply = c.call(Op.RESTORE, job="j1", drop_cache=True)
         assert reply["versions"] == {"weights": 2}
         assert torch.equal(c.attach(job)["weights"].tensors["w"], w)
+
+
+def test_adopt_moves_a_lost_nodes_checkpoint_in(node: NodeDaemon, tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("adopt is root's (weaved's) op")
+    lost = CheckpointStore(tmp_path / "lost-node")
+    job = JobRef("j1", 0)
+    w = torch.randn(32)
+    with _client(node) as c:
+        c.register("j1")
+        c.put_state(job, "weights", {"w": w}, version=5)
+        lost.save(node.store, job)          # as if written by the lost node's daemon
+        c.call(Op.DROP, job="j1")
+        c.register("j1")
+        with pytest.raises(ConfigError, match="from_root must be an absolute path"):
+            c.call(Op.ADOPT, job="j1", from_root="lost-node")
+        reply = c.call(Op.ADOPT, job="j1", from_root=str(lost.root))
+        assert reply["versions"] == {"weights": 5}
+        c.call(Op.RESTORE, job="j1")
+        assert torch.equal(c.attach(job)["weights"].tensors["w"], w)
+    assert not lost.job_dir(job).exists()
 
 
 def test_oversized_request_gets_one_reason_then_the_connection_closes(node: NodeDaemon) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 
+from weave_slurm.errors import NodeUnavailable
 from weave_slurm.node.client import NodeClient
 from weave_slurm.node.daemon import NodeDaemon
 from weave_slurm.node.protocol import Op
@@ -31,6 +32,8 @@ def report(ctx):
             "segments": json.loads(os.environ["WEAVE_SEGMENTS"])}
 
 def hang(ctx):
+    if ctx.args:                                  # tell the test the entry runs
+        open(ctx.args[0], "w").close()
     time.sleep(600)
 
 def peek(ctx):
@@ -109,6 +112,36 @@ def test_a_killed_resident_worker_is_replaced_and_the_next_activation_works(
         assert torch.equal(attached.tensors["w"], w)
 
 
+def test_a_killed_zygote_is_started_again_and_its_jobs_get_new_workers(
+        resident_node: NodeDaemon, entry: str) -> None:
+    pool = resident_node.pool
+    assert pool is not None and pool._zygote is not None
+    with NodeClient(resident_node.config.socket) as c:
+        job = c.register("j1", uid=_owner())
+        c.put_state(job, "weights", {"w": torch.ones(8, 4)}, version=1)
+        before = _run(c, "j1", entry, "report")
+        running = c.call(Op.ACTIVATE, job="j1", phase="rollout", entry=f"{entry}:hang")
+        old = pool._zygote.pid
+        os.kill(old, signal.SIGKILL)      # its workers get SIGKILL too (PDEATHSIG)
+        dead = _wait(c, "j1")
+        assert dead["state"] == "killed" and dead["pid"] == running["pid"], dead
+        after = _run(c, "j1", entry, "report")   # waits for the new zygote and worker
+    assert after["state"] == "exited", after
+    assert after["result"]["pid"] not in (before["result"]["pid"], running["pid"])
+    assert pool._zygote.pid != old and pool.broken is None
+
+
+def test_a_stopping_pool_refuses_activations_as_node_unavailable(
+        resident_node: NodeDaemon, entry: str) -> None:
+    pool = resident_node.pool
+    assert pool is not None
+    with NodeClient(resident_node.config.socket) as c:
+        c.register("j1", uid=_owner())
+        pool.shutdown()
+        with pytest.raises(NodeUnavailable, match="takes no work now: it is stopping"):
+            c.call(Op.ACTIVATE, job="j1", phase="rollout", entry=f"{entry}:report")
+
+
 def test_the_worker_runs_as_the_jobs_uid_and_sees_only_its_paths(
         resident_node: NodeDaemon, entry: str) -> None:
     if os.geteuid() != 0:
@@ -126,17 +159,70 @@ def test_the_worker_runs_as_the_jobs_uid_and_sees_only_its_paths(
     assert peek == "PermissionError"
 
 
-def test_deactivate_interrupts_a_phase_and_a_failing_entry_keeps_the_worker(
+def test_deactivate_interrupts_a_phase_and_retires_the_worker_a_failing_entry_keeps_it(
         resident_node: NodeDaemon, entry: str) -> None:
     with NodeClient(resident_node.config.socket) as c:
         job = c.register("j1", uid=_owner())
         c.put_state(job, "weights", {"w": torch.ones(2, 2)}, version=1)
-        running = c.call(Op.ACTIVATE, job="j1", phase="sync", entry=f"{entry}:hang")
+        marks = Path(entry).parent / "marks"
+        marks.mkdir()
+        marks.chmod(0o777)                        # the worker may run as nobody
+        inside = marks / "inside"
+        running = c.call(Op.ACTIVATE, job="j1", phase="sync", entry=f"{entry}:hang",
+                         args=[str(inside)])
+        deadline = time.monotonic() + 60
+        while not inside.exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
         stopped = c.call(Op.DEACTIVATE, job="j1")
         broken = _run(c, "j1", entry, "no_such_function")
         fine = _run(c, "j1", entry, "report")
     assert stopped["state"] == "failed" and "PhaseCancelled" in stopped["error"], stopped
     assert broken["state"] == "failed" and "no_such_function" in broken["error"], broken
     assert fine["state"] == "exited"
-    assert running["pid"] == stopped["pid"] == fine["result"]["pid"]
+    assert running["pid"] == stopped["pid"]
+    assert broken["pid"] == fine["result"]["pid"] != running["pid"]   # a clean one
 
+
+def test_a_cancel_inside_an_import_does_not_poison_the_next_phase(
+        resident_node: NodeDaemon, entry: str, tmp_path: Path) -> None:
+    """The import registers something global first (as torch.library or
+    functools.singledispatch do), so importing it again in the same process fails."""
+    mods = Path(entry).parent / "mods"
+    mods.mkdir(mode=0o755)
+    slow = mods / "slow.flag"
+    slow.touch()
+    (mods / "registers.py").write_text(
+        "import os, sys, time\n"
+        "reg = sys.modules.setdefault('_weave_test_registry', type(sys)('r'))\n"
+        "if getattr(reg, 'done', False):\n"
+        "    raise RuntimeError('registers: registered twice in this process')\n"
+        "reg.done = True\n"
+        f"while os.path.exists({str(slow)!r}):\n"
+        "    time.sleep(0.05)\n")
+    (mods / "registers.py").chmod(0o644)
+    (mods / "imp.py").write_text(
+        "import os, sys\n"
+        "def run(ctx):\n"
+        "    sys.path.insert(0, os.path.dirname(__file__))\n"
+        "    import registers  # noqa: F401\n"
+        "    return os.getpid()\n")
+    (mods / "imp.py").chmod(0o644)
+    with NodeClient(resident_node.config.socket) as c:
+        c.register("j1", uid=_owner())
+        running = c.call(Op.ACTIVATE, job="j1", phase="rollout", entry=f"{mods}/imp.py:run")
+        time.sleep(1.0)                           # well inside the import's loop
+        stopped = c.call(Op.DEACTIVATE, job="j1")
+        slow.unlink()
+        after = _run(c, "j1", f"{mods}/imp.py", "run")
+        restarts = c.call(Op.STATUS)["jobs"][0]["resident"]["restarts"]
+    assert "PhaseCancelled" in (stopped["error"] or ""), (stopped, resident_log(resident_node))
+    assert after["state"] == "exited", after       # before: "registered twice"
+    assert after["result"] != running["pid"] and restarts == 1
+
+
+
+def resident_log(daemon: NodeDaemon) -> str:
+    """Every job's resident.log on the node (for a failure's message)."""
+    return "\n".join(p.read_text(errors="replace")[-3000:]
+                     for p in daemon.config.root.rglob("resident.log"))

@@ -412,7 +412,8 @@ def test_job_state_processes_and_checkpoints_are_private(
                 reg = c.call(NodeOp.REGISTER, job="b-own", uid=a.uid)
                 out.append({"op": "register-claim", "ok": reg})
                 status = c.call(NodeOp.STATUS)
-                out.append({"op": "status", "ok": [j["job"] for j in status["jobs"]]})
+                out.append({"op": "status", "ok": [j["job"] for j in status["jobs"]]
+                            + list(status["memory"]["per_job_bytes"])})
                 c.call(NodeOp.DROP, job="b-own")
         return out
     results = as_user(b, node_ops)["ok"]

@@ -54,7 +54,7 @@ import json, logging, sys
 from pathlib import Path
 from weave_slurm.daemon.service import DaemonConfig, Weaved
 a = json.loads(sys.argv[1])
-logging.basicConfig(level=logging.WARNING, format="%(asctime)s weaved %(message)s")
+logging.basicConfig(level=logging.INFO, format="%(asctime)s weaved %(message)s")
 Weaved(DaemonConfig(state_dir=Path(a["state"]), backend="slurm", instance=a["instance"],
                     tick_s=0.3, shm_root=Path(a["shm"]), runtime="rl",
                     client_timeout_s=5.0, env=a["env"])).run()
@@ -105,6 +105,9 @@ def place(slurm_cluster: Any) -> Iterator[Place]:
         for a in p.backend.list_allocations(p.prefix):
             p.backend.release(a.alloc_id)
         daemons_gone(p.state.resolve() / "ckpt", 20)
+        log = public / "weaved.log"
+        if log.exists():   # pytest shows it when the test failed
+            print("".join(log.read_text(errors="replace").splitlines(True)[-300:]))
         shutil.rmtree(public, ignore_errors=True)
         shutil.rmtree(shm, ignore_errors=True)
 
@@ -212,54 +215,73 @@ def start_inproc(p: Place, backend: SlurmCliBackend | None = None,
     return w, t
 
 
-@pytest.mark.slow
-def test_rollout_node_down_reprovisions_and_readmits(place: Place) -> None:
-    p = place
+def node_down(p: Place, role: str, name: str, seed: int
+              ) -> tuple[dict[str, Any], list[dict[str, Any]], str, dict[int, int]]:
+    """Two jobs in one group; once both are at version >= 1 the first node of the
+    group's ``role`` allocation is set DOWN. Waits for a replacement allocation and the
+    jobs' end, checks they COMPLETED with their solo weights and nothing is left.
+    (lost allocation, status rows seen meanwhile, the node, job -> seed)."""
     w, t = start_inproc(p)
     down: str | None = None
     try:
-        seeds = {submit(p, f"dn{i}", 81 + i): 81 + i for i in range(2)}
+        seeds = {submit(p, f"{name}{i}", seed + i): seed + i for i in range(2)}
         ids = list(seeds)
         wait_until("both jobs at version >= 1",
                    lambda: all(int((r["iter"] or "0/0").split("/")[0]) >= 1
                                for r in observe(p, ids)), 180)
         (group,) = call(p.socket, Op.GROUPS)["groups"]
-        rollout = next(a for a in group["allocations"] if a["role"] == "rollout")
-        down = rollout["nodes"][0]
+        alloc = next(a for a in group["allocations"] if a["role"] == role)
+        down = str(alloc["nodes"][0])
         scontrol(p.env, f"nodename={down}", "state=down", "reason=weave-fault-test")
         seen: list[dict[str, Any]] = []
 
         def replaced() -> bool:
             seen.extend(observe(p, ids))
             groups = call(p.socket, Op.GROUPS)["groups"]
-            return any(a["role"] == "rollout" and a["state"] == "HELD"
-                       and a["id"] != rollout["id"] for g in groups for a in g["allocations"])
-        wait_until("a replacement rollout allocation", replaced, 60)
+            return any(a["role"] == role and a["state"] == "HELD" and a["id"] != alloc["id"]
+                       for g in groups for a in g["allocations"])
+        wait_until(f"a replacement {role} allocation", replaced, 60)
         rows = finish(p, ids, 240)
+        seen.extend(rows)
         assert [r["state"] for r in rows] == ["COMPLETED", "COMPLETED"], rows
-        said = " | ".join(str(r["reason"]) for r in seen)
-        # weaved's own reason, or the runtime's account of the same fault (whichever the
-        # poll caught first)
-        assert "vanished from Slurm" in said and (f"rollout allocation {rollout['id']}" in said
-                                                  or "rollout node" in said), \
-            said
         for job in ids:
-            # the words were checked while it ran (``said``); the final reason says how it
-            # ended (after a recovery it also names the fault, unless the re-admission
-            # came through a fresh join on the replacement node)
+            # the final reason says how it ended (after a recovery it also names the
+            # fault, unless the re-admission came through a fresh join on the new node)
             shown = call(p.socket, Op.SHOW, kind="job", id=job)
             assert shown["reason"].startswith("reached version"), shown["reason"]
-            allocs = [x for x in call(p.socket, Op.SHOW, kind="group",
-                                      id=group["group"])["transitions"]]
-            assert any(x["dst"] == "FORMING" for x in allocs), allocs
+        transitions = call(p.socket, Op.SHOW, kind="group", id=group["group"])["transitions"]
+        assert any(x["dst"] == "FORMING" for x in transitions), transitions
         check_solo_digests(p, seeds)
         check_released(p)
+        return alloc, seen, down, seeds
     finally:
         w.stop()
         t.join(timeout=30)
         if down is not None:   # "resume" is refused when it already returned to service
             run_command(["scontrol", "update", f"nodename={down}", "state=resume"],
                         env=p.env, timeout_s=20, check=False)
+
+
+@pytest.mark.slow
+def test_rollout_node_down_reprovisions_and_readmits(place: Place) -> None:
+    alloc, seen, _, _ = node_down(place, "rollout", "dn", 81)
+    said = " | ".join(str(r["reason"]) for r in seen)
+    # weaved's own reason, or the runtime's account of the same fault (whichever the
+    # poll caught first)
+    assert "vanished from Slurm" in said and (f"rollout allocation {alloc['id']}" in said
+                                              or "rollout node" in said), said
+
+
+@pytest.mark.slow
+def test_training_node_down_moves_its_checkpoints_and_readmits(place: Place) -> None:
+    """The training node holds the warm train state; its checkpoints are on the file
+    system weaved shares with the nodes, so the members are re-admitted on the
+    replacement training node from there and end with their solo weights."""
+    _, seen, down, seeds = node_down(place, "train", "tn", 85)
+    said = " | ".join(str(r["reason"]) for r in seen)
+    assert "vanished from Slurm" in said and "from its last checkpoint" in said, said
+    lost_root = place.state.resolve() / "ckpt" / down
+    assert not [q for q in lost_root.rglob("*") if q.name in {str(j) for j in seeds}]
 
 
 SALLOC_WRAPPER = """\

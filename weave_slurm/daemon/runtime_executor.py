@@ -72,6 +72,10 @@ class RuntimeConfig:
     poll_s: float = 0.01           # runtime thread tick when nothing changed
     snapshot_s: float = 0.2        # how often the status snapshot is refreshed
     ping_timeout_s: float = 2.0    # a node daemon must answer this fast to build a group
+    # each node daemon's checkpoint root is <checkpoint_base>/<node>, on a file system
+    # weaved shares with the nodes: a member whose training node is lost is re-admitted
+    # on the replacement from its last checkpoint there (None: it fails instead)
+    checkpoint_base: Path | None = None
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
 
 
@@ -169,6 +173,7 @@ class RuntimeExecutor:
         self._thread: threading.Thread | None = None
         self._live: dict[int, dict[str, Any]] = {}
         self._readmit_why: dict[int, str] = {}   # job -> why it is re-attached (words)
+        self._carry: dict[int, Path] = {}         # job -> checkpoint root of its lost node
         self._init_restarts: dict[int, int] = {}  # job -> fresh restarts after a killed init
         self._restarted: dict[int, str] = {}      # job -> why it was restarted (words)
         self._snap_at = 0.0
@@ -242,11 +247,23 @@ class RuntimeExecutor:
                 outcomes.append(self._ended(gx, int(key), member))
                 continue
             row = {**self._row(gx, member), "phase": "recover"}
-            if member.train_node in lost:
+            carry = self._carried_checkpoint(member) if member.train_node in lost else None
+            if member.train_node in lost and carry is None:
                 why = (f"its training node {member.train_node.name} was lost with its warm "
-                       "state and checkpoints (allocation vanished from Slurm); not resumable")
+                       "state, and no checkpoint of it is on a shared file system "
+                       "(allocation vanished from Slurm); not resumable")
                 row["event"] = why
                 outcomes.append(JobOutcome(int(key), JobState.FAILED, why))
+            elif carry is not None:
+                root, version = carry
+                self._carry[int(key)] = root
+                why = (f"{names} lost (allocation vanished from Slurm), with its training "
+                       f"state; waiting for a new allocation, then re-admitted there from "
+                       f"its last checkpoint (v{version}, {root})")
+                row["event"] = why
+                self._readmit_why[int(key)] = (
+                    f"{names} lost; re-admitted on a new training node from its last "
+                    f"checkpoint (v{version})")
             else:
                 why = (f"{names} lost (allocation vanished from Slurm); waiting for a new "
                        "allocation, then re-admitted from its checkpoint")
@@ -256,6 +273,24 @@ class RuntimeExecutor:
         gx.close()
         del self.groups[gid]
         return outcomes
+
+    def _carried_checkpoint(self, member: Member) -> tuple[Path, int] | None:
+        """(checkpoint root, version) of the member's newest checkpoint on its lost
+        training node, when weaved can see that node's root (None: no such checkpoint)."""
+        from weave_slurm.node.checkpoint import CheckpointStore
+        from weave_slurm.runtime import phases
+
+        base = self.config.checkpoint_base
+        if base is None:
+            return None
+        root = base / member.train_node.name
+        try:
+            store = CheckpointStore(root)
+            info = store.read(store.latest(member.job))
+        except (WeaveError, OSError):
+            return None
+        version = info.versions.get(phases.STATE)
+        return (root, version) if version is not None else None
 
     def _answers(self, ref: NodeRef) -> bool:
         from weave_slurm.node.client import NodeClient
@@ -353,6 +388,14 @@ class RuntimeExecutor:
             known = True
         except (WeaveError, OSError):
             held = known = False
+        carry = self._carry.pop(job.job_id, None)
+        if not held and carry is not None:
+            held = self._adopt(gx, member, carry)
+            if not held:
+                self._readmit_why.pop(job.job_id, None)
+                self._restarted[job.job_id] = (
+                    "its training node was lost and its last checkpoint could not be "
+                    "moved to the new one; restarted from scratch")
         if held:
             self._reattach(gx, member, self._readmit_why.pop(job.job_id,
                                                              "re-attached after a weaved restart"))
@@ -365,6 +408,24 @@ class RuntimeExecutor:
                     gx.client(node.socket_path).call(Op.DROP, job=member.spec.job_id)
         log.info("job %s joined group %s%s", job.job_id, group.group_id,
                  " (re-attached to its warm state)" if held else "")
+
+    def _adopt(self, gx: GroupExecutor, member: Member, root: Path) -> bool:
+        """Move the member's last checkpoint from its lost training node's root to its
+        new training node; True when it can be restored there."""
+        from weave_slurm.node.protocol import Op
+
+        client = gx.client(member.train_node.socket_path)
+        try:
+            client.call(Op.REGISTER, job=member.spec.job_id, uid=member.job.uid,
+                        checkpoint_interval_s=0)
+            info = client.call(Op.ADOPT, job=member.spec.job_id, from_root=str(root))
+        except (WeaveError, OSError) as exc:
+            log.warning("job %s: its checkpoint under %s could not be moved to %s: %s",
+                        member.spec.job_id, root, member.train_node.name, exc)
+            return False
+        log.info("job %s: checkpoint %s moved to %s (%s)", member.spec.job_id,
+                 info.get("versions"), member.train_node.name, info.get("path"))
+        return True
 
     def _reattach(self, gx: GroupExecutor, member: Member,
                   why: str = "re-attached after a weaved restart") -> None:

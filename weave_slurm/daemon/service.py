@@ -161,14 +161,18 @@ class Weaved:
         from weave_slurm.runtime.transfer import TransferConfig
 
         # a node daemon weaved relaunches takes seconds to answer (~8 s on a loaded
-        # 2-core VM): recovery retries after 2, 4, 8, 16 s before a member gives up
+        # 2-core VM): a member waits for it (node_wait_s), retrying 2, 4, 8, 10, 10 ... s
+        # apart; its own faults (a worker killed, a phase failing) have a budget of 5
         rt = self.site.runtime
         executor = ExecutorConfig(transfer=TransferConfig.from_site(rt),
                                   migrate_tail=rt.long_tail_migration,
                                   tail_fraction=rt.tail_fraction,
                                   recovery_backoff_s=2.0, max_recoveries=5)
+        base = self.config.state_dir.resolve() / "ckpt" if cfg.node_command is None \
+            else None   # where _node_command puts each node's checkpoints
         return RuntimeExecutor(self.node_socket, RuntimeConfig(poll_s=cfg.runtime_poll_s,
-                                                               executor=executor))
+                                                               executor=executor,
+                                                               checkpoint_base=base))
 
     def node_socket(self, alloc: AllocRow, node: str) -> Path:
         """Where the node daemon of ``node`` listens (the template's WEAVE_NODE_SOCKET)."""
@@ -181,7 +185,8 @@ class Weaved:
         if self.config.node_command is not None:
             return self.config.node_command
         pool = self.site.rollout if role == "rollout" else self.site.train
-        ckpt = self.config.state_dir.resolve() / "ckpt"
+        ckpt = self.config.state_dir.resolve() / "ckpt"   # weaved reads it too (a lost
+        # training node's checkpoints: RuntimeConfig.checkpoint_base)
         return (sys.executable, "-m", "weave_slurm.cli.node", "serve",
                 "--host-mem-gib", f"{pool.host_mem_gib:g}",
                 "--root", f"{self.config.shm_root}/{{node}}",

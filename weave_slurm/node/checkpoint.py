@@ -76,16 +76,9 @@ class CheckpointStore:
 
     def save(self, store: SegmentStore, job: JobRef) -> CheckpointInfo:
         """Checkpoint every complete segment of ``job``."""
-        start = self._clock()
-        jdir = self._ensure_dirs(job)
-        existing = self.checkpoints(job)
-        seq = int(existing[-1].name.removeprefix(PREFIX)) + 1 if existing else 1
-        tmp = jdir / f".tmp-{PREFIX}{seq:06d}-{os.getpid()}"
-        final = jdir / f"{PREFIX}{seq:06d}"
-        versions: dict[str, int] = {}
-        total = 0
-        try:
-            self._mkdir(tmp, job.uid)
+        def fill(tmp: Path) -> tuple[dict[str, int], int, dict[str, str]]:
+            versions: dict[str, int] = {}
+            total = 0
             for seg in store.list_segments(job):
                 if seg.problem is not None:
                     log.warning("checkpoint of %s skips torn %s", job.job_id, seg.name)
@@ -98,9 +91,27 @@ class CheckpointStore:
                     out.write(index.dumps().encode())
                 versions[seg.name] = index.version
                 total += index.size_bytes
+            return versions, total, {}
+        return self._write_new(job, fill)
+
+    def _write_new(self, job: JobRef, fill: Callable[[Path], tuple[dict[str, int], int,
+                                                                  dict[str, str]]]
+                   ) -> CheckpointInfo:
+        """The job's next checkpoint: ``fill(tmp)`` writes the segments into a private
+        temporary directory and returns (versions, bytes, more manifest fields); the
+        manifest is written last and the directory renamed into place."""
+        start = self._clock()
+        jdir = self._ensure_dirs(job)
+        existing = self.checkpoints(job)
+        seq = int(existing[-1].name.removeprefix(PREFIX)) + 1 if existing else 1
+        tmp = jdir / f".tmp-{PREFIX}{seq:06d}-{os.getpid()}"
+        final = jdir / f"{PREFIX}{seq:06d}"
+        try:
+            self._mkdir(tmp, job.uid)
+            versions, total, more = fill(tmp)
             with self._create(tmp / MANIFEST, job.uid) as out:
                 out.write(json.dumps({"seq": seq, "versions": versions,
-                                      "size_bytes": total}).encode())
+                                      "size_bytes": total, **more}).encode())
                 out.flush()
                 os.fsync(out.fileno())
             os.replace(tmp, final)
@@ -156,6 +167,30 @@ class CheckpointStore:
     def delete_job(self, job: JobRef) -> None:
         shutil.rmtree(self.job_dir(job), ignore_errors=True)
 
+    def adopt(self, src: CheckpointStore, job: JobRef) -> CheckpointInfo:
+        """Take over ``job``'s newest checkpoint from another node's store ``src`` (a
+        node that was lost, its checkpoint root on a shared file system): copied in as
+        this store's newest checkpoint of the job, then removed there.
+
+        Copy, not rename: a crash half way leaves the source whole for the next try, and
+        the two roots need not be one file system.
+        """
+        newest = src.latest(job)
+        info = src.read(newest)
+        src.indexes(newest)   # every index it names is there and parses
+
+        def fill(tmp: Path) -> tuple[dict[str, int], int, dict[str, str]]:
+            for name in sorted(info.versions):
+                for ext in (".seg", ".json"):
+                    with open(newest / f"{name}{ext}", "rb") as fin, \
+                            self._create(tmp / f"{name}{ext}", job.uid) as out:
+                        shutil.copyfileobj(fin, out, _CHUNK_BYTES)
+                        out.flush()
+                        os.fsync(out.fileno())
+            return dict(info.versions), info.size_bytes, {"adopted_from": str(newest)}
+        adopted = self._write_new(job, fill)
+        src.delete_job(job)
+        return adopted
 
     # -- internals ---------------------------------------------------------------
     def _ensure_dirs(self, job: JobRef) -> Path:

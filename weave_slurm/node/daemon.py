@@ -103,7 +103,7 @@ class NodeDaemon:
             Op.ATTACH_INFO: self._attach_info, Op.ACTIVATE: self._activate,
             Op.DEACTIVATE: self._deactivate, Op.PHASE: self._phase,
             Op.CHECKPOINT: self._checkpoint, Op.RESTORE: self._restore, Op.DROP: self._drop,
-            Op.STATUS: self._status,
+            Op.STATUS: self._status, Op.ADOPT: self._adopt,
         }
 
     # -- life cycle --------------------------------------------------------------
@@ -476,10 +476,30 @@ class NodeDaemon:
                     self.registry.save()
         return {"job": job.job_id, "dropped": True}
 
+    def _adopt(self, uid: int, request: Request) -> dict[str, Any]:
+        """Copy in the job's newest checkpoint from a lost node's checkpoint root."""
+        if uid != 0:
+            raise StateError("adopt: only root (weaved) may move checkpoints between "
+                             "nodes")
+        src = request.args.get("from_root")
+        if not isinstance(src, str) or not os.path.isabs(src):
+            raise ConfigError(f"adopt: from_root must be an absolute path, got {src!r}")
+        with self._job_state(uid, request) as job:
+            if Path(src).resolve() == self.ckpt.root.resolve():
+                raise ConfigError(f"adopt: from_root {src} is this node's own root")
+            info = self.ckpt.adopt(CheckpointStore(Path(src)), job)
+        log.info("adopted checkpoint of %s from %s: %s", job.job_id, src, info.path)
+        return info.to_json()
+
     def _status(self, uid: int, request: Request) -> dict[str, Any]:
         with self._lock:
             registered = [j for j in self.registry.jobs() if uid in (0, j.uid)]
             memory = self.budget.report().to_json()
+        # the node's totals are public (as sinfo's are); per-job bytes only of one's own
+        mine = {j.job_id for j in registered}
+        per_job = memory["per_job_bytes"]
+        assert isinstance(per_job, dict)
+        memory["per_job_bytes"] = {k: v for k, v in per_job.items() if k in mine}
         jobs = []
         for job in registered:
             segs = {s.name: {"version": None if s.index is None else s.index.version,

@@ -30,7 +30,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from weave_slurm.errors import InsufficientResources, StateError
+from weave_slurm.errors import InsufficientResources, NodeUnavailable, StateError
 from weave_slurm.node.index import JobRef
 from weave_slurm.node.segments import gid_of
 from weave_slurm.node.worker import Phase, WorkerState
@@ -80,6 +80,7 @@ class _Worker:
     pid: int = 0
     uid: int = -1
     forked_s: float = field(default_factory=time.time)
+    exit_rc: int | None = None    # from the zygote, which may tell before the socket ends
 
 
 @dataclass
@@ -96,9 +97,20 @@ class _Slot:
 class ResidentPool:
     """The zygote and the resident workers of every registered job of one daemon."""
 
+    #: a zygote that dies unexpectedly is started again, at most this many times per
+    #: ``RESTART_WINDOW_S`` (then the pool gives up: every activation is refused)
+    MAX_RESTARTS = 3
+    RESTART_WINDOW_S = 60.0
+    #: a worker's last reply can still be in its socket when the zygote reports its
+    #: exit; the socket's end of stream (after that reply) ends it, or this grace does
+    #: (a child of the worker may hold the socket open)
+    EXIT_GRACE_S = 1.0
+
     def __init__(self, root: Path, start_timeout_s: float = 120.0) -> None:
         self.root = root
         self.start_timeout_s = start_timeout_s
+        self._restarts: list[float] = []
+        self.broken: str | None = None   # why the pool gave up (None: it works)
         self._cond = threading.Condition()
         self._slots: dict[str, _Slot] = {}
         self._zygote: subprocess.Popen[bytes] | None = None
@@ -159,16 +171,39 @@ class ResidentPool:
             for fd in fds:
                 os.close(fd)
             if msg is None:
-                with self._cond:
-                    if not self._closing:
-                        log.error("resident pool: the zygote exited; no new workers")
-                    self._zygote_ready = False
-                    self._closing = True
-                    self._cond.notify_all()
+                self._zygote_gone(ctl)
                 return
             with self._cond:
                 self._on_zygote(msg)
                 self._cond.notify_all()
+
+    def _zygote_gone(self, ctl: socket.socket) -> None:
+        """The zygote's end of stream: expected at shutdown; otherwise start a new one
+        (its workers died with it; each is forked again when the new one is ready)."""
+        with self._cond:
+            self._zygote_ready = False
+            if self._closing or ctl is not self._ctl:
+                self._cond.notify_all()
+                return
+            rc = self._zygote.poll() if self._zygote is not None else None
+            now = time.monotonic()
+            self._restarts = [t for t in self._restarts if now - t < self.RESTART_WINDOW_S]
+            if len(self._restarts) >= self.MAX_RESTARTS:
+                self.broken = (f"the zygote died {len(self._restarts) + 1} times in "
+                               f"{self.RESTART_WINDOW_S:.0f} s (last exit status {rc})")
+                log.error("resident pool: %s; no new workers", self.broken)
+                self._closing = True
+                self._cond.notify_all()
+                return
+            self._restarts.append(now)
+            log.error("resident pool: the zygote exited (status %s); starting a new one", rc)
+            with contextlib.suppress(OSError):
+                ctl.close()
+            if self._zygote is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self._zygote.wait(timeout=5)
+            self.start()
+            self._cond.notify_all()
 
     def _on_zygote(self, msg: dict[str, Any]) -> None:
         event = msg.get("event")
@@ -181,8 +216,12 @@ class ResidentPool:
             pid, rc = msg.get("pid"), int(msg.get("returncode", -1))
             for slot in list(self._slots.values()):
                 w = slot.worker
-                if w is not None and w.pid == pid:
-                    self._died(slot, w, rc)
+                if w is not None and w.pid == pid and w.state is not ResidentState.DEAD:
+                    w.exit_rc = rc
+                    timer = threading.Timer(self.EXIT_GRACE_S, self._exit_grace, (slot, w))
+                    timer.daemon = True
+                    timer.start()
+                    continue
                 act = slot.last
                 if act is not None and act.pid == pid and act.returncode is None:
                     act.returncode = rc     # the socket's end of stream came first
@@ -190,6 +229,12 @@ class ResidentPool:
                         act.state = WorkerState.EXITED if rc == 0 else WorkerState.FAILED
         elif event == "fork_failed":
             log.error("resident pool: fork %s failed: %s", msg.get("seq"), msg.get("message"))
+
+    def _exit_grace(self, slot: _Slot, worker: _Worker) -> None:
+        with self._cond:
+            if worker.state is not ResidentState.DEAD:
+                self._died(slot, worker, worker.exit_rc)
+                self._cond.notify_all()
 
     # -- workers -------------------------------------------------------------------
     def ensure(self, job: JobRef, log_dir: Path) -> None:
@@ -243,6 +288,8 @@ class ResidentPool:
                         and slot.last.seq == msg.get("seq"):
                     self._finish(slot.last, msg)
                     worker.state = ResidentState.IDLE
+                    if msg.get("retire"):   # interrupted by a cancel: it exits now
+                        self._died(slot, worker, None, "retired after a cancel")
                 self._cond.notify_all()
 
     @staticmethod
@@ -253,8 +300,11 @@ class ResidentPool:
         act.timing = {k: float(msg[k]) for k in ("attach_s", "elapsed_s", "t_recv",
                                                    "t_done") if k in msg}
 
-    def _died(self, slot: _Slot, worker: _Worker, returncode: int | None) -> None:
+    def _died(self, slot: _Slot, worker: _Worker, returncode: int | None,
+              how: str = "died") -> None:
         """Record a worker's end; fork its replacement (caller holds the condition)."""
+        if returncode is None:
+            returncode = worker.exit_rc
         first = worker.state != ResidentState.DEAD
         never_ready = worker.state == ResidentState.STARTING
         worker.state = ResidentState.DEAD
@@ -277,8 +327,8 @@ class ResidentPool:
                           slot.job.job_id, worker.log_path)
             elif slot.wanted and self._zygote_ready and not self._closing:
                 slot.restarts += 1
-                log.warning("resident worker of %s (pid %d) died; forking a new one",
-                            slot.job.job_id, worker.pid)
+                log.warning("resident worker of %s (pid %d) %s; forking a new one",
+                            slot.job.job_id, worker.pid, how)
                 self._fork(slot)
 
     # -- requests --------------------------------------------------------------------
@@ -299,7 +349,10 @@ class ResidentPool:
                                           slot.worker.state == ResidentState.IDLE),
                 timeout=self.start_timeout_s)
             worker = slot.worker
-            if not ready or self._closing or worker is None:
+            if self._closing:
+                raise NodeUnavailable(f"job {job.job_id!r}: this node daemon takes no work "
+                                      "now: " + (self.broken or "it is stopping"))
+            if not ready or worker is None:
                 raise InsufficientResources(
                     f"job {job.job_id!r}: no resident worker became ready in "
                     f"{self.start_timeout_s} s (see {LOG_NAME} in the job directory)")

@@ -39,6 +39,8 @@ class Op(StrEnum):
     CHECKPOINT = "checkpoint"    # job -> checkpoint written
     RESTORE = "restore"          # job -> newest checkpoint copied into shm
     DROP = "drop"                # job -> worker stopped, state and checkpoints removed
+    ADOPT = "adopt"              # job, from_root (root only) -> the newest checkpoint of
+                                 # the job under another node's root, copied in
     STATUS = "status"            # -> memory, jobs, versions
 
 

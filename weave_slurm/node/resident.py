@@ -10,7 +10,8 @@ faults on the second touch). Messages on its ``SOCK_SEQPACKET`` socket to the da
         "args": [...], "env": {...}, "root": dir, "uid": u, "segments": {name: path},
         "pythonpath": [...]}
     -> {"event": "done", "seq": n, "ok": bool, "result": JSON | null, "error": str | null,
-        "attach_s": s, "elapsed_s": s, "t_recv": monotonic, "t_done": monotonic}
+        "attach_s": s, "elapsed_s": s, "t_recv": monotonic, "t_done": monotonic,
+        "retire": true}                   (retire: only after a cancel; then it exits)
     <- {"op": "exit"}                                   (or end of stream: exit too)
 
     <- {"op": "cancel", "seq": n}                       (then SIGUSR1)
@@ -19,6 +20,7 @@ The entry is called as ``fn(ctx)`` with a ``PhaseContext`` in the main thread. T
 daemon's ``deactivate`` sends ``cancel`` and then SIGUSR1: the signal raises
 ``PhaseCancelled`` inside a running entry; a cancel that came before the entry started
 is found in the socket right after the worker marks itself running, so none is lost.
+A worker that the signal interrupted retires after its reply (see ``_Cancel``).
 """
 
 from __future__ import annotations
@@ -144,12 +146,21 @@ def load_entry(spec: str, pythonpath: list[str]) -> Callable[[PhaseContext], Any
 
 
 class _Cancel:
-    """SIGUSR1 raises PhaseCancelled while a phase runs, and is ignored otherwise."""
+    """SIGUSR1 raises PhaseCancelled while a phase runs, and is ignored otherwise.
+
+    An exception raised at an arbitrary bytecode can leave the process half-changed: a
+    module half imported (its submodules and global registrations stay, e.g. a
+    dispatch rule or a torch library op, and the next import of it fails), a cache
+    half filled. So a worker interrupted this way is never trusted again: it reports
+    the cancel, says ``retire`` and exits, and the pool forks a clean one.
+    """
 
     running = False
+    fired = False
 
     def handler(self, signum: int, frame: FrameType | None) -> None:
         if self.running:
+            self.fired = True
             raise PhaseCancelled("phase deactivated by the node daemon")
 
 
@@ -228,6 +239,31 @@ def serve(sock: socket.socket, job_id: str) -> None:
             return
         if request.get("op") == "run":
             reply = run_phase(request, job_id, cache, cancel, sock)
+            if cancel.fired:
+                reply["retire"] = True
+                print("resident worker: interrupted by a cancel; exiting (the daemon "
+                      "forks a clean one)", file=sys.stderr)
             sys.stdout.flush()
             sys.stderr.flush()
             send(sock, reply)
+            if cancel.fired:
+                _linger(sock)
+                return
+
+
+def _linger(sock: socket.socket, timeout_s: float = 10.0) -> None:
+    """Read until the daemon closes its end (it does on ``retire``), then return.
+
+    Exiting with an unread message (the ``cancel``) in this socket would reset the
+    daemon's end (ECONNRESET) and lose the reply just sent.
+    """
+    sock.settimeout(timeout_s)
+    try:
+        while True:
+            msg, fds = receive(sock)
+            for fd in fds:
+                os.close(fd)
+            if msg is None:
+                return
+    except OSError:
+        return

@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from weave_slurm.errors import ConfigError, StateError, WeaveError
+from weave_slurm.errors import ConfigError, NodeUnavailable, StateError, WeaveError
 from weave_slurm.node.index import JobRef
 from weave_slurm.node.protocol import Op
 from weave_slurm.runtime import phases
@@ -126,8 +126,8 @@ class GroupExecutor:
             old = self._clients.pop(node.socket_path, None)   # reconnect next time
             if old is not None:
                 old.close()
-            raise StateError(f"node {node.name}: daemon at {node.socket_path} is gone: "
-                             f"{exc}") from exc
+            raise NodeUnavailable(f"node {node.name}: daemon at {node.socket_path} is "
+                                  f"gone: {exc}") from exc
 
     def close(self) -> None:
         self.transfer.close()
@@ -232,7 +232,8 @@ class GroupExecutor:
             try:
                 self._finish(member, run, result, worker_s, end)
             except WeaveError as exc:
-                self._fail(member, f"after {run.kind.value} on {run.node.name}: {exc}")
+                self._fail(member, f"after {run.kind.value} on {run.node.name}: {exc}",
+                           node_fault=isinstance(exc, NodeUnavailable))
         if ended:
             self._dispatch(self.layout.train, Pool.TRAIN)
             self._dispatch(self.layout.rollout, Pool.ROLLOUT)
@@ -264,7 +265,8 @@ class GroupExecutor:
                 self._start(member, node)
                 started = True
             except WeaveError as exc:
-                self._fail(member, f"start of {member.next_kind.value} on {node.name}: {exc}")
+                self._fail(member, f"start of {member.next_kind.value} on {node.name}: {exc}",
+                           node_fault=isinstance(exc, NodeUnavailable))
         return started
 
     def _start(self, member: Member, node: NodeRef) -> None:
@@ -312,7 +314,7 @@ class GroupExecutor:
         try:
             worker = self._call(run.node, Op.PHASE, job=member.spec.job_id).get("worker") or {}
         except WeaveError as exc:
-            self._fail(member, str(exc))
+            self._fail(member, str(exc), node_fault=isinstance(exc, NodeUnavailable))
             return True
         state = worker.get("state")
         if state == "running":
@@ -469,9 +471,15 @@ class GroupExecutor:
         self._free(member, run)
 
     # -- failure isolation -----------------------------------------------------------
-    def _fail(self, member: Member, why: str) -> None:
-        """Only this member: stop what it runs, then re-admit it from its checkpoint."""
+    def _fail(self, member: Member, why: str, node_fault: bool = False) -> None:
+        """Only this member: stop what it runs, then re-admit it from its checkpoint.
+
+        ``node_fault``: a node daemon was gone, stopping or restarting its pool. That is
+        not the member's fault, so it costs no recovery budget; the member waits up to
+        ``node_wait_s`` for the node (weaved replaces a lost allocation meanwhile).
+        """
         log.warning("member %s failed: %s", member.spec.job_id, why)
+        self._count(member, node_fault)
         for run in list(member.runs.values()):
             if not run.ended:
                 self.spans.append(Span(member.spec.job_id, run.kind, run.node.name,
@@ -491,13 +499,33 @@ class GroupExecutor:
         if member.state is not MemberState.RECOVERING:
             self._move(member, MemberState.RECOVERING, why)
 
+    def _count(self, member: Member, node_fault: bool) -> None:
+        """Charge a failure: the member's own to its budget; a node's starts the wait."""
+        if node_fault:
+            if member.node_fault_since is None:
+                member.node_fault_since = self.clock.now()
+        else:
+            member.faults += 1
+            member.node_fault_since = None
+
+    def _given_up(self, member: Member) -> str | None:
+        """Why recovery stops now (None: try again)."""
+        cfg = self.config
+        since = member.node_fault_since
+        if since is not None and self.clock.now() - since > cfg.node_wait_s:
+            return (f"gave up after waiting {cfg.node_wait_s:.0f} s for an unavailable "
+                    f"node: {member.error}")
+        if member.faults > cfg.max_recoveries:
+            return f"gave up after {member.faults} failures: {member.error}"
+        return None
+
     def _recover(self, member: Member) -> bool:
         """Restore the newest checkpoint on the training node; weights to rollout nodes."""
         if self.clock.now() < member.retry_at_s:
             return False
-        if member.recoveries >= self.config.max_recoveries:
-            self._move(member, MemberState.FAILED, f"gave up after {member.recoveries} "
-                       f"recoveries: {member.error}")
+        why = self._given_up(member)
+        if why is not None:
+            self._move(member, MemberState.FAILED, why)
             return True
         member.recoveries += 1
         job_id = member.spec.job_id
@@ -511,10 +539,14 @@ class GroupExecutor:
             self._restore_weights(member, info)
         except WeaveError as exc:
             member.error = f"recovery {member.recoveries}: {exc}"
-            member.retry_at_s = self.clock.now() + self.config.recovery_backoff_s \
-                * 2 ** (member.recoveries - 1)   # a restarting node daemon gets time
+            self._count(member, isinstance(exc, NodeUnavailable))
+            cfg = self.config   # a restarting node daemon gets time
+            member.retry_at_s = self.clock.now() + min(
+                cfg.recovery_backoff_max_s,
+                cfg.recovery_backoff_s * 2 ** min(member.recoveries - 1, 16))
             log.warning("member %s: %s", job_id, member.error)
             return False
+        member.node_fault_since = None
         del member.rewards[member.version:]
         member.rolled = member.delivered = member.version
         if member.versions is not None:

@@ -41,8 +41,12 @@ class ExecutorConfig:
     poll_s: float = 0.005
     deadline_factor: float = 4.0        # hung = longer than factor x longest seen
     deadline_floor_s: float = 60.0      # ... but never before this
-    max_recoveries: int = 3
-    recovery_backoff_s: float = 1.0     # between attempts when a node is unreachable
+    max_recoveries: int = 3             # re-admissions after faults of the member itself
+    recovery_backoff_s: float = 1.0     # between attempts when a node is unreachable ...
+    recovery_backoff_max_s: float = 10.0  # ... doubling up to this
+    # a node that is gone, stopping or restarting is not the member's fault: it waits
+    # this long for the node (or a replacement allocation) before it fails
+    node_wait_s: float = 300.0
     records_dir: Path | None = None     # where <job>.versions.jsonl logs are kept
     transfer: TransferConfig = field(default_factory=TransferConfig)  # weights train -> rollout
     # long-tail migration (docs/runtime.md): a rollout whose remaining requests fell to
@@ -109,7 +113,9 @@ class Member:
     delivered: int = 0                           # batches on the training node
     deferred: dict[str, list[Callable[[], None]]] = field(default_factory=dict)
     versions: VersionLog | None = None
-    recoveries: int = 0
+    recoveries: int = 0                          # recovery attempts
+    faults: int = 0                              # failures of its own (budgeted)
+    node_fault_since: float | None = None        # waiting for an unavailable node
     rewards: list[float] = field(default_factory=list)
     history: list[tuple[float, MemberState, str]] = field(default_factory=list)
     error: str | None = None
