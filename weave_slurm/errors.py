@@ -55,5 +55,9 @@ class StateError(WeaveError):
     """Persistent or shared state is missing, corrupt or owned by someone else."""
 
 
+class NoCheckpoint(StateError):
+    """A restore was asked for a job that has no checkpoint (yet): nothing to retry."""
+
+
 class VersionMismatch(WeaveError):
     """A weight version or trajectory batch does not match what the receiver expects."""

@@ -25,7 +25,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ from weave_slurm.daemon.service import DaemonConfig, Weaved
 from weave_slurm.errors import WeaveError
 from weave_slurm.runtime.group import MemberSpec
 from weave_slurm.runtime.solo import run_solo
+from weave_slurm.slurm import daemons
 from weave_slurm.slurm.cli_backend import SlurmCliBackend
 from weave_slurm.slurm.runner import run_command
 
@@ -69,6 +70,7 @@ class Place:
     env: dict[str, str]
     backend: SlurmCliBackend
     seen_iter: dict[int, int] = field(default_factory=dict)
+    cluster: Any = None     # the session's LocalCluster (pid files of its slurmds)
 
     @property
     def state(self) -> Path:
@@ -98,7 +100,7 @@ def place(slurm_cluster: Any) -> Iterator[Place]:
     shm.chmod(0o711)
     env = dict(slurm_cluster.env)
     p = Place(public, shm, f"sf{os.getpid()}{int(time.time()) % 1000}", env,
-              SlurmCliBackend(env=env))
+              SlurmCliBackend(env=env), cluster=slurm_cluster.cluster)
     try:
         yield p
     finally:
@@ -215,16 +217,50 @@ def start_inproc(p: Place, backend: SlurmCliBackend | None = None,
     return w, t
 
 
-def node_down(p: Place, role: str, name: str, seed: int
+def set_down(p: Place, node: str) -> Callable[[], None]:
+    """``scontrol update state=down``; the undo resumes it."""
+    scontrol(p.env, f"nodename={node}", "state=down", "reason=weave-fault-test")
+    # "resume" is refused when it already returned to service
+    return lambda: run_command(["scontrol", "update", f"nodename={node}", "state=resume"],
+                               env=p.env, timeout_s=20, check=False)
+
+
+def stop_slurmd(p: Place, node: str) -> Callable[[], None]:
+    """SIGSTOP the node's slurmd (its steps keep running, Slurm cannot reach it: after
+    SlurmdTimeout it marks the node DOWN); the undo continues it and waits until
+    Slurm has the node back (ReturnToService=2), its stale steps killed."""
+    rec = daemons.read(p.cluster.paths.pid_file(f"slurmd-{node}"))
+    assert rec is not None and daemons.is_alive(rec), f"no slurmd of {node}"
+    os.kill(rec.pid, signal.SIGSTOP)
+
+    def undo() -> None:
+        os.kill(rec.pid, signal.SIGCONT)
+
+        def back() -> bool:
+            out = run_command(["sinfo", "-h", "-n", node, "-o", "%t"], env=p.env,
+                              timeout_s=20, check=False).stdout.strip()
+            if out.startswith("down") or out.endswith("*"):
+                run_command(["scontrol", "update", f"nodename={node}", "state=resume"],
+                            env=p.env, timeout_s=20, check=False)
+                return False
+            return bool(out)
+        wait_until(f"{node} back in service", back, 120)
+    return undo
+
+
+def node_down(p: Place, role: str, name: str, seed: int,
+              fault: Callable[[Place, str], Callable[[], None]] = set_down,
+              replace_s: float = 60, steps: int = STEPS, solo: bool = True
               ) -> tuple[dict[str, Any], list[dict[str, Any]], str, dict[int, int]]:
     """Two jobs in one group; once both are at version >= 1 the first node of the
-    group's ``role`` allocation is set DOWN. Waits for a replacement allocation and the
-    jobs' end, checks they COMPLETED with their solo weights and nothing is left.
+    group's ``role`` allocation gets ``fault`` (default: set DOWN). Waits for a
+    replacement allocation (then undoes the fault) and the jobs' end, checks they
+    COMPLETED (``solo``: with their solo runs' weights) and nothing is left.
     (lost allocation, status rows seen meanwhile, the node, job -> seed)."""
     w, t = start_inproc(p)
-    down: str | None = None
+    undo: Callable[[], None] | None = None
     try:
-        seeds = {submit(p, f"{name}{i}", seed + i): seed + i for i in range(2)}
+        seeds = {submit(p, f"{name}{i}", seed + i, steps): seed + i for i in range(2)}
         ids = list(seeds)
         wait_until("both jobs at version >= 1",
                    lambda: all(int((r["iter"] or "0/0").split("/")[0]) >= 1
@@ -232,7 +268,7 @@ def node_down(p: Place, role: str, name: str, seed: int
         (group,) = call(p.socket, Op.GROUPS)["groups"]
         alloc = next(a for a in group["allocations"] if a["role"] == role)
         down = str(alloc["nodes"][0])
-        scontrol(p.env, f"nodename={down}", "state=down", "reason=weave-fault-test")
+        undo = fault(p, down)
         seen: list[dict[str, Any]] = []
 
         def replaced() -> bool:
@@ -240,8 +276,10 @@ def node_down(p: Place, role: str, name: str, seed: int
             groups = call(p.socket, Op.GROUPS)["groups"]
             return any(a["role"] == role and a["state"] == "HELD" and a["id"] != alloc["id"]
                        for g in groups for a in g["allocations"])
-        wait_until(f"a replacement {role} allocation", replaced, 60)
-        rows = finish(p, ids, 240)
+        wait_until(f"a replacement {role} allocation", replaced, replace_s)
+        undo, undone = None, undo
+        undone()
+        rows = finish(p, ids, 240 + 5 * steps)
         seen.extend(rows)
         assert [r["state"] for r in rows] == ["COMPLETED", "COMPLETED"], rows
         for job in ids:
@@ -251,15 +289,15 @@ def node_down(p: Place, role: str, name: str, seed: int
             assert shown["reason"].startswith("reached version"), shown["reason"]
         transitions = call(p.socket, Op.SHOW, kind="group", id=group["group"])["transitions"]
         assert any(x["dst"] == "FORMING" for x in transitions), transitions
-        check_solo_digests(p, seeds)
+        if solo:
+            check_solo_digests(p, seeds, steps)
         check_released(p)
         return alloc, seen, down, seeds
     finally:
         w.stop()
         t.join(timeout=30)
-        if down is not None:   # "resume" is refused when it already returned to service
-            run_command(["scontrol", "update", f"nodename={down}", "state=resume"],
-                        env=p.env, timeout_s=20, check=False)
+        if undo is not None:
+            undo()
 
 
 @pytest.mark.slow
@@ -270,6 +308,20 @@ def test_rollout_node_down_reprovisions_and_readmits(place: Place) -> None:
     # poll caught first)
     assert "vanished from Slurm" in said and (f"rollout allocation {alloc['id']}" in said
                                               or "rollout node" in said), said
+
+
+@pytest.mark.slow
+def test_stopped_slurmd_node_is_replaced_and_its_members_readmitted(place: Place) -> None:
+    """A stopped slurmd: the node daemon and workers on it keep running (the jobs go on
+    there), until Slurm marks the node DOWN after SlurmdTimeout (60 s, about 90 s in
+    all here) and ends the allocation; weaved treats it as the lost allocation it is.
+    The jobs run 400 steps (about 0.3 s each here) so that they are still running when
+    Slurm gives up; their weights are not compared with solo runs (2 x 400 more steps:
+    the node-down tests check that for the same recovery path)."""
+    _, seen, _, _ = node_down(place, "rollout", "sd", 75, fault=stop_slurmd,
+                              replace_s=180, steps=400, solo=False)
+    said = " | ".join(str(r["reason"]) for r in seen)
+    assert "vanished from Slurm" in said, said
 
 
 @pytest.mark.slow

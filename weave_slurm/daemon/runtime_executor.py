@@ -230,8 +230,11 @@ class RuntimeExecutor:
         """A node of the group's layout is no longer in a held allocation (the allocation
         was lost, e.g. its node went down): stop driving the group without dropping any
         state. Members whose training node survived keep their warm state and checkpoint
-        and are re-admitted from it once the group is active on a new allocation; members
-        whose training node was lost fail (their warm state and checkpoints went with it)."""
+        and are re-admitted from it once the group is active on a new allocation. Members
+        whose training node was lost are re-admitted on the new training node from their
+        newest checkpoint under the lost node's root (``checkpoint_base``, a shared file
+        system), start again from scratch when lost in their first phase, and fail
+        otherwise (no checkpoint that weaved can see)."""
         gx = self.groups[gid]
         held = {n for a in allocs if a.state is AllocState.HELD for n in a.nodes}
         lost = [r for r in (*gx.layout.rollout, *gx.layout.train) if r.name not in held]
@@ -248,7 +251,16 @@ class RuntimeExecutor:
                 continue
             row = {**self._row(gx, member), "phase": "recover"}
             carry = self._carried_checkpoint(member) if member.train_node in lost else None
-            if member.train_node in lost and carry is None:
+            if member.train_node in lost and carry is None and not member.initialised:
+                # nothing learned yet: a fresh join on the new allocation loses nothing
+                why = (f"its training node {member.train_node.name} was lost during its "
+                       "first phase (allocation vanished from Slurm); waiting for a new "
+                       "allocation, then started again from scratch")
+                row["event"] = why
+                self._restarted[int(key)] = (f"its training node {member.train_node.name} "
+                                             "was lost during its first phase; restarted "
+                                             "from scratch")
+            elif member.train_node in lost and carry is None:
                 why = (f"its training node {member.train_node.name} was lost with its warm "
                        "state, and no checkpoint of it is on a shared file system "
                        "(allocation vanished from Slurm); not resumable")
@@ -401,8 +413,8 @@ class RuntimeExecutor:
                                                              "re-attached after a weaved restart"))
         elif known:
             # no warm state yet, but a previous weaved may have left its first phase
-            # running: drop it (worker killed) rather than cancel it, since a cancel that
-            # lands inside the first phase's imports leaves the worker unable to import
+            # running: drop it (worker killed, whatever it had written removed), so the
+            # fresh start begins from nothing
             for node in (member.train_node, *member.rollout_nodes):
                 with contextlib.suppress(WeaveError, OSError):
                     gx.client(node.socket_path).call(Op.DROP, job=member.spec.job_id)
@@ -415,6 +427,9 @@ class RuntimeExecutor:
         from weave_slurm.node.protocol import Op
 
         client = gx.client(member.train_node.socket_path)
+        base = self.config.checkpoint_base
+        if base is not None and root == base / member.train_node.name:
+            return True   # the same node came back: its checkpoints are where they were
         try:
             client.call(Op.REGISTER, job=member.spec.job_id, uid=member.job.uid,
                         checkpoint_interval_s=0)

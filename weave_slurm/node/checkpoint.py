@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from weave_slurm.errors import ConfigError, StateError
+from weave_slurm.errors import ConfigError, NoCheckpoint, StateError
 from weave_slurm.node.index import JobRef, SegmentIndex
 from weave_slurm.node.segments import SegmentStore, tensor_views
 
@@ -141,8 +141,8 @@ class CheckpointStore:
     def latest(self, job: JobRef) -> Path:
         found = self.checkpoints(job)
         if not found:
-            raise StateError(f"job {job.job_id!r} has no checkpoint under "
-                             f"{self.job_dir(job)}")
+            raise NoCheckpoint(f"job {job.job_id!r} has no checkpoint under "
+                               f"{self.job_dir(job)}")
         return found[-1]
 
     def restore(self, store: SegmentStore, job: JobRef, path: Path | None = None,

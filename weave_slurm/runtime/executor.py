@@ -32,7 +32,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from weave_slurm.errors import ConfigError, NodeUnavailable, StateError, WeaveError
+from weave_slurm.errors import (
+    ConfigError,
+    NoCheckpoint,
+    NodeUnavailable,
+    StateError,
+    WeaveError,
+)
 from weave_slurm.node.index import JobRef
 from weave_slurm.node.protocol import Op
 from weave_slurm.runtime import phases
@@ -479,7 +485,7 @@ class GroupExecutor:
         ``node_wait_s`` for the node (weaved replaces a lost allocation meanwhile).
         """
         log.warning("member %s failed: %s", member.spec.job_id, why)
-        self._count(member, node_fault)
+        member.charge(node_fault, self.clock.now())
         for run in list(member.runs.values()):
             if not run.ended:
                 self.spans.append(Span(member.spec.job_id, run.kind, run.node.name,
@@ -499,31 +505,11 @@ class GroupExecutor:
         if member.state is not MemberState.RECOVERING:
             self._move(member, MemberState.RECOVERING, why)
 
-    def _count(self, member: Member, node_fault: bool) -> None:
-        """Charge a failure: the member's own to its budget; a node's starts the wait."""
-        if node_fault:
-            if member.node_fault_since is None:
-                member.node_fault_since = self.clock.now()
-        else:
-            member.faults += 1
-            member.node_fault_since = None
-
-    def _given_up(self, member: Member) -> str | None:
-        """Why recovery stops now (None: try again)."""
-        cfg = self.config
-        since = member.node_fault_since
-        if since is not None and self.clock.now() - since > cfg.node_wait_s:
-            return (f"gave up after waiting {cfg.node_wait_s:.0f} s for an unavailable "
-                    f"node: {member.error}")
-        if member.faults > cfg.max_recoveries:
-            return f"gave up after {member.faults} failures: {member.error}"
-        return None
-
     def _recover(self, member: Member) -> bool:
         """Restore the newest checkpoint on the training node; weights to rollout nodes."""
         if self.clock.now() < member.retry_at_s:
             return False
-        why = self._given_up(member)
+        why = member.given_up(self.config, self.clock.now())
         if why is not None:
             self._move(member, MemberState.FAILED, why)
             return True
@@ -537,13 +523,14 @@ class GroupExecutor:
             member.version = int(info["segments"][phases.STATE]["index"]["version"])
             self.transfer.forget(member.job)   # versions start over from the checkpoint
             self._restore_weights(member, info)
+        except NoCheckpoint as exc:   # not transient: no retry can find one
+            member.error = f"recovery {member.recoveries}: {exc}"
+            self._move(member, MemberState.FAILED, member.error)
+            return True
         except WeaveError as exc:
             member.error = f"recovery {member.recoveries}: {exc}"
-            self._count(member, isinstance(exc, NodeUnavailable))
-            cfg = self.config   # a restarting node daemon gets time
-            member.retry_at_s = self.clock.now() + min(
-                cfg.recovery_backoff_max_s,
-                cfg.recovery_backoff_s * 2 ** min(member.recoveries - 1, 16))
+            member.charge(isinstance(exc, NodeUnavailable), self.clock.now())
+            member.retry_at_s = self.clock.now() + member.backoff_s(self.config)
             log.warning("member %s: %s", job_id, member.error)
             return False
         member.node_fault_since = None

@@ -122,6 +122,32 @@ class Member:
     retry_at_s: float = 0.0
     ready_s: float | None = None
 
+    # -- the recovery budget -------------------------------------------------------
+    def charge(self, node_fault: bool, now: float) -> None:
+        """A failure: the member's own costs budget; a node's starts (or continues) the
+        wait for that node."""
+        if node_fault:
+            if self.node_fault_since is None:
+                self.node_fault_since = now
+        else:
+            self.faults += 1
+            self.node_fault_since = None
+
+    def given_up(self, cfg: ExecutorConfig, now: float) -> str | None:
+        """Why recovery stops now (None: try again)."""
+        since = self.node_fault_since
+        if since is not None and now - since > cfg.node_wait_s:
+            return (f"gave up after waiting {cfg.node_wait_s:.0f} s for an unavailable "
+                    f"node: {self.error}")
+        if self.faults > cfg.max_recoveries:
+            return f"gave up after {self.faults} failures: {self.error}"
+        return None
+
+    def backoff_s(self, cfg: ExecutorConfig) -> float:
+        """Time before the next recovery attempt (a restarting node daemon gets time)."""
+        doubled = cfg.recovery_backoff_s * float(2 ** min(max(self.recoveries - 1, 0), 16))
+        return min(cfg.recovery_backoff_max_s, doubled)
+
     @property
     def running(self) -> PhaseRun | None:
         """The phase in flight (its training first when a stale member runs two)."""
