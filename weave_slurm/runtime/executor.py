@@ -24,7 +24,6 @@ in flight next to its training step; see :mod:`weave_slurm.runtime.staleness`.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import os
@@ -34,14 +33,13 @@ from typing import Any
 
 from weave_slurm.errors import (
     ConfigError,
-    NoCheckpoint,
     NodeUnavailable,
     StateError,
     WeaveError,
 )
 from weave_slurm.node.index import JobRef
 from weave_slurm.node.protocol import Op
-from weave_slurm.runtime import phases
+from weave_slurm.runtime import phases, recovery
 from weave_slurm.runtime.group import (
     TRANSITIONS,
     GroupLayout,
@@ -226,7 +224,7 @@ class GroupExecutor:
                     changed |= self._watch_tail(member, run)
         for member in list(self.members.values()):
             if member.state is MemberState.RECOVERING:
-                changed |= self._recover(member)
+                changed |= recovery.recover(self, member)
         # start the next members first: a node's next phase need not wait for the
         # previous member's data moves and checkpoint (other jobs, other segments)
         changed |= self._dispatch(self.layout.train, Pool.TRAIN)
@@ -238,8 +236,9 @@ class GroupExecutor:
             try:
                 self._finish(member, run, result, worker_s, end)
             except WeaveError as exc:
-                self._fail(member, f"after {run.kind.value} on {run.node.name}: {exc}",
-                           node_fault=isinstance(exc, NodeUnavailable))
+                recovery.fail(self, member,
+                              f"after {run.kind.value} on {run.node.name}: {exc}",
+                              node_fault=isinstance(exc, NodeUnavailable))
         if ended:
             self._dispatch(self.layout.train, Pool.TRAIN)
             self._dispatch(self.layout.rollout, Pool.ROLLOUT)
@@ -271,8 +270,9 @@ class GroupExecutor:
                 self._start(member, node)
                 started = True
             except WeaveError as exc:
-                self._fail(member, f"start of {member.next_kind.value} on {node.name}: {exc}",
-                           node_fault=isinstance(exc, NodeUnavailable))
+                recovery.fail(self, member,
+                              f"start of {member.next_kind.value} on {node.name}: {exc}",
+                              node_fault=isinstance(exc, NodeUnavailable))
         return started
 
     def _start(self, member: Member, node: NodeRef) -> None:
@@ -320,18 +320,19 @@ class GroupExecutor:
         try:
             worker = self._call(run.node, Op.PHASE, job=member.spec.job_id).get("worker") or {}
         except WeaveError as exc:
-            self._fail(member, str(exc), node_fault=isinstance(exc, NodeUnavailable))
+            recovery.fail(self, member, str(exc),
+                          node_fault=isinstance(exc, NodeUnavailable))
             return True
         state = worker.get("state")
         if state == "running":
             if self.clock.now() > run.deadline_s:
-                self._fail(member, f"{run.kind.value} on {run.node.name} hung: ran past its "
-                           f"deadline of {run.deadline_s - run.start_s:.1f} s")
+                recovery.fail(self, member, f"{run.kind.value} on {run.node.name} hung: ran "
+                              f"past its deadline of {run.deadline_s - run.start_s:.1f} s")
                 return True
             return False
         if state != "exited":
-            self._fail(member, f"{run.kind.value} on {run.node.name} {state}: "
-                       f"{worker.get('error') or 'returncode ' + str(worker.get('returncode'))}")
+            why = worker.get("error") or f"returncode {worker.get('returncode')}"
+            recovery.fail(self, member, f"{run.kind.value} on {run.node.name} {state}: {why}")
             return True
         run.ended = True         # the node is free; the member's output is not moved yet
         self._free(member, run)
@@ -475,88 +476,6 @@ class GroupExecutor:
     def _release(self, member: Member, run: PhaseRun) -> None:
         member.runs.pop(run.kind, None)
         self._free(member, run)
-
-    # -- failure isolation -----------------------------------------------------------
-    def _fail(self, member: Member, why: str, node_fault: bool = False) -> None:
-        """Only this member: stop what it runs, then re-admit it from its checkpoint.
-
-        ``node_fault``: a node daemon was gone, stopping or restarting its pool. That is
-        not the member's fault, so it costs no recovery budget; the member waits up to
-        ``node_wait_s`` for the node (weaved replaces a lost allocation meanwhile).
-        """
-        log.warning("member %s failed: %s", member.spec.job_id, why)
-        member.charge(node_fault, self.clock.now())
-        for run in list(member.runs.values()):
-            if not run.ended:
-                self.spans.append(Span(member.spec.job_id, run.kind, run.node.name,
-                                       run.node.pool, run.start_s, self.clock.now(), ok=False))
-                try:
-                    self._call(run.node, Op.DEACTIVATE, job=member.spec.job_id)
-                except WeaveError as exc:
-                    log.info("deactivate of %s on %s: %s", member.spec.job_id,
-                             run.node.name, exc)
-            self._release(member, run)
-        self._ended = [e for e in self._ended if e[0] is not member]
-        member.deferred.clear()
-        member.error = why
-        if member.state is MemberState.STARTING:
-            self._move(member, MemberState.FAILED, why)
-            return
-        if member.state is not MemberState.RECOVERING:
-            self._move(member, MemberState.RECOVERING, why)
-
-    def _recover(self, member: Member) -> bool:
-        """Restore the newest checkpoint on the training node; weights to rollout nodes."""
-        if self.clock.now() < member.retry_at_s:
-            return False
-        why = member.given_up(self.config, self.clock.now())
-        if why is not None:
-            self._move(member, MemberState.FAILED, why)
-            return True
-        member.recoveries += 1
-        job_id = member.spec.job_id
-        with contextlib.suppress(WeaveError):
-            self._register(member)   # a restarted node daemon may have lost it
-        try:
-            self._call(member.train_node, Op.RESTORE, job=job_id)
-            info = self._call(member.train_node, Op.ATTACH_INFO, job=job_id)
-            member.version = int(info["segments"][phases.STATE]["index"]["version"])
-            self.transfer.forget(member.job)   # versions start over from the checkpoint
-            self._restore_weights(member, info)
-        except NoCheckpoint as exc:   # not transient: no retry can find one
-            member.error = f"recovery {member.recoveries}: {exc}"
-            self._move(member, MemberState.FAILED, member.error)
-            return True
-        except WeaveError as exc:
-            member.error = f"recovery {member.recoveries}: {exc}"
-            member.charge(isinstance(exc, NodeUnavailable), self.clock.now())
-            member.retry_at_s = self.clock.now() + member.backoff_s(self.config)
-            log.warning("member %s: %s", job_id, member.error)
-            return False
-        member.node_fault_since = None
-        del member.rewards[member.version:]
-        member.rolled = member.delivered = member.version
-        if member.versions is not None:
-            member.versions.rewind(member.version)
-        member.next_kind = PhaseKind.ROLLOUT
-        self._move(member, MemberState.READY, f"re-admitted from checkpoint "
-                   f"v{member.version} (recovery {member.recoveries})")
-        return True
-
-    def _restore_weights(self, member: Member, info: Mapping[str, Any]) -> None:
-        """Rollout nodes get the restored weights (k >= 1: every version a replay needs)."""
-        k = member.staleness
-        if k == 0:
-            self._sync(member, phases.WEIGHTS, member.train_node, member.rollout_nodes,
-                       "weights")
-            return
-        for version in range(rollout_version(member.version, k), member.version + 1):
-            buf = buffer_name(WEIGHTS_BUFFER, version, k)
-            held = dict(info["segments"].get(buf) or {}).get("index", {}).get("version")
-            if held != version:
-                raise StateError(f"member {member.spec.job_id}: its checkpoint's buffer {buf} "
-                                 f"holds version {held!r}; the replay needs v{version}")
-            self._sync(member, buf, member.train_node, member.rollout_nodes, "weights", buf)
 
     # -- read API (daemon status, demo) ----------------------------------------------
     def status(self) -> list[dict[str, object]]:
