@@ -15,7 +15,7 @@ import pytest
 from tests.daemon.conftest import Running, spec_text
 from weave_slurm.daemon.client import DaemonClient
 from weave_slurm.daemon.protocol import Op
-from weave_slurm.errors import ConfigError, InfeasibleRequest, WeaveError
+from weave_slurm.errors import ConfigError, ExternalCommandError, InfeasibleRequest, WeaveError
 
 NOBODY = 65534
 
@@ -123,3 +123,17 @@ def test_protocol_limits_and_slow_clients(weaved: Running) -> None:
     idle.close()
     with pytest.raises(ConfigError, match="kind"):
         call(sock, Op.SHOW, kind="nope", id=1)
+
+
+def test_status_warns_while_slurms_state_cannot_be_read(
+        weaved: Running, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failing or hung squeue skips reconcile ticks; status says so, then stops."""
+    def hung(prefix: str) -> list[Any]:
+        raise ExternalCommandError(["squeue", "--json"], None, "", "", "command timed out")
+    monkeypatch.setattr(weaved.weaved.backend, "list_allocations", hung)
+    wait_for(lambda: bool(call(weaved.socket, Op.STATUS)["warnings"]), timeout_s=20)
+    (warning,) = call(weaved.socket, Op.STATUS)["warnings"]
+    assert warning.startswith("weaved cannot read Slurm's state for ") and \
+        "squeue --json" in warning and "\n" not in warning, warning
+    monkeypatch.undo()
+    wait_for(lambda: call(weaved.socket, Op.STATUS)["warnings"] == [], timeout_s=20)

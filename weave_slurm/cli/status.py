@@ -133,6 +133,8 @@ def status(
     shown = 0
     while True:
         result = _call(socket_path, Op.STATUS, users=users, jobs=ids, all=show_all)
+        for warning in result.get("warnings") or []:
+            typer.echo(f"weave: warning: {warning}", err=True)
         if as_json:
             typer.echo(json.dumps(result["jobs"], indent=1))
         else:

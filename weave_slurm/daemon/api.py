@@ -54,13 +54,15 @@ class Api:
                  now: Callable[[], float], *, admin_uids: Sequence[int] = (),
                  wake: Callable[[], None] = lambda: None, phase: str = "idle",
                  live: Callable[[int], dict[str, Any] | None] = lambda job_id: None,
-                 path_roots: Sequence[Path] = ()) -> None:
+                 path_roots: Sequence[Path] = (),
+                 world_error: Callable[[], tuple[float, str] | None] = lambda: None) -> None:
         self.store, self.site, self.capacity, self.now = store, site, capacity, now
         self.path_roots = tuple(path_roots)  # shared dirs a spec path may name, besides home
         self.admins = frozenset({0, *admin_uids})
         self.wake = wake
         self.phase = phase
         self.live = live
+        self.world_error = world_error
 
     def handle(self, op: Op, args: dict[str, Any], uid: int) -> dict[str, Any]:
         if op is Op.SUBMIT:
@@ -189,7 +191,16 @@ class Api:
                 if (show_all or ids or not j.state.final)
                 and (not ids or j.job_id in ids) and (not users or j.user in users
                                                       or str(j.uid) in users)]
-        return {"jobs": rows, "now": now}
+        return {"jobs": rows, "now": now, "warnings": self._warnings(now)}
+
+    def _warnings(self, now: float) -> list[str]:
+        """What makes this view stale, in words (for ``weave status`` to print)."""
+        failing = self.world_error()
+        if failing is None:
+            return []
+        since, why = failing
+        return [f"weaved cannot read Slurm's state for {now - since:.0f} s ({why}); job "
+                "states may be stale, weaved keeps trying every tick"]
 
     def _group_view(self, g: GroupRow, allocs: list[AllocRow],
                     model: Group | None) -> dict[str, Any]:

@@ -96,12 +96,20 @@ class Reconciler:
         self._handles: dict[int, StepHandle] = {}  # step row key -> handle (this process)
         self._retry: dict[int, tuple[int, float]] = {}  # alloc key -> (failures, next try)
         self.ticks = 0
+        # since when reading the world (squeue) fails, and the last error in words
+        self.world_error: tuple[float, str] | None = None
 
     # -- the tick ----------------------------------------------------------------------
 
     def tick(self) -> None:
         """One pass: read the world (or skip the tick), then each act, failures isolated."""
-        world = self._read_world()
+        try:
+            world = self._read_world()
+        except WeaveError as exc:   # a failing or hung squeue: say so, try next tick
+            since = self.world_error[0] if self.world_error else self.clock.now()
+            self.world_error = (since, _words(exc))
+            raise
+        self.world_error = None
         now = self.clock.now()
         acts: list[Callable[[], None]] = [lambda: self._reconcile_allocs(world, now),
                     lambda: self._reconcile_steps(world, now),

@@ -146,7 +146,8 @@ class Weaved:
         self.api = Api(self.store, self.site, self.capacity, self.clock.now,
                        admin_uids=cfg.admin_uids, path_roots=cfg.path_roots,
                        wake=self._wake.set,
-                       phase=self.executor.phase, live=self.executor.live)
+                       phase=self.executor.phase, live=self.executor.live,
+                       world_error=lambda: self.reconciler.world_error)
         self.server = ApiServer(cfg.socket, self.api, client_timeout_s=cfg.client_timeout_s)
 
     def _wake_loop(self) -> None:
@@ -219,6 +220,8 @@ class Weaved:
             while not self._stop.is_set():
                 try:
                     self.reconciler.tick()
+                except WeaveError as exc:   # e.g. squeue failing: status warns meanwhile
+                    log.warning("reconcile tick skipped: %s", exc)
                 except Exception:
                     log.exception("reconcile tick failed; the next one will retry")
                 self._wake.wait(self.config.tick_s)
