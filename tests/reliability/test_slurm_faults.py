@@ -315,11 +315,11 @@ def test_stopped_slurmd_node_is_replaced_and_its_members_readmitted(place: Place
     """A stopped slurmd: the node daemon and workers on it keep running (the jobs go on
     there), until Slurm marks the node DOWN after SlurmdTimeout (60 s, about 90 s in
     all here) and ends the allocation; weaved treats it as the lost allocation it is.
-    The jobs run 400 steps (about 0.3 s each here) so that they are still running when
-    Slurm gives up; their weights are not compared with solo runs (2 x 400 more steps:
-    the node-down tests check that for the same recovery path)."""
+    The jobs run 1,200 steps (0.1-0.3 s each here) so that they are still running when
+    Slurm gives up; their weights are not compared with solo runs (2 x 1,200 more
+    steps: the node-down tests check that for the same recovery path)."""
     _, seen, _, _ = node_down(place, "rollout", "sd", 75, fault=stop_slurmd,
-                              replace_s=180, steps=400, solo=False)
+                              replace_s=180, steps=1200, solo=False)
     said = " | ".join(str(r["reason"]) for r in seen)
     assert "vanished from Slurm" in said, said
 

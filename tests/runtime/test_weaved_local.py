@@ -147,6 +147,26 @@ def test_cancel_mid_run_leaves_nothing(rl_weaved: tuple[Weaved, Path, Path]) -> 
     assert daemons_gone(w.config.state_dir / "ckpt", 20)
 
 
+def test_cancelling_a_groups_last_job_leaves_nothing(
+        rl_weaved: tuple[Weaved, Path, Path]) -> None:
+    """The cancel empties the group, which drains in the same reconcile tick: the job's
+    state on the nodes is dropped before their daemons are stopped."""
+    w, sock, shm = rl_weaved
+    job = call(sock, Op.SUBMIT, spec=job_spec("last", 3, iterations=50), source="l")["job"]
+    end = time.monotonic() + 120
+    while (live := w.executor.live(job)) is None or live["version"] < 1:
+        assert time.monotonic() < end, f"job {job} never ran: {live}"
+        time.sleep(0.2)
+    assert call(sock, Op.CANCEL, jobs=[job])["results"][0]["ok"]
+    wait_states(sock, [job], {"CANCELLED"}, 60, [])
+    end = time.monotonic() + 30
+    while time.monotonic() < end and w.backend.list_allocations(""):
+        time.sleep(0.3)
+    assert daemons_gone(w.config.state_dir / "ckpt", 20)
+    assert [p for p in shm.rglob("*") if p.name == str(job)] == []
+    assert [p for p in (w.config.state_dir / "ckpt").rglob("*") if p.name == str(job)] == []
+
+
 def daemons_gone(marker: Path, timeout_s: float) -> bool:
     """No process whose command line names ``marker`` (node daemons, their workers)."""
     end = time.monotonic() + timeout_s

@@ -68,6 +68,11 @@ class Executor(Protocol):
         """Once per reconcile tick (the loop owns the store): the jobs that ended."""
         ...
 
+    def release_group(self, group_id: int) -> None:
+        """Before the group's node daemons are stopped: let go of its members (their
+        state on the nodes dropped while the daemons still answer)."""
+        ...
+
     def start(self) -> None: ...
 
     def close(self) -> None: ...
@@ -88,6 +93,9 @@ class IdleExecutor:
 
     def drive(self, store: Store, now: float) -> list[JobOutcome]:
         return []
+
+    def release_group(self, group_id: int) -> None:
+        return None
 
     def start(self) -> None:
         return None

@@ -478,6 +478,9 @@ class Reconciler:
         for group in self.store.groups():
             if group.state is not GroupState.DRAINING:
                 continue
+            # a member cancelled as the group's last one is still in the runtime: its
+            # state on the nodes must be dropped before their daemons stop
+            self.executor.release_group(group.group_id)
             for alloc in self.store.allocs(group.group_id):
                 for step in self.store.steps(alloc_key=alloc.key):
                     self._end_step(step, now, "group released")

@@ -478,6 +478,13 @@ class RuntimeExecutor:
         seg = gx.client(member.train_node.socket_path).attach(member.job)[phases.WEIGHTS]
         return weights_digest(seg.tensors)
 
+    def release_group(self, group_id: int) -> None:
+        """The group drains: leave (drop) its members now, while its node daemons still
+        answer; the next ``drive`` would be too late (their steps are ended first)."""
+        with self._lock:
+            if group_id in self.groups:
+                self._close(group_id)
+
     def _close(self, gid: int) -> None:
         gx = self.groups.pop(gid)
         for key in list(gx.order):
