@@ -250,12 +250,14 @@ def stop_slurmd(p: Place, node: str) -> Callable[[], None]:
 
 def node_down(p: Place, role: str, name: str, seed: int,
               fault: Callable[[Place, str], Callable[[], None]] = set_down,
-              replace_s: float = 60, steps: int = STEPS, solo: bool = True
+              replace_s: float = 60, steps: int = STEPS, cancel: bool = False
               ) -> tuple[dict[str, Any], list[dict[str, Any]], str, dict[int, int]]:
     """Two jobs in one group; once both are at version >= 1 the first node of the
     group's ``role`` allocation gets ``fault`` (default: set DOWN). Waits for a
     replacement allocation (then undoes the fault) and the jobs' end, checks they
-    COMPLETED (``solo``: with their solo runs' weights) and nothing is left.
+    COMPLETED with their solo runs' weights and nothing is left. ``cancel``: once both
+    made progress on the new allocation they are cancelled instead (for jobs run with
+    many steps, so that they outlive a slow fault) and must end CANCELLED.
     (lost allocation, status rows seen meanwhile, the node, job -> seed)."""
     w, t = start_inproc(p)
     undo: Callable[[], None] | None = None
@@ -279,7 +281,21 @@ def node_down(p: Place, role: str, name: str, seed: int,
         wait_until(f"a replacement {role} allocation", replaced, replace_s)
         undo, undone = None, undo
         undone()
-        rows = finish(p, ids, 240 + 5 * steps)
+        if cancel:
+            at = {r["job"]: int((r["iter"] or "0/0").split("/")[0]) for r in observe(p, ids)}
+
+            def progressed() -> bool:
+                rows = observe(p, ids)
+                seen.extend(rows)
+                return all(r["iter"] and int(r["iter"].split("/")[0]) > at[r["job"]]
+                           for r in rows)
+            wait_until("both jobs training on the new allocation", progressed, 240)
+            assert all(r["ok"] for r in call(p.socket, Op.CANCEL, jobs=ids)["results"])
+            rows = finish(p, ids, 120)
+            assert [r["state"] for r in rows] == ["CANCELLED", "CANCELLED"], rows
+            check_released(p)
+            return alloc, seen, down, seeds
+        rows = finish(p, ids, 240)
         seen.extend(rows)
         assert [r["state"] for r in rows] == ["COMPLETED", "COMPLETED"], rows
         for job in ids:
@@ -289,8 +305,7 @@ def node_down(p: Place, role: str, name: str, seed: int,
             assert shown["reason"].startswith("reached version"), shown["reason"]
         transitions = call(p.socket, Op.SHOW, kind="group", id=group["group"])["transitions"]
         assert any(x["dst"] == "FORMING" for x in transitions), transitions
-        if solo:
-            check_solo_digests(p, seeds, steps)
+        check_solo_digests(p, seeds, steps)
         check_released(p)
         return alloc, seen, down, seeds
     finally:
@@ -315,13 +330,13 @@ def test_stopped_slurmd_node_is_replaced_and_its_members_readmitted(place: Place
     """A stopped slurmd: the node daemon and workers on it keep running (the jobs go on
     there), until Slurm marks the node DOWN after SlurmdTimeout (60 s, about 90 s in
     all here) and ends the allocation; weaved treats it as the lost allocation it is.
-    The jobs run 1,200 steps (0.1-0.3 s each here) so that they are still running when
-    Slurm gives up; their weights are not compared with solo runs (2 x 1,200 more
-    steps: the node-down tests check that for the same recovery path)."""
+    The jobs would run 100,000 steps, so that they are still running when Slurm gives
+    up; once both trained further on the new allocation they are cancelled (the
+    node-down tests compare the weights with solo runs on the same recovery path)."""
     _, seen, _, _ = node_down(place, "rollout", "sd", 75, fault=stop_slurmd,
-                              replace_s=180, steps=1200, solo=False)
+                              replace_s=180, steps=100_000, cancel=True)
     said = " | ".join(str(r["reason"]) for r in seen)
-    assert "vanished from Slurm" in said, said
+    assert "vanished from Slurm" in said and "re-admitted" in said, said
 
 
 @pytest.mark.slow
