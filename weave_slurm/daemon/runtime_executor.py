@@ -426,10 +426,10 @@ class RuntimeExecutor:
         new training node; True when it can be restored there."""
         from weave_slurm.node.protocol import Op
 
-        client = gx.client(member.train_node.socket_path)
         base = self.config.checkpoint_base
         if base is not None and root == base / member.train_node.name:
             return True   # the same node came back: its checkpoints are where they were
+        client = gx.client(member.train_node.socket_path)
         try:
             client.call(Op.REGISTER, job=member.spec.job_id, uid=member.job.uid,
                         checkpoint_interval_s=0)

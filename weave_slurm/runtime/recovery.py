@@ -42,7 +42,7 @@ def fail(gx: GroupExecutor, member: Member, why: str, node_fault: bool = False) 
     for run in list(member.runs.values()):
         if not run.ended:
             gx.spans.append(Span(member.spec.job_id, run.kind, run.node.name,
-                                   run.node.pool, run.start_s, gx.clock.now(), ok=False))
+                                 run.node.pool, run.start_s, gx.clock.now(), ok=False))
             try:
                 gx._call(run.node, Op.DEACTIVATE, job=member.spec.job_id)
             except WeaveError as exc:
@@ -57,6 +57,7 @@ def fail(gx: GroupExecutor, member: Member, why: str, node_fault: bool = False) 
         return
     if member.state is not MemberState.RECOVERING:
         gx._move(member, MemberState.RECOVERING, why)
+
 
 def recover(gx: GroupExecutor, member: Member) -> bool:
     """Restore the newest checkpoint on the training node; weights to rollout nodes."""
@@ -93,15 +94,16 @@ def recover(gx: GroupExecutor, member: Member) -> bool:
         member.versions.rewind(member.version)
     member.next_kind = PhaseKind.ROLLOUT
     gx._move(member, MemberState.READY, f"re-admitted from checkpoint "
-               f"v{member.version} (recovery {member.recoveries})")
+             f"v{member.version} (recovery {member.recoveries})")
     return True
+
 
 def restore_weights(gx: GroupExecutor, member: Member, info: Mapping[str, Any]) -> None:
     """Rollout nodes get the restored weights (k >= 1: every version a replay needs)."""
     k = member.staleness
     if k == 0:
         gx._sync(member, phases.WEIGHTS, member.train_node, member.rollout_nodes,
-                   "weights")
+                 "weights")
         return
     for version in range(rollout_version(member.version, k), member.version + 1):
         buf = buffer_name(WEIGHTS_BUFFER, version, k)
