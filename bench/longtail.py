@@ -27,6 +27,7 @@ import os
 import shutil
 import statistics
 import struct
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -37,19 +38,22 @@ from rich.console import Console
 from rich.table import Table
 
 from weave_slurm.node.client import NodeClient
-from weave_slurm.runtime.executor import ExecutorConfig, GroupExecutor
-from weave_slurm.runtime.fleet import FleetConfig, NodeFleet
-from weave_slurm.runtime.group import GroupLayout, MemberSpec, PhaseKind, Pool
+from weave_slurm.runtime.group import GroupLayout, MemberSpec
+from weave_slurm.runtime.runner import GroupRunner, RunnerConfig
 from weave_slurm.runtime.timeline import Span, busy_fraction
 from weave_slurm.slurm.cluster_config import parse_layout
 from weave_slurm.slurm.local_backend import LocalBackend
+from weave_slurm.vocab import Phase, Pool
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo: tests.harness
+from tests.harness.fleet import FleetConfig, NodeFleet
 
 #: The long-tailed job of the benchmark (default model; 64 responses of up to 96 actions).
 OPTIONS: dict[str, Any] = {"prompts_per_step": 8, "group_size": 8, "minibatches": 1,
                            "response_len_max": 96, "length_tail_alpha": 1.0}
 
 
-def _digest(ex: GroupExecutor, job_id: str) -> tuple[str, str]:
+def _digest(ex: GroupRunner, job_id: str) -> tuple[str, str]:
     member = ex.members[job_id]
     with NodeClient(member.train_node.socket_path) as client:
         seg = client.attach(member.job)["weights"]
@@ -64,7 +68,7 @@ def _digest(ex: GroupExecutor, job_id: str) -> tuple[str, str]:
 
 def _window(spans: list[Span], jobs: list[str]) -> tuple[float, float]:
     """From every member's first rollout end to the last phase end."""
-    firsts = [min(s.end_s for s in spans if s.job_id == j and s.kind is PhaseKind.ROLLOUT
+    firsts = [min(s.end_s for s in spans if s.job_id == j and s.kind is Phase.ROLLOUT
                   and s.ok) for j in jobs]
     return max(firsts), max(s.end_s for s in spans)
 
@@ -78,7 +82,7 @@ def _overlap_s(spans: list[Span], nodes: list[str]) -> float:
     """Seconds two rollouts ran at once on a node (a tail beside the next bulk)."""
     total = 0.0
     for node in nodes:
-        rolls = [s for s in spans if s.node == node and s.kind is PhaseKind.ROLLOUT]
+        rolls = [s for s in spans if s.node == node and s.kind is Phase.ROLLOUT]
         summed = sum(s.end_s - s.start_s for s in rolls)
         wall = busy_fraction(rolls, Pool.ROLLOUT, [node], 0.0, 1.0)   # union, in seconds
         total += summed - wall
@@ -89,15 +93,15 @@ def run_once(layout: GroupLayout, tag: str, args: argparse.Namespace,
              options: dict[str, Any], migrate: bool) -> dict[str, Any]:
     specs = [MemberSpec(f"{tag}-m{i}", seed=100 + i, steps=args.steps, options=options,
                         train_node=i % len(layout.train)) for i in range(args.jobs)]
-    config = ExecutorConfig(migrate_tail=migrate, tail_fraction=args.tail_fraction)
-    ex = GroupExecutor(layout, specs, config=config)
+    config = RunnerConfig(migrate_tail=migrate, tail_fraction=args.tail_fraction)
+    ex = GroupRunner(layout, specs, config=config)
     wall0 = time.monotonic()
     try:
         ex.run(timeout_s=args.timeout_s)
         wall = time.monotonic() - wall0
         jobs = [s.job_id for s in specs]
         t0, t1 = _window(ex.spans, jobs)
-        steps = sum(1 for s in ex.spans if s.kind is PhaseKind.TRAIN and s.ok and s.end_s > t0)
+        steps = sum(1 for s in ex.spans if s.kind is Phase.TRAIN and s.ok and s.end_s > t0)
         names = [n.name for n in layout.rollout]
         window = _clip(ex.spans, t0, t1)
         tail_s = [m.at_s for m in ex.tail_moves if m.at_s >= t0]

@@ -17,26 +17,30 @@ import json
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from weave_slurm.runtime.executor import ExecutorConfig, GroupExecutor
-from weave_slurm.runtime.fleet import FleetConfig, NodeFleet
-from weave_slurm.runtime.group import MemberSpec, PhaseKind
+from weave_slurm.runtime.group import MemberSpec
+from weave_slurm.runtime.runner import GroupRunner, RunnerConfig
 from weave_slurm.runtime.timeline import Span, switch_gaps_s
 from weave_slurm.slurm.local_backend import LocalBackend
+from weave_slurm.vocab import Phase
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo: tests.harness
+from tests.harness.fleet import FleetConfig, NodeFleet
 
 
 def _warm(spans: list[Span]) -> list[Span]:
-    seen: dict[tuple[str, PhaseKind], int] = {}
+    seen: dict[tuple[str, Phase], int] = {}
     out = []
     for s in sorted(spans, key=lambda s: s.start_s):
         key = (s.job_id, s.kind)
         seen[key] = seen.get(key, 0) + 1
-        if s.kind is not PhaseKind.SYNC and seen[key] > (2 if s.kind is PhaseKind.TRAIN else 1):
+        if s.kind is not Phase.SYNC and seen[key] > (2 if s.kind is Phase.TRAIN else 1):
             out.append(s)
     return out
 
@@ -60,7 +64,7 @@ def main() -> None:
     try:
         layout = fleet.start()
         members = [MemberSpec(f"m{i}", seed=i, steps=args.steps) for i in range(args.jobs)]
-        ex = GroupExecutor(layout, members, config=ExecutorConfig(poll_s=args.poll_ms / 1e3))
+        ex = GroupRunner(layout, members, config=RunnerConfig(poll_s=args.poll_ms / 1e3))
         try:
             ex.run()
             spans = list(ex.spans)
@@ -74,7 +78,7 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     warm = _warm(spans)
     rows = []
-    for kind in (PhaseKind.ROLLOUT, PhaseKind.TRAIN):
+    for kind in (Phase.ROLLOUT, Phase.TRAIN):
         gaps = switch_gaps_s(warm, kind)
         phase = [s.worker_end_s - s.worker_start_s for s in warm
                  if s.kind is kind and s.worker_end_s is not None
@@ -82,7 +86,7 @@ def main() -> None:
         if not gaps or not phase:
             continue
         med_phase = statistics.median(phase)
-        rows.append({"pool": "h20 (rollout)" if kind is PhaseKind.ROLLOUT else "h800 (train)",
+        rows.append({"pool": "h20 (rollout)" if kind is Phase.ROLLOUT else "h800 (train)",
                      "switches": len(gaps), "gap_median_ms": 1e3 * statistics.median(gaps),
                      "gap_p90_ms": 1e3 * _pct(gaps, 0.9), "gap_max_ms": 1e3 * max(gaps),
                      "phase_median_ms": 1e3 * med_phase,

@@ -3,7 +3,7 @@
 Reference GRPO jobs (``builtin:grpo-toy``, default model unless ``--hidden-size``) run
 as a group on the LocalBackend: one training and ``--rollout-nodes`` rollout node
 daemons, every member pinned to every rollout node. The run is repeated with each
-weight transfer (``ExecutorConfig.transfer``): ``shm`` (the executor attaches the
+weight transfer (``RunnerConfig.transfer``): ``shm`` (the executor attaches the
 segment and puts it on each rollout node), ``twotier`` (full pieces) and
 ``twotier-delta``. Every call the executor makes to move a member's weights (train ->
 rollout) is timed around the call, from its side; bytes are what landed in rollout
@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -32,11 +33,14 @@ from rich.console import Console
 from rich.table import Table
 
 from weave_slurm.node.index import JobRef
-from weave_slurm.runtime.executor import ExecutorConfig, GroupExecutor
-from weave_slurm.runtime.fleet import FleetConfig, NodeFleet
-from weave_slurm.runtime.group import GroupLayout, MemberSpec, NodeRef, Pool
+from weave_slurm.runtime.group import GroupLayout, MemberSpec, NodeRef
+from weave_slurm.runtime.runner import GroupRunner, RunnerConfig
 from weave_slurm.runtime.transfer import TransferConfig, TwoTierTransfer, WeightTransfer
 from weave_slurm.slurm.local_backend import LocalBackend
+from weave_slurm.vocab import Pool
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo: tests.harness
+from tests.harness.fleet import FleetConfig, NodeFleet
 
 KINDS = {"shm": TransferConfig("shm"), "twotier": TransferConfig("twotier"),
          "twotier-delta": TransferConfig("twotier", mode="delta")}
@@ -80,7 +84,7 @@ def run_kind(layout: GroupLayout, kind: str, args: argparse.Namespace) -> list[d
         opts.update(hidden_size=args.hidden_size, intermediate_size=4 * args.hidden_size)
     members = [MemberSpec(f"{kind}-{i}", seed=i, steps=args.steps, options=opts,
                           rollout_pins=pins) for i in range(args.jobs)]
-    ex = GroupExecutor(layout, members, config=ExecutorConfig(transfer=KINDS[kind]))
+    ex = GroupRunner(layout, members, config=RunnerConfig(transfer=KINDS[kind]))
     timed = Timed(ex.transfer)
     ex.transfer = timed
     try:

@@ -31,7 +31,7 @@ first generated token (rollout) or the end of the first forward of the training 
   ``state`` into its own memory via ``load_state``: weights, reference and Adam
   moments), then the first work; ``warm copy`` (rollout) copies the weights instead;
   ``warm held`` skips the load (the worker still holds the version, as
-  ``runtime/phases.py`` does between its own training phases);
+  ``hosted/phases.py`` does between its own training phases);
 * cold: a fresh process started by the daemon imports torch + transformers + the
   job, builds the model (random init included, as ``LlamaForCausalLM(config)``
   does), reads the job's checkpoint written by the node daemon (page cache dropped

@@ -37,6 +37,10 @@ class NodeUnavailable(InsufficientResources):
     worker pool. Not the job's fault: retry after a while, or on a replacement node."""
 
 
+class NodeGone(NodeUnavailable):
+    """A node daemon does not answer: nobody listens, or the connection broke."""
+
+
 class ExternalCommandError(WeaveError):
     """An outside command failed; carries the evidence."""
 

@@ -117,11 +117,13 @@ class LineClient:
     """One connection to a JSON-lines server; usable as a context manager.
 
     ``server`` names the server in messages ("weaved", "node daemon") and
-    ``start_hint`` says how to start it when nobody listens.
+    ``start_hint`` says how to start it when nobody listens; ``unavailable`` is the
+    error raised when nobody listens or the connection breaks.
     """
 
     server = "server"
     start_hint = ""
+    unavailable: type[WeaveError] = StateError
 
     def __init__(self, socket_path: Path, timeout_s: float = 30.0,
                  max_reply_bytes: int = 1 << 30) -> None:
@@ -133,7 +135,7 @@ class LineClient:
             self._sock.connect(str(self.socket_path))
         except OSError as exc:
             self._sock.close()
-            raise StateError(f"no {self.server} at {str(self.socket_path)!r} "
+            raise self.unavailable(f"no {self.server} at {str(self.socket_path)!r} "
                              f"({exc.strerror or exc}); {self.start_hint}") from exc
         self._buf = bytearray()
 
@@ -154,9 +156,9 @@ class LineClient:
             self._sock.sendall(encode(message))
             line = read_line(self._sock, self._buf, self._limit)
         except OSError as exc:
-            raise StateError(f"{where}: {exc}") from exc
+            raise self.unavailable(f"{where}: {exc}") from exc
         if line is None:
-            raise StateError(f"{where} closed the connection")
+            raise self.unavailable(f"{where} closed the connection")
         try:
             reply = json.loads(line)
         except ValueError as exc:

@@ -4,8 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from weave_slurm.config.site import PoolRole, default_site, load_site, parse_site
+from weave_slurm.config.site import default_site, load_site, parse_site
 from weave_slurm.errors import ConfigError
+from weave_slurm.vocab import Pool
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -21,7 +22,7 @@ def test_example_site_loads_with_paper_defaults() -> None:
     ratio = site.train.price_per_gpu_hour / site.rollout.price_per_gpu_hour
     assert ratio == pytest.approx(2.85, rel=1e-3)
     assert site.network.inter_pool_gbps == 20 and site.network.intra_pool_gbps == 400
-    assert site.pool(PoolRole.ROLLOUT).gpus_per_node == 8
+    assert site.pool(Pool.ROLLOUT).gpus_per_node == 8
 
 
 def test_reference_site_prices_h20_node_at_a_third() -> None:

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from weave_slurm.config.site import RuntimeConfig, parse_site
+from weave_slurm.config.runtime import RuntimeConfig
+from weave_slurm.config.site import parse_site
 from weave_slurm.errors import ConfigError
 from weave_slurm.runtime.transfer import TransferConfig
 
@@ -30,7 +31,7 @@ def test_runtime_twotier_reaches_the_executor_config() -> None:
 
 
 def test_long_tail_migration_reaches_weaved_executor(tmp_path: Path) -> None:
-    from weave_slurm.daemon.runtime_executor import RuntimeExecutor
+    from weave_slurm.daemon.group_runtime import GroupRuntime
     from weave_slurm.daemon.service import DaemonConfig, Weaved
 
     site = tmp_path / "site.toml"
@@ -38,8 +39,8 @@ def test_long_tail_migration_reaches_weaved_executor(tmp_path: Path) -> None:
     assert parse_site(site.read_text()).runtime.long_tail_migration
     w = Weaved(DaemonConfig(state_dir=tmp_path / "state", site_path=site, runtime="rl"))
     try:
-        assert isinstance(w.executor, RuntimeExecutor)
-        cfg = w.executor.config.executor
+        assert isinstance(w.driver, GroupRuntime)
+        cfg = w.driver.config.runner
         assert cfg.migrate_tail and cfg.tail_fraction == 0.1
     finally:
         w.store.close()

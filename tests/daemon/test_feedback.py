@@ -7,8 +7,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from weave_slurm.daemon import membership
+from weave_slurm.daemon.group_runtime import GroupRuntime
 from weave_slurm.daemon.records import GroupPlan, MemberPlan
-from weave_slurm.daemon.runtime_executor import RuntimeExecutor
 from weave_slurm.daemon.states import JobState
 from weave_slurm.daemon.store import Store
 from weave_slurm.model.cost import CostRates
@@ -17,8 +17,9 @@ from weave_slurm.placement import Capacity
 from weave_slurm.placement.admission import place_batch
 from weave_slurm.placement.decision import Placement
 from weave_slurm.placement.engine import WeavePolicy
-from weave_slurm.runtime.group import DeclaredProfile, PhaseKind
+from weave_slurm.runtime.group import DeclaredProfile
 from weave_slurm.runtime.profiler import LiveProfiler
+from weave_slurm.vocab import Phase
 
 CAP = Capacity(4, 8, 1000.0, 1000.0, 16, 16, CostRates(1.0, 2.85))
 
@@ -49,18 +50,18 @@ def test_measured_profile_is_stored_and_changes_the_next_decision(tmp_path: Path
     prof = LiveProfiler()
     prof.track(str(job), DeclaredProfile(10.0, 10.0, 1.5))
     for _ in range(3):
-        prof.phase(str(job), PhaseKind.ROLLOUT, 25.0)
-        prof.phase(str(job), PhaseKind.TRAIN, 10.0)
+        prof.phase(str(job), Phase.ROLLOUT, 25.0)
+        prof.phase(str(job), Phase.TRAIN, 10.0)
     row = store.job(job)
     assert row is not None
-    RuntimeExecutor._feed_back(store, SimpleNamespace(profiler=prof), row)  # type: ignore[arg-type]
+    GroupRuntime._feed_back(store, SimpleNamespace(profiler=prof), row)  # type: ignore[arg-type]
     row = store.job(job)
     assert row is not None and row.measured is not None
     assert row.measured.rollout_mean_s == 25.0 and row.profile.rollout_mean_s == 10.0
     assert row.plan_profile is row.measured
     assert _arrival_group(store) == 2
     # a second call with the same measurements writes nothing new
-    RuntimeExecutor._feed_back(store, SimpleNamespace(profiler=prof), row)  # type: ignore[arg-type]
+    GroupRuntime._feed_back(store, SimpleNamespace(profiler=prof), row)  # type: ignore[arg-type]
     assert store.job(job) == row
 
 

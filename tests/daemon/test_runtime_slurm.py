@@ -18,17 +18,18 @@ from typing import Any
 
 import pytest
 
+from tests.harness.solo import run_solo
 from tests.runtime.test_weaved_local import OPTIONS, call, daemons_gone, job_spec, wait_states
+from weave_slurm.apps.demo import stats
 from weave_slurm.cli.errors import run_app
 from weave_slurm.cli.sbatch import app as sbatch_app
 from weave_slurm.daemon.protocol import Op
-from weave_slurm.daemon.runtime_executor import weights_digest
+from weave_slurm.daemon.runtime_view import weights_digest
 from weave_slurm.daemon.service import DaemonConfig, Weaved
-from weave_slurm.runtime.demo import stats
-from weave_slurm.runtime.group import MemberSpec, Pool
-from weave_slurm.runtime.solo import run_solo
+from weave_slurm.runtime.group import MemberSpec
 from weave_slurm.runtime.timeline import Span
 from weave_slurm.slurm.cli_backend import SlurmCliBackend
+from weave_slurm.vocab import Pool
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
@@ -90,11 +91,11 @@ def test_grouped_jobs_on_slurm_match_solo(slurm_cluster: Any,
         assert [r["state"] for r in rows] == ["COMPLETED"] * 3, rows
         assert {r["phase"] for r in seen} & {"rollout", "train"}
         for i, job in enumerate(ids):
-            live = w.executor.live(job)
+            live = w.driver.live(job)
             assert live is not None
             solo = run_solo(MemberSpec(str(job), seed=31 + i, steps=K, options=OPTIONS))
             assert live["weights_sha256"] == weights_digest(solo.weights), f"job {job}"
-        spans = list(w.executor.spans[gid])  # type: ignore[attr-defined]
+        spans = list(w.driver.spans[gid])  # type: ignore[attr-defined]
         grouped = pool_stats(spans)
         # the same three jobs one after another, each alone in its own group
         iso: list[dict[str, float]] = []
@@ -102,7 +103,7 @@ def test_grouped_jobs_on_slurm_match_solo(slurm_cluster: Any,
             (job,) = run_jobs(sock, w, [(f"alone{i}", 31 + i)], public, capsys)
             wait_states(sock, [job], {"COMPLETED"}, 120, [])
             gid1 = call(sock, Op.STATUS, jobs=[job])["jobs"][0]["group"]
-            one = list(w.executor.spans[gid1])  # type: ignore[attr-defined]
+            one = list(w.driver.spans[gid1])  # type: ignore[attr-defined]
             iso.append(pool_stats(one))
         wall = sum(x["wall_s"] for x in iso)
         isolated = {"wall_s": wall,

@@ -8,9 +8,9 @@ import pytest
 from tests.daemon.conftest import spec_text
 from weave_slurm.cli.status import _runtime_lines, format_rows
 from weave_slurm.config.job import parse_job
-from weave_slurm.daemon.executor import IdleExecutor
+from weave_slurm.daemon.driver import IdleDriver
+from weave_slurm.daemon.group_runtime import GroupRuntime, member_spec
 from weave_slurm.daemon.records import GroupPlan, GroupRow, MemberPlan
-from weave_slurm.daemon.runtime_executor import RuntimeExecutor, member_spec
 from weave_slurm.daemon.states import GroupState
 from weave_slurm.errors import ConfigError
 
@@ -68,6 +68,6 @@ def test_member_spec_from_a_stored_job() -> None:
     spec = member_spec(job, group)
     assert (spec.job_id, spec.steps, spec.seed, spec.rollout_pins) == ("9", 3, 4, (1,))
     assert dict(spec.options) == {"task": "copy"} and spec.declared.slo == 2.0
-    rt = RuntimeExecutor(lambda a, n: n)  # type: ignore[arg-type,return-value]
+    rt = GroupRuntime(lambda a, n: n)  # type: ignore[arg-type,return-value]
     assert rt.job_steps(job, group, []) == [] and rt.live(9) is None
-    assert IdleExecutor().live(9) is None
+    assert IdleDriver().live(9) is None

@@ -21,9 +21,9 @@ from weave_slurm.node.client import NodeClient
 from weave_slurm.node.daemon import NodeDaemon
 from weave_slurm.node.index import JobRef, SegmentIndex
 from weave_slurm.node.protocol import Op
-from weave_slurm.node.recovery import recover
 from weave_slurm.node.segments import SegmentStore
 from weave_slurm.node.staging import StagingArea
+from weave_slurm.node.startup import recover_store
 
 pytestmark = pytest.mark.torch
 NOBODY = 65534
@@ -198,7 +198,7 @@ def test_recovery_removes_stale_stage_files(shm_root: Path) -> None:
     store.put_state(job, "weights", {"w": torch.ones(4)}, version=1)
     res = StagingArea(store).reserve(job, "weights", 4096, prev_bytes=4096)
     assert res.seg_path.exists() and res.index_path.exists()
-    report = recover(store, {job})
+    report = recover_store(store, {job})
     assert {res.seg_path, res.index_path} <= set(report.removed)
     assert not res.seg_path.exists() and not res.index_path.exists()
     assert [s.name for s in report.adopted] == ["weights"]

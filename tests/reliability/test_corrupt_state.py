@@ -160,8 +160,8 @@ def _index_damages(text: str, rng: random.Random) -> list[tuple[str, str]]:
 @pytest.mark.torch
 def test_torn_or_corrupt_index_is_never_attached(shm_root: Path) -> None:
     from weave_slurm.node.index import JobRef
-    from weave_slurm.node.recovery import recover
     from weave_slurm.node.segments import SegmentStore
+    from weave_slurm.node.startup import recover_store
 
     store = SegmentStore(shm_root)
     job = JobRef("j1", 0)
@@ -183,7 +183,7 @@ def test_torn_or_corrupt_index_is_never_attached(shm_root: Path) -> None:
             else:  # a damage that leaves a valid index must still describe the real bytes
                 assert torch.equal(attached.tensors["w"], good["w"]), (round_, what)
                 del attached
-            report = recover(store, {job})
+            report = recover_store(store, {job})
             names = {s.name for s in report.adopted}
             assert "optim" in names, f"{what}: the intact segment was not kept"
             if "weights" in names:  # adopted only if it still reads back exactly

@@ -338,7 +338,7 @@ def test_job_state_processes_and_checkpoints_are_private(
     ckpt_root = w.config.state_dir / "ckpt"
 
     def running() -> bool:
-        live = w.executor.live(job)
+        live = w.driver.live(job)
         row = call(sock, Op.STATUS, jobs=[job])["jobs"][0]
         assert row["state"] in ("PENDING", "PLACED", "RUNNING"), (row["state"], row["reason"])
         return live is not None and live["version"] >= 1 and \
@@ -427,8 +427,8 @@ def test_job_state_processes_and_checkpoints_are_private(
             assert "may not touch" in r["message"] or "already registered" in r["message"]
     assert state_of(sock, job) == "RUNNING"
     assert sorted(worker_pids(node_socks, jid)) == sorted(pids)  # untouched workers
-    v0 = w.executor.live(job)["version"]  # type: ignore[index]
-    wait_for(lambda: w.executor.live(job)["version"] > v0, timeout_s=60,  # type: ignore[index]
+    v0 = w.driver.live(job)["version"]  # type: ignore[index]
+    wait_for(lambda: w.driver.live(job)["version"] > v0, timeout_s=60,  # type: ignore[index]
              what="A's job keeps training after B's attempts")
 
     # A cancels its own job: its state is dropped everywhere

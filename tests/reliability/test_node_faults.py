@@ -24,14 +24,14 @@ from typing import Any
 
 import pytest
 
+from tests.harness.solo import run_solo
 from tests.runtime.test_weaved_local import OPTIONS, call, daemons_gone, job_spec, wait_states
 from weave_slurm.daemon.protocol import Op
-from weave_slurm.daemon.runtime_executor import weights_digest
+from weave_slurm.daemon.runtime_view import weights_digest
 from weave_slurm.daemon.service import DaemonConfig, Weaved
 from weave_slurm.node.client import NodeClient
 from weave_slurm.node.protocol import Op as NodeOp
 from weave_slurm.runtime.group import MemberSpec
-from weave_slurm.runtime.solo import run_solo
 from weave_slurm.slurm.backend import StepHandle
 
 pytestmark = pytest.mark.torch
@@ -103,7 +103,7 @@ def busy_worker(rig: Rig, job: int, min_version: int) -> tuple[int, str, str]:
     """(pid, node, phase) of ``job``'s resident worker while it runs a phase at
     version >= ``min_version``, read from the node daemons' status."""
     def find() -> tuple[int, str, str] | None:
-        live = rig.weaved.executor.live(job)
+        live = rig.weaved.driver.live(job)
         if live is None or live["version"] < min_version:
             return None
         for sock in rig.nodes_dir.glob("node-*.sock"):
@@ -142,7 +142,7 @@ def submit(rig: Rig, name: str, seed: int, steps: int = STEPS, extra: str = "") 
 def check_solo(rig: Rig, jobs: dict[int, int], steps: int = STEPS) -> None:
     """Each job's final weights equal its solo run's (job id -> seed)."""
     for job, seed in jobs.items():
-        live = rig.weaved.executor.live(job)
+        live = rig.weaved.driver.live(job)
         assert live is not None and live["version"] == steps, live
         solo = run_solo(MemberSpec(str(job), seed=seed, steps=steps, options=OPTIONS))
         assert live["weights_sha256"] == weights_digest(solo.weights), f"job {job} differs"
@@ -170,7 +170,7 @@ def kill_mid_phase(rig: Rig, job: int, min_version: int, tries: int = 3) -> tupl
 
         def outcome(pid: int = pid, node: str = node,
                     moved_on: list[float] = moved_on) -> str | None:
-            live = rig.weaved.executor.live(job) or {}
+            live = rig.weaved.driver.live(job) or {}
             if live.get("recoveries", 0) >= 1:
                 return "killed"
             for j in node_status(rig.nodes_dir / f"node-{node}.sock")["jobs"]:
@@ -197,9 +197,9 @@ def test_worker_killed_mid_phase_is_readmitted(rig: Rig) -> None:
     seen: list[dict[str, Any]] = []
     rows = wait_states(rig.socket, list(seeds), {"COMPLETED", "FAILED"}, 240, seen)
     assert [r["state"] for r in rows] == ["COMPLETED", "COMPLETED"], rows
-    after = rig.weaved.executor.live(victim)
+    after = rig.weaved.driver.live(victim)
     assert after is not None and after["recoveries"] >= 1, after
-    assert rig.weaved.executor.live(other)["recoveries"] == 0  # type: ignore[index]
+    assert rig.weaved.driver.live(other)["recoveries"] == 0  # type: ignore[index]
     check_solo(rig, seeds, steps=4)
     # in words: which worker, which signal, which phase, re-admitted from which version
     # ("killed by signal 9 (SIGKILL)" when the node daemon already knows the exit status)

@@ -32,14 +32,14 @@ from typing import Any
 
 import pytest
 
+from tests.harness.solo import run_solo
 from tests.reliability.test_node_faults import wait_until
 from tests.runtime.test_weaved_local import OPTIONS, call, daemons_gone, job_spec
 from weave_slurm.daemon.protocol import Op
-from weave_slurm.daemon.runtime_executor import weights_digest
+from weave_slurm.daemon.runtime_view import weights_digest
 from weave_slurm.daemon.service import DaemonConfig, Weaved
 from weave_slurm.errors import WeaveError
 from weave_slurm.runtime.group import MemberSpec
-from weave_slurm.runtime.solo import run_solo
 from weave_slurm.slurm import daemons
 from weave_slurm.slurm.cli_backend import SlurmCliBackend
 from weave_slurm.slurm.runner import run_command

@@ -14,7 +14,7 @@ import pytest
 @pytest.fixture(scope="module")
 def local_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """One rollout (h20) and one training (h800) node daemon as local processes."""
-    from weave_slurm.runtime.fleet import FleetConfig, NodeFleet
+    from tests.harness.fleet import FleetConfig, NodeFleet
     from weave_slurm.slurm.local_backend import LocalBackend
 
     state = tmp_path_factory.mktemp("runtime")

@@ -6,11 +6,11 @@ import os
 
 import torch
 
+from tests.harness.solo import run_solo
 from weave_slurm.node.client import NodeClient
 from weave_slurm.node.index import JobRef
-from weave_slurm.runtime.executor import GroupExecutor
 from weave_slurm.runtime.group import MemberSpec
-from weave_slurm.runtime.solo import run_solo
+from weave_slurm.runtime.runner import GroupRunner
 
 #: Small and fast: the default toy model, 4 prompts x 4 samples.
 OPTIONS = {"prompts_per_step": 4, "group_size": 4}
@@ -21,14 +21,14 @@ def members(n: int, steps: int, prefix: str) -> list[MemberSpec]:
             for i in range(n)]
 
 
-def group_weights(ex: GroupExecutor, job_id: str) -> dict[str, torch.Tensor]:
+def group_weights(ex: GroupRunner, job_id: str) -> dict[str, torch.Tensor]:
     node = ex.members[job_id].train_node
     with NodeClient(node.socket_path) as client:
         seg = client.attach(JobRef(job_id, os.getuid()))["weights"]
     return {k: v.clone() for k, v in seg.tensors.items()}
 
 
-def assert_same_as_solo(ex: GroupExecutor, spec: MemberSpec) -> None:
+def assert_same_as_solo(ex: GroupRunner, spec: MemberSpec) -> None:
     solo = run_solo(spec)
     got = group_weights(ex, spec.job_id)
     assert sorted(got) == sorted(solo.weights)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from tests.runtime.helpers import assert_same_as_solo, members
-from weave_slurm.runtime.executor import GroupExecutor
-from weave_slurm.runtime.group import MemberState, PhaseKind, Pool
+from weave_slurm.runtime.group import MemberState
+from weave_slurm.runtime.runner import GroupRunner
 from weave_slurm.runtime.timeline import busy_fraction
+from weave_slurm.vocab import Phase, Pool
 
 pytestmark = pytest.mark.torch
 
@@ -16,7 +17,7 @@ STEPS = 3
 
 def test_three_members_match_their_solo_runs(local_fleet: object) -> None:
     specs = members(3, STEPS, "g")
-    ex = GroupExecutor(local_fleet.layout, specs)  # type: ignore[attr-defined]
+    ex = GroupRunner(local_fleet.layout, specs)  # type: ignore[attr-defined]
     try:
         ex.run(timeout_s=240)
         assert [ex.members[s.job_id].state for s in specs] == [MemberState.DONE] * 3
@@ -25,8 +26,8 @@ def test_three_members_match_their_solo_runs(local_fleet: object) -> None:
         # on-policy barrier: per member, rollout and train strictly alternate
         for spec in specs:
             kinds = [s.kind for s in sorted(ex.spans, key=lambda s: s.start_s)
-                     if s.job_id == spec.job_id and s.kind is not PhaseKind.SYNC]
-            assert kinds == [PhaseKind.TRAIN] + [PhaseKind.ROLLOUT, PhaseKind.TRAIN] * STEPS
+                     if s.job_id == spec.job_id and s.kind is not Phase.SYNC]
+            assert kinds == [Phase.TRAIN] + [Phase.ROLLOUT, Phase.TRAIN] * STEPS
         # the pools were shared: another member's phase ran while one member waited
         train_jobs = {s.job_id for s in ex.spans if s.pool is Pool.TRAIN}
         assert train_jobs == {s.job_id for s in specs}

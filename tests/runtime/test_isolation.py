@@ -11,8 +11,8 @@ import pytest
 from tests.runtime.helpers import assert_same_as_solo, members
 from weave_slurm.node.client import NodeClient
 from weave_slurm.node.protocol import Op
-from weave_slurm.runtime.executor import GroupExecutor, Member
 from weave_slurm.runtime.group import MemberState, NodeRef
+from weave_slurm.runtime.runner import GroupRunner, Member
 
 pytestmark = pytest.mark.torch
 
@@ -39,7 +39,7 @@ def _alive(pid: int) -> bool:
 
 def test_killed_worker_is_readmitted_and_others_unaffected(local_fleet: object) -> None:
     specs = members(3, 3, "k")
-    ex = GroupExecutor(local_fleet.layout, specs)  # type: ignore[attr-defined]
+    ex = GroupRunner(local_fleet.layout, specs)  # type: ignore[attr-defined]
     killed: list[int] = []
 
     def kill_mid_train(member: Member, why: str) -> None:
@@ -70,10 +70,10 @@ def test_killed_worker_is_readmitted_and_others_unaffected(local_fleet: object) 
 def test_cancel_mid_rollout_leaves_nothing_behind(local_fleet: object) -> None:
     fleet = local_fleet
     specs = members(2, 3, "c")
-    ex = GroupExecutor(fleet.layout, specs)  # type: ignore[attr-defined]
+    ex = GroupRunner(fleet.layout, specs)  # type: ignore[attr-defined]
     pids: list[int] = []
 
-    def cancel_in_rollout(executor: GroupExecutor) -> None:
+    def cancel_in_rollout(executor: GroupRunner) -> None:
         m = executor.members["c0"]
         if m.state is MemberState.ROLLOUT and m.version == 1 and "c0" in executor.order:
             for node in (m.train_node, *m.rollout_nodes):

@@ -20,9 +20,10 @@ from tests.runtime.helpers import assert_same_as_solo
 from weave_slurm.errors import ConfigError
 from weave_slurm.node.client import NodeClient
 from weave_slurm.node.protocol import Op
-from weave_slurm.runtime.executor import ExecutorConfig, GroupExecutor
-from weave_slurm.runtime.group import MemberSpec, MemberState, NodeRef, PhaseKind
+from weave_slurm.runtime.group import MemberSpec, MemberState, NodeRef
+from weave_slurm.runtime.runner import GroupRunner, RunnerConfig
 from weave_slurm.runtime.timeline import Span
+from weave_slurm.vocab import Phase
 from weave_slurm.workloads.api import JobContext, Role
 from weave_slurm.workloads.entry import start_job
 from weave_slurm.workloads.tasks import EOS_ACTION, DigitTask, TaskKind, length_caps
@@ -33,7 +34,7 @@ pytestmark = pytest.mark.torch
 LONG = {"prompts_per_step": 4, "group_size": 8, "minibatches": 1, "response_len_max": 64,
         "length_tail_alpha": 1.0}
 STEPS = 3
-MIGRATE = ExecutorConfig(migrate_tail=True, tail_fraction=0.25, progress_poll_s=0.0)
+MIGRATE = RunnerConfig(migrate_tail=True, tail_fraction=0.25, progress_poll_s=0.0)
 
 
 def _specs(n: int, prefix: str) -> list[MemberSpec]:
@@ -43,9 +44,9 @@ def _specs(n: int, prefix: str) -> list[MemberSpec]:
 
 def _overlaps(spans: list[Span], job_id: str, node: str, at_s: float) -> list[Span]:
     """Rollouts of other members on ``node`` that started during ``job_id``'s tail."""
-    mine = [s for s in spans if s.job_id == job_id and s.kind is PhaseKind.ROLLOUT
+    mine = [s for s in spans if s.job_id == job_id and s.kind is Phase.ROLLOUT
             and s.node == node and s.start_s <= at_s <= s.end_s]
-    return [s for s in spans if s.kind is PhaseKind.ROLLOUT and s.node == node
+    return [s for s in spans if s.kind is Phase.ROLLOUT and s.node == node
             and s.job_id != job_id and mine and at_s <= s.start_s < mine[0].end_s]
 
 
@@ -59,7 +60,7 @@ def _worker_pid(node: NodeRef, job_id: str) -> int | None:
     return None
 
 
-def _cleanup(ex: GroupExecutor, specs: list[MemberSpec]) -> None:
+def _cleanup(ex: GroupRunner, specs: list[MemberSpec]) -> None:
     for spec in specs:
         if spec.job_id in ex.order:
             ex.leave(spec.job_id)
@@ -126,13 +127,13 @@ def test_long_tail_options_are_checked() -> None:
                                                  {"response_len_max": 9,
                                                   "length_tail_alpha": 0.0}))
     with pytest.raises(ConfigError, match="tail_fraction"):
-        ExecutorConfig(migrate_tail=True, tail_fraction=1.5)
+        RunnerConfig(migrate_tail=True, tail_fraction=1.5)
 
 
 # -- in a group ------------------------------------------------------------------------
 def test_migration_overlaps_tails_and_matches_solo(local_fleet: object) -> None:
     specs = _specs(2, "lt")
-    ex = GroupExecutor(local_fleet.layout, specs, config=MIGRATE)  # type: ignore[attr-defined]
+    ex = GroupRunner(local_fleet.layout, specs, config=MIGRATE)  # type: ignore[attr-defined]
     try:
         ex.run(timeout_s=300)
         assert [ex.members[s.job_id].state for s in specs] == [MemberState.DONE] * 2
@@ -147,7 +148,7 @@ def test_migration_overlaps_tails_and_matches_solo(local_fleet: object) -> None:
         assert overlapped, f"no rollout started during a tail: {ex.tail_moves}"
         # at most one tail per node: a tail is declared only after the previous one ended
         ends = {(s.job_id, s.node, s.start_s): s.end_s for s in ex.spans
-                if s.kind is PhaseKind.ROLLOUT}
+                if s.kind is Phase.ROLLOUT}
         moves = sorted(ex.tail_moves, key=lambda m: m.at_s)
         for prev, nxt in itertools.pairwise(moves):
             prev_end = min(e for (j, n, t), e in ends.items()
@@ -156,19 +157,19 @@ def test_migration_overlaps_tails_and_matches_solo(local_fleet: object) -> None:
         # on-policy barrier per member unchanged
         for spec in specs:
             kinds = [s.kind for s in sorted(ex.spans, key=lambda s: s.start_s)
-                     if s.job_id == spec.job_id and s.kind is not PhaseKind.SYNC]
-            assert kinds == [PhaseKind.TRAIN] + [PhaseKind.ROLLOUT, PhaseKind.TRAIN] * STEPS
+                     if s.job_id == spec.job_id and s.kind is not Phase.SYNC]
+            assert kinds == [Phase.TRAIN] + [Phase.ROLLOUT, Phase.TRAIN] * STEPS
     finally:
         _cleanup(ex, specs)
 
 
 def test_without_migration_rollouts_never_overlap(local_fleet: object) -> None:
     specs = _specs(2, "ln")
-    ex = GroupExecutor(local_fleet.layout, specs)  # type: ignore[attr-defined]
+    ex = GroupRunner(local_fleet.layout, specs)  # type: ignore[attr-defined]
     try:
         ex.run(timeout_s=300)
         assert ex.tail_moves == []
-        rolls = sorted((s for s in ex.spans if s.kind is PhaseKind.ROLLOUT),
+        rolls = sorted((s for s in ex.spans if s.kind is Phase.ROLLOUT),
                        key=lambda s: s.start_s)
         assert all(a.end_s <= b.start_s for a, b in itertools.pairwise(rolls))
         for spec in specs:
@@ -181,12 +182,12 @@ def test_without_migration_rollouts_never_overlap(local_fleet: object) -> None:
 def test_member_lost_in_its_tail_breaks_nothing(local_fleet: object, how: str) -> None:
     specs = _specs(2, f"lx{how[0]}")
     victim, other = specs[0].job_id, specs[1].job_id
-    ex = GroupExecutor(local_fleet.layout, specs, config=MIGRATE)  # type: ignore[attr-defined]
+    ex = GroupRunner(local_fleet.layout, specs, config=MIGRATE)  # type: ignore[attr-defined]
     hit: list[str] = []
 
-    def strike(executor: GroupExecutor) -> None:
+    def strike(executor: GroupRunner) -> None:
         m = executor.members[victim]
-        run = m.runs.get(PhaseKind.ROLLOUT)
+        run = m.runs.get(Phase.ROLLOUT)
         if hit or run is None or run.tail_s is None or run.ended:
             return
         assert m.status_row()["tail"] is True

@@ -6,10 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from weave_slurm.node.index import JobRef
-from weave_slurm.runtime.group import MemberSpec, NodeRef, Pool
-from weave_slurm.runtime.member import ExecutorConfig, Member
+from weave_slurm.runtime.group import MemberSpec, NodeRef
+from weave_slurm.runtime.member import Member, RunnerConfig
+from weave_slurm.vocab import Pool
 
-CFG = ExecutorConfig(max_recoveries=2, recovery_backoff_s=1.0, recovery_backoff_max_s=5.0,
+CFG = RunnerConfig(max_recoveries=2, recovery_backoff_s=1.0, recovery_backoff_max_s=5.0,
                      node_wait_s=60.0)
 
 

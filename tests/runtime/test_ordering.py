@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from weave_slurm.runtime.group import DeclaredProfile, PhaseKind
+from weave_slurm.runtime.group import DeclaredProfile
 from weave_slurm.runtime.ordering import next_member, phase_deadline_s
 from weave_slurm.runtime.profiler import LiveProfiler
+from weave_slurm.vocab import Phase
 
 
 def test_cyclic_order_starts_after_the_last_served() -> None:
@@ -33,8 +34,8 @@ def test_profiler_flags_drift_and_computes_slowdown() -> None:
     for t in (0.0, 3.0, 6.0, 9.0):
         prof.iteration_end("j", t)
     for _ in range(3):
-        prof.phase("j", PhaseKind.ROLLOUT, 2.0)   # twice the declared
-        prof.phase("j", PhaseKind.TRAIN, 1.0)
+        prof.phase("j", Phase.ROLLOUT, 2.0)   # twice the declared
+        prof.phase("j", Phase.TRAIN, 1.0)
     snap = prof.snapshot()["j"]
     assert snap.solo_iteration_s == 3.0
     assert snap.group_iteration_s == 3.0

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from weave_slurm.model.profile import simple_profile
-from weave_slurm.runtime.group import DeclaredProfile, PhaseKind
+from weave_slurm.runtime.group import DeclaredProfile
 from weave_slurm.runtime.profiler import LiveProfiler, MemberProfile, planning_profile
+from weave_slurm.vocab import Phase
 
 DECLARED = simple_profile("7", 10.0, 8.0, 1.5, rollout_mean_s=5.0, rollout_state_gib=4.0,
                           train_state_gib=12.0)
@@ -17,9 +18,9 @@ def _measured(rollouts: list[float], trains: list[float], *, roll_bytes: int = 0
     prof = LiveProfiler()
     prof.track("7", DeclaredProfile(DECLARED.rollout_mean_s, DECLARED.train_mean_s, 1.5))
     for r in rollouts:
-        prof.phase("7", PhaseKind.ROLLOUT, r)
+        prof.phase("7", Phase.ROLLOUT, r)
     for t in trains:
-        prof.phase("7", PhaseKind.TRAIN, t)
+        prof.phase("7", Phase.TRAIN, t)
     prof.state_bytes("7", rollout=roll_bytes or None, train=train_bytes or None)
     return prof.snapshot()["7"]
 

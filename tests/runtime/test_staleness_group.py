@@ -16,16 +16,17 @@ from pathlib import Path
 import pytest
 
 from tests.runtime.helpers import OPTIONS, assert_same_as_solo
-from weave_slurm.runtime.executor import ExecutorConfig, GroupExecutor
-from weave_slurm.runtime.group import MemberSpec, MemberState, PhaseKind
+from weave_slurm.runtime.group import MemberSpec, MemberState
+from weave_slurm.runtime.runner import GroupRunner, RunnerConfig
 from weave_slurm.runtime.staleness import VersionLog
+from weave_slurm.vocab import Phase
 
 pytestmark = pytest.mark.torch
 
 STEPS = 3
 
 
-def _spans(ex: GroupExecutor, job_id: str, kind: PhaseKind) -> list[tuple[float, float]]:
+def _spans(ex: GroupRunner, job_id: str, kind: Phase) -> list[tuple[float, float]]:
     return sorted((s.start_s, s.end_s) for s in ex.spans
                   if s.job_id == job_id and s.kind is kind and s.ok)
 
@@ -34,8 +35,8 @@ def test_k1_member_holds_its_window_and_matches_solo(local_fleet: object,
                                                      tmp_path: Path) -> None:
     specs = [MemberSpec("w0", seed=21, steps=STEPS, options=OPTIONS),
              MemberSpec("w1", seed=22, steps=STEPS, options=OPTIONS, staleness=1)]
-    ex = GroupExecutor(local_fleet.layout, specs,  # type: ignore[attr-defined]
-                       config=ExecutorConfig(records_dir=tmp_path))
+    ex = GroupRunner(local_fleet.layout, specs,  # type: ignore[attr-defined]
+                       config=RunnerConfig(records_dir=tmp_path))
     try:
         ex.run(timeout_s=240)
         assert [ex.members[s.job_id].state for s in specs] == [MemberState.DONE] * 2
@@ -51,7 +52,7 @@ def test_k1_member_holds_its_window_and_matches_solo(local_fleet: object,
                 assert rec.weights_version <= rec.newest_version
         # the spans agree: rollout m of w1 starts after train m - 2 ended (v m-1 existed);
         # train v starts after rollout v ended
-        rolls, trains = _spans(ex, "w1", PhaseKind.ROLLOUT), _spans(ex, "w1", PhaseKind.TRAIN)
+        rolls, trains = _spans(ex, "w1", Phase.ROLLOUT), _spans(ex, "w1", Phase.TRAIN)
         trains = trains[1:]   # the first is init (version 0)
         assert len(rolls) == len(trains) == STEPS
         for m in range(2, STEPS):

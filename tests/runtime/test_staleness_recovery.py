@@ -15,14 +15,15 @@ import pytest
 
 from tests.runtime.helpers import OPTIONS, assert_same_as_solo
 from tests.runtime.test_isolation import _worker_pid
-from weave_slurm.runtime.executor import ExecutorConfig, GroupExecutor, Member
-from weave_slurm.runtime.group import MemberSpec, MemberState, PhaseKind
+from weave_slurm.runtime.group import MemberSpec, MemberState
+from weave_slurm.runtime.runner import GroupRunner, Member, RunnerConfig
 from weave_slurm.runtime.staleness import VersionLog
+from weave_slurm.vocab import Phase
 
 pytestmark = pytest.mark.torch
 
 
-def _spans(ex: GroupExecutor, job_id: str, kind: PhaseKind) -> list[tuple[float, float]]:
+def _spans(ex: GroupRunner, job_id: str, kind: Phase) -> list[tuple[float, float]]:
     return sorted((s.start_s, s.end_s) for s in ex.spans
                   if s.job_id == job_id and s.kind is kind and s.ok)
 
@@ -30,8 +31,8 @@ def _spans(ex: GroupExecutor, job_id: str, kind: PhaseKind) -> list[tuple[float,
 def test_k2_member_overlaps_its_phases_and_replays_its_window_after_a_kill(
         local_fleet: object, tmp_path: Path) -> None:
     spec = MemberSpec("x0", seed=31, steps=4, options=OPTIONS, staleness=2)
-    ex = GroupExecutor(local_fleet.layout, [spec],  # type: ignore[attr-defined]
-                       config=ExecutorConfig(records_dir=tmp_path))
+    ex = GroupRunner(local_fleet.layout, [spec],  # type: ignore[attr-defined]
+                       config=RunnerConfig(records_dir=tmp_path))
     killed: list[int] = []
 
     def watch(member: Member, why: str) -> None:
@@ -47,8 +48,8 @@ def test_k2_member_overlaps_its_phases_and_replays_its_window_after_a_kill(
         assert killed and ex.members["x0"].recoveries == 1
         assert ex.members["x0"].state is MemberState.DONE
         # alone on its nodes, its next rollout ran next to its training step
-        rolls = _spans(ex, "x0", PhaseKind.ROLLOUT)
-        trains = _spans(ex, "x0", PhaseKind.TRAIN)[1:]     # without init
+        rolls = _spans(ex, "x0", Phase.ROLLOUT)
+        trains = _spans(ex, "x0", Phase.TRAIN)[1:]     # without init
         assert any(r0 < t1 and t0 < r1 for r0, r1 in rolls for t0, t1 in trains), \
             "rollout and training of the k = 2 member never overlapped"
         log = VersionLog.load(tmp_path / "x0.versions.jsonl")

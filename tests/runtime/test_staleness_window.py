@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 
 from weave_slurm.errors import ConfigError, StateError
-from weave_slurm.runtime.group import MemberSpec, PhaseKind
-from weave_slurm.runtime.ordering import rollout_ready, rollout_version
-from weave_slurm.runtime.phases import PhaseArgs
-from weave_slurm.runtime.staleness import BatchRecord, VersionLog, buffer_name
+from weave_slurm.hosted.contract import buffer_name, rollout_version
+from weave_slurm.runtime.group import MemberSpec
+from weave_slurm.runtime.ordering import rollout_ready
+from weave_slurm.runtime.staleness import BatchRecord, VersionLog
+from weave_slurm.vocab import Phase
 
 
 def test_rollout_uses_exactly_max_0_m_minus_k() -> None:
@@ -65,12 +66,12 @@ def test_member_spec_staleness_is_validated(bad: object) -> None:
 
 def test_phase_args_name_the_exact_buffers() -> None:
     spec = MemberSpec("m", staleness=1)
-    roll = PhaseArgs.for_phase(spec, PhaseKind.ROLLOUT, 3)
+    roll = spec.phase_args(Phase.ROLLOUT, 3)
     assert (roll.weights, roll.version, roll.traj, roll.step) == ("weights.b0", 2, "traj.b1", 3)
-    train = PhaseArgs.for_phase(spec, PhaseKind.TRAIN, 3)
+    train = spec.phase_args(Phase.TRAIN, 3)
     assert (train.weights, train.version, train.traj, train.step) == ("weights", None,
                                                                       "traj.b1", 3)
-    plain = PhaseArgs.for_phase(MemberSpec("m"), PhaseKind.ROLLOUT, 3)
+    plain = MemberSpec("m").phase_args(Phase.ROLLOUT, 3)
     assert (plain.weights, plain.version, plain.traj) == ("weights", None, "traj")
 
 
@@ -78,7 +79,7 @@ def test_phase_args_name_the_exact_buffers() -> None:
 def test_solo_k1_is_deterministic_and_differs_from_on_policy() -> None:
     import torch
 
-    from weave_slurm.runtime.solo import run_solo
+    from tests.harness.solo import run_solo
 
     spec = MemberSpec("s", seed=5, steps=3, staleness=1,
                       options={"prompts_per_step": 4, "group_size": 4})

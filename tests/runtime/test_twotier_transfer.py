@@ -24,8 +24,8 @@ import torch
 from tests.runtime.helpers import OPTIONS, assert_same_as_solo, group_weights
 from weave_slurm.node.client import NodeClient
 from weave_slurm.node.index import JobRef
-from weave_slurm.runtime.executor import ExecutorConfig, GroupExecutor, Member
 from weave_slurm.runtime.group import MemberSpec, MemberState, NodeRef
+from weave_slurm.runtime.runner import GroupRunner, Member, RunnerConfig
 from weave_slurm.runtime.transfer import TransferConfig, TwoTierTransfer
 
 pytestmark = pytest.mark.torch
@@ -36,7 +36,7 @@ STEPS = 3
 @pytest.fixture(scope="module")
 def fleet2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """One training (h800) and two rollout (h20) node daemons as local processes."""
-    from weave_slurm.runtime.fleet import FleetConfig, NodeFleet
+    from tests.harness.fleet import FleetConfig, NodeFleet
     from weave_slurm.slurm.local_backend import LocalBackend
 
     state = tmp_path_factory.mktemp("twotier")
@@ -62,12 +62,12 @@ def _alive(pid: int) -> bool:
 
 
 def _executor(fleet: object, specs: Sequence[MemberSpec], transfer: TransferConfig
-              ) -> GroupExecutor:
-    return GroupExecutor(fleet.layout, specs,  # type: ignore[attr-defined]
-                         config=ExecutorConfig(transfer=transfer))
+              ) -> GroupRunner:
+    return GroupRunner(fleet.layout, specs,  # type: ignore[attr-defined]
+                         config=RunnerConfig(transfer=transfer))
 
 
-def _finish(ex: GroupExecutor, specs: Sequence[MemberSpec]) -> list[int]:
+def _finish(ex: GroupRunner, specs: Sequence[MemberSpec]) -> list[int]:
     """Leave, close; returns the pids of the agents that were running at the end."""
     agents = ex.transfer.agents if isinstance(ex.transfer, TwoTierTransfer) else None
     pids = agents.pids() if agents is not None else []

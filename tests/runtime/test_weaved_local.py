@@ -17,14 +17,14 @@ from typing import Any
 import pytest
 
 from tests.daemon.conftest import spec_text
+from tests.harness.solo import run_solo
 from weave_slurm.daemon.client import DaemonClient
 from weave_slurm.daemon.protocol import Op
-from weave_slurm.daemon.runtime_executor import weights_digest
+from weave_slurm.daemon.runtime_view import weights_digest
 from weave_slurm.daemon.service import DaemonConfig, Weaved
 from weave_slurm.node.client import NodeClient
 from weave_slurm.node.protocol import Op as NodeOp
 from weave_slurm.runtime.group import MemberSpec
-from weave_slurm.runtime.solo import run_solo
 from weave_slurm.slurm.backend import StepHandle
 
 pytestmark = pytest.mark.torch
@@ -93,7 +93,7 @@ def test_three_jobs_through_weaved_match_solo(rl_weaved: tuple[Weaved, Path, Pat
     assert phases & {"rollout", "train"}, phases
     assert {r["iter"] for r in rows} == {f"{ITERATIONS}/{ITERATIONS}"}
     for i, job in enumerate(ids):
-        live = w.executor.live(job)
+        live = w.driver.live(job)
         assert live is not None
         solo = run_solo(MemberSpec(str(job), seed=21 + i, steps=ITERATIONS, options=OPTIONS))
         assert live["weights_sha256"] == weights_digest(solo.weights), f"job {job} differs"
@@ -120,12 +120,12 @@ def test_cancel_mid_run_leaves_nothing(rl_weaved: tuple[Weaved, Path, Path]) -> 
     gone = call(sock, Op.SUBMIT, spec=job_spec("gone", 2, iterations=50), source="g")["job"]
     end = time.monotonic() + 120
     while time.monotonic() < end:
-        live = w.executor.live(gone)
+        live = w.driver.live(gone)
         if live is not None and live["phase"] in ("rollout", "train") and live["version"] >= 1:
             break
         time.sleep(0.2)
     else:
-        raise AssertionError(f"job {gone} never ran: {w.executor.live(gone)}")
+        raise AssertionError(f"job {gone} never ran: {w.driver.live(gone)}")
     assert call(sock, Op.CANCEL, jobs=[gone])["results"][0]["ok"]
     wait_states(sock, [gone], {"CANCELLED"}, 60, [])
     if call(sock, Op.STATUS, jobs=[keep])["jobs"][0]["state"] == "RUNNING":
@@ -154,7 +154,7 @@ def test_cancelling_a_groups_last_job_leaves_nothing(
     w, sock, shm = rl_weaved
     job = call(sock, Op.SUBMIT, spec=job_spec("last", 3, iterations=50), source="l")["job"]
     end = time.monotonic() + 120
-    while (live := w.executor.live(job)) is None or live["version"] < 1:
+    while (live := w.driver.live(job)) is None or live["version"] < 1:
         assert time.monotonic() < end, f"job {job} never ran: {live}"
         time.sleep(0.2)
     assert call(sock, Op.CANCEL, jobs=[job])["results"][0]["ok"]

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.solo import run_solo
 from tests.runtime.test_weaved_local import OPTIONS, call, daemons_gone, job_spec, wait_states
 from weave_slurm.daemon.protocol import Op
-from weave_slurm.daemon.runtime_executor import weights_digest
+from weave_slurm.daemon.runtime_view import weights_digest
 from weave_slurm.daemon.service import DaemonConfig, Weaved
 from weave_slurm.runtime.group import MemberSpec
-from weave_slurm.runtime.solo import run_solo
 from weave_slurm.slurm.backend import StepHandle
 
 pytestmark = pytest.mark.torch
@@ -44,12 +44,12 @@ def test_restart_reattaches_and_matches_solo() -> None:
         job = call(cfg.socket, Op.SUBMIT, spec=job_spec("rs", 5, STEPS), source="rs")["job"]
         end = time.monotonic() + 120
         while time.monotonic() < end:
-            live = w.executor.live(job)
+            live = w.driver.live(job)
             if live is not None and live["version"] >= 2:
                 break
             time.sleep(0.1)
         else:
-            raise AssertionError(f"job {job} did not reach version 2: {w.executor.live(job)}")
+            raise AssertionError(f"job {job} did not reach version 2: {w.driver.live(job)}")
         allocs = {a.alloc_id for a in w.backend.list_allocations("")}
         w.stop()
         t.join(timeout=30)
@@ -58,7 +58,7 @@ def test_restart_reattaches_and_matches_solo() -> None:
         assert {a.alloc_id for a in w.backend.list_allocations("")} == allocs  # adopted
         rows = wait_states(cfg.socket, [job], {"COMPLETED", "FAILED"}, 180, [])
         assert rows[0]["state"] == "COMPLETED", rows
-        live = w.executor.live(job)
+        live = w.driver.live(job)
         assert live is not None and live["version"] == STEPS
         assert live["recoveries"] >= 1   # resumed from its checkpoint, not from scratch
         solo = run_solo(MemberSpec(str(job), seed=5, steps=STEPS, options=OPTIONS))

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from weave_slurm.clock import ScaledClock, VirtualClock
 from weave_slurm.errors import StateError
-from weave_slurm.sim.events import EventQueue, Simulator, VirtualClock, WallClock
+from weave_slurm.sim.events import EventQueue, Simulator
 
 
 def test_ties_break_on_priority_then_sequence() -> None:
@@ -95,7 +96,7 @@ def test_wall_clock_sleeps_until_event_time_scaled() -> None:
         slept.append(seconds)
         fake_now[0] += seconds
 
-    clock = WallClock(scale=0.5, monotonic=lambda: fake_now[0], sleep=sleep)
+    clock = ScaledClock(scale=0.5, monotonic=lambda: fake_now[0], sleep=sleep)
     sim = Simulator(clock)
     seen: list[float] = []
     sim.schedule(10.0, seen.append, 10.0)

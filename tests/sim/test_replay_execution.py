@@ -14,10 +14,10 @@ from weave_slurm.placement.group import Group, Member
 from weave_slurm.sim.execution import (
     ExecutionResult,
     GroupExecution,
-    Phase,
     RolloutModel,
     migration_speedup,
 )
+from weave_slurm.vocab import Phase
 
 
 def _group(specs: list[tuple[float, float, tuple[int, ...]]], rollout_nodes: int,

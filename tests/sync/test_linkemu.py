@@ -10,7 +10,7 @@ from weave_slurm.sync.header import SyncMode
 from weave_slurm.sync.launch import check_outcomes, run_group
 from weave_slurm.sync.linkemu import EmulatedLink, LinkSpec, namespace_exists, run_ip
 from weave_slurm.sync.scenario import Method, Scenario
-from weave_slurm.sync.topology import Pool
+from weave_slurm.vocab import Pool
 
 pytestmark = [pytest.mark.netns, pytest.mark.torch]
 

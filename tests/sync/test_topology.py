@@ -9,12 +9,12 @@ from hypothesis import strategies as st
 from weave_slurm.errors import ConfigError
 from weave_slurm.sync.topology import (
     ALIGN_BYTES,
-    Pool,
     PoolNodes,
     ShardLayout,
     build_topology,
     plan_streams,
 )
+from weave_slurm.vocab import Pool
 
 
 def _topo(n_train: int, n_rollout: int, nodes: int = 1):  # type: ignore[no-untyped-def]

@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from weave_slurm.daemon.client import DEFAULT_STATE_DIR
+from weave_slurm.daemon.driver import DriverKind
 from weave_slurm.daemon.service import DaemonConfig, Weaved
 
 
@@ -33,10 +34,10 @@ def daemon(
     node_command: Annotated[str | None, typer.Option(
         "--node-command", help="Node-daemon command (shell words); default 'weave node "
         "serve'.")] = None,
-    runtime: Annotated[str, typer.Option(
+    runtime: Annotated[DriverKind, typer.Option(
         "--runtime", help="rl: run the jobs' RL phases round-robin on the node daemons; "
         "idle: only hold allocations and idle steps; auto: rl unless --node-command is "
-        "given.")] = "auto",
+        "given.")] = DriverKind.AUTO,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at INFO.")] = False,
 ) -> None:
     """Run the meta-scheduler daemon in the foreground until SIGTERM/SIGINT."""

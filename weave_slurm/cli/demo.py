@@ -47,7 +47,7 @@ def demo(
         help="Also run each job alone, one after another, to compare.")] = True,
 ) -> None:
     """Start weaved (local backend, no Slurm), submit three small GRPO jobs, summarise."""
-    from weave_slurm.runtime.demo import run_demo
+    from weave_slurm.apps.demo import run_demo
 
     if steps < 1:
         raise ConfigError(f"--steps: must be >= 1, got {steps!r}")

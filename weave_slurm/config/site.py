@@ -7,18 +7,12 @@ documents every key. Frozen dataclasses, units in names.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 
 from weave_slurm.config.reader import TableReader, parse_toml, read_toml
+from weave_slurm.config.runtime import RuntimeConfig, read_runtime
 from weave_slurm.errors import ConfigError
-
-
-class PoolRole(StrEnum):
-    """The two pools of a site: rollout (inference GPUs) and train (training GPUs)."""
-
-    ROLLOUT = "rollout"
-    TRAIN = "train"
+from weave_slurm.vocab import Pool
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +38,7 @@ DEFAULT_GPUS: dict[str, GpuSpec] = {
 class PoolConfig:
     """One pool: a Slurm partition of identical nodes."""
 
-    role: PoolRole
+    role: Pool
     partition: str
     gpu: GpuSpec
     gpus_per_node: int
@@ -79,29 +73,6 @@ class ModelConfig:
     colo_switch_s: float = 10.0
 
 
-#: How the group runtime moves weights from a training node to rollout nodes.
-WEIGHT_TRANSFERS = ("shm", "twotier")
-SYNC_MODES = ("full", "delta")
-
-
-@dataclass(frozen=True, slots=True)
-class RuntimeConfig:
-    """The group runtime's weight transfer (docs/runtime.md, "Weight sync").
-
-    ``weight_transfer``: ``shm`` (shared-memory handoff; only where all of a group's
-    nodes share one host) or ``twotier`` (weave_slurm.sync through per-node agents);
-    ``sync_mode`` and ``sync_timeout_s`` apply to ``twotier``. ``long_tail_migration``:
-    a rollout whose remaining requests fall to ``tail_fraction`` of its batch frees its
-    node for the next member's rollout (docs/runtime.md, "Long-tail migration").
-    """
-
-    weight_transfer: str = "shm"
-    sync_mode: str = "full"
-    sync_timeout_s: float = 60.0
-    long_tail_migration: bool = False
-    tail_fraction: float = 0.25
-
-
 @dataclass(frozen=True, slots=True)
 class SiteConfig:
     name: str
@@ -115,8 +86,8 @@ class SiteConfig:
     default_slo: float = 1.5
     source: str = "<builtin>"
 
-    def pool(self, role: PoolRole) -> PoolConfig:
-        return self.rollout if role is PoolRole.ROLLOUT else self.train
+    def pool(self, role: Pool) -> PoolConfig:
+        return self.rollout if role is Pool.ROLLOUT else self.train
 
 
 # Defaults matching the paper's evaluation: an H800 GPU-hour costs 2.85x an H20
@@ -130,9 +101,9 @@ def default_site() -> SiteConfig:
     return SiteConfig(
         name="default",
         currency="USD",
-        rollout=PoolConfig(PoolRole.ROLLOUT, "h20", DEFAULT_GPUS["h20"], 8, 2048.0,
+        rollout=PoolConfig(Pool.ROLLOUT, "h20", DEFAULT_GPUS["h20"], 8, 2048.0,
                            H20_PRICE_PER_GPU_HOUR, 41),
-        train=PoolConfig(PoolRole.TRAIN, "h800", DEFAULT_GPUS["h800"], 8, 2048.0,
+        train=PoolConfig(Pool.TRAIN, "h800", DEFAULT_GPUS["h800"], 8, 2048.0,
                          H800_PRICE_PER_GPU_HOUR, 41),
     )
 
@@ -166,16 +137,16 @@ def _site_from_data(data: object, source: str) -> SiteConfig:
     pools_reader = top.table("pools")
     assert pools_reader is not None
     pools = top.subtables("pools")
-    roles = {r.value for r in PoolRole}
+    roles = {r.value for r in Pool}
     for pname in pools:
         if pname not in roles:
             raise ConfigError(f"{source}: unknown pool '[pools.{pname}]'; valid pools: "
                               f"{', '.join(sorted(roles))}")
-    for role in PoolRole:
+    for role in Pool:
         if role.value not in pools:
             raise ConfigError(f"{source}: missing required table '[pools.{role.value}]'")
-    rollout = _pool(pools["rollout"], PoolRole.ROLLOUT, base.rollout, gpus)
-    train = _pool(pools["train"], PoolRole.TRAIN, base.train, gpus)
+    rollout = _pool(pools["rollout"], Pool.ROLLOUT, base.rollout, gpus)
+    train = _pool(pools["train"], Pool.TRAIN, base.train, gpus)
     network = base.network
     ntab = top.table("network", required=False)
     if ntab is not None:
@@ -202,18 +173,7 @@ def _site_from_data(data: object, source: str) -> SiteConfig:
                                               model.rollout_mean_fraction, gt=0, le=1),
             colo_switch_s=mtab.number("colo_switch_s", model.colo_switch_s, ge=0))
         mtab.done()
-    runtime = RuntimeConfig()
-    rttab = top.table("runtime", required=False)
-    if rttab is not None:
-        runtime = RuntimeConfig(
-            weight_transfer=rttab.string("weight_transfer", runtime.weight_transfer,
-                                         choices=WEIGHT_TRANSFERS),
-            sync_mode=rttab.string("sync_mode", runtime.sync_mode, choices=SYNC_MODES),
-            sync_timeout_s=rttab.number("sync_timeout_s", runtime.sync_timeout_s, gt=0),
-            long_tail_migration=rttab.boolean("long_tail_migration",
-                                              runtime.long_tail_migration),
-            tail_fraction=rttab.number("tail_fraction", runtime.tail_fraction, gt=0, le=0.99))
-        rttab.done()
+    runtime = read_runtime(top.table("runtime", required=False))
     defaults = top.table("defaults", required=False)
     if defaults is not None:
         default_slo = defaults.number("slo", default_slo, ge=1.0)
@@ -225,7 +185,7 @@ def _site_from_data(data: object, source: str) -> SiteConfig:
                       source=source)
 
 
-def _pool(r: TableReader, role: PoolRole, base: PoolConfig, gpus: dict[str, GpuSpec]) -> PoolConfig:
+def _pool(r: TableReader, role: Pool, base: PoolConfig, gpus: dict[str, GpuSpec]) -> PoolConfig:
     gpu_name = r.string("gpu", base.gpu.name, choices=gpus)
     pool = PoolConfig(
         role=role,

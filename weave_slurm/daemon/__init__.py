@@ -1,7 +1,9 @@
 """weaved, the meta-scheduler daemon: SQLite store, state machines, reconcile loop, socket API.
 
-Modules: ``states`` (enums + the one transition table), ``store`` (SQLite, write-ahead
-intents), ``records`` (the stored rows), ``world`` (what Slurm shows), ``executor``
-(the seam for the group runtime), ``reconcile`` (the loop), ``protocol`` / ``server``
-/ ``client`` (the Unix-socket API), ``service`` (the daemon's life cycle).
+Runs on the login (or a service) node. Modules: ``states`` (enums + the one transition
+table), ``store`` (SQLite, write-ahead intents), ``records`` (the stored rows),
+``driver`` (the seam to what runs in the allocations), ``group_runtime`` (the RL
+driver: one group runner per group), ``runtime_view`` (what status shows of a member),
+``reconcile`` (the loop), ``protocol`` / ``server`` / ``client`` (the Unix-socket API),
+``service`` (the daemon's life cycle).
 """

@@ -18,7 +18,7 @@ from typing import Any
 from weave_slurm.config.job import check_paths, parse_job
 from weave_slurm.config.site import SiteConfig
 from weave_slurm.daemon import membership
-from weave_slurm.daemon.executor import job_nodes
+from weave_slurm.daemon.driver import job_nodes
 from weave_slurm.daemon.faults import FaultPoint, crossing
 from weave_slurm.daemon.protocol import Op, PermissionDenied
 from weave_slurm.daemon.records import AllocRow, GroupRow, JobRow

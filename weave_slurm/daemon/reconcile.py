@@ -17,10 +17,10 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
+from weave_slurm.clock import Clock
 from weave_slurm.daemon import membership
-from weave_slurm.daemon.executor import Executor
+from weave_slurm.daemon.driver import Driver
 from weave_slurm.daemon.faults import FaultPoint, crossing
 from weave_slurm.daemon.records import AllocRow, GroupPlan, GroupRow, JobRow, StepRow
 from weave_slurm.daemon.states import AllocState, GroupState, JobState, StepRunState
@@ -54,10 +54,6 @@ def _words(exc: Exception) -> str:
     return str(exc)
 
 
-class Clock(Protocol):
-    def now(self) -> float: ...
-
-
 @dataclass(frozen=True)
 class PoolRequest:
     """How a group's allocations of one role are shaped (from the site config)."""
@@ -83,11 +79,11 @@ class Reconciler:
     """The daemon's control loop body; :meth:`tick` is called by the service."""
 
     def __init__(self, store: Store, backend: Backend, capacity: Capacity,
-                 pools: dict[str, PoolRequest], executor: Executor, clock: Clock, *,
+                 pools: dict[str, PoolRequest], driver: Driver, clock: Clock, *,
                  instance: str = "", node_step: NodeStepFactory | None = None,
                  immediate_s: int = 10) -> None:
         self.store, self.backend, self.capacity = store, backend, capacity
-        self.pools, self.executor, self.clock = pools, executor, clock
+        self.pools, self.driver, self.clock = pools, driver, clock
         self.instance = instance
         self.prefix = membership.name_prefix(instance)
         self.node_step = node_step
@@ -113,7 +109,7 @@ class Reconciler:
         now = self.clock.now()
         acts: list[Callable[[], None]] = [lambda: self._reconcile_allocs(world, now),
                     lambda: self._reconcile_steps(world, now),
-                    lambda: self._drive_executor(now),
+                    lambda: self._drive(now),
                     lambda: self._finish_cancelled(now),
                     lambda: self._place_pending(now),
                     lambda: self._ensure_allocs(now),
@@ -251,9 +247,9 @@ class Reconciler:
             self.backend.cancel_step(handle)
         self._end_step(step, now, "cancelled")
 
-    def _drive_executor(self, now: float) -> None:
-        """Let the executor sync its groups with the store; apply the jobs that ended."""
-        for outcome in self.executor.drive(self.store, now):
+    def _drive(self, now: float) -> None:
+        """Let the driver sync its groups with the store; apply the jobs that ended."""
+        for outcome in self.driver.drive(self.store, now):
             job = self.store.job(outcome.job_id)
             if job is not None and job.state is JobState.RUNNING:
                 self._finish_job(job, outcome.state, outcome.reason, now)
@@ -459,7 +455,7 @@ class Reconciler:
                 continue
             allocs = self.store.allocs(group.group_id)
             for job in self.store.jobs([JobState.PLACED], group_id=group.group_id):
-                steps = self.executor.job_steps(job, group, allocs)
+                steps = self.driver.job_steps(job, group, allocs)
                 ok = all([self._launch(s.alloc, job.job_id, s.spec, world, now) for s in steps])
                 fresh = self.store.job(job.job_id)
                 if fresh is None or fresh.state is not JobState.PLACED:
@@ -480,7 +476,7 @@ class Reconciler:
                 continue
             # a member cancelled as the group's last one is still in the runtime: its
             # state on the nodes must be dropped before their daemons stop
-            self.executor.release_group(group.group_id)
+            self.driver.release_group(group.group_id)
             for alloc in self.store.allocs(group.group_id):
                 for step in self.store.steps(alloc_key=alloc.key):
                     self._end_step(step, now, "group released")

@@ -15,19 +15,19 @@ import logging
 import os
 import sys
 import threading
-import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from filelock import FileLock, Timeout
 
+from weave_slurm.clock import SystemClock
 from weave_slurm.config.site import SiteConfig, default_site, load_site
 from weave_slurm.daemon.api import Api
 from weave_slurm.daemon.client import SOCKET_NAME
-from weave_slurm.daemon.executor import Executor, IdleExecutor
+from weave_slurm.daemon.driver import Driver, DriverKind, IdleDriver
+from weave_slurm.daemon.group_runtime import GroupRuntime, GroupRuntimeConfig
 from weave_slurm.daemon.reconcile import NODE_STEP, PoolRequest, Reconciler
 from weave_slurm.daemon.records import AllocRow, GroupRow
-from weave_slurm.daemon.runtime_executor import RuntimeConfig, RuntimeExecutor
 from weave_slurm.daemon.server import ApiServer
 from weave_slurm.daemon.store import Store
 from weave_slurm.errors import ConfigError, StateError, WeaveError
@@ -39,13 +39,6 @@ from weave_slurm.slurm.templates import render_node_daemon
 log = logging.getLogger(__name__)
 
 _INSTANCE_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
-
-
-class WallClock:
-    """The daemon's real clock (decision code gets it injected)."""
-
-    def now(self) -> float:
-        return time.time()
 
 
 @dataclass(frozen=True)
@@ -65,10 +58,8 @@ class DaemonConfig:
     immediate_s: int = 10
     client_timeout_s: float = 10.0
     env: dict[str, str] = field(default_factory=dict)
-    # "rl": the group runtime drives phases on the node daemons; "idle": one idle step
-    # per job; "auto": "rl" unless node_command replaces the node daemon
-    runtime: str = "auto"
-    runtime_poll_s: float = 0.01
+    runtime: DriverKind = DriverKind.AUTO   # which driver runs the placed jobs
+    runtime_poll_s: float = GroupRuntimeConfig.poll_s
 
     @property
     def socket(self) -> Path:
@@ -79,8 +70,10 @@ class DaemonConfig:
             raise ConfigError(f"--instance {self.instance!r}: use letters, digits and '_'")
         if self.tick_s <= 0:
             raise ConfigError(f"--tick-s {self.tick_s!r}: must be > 0")
-        if self.runtime not in ("auto", "rl", "idle"):
-            raise ConfigError(f"--runtime {self.runtime!r}: valid choices: auto, rl, idle")
+        if self.runtime not in tuple(DriverKind):
+            raise ConfigError(f"--runtime {self.runtime!r}: valid choices: "
+                              f"{', '.join(k.value for k in DriverKind)}")
+        object.__setattr__(self, "runtime", DriverKind(self.runtime))
         if self.cpus_per_node < 1:
             raise ConfigError(f"cpus_per_node={self.cpus_per_node!r}: must be >= 1")
 
@@ -105,7 +98,7 @@ class Weaved:
     """The daemon: build with a config, :meth:`run` in the foreground, :meth:`stop`."""
 
     def __init__(self, config: DaemonConfig, backend: Backend | None = None,
-                 executor: Executor | None = None) -> None:
+                 driver: Driver | None = None) -> None:
         config.validate()
         self.config = config
         config.state_dir.mkdir(parents=True, exist_ok=True)
@@ -118,12 +111,12 @@ class Weaved:
             raise StateError(f"another weaved holds {str(config.state_dir)!r}; stop it first") \
                 from None
         try:
-            self._setup(backend, executor)
+            self._setup(backend, driver)
         except BaseException:
             self._lock.release()
             raise
 
-    def _setup(self, backend: Backend | None, executor: Executor | None) -> None:
+    def _setup(self, backend: Backend | None, driver: Driver | None) -> None:
         cfg = self.config
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -135,45 +128,37 @@ class Weaved:
             cfg.backend, state_dir=cfg.state_dir / "local", env=cfg.env or None,
             log_dir=cfg.state_dir / "logs")
         self.capacity = capacity_for(self.site, self.backend)
-        self.clock = WallClock()
-        self.executor = executor or self._default_executor()
-        self.executor.wake = self._wake_loop
+        self.clock = SystemClock()
+        self.driver = driver or self._default_driver()
+        self.driver.wake = self._wake_loop
         pools = {role: PoolRequest(p.partition, p.gpus_per_node, p.gpu.name, cfg.cpus_per_node)
                  for role, p in (("rollout", self.site.rollout), ("train", self.site.train))}
         self.reconciler = Reconciler(self.store, self.backend, self.capacity, pools,
-                                     self.executor, self.clock, instance=cfg.instance,
+                                     self.driver, self.clock, instance=cfg.instance,
                                      node_step=self._node_step, immediate_s=cfg.immediate_s)
         self.api = Api(self.store, self.site, self.capacity, self.clock.now,
                        admin_uids=cfg.admin_uids, path_roots=cfg.path_roots,
                        wake=self._wake.set,
-                       phase=self.executor.phase, live=self.executor.live,
+                       phase=self.driver.phase, live=self.driver.live,
                        world_error=lambda: self.reconciler.world_error)
         self.server = ApiServer(cfg.socket, self.api, client_timeout_s=cfg.client_timeout_s)
 
     def _wake_loop(self) -> None:
         self._wake.set()
 
-    def _default_executor(self) -> Executor:
+    def _default_driver(self) -> Driver:
         cfg = self.config
-        rl = cfg.runtime == "rl" or (cfg.runtime == "auto" and cfg.node_command is None)
+        rl = cfg.runtime is DriverKind.RL or (cfg.runtime is DriverKind.AUTO
+                                              and cfg.node_command is None)
         if not rl:
-            return IdleExecutor()
-        from weave_slurm.runtime.executor import ExecutorConfig
-        from weave_slurm.runtime.transfer import TransferConfig
+            return IdleDriver()
+        from weave_slurm.runtime.member import RunnerConfig
 
-        # a node daemon weaved relaunches takes seconds to answer (~8 s on a loaded
-        # 2-core VM): a member waits for it (node_wait_s), retrying 2, 4, 8, 10, 10 ... s
-        # apart; its own faults (a worker killed, a phase failing) have a budget of 5
-        rt = self.site.runtime
-        executor = ExecutorConfig(transfer=TransferConfig.from_site(rt),
-                                  migrate_tail=rt.long_tail_migration,
-                                  tail_fraction=rt.tail_fraction,
-                                  recovery_backoff_s=2.0, max_recoveries=5)
         base = self.config.state_dir.resolve() / "ckpt" if cfg.node_command is None \
             else None   # where _node_command puts each node's checkpoints
-        return RuntimeExecutor(self.node_socket, RuntimeConfig(poll_s=cfg.runtime_poll_s,
-                                                               executor=executor,
-                                                               checkpoint_base=base))
+        return GroupRuntime(self.node_socket, GroupRuntimeConfig(
+            poll_s=cfg.runtime_poll_s, runner=RunnerConfig.from_site(self.site.runtime),
+            checkpoint_base=base))
 
     def node_socket(self, alloc: AllocRow, node: str) -> Path:
         """Where the node daemon of ``node`` listens (the template's WEAVE_NODE_SOCKET)."""
@@ -215,7 +200,7 @@ class Weaved:
         server.start()
         log.info("weaved: serving %s, backend %s, instance %r", self.config.socket,
                  self.backend.kind, self.config.instance)
-        self.executor.start()
+        self.driver.start()
         try:
             while not self._stop.is_set():
                 try:
@@ -227,7 +212,7 @@ class Weaved:
                 self._wake.wait(self.config.tick_s)
                 self._wake.clear()
         finally:
-            self.executor.close()
+            self.driver.close()
             self.server.shutdown()
             self.server.server_close()
             self.store.close()

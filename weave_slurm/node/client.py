@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from weave_slurm.errors import StateError, WeaveError
+from weave_slurm.errors import NodeGone, StateError, WeaveError
 from weave_slurm.node.index import DEFAULT_ALIGN_BYTES, JobRef, SegmentIndex, plan_layout
 from weave_slurm.node.protocol import Op
 from weave_slurm.node.segments import AttachedState, SegmentStore, dtype_name
@@ -29,6 +29,7 @@ class NodeClient(LineClient):
 
     server = "node daemon"
     start_hint = "start it with 'weave node serve'"
+    unavailable = NodeGone
 
     def __init__(self, socket_path: Path, timeout_s: float = 120.0) -> None:
         super().__init__(socket_path, timeout_s)

@@ -2,7 +2,7 @@
 
 One daemon per node and store root (a second one is refused by a lock held for the
 daemon's life). At start it loads the job registry, re-adopts the valid segments of
-registered jobs, removes everything else (see ``recovery``), then serves the JSON-lines
+registered jobs, removes everything else (see ``startup``), then serves the JSON-lines
 protocol of ``protocol`` on a Unix socket, one thread per connection. Every request
 that names a job is checked against the uid the kernel reports for the caller
 (SO_PEERCRED): the job's owner or root only.
@@ -39,11 +39,12 @@ from weave_slurm.node.checkpoint import CheckpointStore
 from weave_slurm.node.index import DEFAULT_ROOT, JobRef, check_name
 from weave_slurm.node.pool import ResidentPool
 from weave_slurm.node.protocol import Op, Request
-from weave_slurm.node.recovery import RecoveryReport, recover
 from weave_slurm.node.registry import JobRecord, JobRegistry
 from weave_slurm.node.segments import SegmentStore
 from weave_slurm.node.staging import Reservation, StagingArea, discard
-from weave_slurm.node.worker import Phase, PhaseWorker, worker_env
+from weave_slurm.node.startup import StartupReport, recover_store
+from weave_slurm.node.worker import PhaseWorker, worker_env
+from weave_slurm.vocab import Phase
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +108,7 @@ class NodeDaemon:
         }
 
     # -- life cycle --------------------------------------------------------------
-    def start(self) -> RecoveryReport:
+    def start(self) -> StartupReport:
         """Take the root, re-adopt or clean what a previous daemon left behind."""
         self.config.root.mkdir(mode=0o711, parents=True, exist_ok=True)
         try:
@@ -117,7 +118,7 @@ class NodeDaemon:
                              f"(lock {self._life_lock.lock_file} is held)") from None
         with self._node_lock:
             self.registry.load()
-            report = recover(self.store, set(self.registry.jobs()))
+            report = recover_store(self.store, set(self.registry.jobs()))
         for seg in report.adopted:
             self.budget.force(seg.job, seg.name, seg.size_bytes)
         now = time.monotonic()

@@ -32,20 +32,7 @@ from pathlib import Path
 from weave_slurm.errors import ConfigError
 from weave_slurm.node.index import JobRef
 from weave_slurm.node.segments import AttachedState, SegmentStore
-
-
-class Phase(StrEnum):
-    ROLLOUT = "rollout"
-    SYNC = "sync"
-    TRAIN = "train"
-
-    @classmethod
-    def parse(cls, value: object) -> Phase:
-        try:
-            return cls(str(value))
-        except ValueError:
-            valid = ", ".join(p.value for p in cls)
-            raise ConfigError(f"phase {value!r} is unknown; valid: {valid}") from None
+from weave_slurm.vocab import Phase
 
 
 class WorkerState(StrEnum):

@@ -2,34 +2,28 @@
 
 A *group* here is what the placement engine decided (members in cyclic round-robin
 order, each pinned to some of the group's rollout nodes) plus the node daemons that
-serve the group's nodes. Everything is frozen; the executor keeps the live state.
+serve the group's nodes. Everything is frozen; the runner keeps the live state.
 """
 
 from __future__ import annotations
 
 import enum
+import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from weave_slurm.config.job import MAX_STALENESS
 from weave_slurm.errors import ConfigError
-
-
-class Pool(enum.Enum):
-    """The two GPU pools a group spans."""
-
-    ROLLOUT = "rollout"   # h20
-    TRAIN = "train"       # h800
-
-
-class PhaseKind(enum.Enum):
-    """One phase of a member's iteration (sync is done by the executor itself)."""
-
-    ROLLOUT = "rollout"
-    SYNC = "sync"
-    TRAIN = "train"
+from weave_slurm.hosted.contract import (
+    TRAJ_BUFFER,
+    WEIGHTS_BUFFER,
+    PhaseArgs,
+    buffer_name,
+    rollout_version,
+)
+from weave_slurm.vocab import Phase, Pool
 
 
 class MemberState(enum.Enum):
@@ -47,9 +41,11 @@ class MemberState(enum.Enum):
 
 #: Allowed transitions, one comment per edge.
 TRANSITIONS: dict[MemberState, frozenset[MemberState]] = {
-    # state put on the nodes -> waits for the rollout pool; cancel before it ran
+    # state put on the nodes -> waits for the rollout pool; cancel before it ran; its
+    # first phase failed for good; killed (or its node lost) in its first phase, so it
+    # will start again from scratch; adopted with warm state a previous weaved left
     MemberState.STARTING: frozenset({MemberState.READY, MemberState.CANCELLED,
-                                     MemberState.FAILED}),
+                                     MemberState.FAILED, MemberState.RECOVERING}),
     # the pool picked it for rollout or training; it reached its steps; its phase
     # could not be started (node gone); it left
     MemberState.READY: frozenset({MemberState.ROLLOUT, MemberState.TRAIN, MemberState.DONE,
@@ -62,9 +58,10 @@ TRANSITIONS: dict[MemberState, frozenset[MemberState]] = {
     # training ended while its next rollout still runs
     MemberState.TRAIN: frozenset({MemberState.READY, MemberState.ROLLOUT, MemberState.DONE,
                                   MemberState.RECOVERING, MemberState.CANCELLED}),
-    # restored from its checkpoint (ready again) or gave up
+    # restored from its checkpoint (ready again) or gave up; no checkpoint yet, so it
+    # starts again from scratch
     MemberState.RECOVERING: frozenset({MemberState.READY, MemberState.FAILED,
-                                       MemberState.CANCELLED}),
+                                       MemberState.CANCELLED, MemberState.STARTING}),
     MemberState.DONE: frozenset({MemberState.CANCELLED}),
     MemberState.FAILED: frozenset({MemberState.CANCELLED}),
     MemberState.CANCELLED: frozenset(),
@@ -104,6 +101,25 @@ class MemberSpec:
     declared: DeclaredProfile = field(default_factory=DeclaredProfile)
     staleness: int = 0                       # window k: rollout m uses version max(0, m - k)
     uid: int | None = None                   # owner: workers, shm, checkpoints (None: ours)
+
+    def owner_uid(self) -> int:
+        """The uid its workers, segments and checkpoints belong to."""
+        return os.getuid() if self.uid is None else self.uid
+
+    def phase_args(self, kind: Phase, step: int) -> PhaseArgs:
+        """The arguments of this member's rollout of ``step`` or training at version
+        ``step`` (a stale member names its ring buffers and, for a rollout, the exact
+        weights version it must read)."""
+        k = self.staleness
+        args = PhaseArgs(self.entry_point, self.seed, dict(self.options), k)
+        if k == 0:
+            return args
+        traj = buffer_name(TRAJ_BUFFER, step, k)
+        if kind is Phase.ROLLOUT:
+            version = rollout_version(step, k)
+            return replace(args, weights=buffer_name(WEIGHTS_BUFFER, version, k),
+                           version=version, traj=traj, step=step)
+        return replace(args, traj=traj, step=step)
 
     def validate(self, rollout_nodes: int, train_nodes: int) -> None:
         where = f"member {self.job_id!r}"

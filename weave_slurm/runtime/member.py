@@ -1,69 +1,74 @@
-"""The executor's live records: its clock, its config, a member and its phases in flight.
+"""The group runner's live records: its config, a member, its phases in flight, and
+which node runs what.
 
-Values the :class:`~weave_slurm.runtime.executor.GroupExecutor` keeps per member
-(mutable: the executor owns them; readers such as the daemon's status only read).
+Values the :class:`~weave_slurm.runtime.runner.GroupRunner` keeps (mutable: the runner
+and its :class:`~weave_slurm.runtime.lifecycle.Lifecycle` own them; readers such as the
+daemon's status only read). Every change of a member's state goes through
+``Lifecycle.move`` and its transition table.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
+from weave_slurm.config.runtime import RUNTIME_DEFAULTS, RuntimeConfig
 from weave_slurm.errors import ConfigError
 from weave_slurm.node.index import JobRef
-from weave_slurm.runtime.group import MemberSpec, MemberState, NodeRef, PhaseKind
+from weave_slurm.runtime.faults import Fault
+from weave_slurm.runtime.group import MemberSpec, MemberState, NodeRef
 from weave_slurm.runtime.ordering import rollout_ready
 from weave_slurm.runtime.staleness import VersionLog
 from weave_slurm.runtime.transfer import TransferConfig
+from weave_slurm.vocab import Phase
 
-
-class Clock(Protocol):
-    def now(self) -> float: ...
-
-    def sleep(self, seconds: float) -> None: ...
-
-
-class MonotonicClock:
-    """The real clock (the simulator passes a virtual one)."""
-
-    def now(self) -> float:
-        return time.monotonic()
-
-    def sleep(self, seconds: float) -> None:
-        time.sleep(seconds)
+_RT = RUNTIME_DEFAULTS   # every default below is the site's (config.runtime.RuntimeConfig)
 
 
 @dataclass(frozen=True)
-class ExecutorConfig:
+class RunnerConfig:
+    """How a group runner paces, recovers and moves data (:meth:`from_site`)."""
+
     poll_s: float = 0.005
-    deadline_factor: float = 4.0        # hung = longer than factor x longest seen
-    deadline_floor_s: float = 60.0      # ... but never before this
-    max_recoveries: int = 3             # re-admissions after faults of the member itself
-    recovery_backoff_s: float = 1.0     # between attempts when a node is unreachable ...
-    recovery_backoff_max_s: float = 10.0  # ... doubling up to this
+    deadline_factor: float = _RT.phase_deadline_factor   # hung = factor x longest seen
+    deadline_floor_s: float = _RT.phase_deadline_floor_s  # ... but never before this
+    max_recoveries: int = _RT.max_recoveries        # re-admissions after its own faults
+    recovery_backoff_s: float = _RT.recovery_backoff_s   # between attempts ...
+    recovery_backoff_max_s: float = _RT.recovery_backoff_max_s   # ... doubling up to this
     # a node that is gone, stopping or restarting is not the member's fault: it waits
     # this long for the node (or a replacement allocation) before it fails
-    node_wait_s: float = 300.0
+    node_wait_s: float = _RT.node_wait_s
+    max_fresh_restarts: int = _RT.max_fresh_restarts   # killed in its first phase
     records_dir: Path | None = None     # where <job>.versions.jsonl logs are kept
     transfer: TransferConfig = field(default_factory=TransferConfig)  # weights train -> rollout
     # long-tail migration (docs/runtime.md): a rollout whose remaining requests fell to
     # tail_fraction x its requests frees its node for the next member's rollout
-    migrate_tail: bool = False
-    tail_fraction: float = 0.25
+    migrate_tail: bool = _RT.long_tail_migration
+    tail_fraction: float = _RT.tail_fraction
     progress_poll_s: float = 0.02      # least time between two reads of a rollout's progress
+
+    @classmethod
+    def from_site(cls, rt: RuntimeConfig) -> RunnerConfig:
+        """The site's ``[runtime]`` table."""
+        return cls(deadline_factor=rt.phase_deadline_factor,
+                   deadline_floor_s=rt.phase_deadline_floor_s,
+                   max_recoveries=rt.max_recoveries,
+                   recovery_backoff_s=rt.recovery_backoff_s,
+                   recovery_backoff_max_s=rt.recovery_backoff_max_s,
+                   node_wait_s=rt.node_wait_s, max_fresh_restarts=rt.max_fresh_restarts,
+                   transfer=TransferConfig.from_site(rt),
+                   migrate_tail=rt.long_tail_migration, tail_fraction=rt.tail_fraction)
 
     def __post_init__(self) -> None:
         if not isinstance(self.migrate_tail, bool):
-            raise ConfigError(f"executor.migrate_tail: expected true or false, got "
+            raise ConfigError(f"runner.migrate_tail: expected true or false, got "
                               f"{self.migrate_tail!r}")
         if not 0.0 < self.tail_fraction < 1.0:
-            raise ConfigError(f"executor.tail_fraction: must be in (0, 1) (e.g. 0.25 = the "
+            raise ConfigError(f"runner.tail_fraction: must be in (0, 1) (e.g. 0.25 = the "
                               f"last quarter of the requests), got {self.tail_fraction!r}")
         if self.progress_poll_s < 0:
-            raise ConfigError(f"executor.progress_poll_s: must be >= 0, got "
+            raise ConfigError(f"runner.progress_poll_s: must be >= 0, got "
                               f"{self.progress_poll_s!r}")
 
 
@@ -83,7 +88,7 @@ class TailMove:
 class PhaseRun:
     """One phase of a member in flight on a node."""
 
-    kind: PhaseKind
+    kind: Phase
     node: NodeRef
     start_s: float
     deadline_s: float
@@ -98,7 +103,7 @@ class PhaseRun:
 
 @dataclass
 class Member:
-    """The executor's live view of one member (read it, do not change it)."""
+    """The runner's live view of one member (read it, do not change it)."""
 
     spec: MemberSpec
     job: JobRef
@@ -106,9 +111,9 @@ class Member:
     rollout_nodes: tuple[NodeRef, ...]
     state: MemberState = MemberState.STARTING
     version: int = 0                             # versions trained (train side)
-    next_kind: PhaseKind = PhaseKind.TRAIN       # init runs on the training node
+    next_kind: Phase = Phase.TRAIN       # init runs on the training node
     initialised: bool = False
-    runs: dict[PhaseKind, PhaseRun] = field(default_factory=dict)
+    runs: dict[Phase, PhaseRun] = field(default_factory=dict)
     rolled: int = 0                              # batches produced (next rollout step)
     delivered: int = 0                           # batches on the training node
     deferred: dict[str, list[Callable[[], None]]] = field(default_factory=dict)
@@ -118,9 +123,38 @@ class Member:
     node_fault_since: float | None = None        # waiting for an unavailable node
     rewards: list[float] = field(default_factory=list)
     history: list[tuple[float, MemberState, str]] = field(default_factory=list)
-    error: str | None = None
+    error: str | None = None                     # the last failure, in words
+    fault: Fault | None = None                   # what sent it to recovery (typed)
+    outcome: str | None = None                   # ... and what was done about it
+    restarts: int = 0                            # fresh starts (killed in its first phase)
+    restart_note: str | None = None              # why it last started again from scratch
     retry_at_s: float = 0.0
     ready_s: float | None = None
+
+    def start_over(self, note: str, restarts: int) -> None:
+        """Forget everything learned and every fault: the member starts from scratch
+        (the lifecycle then moves it to STARTING)."""
+        self.version, self.next_kind, self.initialised = 0, Phase.TRAIN, False
+        self.runs.clear()
+        self.deferred.clear()
+        self.rolled = self.delivered = 0
+        self.recoveries = self.faults = 0
+        self.node_fault_since = None
+        self.rewards.clear()
+        self.error, self.fault, self.outcome = None, None, None
+        self.retry_at_s, self.ready_s = 0.0, None
+        self.restarts, self.restart_note = restarts, note
+
+    def event(self) -> str | None:
+        """Its last fault and what was done about it, in words (None: no fault)."""
+        if self.fault is None:
+            return None
+        words = self.fault.words()
+        if self.outcome is not None:
+            return f"{words}; {self.outcome}"
+        if self.error and self.error != words and self.recoveries:
+            return f"{words}; recovering (attempt {self.recoveries}: {self.error})"
+        return f"{words}; recovering"
 
     # -- the recovery budget -------------------------------------------------------
     def charge(self, node_fault: bool, now: float) -> None:
@@ -133,7 +167,7 @@ class Member:
             self.faults += 1
             self.node_fault_since = None
 
-    def given_up(self, cfg: ExecutorConfig, now: float) -> str | None:
+    def given_up(self, cfg: RunnerConfig, now: float) -> str | None:
         """Why recovery stops now (None: try again)."""
         since = self.node_fault_since
         if since is not None and now - since > cfg.node_wait_s:
@@ -143,7 +177,7 @@ class Member:
             return f"gave up after {self.faults} failures: {self.error}"
         return None
 
-    def backoff_s(self, cfg: ExecutorConfig) -> float:
+    def backoff_s(self, cfg: RunnerConfig) -> float:
         """Time before the next recovery attempt (a restarting node daemon gets time)."""
         doubled = cfg.recovery_backoff_s * float(2 ** min(max(self.recoveries - 1, 0), 16))
         return min(cfg.recovery_backoff_max_s, doubled)
@@ -151,7 +185,7 @@ class Member:
     @property
     def running(self) -> PhaseRun | None:
         """The phase in flight (its training first when a stale member runs two)."""
-        return self.runs.get(PhaseKind.TRAIN) or self.runs.get(PhaseKind.ROLLOUT)
+        return self.runs.get(Phase.TRAIN) or self.runs.get(Phase.ROLLOUT)
 
     @property
     def staleness(self) -> int:
@@ -172,17 +206,33 @@ class Member:
                 else self.versions.current_staleness(),
                 "tail": any(r.tail_s is not None and not r.ended for r in self.runs.values())}
 
-    def wants(self) -> PhaseKind | None:
+    def wants(self) -> Phase | None:
         """The phase a member may start now, if any (the window decides, not alternation)."""
         if self.state not in (MemberState.READY, MemberState.STARTING,
                               MemberState.ROLLOUT, MemberState.TRAIN):
             return None
         if not self.initialised:
-            return PhaseKind.TRAIN if not self.runs else None
-        if PhaseKind.TRAIN not in self.runs and self.version < self.spec.steps \
+            return Phase.TRAIN if not self.runs else None
+        if Phase.TRAIN not in self.runs and self.version < self.spec.steps \
                 and self.delivered > self.version:
-            return PhaseKind.TRAIN
-        if PhaseKind.ROLLOUT not in self.runs and (self.staleness > 0 or not self.runs) \
+            return Phase.TRAIN
+        if Phase.ROLLOUT not in self.runs and (self.staleness > 0 or not self.runs) \
                 and rollout_ready(self.rolled, self.version, self.staleness, self.spec.steps):
-            return PhaseKind.ROLLOUT
+            return Phase.ROLLOUT
         return None
+
+
+@dataclass
+class NodeSlots:
+    """Which member each node of the group serves now: its bulk phase, and at most one
+    migrated rollout tail beside the next member's rollout."""
+
+    busy: dict[str, str] = field(default_factory=dict)     # node name -> job id
+    tails: dict[str, str] = field(default_factory=dict)    # node name -> job id of its tail
+
+    def free(self, job_id: str, node: str) -> None:
+        """The node ``job_id`` held is free (its bulk or its migrated tail)."""
+        if self.busy.get(node) == job_id:
+            self.busy.pop(node, None)
+        if self.tails.get(node) == job_id:
+            self.tails.pop(node, None)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from weave_slurm.hosted.contract import rollout_version
+
 
 def next_member(order: Sequence[str], last_served: str | None,
                 ready: frozenset[str] | set[str]) -> str | None:
@@ -45,16 +47,6 @@ def phase_deadline_s(declared_s: float | None, measured_s: Sequence[float],
     if basis is None:
         return floor_s
     return max(floor_s, factor * basis)
-
-
-def rollout_version(step: int, staleness: int) -> int:
-    """The weights version the rollout of ``step`` uses: exactly ``max(0, step - k)``.
-
-    Exactly that version, not the newest one on the node: the batch then depends only
-    on the job's seed and its window, never on how the group interleaved its phases,
-    so a stale member learns what it would learn alone (``run_solo(staleness=k)``).
-    """
-    return max(0, step - staleness)
 
 
 def rollout_ready(step: int, trained: int, staleness: int, steps: int) -> bool:

@@ -17,12 +17,13 @@ import statistics
 from dataclasses import dataclass, field, replace
 
 from weave_slurm.model.profile import JobProfile
-from weave_slurm.runtime.group import DeclaredProfile, PhaseKind
+from weave_slurm.runtime.group import DeclaredProfile
+from weave_slurm.vocab import Phase
 
 
 @dataclass
 class _Series:
-    durations_s: dict[PhaseKind, list[float]] = field(default_factory=dict)
+    durations_s: dict[Phase, list[float]] = field(default_factory=dict)
     iteration_ends_s: list[float] = field(default_factory=list)
     rollout_state_bytes: int = 0
     train_state_bytes: int = 0
@@ -83,7 +84,7 @@ class LiveProfiler:
         self._series.pop(job_id, None)
         self._declared.pop(job_id, None)
 
-    def phase(self, job_id: str, kind: PhaseKind, duration_s: float) -> None:
+    def phase(self, job_id: str, kind: Phase, duration_s: float) -> None:
         self._series[job_id].durations_s.setdefault(kind, []).append(duration_s)
 
     def iteration_end(self, job_id: str, now_s: float) -> None:
@@ -101,7 +102,7 @@ class LiveProfiler:
         bytes_ = self._series[job_id].sync_bytes
         bytes_[what] = bytes_.get(what, 0) + nbytes
 
-    def durations(self, job_id: str, kind: PhaseKind) -> list[float]:
+    def durations(self, job_id: str, kind: Phase) -> list[float]:
         series = self._series.get(job_id)
         return list(series.durations_s.get(kind, [])) if series else []
 
@@ -110,9 +111,9 @@ class LiveProfiler:
 
     def _one(self, job_id: str, s: _Series) -> MemberProfile:
         declared = self._declared.get(job_id, DeclaredProfile())
-        roll = s.durations_s.get(PhaseKind.ROLLOUT, [])
-        train = s.durations_s.get(PhaseKind.TRAIN, [])
-        sync = s.durations_s.get(PhaseKind.SYNC, [])
+        roll = s.durations_s.get(Phase.ROLLOUT, [])
+        train = s.durations_s.get(Phase.TRAIN, [])
+        sync = s.durations_s.get(Phase.SYNC, [])
         solo = None
         if roll and train:
             solo = (statistics.mean(roll) + statistics.mean(train)

@@ -2,17 +2,17 @@
 
 A member with window ``k >= 1`` (``MemberSpec.staleness``) overlaps its own rollout
 and training: the rollout of step ``m`` uses **exactly** the weights of version
-``max(0, m - k)`` (:func:`~weave_slurm.runtime.ordering.rollout_version`), so it may
+``max(0, m - k)`` (:func:`~weave_slurm.hosted.contract.rollout_version`), so it may
 start as soon as that version is on its rollout node, without waiting for training
 step ``m - 1``; training step ``v`` (held version ``v``) consumes the batch of step
 ``v``, so every batch's version ``b`` satisfies ``v - k <= b <= v``.
 
 Weights travel into a ring of ``k + 1`` buffers per node (two for ``k = 1``: double
-buffering), version ``v`` into buffer ``v % (k + 1)``. The executor writes the next
+buffering), version ``v`` into buffer ``v % (k + 1)``. The runner writes the next
 version into a buffer no rollout is reading (the ring argument: when version ``v``
 exists, training ``v - 1`` has consumed the batch of the only rollout that used
 version ``v - 1 - k``), each write replaces the segment file atomically (tmp file,
-rename, index last) with the source's CRC32 in its index, and the executor checks the
+rename, index last) with the source's CRC32 in its index, and the runner checks the
 written bytes against it before it *commits* the buffer (the flip: only then does a
 rollout get pointed at it, by buffer name and version). The rollout phase checks the
 version and the CRC32 again before it installs the weights. A half-written version is
@@ -29,66 +29,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import zlib
-from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from weave_slurm.errors import StateError
-from weave_slurm.node.index import JobRef
-from weave_slurm.node.protocol import Op
 
 log = logging.getLogger(__name__)
-
-WEIGHTS_BUFFER = "weights.b"    # + slot: the ring of weight buffers (k >= 1)
-TRAJ_BUFFER = "traj.b"          # + slot: the ring of trajectory batches (k >= 1)
-CRC_KEY = "crc32"
-
-
-def buffer_name(prefix: str, index: int, staleness: int) -> str:
-    """The ring buffer holding weights version / batch step ``index`` (k >= 1)."""
-    return f"{prefix}{index % (staleness + 1)}"
-
-
-def storage_crc32(storage: Any) -> int:
-    """CRC32 of a mapped segment's bytes (a ``torch.UntypedStorage``)."""
-    import torch
-
-    data = torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
-    return zlib.crc32(data.data) & 0xFFFFFFFF
-
-
-def copy_as(clients: Callable[[Path], Any], src: Path, src_name: str,
-            dsts: Sequence[Path], job: JobRef, dst_name: str) -> tuple[int, int]:
-    """Copy segment ``src_name`` of node ``src`` as ``dst_name`` onto ``dsts``, checked.
-
-    Each destination gets the bytes with the source's CRC32 in its index; the
-    written segment is read back and compared before this returns. Returns
-    ``(version, bytes moved)``; ``StateError`` on a missing source or a bad copy.
-    """
-    from weave_slurm.node.segments import SegmentStore
-
-    info = clients(src).call(Op.ATTACH_INFO, job=job.job_id)
-    if src_name not in info["segments"]:
-        raise StateError(f"job {job.job_id}: node {src} has no segment {src_name!r} "
-                         f"(has {sorted(info['segments'])})")
-    attached = SegmentStore(Path(info["root"])).attach_state(job, src_name)
-    crc = storage_crc32(attached.storage)
-    version = attached.index.version
-    moved = 0
-    for dst in dsts:
-        client = clients(dst)
-        client.put_state(job, dst_name, attached.tensors, version,
-                         {**attached.index.extra, CRC_KEY: crc})
-        dst_info = client.call(Op.ATTACH_INFO, job=job.job_id)
-        written = SegmentStore(Path(dst_info["root"])).attach_state(job, dst_name)
-        if written.index.version != version or storage_crc32(written.storage) != crc:
-            raise StateError(f"job {job.job_id}: copy of {src_name} v{version} to {dst} as "
-                             f"{dst_name} does not match its source (CRC32 {crc:#010x})")
-        moved += attached.index.size_bytes
-    return version, moved
-
 
 @dataclass(frozen=True)
 class BatchRecord:

@@ -7,15 +7,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from weave_slurm.runtime.group import PhaseKind, Pool
+from weave_slurm.vocab import Phase, Pool
 
 
 @dataclass(frozen=True)
 class Span:
-    """One phase of one member on one node, in the executor's clock (seconds)."""
+    """One phase of one member on one node, in the runner's clock (seconds)."""
 
     job_id: str
-    kind: PhaseKind
+    kind: Phase
     node: str
     pool: Pool
     start_s: float
@@ -64,14 +64,14 @@ def busy_fraction(spans: Sequence[Span], pool: Pool, nodes: Sequence[str],
     return busy / (wall * len(nodes))
 
 
-def switch_gaps_s(spans: Sequence[Span], kind: PhaseKind) -> list[float]:
+def switch_gaps_s(spans: Sequence[Span], kind: Phase) -> list[float]:
     """Meta-iteration overhead: on each node, one member's ``kind`` phase ending (its
     entry returned, worker clock) to the next member's entry starting.
 
     Only back-to-back pairs of *different* members count (that is the switch), and only
     where the second member was ready before the first phase ended (it was waiting for
     the node, so the gap is pure runtime overhead, not an empty pool). Workers and the
-    executor share the host's CLOCK_MONOTONIC.
+    runner share the host's CLOCK_MONOTONIC.
     """
     gaps: list[float] = []
     by_node: dict[str, list[Span]] = {}
@@ -107,7 +107,7 @@ def gantt_png(spans: Sequence[Span], path: Path, title: str) -> Path:
     t0 = min((s.start_s for s in spans), default=0.0)
     fig, ax = plt.subplots(figsize=(11, 1.0 + 0.6 * max(1, len(nodes))))
     for s in spans:
-        hatch = {PhaseKind.TRAIN: "//", PhaseKind.SYNC: ".."}.get(s.kind, "")
+        hatch = {Phase.TRAIN: "//", Phase.SYNC: ".."}.get(s.kind, "")
         ax.broken_barh([(s.start_s - t0, max(s.duration_s, 1e-4))], (rows[s.node] - 0.4, 0.8),
                        facecolors=color[s.job_id] if s.ok else "black", hatch=hatch,
                        edgecolor="white", linewidth=0.3)

@@ -1,19 +1,19 @@
 """Moving a member's segments between node daemons (weights and trajectories).
 
-The executor calls one :class:`WeightTransfer`, chosen by ``TransferConfig.kind``
+The runner calls one :class:`WeightTransfer`, chosen by ``TransferConfig.kind``
 (site config ``[runtime] weight_transfer``):
 
-- ``shm`` (default): the executor attaches the source node's segment zero-copy and
+- ``shm`` (default): the runner attaches the source node's segment zero-copy and
   puts it on each destination through that node's daemon (budget-checked): a direct
   shared-memory handoff, one copy. Works only where the "nodes" share a host (the
   LocalBackend, the local Slurm cluster).
 - ``twotier``: weights from a training node to rollout nodes go through
   :mod:`weave_slurm.sync` (stage 1: parallel point-to-point streams over the slow
   link; stage 2: relay inside the rollout pool), carried by one persistent sync agent
-  per node (:mod:`~weave_slurm.runtime.sync_agent`), started on first use for the
+  per node (:mod:`~weave_slurm.sync.agent`), started on first use for the
   group's layout and stopped by :meth:`WeightTransfer.close`. Everything else
   (trajectories rollout -> train, a training node's own weight buffers) still uses the
-  shm handoff. A refused (stale/duplicate), corrupt or lost sync raises; the executor
+  shm handoff. A refused (stale/duplicate), corrupt or lost sync raises; the runner
   fails only that member. After a transport failure (a peer died, a timeout) the
   agents are stopped and started afresh on the next sync.
 """
@@ -34,26 +34,26 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
 
-from weave_slurm.config.site import SYNC_MODES, WEIGHT_TRANSFERS, RuntimeConfig
+from weave_slurm.config.runtime import (
+    RUNTIME_DEFAULTS,
+    SYNC_MODES,
+    WEIGHT_TRANSFERS,
+    RuntimeConfig,
+    WeightTransferKind,
+)
 from weave_slurm.errors import ConfigError, StateError, VersionMismatch, WeaveError
+from weave_slurm.hosted.contract import CRC_KEY, storage_crc32
 from weave_slurm.node.index import JobRef
 from weave_slurm.node.protocol import Op
-from weave_slurm.runtime.group import GroupLayout, NodeRef, Pool
+from weave_slurm.runtime.group import GroupLayout, NodeRef
+from weave_slurm.vocab import Pool
 
 log = logging.getLogger(__name__)
 
 ClientFactory = Callable[[Path], Any]
-
-
-class TransferKind(StrEnum):
-    """How weights move from a training node to rollout nodes."""
-
-    SHM = "shm"            # shared-memory handoff (all nodes on one host)
-    TWOTIER = "twotier"    # weave_slurm.sync through per-node sync agents
 
 
 @dataclass(frozen=True)
@@ -62,9 +62,9 @@ class TransferConfig:
     ``timeout_s`` (every wait), ``start_timeout_s`` for the agents to form their group,
     and the rendezvous host (the first training node's address; loopback on one host)."""
 
-    kind: str = TransferKind.SHM.value
-    mode: str = "full"
-    timeout_s: float = 60.0
+    kind: WeightTransferKind = RUNTIME_DEFAULTS.weight_transfer
+    mode: str = RUNTIME_DEFAULTS.sync_mode
+    timeout_s: float = RUNTIME_DEFAULTS.sync_timeout_s
     start_timeout_s: float = 120.0
     rendezvous_host: str = "127.0.0.1"
 
@@ -77,6 +77,7 @@ class TransferConfig:
         if self.kind not in WEIGHT_TRANSFERS:
             raise ConfigError(f"weight_transfer {self.kind!r}: valid: "
                               f"{', '.join(WEIGHT_TRANSFERS)}")
+        object.__setattr__(self, "kind", WeightTransferKind(self.kind))
         if self.mode not in SYNC_MODES:
             raise ConfigError(f"sync_mode {self.mode!r}: valid: {', '.join(SYNC_MODES)}")
         if not self.timeout_s > 0 or not self.start_timeout_s > 0:
@@ -85,7 +86,7 @@ class TransferConfig:
 
 
 class WeightTransfer(Protocol):
-    """What the executor calls to move a segment; ``(version, bytes put on nodes)``."""
+    """What the runner calls to move a segment; ``(version, bytes put on nodes)``."""
 
     def copy(self, src: NodeRef, dsts: Sequence[NodeRef], job: JobRef, name: str,
              as_name: str | None = None) -> tuple[int, int]: ...
@@ -96,10 +97,13 @@ class WeightTransfer(Protocol):
 
 
 def copy_segment(clients: ClientFactory, src: Path, dsts: Sequence[Path], job: JobRef,
-                 name: str) -> tuple[int, int]:
+                 name: str, as_name: str | None = None) -> tuple[int, int]:
     """Copy segment ``name`` of ``job`` from node ``src`` to each node in ``dsts``.
 
-    Returns ``(version, bytes moved)``; ``StateError`` if the source lacks it.
+    With ``as_name`` it is written under that name (a ring buffer, also onto ``src``
+    itself) with the source's CRC32 in its index, and read back and compared before
+    this returns. Returns ``(version, bytes moved)``; ``StateError`` on a missing
+    source or a copy that does not match it.
     """
     from weave_slurm.node.segments import SegmentStore
 
@@ -108,16 +112,25 @@ def copy_segment(clients: ClientFactory, src: Path, dsts: Sequence[Path], job: J
         raise StateError(f"job {job.job_id}: node {src} has no segment {name!r} "
                          f"(has {sorted(info['segments'])})")
     attached = SegmentStore(Path(info["root"])).attach_state(job, name)
+    version, extra = attached.index.version, dict(attached.index.extra)
+    crc = None if as_name is None else storage_crc32(attached.storage)
+    if crc is not None:
+        extra[CRC_KEY] = crc
     moved = 0
     for dst in dsts:
-        if dst == src:
+        if dst == src and as_name is None:
             continue
-        clients(dst).put_state(job, name, attached.tensors, attached.index.version,
-                               attached.index.extra)
+        client = clients(dst)
+        client.put_state(job, as_name or name, attached.tensors, version, extra)
+        if as_name is not None:
+            dst_info = client.call(Op.ATTACH_INFO, job=job.job_id)
+            written = SegmentStore(Path(dst_info["root"])).attach_state(job, as_name)
+            if written.index.version != version or storage_crc32(written.storage) != crc:
+                raise StateError(f"job {job.job_id}: copy of {name} v{version} to {dst} as "
+                                 f"{as_name} does not match its source (CRC32 {crc:#010x})")
         moved += attached.index.size_bytes
-    log.debug("job %s: %s v%d %s -> %d nodes", job.job_id, name, attached.index.version,
-              src, len(dsts))
-    return attached.index.version, moved
+    log.debug("job %s: %s v%d %s -> %d nodes", job.job_id, name, version, src, len(dsts))
+    return version, moved
 
 
 @contextlib.contextmanager
@@ -142,13 +155,9 @@ class ShmTransfer:
 
     def copy(self, src: NodeRef, dsts: Sequence[NodeRef], job: JobRef, name: str,
              as_name: str | None = None) -> tuple[int, int]:
-        from weave_slurm.runtime.staleness import copy_as
-
         paths = [d.socket_path for d in dsts]
         with _one_thread():
-            if as_name is None:
-                return copy_segment(self.clients, src.socket_path, paths, job, name)
-            return copy_as(self.clients, src.socket_path, name, paths, job, as_name)
+            return copy_segment(self.clients, src.socket_path, paths, job, name, as_name)
 
     def forget(self, job: JobRef) -> None:
         """Nothing to forget: the handoff keeps no versions."""
@@ -159,7 +168,7 @@ class ShmTransfer:
 
 def make_transfer(config: TransferConfig, layout: GroupLayout,
                   clients: ClientFactory) -> WeightTransfer:
-    if config.kind == TransferKind.TWOTIER.value:
+    if config.kind is WeightTransferKind.TWOTIER:
         return TwoTierTransfer(layout, clients, config)
     return ShmTransfer(clients)
 
@@ -169,7 +178,7 @@ RECORDS_KEPT = 1024
 
 @dataclass
 class SyncRecord:
-    """One two-tier sync as the executor saw it (for profiling and benchmarks)."""
+    """One two-tier sync as the runner saw it (for profiling and benchmarks)."""
 
     job_id: str
     name: str
@@ -315,7 +324,7 @@ class AgentGroup:
         return [a.proc.pid for a in self._agents.values()]
 
     def start(self) -> None:
-        from weave_slurm.runtime.sync_agent import AgentSpec
+        from weave_slurm.sync.agent import AgentSpec
 
         with socket.socket() as s:
             s.bind((self.config.rendezvous_host, 0))
@@ -329,7 +338,7 @@ class AgentGroup:
             log_path = self.dir / f"agent{rank}.err"
             with log_path.open("wb") as err:
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "weave_slurm.runtime.sync_agent", spec.dumps()],
+                    [sys.executable, "-m", "weave_slurm.sync.agent", spec.dumps()],
                     stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, env=env)
             self._agents[(pool, node.name)] = _Agent((pool, node.name), rank, proc, log_path)
         deadline = time.monotonic() + self.config.start_timeout_s

@@ -5,9 +5,9 @@ args)``. ``sequence`` is a per-simulator counter, so ties on time break on prior
 (lower first) and then on scheduling order: a replay is reproducible bit for bit.
 
 Time is injected. ``Simulator.now`` is the time of the event being processed (virtual
-seconds). The clock only paces the loop: :class:`VirtualClock` jumps straight to the
-next event; :class:`WallClock` sleeps until the event's wall-clock deadline, so the live
-daemon can drive the same callbacks in real time.
+seconds). The clock (:mod:`weave_slurm.clock`) only paces the loop: a ``VirtualClock``
+jumps straight to the next event; a ``ScaledClock`` sleeps until the event's
+wall-clock deadline, so the live daemon can drive the same callbacks in real time.
 
 Cancellation is lazy (a cancelled entry is skipped when it reaches the top), which keeps
 ``schedule`` and ``step`` at one heap operation each.
@@ -17,61 +17,14 @@ from __future__ import annotations
 
 import heapq
 import math
-import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
-from weave_slurm.errors import ConfigError, StateError
+from weave_slurm.clock import Clock, VirtualClock
+from weave_slurm.errors import StateError
 
 Callback = Callable[..., object]
 _Entry = tuple[float, int, int, Callback, tuple[Any, ...]]
-
-
-class Clock(Protocol):
-    """Paces a simulator: ``now()`` in seconds and a wait until a given time."""
-
-    def now(self) -> float: ...
-
-    def sleep_until(self, time_s: float) -> None: ...
-
-
-class VirtualClock:
-    """Simulated time: ``sleep_until`` jumps, never blocks."""
-
-    def __init__(self, start_s: float = 0.0) -> None:
-        self._now_s = start_s
-
-    def now(self) -> float:
-        return self._now_s
-
-    def sleep_until(self, time_s: float) -> None:
-        self._now_s = max(self._now_s, time_s)
-
-
-class WallClock:
-    """Real time: simulated second ``t`` happens ``t * scale`` wall seconds after the
-    clock was made (``scale`` < 1 runs faster than real time)."""
-
-    def __init__(self, start_s: float = 0.0, scale: float = 1.0,
-                 monotonic: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
-        if not math.isfinite(scale) or scale <= 0:
-            raise ConfigError(f"WallClock scale {scale!r} invalid; expected a finite number > 0")
-        self._start_s = start_s
-        self._scale = scale
-        self._monotonic = monotonic
-        self._sleep = sleep
-        self._origin = monotonic()
-
-    def now(self) -> float:
-        return self._start_s + (self._monotonic() - self._origin) / self._scale
-
-    def sleep_until(self, time_s: float) -> None:
-        while True:
-            remaining = (time_s - self.now()) * self._scale
-            if remaining <= 0:
-                return
-            self._sleep(remaining)
 
 
 class EventQueue:

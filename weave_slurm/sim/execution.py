@@ -22,7 +22,6 @@ warm state exceeds its host memory.
 from __future__ import annotations
 
 import bisect
-import enum
 import math
 import random
 from dataclasses import dataclass, field
@@ -30,11 +29,7 @@ from dataclasses import dataclass, field
 from weave_slurm.errors import StateError
 from weave_slurm.placement.group import Group
 from weave_slurm.sim.events import Simulator
-
-
-class Phase(enum.StrEnum):
-    ROLLOUT = "rollout"
-    TRAIN = "train"
+from weave_slurm.vocab import Phase
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from weave_slurm.errors import ConfigError
-from weave_slurm.sim.execution import ExecutionResult, Phase
+from weave_slurm.sim.execution import ExecutionResult
 from weave_slurm.sim.replay import ReplayResult
+from weave_slurm.vocab import Phase
 
 HOUR_S = 3600.0
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from weave_slurm.sync.topology import Pool, SyncTopology
+from weave_slurm.sync.topology import SyncTopology
 from weave_slurm.sync.transport import Transport
+from weave_slurm.vocab import Pool
 
 _TAG = 7_000_000
 

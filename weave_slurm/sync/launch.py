@@ -30,7 +30,7 @@ from weave_slurm.sync.errors import SyncError
 from weave_slurm.sync.header import SyncMode
 from weave_slurm.sync.linkemu import EmulatedLink, LinkSpec
 from weave_slurm.sync.scenario import Backend, Method, Scenario
-from weave_slurm.sync.topology import Pool
+from weave_slurm.vocab import Pool
 
 log = logging.getLogger(__name__)
 

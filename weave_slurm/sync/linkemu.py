@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from types import TracebackType
 
 from weave_slurm.errors import ConfigError, ExternalCommandError
-from weave_slurm.sync.topology import Pool
+from weave_slurm.vocab import Pool
 
 log = logging.getLogger(__name__)
 

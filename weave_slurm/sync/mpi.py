@@ -14,8 +14,9 @@ from typing import Any
 import torch
 
 from weave_slurm.sync.errors import SyncError
-from weave_slurm.sync.topology import Pool, SyncTopology
+from weave_slurm.sync.topology import SyncTopology
 from weave_slurm.sync.transport import Pending, guarded
+from weave_slurm.vocab import Pool
 
 _POLL_S = 0.0005
 

@@ -10,7 +10,8 @@ from typing import Any
 
 from weave_slurm.errors import ConfigError
 from weave_slurm.sync.header import SyncMode
-from weave_slurm.sync.topology import Pool, PoolNodes, SyncTopology, build_topology
+from weave_slurm.sync.topology import PoolNodes, SyncTopology, build_topology
+from weave_slurm.vocab import Pool
 
 
 class Method(enum.Enum):

@@ -19,8 +19,9 @@ from collections.abc import Sequence
 import torch
 
 from weave_slurm.sync.errors import SyncError
-from weave_slurm.sync.topology import Pool, PoolNodes, SyncTopology, build_topology
+from weave_slurm.sync.topology import PoolNodes, SyncTopology, build_topology
 from weave_slurm.sync.transport import Pending, Transport
+from weave_slurm.vocab import Pool
 
 #: Tag of the rollout pool's all-gather messages: above every piece tag of a sync.
 GATHER_TAG = 1 << 30

@@ -13,20 +13,13 @@ range of which rollout shard to which rollout rank.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from weave_slurm.errors import ConfigError
+from weave_slurm.vocab import Pool
 
 ALIGN_BYTES = 64
-
-
-class Pool(enum.Enum):
-    """The two GPU pools of a group."""
-
-    TRAIN = "train"
-    ROLLOUT = "rollout"
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ import torch
 import torch.distributed as dist
 
 from weave_slurm.sync.errors import SyncError
-from weave_slurm.sync.topology import Pool, SyncTopology
+from weave_slurm.sync.topology import SyncTopology
+from weave_slurm.vocab import Pool
 
 log = logging.getLogger(__name__)
 

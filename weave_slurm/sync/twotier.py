@@ -28,8 +28,9 @@ from weave_slurm.sync.header import NO_BASE, PieceHeader, Status, SyncMode, job_
 from weave_slurm.sync.ledger import VersionLedger
 from weave_slurm.sync.pieces import Slot, chunk_crcs, chunk_spans, crc32_into, tag
 from weave_slurm.sync.receiver import RoundReceiver, RoundResult
-from weave_slurm.sync.topology import Pool, ShardLayout, StreamPiece, SyncTopology, plan_streams
+from weave_slurm.sync.topology import ShardLayout, StreamPiece, SyncTopology, plan_streams
 from weave_slurm.sync.transport import Pending, Transport
+from weave_slurm.vocab import Pool
 
 log = logging.getLogger(__name__)
 

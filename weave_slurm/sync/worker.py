@@ -23,9 +23,10 @@ from weave_slurm.errors import VersionMismatch, WeaveError
 from weave_slurm.sync.baselines import flat_broadcast, naive_pull
 from weave_slurm.sync.pieces import is_payload_tag
 from weave_slurm.sync.scenario import Backend, Method, Scenario
-from weave_slurm.sync.topology import Pool, ShardLayout, SyncTopology
+from weave_slurm.sync.topology import ShardLayout, SyncTopology
 from weave_slurm.sync.transport import Pending, TorchTransport, Transport
 from weave_slurm.sync.twotier import FaultPlan, SyncConfig, TwoTierSync
+from weave_slurm.vocab import Pool
 
 log = logging.getLogger(__name__)
 

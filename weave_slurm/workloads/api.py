@@ -53,7 +53,7 @@ def report_progress(remaining: int, total: int) -> None:
     """Called by a job's ``generate`` as its requests finish (optional for a job).
 
     A no-op unless the runtime listens (:meth:`JobRunner.rollout` with ``progress``):
-    the group executor uses it to spot a rollout's long tail (docs/runtime.md). It
+    the group runner uses it to spot a rollout's long tail (docs/runtime.md). It
     must not change what ``generate`` computes.
     """
     if _PROGRESS:

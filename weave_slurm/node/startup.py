@@ -1,4 +1,4 @@
-"""Crash recovery at node-daemon start: adopt what is valid, clean what is not.
+"""What a node daemon keeps at start: adopt the valid state of registered jobs, clean the rest.
 
 Rules (applied under the node lock, before the socket is served):
 
@@ -22,12 +22,12 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class RecoveryReport:
+class StartupReport:
     adopted: tuple[SegmentListing, ...]
     removed: tuple[Path, ...]
 
 
-def recover(store: SegmentStore, registered: set[JobRef]) -> RecoveryReport:
+def recover_store(store: SegmentStore, registered: set[JobRef]) -> StartupReport:
     """Scan the store's root and make it hold only valid state of registered jobs."""
     adopted: list[SegmentListing] = []
     removed: list[Path] = []
@@ -55,4 +55,4 @@ def recover(store: SegmentStore, registered: set[JobRef]) -> RecoveryReport:
     for job in registered:
         if not store.job_dir(job).is_dir():
             store.ensure_job_dir(job)
-    return RecoveryReport(tuple(adopted), tuple(removed))
+    return StartupReport(tuple(adopted), tuple(removed))

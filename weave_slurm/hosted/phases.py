@@ -1,6 +1,6 @@
 """The phase entries a member's resident worker runs on a node (``module:function``).
 
-The executor activates, through the node daemon, one of
+weaved's group runner activates, through the node daemon, one of
 
 - :func:`init_train` on the member's training node: builds the job from its seed
   (version 0) and puts its warm state (``state``) and its policy (``weights``);
@@ -17,38 +17,36 @@ rollout reads the weights buffer ``weights.b<v % (k+1)>`` and refuses unless it 
 exactly version ``v = max(0, m - k)`` with an intact CRC32, and puts ``traj.b<m % (k+1)>``
 (with its step); its training reads that buffer and refuses a batch of another step.
 
-With long-tail migration on, the executor names the rollout (``progress``: a run id)
+With long-tail migration on, the runner names the rollout (``progress``: a run id)
 and its tail threshold (``tail_fraction``): the rollout then puts a tiny ``progress``
 segment (index extra: run id, requests remaining and in all, ``tail``) as the job
 reports its requests finishing, at most every :data:`PROGRESS_EVERY_S` and at once
-when the remaining requests first fall to the threshold; the executor reads it with
+when the remaining requests first fall to the threshold; the runner reads it with
 ``attach_info`` (docs/runtime.md, "Long-tail migration"). Nothing the job computes
 depends on it.
 
 The JobRunner is kept in the worker between phases (the worker is resident and
 serves only this job), so a warm phase neither rebuilds the model nor reloads
 state; a fresh worker (after a crash) rebuilds it from the segments. The argument
-is one JSON string: ``{"entry_point", "seed", "options"}``.
+is one JSON string (:class:`~weave_slurm.hosted.contract.PhaseArgs`).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from weave_slurm.errors import ConfigError, StateError, VersionMismatch, WeaveError
-from weave_slurm.runtime.group import MemberSpec, PhaseKind
-from weave_slurm.runtime.ordering import rollout_version
-from weave_slurm.runtime.staleness import (
+from weave_slurm.errors import StateError, VersionMismatch, WeaveError
+from weave_slurm.hosted.contract import (
     CRC_KEY,
-    TRAJ_BUFFER,
-    WEIGHTS_BUFFER,
-    buffer_name,
+    PROGRESS,
+    PROGRESS_EVERY_S,
+    STATE,
+    WEIGHTS,
+    PhaseArgs,
     storage_crc32,
 )
 from weave_slurm.workloads.api import JobContext, JobRunner, Role, Trajectories, TrajectoryBatch
@@ -62,74 +60,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-STATE = "state"
-WEIGHTS = "weights"
-TRAJ = "traj"
-PROGRESS = "progress"
-#: Least time between two progress reports of a rollout (the tail report is never held).
-PROGRESS_EVERY_S = 0.05
-
-
-@dataclass(frozen=True)
-class PhaseArgs:
-    """What the executor passes to every entry.
-
-    A member with a staleness window (``staleness >= 1``) also names the weights
-    buffer its rollout must read and the exact version it must hold
-    (``weights``/``version``), and the trajectory buffer of the batch (``traj``) with
-    its step (``step``); the defaults are the on-policy segments.
-    """
-
-    entry_point: str
-    seed: int
-    options: dict[str, Any]
-    staleness: int = 0
-    weights: str = WEIGHTS
-    version: int | None = None
-    traj: str = TRAJ
-    step: int | None = None
-    progress: str | None = None         # run id: report progress (long-tail migration)
-    tail_fraction: float = 0.25         # ... "tail" once remaining <= this x all requests
-
-    def encode(self) -> str:
-        return json.dumps({"entry_point": self.entry_point, "seed": self.seed,
-                           "options": self.options, "staleness": self.staleness,
-                           "weights": self.weights, "version": self.version,
-                           "traj": self.traj, "step": self.step,
-                           "progress": self.progress, "tail_fraction": self.tail_fraction},
-                          sort_keys=True)
-
-    @classmethod
-    def for_phase(cls, spec: MemberSpec, kind: PhaseKind, step: int) -> PhaseArgs:
-        """The arguments of a member's rollout of ``step`` or training at version ``step``."""
-        k = spec.staleness
-        args = cls(spec.entry_point, spec.seed, dict(spec.options), k)
-        if k == 0:
-            return args
-        traj = buffer_name(TRAJ_BUFFER, step, k)
-        if kind is PhaseKind.ROLLOUT:
-            version = rollout_version(step, k)
-            return replace(args, weights=buffer_name(WEIGHTS_BUFFER, version, k),
-                           version=version, traj=traj, step=step)
-        return replace(args, traj=traj, step=step)
-
-    @classmethod
-    def decode(cls, ctx: PhaseContext) -> PhaseArgs:
-        if len(ctx.args) != 1:
-            raise ConfigError(f"phase {ctx.phase} of {ctx.job.job_id}: expected one JSON "
-                              f"argument, got {len(ctx.args)}")
-        raw = json.loads(ctx.args[0])
-        version, step = raw.get("version"), raw.get("step")
-        progress = raw.get("progress")
-        return cls(str(raw["entry_point"]), int(raw["seed"]), dict(raw["options"]),
-                   int(raw.get("staleness", 0)), str(raw.get("weights", WEIGHTS)),
-                   None if version is None else int(version), str(raw.get("traj", TRAJ)),
-                   None if step is None else int(step),
-                   None if progress is None else str(progress),
-                   float(raw.get("tail_fraction", 0.25)))
-
-
 _RUNNERS: dict[tuple[str, Role], JobRunner] = {}
+
+
+def _args(ctx: PhaseContext) -> PhaseArgs:
+    return PhaseArgs.decode(ctx.args, f"phase {ctx.phase} of {ctx.job.job_id}")
 
 
 def _runner(ctx: PhaseContext, args: PhaseArgs, role: Role, *, fresh: bool = False) -> JobRunner:
@@ -164,7 +99,7 @@ def _nbytes(tensors: dict[str, Tensor]) -> int:
 
 def init_train(ctx: PhaseContext) -> dict[str, Any]:
     """Build the job at version 0 and put its warm state and weights on this node."""
-    args = PhaseArgs.decode(ctx)
+    args = _args(ctx)
     runner = _runner(ctx, args, Role.TRAIN, fresh=True)
     state, weights = runner.state_tensors(), runner.export_weights()
     with _client() as client:
@@ -190,7 +125,7 @@ def _weights(ctx: PhaseContext, args: PhaseArgs) -> Any:
 
 def rollout(ctx: PhaseContext) -> dict[str, Any]:
     """One rollout with the weights in this node's ``weights`` segment (or named buffer)."""
-    args = PhaseArgs.decode(ctx)
+    args = _args(ctx)
     seg = _weights(ctx, args)
     version = seg.index.version
     runner = _runner(ctx, args, Role.ROLLOUT)
@@ -233,7 +168,7 @@ class _Progress:
         import torch
 
         if self._tail or remaining == self._last:
-            return       # the executor needs nothing after the tail report
+            return       # the runner needs nothing after the tail report
         tail = remaining <= self._args.tail_fraction * total
         now = time.monotonic()
         if not tail and self._last is not None and now - self._at < PROGRESS_EVERY_S:
@@ -252,7 +187,7 @@ class _Progress:
 
 def train(ctx: PhaseContext) -> dict[str, Any]:
     """One training step on this node's ``traj``; puts the new ``state`` and ``weights``."""
-    args = PhaseArgs.decode(ctx)
+    args = _args(ctx)
     state_seg, traj_seg = _segment(ctx, STATE), _segment(ctx, args.traj)
     runner = _runner(ctx, args, Role.TRAIN)
     if runner.weights_version != state_seg.index.version:

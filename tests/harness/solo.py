@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from weave_slurm.hosted.contract import rollout_version
 from weave_slurm.runtime.group import MemberSpec
-from weave_slurm.runtime.ordering import rollout_version
 from weave_slurm.workloads.api import JobContext, Role
 from weave_slurm.workloads.entry import start_job
 

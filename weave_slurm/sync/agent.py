@@ -1,11 +1,11 @@
 """A node's weight-sync agent: one rank of its group's two-tier sync world.
 
-``python -m weave_slurm.runtime.sync_agent SPEC`` (SPEC: an :class:`AgentSpec` as JSON).
+``python -m weave_slurm.sync.agent SPEC`` (SPEC: an :class:`AgentSpec` as JSON).
 One agent runs per node of a group, started once per group layout by
 :class:`~weave_slurm.runtime.transfer.TwoTierTransfer` (a process with torch imported
 costs ~1.5 s to start; a sync costs milliseconds). The agents form one gloo process
 group over TCP (rendezvous on the first training node's agent); each also listens on
-a small control channel (JSON lines over TCP) for the executor's requests:
+a small control channel (JSON lines over TCP) for the runner's requests:
 
 - ``prepare``: attach segment ``name`` of ``job`` zero-copy from this node's daemon
   (``/dev/shm``) and hold it; reply with its index (the version to announce).
@@ -22,7 +22,7 @@ Every reply is ``{"ok": true, ...}`` or ``{"ok": false, "error": <class>, "messa
 <one line>}``. A stale or duplicate version is refused by the rollout agents' version
 ledger (``VersionMismatch``); corrupt pieces are retried once (``ShardCorrupt`` after
 that); a dead peer surfaces as ``SyncError`` within the transport's timeout. The agent
-exits when its control connection closes, so it never outlives its executor.
+exits when its control connection closes, so it never outlives its runner.
 """
 
 from __future__ import annotations
@@ -41,18 +41,19 @@ from typing import Any
 import torch
 
 from weave_slurm.errors import ConfigError, StateError, VersionMismatch, WeaveError
+from weave_slurm.hosted.contract import CRC_KEY, storage_crc32
 from weave_slurm.node.client import NodeClient
 from weave_slurm.node.index import DTYPE_ITEMSIZE, JobRef, SegmentIndex
 from weave_slurm.node.protocol import Op
 from weave_slurm.node.segments import AttachedState, SegmentStore, tensor_views
-from weave_slurm.runtime.staleness import CRC_KEY, storage_crc32
 from weave_slurm.sync.header import SyncMode
 from weave_slurm.sync.ledger import VersionLedger
 from weave_slurm.sync.pieces import crc32_into, is_payload_tag
 from weave_slurm.sync.subgroup import SubTransport, member_topology
-from weave_slurm.sync.topology import Pool, PoolNodes, ShardLayout, build_topology
+from weave_slurm.sync.topology import PoolNodes, ShardLayout, build_topology
 from weave_slurm.sync.transport import Pending, TorchTransport
 from weave_slurm.sync.twotier import DEFAULT_CHUNK_NBYTES, SyncConfig, SyncReport, TwoTierSync
+from weave_slurm.vocab import Pool
 
 log = logging.getLogger(__name__)
 
@@ -188,7 +189,7 @@ class SyncAgent:
         if attached.index.version != version:
             raise VersionMismatch(f"job {job.job_id}: segment {name!r} on node "
                                   f"{req['src']} holds version {attached.index.version}, "
-                                  f"the executor announced {version}")
+                                  f"the runner announced {version}")
         flat = torch.empty(0, dtype=torch.uint8).set_(attached.storage)   # zero-copy
         ms = self._member(req, attached.index.size_bytes, _word_bytes(attached.index))
         report = ms.sync.push(flat, version)
@@ -205,7 +206,7 @@ class SyncAgent:
         report = ms.sync.receive(ms.buf)
         if report.version != index.version:
             raise VersionMismatch(f"job {job.job_id}: received weight version "
-                                  f"{report.version}, the executor announced {index.version}")
+                                  f"{report.version}, the runner announced {index.version}")
         dst = str(req.get("as_name") or req["name"])
         views = tensor_views(ms.buf.untyped_storage(), index)
         extra = dict(index.extra)
@@ -239,14 +240,14 @@ def _error(exc: BaseException) -> dict[str, Any]:
 
 
 def serve(agent: SyncAgent, listener: socket.socket) -> None:
-    """Answer the executor's requests on one connection until it closes or says stop."""
+    """Answer the runner's requests on one connection until it closes or says stop."""
     conn, _ = listener.accept()
     listener.close()
     rfile = conn.makefile("rb")
     while True:
         line = rfile.readline(MAX_LINE_BYTES)
         if not line:
-            return                                  # the executor is gone
+            return                                  # the runner is gone
         try:
             req = json.loads(line)
             if req.get("op") == "stop":

@@ -28,8 +28,9 @@ from typing import Any
 from weave_slurm.daemon.client import DaemonClient
 from weave_slurm.daemon.protocol import Op
 from weave_slurm.errors import StateError
-from weave_slurm.runtime.group import MemberSpec, PhaseKind, Pool
+from weave_slurm.runtime.group import MemberSpec
 from weave_slurm.runtime.timeline import Span, busy_fraction, gantt_png
+from weave_slurm.vocab import Phase, Pool
 
 JOB_NAMES = ("grpo-a", "grpo-b", "grpo-c")
 TASKS = ("copy", "reverse", "copy")
@@ -71,7 +72,7 @@ def stats(runs: list[list[Span]], rollout: list[str], train: list[str]) -> RunSt
     for spans in runs:
         firsts: dict[str, float] = {}
         for s in sorted(spans, key=lambda s: s.end_s):
-            if s.kind is PhaseKind.ROLLOUT:
+            if s.kind is Phase.ROLLOUT:
                 firsts.setdefault(s.job_id, s.end_s)
         start = max(firsts.values())
         end = max(s.end_s for s in spans)
@@ -119,14 +120,15 @@ class _Daemon:
     """weaved in this process (LocalBackend, temp state dir and socket)."""
 
     def __init__(self, state_dir: Path, shm: Path) -> None:
-        from weave_slurm.daemon.runtime_executor import RuntimeExecutor
+        from weave_slurm.daemon.driver import DriverKind
+        from weave_slurm.daemon.group_runtime import GroupRuntime
         from weave_slurm.daemon.service import DaemonConfig, Weaved
 
         self.weaved = Weaved(DaemonConfig(state_dir=state_dir, tick_s=0.2, shm_root=shm,
-                                          runtime="rl", client_timeout_s=10.0))
-        if not isinstance(self.weaved.executor, RuntimeExecutor):
+                                          runtime=DriverKind.RL, client_timeout_s=10.0))
+        if not isinstance(self.weaved.driver, GroupRuntime):
             raise StateError("weave demo: weaved did not start the group runtime")
-        self.runtime = self.weaved.executor
+        self.runtime = self.weaved.driver
         self.thread = threading.Thread(target=self.weaved.run, name="weaved", daemon=True)
         self.thread.start()
 

@@ -1,11 +1,11 @@
-"""The seam between the control plane and the group runtime.
+"""The seam between weaved's control plane and what runs in the groups' allocations.
 
-The reconcile loop asks an :class:`Executor` which steps a placed job runs inside
+The reconcile loop asks a :class:`Driver` which steps a placed job runs inside
 its group's allocations and launches them (write-ahead, like everything else), then
-lets it :meth:`~Executor.drive` its groups once per tick and applies the job
-outcomes it reports. :class:`IdleExecutor` holds each job's nodes with an idle step
+lets it :meth:`~Driver.drive` its groups once per tick and applies the job
+outcomes it reports. :class:`IdleDriver` holds each job's nodes with an idle step
 per allocation the job uses (PHASE ``idle``); the group runtime
-(:mod:`weave_slurm.daemon.runtime_executor`) runs no step per job and drives the
+(:mod:`weave_slurm.daemon.group_runtime`) runs no step per job and drives the
 rollout / sync / train phases on the node daemons instead.
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
 from weave_slurm.daemon.records import AllocRow, GroupRow, JobRow
@@ -48,14 +49,22 @@ def job_nodes(job: JobRow, group: GroupRow, allocs: Sequence[AllocRow]) -> dict[
 
 @dataclass(frozen=True)
 class JobOutcome:
-    """A running job the executor says has ended (COMPLETED or FAILED), and why."""
+    """A running job the driver says has ended (COMPLETED or FAILED), and why."""
 
     job_id: int
     state: JobState
     reason: str
 
 
-class Executor(Protocol):
+class DriverKind(StrEnum):
+    """Which driver weaved runs (``weave daemon --runtime``)."""
+
+    AUTO = "auto"   # rl, unless a site's node_command replaces weave's node daemon
+    RL = "rl"       # the group runtime drives the RL phases on the node daemons
+    IDLE = "idle"   # one idle step per job and allocation (holds the nodes)
+
+
+class Driver(Protocol):
     """Decides the steps of a placed job and drives what runs (the group runtime)."""
 
     phase: str
@@ -82,7 +91,7 @@ class Executor(Protocol):
         ...
 
 
-class IdleExecutor:
+class IdleDriver:
     """One idle step per allocation holding one of the job's nodes."""
 
     phase = "idle"

@@ -6,8 +6,9 @@ from pathlib import Path
 from typing import Any
 
 from weave_slurm.node.protocol import Op
-from weave_slurm.runtime.executor import ExecutorConfig, GroupExecutor
-from weave_slurm.runtime.group import GroupLayout, MemberSpec, MemberState, NodeRef, Pool
+from weave_slurm.runtime.group import GroupLayout, MemberSpec, MemberState, NodeRef
+from weave_slurm.runtime.runner import GroupRunner, RunnerConfig
+from weave_slurm.vocab import Pool
 
 
 class FakeClock:
@@ -51,8 +52,8 @@ def test_hung_phase_is_cancelled_at_its_deadline_and_only_its_member_recovers() 
     nodes = {Path("/nowhere/r.sock"): FakeNode(log, "h20-0"),
              Path("/nowhere/t.sock"): FakeNode(log, "h800-0")}
     clock = FakeClock()
-    ex = GroupExecutor(_layout(), [MemberSpec("a"), MemberSpec("b")], clock=clock,
-                       config=ExecutorConfig(deadline_floor_s=10.0, recovery_backoff_s=1.0),
+    ex = GroupRunner(_layout(), [MemberSpec("a"), MemberSpec("b")], clock=clock,
+                       config=RunnerConfig(deadline_floor_s=10.0, recovery_backoff_s=1.0),
                        client_factory=lambda p: nodes[p])
     ex.tick()
     assert ex.members["a"].running is not None          # a's init on the train node
@@ -73,7 +74,7 @@ def test_leave_drops_the_member_on_every_node() -> None:
     log: list[tuple[str, Op, str]] = []
     nodes = {Path("/nowhere/r.sock"): FakeNode(log, "h20-0"),
              Path("/nowhere/t.sock"): FakeNode(log, "h800-0")}
-    ex = GroupExecutor(_layout(), [MemberSpec("a")], clock=FakeClock(),
+    ex = GroupRunner(_layout(), [MemberSpec("a")], clock=FakeClock(),
                        client_factory=lambda p: nodes[p])
     ex.tick()
     ex.leave("a")

@@ -11,9 +11,9 @@ import torch
 from weave_slurm.errors import StateError
 from weave_slurm.node.daemon import NodeConfig, NodeDaemon
 from weave_slurm.node.index import JobRef
-from weave_slurm.node.recovery import recover
 from weave_slurm.node.registry import JobRecord, JobRegistry
 from weave_slurm.node.segments import SegmentStore
+from weave_slurm.node.startup import recover_store
 
 pytestmark = pytest.mark.torch
 
@@ -32,7 +32,7 @@ def _leave_a_mess(root: Path) -> tuple[SegmentStore, JobRef, JobRef]:
 
 def test_recover_adopts_valid_and_removes_the_rest(shm_root: Path) -> None:
     store, kept, stale = _leave_a_mess(shm_root)
-    report = recover(store, {kept})
+    report = recover_store(store, {kept})
     assert [(s.job, s.name) for s in report.adopted] == [(kept, "weights")]
     assert not store.job_dir(stale).exists()
     left = sorted(p.name for p in store.job_dir(kept).iterdir())

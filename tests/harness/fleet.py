@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from weave_slurm.errors import StateError, WeaveError
-from weave_slurm.runtime.group import GroupLayout, NodeRef, Pool
+from weave_slurm.runtime.group import GroupLayout, NodeRef
 from weave_slurm.slurm.backend import (
     Allocation,
     AllocationRequest,
@@ -25,6 +25,7 @@ from weave_slurm.slurm.backend import (
     StepHandle,
     StepSpec,
 )
+from weave_slurm.vocab import Pool
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,102 @@
+"""Faults are typed values: their kind decides recovery, their words are for people;
+and the pure plan for a group that lost nodes."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from weave_slurm.errors import (
+    NoCheckpoint,
+    NodeGone,
+    NodeUnavailable,
+    StateError,
+    VersionMismatch,
+)
+from weave_slurm.node.checkpoint import CheckpointStore
+from weave_slurm.node.index import JobRef
+from weave_slurm.node.segments import SegmentStore
+from weave_slurm.runtime.faults import Fault, FaultKind, error_kind
+from weave_slurm.runtime.group import MemberSpec, MemberState, NodeRef
+from weave_slurm.runtime.member import Member
+from weave_slurm.runtime.resume import ResumeKind, plan_detach
+from weave_slurm.sync.errors import SyncError
+from weave_slurm.vocab import Phase, Pool
+
+ROLL = Phase.ROLLOUT
+
+
+@pytest.mark.parametrize(("fault", "words"), [
+    (Fault(FaultKind.WORKER_KILLED, "h20-0", ROLL, -9),
+     "worker on node h20-0 killed by signal 9 (SIGKILL) during rollout"),
+    (Fault(FaultKind.WORKER_KILLED, "h20-0", ROLL, None),
+     "worker on node h20-0 killed during rollout (exit status not known)"),
+    (Fault(FaultKind.WORKER_EXITED, "h800-0", Phase.TRAIN, 3),
+     "worker on node h800-0 exited with code 3 during train"),
+    (Fault(FaultKind.WORKER_EXITED, "h800-0", Phase.TRAIN, None),
+     "worker on node h800-0 failed during train (exit status not known)"),
+    (Fault(FaultKind.PHASE_FAILED, "h800-0", Phase.TRAIN, 1, "ValueError: nan loss"),
+     "train on h800-0 failed: ValueError: nan loss"),
+    (Fault(FaultKind.PHASE_HUNG, "h20-0", ROLL, evidence="ran past its deadline of 60.0 s"),
+     "rollout on h20-0 hung: ran past its deadline of 60.0 s"),
+    (Fault(FaultKind.NODE_GONE, "h20-1", ROLL, evidence="node daemon at 'x' closed the "
+           "connection", during="start of"),
+     "node daemon on node h20-1 stopped answering (node daemon at 'x' closed the connection)"),
+    (Fault(FaultKind.REQUEST_FAILED, "h800-0", Phase.TRAIN, evidence="budget full",
+           during="after"), "after train on h800-0: budget full"),
+])
+def test_words_name_the_worker_or_daemon_what_and_when(fault: Fault, words: str) -> None:
+    assert fault.words() == words
+
+
+@pytest.mark.parametrize(("exc", "kind"), [
+    (NodeGone("gone"), FaultKind.NODE_GONE),
+    (NodeUnavailable("stopping"), FaultKind.NODE_STOPPING),
+    (NoCheckpoint("none"), FaultKind.NO_CHECKPOINT),
+    (VersionMismatch("stale"), FaultKind.VERSION_REFUSED),
+    (SyncError("peer died"), FaultKind.SYNC_FAILED),
+    (StateError("has no checkpoint"), FaultKind.REQUEST_FAILED),   # words never decide
+])
+def test_an_errors_kind_comes_from_its_type_not_its_words(exc: Exception, kind: FaultKind) -> None:
+    assert error_kind(exc) is kind  # type: ignore[arg-type]
+
+
+def test_only_node_faults_are_free_and_only_kills_and_nodes_restart_a_first_phase() -> None:
+    assert {k for k in FaultKind if k.node_fault} == {FaultKind.NODE_GONE,
+                                                      FaultKind.NODE_STOPPING}
+    assert {k for k in FaultKind if k.restartable} == {FaultKind.WORKER_KILLED,
+                                                       FaultKind.NODE_GONE,
+                                                       FaultKind.NODE_STOPPING}
+
+
+def _member(job: str, train: NodeRef, roll: NodeRef, state: MemberState,
+            initialised: bool) -> Member:
+    m = Member(MemberSpec(job), JobRef(job, os.getuid()), train, (roll,), state=state)
+    m.initialised = initialised
+    return m
+
+
+def test_a_lost_group_plan_keeps_warm_carries_checkpoints_and_restarts_fresh(
+        tmp_path: Path) -> None:
+    t0, t1 = NodeRef("h800-0", Pool.TRAIN, Path("t0")), NodeRef("h800-1", Pool.TRAIN, Path("t1"))
+    r0 = NodeRef("h20-0", Pool.ROLLOUT, Path("r0"))
+    warm = _member("1", t1, r0, MemberState.TRAIN, True)
+    carried = _member("2", t0, r0, MemberState.ROLLOUT, True)
+    fresh = _member("3", t0, r0, MemberState.STARTING, False)
+    lost = _member("4", t0, r0, MemberState.READY, True)
+    ended = _member("5", t0, r0, MemberState.DONE, True)
+    shm = SegmentStore(tmp_path / "shm")
+    shm.put_state(carried.job, "state", {"w": torch.ones(3)}, version=7)
+    CheckpointStore(tmp_path / "ckpt" / "h800-0").save(shm, carried.job)
+
+    plan = plan_detach([warm, carried, fresh, lost, ended], [t0], tmp_path / "ckpt")
+    assert {k: r.kind for k, r in plan.items()} == {
+        "1": ResumeKind.WARM, "2": ResumeKind.CARRIED, "3": ResumeKind.FRESH,
+        "4": ResumeKind.FAILED, "5": ResumeKind.ENDED}
+    assert plan["2"].root == tmp_path / "ckpt" / "h800-0" and plan["2"].version == 7
+    assert plan["1"].readmit == "train node h800-0 lost; re-attached on a new allocation"
+    assert "not resumable" in plan["4"].why
+    assert plan_detach([carried], [t0], None)["2"].kind is ResumeKind.FAILED  # no shared root

@@ -1,0 +1,212 @@
+"""A member's life cycle against scripted node daemons and a virtual clock: fresh
+restarts in the first phase, waits for a node, adoption of warm state, and that every
+state change goes through the transition table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from weave_slurm.errors import NoCheckpoint, NodeGone, StateError
+from weave_slurm.node.index import JobRef
+from weave_slurm.node.protocol import Op
+from weave_slurm.runtime.faults import FaultKind
+from weave_slurm.runtime.group import (
+    TRANSITIONS,
+    GroupLayout,
+    MemberSpec,
+    MemberState,
+    NodeRef,
+)
+from weave_slurm.runtime.member import RunnerConfig
+from weave_slurm.runtime.runner import GroupRunner
+from weave_slurm.vocab import Phase, Pool
+
+R, T = Path("/nowhere/r.sock"), Path("/nowhere/t.sock")
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def now(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.t += seconds
+
+    def sleep_until(self, time_s: float) -> None:
+        self.t = max(self.t, time_s)
+
+
+class FakeNode:
+    """A node daemon that does what the test scripts: a phase's worker state, errors
+    to raise per op, the segments ATTACH_INFO reports."""
+
+    def __init__(self, name: str, log: list[tuple[str, Op, str]]) -> None:
+        self.name, self.log = name, log
+        self.worker: dict[str, dict[str, Any]] = {}
+        self.raises: dict[Op, Exception] = {}
+        self.segments: dict[str, Any] = {}
+
+    def call(self, op: Op, **args: Any) -> dict[str, Any]:
+        job = str(args.get("job", ""))
+        self.log.append((self.name, op, job))
+        if op in self.raises:
+            raise self.raises[op]
+        if op is Op.ACTIVATE:
+            self.worker[job] = {"state": "running"}
+        if op is Op.PHASE:
+            return {"worker": self.worker.get(job, {"state": "running"})}
+        if op is Op.ATTACH_INFO:
+            return {"segments": self.segments}
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+class FakeTransfer:
+    def __init__(self) -> None:
+        self.copies: list[tuple[str, str, tuple[str, ...]]] = []
+
+    def copy(self, src: NodeRef, dsts: Any, job: JobRef, name: str,
+             as_name: str | None = None) -> tuple[int, int]:
+        self.copies.append((name, src.name, tuple(d.name for d in dsts)))
+        return 0, 0
+
+    def forget(self, job: JobRef) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _runner(**config: Any) -> tuple[GroupRunner, dict[Path, FakeNode], list[Any], FakeClock]:
+    log: list[tuple[str, Op, str]] = []
+    nodes = {R: FakeNode("h20-0", log), T: FakeNode("h800-0", log)}
+    layout = GroupLayout((NodeRef("h20-0", Pool.ROLLOUT, R),), (NodeRef("h800-0", Pool.TRAIN, T),))
+    clock = FakeClock()
+    runner = GroupRunner(layout, [], clock=clock, client_factory=lambda p: nodes[p],
+                         config=RunnerConfig(**config))
+    runner.transfer = runner.lifecycle.mover.transfer = FakeTransfer()
+    return runner, nodes, log, clock
+
+
+def _kill(node: FakeNode, job: str, returncode: int = -9) -> None:
+    node.worker[job] = {"state": "killed", "returncode": returncode}
+
+
+def test_killed_in_its_first_phase_starts_again_from_scratch_then_fails() -> None:
+    runner, nodes, log, _clock = _runner(max_fresh_restarts=2)
+    runner.join(MemberSpec("a"))
+    moves: list[tuple[MemberState, str]] = []
+    runner.listeners.append(lambda m, why: moves.append((m.state, why)))
+    for restart in (1, 2):
+        runner.tick()                                  # init on the training node
+        _kill(nodes[T], "a")
+        runner.tick()                                  # killed -> recovering -> fresh start
+        m = runner.members["a"]
+        assert m.state is MemberState.STARTING and m.restarts == restart
+        assert m.restart_note is not None and "killed by signal 9 (SIGKILL)" in m.restart_note
+        assert f"restarted from scratch (no checkpoint yet, restart {restart})" in m.restart_note
+        assert m.fault is None and m.recoveries == 0  # everything learned was forgotten
+    assert [op for n, op, j in log if op is Op.DROP] == [Op.DROP] * 4   # both nodes, twice
+    runner.tick()
+    _kill(nodes[T], "a")
+    runner.tick()
+    assert runner.members["a"].state is MemberState.FAILED              # budget spent
+    assert [s for s, _ in moves].count(MemberState.RECOVERING) == 2
+    assert all(to in TRANSITIONS[frm] for frm, to in zip(
+        [MemberState.STARTING, *[s for s, _ in moves]], [s for s, _ in moves], strict=False))
+
+
+def test_a_node_gone_in_the_first_phase_is_waited_for_without_spending_restarts() -> None:
+    runner, nodes, _log, clock = _runner(max_fresh_restarts=0, node_wait_s=30.0,
+                                         recovery_backoff_s=1.0)
+    runner.join(MemberSpec("a"))
+    nodes[T].raises[Op.REGISTER] = NodeGone("no node daemon at '/nowhere/t.sock'")
+    runner.tick()
+    m = runner.members["a"]
+    assert m.state is MemberState.RECOVERING and m.fault is not None
+    assert m.fault.kind is FaultKind.NODE_GONE and m.faults == 0
+    nodes[T].raises[Op.DROP] = NodeGone("no node daemon at '/nowhere/t.sock'")
+    for _ in range(3):                    # the restart waits for the node to answer
+        clock.t += 5.0
+        runner.tick()
+        assert m.state is MemberState.RECOVERING and m.restarts == 0
+    nodes[T].raises.clear()
+    clock.t += 10.0
+    runner.tick()
+    assert m.state is MemberState.STARTING and m.restarts == 0   # no budget spent
+    assert runner.members["a"].running is not None             # its init started again
+    nodes[T].raises[Op.PHASE] = NodeGone("node daemon at '/nowhere/t.sock' closed the "
+                                         "connection")
+    nodes[T].raises[Op.DROP] = nodes[T].raises[Op.PHASE]
+    for _ in range(8):
+        clock.t += 5.0
+        runner.tick()
+    assert m.state is MemberState.FAILED
+    assert m.history[-1][2].startswith("gave up after waiting 30 s for an unavailable node: "
+                                       "restart of a: node daemon at"), m.history[-1]
+
+
+def test_adopting_warm_state_reattaches_then_restores_the_newest_checkpoint() -> None:
+    runner, nodes, log, _clock = _runner()
+    nodes[T].segments = {"state": {"index": {"version": 3}}, "weights": {}}
+    m = runner.adopt(MemberSpec("a", steps=10))
+    assert m.state is MemberState.RECOVERING and m.initialised
+    assert m.fault is not None and m.fault.kind is FaultKind.REATTACHED
+    assert {(n, op) for n, op, j in log if op is Op.DEACTIVATE} == \
+        {("h20-0", Op.DEACTIVATE), ("h800-0", Op.DEACTIVATE)}
+    assert m.event() == "re-attached after a weaved restart; recovering"
+    runner.tick()
+    assert ("h800-0", Op.RESTORE, "a") in log
+    assert m.version == 3 and m.next_kind is Phase.ROLLOUT
+    assert m.event() == ("re-attached after a weaved restart; re-admitted from checkpoint v3 "
+                         "(recovery 1)")
+    transfer = runner.transfer
+    assert isinstance(transfer, FakeTransfer)
+    assert transfer.copies == [("weights", "h800-0", ("h20-0",))]
+    assert m.state is MemberState.ROLLOUT          # dispatched at once on the rollout node
+
+
+def test_adopted_without_a_checkpoint_starts_again_from_scratch() -> None:
+    runner, nodes, _log, _clock = _runner()
+    nodes[T].segments = {"state": {"index": {"version": 0}}}
+    nodes[T].raises[Op.RESTORE] = NoCheckpoint("job a has no checkpoint")
+    m = runner.adopt(MemberSpec("a"))
+    runner.tick()
+    assert m.state is MemberState.STARTING and m.restarts == 1
+    assert m.restart_note is not None
+    assert m.restart_note.startswith("weaved restarted before its first checkpoint")
+
+
+def test_adopting_with_nothing_on_the_nodes_drops_leftovers_and_starts_fresh() -> None:
+    runner, _nodes, log, _clock = _runner()
+    m = runner.adopt(MemberSpec("a"))
+    assert m.state is MemberState.STARTING and not m.initialised
+    assert {(n, op) for n, op, j in log if op is Op.DROP} == \
+        {("h20-0", Op.DROP), ("h800-0", Op.DROP)}
+
+
+def test_a_hung_phase_of_a_warm_member_recovers_and_words_say_hung() -> None:
+    runner, nodes, _log, clock = _runner(deadline_floor_s=10.0)
+    nodes[T].segments = {"state": {"index": {"version": 1}}, "weights": {}}
+    m = runner.adopt(MemberSpec("a"))
+    runner.tick()                                     # restored; rollout started
+    assert m.state is MemberState.ROLLOUT
+    clock.t += 11.0
+    runner.tick()
+    assert m.fault is not None and m.fault.kind is FaultKind.PHASE_HUNG
+    assert m.error == "rollout on h20-0 hung: ran past its deadline of 10.0 s"
+    assert m.state in (MemberState.RECOVERING, MemberState.READY, MemberState.ROLLOUT)
+
+
+def test_a_move_off_the_table_is_refused() -> None:
+    runner, _nodes, _log, _clock = _runner()
+    m = runner.join(MemberSpec("a"))
+    with pytest.raises(StateError, match="starting -> done is not a valid transition"):
+        runner.lifecycle.move(m, MemberState.DONE, "skipping ahead")

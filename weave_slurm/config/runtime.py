@@ -1,0 +1,87 @@
+"""The site's ``[runtime]`` table: how weaved's group runtime moves data and recovers.
+
+Every default of the group runtime is written here once (``RuntimeConfig``'s fields);
+the runner's and the transfer's configs take theirs from it, and
+``configs/site.example.toml`` documents every key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from weave_slurm.config.reader import TableReader
+
+
+class WeightTransferKind(StrEnum):
+    """How the group runtime moves weights from a training node to rollout nodes."""
+
+    SHM = "shm"            # shared-memory handoff: only where all of a group's nodes share a host
+    TWOTIER = "twotier"    # weave_slurm.sync through per-node sync agents
+
+
+#: Sync modes of the two-tier transfer (``weave_slurm.sync.header.SyncMode`` on the wire).
+SYNC_MODES = ("full", "delta")
+WEIGHT_TRANSFERS = tuple(k.value for k in WeightTransferKind)
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeConfig:
+    """The group runtime (docs/runtime.md).
+
+    Weight transfer: ``weight_transfer``; ``sync_mode`` and ``sync_timeout_s`` apply to
+    ``twotier``. Long-tail migration: a rollout whose remaining requests fall to
+    ``tail_fraction`` of its batch frees its node for the next member's rollout.
+    Recovery (docs/reliability.md): a member's own faults (a worker killed, a phase
+    failing) are re-admitted from its checkpoint up to ``max_recoveries`` times, retried
+    ``recovery_backoff_s`` apart, doubling up to ``recovery_backoff_max_s``; a node that
+    is gone or stopping is waited for up to ``node_wait_s`` without spending that
+    budget (a relaunched node daemon takes seconds to answer: ~8 s on a loaded 2-core
+    VM); a member killed in its first phase starts again from scratch up to
+    ``max_fresh_restarts`` times. A phase is hung after ``phase_deadline_factor`` x the
+    longest one measured (the declared one before that), never before
+    ``phase_deadline_floor_s``.
+    """
+
+    weight_transfer: WeightTransferKind = WeightTransferKind.SHM
+    sync_mode: str = "full"
+    sync_timeout_s: float = 60.0
+    long_tail_migration: bool = False
+    tail_fraction: float = 0.25
+    max_recoveries: int = 5
+    recovery_backoff_s: float = 2.0
+    recovery_backoff_max_s: float = 10.0
+    node_wait_s: float = 300.0
+    max_fresh_restarts: int = 2
+    phase_deadline_factor: float = 4.0
+    phase_deadline_floor_s: float = 60.0
+
+
+#: The defaults, for code that builds its own config (the runner, tests, benchmarks).
+RUNTIME_DEFAULTS = RuntimeConfig()
+
+
+def read_runtime(table: TableReader | None) -> RuntimeConfig:
+    """The ``[runtime]`` table (absent: the defaults); unknown keys are errors."""
+    d = RUNTIME_DEFAULTS
+    if table is None:
+        return d
+    runtime = RuntimeConfig(
+        weight_transfer=WeightTransferKind(table.string(
+            "weight_transfer", d.weight_transfer.value, choices=WEIGHT_TRANSFERS)),
+        sync_mode=table.string("sync_mode", d.sync_mode, choices=SYNC_MODES),
+        sync_timeout_s=table.number("sync_timeout_s", d.sync_timeout_s, gt=0),
+        long_tail_migration=table.boolean("long_tail_migration", d.long_tail_migration),
+        tail_fraction=table.number("tail_fraction", d.tail_fraction, gt=0, le=0.99),
+        max_recoveries=table.integer("max_recoveries", d.max_recoveries, ge=0),
+        recovery_backoff_s=table.number("recovery_backoff_s", d.recovery_backoff_s, gt=0),
+        recovery_backoff_max_s=table.number("recovery_backoff_max_s",
+                                            d.recovery_backoff_max_s, gt=0),
+        node_wait_s=table.number("node_wait_s", d.node_wait_s, ge=0),
+        max_fresh_restarts=table.integer("max_fresh_restarts", d.max_fresh_restarts, ge=0),
+        phase_deadline_factor=table.number("phase_deadline_factor", d.phase_deadline_factor,
+                                           ge=1),
+        phase_deadline_floor_s=table.number("phase_deadline_floor_s",
+                                            d.phase_deadline_floor_s, gt=0))
+    table.done()
+    return runtime

@@ -1,0 +1,325 @@
+"""The group runtime inside weaved: one :class:`GroupRunner` per active group.
+
+:class:`GroupRuntime` implements the reconcile loop's :class:`Driver` seam. It keeps
+only the mapping between the store's rows and the runners' members (and how the
+members of a group that lost nodes go on, until it is active again) plus its thread;
+a member's life cycle is the runtime's (:mod:`weave_slurm.runtime.lifecycle`). A
+placed job needs no step of its own (``job_steps`` returns none): its phases run in
+resident workers on the node daemons weaved launched for its group's allocations.
+
+- :meth:`GroupRuntime.drive` (called by the reconcile loop, which owns the store)
+  builds a group's runner once its node daemons answer, joins each RUNNING job
+  (spec: entry point, seed, iterations, options; pins from the group's plan), makes
+  cancelled and ended jobs leave (their workers, segments and checkpoints dropped
+  on every node), and reports members that reached their iterations (COMPLETED) or
+  gave up (FAILED). After a weaved restart a RUNNING job whose warm state is still
+  on its training node is re-attached: re-admitted from its newest node checkpoint.
+- A runtime thread (:meth:`start`) ticks every group runner every ``poll_s``, so
+  phases hand over in milliseconds while the reconcile loop ticks once a second;
+  it wakes the loop when a member ends. Both threads share one lock.
+- :meth:`live` is what ``weave status`` / ``weave show job`` read: phase, version,
+  the four measured quantities, live slowdown vs SLO and drift flags (a snapshot
+  refreshed by the runtime thread; API threads never touch a node daemon).
+- Live profiles feed back into placement: once a member has enough measured phases
+  and they moved, :meth:`drive` stores them as the job's planning profile
+  (:func:`~weave_slurm.runtime.profiler.planning_profile`), which the next placement
+  decisions (arrivals packed next to it, consolidation) use instead of the declared one.
+"""
+
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from weave_slurm.config.job import parse_job
+from weave_slurm.daemon.driver import JobOutcome, JobStep, pool_nodes
+from weave_slurm.daemon.records import AllocRow, GroupRow, JobRow
+from weave_slurm.daemon.runtime_view import member_row, outcome_words, weights_digest
+from weave_slurm.daemon.states import AllocState, GroupState, JobState
+from weave_slurm.daemon.store import Store
+from weave_slurm.errors import WeaveError
+from weave_slurm.runtime.group import (
+    DeclaredProfile,
+    GroupLayout,
+    MemberSpec,
+    MemberState,
+    NodeRef,
+)
+from weave_slurm.runtime.member import Member, RunnerConfig
+from weave_slurm.runtime.profiler import planning_profile
+from weave_slurm.runtime.resume import Resume, ResumeKind
+from weave_slurm.runtime.runner import GroupRunner
+from weave_slurm.runtime.timeline import Span
+from weave_slurm.vocab import Pool
+
+log = logging.getLogger(__name__)
+
+_ENDED = (JobState.CANCELLING, JobState.CANCELLED, JobState.COMPLETED, JobState.FAILED)
+
+
+@dataclass(frozen=True)
+class GroupRuntimeConfig:
+    poll_s: float = 0.01           # runtime thread tick when nothing changed
+    snapshot_s: float = 0.2        # how often the status snapshot is refreshed
+    ping_timeout_s: float = 2.0    # a node daemon must answer this fast to build a group
+    # each node daemon's checkpoint root is <checkpoint_base>/<node>, on a file system
+    # weaved shares with the nodes: a member whose training node is lost is re-admitted
+    # on the replacement from its last checkpoint there (None: it fails instead)
+    checkpoint_base: Path | None = None
+    runner: RunnerConfig = field(default_factory=RunnerConfig)
+
+
+def member_spec(job: JobRow, group: GroupRow) -> MemberSpec:
+    """The runtime's view of a stored job: its spec's entry, seed, iterations, options."""
+    spec = parse_job(job.spec, job.source)
+    pins = next((m.rollout_pins for m in group.plan.members if m.job_id == job.job_id), (0,))
+    return MemberSpec(str(job.job_id), entry_point=spec.entry, seed=spec.seed,
+                      steps=spec.iterations, options=dict(spec.options),
+                      staleness=spec.staleness, uid=job.uid,
+                      rollout_pins=tuple(pins) or (0,), train_node=0,
+                      declared=DeclaredProfile(job.profile.rollout_mean_s or None,
+                                               job.profile.train_mean_s or None,
+                                               job.profile.slo))
+
+
+class GroupRuntime:
+    """The :class:`~weave_slurm.daemon.driver.Driver` that runs RL phases."""
+
+    phase = "rl"
+
+    def __init__(self, node_socket: Callable[[AllocRow, str], Path],
+                 config: GroupRuntimeConfig | None = None) -> None:
+        self.node_socket = node_socket
+        self.config = config or GroupRuntimeConfig()
+        self.groups: dict[int, GroupRunner] = {}       # active groups
+        self.spans: dict[int, list[Span]] = {}         # group id -> spans (kept after end)
+        self.wake: Callable[[], None] = lambda: None
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._live: dict[int, dict[str, Any]] = {}
+        self._resume: dict[int, Resume] = {}    # job -> how it goes on (its group lost nodes)
+        self._snap_at = 0.0
+
+    # -- the Driver seam -------------------------------------------------------------
+    def job_steps(self, job: JobRow, group: GroupRow,
+                  allocs: Sequence[AllocRow]) -> list[JobStep]:
+        return []
+
+    def drive(self, store: Store, now: float) -> list[JobOutcome]:
+        """Membership from the store: join, leave, and the jobs that ended."""
+        outcomes: list[JobOutcome] = []
+        with self._lock:
+            live_groups = {g.group_id: g for g in store.groups()}
+            for gid in [g for g in self.groups if g not in live_groups
+                        or live_groups[g].state in (GroupState.DRAINING, GroupState.RELEASED)]:
+                self._close(gid)
+            for gid in [g for g in self.groups if g in live_groups]:
+                outcomes += self._detach_if_lost(gid, store.allocs(gid))
+            for group in live_groups.values():
+                if group.state is GroupState.ACTIVE and group.group_id not in self.groups:
+                    self._build(group, store.allocs(group.group_id))
+                runner = self.groups.get(group.group_id)
+                if runner is None:
+                    continue
+                for job in store.jobs(group_id=group.group_id):
+                    outcome = self._member_of(runner, group, job)
+                    if outcome is not None:
+                        outcomes.append(outcome)
+                    elif job.state is JobState.RUNNING:
+                        self._feed_back(store, runner, job)
+            self._snapshot(force=True)
+        return outcomes
+
+    def _build(self, group: GroupRow, allocs: Sequence[AllocRow]) -> None:
+        refs = {role: [NodeRef(node, pool, self.node_socket(a, node))
+                       for a, node in pool_nodes(allocs, role)]
+                for role, pool in (("rollout", Pool.ROLLOUT), ("train", Pool.TRAIN))}
+        if not refs["rollout"] or not refs["train"]:
+            return
+        layout = GroupLayout(tuple(refs["rollout"]), tuple(refs["train"]))
+        if not all(self._answers(r) for r in (*layout.rollout, *layout.train)):
+            return   # node daemons still starting: the next tick tries again
+        runner = GroupRunner(layout, [], config=self.config.runner)
+        runner.listeners.append(self._on_move)
+        self.groups[group.group_id] = runner
+        self.spans[group.group_id] = runner.spans
+        log.info("group %s: runtime attached to %d rollout and %d training node(s)",
+                 group.group_id, len(layout.rollout), len(layout.train))
+
+    def _detach_if_lost(self, gid: int, allocs: Sequence[AllocRow]) -> list[JobOutcome]:
+        """A node of the group's layout is no longer in a held allocation (it went down):
+        stop driving the group without dropping any state; each member goes on as
+        ``GroupRunner.detach`` decides once the group is active on a new allocation."""
+        runner = self.groups[gid]
+        held = {n for a in allocs if a.state is AllocState.HELD for n in a.nodes}
+        lost = [r for r in (*runner.layout.rollout, *runner.layout.train) if r.name not in held]
+        if not lost:
+            return []
+        log.warning("group %s: lost %s; detaching its runtime until it is active again", gid,
+                    ", ".join(f"{r.pool.value} node {r.name}" for r in lost))
+        outcomes = []
+        for key, resume in runner.detach(lost, self.config.checkpoint_base).items():
+            job_id, member = int(key), runner.members[key]
+            if resume.kind is ResumeKind.ENDED:
+                outcomes.append(self._ended(runner, job_id, member))
+                continue
+            self._live[job_id] = {**member_row(runner, member), "phase": "recover",
+                                  "event": resume.why}
+            if resume.kind is ResumeKind.FAILED:
+                outcomes.append(JobOutcome(job_id, JobState.FAILED, resume.why))
+            else:
+                self._resume[job_id] = resume
+        runner.close()
+        del self.groups[gid]
+        return outcomes
+
+    def _answers(self, ref: NodeRef) -> bool:
+        from weave_slurm.node.client import NodeClient
+        from weave_slurm.node.protocol import Op
+
+        try:
+            with NodeClient(ref.socket_path, timeout_s=self.config.ping_timeout_s) as client:
+                client.call(Op.STATUS)
+        except (WeaveError, OSError):
+            return False
+        return True
+
+    def _member_of(self, runner: GroupRunner, group: GroupRow,
+                   job: JobRow) -> JobOutcome | None:
+        key = str(job.job_id)
+        member = runner.members.get(key)
+        if job.state is JobState.RUNNING:
+            if member is None:
+                try:
+                    runner.adopt(member_spec(job, group), self._resume.pop(job.job_id, None))
+                except WeaveError as exc:
+                    return JobOutcome(job.job_id, JobState.FAILED, f"cannot join: {exc}")
+                log.info("job %s joined group %s%s", job.job_id, group.group_id,
+                         " (re-attached to its warm state)"
+                         if runner.members[key].state is MemberState.RECOVERING else "")
+                return None
+            if member.state in (MemberState.DONE, MemberState.FAILED):
+                return self._ended(runner, job.job_id, member)
+        elif job.state in _ENDED and member is not None \
+                and member.state is not MemberState.CANCELLED:
+            self._leave(runner, job.job_id)
+        return None
+
+    @staticmethod
+    def _feed_back(store: Store, runner: GroupRunner, job: JobRow) -> None:
+        """Store what the runtime measured as the job's planning profile, once it has
+        enough samples and it moved (placement's later decisions read it)."""
+        measured = runner.profiler.snapshot().get(str(job.job_id))
+        if measured is None:
+            return
+        new = planning_profile(job.plan_profile, job.profile, measured)
+        if new is not None:
+            store.set_measured(job.job_id, new)
+            log.info("job %s: planning profile from measurements: rollout %.3f/%.3f s, "
+                     "train %.3f/%.3f s (mean/max)", job.job_id, new.rollout_mean_s,
+                     new.rollout_max_s, new.train_mean_s, new.train_max_s)
+
+    def _ended(self, runner: GroupRunner, job_id: int, member: Member) -> JobOutcome:
+        """A DONE or FAILED member leaves; its outcome, with its faults in words."""
+        done = member.state is MemberState.DONE
+        why = outcome_words(member)
+        self._leave(runner, job_id)
+        return JobOutcome(job_id, JobState.COMPLETED if done else JobState.FAILED, why)
+
+    def _leave(self, runner: GroupRunner, job_id: int) -> None:
+        key = str(job_id)
+        member = runner.members[key]
+        final = {**member_row(runner, member), "phase": "-"}
+        if member.state is MemberState.DONE:   # record what it learned before the drop
+            try:
+                final["weights_sha256"] = self._final_digest(runner, member)
+            except (WeaveError, OSError) as exc:
+                log.warning("job %s: cannot read its final weights: %s", job_id, exc)
+        self._live[job_id] = final
+        try:
+            runner.leave(key)
+        except WeaveError as exc:
+            log.warning("leave of job %s: %s", job_id, exc)
+
+    @staticmethod
+    def _final_digest(runner: GroupRunner, member: Member) -> str:
+        from weave_slurm.hosted import contract
+
+        seg = runner.client(member.train_node.socket_path).attach(member.job)[contract.WEIGHTS]
+        return weights_digest(seg.tensors)
+
+    def release_group(self, group_id: int) -> None:
+        """The group drains: leave (drop) its members now, while its node daemons still
+        answer; the next ``drive`` would be too late (their steps are ended first)."""
+        with self._lock:
+            if group_id in self.groups:
+                self._close(group_id)
+
+    def _close(self, gid: int) -> None:
+        runner = self.groups.pop(gid)
+        for key in list(runner.order):
+            self._leave(runner, int(key))
+        runner.close()
+
+    def _on_move(self, member: Member, why: str) -> None:
+        if member.state in (MemberState.DONE, MemberState.FAILED):
+            self.wake()
+
+    # -- the runtime thread ----------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._loop, name="weaved-runtime",
+                                            daemon=True)
+            self._thread.start()
+
+    def close(self) -> None:
+        """Stop ticking; node daemons and members stay (a restart re-attaches)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+        with self._lock:
+            for runner in self.groups.values():
+                runner.close()
+
+    def tick(self) -> bool:
+        """One pass over every group runner; True if anything changed."""
+        changed = False
+        with self._lock:
+            for gid, runner in list(self.groups.items()):
+                try:
+                    changed |= runner.tick()
+                except Exception:
+                    log.exception("group %s: runtime tick failed; retrying", gid)
+            self._snapshot()
+        return changed
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            if not self.tick():
+                self._stop.wait(self.config.poll_s)
+
+    # -- the read side ---------------------------------------------------------------
+    def _snapshot(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._snap_at < self.config.snapshot_s:
+            return
+        self._snap_at = now
+        live = dict(self._live)
+        for runner in self.groups.values():
+            for key, m in runner.members.items():
+                if m.state is not MemberState.CANCELLED:
+                    live[int(key)] = member_row(runner, m)
+        self._live = live
+
+    def live(self, job_id: int) -> dict[str, Any] | None:
+        """The runtime's view of a job for status (None: never ran here)."""
+        return self._live.get(job_id)

@@ -1,0 +1,69 @@
+"""What ``weave status`` and a job's outcome say about a member of the group runtime.
+
+Read-only: built from a :class:`~weave_slurm.runtime.member.Member` and its runner's
+profiler; the words come from the member's typed fault (``Member.event``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from weave_slurm.runtime.group import MemberState
+from weave_slurm.runtime.member import Member
+from weave_slurm.runtime.runner import GroupRunner
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+#: The PHASE column for each member state.
+PHASE_WORDS = {MemberState.STARTING: "init", MemberState.READY: "idle",
+               MemberState.ROLLOUT: "rollout", MemberState.TRAIN: "train",
+               MemberState.RECOVERING: "recover", MemberState.DONE: "done",
+               MemberState.FAILED: "failed", MemberState.CANCELLED: "left"}
+
+
+def member_row(runner: GroupRunner, m: Member) -> dict[str, Any]:
+    """One member as ``weave status`` / ``weave show job`` read it."""
+    prof = runner.profiler.snapshot().get(m.spec.job_id)
+    st = m.status_row()
+    row: dict[str, Any] = {
+        "phase": PHASE_WORDS[m.state], "iterations": m.spec.steps,
+        # unknown (None) until a re-attached member is restored from its checkpoint
+        "version": None if m.state is MemberState.RECOVERING and m.recoveries == 0
+        and m.initialised else m.version,
+        "node": st.get("node"), "reward": m.rewards[-1] if m.rewards else None,
+        "rewards": list(m.rewards), "recoveries": m.recoveries, "error": m.error,
+        "member_state": m.state.value, "event": m.event() or m.restart_note,
+        "current_staleness": st.get("current_staleness")}
+    if prof is not None:
+        row.update({"slowdown": prof.slowdown, "slo_ok": prof.slo_ok,
+                    "drift": list(prof.drift), "measured": prof.to_json()})
+    return row
+
+
+def outcome_words(m: Member) -> str:
+    """Why a DONE or FAILED member ended, with its faults in words."""
+    done = m.state is MemberState.DONE
+    why = (f"reached version {m.version}/{m.spec.steps}" if done
+           else f"runtime gave up: {m.error or 'unknown'}")
+    event = m.event()
+    n = m.recoveries
+    if event is not None:
+        why += f" after {n} recover{'y' if n == 1 else 'ies'} (last: {event})"
+    if m.restart_note is not None:
+        why += f"; earlier: {m.restart_note}"
+    return why
+
+
+def weights_digest(tensors: Mapping[str, Tensor]) -> str:
+    """SHA-256 over names and raw bytes, in name order: equal iff bit-identical."""
+    import torch
+
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].detach().contiguous().cpu()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
+        h.update(t.view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()

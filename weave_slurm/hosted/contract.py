@@ -1,0 +1,110 @@
+"""What weaved's group runner and a node's resident worker agree on (pure, no torch).
+
+- The segments of a hosted job on its nodes: ``state`` (training state, training
+  node), ``weights`` (the policy, every node), ``traj`` (a rollout's batch, moved to
+  the training node), ``progress`` (a rollout's remaining requests, for long-tail
+  migration).
+- A member with a staleness window ``k >= 1`` keeps rings of ``k + 1`` buffers
+  (``weights.b<v % (k+1)>``, ``traj.b<m % (k+1)>``); a copied weights buffer carries
+  its source's CRC32 under :data:`CRC_KEY` in its index.
+- :class:`PhaseArgs`: the one JSON argument of every phase entry.
+- :func:`rollout_version`: the weights version the rollout of a step must use.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from weave_slurm.errors import ConfigError
+
+#: ``module:`` prefix of the phase entries a resident worker runs.
+ENTRY_MODULE = "weave_slurm.hosted.phases"
+
+STATE = "state"
+WEIGHTS = "weights"
+TRAJ = "traj"
+PROGRESS = "progress"
+WEIGHTS_BUFFER = "weights.b"    # + slot: the ring of weight buffers (k >= 1)
+TRAJ_BUFFER = "traj.b"          # + slot: the ring of trajectory batches (k >= 1)
+CRC_KEY = "crc32"
+#: Least time between two progress reports of a rollout (the tail report is never held).
+PROGRESS_EVERY_S = 0.05
+#: A rollout is in its tail once its remaining requests fall to this fraction of its
+#: batch (the site's ``[runtime] tail_fraction`` overrides it).
+DEFAULT_TAIL_FRACTION = 0.25
+
+
+def entry(fn: str) -> str:
+    """The ``module:function`` of a phase entry (``init_train``, ``rollout``, ``train``)."""
+    return f"{ENTRY_MODULE}:{fn}"
+
+
+def rollout_version(step: int, staleness: int) -> int:
+    """The weights version the rollout of ``step`` uses: exactly ``max(0, step - k)``.
+
+    Exactly that version, not the newest one on the node: the batch then depends only
+    on the job's seed and its window, never on how the group interleaved its phases,
+    so a stale member learns what it would learn alone.
+    """
+    return max(0, step - staleness)
+
+
+def buffer_name(prefix: str, index: int, staleness: int) -> str:
+    """The ring buffer holding weights version / batch step ``index`` (k >= 1)."""
+    return f"{prefix}{index % (staleness + 1)}"
+
+
+def storage_crc32(storage: Any) -> int:
+    """CRC32 of a mapped segment's bytes (a ``torch.UntypedStorage``)."""
+    import torch
+
+    data = torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
+    return zlib.crc32(data.data) & 0xFFFFFFFF
+
+
+@dataclass(frozen=True)
+class PhaseArgs:
+    """What the runner passes to every entry.
+
+    A member with a staleness window (``staleness >= 1``) also names the weights
+    buffer its rollout must read and the exact version it must hold
+    (``weights``/``version``), and the trajectory buffer of the batch (``traj``) with
+    its step (``step``); the defaults are the on-policy segments.
+    """
+
+    entry_point: str
+    seed: int
+    options: dict[str, Any]
+    staleness: int = 0
+    weights: str = WEIGHTS
+    version: int | None = None
+    traj: str = TRAJ
+    step: int | None = None
+    progress: str | None = None         # run id: report progress (long-tail migration)
+    tail_fraction: float = DEFAULT_TAIL_FRACTION   # "tail" once remaining <= this x all
+
+    def encode(self) -> str:
+        return json.dumps({"entry_point": self.entry_point, "seed": self.seed,
+                           "options": self.options, "staleness": self.staleness,
+                           "weights": self.weights, "version": self.version,
+                           "traj": self.traj, "step": self.step,
+                           "progress": self.progress, "tail_fraction": self.tail_fraction},
+                          sort_keys=True)
+
+    @classmethod
+    def decode(cls, args: Sequence[str], where: str) -> PhaseArgs:
+        if len(args) != 1:
+            raise ConfigError(f"{where}: expected one JSON argument, got {len(args)}")
+        raw = json.loads(args[0])
+        version, step = raw.get("version"), raw.get("step")
+        progress = raw.get("progress")
+        return cls(str(raw["entry_point"]), int(raw["seed"]), dict(raw["options"]),
+                   int(raw.get("staleness", 0)), str(raw.get("weights", WEIGHTS)),
+                   None if version is None else int(version), str(raw.get("traj", TRAJ)),
+                   None if step is None else int(step),
+                   None if progress is None else str(progress),
+                   float(raw.get("tail_fraction", DEFAULT_TAIL_FRACTION)))

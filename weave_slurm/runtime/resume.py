@@ -1,0 +1,105 @@
+"""How the members of a group that lost nodes go on (a pure decision per member).
+
+When an allocation of a group vanishes (its node went down), weaved stops driving the
+group without dropping anything and holds each member's :class:`Resume` until the
+group is active on a new allocation, where ``Lifecycle.adopt`` carries it out:
+
+- its training node survived: re-admitted from its warm state and node checkpoint
+  there (``WARM``);
+- its training node was lost, but its newest checkpoint is under that node's root on
+  a file system weaved shares with the nodes: moved to the new training node and
+  re-admitted from it (``CARRIED``);
+- lost during its first phase: nothing learned yet, started again from scratch
+  (``FRESH``);
+- otherwise it is not resumable (``FAILED``); a member that had ended already is
+  reported as it ended (``ENDED``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+from weave_slurm.errors import WeaveError
+from weave_slurm.hosted import contract
+from weave_slurm.runtime.group import MemberState, NodeRef
+from weave_slurm.runtime.member import Member
+
+
+class ResumeKind(StrEnum):
+    WARM = "warm"
+    CARRIED = "carried"
+    FRESH = "fresh"
+    FAILED = "failed"
+    ENDED = "ended"
+
+
+@dataclass(frozen=True)
+class Resume:
+    """How one member goes on, and the words for it."""
+
+    kind: ResumeKind
+    why: str = ""               # what happened and what comes next (status meanwhile)
+    readmit: str | None = None  # the cause shown once it is re-admitted (WARM, CARRIED)
+    note: str | None = None     # FRESH: why it started again from scratch
+    root: Path | None = None    # CARRIED: the lost node's checkpoint root
+    version: int | None = None  # CARRIED: the version of that checkpoint
+
+
+def plan_detach(members: Sequence[Member], lost: Sequence[NodeRef],
+                checkpoint_base: Path | None) -> dict[str, Resume]:
+    """Each member's :class:`Resume` after ``lost`` vanished (``checkpoint_base``: the
+    shared root holding ``<base>/<node>`` checkpoint roots, None if weaved has none)."""
+    names = ", ".join(f"{r.pool.value} node {r.name}" for r in lost)
+    return {m.spec.job_id: _resume(m, names, m.train_node in lost, checkpoint_base)
+            for m in members}
+
+
+def _resume(m: Member, names: str, train_lost: bool, base: Path | None) -> Resume:
+    if m.state in (MemberState.DONE, MemberState.FAILED):
+        return Resume(ResumeKind.ENDED)
+    train = m.train_node.name
+    if not train_lost:
+        return Resume(ResumeKind.WARM,
+                      f"{names} lost (allocation vanished from Slurm); waiting for a new "
+                      "allocation, then re-admitted from its checkpoint",
+                      readmit=f"{names} lost; re-attached on a new allocation")
+    carry = carried_checkpoint(m, base)
+    if carry is not None:
+        root, version = carry
+        return Resume(ResumeKind.CARRIED,
+                      f"{names} lost (allocation vanished from Slurm), with its training "
+                      f"state; waiting for a new allocation, then re-admitted there from "
+                      f"its last checkpoint (v{version}, {root})",
+                      readmit=f"{names} lost; re-admitted on a new training node from its "
+                              f"last checkpoint (v{version})", root=root, version=version)
+    if not m.initialised:   # nothing learned yet: a fresh join loses nothing
+        return Resume(ResumeKind.FRESH,
+                      f"its training node {train} was lost during its first phase "
+                      "(allocation vanished from Slurm); waiting for a new allocation, "
+                      "then started again from scratch",
+                      note=f"its training node {train} was lost during its first phase; "
+                           "restarted from scratch")
+    return Resume(ResumeKind.FAILED,
+                  f"its training node {train} was lost with its warm state, and no "
+                  "checkpoint of it is on a shared file system (allocation vanished from "
+                  "Slurm); not resumable")
+
+
+def carried_checkpoint(m: Member, base: Path | None) -> tuple[Path, int] | None:
+    """(checkpoint root, version) of the member's newest checkpoint on its lost
+    training node, when weaved can see that node's root (None: no such checkpoint)."""
+    from weave_slurm.node.checkpoint import CheckpointStore
+
+    if base is None:
+        return None
+    root = base / m.train_node.name
+    try:
+        store = CheckpointStore(root)
+        info = store.read(store.latest(m.job))
+    except (WeaveError, OSError):
+        return None
+    version = info.versions.get(contract.STATE)
+    return (root, version) if version is not None else None
