@@ -173,6 +173,16 @@ def test_adopting_warm_state_reattaches_then_restores_the_newest_checkpoint() ->
     assert m.state is MemberState.ROLLOUT          # dispatched at once on the rollout node
 
 
+def test_adopted_after_its_final_checkpoint_is_done() -> None:
+    """weaved died after the member's last train step was checkpointed, before DONE."""
+    runner, nodes, _log, _clock = _runner()
+    nodes[T].segments = {"state": {"index": {"version": 4}}, "weights": {}}
+    m = runner.adopt(MemberSpec("a", steps=4))
+    runner.tick()
+    assert m.state is MemberState.DONE and m.version == 4
+    assert runner.finished
+
+
 def test_adopted_without_a_checkpoint_starts_again_from_scratch() -> None:
     runner, nodes, _log, _clock = _runner()
     nodes[T].segments = {"state": {"index": {"version": 0}}}

@@ -245,6 +245,8 @@ class Lifecycle:
         member.outcome = (f"re-admitted from checkpoint v{member.version} "
                           f"(recovery {member.recoveries})")
         self.move(member, MemberState.READY, member.outcome)
+        if member.version >= member.spec.steps:   # its last checkpoint was its final step
+            self.move(member, MemberState.DONE, f"reached version {member.version}")
         return True
 
     def _restart(self, member: Member, cause: str | None = None) -> bool:
