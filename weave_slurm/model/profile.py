@@ -9,10 +9,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+import weave_slurm.model.perf as perf
 from weave_slurm.config.job import JobSpec
 from weave_slurm.config.site import SiteConfig
 from weave_slurm.errors import InfeasibleRequest
-from weave_slurm.model import perf
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,8 +33,8 @@ from typing import Any
 from weave_slurm.errors import InsufficientResources, NodeUnavailable, StateError
 from weave_slurm.node.index import JobRef
 from weave_slurm.node.segments import gid_of
+from weave_slurm.node.seqpacket import receive, send
 from weave_slurm.node.worker import WorkerState
-from weave_slurm.node.zygote import receive, send
 from weave_slurm.vocab import Phase
 
 log = logging.getLogger(__name__)

@@ -46,7 +46,7 @@ import torch
 from weave_slurm.errors import ConfigError, StateError
 from weave_slurm.node.index import JobRef, SegmentIndex
 from weave_slurm.node.segments import AttachedState, SegmentStore, map_file, tensor_views
-from weave_slurm.node.zygote import receive, send
+from weave_slurm.node.seqpacket import receive, send
 
 log = logging.getLogger(__name__)
 

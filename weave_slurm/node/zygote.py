@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import json
 import os
 import pwd
 import select
@@ -32,28 +31,9 @@ import sys
 import traceback
 from typing import Any
 
-MAX_MSG_BYTES = 1 << 16
+from weave_slurm.node.seqpacket import receive, send
+
 _PR_SET_PDEATHSIG = 1
-
-
-def send(sock: socket.socket, body: dict[str, Any], fds: list[int] | None = None) -> None:
-    """One message (and optional fds) on a SOCK_SEQPACKET socket."""
-    data = json.dumps(body).encode()
-    if fds:
-        socket.send_fds(sock, [data], fds)
-    else:
-        sock.send(data)
-
-
-def receive(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
-    """One message and the fds that came with it; (None, []) at end of stream."""
-    data, fds, _flags, _addr = socket.recv_fds(sock, MAX_MSG_BYTES, 4)
-    if not data:
-        for fd in fds:
-            os.close(fd)
-        return None, []
-    body = json.loads(data)
-    return (body if isinstance(body, dict) else {}), list(fds)
 
 
 def become(uid: int, gid: int) -> None:
