@@ -41,6 +41,11 @@ class NodeGone(NodeUnavailable):
     """A node daemon does not answer: nobody listens, or the connection broke."""
 
 
+class AuthError(WeaveError):
+    """A peer could not prove it is who it must be (its munge credential, or a
+    message's MAC): the connection is refused, never retried as is."""
+
+
 class ExternalCommandError(WeaveError):
     """An outside command failed; carries the evidence."""
 
