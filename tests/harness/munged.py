@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -40,8 +41,6 @@ def private_munged() -> Iterator[Path]:
     finally:
         pid = run / "munged.pid"
         if pid.exists():
-            try:
+            with contextlib.suppress(ProcessLookupError, ValueError):
                 os.kill(int(pid.read_text().strip()), 15)
-            except (ProcessLookupError, ValueError):
-                pass
         shutil.rmtree(run, ignore_errors=True)
