@@ -342,7 +342,14 @@ class Reconciler:
             for alloc in self.store.allocs(group.group_id):
                 if alloc.state is AllocState.WANTED \
                         and now >= self._retry.get(alloc.key, (0, 0.0))[1]:
+                    if not self._wants_nodes(group.group_id):
+                        break   # a sibling's refusal failed its members: it is draining
                     self._allocate(group, alloc, now)
+
+    def _wants_nodes(self, group_id: int) -> bool:
+        """The group's state now (the loop's row may be stale): forming or active."""
+        group = self.store.group(group_id)
+        return group is not None and group.state in (GroupState.FORMING, GroupState.ACTIVE)
 
     def _want(self, group: GroupRow, role: str, nodes: int, seq: int, now: float,
               kind: str = "") -> None:
@@ -353,7 +360,8 @@ class Reconciler:
                              node_count=nodes, gpus_per_node=pool.gpus_per_node,
                              gpu_type=pool.gpu_type, cpus_per_node=pool.cpus_per_node,
                              now=now, reason=f"{kind} {role} allocation of {nodes} node(s)")
-        if group.state is GroupState.ACTIVE:
+        fresh = self.store.group(group.group_id)   # a first _want this tick made it FORMING
+        if fresh is not None and fresh.state is GroupState.ACTIVE:
             self.store.transition("group", group.group_id, GroupState.FORMING,
                                   f"needs {nodes} more {role} node(s)", now)
 

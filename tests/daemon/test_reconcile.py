@@ -1,0 +1,644 @@
+"""Reconciler.tick with every input passed in: a real store, the CLI backend over a fake
+runner (the exact argv of every Slurm command), a virtual clock and the idle driver."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from weave_slurm.clock import VirtualClock
+from weave_slurm.config.site import default_site
+from weave_slurm.daemon.driver import IdleDriver, JobOutcome
+from weave_slurm.daemon.reconcile import (
+    NODE_STEP,
+    RETRY_FIRST_S,
+    RETRY_MAX_S,
+    NodeStepFactory,
+    PoolRequest,
+    Reconciler,
+)
+from weave_slurm.daemon.records import AllocRow, GroupPlan, GroupRow, MemberPlan
+from weave_slurm.daemon.states import AllocState, GroupState, JobState, StepRunState
+from weave_slurm.daemon.store import Store
+from weave_slurm.model.profile import simple_profile
+from weave_slurm.placement import Capacity
+from weave_slurm.slurm.backend import StepSpec, group_comment
+from weave_slurm.slurm.cli_backend import SlurmCliBackend
+from weave_slurm.slurm.fake_runner import FakeReply, FakeRunner
+from weave_slurm.slurm.runner import SlurmCommandError
+from weave_slurm.slurm.squeue import STEP_FORMAT
+
+FIX = Path(__file__).parents[1] / "slurm" / "fixtures"
+INSTANCE = "t1"  # allocation names weave-gt1.<group>-<pool>
+POOLS = {"rollout": PoolRequest("h20", 8, "h20", 2), "train": PoolRequest("h800", 8, "h800", 2)}
+T0 = 1000.0
+STEPS = ("squeue", "--steps", "-h", "-o", STEP_FORMAT)
+GONE = "scancel: error: Kill job error on job id {}: Invalid job id specified"
+
+
+def _comment(name: str) -> str:
+    """The comment of allocation ``weave-g<label>-<pool>``."""
+    label, _, pool = name.removeprefix("weave-g").partition("-")
+    return group_comment(label, pool) if pool else ""
+
+
+def _flags(argv: tuple[str, ...]) -> dict[str, str]:
+    return dict(a[2:].partition("=")[::2] for a in argv if a.startswith("--") and "=" in a)
+
+
+@dataclass
+class Step:
+    step_id: str
+    name: str
+    nodes: tuple[str, ...]
+    proc: int  # index of its srun in FakeRunner.processes
+
+
+@dataclass
+class Slurm:
+    """A tiny queue behind the fake runner: squeue/salloc/srun/scancel as Slurm 22.05
+    answers them (squeue --json entries are the fixture's, with fields replaced)."""
+
+    fake: FakeRunner
+    jobs: dict[int, dict[str, Any]] = field(default_factory=dict)
+    steps: dict[str, Step] = field(default_factory=dict)
+    refuse: dict[str, FakeReply] = field(default_factory=dict)  # job name -> salloc reply
+    squeue_reply: FakeReply | None = None  # set: squeue --json answers this instead
+    hook: Callable[[tuple[str, ...]], None] = lambda argv: None  # before every salloc/srun/scancel
+    next_id: int = 11
+    used: dict[str, int] = field(default_factory=dict)  # partition -> nodes handed out
+    step_seq: dict[str, int] = field(default_factory=dict)  # alloc id -> last step number
+
+    def __post_init__(self) -> None:
+        data = json.loads((FIX / "squeue_22.05_het.json").read_text())
+        self._meta = data["meta"]
+        self._template = next(j for j in data["jobs"] if j["job_id"] == 2)  # plain, RUNNING
+        self.fake.on(["squeue", "--json"], self._squeue)
+        self.fake.on(STEPS, self._squeue_steps)
+        self.fake.on(["salloc", "--no-shell"], self._salloc)
+        self.fake.on(["srun"], self._srun)
+        self.fake.on(["scancel"], self._scancel)
+
+    def add(self, name: str, nodes: tuple[str, ...], state: str = "RUNNING",
+            job_id: int | None = None) -> str:
+        """An allocation Slurm lists (``weave-g<label>-<pool>``); returns its id."""
+        if job_id is None:
+            job_id, self.next_id = self.next_id, self.next_id + 1
+        job = copy.deepcopy(self._template)
+        partition = nodes[0].split("-")[0]
+        job.update(job_id=job_id, name=name, comment=_comment(name), job_state=state,
+                   nodes=",".join(nodes), partition=partition,
+                   tres_per_node=f"gres:gpu:{partition}:8", node_count=len(nodes))
+        self.jobs[job_id] = job
+        return str(job_id)
+
+    def vanish(self, alloc_id: str) -> None:
+        """The allocation is gone from Slurm (a node failure, an admin's scancel)."""
+        self._end(alloc_id, returncode=1)
+
+    def _end(self, alloc_id: str, returncode: int) -> None:
+        del self.jobs[int(alloc_id)]
+        for sid in [s for s in self.steps if s.split(".")[0] == alloc_id]:
+            self._end_step(sid, returncode)
+
+    def _end_step(self, step_id: str, returncode: int) -> None:
+        proc = self.fake.processes[self.steps.pop(step_id).proc]
+        if proc.returncode is None:  # srun exits once its step ends
+            proc.returncode = returncode
+
+    def _squeue(self, argv: tuple[str, ...]) -> FakeReply:
+        if self.squeue_reply is not None:
+            return self.squeue_reply
+        return FakeReply(stdout=json.dumps({"meta": self._meta, "errors": [],
+                                            "jobs": list(self.jobs.values())}))
+
+    def _squeue_steps(self, argv: tuple[str, ...]) -> FakeReply:
+        return FakeReply(stdout="".join(f"{s.step_id}|{s.name}|{','.join(s.nodes)}|"
+                                        f"{len(s.nodes)}\n" for s in self.steps.values()))
+
+    def _salloc(self, argv: tuple[str, ...]) -> FakeReply:
+        self.hook(argv)
+        f = _flags(argv)
+        if f["job-name"] in self.refuse:
+            return self.refuse[f["job-name"]]
+        part, n = f["partition"], int(f["nodes"])
+        first = self.used.get(part, 0)
+        self.used[part] = first + n
+        alloc_id = self.add(f["job-name"], tuple(f"{part}-{i}" for i in range(first, first + n)))
+        return FakeReply(stderr=f"salloc: Granted job allocation {alloc_id}\n")
+
+    def _srun(self, argv: tuple[str, ...]) -> FakeReply:
+        self.hook(argv)
+        f = _flags(argv)
+        alloc = f["jobid"]
+        n = self.step_seq[alloc] = self.step_seq.get(alloc, -1) + 1
+        self.steps[f"{alloc}.{n}"] = Step(f"{alloc}.{n}", f["job-name"],
+                                          tuple(filter(None, f.get("nodelist", "").split(","))),
+                                          len(self.fake.processes))
+        return FakeReply()
+
+    def _scancel(self, argv: tuple[str, ...]) -> FakeReply:
+        self.hook(argv)
+        target = argv[1]
+        if target in self.steps:
+            self._end_step(target, returncode=-15)
+        elif target.isdigit() and int(target) in self.jobs:
+            self._end(target, returncode=-15)
+        else:
+            return FakeReply(stderr=GONE.format(target), returncode=1)
+        return FakeReply()
+
+
+@dataclass
+class Rig:
+    store: Store
+    fake: FakeRunner
+    slurm: Slurm
+    clock: VirtualClock
+    rec: Reconciler
+
+    def restart(self, **kw: Any) -> Reconciler:
+        """A new daemon on the same store and the same Slurm (no handles, no backoff)."""
+        self.rec = _reconciler(self.store, self.fake, self.clock, **kw)
+        return self.rec
+
+    def tick(self, at: float | None = None) -> None:
+        if at is not None:
+            self.clock.sleep_until(at)
+        self.rec.tick()
+
+    def argvs(self, program: str, since: int = 0) -> list[tuple[str, ...]]:
+        """The calls of ``program`` from call ``since`` on."""
+        return [c.argv for c in self.fake.calls[since:] if c.argv[0] == program]
+
+    def alloc_rows(self) -> list[AllocRow]:
+        return self.store.allocs(live_only=False)
+
+    def reasons(self, entity: str, key: int) -> list[tuple[str | None, str, str]]:
+        return [(t.src, t.dst, t.reason) for t in self.store.transitions(entity, key)]
+
+
+def _reconciler(store: Store, fake: FakeRunner, clock: VirtualClock, *,
+                driver: IdleDriver | None = None,
+                node_step: NodeStepFactory | None = None) -> Reconciler:
+    return Reconciler(store, SlurmCliBackend(runner=fake), Capacity.from_site(default_site()),
+                      POOLS, driver or IdleDriver(), clock, instance=INSTANCE,
+                      node_step=node_step)
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Iterator[Rig]:
+    store, fake, clock = Store(tmp_path / "w.db"), FakeRunner(), VirtualClock(T0)
+    yield Rig(store, fake, Slurm(fake), clock, _reconciler(store, fake, clock))
+    store.close()
+
+
+def _submit(store: Store, name: str = "a", rollout_s: float = 10, slo: float = 1.5,
+            **profile: Any) -> int:
+    return store.add_job(uid=1000, user="alice", name=name, spec=f"name='{name}'",
+                         source=f"{name}.toml", now=T0,
+                         profile=simple_profile(name, rollout_s, 10, slo, **profile))
+
+
+def _job_state(store: Store, job_id: int) -> JobState:
+    job = store.job(job_id)
+    assert job is not None
+    return job.state
+
+
+def _group(store: Store, group_id: int = 1) -> GroupRow:
+    group = store.group(group_id)
+    assert group is not None
+    return group
+
+
+def _srun(alloc_id: str, name: str, node: str) -> tuple[str, ...]:
+    return ("srun", f"--jobid={alloc_id}", "--overlap", "--exact", f"--job-name={name}",
+            "-n", "1", "-c", "1", "-N", "1", f"--nodelist={node}", "sleep", "infinity")
+
+
+def _salloc(name: str, partition: str) -> tuple[str, ...]:
+    return ("salloc", "--no-shell", f"--job-name={name}", f"--comment={_comment(name)}",
+            "--immediate=10", f"--partition={partition}", "--nodes=1", "--ntasks-per-node=1",
+            "--cpus-per-task=2", f"--gres=gpu:{partition}:8")
+
+
+def _running(rig: Rig) -> int:
+    """One job, placed and running in group 1 (rollout 11 on h20-0, train 12 on h800-0)."""
+    job = _submit(rig.store)
+    rig.tick()
+    assert _job_state(rig.store, job) is JobState.RUNNING
+    assert set(rig.slurm.steps) == {"11.0", "12.0"}
+    return job
+
+
+# -- a pending job, from nothing to running ---------------------------------------------
+
+
+def test_one_tick_places_allocates_and_launches_writing_each_intent_first(rig: Rig) -> None:
+    seen: list[tuple[str, list[str], list[str]]] = []
+    rig.slurm.hook = lambda argv: seen.append(
+        (argv[0], [a.state.value for a in rig.alloc_rows()],
+         [s.state.value for s in rig.store.steps(live_only=False)]))
+    job = _submit(rig.store)
+    rig.tick()
+    assert rig.argvs("salloc") == [_salloc("weave-gt1.1-h20-0", "h20"),
+                                   _salloc("weave-gt1.1-h800-0", "h800")]
+    assert [c.argv for c in rig.fake.calls if c.spawned] == [
+        _srun("11", "weave-j1-h20-0", "h20-0"), _srun("12", "weave-j1-h800-0", "h800-0")]
+    assert rig.argvs("scancel") == []
+    # every call found its intent already durable
+    assert seen == [("salloc", ["ALLOCATING", "WANTED"], []),
+                    ("salloc", ["HELD", "ALLOCATING"], []),
+                    ("srun", ["HELD", "HELD"], ["LAUNCHING"]),
+                    ("srun", ["HELD", "HELD"], ["RUNNING", "LAUNCHING"])]
+    assert [(a.pool, a.state, a.alloc_id, a.nodes) for a in rig.alloc_rows()] == [
+        ("h20-0", AllocState.HELD, "11", ("h20-0",)),
+        ("h800-0", AllocState.HELD, "12", ("h800-0",))]
+    assert rig.reasons("alloc", 1)[-1] == ("ALLOCATING", "HELD", "granted as 11")
+    group = _group(rig.store)
+    assert (group.label, group.state, group.plan.job_ids) == ("t1.1", GroupState.ACTIVE, (job,))
+    assert rig.reasons("job", job)[1:] == [("PENDING", "PLACED", "new_group into group 1"),
+                                           ("PLACED", "RUNNING", "2 step(s) launched")]
+    assert rig.rec.ticks == 1 and rig.rec.world_error is None
+
+
+def test_a_quiet_tick_reads_the_world_and_calls_nothing_else(rig: Rig) -> None:
+    _running(rig)
+    before = len(rig.fake.calls)
+    rig.tick(at=T0 + 5)
+    assert [c.argv for c in rig.fake.calls[before:]] == [("squeue", "--json"), STEPS, STEPS]
+
+
+# -- 1. adoption after a restart ---------------------------------------------------------
+
+
+def _allocating(store: Store, job: int) -> None:
+    """What a daemon killed right after writing both ALLOCATING intents leaves."""
+    store.commit_placement([(1, "t1.1", GroupPlan(1, 1, (MemberPlan(job, (0,)),)), True)],
+                           [(job, 1, "new_group into group 1")], T0)
+    for role, pool in POOLS.items():
+        key = store.add_alloc(group_id=1, role=role, pool=f"{pool.partition}-0",
+                              partition=pool.partition, node_count=1,
+                              gpus_per_node=pool.gpus_per_node, gpu_type=pool.gpu_type,
+                              cpus_per_node=pool.cpus_per_node, now=T0, reason="initial")
+        store.transition("alloc", key, AllocState.ALLOCATING, "requesting", T0)
+
+
+def test_restart_adopts_the_allocations_slurm_lists_and_asks_for_none(rig: Rig) -> None:
+    job = _submit(rig.store)
+    _allocating(rig.store, job)
+    rollout = rig.slurm.add("weave-gt1.1-h20-0", ("h20-5",))
+    train = rig.slurm.add("weave-gt1.1-h800-0", ("h800-2",))
+    rig.tick(at=T0 + 30)
+    assert rig.argvs("salloc") == [] and rig.argvs("scancel") == []
+    assert [(a.state, a.alloc_id, a.nodes) for a in rig.alloc_rows()] == [
+        (AllocState.HELD, rollout, ("h20-5",)), (AllocState.HELD, train, ("h800-2",))]
+    for key in (1, 2):
+        assert rig.reasons("alloc", key)[-1] == (
+            "ALLOCATING", "HELD", "adopted: Slurm lists it after a restart")
+        assert rig.store.transitions("alloc", key)[-1].ts == T0 + 30
+    # and the job runs on the adopted nodes
+    assert [c.argv for c in rig.fake.calls if c.spawned] == [
+        _srun(rollout, "weave-j1-h20-0", "h20-5"), _srun(train, "weave-j1-h800-0", "h800-2")]
+    assert _job_state(rig.store, job) is JobState.RUNNING
+
+
+def test_restart_asks_again_only_for_an_intent_slurm_does_not_list(rig: Rig) -> None:
+    job = _submit(rig.store)
+    _allocating(rig.store, job)
+    train = rig.slurm.add("weave-gt1.1-h800-0", ("h800-2",))
+    rig.tick()
+    assert rig.reasons("alloc", 1)[-3:] == [
+        ("ALLOCATING", "WANTED", "not in Slurm after a restart; ask again"),
+        ("WANTED", "ALLOCATING", "requesting weave-gt1.1-h20-0"),
+        ("ALLOCATING", "HELD", "granted as 12")]
+    assert rig.argvs("salloc") == [_salloc("weave-gt1.1-h20-0", "h20")]
+    assert [a.alloc_id for a in rig.alloc_rows()] == ["12", train]
+    assert rig.argvs("scancel") == []
+
+
+def test_restart_keeps_the_steps_slurm_still_runs(rig: Rig) -> None:
+    job = _running(rig)
+    rig.restart()  # a new process: no launcher handles
+    before = len(rig.fake.calls)
+    rig.tick(at=T0 + 60)
+    assert [c.argv for c in rig.fake.calls[before:]] == [("squeue", "--json"), STEPS, STEPS]
+    assert [s.state for s in rig.store.steps(job_id=job)] == [StepRunState.RUNNING] * 2
+    assert _job_state(rig.store, job) is JobState.RUNNING
+
+
+# -- 2. orphans --------------------------------------------------------------------------
+
+
+def test_an_orphan_under_our_prefix_is_released_and_nothing_else(rig: Rig) -> None:
+    _running(rig)
+    orphan = rig.slurm.add("weave-gt1.7-h20-0", ("h20-9",))
+    rig.slurm.add("weave-g3-h20-0", ("h20-10",))  # another daemon's (no instance)
+    rig.slurm.add("weave-gt12.1-h20-0", ("h20-11",))  # instance t12, not t1
+    rig.slurm.add("interactive", ("h20-12",))  # a user's own job, no comment
+    marks = {e: [len(rig.store.transitions(e, k)) for k in (1, 2)] for e in ("alloc", "step")}
+    before = len(rig.fake.calls)
+    rig.tick(at=T0 + 5)
+    assert [c.argv for c in rig.fake.calls[before:]] == [
+        ("squeue", "--json"), STEPS, STEPS, STEPS, ("scancel", orphan)]  # ours, orphan
+    assert {e: [len(rig.store.transitions(e, k)) for k in (1, 2)]
+            for e in ("alloc", "step")} == marks
+    assert sorted(rig.slurm.jobs) == [11, 12, 14, 15, 16]
+
+
+def test_a_released_allocation_still_ending_in_slurm_is_not_cancelled_again(rig: Rig) -> None:
+    job = _running(rig)
+    rig.store.transition("job", job, JobState.CANCELLING, "cancelled by uid 1000", T0 + 1)
+    rig.tick(at=T0 + 2)
+    assert rig.argvs("scancel") == [("scancel", "11.0"), ("scancel", "12.0"),
+                                    ("scancel", "11"), ("scancel", "12")]
+    rig.slurm.add("weave-gt1.1-h20-0", ("h20-0",), state="COMPLETING", job_id=11)  # ending
+    rig.tick(at=T0 + 3)
+    assert len(rig.argvs("scancel")) == 4
+
+
+# -- 3. an allocation that vanished ------------------------------------------------------
+
+
+def test_a_vanished_allocation_is_lost_and_its_group_asks_for_a_replacement(rig: Rig) -> None:
+    job = _running(rig)
+    rig.slurm.vanish("11")
+    rig.tick(at=T0 + 10)
+    why = "rollout allocation 11 (node(s) h20-0) vanished from Slurm"
+    lost, train, new = rig.alloc_rows()
+    assert lost.state is AllocState.LOST
+    assert rig.reasons("alloc", lost.key)[-1] == ("HELD", "LOST", why)
+    assert train.state is AllocState.HELD
+    assert (new.role, new.pool, new.state, new.alloc_id) == ("rollout", "h20-1",
+                                                             AllocState.HELD, "13")
+    assert rig.reasons("alloc", new.key)[0] == (
+        None, "WANTED", "replacement for a lost rollout allocation of 1 node(s)")
+    assert rig.argvs("salloc")[-1] == _salloc("weave-gt1.1-h20-1", "h20")
+    assert rig.reasons("group", 1)[-2:] == [
+        ("ACTIVE", "FORMING", "needs 1 more rollout node(s)"),
+        ("FORMING", "ACTIVE", "allocations ['12', '13'] held")]
+    rollout_step = rig.store.steps(job_id=job, live_only=False)[0]
+    assert rig.reasons("step", rollout_step.key)[-1] == (
+        "RUNNING", "ENDED", "its allocation is gone")
+    fresh = rig.store.job(job)
+    assert fresh is not None and fresh.state is JobState.RUNNING  # re-admitted by the driver
+    assert fresh.reason == (f"{why}; asking for a new allocation, then re-admitting from "
+                            "checkpoint")
+    assert rig.argvs("scancel") == []
+
+
+def test_both_allocations_vanishing_are_replaced_in_the_same_tick(rig: Rig) -> None:
+    _running(rig)
+    rig.slurm.vanish("11")
+    rig.slurm.vanish("12")
+    rig.tick(at=T0 + 10)
+    assert [(a.pool, a.state) for a in rig.alloc_rows()] == [
+        ("h20-0", AllocState.LOST), ("h800-0", AllocState.LOST),
+        ("h20-1", AllocState.HELD), ("h800-1", AllocState.HELD)]
+    assert rig.argvs("salloc")[-2:] == [_salloc("weave-gt1.1-h20-1", "h20"),
+                                        _salloc("weave-gt1.1-h800-1", "h800")]
+    assert rig.reasons("group", 1)[-2:] == [
+        ("ACTIVE", "FORMING", "needs 1 more rollout node(s)"),
+        ("FORMING", "ACTIVE", "allocations ['13', '14'] held")]
+
+
+# -- 4. failing commands -----------------------------------------------------------------
+
+
+def test_a_failing_squeue_skips_the_tick_and_says_why_since_when(rig: Rig) -> None:
+    job = _submit(rig.store)
+    rig.slurm.squeue_reply = FakeReply(
+        stderr="squeue: error: slurm_load_jobs error: Unable to contact slurm controller "
+               "(connect failure)", returncode=1)
+    with pytest.raises(SlurmCommandError, match="squeue --json"):
+        rig.tick(at=T0 + 1)
+    assert rig.rec.world_error == (T0 + 1, "Slurm command failed: squeue --json (exit 1): "
+                                   "squeue: error: slurm_load_jobs error: Unable to contact "
+                                   "slurm controller (connect failure)")
+    assert _job_state(rig.store, job) is JobState.PENDING  # nothing acted on a blind tick
+    assert rig.rec.ticks == 0
+    rig.slurm.squeue_reply = FakeReply(hang=True)
+    with pytest.raises(SlurmCommandError):
+        rig.tick(at=T0 + 40)
+    assert rig.rec.world_error == (T0 + 1, "squeue hung: command timed out after 30 s and "
+                                   "was killed")  # since the first failure
+    rig.slurm.squeue_reply = None
+    rig.tick(at=T0 + 45)
+    assert rig.rec.world_error is None and rig.rec.ticks == 1
+    assert _job_state(rig.store, job) is JobState.RUNNING
+    rig.slurm.squeue_reply = FakeReply(hang=True)
+    with pytest.raises(SlurmCommandError):
+        rig.tick(at=T0 + 50)
+    assert rig.rec.world_error is not None and rig.rec.world_error[0] == T0 + 50  # anew
+
+
+def test_a_failing_salloc_is_retried_with_doubling_backoff(rig: Rig) -> None:
+    rig.slurm.refuse["weave-gt1.1-h20-0"] = FakeReply(
+        stderr="salloc: error: Unable to allocate resources: Connection timed out",
+        returncode=1)
+    job = _submit(rig.store)
+    asked: list[float] = []
+    rig.slurm.hook = lambda argv: asked.append(rig.clock.now()) \
+        if argv[:3] == _salloc("weave-gt1.1-h20-0", "h20")[:3] else None
+    for t in range(0, 92):
+        rig.tick(at=T0 + t / 2)
+    waits = [b - a for a, b in itertools.pairwise(asked)]
+    assert waits == [1.0, 2.0, 4.0, 8.0, 15.0, 15.0]
+    assert waits[0] == RETRY_FIRST_S and max(waits) == RETRY_MAX_S
+    rollout = rig.alloc_rows()[0]
+    said = ("rollout allocation weave-gt1.1-h20-0 not granted (salloc weave-gt1.1-h20-0: not "
+            "granted within 10 s (retry later): salloc: error: Unable to allocate resources: "
+            "Connection timed out); attempt 7, retrying in 15 s")
+    assert rig.reasons("alloc", rollout.key)[-1] == ("ALLOCATING", "WANTED", said)
+    fresh = rig.store.job(job)
+    assert fresh is not None and fresh.state is JobState.PLACED
+    assert fresh.reason == f"waiting: {said}"
+    assert _group(rig.store).state is GroupState.FORMING
+    # the train allocation was granted once and is held, not asked for again
+    assert rig.argvs("salloc").count(_salloc("weave-gt1.1-h800-0", "h800")) == 1
+    del rig.slurm.refuse["weave-gt1.1-h20-0"]
+    rig.tick(at=asked[-1] + 15)
+    fresh = rig.store.job(job)
+    assert fresh is not None and (fresh.state, fresh.reason) == (JobState.RUNNING, "")
+
+
+def test_a_hung_salloc_says_so(rig: Rig) -> None:
+    rig.slurm.refuse["weave-gt1.1-h800-0"] = FakeReply(hang=True)
+    _submit(rig.store)
+    rig.tick()
+    assert rig.reasons("alloc", 2)[-1] == (
+        "ALLOCATING", "WANTED", "train allocation weave-gt1.1-h800-0 not granted (salloc hung: "
+        "command timed out after 40 s and was killed); attempt 1, retrying in 1 s")
+
+
+def test_a_release_frees_nodes_so_waiting_allocations_ask_again_at_once(rig: Rig) -> None:
+    first = _running(rig)
+    rig.slurm.refuse["weave-gt1.2-h20-0"] = FakeReply(
+        stderr="salloc: error: Unable to allocate resources: Connection timed out",
+        returncode=1)
+    _submit(rig.store, "b", rollout_s=50, slo=1.0)   # too slow for group 1: a group of its own
+    rig.tick(at=T0 + 1)
+    assert _group(rig.store, 2).plan.job_ids == (2,)
+    assert rig.argvs("salloc").count(_salloc("weave-gt1.2-h20-0", "h20")) == 1
+    rig.store.transition("job", first, JobState.CANCELLING, "cancelled by uid 1000", T0 + 1.5)
+    rig.tick(at=T0 + 1.5)   # releases group 1: the retry wait is dropped
+    del rig.slurm.refuse["weave-gt1.2-h20-0"]
+    rig.tick(at=T0 + 1.6)
+    assert rig.argvs("salloc").count(_salloc("weave-gt1.2-h20-0", "h20")) == 2
+    assert _job_state(rig.store, 2) is JobState.RUNNING
+
+
+def test_an_infeasible_salloc_fails_the_job_and_releases_its_group(rig: Rig) -> None:
+    rig.slurm.refuse["weave-gt1.1-h20-0"] = FakeReply(
+        stderr="salloc: error: Job submit/allocate failed: Requested node configuration is "
+               "not available", returncode=1)
+    job = _submit(rig.store)
+    rig.tick()
+    rollout, train = rig.alloc_rows()
+    assert rollout.state is AllocState.FAILED and train.state is AllocState.RELEASED
+    refused = ("salloc weave-gt1.1-h20-0: Slurm refuses the request as asked: salloc: error: "
+               "Job submit/allocate failed: Requested node configuration is not available")
+    assert rig.reasons("alloc", rollout.key)[-1] == ("ALLOCATING", "FAILED", refused)
+    fresh = rig.store.job(job)
+    assert fresh is not None and fresh.state is JobState.FAILED
+    assert fresh.reason == f"group 1: {refused}"
+    assert [g[1:] for g in rig.reasons("group", 1)] == [
+        ("FORMING", "new group for job(s) [1]"),
+        ("DRAINING", f"its last member (job {job}) left"),
+        ("RELEASED", "allocations released")]
+    # the failed group's other allocation is never asked for
+    assert rig.argvs("salloc") == [_salloc("weave-gt1.1-h20-0", "h20")]
+    assert rig.reasons("alloc", train.key)[-1] == ("WANTED", "RELEASED", "not needed")
+    assert rig.argvs("scancel") == []
+
+
+# -- 5. what the comments promise --------------------------------------------------------
+
+
+def test_pending_jobs_are_placed_as_one_batch_and_the_impossible_refused(rig: Rig) -> None:
+    a, b = _submit(rig.store, "a"), _submit(rig.store, "b")
+    never = _submit(rig.store, "c", rollout_state_gib=1e6)
+    rig.tick()
+    assert [g.group_id for g in rig.store.groups()] == [1]  # b joined a's new group
+    assert _group(rig.store).plan.job_ids == (a, b)
+    assert rig.reasons("job", a)[1] == ("PENDING", "PLACED", "new_group into group 1")
+    assert rig.reasons("job", b)[1] == ("PENDING", "PLACED", "direct into group 1")
+    refused = rig.store.job(never)
+    assert refused is not None and refused.state is JobState.REFUSED
+    assert refused.ended_s == T0
+    assert rig.reasons("job", never)[1] == (
+        "PENDING", "REFUSED", "job 3 not placed: rollout state 1000000.0 GiB per node exceeds "
+        "the rollout nodes' host memory (2048 GiB)")
+    assert len(rig.argvs("salloc")) == 2  # one allocation per pool for the batch
+    assert [_job_state(rig.store, j) for j in (a, b)] == [JobState.RUNNING] * 2
+
+
+def test_a_cancelled_job_has_its_steps_cancelled_then_its_group_released(rig: Rig) -> None:
+    job = _running(rig)
+    seen: list[tuple[str, str, list[str]]] = []
+    rig.slurm.hook = lambda argv: seen.append(
+        (argv[1], _job_state(rig.store, job).value,
+         [s.state.value for s in rig.store.steps(live_only=False)]
+         if "." in argv[1] else [a.state.value for a in rig.alloc_rows()]))
+    rig.store.transition("job", job, JobState.CANCELLING, "cancelled by uid 1000", T0 + 1)
+    rig.tick(at=T0 + 2)
+    assert rig.argvs("scancel") == [("scancel", "11.0"), ("scancel", "12.0"),
+                                    ("scancel", "11"), ("scancel", "12")]
+    assert seen == [("11.0", "CANCELLING", ["STOPPING", "RUNNING"]),
+                    ("12.0", "CANCELLING", ["ENDED", "STOPPING"]),
+                    ("11", "CANCELLED", ["RELEASING", "HELD"]),
+                    ("12", "CANCELLED", ["RELEASED", "RELEASING"])]
+    assert rig.reasons("job", job)[-1] == ("CANCELLING", "CANCELLED", "cancelled by its owner")
+    assert [s.state for s in rig.store.steps(live_only=False)] == [StepRunState.ENDED] * 2
+    assert all(p.signals == [] for p in rig.fake.processes)  # srun exited by itself
+    assert rig.reasons("group", 1)[-2:] == [
+        ("ACTIVE", "DRAINING", f"its last member (job {job}) left"),
+        ("DRAINING", "RELEASED", "allocations released")]
+    assert [a.state for a in rig.alloc_rows()] == [AllocState.RELEASED] * 2
+    assert rig.slurm.jobs == {}
+
+
+def test_a_job_completes_when_its_last_step_exits_zero(rig: Rig) -> None:
+    job = _running(rig)
+    rig.fake.processes[0].returncode = 0
+    rig.tick(at=T0 + 5)
+    assert _job_state(rig.store, job) is JobState.RUNNING  # one step still runs
+    rig.fake.processes[1].returncode = 0
+    rig.tick(at=T0 + 6)
+    assert rig.reasons("job", job)[-1] == (
+        "RUNNING", "COMPLETED", "step weave-j1-h800-0 exited with code 0")
+    assert _group(rig.store).state is GroupState.RELEASED
+
+
+def test_a_step_that_fails_fails_its_job_and_stops_the_others(rig: Rig) -> None:
+    job = _running(rig)
+    rig.fake.processes[1].returncode = 2
+    rig.tick(at=T0 + 5)
+    fresh = rig.store.job(job)
+    assert fresh is not None and fresh.state is JobState.FAILED
+    assert fresh.reason == "step weave-j1-h800-0 exited with code 2"
+    assert rig.argvs("scancel") == [("scancel", "11.0"), ("scancel", "11"), ("scancel", "12")]
+
+
+def _node_step(group: GroupRow, alloc: AllocRow) -> StepSpec:
+    return StepSpec(name=NODE_STEP, argv=("weave-node", group.label, alloc.pool),
+                    ntasks=alloc.node_count, node_count=alloc.node_count)
+
+
+def test_node_daemons_gate_activation_and_a_dead_one_is_relaunched(rig: Rig) -> None:
+    rec = rig.restart(node_step=_node_step)
+    node = ("--overlap", "--exact", "--job-name=weave-node", "-n", "1", "-c", "1", "-N", "1",
+            "weave-node", "t1.1")
+
+    def no_srun(argv: tuple[str, ...]) -> None:  # the first node daemon of 12 cannot start
+        if argv == ("srun", "--jobid=12", *node, "h800-0") and rec.ticks == 0:
+            raise SlurmCommandError(argv, None, "", "cannot start 'srun': [Errno 24] Too "
+                                    "many open files")
+
+    rig.slurm.hook = no_srun
+    job = _submit(rig.store)
+    rig.tick()
+    assert [c.argv for c in rig.fake.calls if c.spawned] == [
+        ("srun", "--jobid=11", *node, "h20-0"), ("srun", "--jobid=12", *node, "h800-0")]
+    assert rig.reasons("step", 2)[-1][:2] == ("LAUNCHING", "ENDED")
+    assert "launch failed" in rig.reasons("step", 2)[-1][2]
+    assert _group(rig.store).state is GroupState.FORMING   # not every node daemon runs
+    assert _job_state(rig.store, job) is JobState.PLACED
+    rig.tick(at=T0 + 1)
+    assert [c.argv for c in rig.fake.calls if c.spawned][2:] == [
+        ("srun", "--jobid=12", *node, "h800-0"), _srun("11", "weave-j1-h20-0", "h20-0"),
+        _srun("12", "weave-j1-h800-0", "h800-0")]
+    assert rig.reasons("group", 1)[-1] == ("FORMING", "ACTIVE", "allocations ['11', '12'] held")
+    assert _job_state(rig.store, job) is JobState.RUNNING
+    # the rollout node daemon dies while Slurm still lists its step
+    rig.fake.processes[0].returncode = 1
+    rig.tick(at=T0 + 5)
+    assert rig.argvs("scancel") == [("scancel", "11.0")]
+    assert [c.argv for c in rig.fake.calls if c.spawned][5:] == [
+        ("srun", "--jobid=11", *node, "h20-0")]
+    assert [s.name for s in rig.store.steps(alloc_key=1)] == ["weave-j1-h20-0", NODE_STEP]
+    assert _job_state(rig.store, job) is JobState.RUNNING and rec.ticks == 3
+
+
+class _BrokenDriver(IdleDriver):
+    """An idle driver whose per-tick drive fails (a bug in the runtime)."""
+
+    def drive(self, store: Store, now: float) -> list[JobOutcome]:
+        raise RuntimeError("driver bug")
+
+
+def test_a_failing_act_is_logged_and_the_others_still_run(
+        rig: Rig, caplog: pytest.LogCaptureFixture) -> None:
+    rig.restart(driver=_BrokenDriver())
+    job = _submit(rig.store)
+    rig.tick()
+    assert "unexpected error" in caplog.text
+    assert _job_state(rig.store, job) is JobState.RUNNING and rig.rec.ticks == 1
