@@ -50,8 +50,12 @@ system:
 	  else echo "warning: missing$$missing (need root): Slurm/MPI tests will be skipped"; fi; \
 	fi
 
+# The one copy of the plugin's source is package data (weave_slurm/spank/, shipped in the
+# wheel: `weave spank build --out DIR` runs this same Makefile); the .so goes to build/spank/.
+SPANK_SRC := weave_slurm/spank
+SPANK_OUT := $(CURDIR)/build/spank
 spank:
-	@if [ -f /usr/include/slurm/spank.h ]; then $(MAKE) -s -C spank; \
+	@if [ -f /usr/include/slurm/spank.h ]; then $(MAKE) -s -C $(SPANK_SRC) OUT=$(SPANK_OUT); \
 	else echo "warning: slurm/spank.h missing: SPANK tests will be skipped"; fi
 
 lint: install
@@ -66,4 +70,4 @@ bench: install
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
-	-$(MAKE) -s -C spank clean
+	-$(MAKE) -s -C $(SPANK_SRC) OUT=$(SPANK_OUT) clean

@@ -16,6 +16,7 @@ from weave_slurm.slurm.cluster import ClusterStatus, LocalCluster
 from weave_slurm.slurm.runner import run_command
 
 REPO = Path(__file__).resolve().parents[2]
+SPANK_SRC = REPO / "weave_slurm" / "spank"   # the plugin's source: package data
 
 
 @dataclass(frozen=True)
@@ -28,8 +29,8 @@ class SessionCluster:
 
 
 def build_spank(out_dir: Path) -> Path:
-    """``make -C spank OUT=<out_dir>``; returns the built weave.so."""
-    run_command(["make", "-s", "-C", str(REPO / "spank"), f"OUT={out_dir}"], timeout_s=120)
+    """``make -C weave_slurm/spank OUT=<out_dir>``; returns the built weave.so."""
+    run_command(["make", "-s", "-C", str(SPANK_SRC), f"OUT={out_dir}"], timeout_s=120)
     return out_dir / "weave.so"
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurm.session_cluster import REPO, SessionCluster, build_spank
+from tests.slurm.session_cluster import SPANK_SRC, SessionCluster, build_spank
 from weave_slurm.slurm.runner import run_command
 
 pytestmark = pytest.mark.slurm
@@ -24,7 +24,7 @@ def test_make_builds_a_shared_object(tmp_path: Path) -> None:
     syms = run_command(["nm", "-D", "--defined-only", str(so)]).stdout
     for sym in ("slurm_spank_init", "slurm_spank_task_init", "plugin_name"):
         assert sym in syms
-    assert (REPO / "spank" / "weave.c").stat().st_mtime <= so.stat().st_mtime
+    assert (SPANK_SRC / "weave.c").stat().st_mtime <= so.stat().st_mtime
 
 
 @pytest.mark.parametrize("tool", ["sbatch", "salloc", "srun"])

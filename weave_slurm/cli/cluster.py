@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from weave_slurm.cli.logs import setup_logging
 from weave_slurm.errors import WeaveError
 from weave_slurm.slurm.cluster import DEFAULT_STATE_DIR, ClusterStatus, LocalCluster
 from weave_slurm.slurm.cluster_config import parse_layout
@@ -61,7 +62,7 @@ def up(state_dir: StateDir = DEFAULT_STATE_DIR,
        timeout_s: Annotated[float, typer.Option("--timeout-s")] = 60.0,
        as_json: AsJson = False) -> None:
     """Start munged, slurmctld and the slurmds (idempotent), then print SLURM_CONF."""
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    setup_logging(logging.WARNING, "weave cluster")
     try:
         status = LocalCluster(state_dir).up(parse_layout(nodes), spank_plugin=spank,
                                             socket_dir=sockdir, timeout_s=timeout_s)

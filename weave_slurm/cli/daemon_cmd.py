@@ -1,4 +1,4 @@
-"""``weave daemon``: run weaved in the foreground (logging is configured here only)."""
+"""``weave daemon``: run weaved in the foreground (its logging is configured here)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Annotated
 
 import typer
 
+from weave_slurm.cli.logs import setup_logging
 from weave_slurm.daemon.client import DEFAULT_STATE_DIR
 from weave_slurm.daemon.driver import DriverKind
-from weave_slurm.daemon.service import DaemonConfig, Weaved
 
 
 def daemon(
@@ -43,9 +43,9 @@ def daemon(
     """Run the meta-scheduler daemon in the foreground until SIGTERM/SIGINT."""
     import shlex
 
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
-                        format="%(asctime)s weaved %(levelname)s %(name)s: %(message)s",
-                        force=True)
+    from weave_slurm.daemon.service import DaemonConfig, Weaved  # imports torch: only here
+
+    setup_logging(logging.INFO if verbose else logging.WARNING, "weaved", timestamps=True)
     cfg = DaemonConfig(state_dir=state_dir, socket_path=socket_path, backend=backend,
                        site_path=site, instance=instance, tick_s=tick_s,
                        admin_uids=tuple(admin_uid or ()),

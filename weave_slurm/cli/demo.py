@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from weave_slurm.cli.logs import setup_logging
 from weave_slurm.errors import ConfigError
 
 _BARS = " ▁▂▃▄▅▆▇█"
@@ -51,7 +52,7 @@ def demo(
 
     if steps < 1:
         raise ConfigError(f"--steps: must be >= 1, got {steps!r}")
-    logging.basicConfig(level=logging.WARNING)
+    setup_logging(logging.WARNING, "weave demo")
     console = Console()
     title = ["starting"]
     last = [0.0]

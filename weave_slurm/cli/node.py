@@ -17,7 +17,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from weave_slurm.errors import ConfigError, WeaveError
+from weave_slurm.cli.errors import run_app
+from weave_slurm.cli.logs import setup_logging
+from weave_slurm.errors import ConfigError
 from weave_slurm.node.index import DEFAULT_ROOT
 from weave_slurm.node.protocol import Op
 
@@ -51,10 +53,13 @@ def serve(
         help="Periodic checkpoint of each changed job every N s (0 = never).")] = 600.0,
     resident: Annotated[bool, typer.Option(
         help="Keep a zygote and one pre-forked resident worker per job.")] = True,
+    verbose: Annotated[bool, typer.Option(
+        "--verbose/--quiet", "-v/-q", help="Log at INFO (default), or warnings only.")] = True,
 ) -> None:
     """Run the node daemon in the foreground until SIGTERM/SIGINT."""
     from weave_slurm.node.daemon import NodeConfig, NodeDaemon  # imports torch: only here
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+
+    setup_logging(logging.INFO if verbose else logging.WARNING, "weave-node", timestamps=True)
     root = _per_node(root)
     checkpoint_root = _per_node(checkpoint_root) if checkpoint_root is not None else None
     daemon = NodeDaemon(NodeConfig(host_mem_gib=host_mem_gib, root=root,
@@ -105,15 +110,8 @@ def status(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point for ``weave node``; returns the exit code."""
-    try:
-        node_app(args=argv, standalone_mode=False)
-    except WeaveError as exc:
-        typer.echo(f"weave node: {exc}", err=True)
-        return exc.exit_code
-    except typer.Abort:
-        return 1
-    return 0
+    """``python -m weave_slurm.cli.node`` (weaved's node command); returns the exit code."""
+    return run_app(node_app, "weave node", argv)
 
 
 if __name__ == "__main__":

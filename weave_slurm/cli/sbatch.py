@@ -13,12 +13,12 @@ from typing import Annotated, Any
 import typer
 
 from weave_slurm.cli.errors import entry
+from weave_slurm.cli.version import version_option
 from weave_slurm.daemon.client import DaemonClient, default_socket
 from weave_slurm.daemon.protocol import Op
 from weave_slurm.daemon.submission import build_spec
 
 app = typer.Typer(name="weave-sbatch", add_completion=False, pretty_exceptions_enable=False)
-
 
 
 @app.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -47,6 +47,7 @@ def submit(
     test_only: Annotated[bool, typer.Option("--test-only", help="Validate, do not "
                                             "submit.")] = False,
     socket_path: Annotated[Path | None, typer.Option("--socket", help="weaved's socket.")] = None,
+    version: Annotated[bool, version_option()] = False,
 ) -> None:
     """Submit PATH to weaved (flags override #WEAVE directives and the spec)."""
     given: dict[str, Any] = {

@@ -43,7 +43,7 @@ from weave_slurm.node.registry import JobRecord, JobRegistry
 from weave_slurm.node.segments import SegmentStore
 from weave_slurm.node.staging import Reservation, StagingArea, discard
 from weave_slurm.node.startup import StartupReport, recover_store
-from weave_slurm.node.worker import PhaseWorker, worker_env
+from weave_slurm.node.worker import PhaseWorker, WorkerKind, worker_env
 from weave_slurm.vocab import Phase
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ class NodeDaemon:
         self._lock = threading.RLock()
         self._state_locks: dict[str, threading.RLock] = {}
         self._worker_locks: dict[str, threading.RLock] = {}
-        self._last_kind: dict[str, str] = {}           # job -> "process" | "resident"
+        self._last_kind: dict[str, WorkerKind] = {}    # job -> how its last phase ran
         self._stop = threading.Event()
         self._timer: threading.Thread | None = None
         self._life_lock = FileLock(str(config.root / ".daemon.lock"))
@@ -382,7 +382,7 @@ class NodeDaemon:
                                  log_path)
             with self._lock:
                 self.workers[job.job_id] = worker
-                self._last_kind[job.job_id] = "process"
+                self._last_kind[job.job_id] = WorkerKind.PROCESS
             return {**worker.status().to_json(), "env": env}
 
     def _activate_resident(self, job: JobRef, phase: Phase, request: Request,
@@ -401,7 +401,7 @@ class NodeDaemon:
             "pythonpath": [str(p) for p in pythonpath], "root": str(self.store.root),
             "segments": {k: str(v) for k, v in segments.items()}})
         with self._lock:
-            self._last_kind[job.job_id] = "resident"
+            self._last_kind[job.job_id] = WorkerKind.RESIDENT
         return {"job": job.job_id, **act.to_json()}
 
     def _refuse_if_running(self, job: JobRef) -> None:
@@ -415,7 +415,7 @@ class NodeDaemon:
         with self._lock:
             kind = self._last_kind.get(job.job_id)
             worker = self.workers.get(job.job_id)
-        if kind == "resident" and self.pool is not None:
+        if kind is WorkerKind.RESIDENT and self.pool is not None:
             act = self.pool.last(job)
             return None if act is None else {"job": job.job_id, **act.to_json()}
         return None if worker is None else dict(worker.status().to_json())
@@ -426,7 +426,7 @@ class NodeDaemon:
             with self._lock:
                 kind = self._last_kind.get(job.job_id)
                 worker = self.workers.get(job.job_id)
-            if kind == "resident" and self.pool is not None:
+            if kind is WorkerKind.RESIDENT and self.pool is not None:
                 self.pool.cancel(job, self.config.stop_timeout_s)
                 return self._worker_json(job) or {}
             if worker is None:

@@ -35,6 +35,13 @@ from weave_slurm.node.segments import AttachedState, SegmentStore
 from weave_slurm.vocab import Phase
 
 
+class WorkerKind(StrEnum):
+    """How a job's current phase runs on the node."""
+
+    PROCESS = "process"      # a PhaseWorker: a fresh process started from the request's argv
+    RESIDENT = "resident"    # an activation of the job's pre-forked resident worker (pool)
+
+
 class WorkerState(StrEnum):
     RUNNING = "running"
     EXITED = "exited"      # returncode 0

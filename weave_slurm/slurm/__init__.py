@@ -4,7 +4,7 @@
 - :mod:`.backend`: the Backend protocol; :mod:`.cli_backend` (salloc/srun/squeue) and
   :mod:`.local_backend` (plain processes) implement it; :mod:`.factory` picks one.
 - :mod:`.cluster`: ``weave cluster up|down|status``, a one-host Slurm 22.05 cluster.
-- :mod:`.templates`: scripts rendered from ``sbatch_templates/``.
+- :mod:`.templates`: scripts rendered from ``weave_slurm/templates/`` (package data).
 
 See docs/slurm.md.
 """

@@ -1,4 +1,4 @@
-"""Render the scripts in ``sbatch_templates/`` for a group's allocations and node daemons.
+"""Render the scripts in ``weave_slurm/templates/`` for a group's allocations and node daemons.
 
 Templates use ``@@{name}`` placeholders (a :class:`string.Template` with delimiter
 ``@@``) so shell ``$VAR`` and ``${VAR}`` pass through untouched. Rendering is
@@ -11,13 +11,15 @@ from __future__ import annotations
 import shlex
 import string
 from collections.abc import Mapping, Sequence
+from importlib.resources import files
 from pathlib import Path
 
 from weave_slurm.errors import ConfigError
 from weave_slurm.slurm.backend import AllocationRequest
 from weave_slurm.slurm.cli_backend import component_args
 
-TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "sbatch_templates"
+#: Package data (``weave_slurm/templates/``), so an installed wheel finds them too.
+TEMPLATE_DIR = Path(str(files("weave_slurm") / "templates"))
 
 
 class _Template(string.Template):

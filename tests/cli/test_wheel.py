@@ -1,0 +1,113 @@
+"""The package works from its wheel, without a clone (issue 17).
+
+The wheel is built from a copy of the sources and installed into a fresh venv with only
+what it declares (torch first, from local disk, then the wheel with -c constraints.txt:
+no click, no repository on sys.path). Then, from a directory outside the repository:
+``weave --help``, ``--version``, ``weave plan`` on the repo's job specs, a usage
+mistake, and the templates and the SPANK source inside the installed package.
+About 45 s on the CI machine, most of it installing torch.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TORCH = "torch==2.13.0"   # a CPU build on local disk; a bare requirement pulls CUDA
+
+pytestmark = pytest.mark.slow
+
+
+def _run(argv: Sequence[str | Path], cwd: Path, timeout_s: float = 600,
+         ok: bool = True) -> subprocess.CompletedProcess[str]:
+    res = subprocess.run([str(a) for a in argv], cwd=cwd, capture_output=True, text=True,
+                         timeout=timeout_s)
+    if ok:
+        assert res.returncode == 0, f"{argv}: exit {res.returncode}\n{res.stdout}\n{res.stderr}"
+    return res
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv holding the wheel and its declared dependencies; its bin/ directory."""
+    base = tmp_path_factory.mktemp("wheel")
+    src = base / "src"
+    shutil.copytree(REPO / "weave_slurm", src / "weave_slurm",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.o"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, src / name)
+    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", src, "-w", base / "dist"],
+         cwd=base)
+    (wheel,) = (base / "dist").glob("weave_slurm-*.whl")
+    venv = base / "venv"
+    _run([sys.executable, "-m", "venv", venv], cwd=base)
+    pip = [venv / "bin" / "python", "-m", "pip", "install", "-q"]
+    _run([*pip, TORCH], cwd=base)
+    _run([*pip, "-c", REPO / "constraints.txt", wheel], cwd=base)
+    return venv / "bin"
+
+
+def test_the_wheel_installs_no_click_and_runs(installed: Path, tmp_path: Path) -> None:
+    py = installed / "python"
+    assert _run([py, "-c", "import click"], tmp_path, ok=False).returncode != 0
+    help_ = _run([installed / "weave", "--help"], tmp_path)
+    assert "Usage:" in help_.stdout and "plan" in help_.stdout
+    imported = _run([py, "-c", "import sys; sys.argv = ['weave', '--help']\n"
+                     "from weave_slurm.cli.main import app\n"
+                     "from weave_slurm.cli.errors import run_app\n"
+                     "run_app(app, 'weave')\n"
+                     "print([m for m in sys.modules if m.split('.')[0] == 'click'])"],
+                    tmp_path)
+    assert imported.stdout.strip().splitlines()[-1] == "[]"
+    want = f"weave-slurm {version('weave-slurm')}\n"
+    assert _run([installed / "weave", "--version"], tmp_path).stdout == want
+    assert _run([installed / "weave-sbatch", "--version"], tmp_path).stdout == want
+
+
+def test_weave_plan_on_the_repo_configs(installed: Path, tmp_path: Path) -> None:
+    jobs = sorted(glob.glob(str(REPO / "configs" / "jobs" / "*.toml")))
+    res = _run([installed / "weave", "plan", "--json", *jobs], tmp_path)
+    summary = json.loads(res.stdout)
+    assert len(summary["jobs"]) + len(summary["refused"]) == len(jobs)
+
+
+def test_a_usage_mistake_is_one_line(installed: Path, tmp_path: Path) -> None:
+    res = _run([installed / "weave", "status", "-t", "RUNNING"], tmp_path, ok=False)
+    assert res.returncode == 2 and res.stdout == ""
+    assert res.stderr.startswith("weave status: error: unrecognized option '-t'; valid: ")
+    assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr
+
+
+def test_templates_and_spank_source_are_package_data(installed: Path, tmp_path: Path) -> None:
+    res = _run([installed / "python", "-c",
+                "import pathlib, weave_slurm\n"
+                "from weave_slurm.slurm.templates import TEMPLATE_DIR, render_node_daemon\n"
+                "from weave_slurm import spank\n"
+                "print(pathlib.Path(weave_slurm.__file__).parent)\n"
+                "print(TEMPLATE_DIR)\nprint(spank.source_dir())\n"
+                "print(render_node_daemon('7', 'h20', pathlib.Path('/run/w'), ['true'], 1))"],
+               tmp_path)
+    pkg, templates, source = (Path(line) for line in res.stdout.splitlines()[:3])
+    assert "site-packages" in pkg.parts and REPO not in pkg.parents
+    assert templates == pkg / "templates" and source == pkg / "spank"
+    assert {p.name for p in templates.iterdir()} >= {"allocation.sbatch", "node_daemon.sh"}
+    assert {p.name for p in source.iterdir()} >= {"weave.c", "Makefile"}
+    assert "export WEAVE_SHM_BUDGET_GIB=1" in res.stdout and "exec true" in res.stdout
+    assert _run([installed / "weave", "spank", "path"], tmp_path).stdout.strip() == str(source)
+
+
+@pytest.mark.skipif(not Path("/usr/include/slurm/spank.h").is_file() or not shutil.which("gcc")
+                    or not shutil.which("make"), reason="needs slurm/spank.h, gcc and make")
+def test_weave_spank_build_from_the_wheel(installed: Path, tmp_path: Path) -> None:
+    res = _run([installed / "weave", "spank", "build", "--out", tmp_path / "so"], tmp_path)
+    so = tmp_path / "so" / "weave.so"
+    assert so.is_file() and f"optional {so} sockdir=/run/weave" in res.stdout
