@@ -91,7 +91,7 @@ def _runner(**config: Any) -> tuple[GroupRunner, dict[Path, FakeNode], list[Any]
     clock = FakeClock()
     runner = GroupRunner(layout, [], clock=clock, client_factory=lambda p: nodes[p],
                          config=RunnerConfig(**config))
-    runner.transfer = runner.lifecycle.mover.transfer = FakeTransfer()
+    runner.transfer = FakeTransfer()
     return runner, nodes, log, clock
 
 

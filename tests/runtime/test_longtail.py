@@ -9,18 +9,15 @@ tail.
 from __future__ import annotations
 
 import itertools
-import os
-import signal
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.runtime.helpers import assert_same_as_solo
+from tests.harness.processes import kill_worker, worker_pid
+from tests.runtime.helpers import assert_same_as_solo, leave_all
 from weave_slurm.errors import ConfigError
-from weave_slurm.node.client import NodeClient
-from weave_slurm.node.protocol import Op
-from weave_slurm.runtime.group import MemberSpec, MemberState, NodeRef
+from weave_slurm.runtime.group import MemberSpec, MemberState
 from weave_slurm.runtime.runner import GroupRunner, RunnerConfig
 from weave_slurm.runtime.timeline import Span
 from weave_slurm.vocab import Phase
@@ -48,23 +45,6 @@ def _overlaps(spans: list[Span], job_id: str, node: str, at_s: float) -> list[Sp
             and s.node == node and s.start_s <= at_s <= s.end_s]
     return [s for s in spans if s.kind is Phase.ROLLOUT and s.node == node
             and s.job_id != job_id and mine and at_s <= s.start_s < mine[0].end_s]
-
-
-def _worker_pid(node: NodeRef, job_id: str) -> int | None:
-    with NodeClient(node.socket_path) as client:
-        status = client.call(Op.STATUS)
-    for job in status["jobs"]:
-        if job["job"] == job_id and job.get("resident"):
-            pid = job["resident"].get("pid")
-            return int(pid) if pid else None
-    return None
-
-
-def _cleanup(ex: GroupRunner, specs: list[MemberSpec]) -> None:
-    for spec in specs:
-        if spec.job_id in ex.order:
-            ex.leave(spec.job_id)
-    ex.close()
 
 
 # -- the job's long-tailed variant (no daemons) ---------------------------------------
@@ -160,7 +140,7 @@ def test_migration_overlaps_tails_and_matches_solo(local_fleet: object) -> None:
                      if s.job_id == spec.job_id and s.kind is not Phase.SYNC]
             assert kinds == [Phase.TRAIN] + [Phase.ROLLOUT, Phase.TRAIN] * STEPS
     finally:
-        _cleanup(ex, specs)
+        leave_all(ex, specs)
 
 
 def test_without_migration_rollouts_never_overlap(local_fleet: object) -> None:
@@ -175,7 +155,7 @@ def test_without_migration_rollouts_never_overlap(local_fleet: object) -> None:
         for spec in specs:
             assert_same_as_solo(ex, spec)
     finally:
-        _cleanup(ex, specs)
+        leave_all(ex, specs)
 
 
 @pytest.mark.parametrize("how", ["cancel", "kill"])
@@ -194,9 +174,7 @@ def test_member_lost_in_its_tail_breaks_nothing(local_fleet: object, how: str) -
         if how == "cancel":
             executor.leave(victim)
         else:
-            pid = _worker_pid(run.node, victim)
-            assert pid is not None
-            os.kill(pid, signal.SIGKILL)
+            kill_worker(run.node.socket_path, victim)
         hit.append(run.node.name)
 
     try:
@@ -204,10 +182,10 @@ def test_member_lost_in_its_tail_breaks_nothing(local_fleet: object, how: str) -
         assert hit, "the victim's rollout never reached its tail"
         assert ex.members[other].state is MemberState.DONE
         assert_same_as_solo(ex, specs[1])
-        assert ex._tails == {} and ex._busy == {}   # no node left marked
+        assert ex.slots.tails == {} and ex.slots.busy == {}   # no node left marked
         if how == "cancel":
             assert ex.members[victim].state is MemberState.CANCELLED
-            assert _worker_pid(ex.layout.rollout[0], victim) is None
+            assert worker_pid(ex.layout.rollout[0].socket_path, victim) is None
             node_dir = [p for p in Path("/dev/shm").glob(f"weave-test-rt-*/**/{victim}")]
             assert node_dir == []
         else:
@@ -216,4 +194,4 @@ def test_member_lost_in_its_tail_breaks_nothing(local_fleet: object, how: str) -
             assert any(not s.ok and s.job_id == victim for s in ex.spans)
             assert_same_as_solo(ex, specs[0])
     finally:
-        _cleanup(ex, specs)
+        leave_all(ex, specs)

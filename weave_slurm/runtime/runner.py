@@ -50,7 +50,7 @@ from weave_slurm.runtime.profiler import LiveProfiler
 from weave_slurm.runtime.resume import Resume
 from weave_slurm.runtime.staleness import BatchRecord
 from weave_slurm.runtime.timeline import Span
-from weave_slurm.runtime.transfer import make_transfer
+from weave_slurm.runtime.transfer import WeightTransfer, make_transfer
 from weave_slurm.vocab import Phase, Pool
 
 __all__ = ["GroupRunner", "Member", "RunnerConfig", "TailMove"]
@@ -73,12 +73,12 @@ class GroupRunner:
         self.config = config or RunnerConfig()
         self.profiler = profiler or LiveProfiler()
         self.link = NodeLink(client_factory)
-        self.transfer = make_transfer(self.config.transfer, layout, self.link.client)
         self.spans: list[Span] = []
         self.slots = NodeSlots()
         self.lifecycle = Lifecycle(layout, link=self.link,
-                                   mover=Mover(self.transfer, self.profiler, self.spans,
-                                               self.clock),
+                                   mover=Mover(make_transfer(self.config.transfer, layout,
+                                                             self.link.client),
+                                               self.profiler, self.spans, self.clock),
                                    slots=self.slots, profiler=self.profiler,
                                    clock=self.clock, config=self.config, spans=self.spans)
         self.tail_moves: list[TailMove] = []
@@ -121,6 +121,15 @@ class GroupRunner:
     def detach(self, lost: Sequence[NodeRef], checkpoint_base: Path | None) -> dict[str, Resume]:
         """How each member goes on after the group lost ``lost`` (nothing dropped)."""
         return self.lifecycle.detach(lost, checkpoint_base)
+
+    @property
+    def transfer(self) -> WeightTransfer:
+        """How the group's segments move between its nodes (one, shared with recovery)."""
+        return self.lifecycle.mover.transfer
+
+    @transfer.setter
+    def transfer(self, transfer: WeightTransfer) -> None:
+        self.lifecycle.mover.transfer = transfer
 
     def client(self, socket_path: Path) -> Any:
         """The connection to one of the group's node daemons."""
