@@ -25,28 +25,11 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from weave_slurm.config.render import job_spec_toml
 from weave_slurm.daemon.client import DaemonClient
 from weave_slurm.daemon.protocol import Op
 from weave_slurm.daemon.service import DaemonConfig, Weaved
 from weave_slurm.errors import WeaveError
-
-SPEC = """name = "burst-{i}"
-slo = {slo}
-[model]
-params_b = 0.5
-[rollout]
-prompts_per_step = 8
-samples_per_prompt = 2
-max_response_tokens = 256
-[gpus]
-rollout = 8
-train = 8
-[profile]
-rollout_s = 10.0
-train_s = 10.0
-rollout_state_gib = {gib}
-train_state_gib = 1.0
-"""
 
 
 @dataclass
@@ -78,7 +61,9 @@ def _pct(xs: list[float], q: float) -> float:
 
 def _spec(i: int) -> str:
     # every 10th job can never fit (state larger than a node's memory): a refusal with a reason
-    return SPEC.format(i=i, slo=1.5 + (i % 4) * 0.5, gib=99999.0 if i % 10 == 9 else 1.0)
+    if i % 10 == 9:
+        return job_spec_toml(f"burst-{i}", slo=1.5 + (i % 4) * 0.5, rollout_state_gib=99999.0)
+    return job_spec_toml(f"burst-{i}", slo=1.5 + (i % 4) * 0.5)
 
 
 def run_burst(sock: Path, jobs: int, clients: int, timeout_s: float = 600.0) -> BurstResult:

@@ -42,6 +42,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from weave_slurm.config.render import job_spec_toml
 from weave_slurm.daemon.client import DaemonClient
 from weave_slurm.daemon.protocol import Op
 from weave_slurm.errors import WeaveError
@@ -49,28 +50,8 @@ from weave_slurm.node.client import NodeClient
 from weave_slurm.node.protocol import Op as NodeOp
 from weave_slurm.slurm.backend import Backend, StepHandle
 
-SPEC = """iterations = {iterations}
-seed = {seed}
-name = "soak-{seed}"
-slo = 3.0
-[model]
-params_b = 0.5
-[rollout]
-prompts_per_step = 8
-samples_per_prompt = 2
-max_response_tokens = 256
-[gpus]
-rollout = 8
-train = 8
-[profile]
-rollout_s = 10.0
-train_s = 10.0
-rollout_state_gib = 1.0
-train_state_gib = 1.0
-[options]
-prompts_per_step = 4
-group_size = 4
-"""
+#: The toy's options: small and fast (4 prompts x 4 samples).
+OPTIONS = {"prompts_per_step": 4, "group_size": 4}
 
 LAUNCH = """\
 import json, logging, sys
@@ -161,7 +142,8 @@ class Soak:
     # -- the stream --------------------------------------------------------------------
     def submit(self) -> None:
         self.next_seed += 1
-        spec = SPEC.format(iterations=self.args.iterations, seed=self.next_seed)
+        spec = job_spec_toml(f"soak-{self.next_seed}", iterations=self.args.iterations,
+                             seed=self.next_seed, options=OPTIONS)
         try:
             self.ids.append(int(self.call(Op.SUBMIT, spec=spec, source="soak")["job"]))
             self.res.submitted += 1

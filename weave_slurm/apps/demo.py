@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from weave_slurm.config.render import job_spec_toml
 from weave_slurm.daemon.client import DaemonClient
 from weave_slurm.daemon.protocol import Op
 from weave_slurm.errors import StateError
@@ -107,13 +108,8 @@ def reward_png(rewards: dict[str, list[float]], path: Path) -> Path:
 
 def demo_spec(name: str, seed: int, task: str, steps: int) -> str:
     """The spec TOML of one reference GRPO job, as ``weave-sbatch JOB.toml`` sends it."""
-    return (f'name = "{name}"\nslo = 3.0\nentry = "builtin:grpo-toy"\n'
-            f"iterations = {steps}\nseed = {seed}\n"
-            "[model]\nparams_b = 0.5\n"
-            "[rollout]\nprompts_per_step = 8\nsamples_per_prompt = 2\n"
-            "max_response_tokens = 256\n[gpus]\nrollout = 8\ntrain = 8\n"
-            "[profile]\nrollout_s = 10.0\ntrain_s = 10.0\nrollout_state_gib = 1.0\n"
-            f'train_state_gib = 1.0\n[options]\ntask = "{task}"\n')
+    return job_spec_toml(name, entry="builtin:grpo-toy", iterations=steps, seed=seed,
+                         options={"task": task})
 
 
 class _Daemon:

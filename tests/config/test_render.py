@@ -1,0 +1,84 @@
+"""job_spec_toml round-trips through parse_job: a rendered spec always parses, to the
+values it was rendered from."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from weave_slurm.config.job import Durations, parse_job
+from weave_slurm.config.render import job_spec_toml, toml_tables
+from weave_slurm.errors import ConfigError
+
+names = st.from_regex(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
+users = st.from_regex(r"\A[a-z_][a-z0-9_-]{0,31}\Z")
+finite = st.floats(allow_nan=False, allow_infinity=False)
+scalars = st.one_of(st.text(max_size=20), st.integers(-(2**63), 2**63 - 1), finite,
+                    st.booleans())
+seconds = st.none() | st.floats(0.001, 1e6)
+gib = st.none() | st.floats(0.001, 1e3)
+
+
+def test_the_small_reference_job_parses_to_its_values() -> None:
+    job = parse_job(job_spec_toml("ref"))
+    assert (job.name, job.slo, job.entry, job.iterations, job.seed) == \
+        ("ref", 3.0, "builtin:grpo-toy", 10, 0)   # entry, iterations, seed: parser defaults
+    assert job.model.params_b == 0.5 and (job.rollout_gpus, job.train_gpus) == (8, 8)
+    assert (job.rollout.prompts_per_step, job.rollout.samples_per_prompt,
+            job.rollout.max_response_tokens) == (8, 2, 256)
+    assert job.profile.rollout == job.profile.train == Durations(10.0, 10.0)
+    assert job.profile.rollout_state_gib == job.profile.train_state_gib == 1.0
+    assert job.options == ()
+
+
+@settings(max_examples=200, deadline=None)
+@given(name=names, slo=st.none() | st.floats(1.0, 1e3),
+       iterations=st.none() | st.integers(1, 10**6),
+       seed=st.none() | st.integers(0, 2**31), staleness=st.none() | st.integers(0, 8),
+       user=st.none() | users, params_b=st.floats(0.01, 1e4),
+       sizes=st.tuples(st.integers(1, 4096), st.integers(1, 64), st.integers(1, 1 << 16)),
+       gpus=st.tuples(st.integers(1, 64), st.integers(1, 64)),
+       profile=st.tuples(seconds, seconds, gib, gib),
+       options=st.dictionaries(st.text(max_size=12), scalars, max_size=6))
+def test_any_rendered_spec_parses_to_what_was_rendered(
+        name: str, slo: float | None, iterations: int | None, seed: int | None,
+        staleness: int | None, user: str | None, params_b: float,
+        sizes: tuple[int, int, int], gpus: tuple[int, int],
+        profile: tuple[float | None, float | None, float | None, float | None],
+        options: dict[str, str | int | float | bool]) -> None:
+    rollout_s, train_s, rollout_gib, train_gib = profile
+    text = job_spec_toml(name, slo=slo, iterations=iterations, seed=seed, staleness=staleness,
+                         user=user, params_b=params_b, prompts_per_step=sizes[0],
+                         samples_per_prompt=sizes[1], max_response_tokens=sizes[2],
+                         rollout_gpus=gpus[0], train_gpus=gpus[1], rollout_s=rollout_s,
+                         train_s=train_s, rollout_state_gib=rollout_gib,
+                         train_state_gib=train_gib, options=options)
+    job = parse_job(text)
+    assert (job.name, job.slo, job.iterations, job.seed, job.staleness) == (
+        name, slo, 10 if iterations is None else iterations, 0 if seed is None else seed,
+        0 if staleness is None else staleness)
+    assert user is None or job.user == user
+    assert job.model.params_b == params_b
+    assert (job.rollout.prompts_per_step, job.rollout.samples_per_prompt,
+            job.rollout.max_response_tokens) == sizes
+    assert (job.rollout_gpus, job.train_gpus) == gpus
+    assert job.profile.rollout == (None if rollout_s is None else Durations(rollout_s, rollout_s))
+    assert job.profile.train == (None if train_s is None else Durations(train_s, train_s))
+    assert (job.profile.rollout_state_gib, job.profile.train_state_gib) == (rollout_gib,
+                                                                            train_gib)
+    assert job.options == tuple(sorted(options.items()))
+    assert [type(v) for _, v in job.options] == [type(v) for _, v in sorted(options.items())]
+
+
+def test_keys_left_out_take_the_parsers_defaults() -> None:
+    text = job_spec_toml("bare", slo=None, rollout_s=None, train_s=None,
+                         rollout_state_gib=None, train_state_gib=None)
+    assert "slo" not in text and "[profile]" not in text and "[options]" not in text
+    job = parse_job(text)
+    assert job.slo is None and job.profile.rollout is None and job.profile.train is None
+
+
+def test_a_value_that_is_not_a_scalar_is_refused_naming_its_key() -> None:
+    with pytest.raises(ConfigError, match=r"key 'options.bad' = \[1, 2\]: cannot write a list"):
+        toml_tables({"options": {"bad": [1, 2]}})  # type: ignore[dict-item]
