@@ -63,22 +63,31 @@ def action_logprobs(model: CausalLM, tokens: torch.Tensor, actions: torch.Tensor
 
 
 def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor,
-              advantages: torch.Tensor, hyper: GrpoHyper,
+              advantages: torch.Tensor, hyper: GrpoHyper, mask: torch.Tensor | None = None,
               ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped-ratio policy loss plus a KL penalty (k3 estimator) to the reference.
 
-    All log-prob tensors are ``[N, R]``; ``advantages`` is ``[N]``. Token-mean.
+    All log-prob tensors are ``[N, R]``; ``advantages`` is ``[N]``. Token-mean: over
+    every token, or with ``mask`` (``[N, R]``, 1 = a response token) over the tokens
+    where it is 1 only, so padding past a response's end is ignored.
     """
     import torch
 
     adv = advantages.unsqueeze(-1)
     ratio = torch.exp(logp - old_logp)
     clipped = torch.clamp(ratio, 1.0 - hyper.clip_eps, 1.0 + hyper.clip_eps)
-    policy = -torch.minimum(ratio * adv, clipped * adv).mean()
+    policy = -_token_mean(torch.minimum(ratio * adv, clipped * adv), mask)
     log_ref_ratio = ref_logp - logp
-    kl = (torch.exp(log_ref_ratio) - log_ref_ratio - 1.0).mean()
+    kl = _token_mean(torch.exp(log_ref_ratio) - log_ref_ratio - 1.0, mask)
     loss = policy + hyper.kl_coef * kl
-    clip_frac = ((ratio - 1.0).abs() > hyper.clip_eps).float().mean()
+    clip_frac = _token_mean(((ratio - 1.0).abs() > hyper.clip_eps).float(), mask)
     metrics = {"policy_loss": float(policy.detach()), "kl": float(kl.detach()),
                "clip_frac": float(clip_frac)}
     return loss, metrics
+
+
+def _token_mean(values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """The mean of ``values``; with ``mask``, over the tokens where it is 1 (at least one)."""
+    if mask is None:
+        return values.mean()
+    return (values * mask).sum() / mask.sum().clamp(min=1.0)

@@ -341,12 +341,8 @@ class GrpoToyJob:
         for i in range(opts.minibatches):
             sl = self._rows(i * per_mb, (i + 1) * per_mb)
             logp = action_logprobs(self._train_model(), tokens[sl], responses[sl], action_ids)
-            if mask is None:
-                loss, metrics = grpo_loss(logp, old_logp[sl], ref_logp[sl], adv[sl],
-                                          opts.hyper)
-            else:
-                loss, metrics = masked_grpo_loss(logp, old_logp[sl], ref_logp[sl], adv[sl],
-                                                 mask[sl], opts.hyper)
+            loss, metrics = grpo_loss(logp, old_logp[sl], ref_logp[sl], adv[sl], opts.hyper,
+                                      None if mask is None else mask[sl])
             self._step(loss)
             metrics["loss"] = float(loss.detach())
             for k, v in metrics.items():
@@ -451,25 +447,6 @@ class GrpoToyJob:
                 state[idx] = fields_
         sd["state"] = state
         self._optim.load_state_dict(sd)
-
-
-def masked_grpo_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor, advantages: Tensor,
-                     mask: Tensor, hyper: GrpoHyper) -> tuple[Tensor, dict[str, float]]:
-    """The GRPO objective of :func:`~weave_slurm.workloads.grpo.grpo_loss`, averaged over
-    the tokens where ``mask`` is 1 only (padding past a response's end is ignored)."""
-    import torch
-
-    count = mask.sum().clamp(min=1.0)
-    adv = advantages.unsqueeze(-1)
-    ratio = torch.exp(logp - old_logp)
-    clipped = torch.clamp(ratio, 1.0 - hyper.clip_eps, 1.0 + hyper.clip_eps)
-    policy = -(torch.minimum(ratio * adv, clipped * adv) * mask).sum() / count
-    log_ref_ratio = ref_logp - logp
-    kl = ((torch.exp(log_ref_ratio) - log_ref_ratio - 1.0) * mask).sum() / count
-    loss = policy + hyper.kl_coef * kl
-    clip_frac = ((((ratio - 1.0).abs() > hyper.clip_eps).float() * mask).sum() / count)
-    return loss, {"policy_loss": float(policy.detach()), "kl": float(kl.detach()),
-                  "clip_frac": float(clip_frac)}
 
 
 def _sub(tensors: Mapping[str, Tensor], prefix: str) -> dict[str, Tensor]:
