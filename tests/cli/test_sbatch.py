@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon.conftest import Running, public_dir, spec_text, weaved  # noqa: F401
+from tests.daemon.conftest import Running, public_dir, weaved  # noqa: F401
 from weave_slurm.cli.errors import run_app
 from weave_slurm.cli.sbatch import app
+from weave_slurm.config.render import job_spec_toml
 from weave_slurm.daemon.submission import build_spec, read_directives, to_toml
 from weave_slurm.errors import ConfigError
 
@@ -37,7 +38,7 @@ def test_script_directives_build_a_spec(tmp_path: Path) -> None:
 
 def test_spec_file_with_overrides_round_trips(tmp_path: Path) -> None:
     path = tmp_path / "job.toml"
-    path.write_text(spec_text("tiny"))
+    path.write_text(job_spec_toml("tiny"))
     text, spec = build_spec(path, {"max-tokens": 128})
     assert spec.rollout.max_response_tokens == 128 and spec.profile.rollout is not None
     assert build_spec(path, {})[1] == build_spec(path, {})[1]
@@ -77,7 +78,7 @@ def test_missing_and_invalid_values_are_refused(tmp_path: Path) -> None:
 def test_submit_prints_like_sbatch_and_refuses_cleanly(
         weaved: Running, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: F811
     spec = tmp_path / "job.toml"
-    spec.write_text(spec_text("tiny"))
+    spec.write_text(job_spec_toml("tiny"))
     sock = ["--socket", str(weaved.socket)]
     assert run_app(app, "weave-sbatch", [str(spec), *sock]) == 0
     assert capsys.readouterr().out.strip() == "Submitted weave job 1"

@@ -7,10 +7,12 @@ import json
 import pytest
 import typer
 
-from tests.daemon.conftest import Running, public_dir, spec_text, weaved  # noqa: F401
-from tests.daemon.test_api import call, wait_for
+from tests.daemon.conftest import Running, public_dir, weaved  # noqa: F401
+from tests.harness.waits import wait_for
+from tests.harness.weaved import call
 from weave_slurm.cli.errors import run_app
 from weave_slurm.cli.status import format_rows, mount
+from weave_slurm.config.render import job_spec_toml
 from weave_slurm.daemon.protocol import Op
 from weave_slurm.errors import ConfigError
 
@@ -38,8 +40,9 @@ def _app() -> typer.Typer:
 def test_status_groups_cancel_show(weaved: Running,  # noqa: F811
                                    capsys: pytest.CaptureFixture[str]) -> None:
     sock = weaved.socket
-    ids = [call(sock, Op.SUBMIT, spec=spec_text(f"j{i}"))["job"] for i in range(3)]
-    wait_for(lambda: all(j["state"] == "RUNNING" for j in call(sock, Op.STATUS)["jobs"]))
+    ids = [call(sock, Op.SUBMIT, spec=job_spec_toml(f"j{i}"))["job"] for i in range(3)]
+    wait_for(lambda: all(j["state"] == "RUNNING" for j in call(sock, Op.STATUS)["jobs"]), 20,
+             "every job running")
     s = ["--socket", str(sock)]
     assert run_app(_app(), "weave", ["status", *s]) == 0
     out = capsys.readouterr().out.splitlines()
@@ -61,7 +64,8 @@ def test_status_groups_cancel_show(weaved: Running,  # noqa: F811
 
     assert run_app(_app(), "weave", ["cancel", str(ids[0]), "4242", *s]) == 1
     assert "Invalid job id specified: 4242" in capsys.readouterr().err
-    wait_for(lambda: call(sock, Op.STATUS, jobs=[ids[0]])["jobs"][0]["state"] == "CANCELLED")
+    wait_for(lambda: call(sock, Op.STATUS, jobs=[ids[0]])["jobs"][0]["state"] == "CANCELLED",
+             20, f"job {ids[0]} cancelled")
     assert run_app(_app(), "weave", ["cancel", str(ids[0]), *s]) == 1
     assert "already cancelled" in capsys.readouterr().err
 

@@ -5,15 +5,15 @@ from __future__ import annotations
 import json
 import os
 import socket
-import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.daemon.conftest import Running, spec_text
-from weave_slurm.daemon.client import DaemonClient
+from tests.daemon.conftest import Running
+from tests.harness.waits import wait_for
+from tests.harness.weaved import call, state_of
+from weave_slurm.config.render import job_spec_toml
 from weave_slurm.daemon.protocol import Op
 from weave_slurm.errors import ConfigError, ExternalCommandError, InfeasibleRequest, WeaveError
 
@@ -45,32 +45,14 @@ def as_user(uid: int, fn: Callable[[], Any]) -> Any:
     return json.loads(data)
 
 
-def call(sock: Path, op: Op, **args: Any) -> dict[str, Any]:
-    with DaemonClient(sock, timeout_s=10) as c:
-        return c.call(op, **args)
-
-
-def wait_for(pred: Callable[[], bool], timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not reached")
-
-
-def state_of(sock: Path, job: int) -> str:
-    rows = call(sock, Op.STATUS, jobs=[job])["jobs"]
-    return str(rows[0]["state"])
-
-
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to setuid")
 def test_second_user_cannot_touch_first_users_job(weaved: Running) -> None:
     sock = weaved.socket
-    mine = call(sock, Op.SUBMIT, spec=spec_text("root-job"), source="r.toml")["job"]
-    theirs = as_user(NOBODY, lambda: call(sock, Op.SUBMIT, spec=spec_text("nobody-job"),
+    mine = call(sock, Op.SUBMIT, spec=job_spec_toml("root-job"), source="r.toml")["job"]
+    theirs = as_user(NOBODY, lambda: call(sock, Op.SUBMIT, spec=job_spec_toml("nobody-job"),
                                           source="n.toml"))["ok"]["job"]
-    wait_for(lambda: state_of(sock, mine) == "RUNNING" and state_of(sock, theirs) == "RUNNING")
+    wait_for(lambda: state_of(sock, mine) == "RUNNING" and state_of(sock, theirs) == "RUNNING",
+             20, "both jobs running")
     rows = {j["job"]: j for j in call(sock, Op.STATUS)["jobs"]}
     assert rows[theirs]["uid"] == NOBODY and rows[theirs]["user"] == "nobody"
     assert rows[mine]["group"] == rows[theirs]["group"]  # co-scheduled in one group
@@ -83,7 +65,7 @@ def test_second_user_cannot_touch_first_users_job(weaved: Running) -> None:
 
     own = as_user(NOBODY, lambda: call(sock, Op.CANCEL, jobs=[theirs]))["ok"]["results"][0]
     assert own["ok"]
-    wait_for(lambda: state_of(sock, theirs) == "CANCELLED")
+    wait_for(lambda: state_of(sock, theirs) == "CANCELLED", 20, "nobody's job cancelled")
     assert state_of(sock, mine) == "RUNNING"
     assert call(sock, Op.SHOW, kind="job", id=theirs)["uid"] == NOBODY  # root sees all
     res = call(sock, Op.CANCEL, jobs=[mine, 999])["results"]
@@ -93,13 +75,13 @@ def test_second_user_cannot_touch_first_users_job(weaved: Running) -> None:
 def test_invalid_submissions_leave_nothing_behind(weaved: Running) -> None:
     sock = weaved.socket
     with pytest.raises(ConfigError, match="slo"):
-        call(sock, Op.SUBMIT, spec=spec_text("x").replace("slo = 3.0", "slo = 0.5"))
+        call(sock, Op.SUBMIT, spec=job_spec_toml("x", slo=0.5))
     with pytest.raises(ConfigError, match="unknown"):
-        call(sock, Op.SUBMIT, spec=spec_text("x") + "bogus_key = 1\n")
-    huge = spec_text("x").replace("rollout_state_gib = 1.0", "rollout_state_gib = 99999.0")
+        call(sock, Op.SUBMIT, spec=job_spec_toml("x") + "bogus_key = 1\n")
+    huge = job_spec_toml("x", rollout_state_gib=99999.0)
     with pytest.raises(InfeasibleRequest, match="rollout state"):
         call(sock, Op.SUBMIT, spec=huge)
-    too_many = spec_text("x").replace("rollout = 8", "rollout = 64")
+    too_many = job_spec_toml("x", rollout_gpus=64)
     with pytest.raises(InfeasibleRequest):
         call(sock, Op.SUBMIT, spec=too_many)
     assert call(sock, Op.STATUS, all=True)["jobs"] == []
@@ -131,9 +113,10 @@ def test_status_warns_while_slurms_state_cannot_be_read(
     def hung(prefix: str) -> list[Any]:
         raise ExternalCommandError(["squeue", "--json"], None, "", "", "command timed out")
     monkeypatch.setattr(weaved.weaved.backend, "list_allocations", hung)
-    wait_for(lambda: bool(call(weaved.socket, Op.STATUS)["warnings"]), timeout_s=20)
+    wait_for(lambda: call(weaved.socket, Op.STATUS)["warnings"], 20, "a status warning")
     (warning,) = call(weaved.socket, Op.STATUS)["warnings"]
     assert warning.startswith("weaved cannot read Slurm's state for ") and \
         "squeue --json" in warning and "\n" not in warning, warning
     monkeypatch.undo()
-    wait_for(lambda: call(weaved.socket, Op.STATUS)["warnings"] == [], timeout_s=20)
+    wait_for(lambda: call(weaved.socket, Op.STATUS)["warnings"], 20, "no status warning",
+             until=lambda warnings: warnings == [])

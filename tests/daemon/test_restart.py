@@ -16,8 +16,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from tests.daemon.conftest import spec_text
-from tests.daemon.test_api import call, wait_for
+from tests.harness.waits import wait_for
+from tests.harness.weaved import call, pings
+from weave_slurm.config.render import job_spec_toml
 from weave_slurm.daemon.protocol import Op
 from weave_slurm.slurm.local_backend import LocalBackend
 
@@ -29,16 +30,8 @@ def start(state: Path) -> subprocess.Popen[bytes]:
                              "--tick-s", "0.05", "--node-command", "sleep infinity"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     sock = state / "weaved.sock"
-    wait_for(lambda: sock.exists() and _pings(sock), timeout_s=30)
+    wait_for(lambda: pings(sock), 30, f"weaved answering on {sock}")
     return proc
-
-
-def _pings(sock: Path) -> bool:
-    try:
-        call(sock, Op.PING)
-    except Exception:
-        return False
-    return True
 
 
 def kill9(proc: subprocess.Popen[bytes]) -> None:
@@ -69,12 +62,12 @@ def test_kill9_at_several_moments_loses_nothing(public_dir: Path) -> None:
         sock = state / "weaved.sock"
         # 1: killed right after accepting submissions (before or during placement)
         for i in range(3):
-            submitted.append(call(sock, Op.SUBMIT, spec=spec_text(f"j{i}"))["job"])
+            submitted.append(call(sock, Op.SUBMIT, spec=job_spec_toml(f"j{i}"))["job"])
         kill9(proc)
         proc = start(state)
         wait_for(lambda: all(j["state"] == "RUNNING"
                              for j in call(sock, Op.STATUS)["jobs"]) and
-                 len(call(sock, Op.STATUS)["jobs"]) == 3)
+                 len(call(sock, Op.STATUS)["jobs"]) == 3, 20, "the three jobs running")
         before = check_world(state, submitted)
         allocs_before = {a["id"] for g in call(sock, Op.GROUPS)["groups"]
                          for a in g["allocations"]}
@@ -91,12 +84,13 @@ def test_kill9_at_several_moments_loses_nothing(public_dir: Path) -> None:
         for delay_s in (0.0, 0.03, 0.08, 0.15):
             if delay_s == 0.0:
                 call(sock, Op.CANCEL, jobs=[submitted[0]])
-            submitted.append(call(sock, Op.SUBMIT, spec=spec_text(f"k{delay_s}"))["job"])
+            submitted.append(call(sock, Op.SUBMIT, spec=job_spec_toml(f"k{delay_s}"))["job"])
             time.sleep(delay_s)
             kill9(proc)
             proc = start(state)
         wait_for(lambda: all(j["state"] in ("RUNNING", "PENDING")
-                             for j in call(sock, Op.STATUS)["jobs"]))
+                             for j in call(sock, Op.STATUS)["jobs"]), 20,
+                 "every job running or pending")
         time.sleep(0.5)
         final = check_world(state, submitted)
         assert final[submitted[0]]["state"] == "CANCELLED"

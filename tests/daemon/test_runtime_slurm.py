@@ -9,23 +9,23 @@ Prints the pools' busy fraction and wall time grouped vs one after another.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.harness.processes import daemons_gone
+from tests.harness.scratch import public_dir, shm_dir
 from tests.harness.solo import run_solo
-from tests.runtime.test_weaved_local import OPTIONS, call, daemons_gone, job_spec, wait_states
+from tests.harness.specs import OPTIONS, job_spec
+from tests.harness.waits import settle
+from tests.harness.weaved import call, serving, wait_states
 from weave_slurm.apps.demo import stats
 from weave_slurm.cli.errors import run_app
 from weave_slurm.cli.sbatch import app as sbatch_app
 from weave_slurm.daemon.protocol import Op
-from weave_slurm.daemon.runtime_view import weights_digest
 from weave_slurm.daemon.service import DaemonConfig, Weaved
+from weave_slurm.node.segments import weights_digest
 from weave_slurm.runtime.group import MemberSpec
 from weave_slurm.runtime.timeline import Span
 from weave_slurm.slurm.cli_backend import SlurmCliBackend
@@ -59,69 +59,56 @@ def run_jobs(sock: Path, w: Weaved, specs: list[tuple[str, int]], public: Path,
 
 def test_grouped_jobs_on_slurm_match_solo(slurm_cluster: Any,
                                           capsys: pytest.CaptureFixture[str]) -> None:
-    public = Path(tempfile.mkdtemp(prefix="weaved-slurm-rt-"))
-    public.chmod(0o755)
-    shm = Path(tempfile.mkdtemp(prefix="weaved-slurm-rt-", dir="/dev/shm"))
-    shm.chmod(0o711)
     env = dict(slurm_cluster.env)
     instance = f"rt{os.getpid()}"
     backend = SlurmCliBackend(env=env)
-    cfg = DaemonConfig(state_dir=public / "state", backend="slurm", instance=instance,
-                       tick_s=0.3, shm_root=shm, runtime="rl", client_timeout_s=5.0, env=env)
-    w = Weaved(cfg, backend=backend)
-    t = threading.Thread(target=w.run, daemon=True)
-    t.start()
-    try:
-        sock = cfg.socket
-        deadline = time.monotonic() + 30
-        while not sock.exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        ids = run_jobs(sock, w, [(f"grpo{i}", 31 + i) for i in range(3)], public, capsys)
-        seen: list[dict[str, Any]] = []
-        groups: list[dict[str, Any]] = []
-        end = time.monotonic() + 60
-        while time.monotonic() < end and not groups:
-            groups = [g for g in call(sock, Op.GROUPS)["groups"] if g["state"] == "ACTIVE"]
-            time.sleep(0.3)
-        assert len(groups) == 1 and sorted(groups[0]["members"]) == sorted(ids)
-        parts = {a["role"]: a["partition"] for a in groups[0]["allocations"]}
-        assert parts == {"rollout": "h20", "train": "h800"}
-        gid = groups[0]["group"]
-        rows = wait_states(sock, ids, {"COMPLETED", "FAILED"}, 240, seen)
-        assert [r["state"] for r in rows] == ["COMPLETED"] * 3, rows
-        assert {r["phase"] for r in seen} & {"rollout", "train"}
-        for i, job in enumerate(ids):
-            live = w.driver.live(job)
-            assert live is not None
-            solo = run_solo(MemberSpec(str(job), seed=31 + i, steps=K, options=OPTIONS))
-            assert live["weights_sha256"] == weights_digest(solo.weights), f"job {job}"
-        spans = list(w.driver.spans[gid])  # type: ignore[attr-defined]
-        grouped = pool_stats(spans)
-        # the same three jobs one after another, each alone in its own group
-        iso: list[dict[str, float]] = []
-        for i in range(3):
-            (job,) = run_jobs(sock, w, [(f"alone{i}", 31 + i)], public, capsys)
-            wait_states(sock, [job], {"COMPLETED"}, 120, [])
-            gid1 = call(sock, Op.STATUS, jobs=[job])["jobs"][0]["group"]
-            one = list(w.driver.spans[gid1])  # type: ignore[attr-defined]
-            iso.append(pool_stats(one))
-        wall = sum(x["wall_s"] for x in iso)
-        isolated = {"wall_s": wall,
-                    "h20_busy": sum(x["h20_busy"] * x["wall_s"] for x in iso) / wall,
-                    "h800_busy": sum(x["h800_busy"] * x["wall_s"] for x in iso) / wall}
-        with capsys.disabled():
-            print(f"\nslurm acceptance (K={K}, steady window): grouped {grouped}; "
-                  f"isolated one after another {isolated}")
-        assert grouped["h800_busy"] > 0 and isolated["h800_busy"] > 0
-        end = time.monotonic() + 30
-        while time.monotonic() < end and backend.list_allocations(f"weave-g{instance}."):
-            time.sleep(0.3)
-        assert not backend.list_allocations(f"weave-g{instance}.")
-        assert daemons_gone(cfg.state_dir.resolve() / "ckpt", 20)
-    finally:
-        w.stop()
-        t.join(timeout=30)
-        for a in backend.list_allocations(f"weave-g{instance}."):
-            backend.release(a.alloc_id)
-        shutil.rmtree(public, ignore_errors=True)
-        shutil.rmtree(shm, ignore_errors=True)
+    with public_dir("weaved-slurm-rt-") as public, shm_dir("weaved-slurm-rt-") as shm:
+        cfg = DaemonConfig(state_dir=public / "state", backend="slurm", instance=instance,
+                           tick_s=0.3, shm_root=shm, runtime="rl", client_timeout_s=5.0,
+                           env=env)
+        with serving(cfg, backend, prefix=f"weave-g{instance}.") as w:
+            _grouped_then_alone(w, backend, instance, public, capsys)
+
+
+def _grouped_then_alone(w: Weaved, backend: SlurmCliBackend, instance: str, public: Path,
+                        capsys: pytest.CaptureFixture[str]) -> None:
+    """The test's body, on a served weaved: three jobs grouped, then each alone."""
+    sock = w.config.socket
+    settle(sock.exists, 30, interval_s=0.1)
+    ids = run_jobs(sock, w, [(f"grpo{i}", 31 + i) for i in range(3)], public, capsys)
+    seen: list[dict[str, Any]] = []
+    groups = settle(lambda: [g for g in call(sock, Op.GROUPS)["groups"]
+                             if g["state"] == "ACTIVE"], 60, interval_s=0.3)
+    assert len(groups) == 1 and sorted(groups[0]["members"]) == sorted(ids)
+    parts = {a["role"]: a["partition"] for a in groups[0]["allocations"]}
+    assert parts == {"rollout": "h20", "train": "h800"}
+    gid = groups[0]["group"]
+    rows = wait_states(sock, ids, {"COMPLETED", "FAILED"}, 240, seen)
+    assert [r["state"] for r in rows] == ["COMPLETED"] * 3, rows
+    assert {r["phase"] for r in seen} & {"rollout", "train"}
+    for i, job in enumerate(ids):
+        live = w.driver.live(job)
+        assert live is not None
+        solo = run_solo(MemberSpec(str(job), seed=31 + i, steps=K, options=OPTIONS))
+        assert live["weights_sha256"] == weights_digest(solo.weights), f"job {job}"
+    spans = list(w.driver.spans[gid])  # type: ignore[attr-defined]
+    grouped = pool_stats(spans)
+    # the same three jobs one after another, each alone in its own group
+    iso: list[dict[str, float]] = []
+    for i in range(3):
+        (job,) = run_jobs(sock, w, [(f"alone{i}", 31 + i)], public, capsys)
+        wait_states(sock, [job], {"COMPLETED"}, 120, [])
+        gid1 = call(sock, Op.STATUS, jobs=[job])["jobs"][0]["group"]
+        one = list(w.driver.spans[gid1])  # type: ignore[attr-defined]
+        iso.append(pool_stats(one))
+    wall = sum(x["wall_s"] for x in iso)
+    isolated = {"wall_s": wall,
+                "h20_busy": sum(x["h20_busy"] * x["wall_s"] for x in iso) / wall,
+                "h800_busy": sum(x["h800_busy"] * x["wall_s"] for x in iso) / wall}
+    with capsys.disabled():
+        print(f"\nslurm acceptance (K={K}, steady window): grouped {grouped}; "
+              f"isolated one after another {isolated}")
+    assert grouped["h800_busy"] > 0 and isolated["h800_busy"] > 0
+    settle(lambda: not backend.list_allocations(f"weave-g{instance}."), 30, interval_s=0.3)
+    assert not backend.list_allocations(f"weave-g{instance}.")
+    assert daemons_gone(w.config.state_dir.resolve() / "ckpt", 20)

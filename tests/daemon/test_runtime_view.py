@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.daemon.conftest import spec_text
 from weave_slurm.cli.status import _runtime_lines, format_rows
 from weave_slurm.config.job import parse_job
+from weave_slurm.config.render import job_spec_toml
 from weave_slurm.daemon.driver import IdleDriver
 from weave_slurm.daemon.group_runtime import GroupRuntime, member_spec
 from weave_slurm.daemon.records import GroupPlan, GroupRow, MemberPlan
@@ -44,14 +44,14 @@ def test_show_prints_the_four_quantities_and_drift() -> None:
 
 
 def test_spec_iterations_seed_options() -> None:
-    job = parse_job("iterations = 3\nseed = 4\n" + spec_text("x") + "[options]\ntask = 'copy'\n")
+    job = parse_job(job_spec_toml("x", iterations=3, seed=4, options={"task": "copy"}))
     assert (job.iterations, job.seed, job.options) == (3, 4, (("task", "copy"),))
-    default = parse_job(spec_text("x"))
+    default = parse_job(job_spec_toml("x"))
     assert (default.iterations, default.seed, default.options) == (10, 0, ())
     with pytest.raises(ConfigError, match="iterations"):
-        parse_job("iterations = 0\n" + spec_text("x"))
+        parse_job(job_spec_toml("x", iterations=0))
     with pytest.raises(ConfigError, match="options"):
-        parse_job(spec_text("x") + "[options]\nbad = [1, 2]\n")
+        parse_job(job_spec_toml("x") + "[options]\nbad = [1, 2]\n")
 
 
 def test_member_spec_from_a_stored_job() -> None:
@@ -60,9 +60,9 @@ def test_member_spec_from_a_stored_job() -> None:
     from weave_slurm.model.profile import simple_profile
 
     prof = simple_profile("9", 4.0, 6.0, 2.0)
-    job = JobRow(9, 0, "u", "x", "iterations = 3\nseed = 4\n" + spec_text("x")
-                 + "[options]\ntask = 'copy'\n", "x.toml", prof, JobState.RUNNING, "", 1,
-                 0.0, 0.0, None)
+    job = JobRow(9, 0, "u", "x", job_spec_toml("x", iterations=3, seed=4,
+                                               options={"task": "copy"}),
+                 "x.toml", prof, JobState.RUNNING, "", 1, 0.0, 0.0, None)
     group = GroupRow(1, "1", GroupState.ACTIVE, GroupPlan(2, 1, (MemberPlan(9, (1,)),)),
                      0.0, "")
     spec = member_spec(job, group)

@@ -18,11 +18,13 @@ from typing import Any
 
 import pytest
 
-from tests.daemon.conftest import spec_text
-from tests.daemon.test_api import NOBODY, as_user, call, wait_for
-from tests.daemon.test_restart import LAUNCH, _pings
+from tests.daemon.test_api import NOBODY, as_user
+from tests.daemon.test_restart import LAUNCH
+from tests.harness.waits import wait_for
+from tests.harness.weaved import call, pings
 from weave_slurm.cli.errors import run_app
 from weave_slurm.cli.sbatch import app as sbatch_app
+from weave_slurm.config.render import job_spec_toml
 from weave_slurm.daemon.protocol import Op
 from weave_slurm.slurm.cli_backend import SlurmCliBackend
 
@@ -36,7 +38,7 @@ def start(state: Path, env: dict[str, str], instance: str) -> subprocess.Popen[b
                             env={**os.environ, **env}, stdout=subprocess.DEVNULL,
                             stderr=open(state.parent / "weaved.err", "ab"))  # noqa: SIM115
     sock = state / "weaved.sock"
-    wait_for(lambda: sock.exists() and _pings(sock), timeout_s=30)
+    wait_for(lambda: pings(sock), 30, f"weaved answering on {sock}")
     return proc
 
 
@@ -56,7 +58,7 @@ def test_acceptance_on_local_slurm(slurm_cluster: Any, public_dir: Path,
     proc = start(state, env, instance)
     try:
         spec = public_dir / "job.toml"
-        spec.write_text(spec_text("rl"))
+        spec.write_text(job_spec_toml("rl"))
         ids = []
         for i in range(3):
             assert run_app(sbatch_app, "weave-sbatch", [str(spec), "-J", f"rl{i}", "--parsable",
@@ -68,7 +70,7 @@ def test_acceptance_on_local_slurm(slurm_cluster: Any, public_dir: Path,
         assert "--slo='soon' is not a number" in capsys.readouterr().err
 
         wait_for(lambda: all(j["state"] == "RUNNING" for j in
-                             call(sock, Op.STATUS)["jobs"]), timeout_s=60)
+                             call(sock, Op.STATUS)["jobs"]), 60, "every job running")
         jobs = call(sock, Op.STATUS)["jobs"]
         assert len({j["group"] for j in jobs}) == 1  # the three share one group
         groups = call(sock, Op.GROUPS)["groups"]
@@ -89,7 +91,8 @@ def test_acceptance_on_local_slurm(slurm_cluster: Any, public_dir: Path,
 
         call(sock, Op.CANCEL, jobs=[ids[0]])
         wait_for(lambda: not any(n.startswith(f"weave-j{ids[0]}-")
-                                 for n in steps_in_squeue(backend, set(ours))), timeout_s=30)
+                                 for n in steps_in_squeue(backend, set(ours))), 30,
+                 f"job {ids[0]}'s steps gone from squeue")
         steps = steps_in_squeue(backend, set(ours))
         assert all(sum(n.startswith(f"weave-j{j}-") for n in steps) == 2 for j in ids[1:])
 
@@ -98,7 +101,7 @@ def test_acceptance_on_local_slurm(slurm_cluster: Any, public_dir: Path,
         proc = start(state, env, instance)
         for _ in range(3):  # a few ticks after the restart
             call(sock, Op.PING)
-        wait_for(lambda: len(call(sock, Op.STATUS)["jobs"]) == 2, timeout_s=10)
+        wait_for(lambda: len(call(sock, Op.STATUS)["jobs"]) == 2, 10, "two live jobs")
         after = {a.alloc_id for a in backend.list_allocations(prefix)}
         assert after == set(ours)  # same allocations, none added
         again = call(sock, Op.STATUS, all=True)["jobs"]
@@ -110,7 +113,7 @@ def test_acceptance_on_local_slurm(slurm_cluster: Any, public_dir: Path,
         assert all(sum(n.startswith(f"weave-j{j}-") for n in steps) == 2 for j in ids[1:])
 
         call(sock, Op.CANCEL, jobs=ids[1:])
-        wait_for(lambda: not backend.list_allocations(prefix), timeout_s=30)
+        wait_for(lambda: not backend.list_allocations(prefix), 30, "allocations released")
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=20)

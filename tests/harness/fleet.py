@@ -11,11 +11,15 @@ from __future__ import annotations
 import logging
 import shutil
 import sys
-import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from weave_slurm.errors import StateError, WeaveError
+from tests.harness.processes import node_status
+from tests.harness.scratch import shm_dir
+from tests.harness.waits import wait_for
+from weave_slurm.errors import WeaveError
 from weave_slurm.runtime.group import GroupLayout, NodeRef
 from weave_slurm.slurm.backend import (
     Allocation,
@@ -88,22 +92,10 @@ class NodeFleet:
         return NodeRef(node, pool, root / "node.sock")
 
     def wait_ready(self, ref: NodeRef) -> None:
-        from weave_slurm.node.client import NodeClient
-        from weave_slurm.node.protocol import Op
-
-        end = time.monotonic() + self.config.start_timeout_s
-        last: Exception | None = None
-        while time.monotonic() < end:
-            try:
-                with NodeClient(ref.socket_path, timeout_s=5.0) as client:
-                    client.call(Op.STATUS)
-                return
-            except (WeaveError, OSError) as exc:
-                last = exc
-                time.sleep(0.1)
-        raise StateError(f"node daemon of {ref.name} did not answer on {ref.socket_path} "
-                         f"within {self.config.start_timeout_s} s ({last}); see "
-                         f"{self.config.state_dir / 'logs'}")
+        wait_for(lambda: node_status(ref.socket_path), self.config.start_timeout_s,
+                 f"the node daemon of {ref.name} answering on {ref.socket_path} (see "
+                 f"{self.config.state_dir / 'logs'})", interval_s=0.1,
+                 ignore=(WeaveError, OSError))
 
     def restart(self, node: str) -> None:
         """Start a node's daemon again (after it died); it re-adopts its shm state."""
@@ -130,3 +122,22 @@ class NodeFleet:
         self.allocations.clear()
         if remove_state:
             shutil.rmtree(self.config.shm_dir, ignore_errors=True)
+
+
+@contextmanager
+def running_fleet(state_dir: Path, group_id: str, shm_prefix: str,
+                rollout_nodes: int = 1) -> Iterator[NodeFleet]:
+    """A started fleet of one group on a LocalBackend in ``state_dir`` (its node
+    daemons are local processes), its shm in ``/dev/shm/<shm_prefix>XXXX``; stopped and
+    removed at the end. Host memory 0.25 GiB a node: the toy's warm state is small."""
+    from weave_slurm.slurm.local_backend import LocalBackend
+
+    with shm_dir(shm_prefix) as shm:
+        fleet = NodeFleet(LocalBackend(state_dir / "backend"),
+                          FleetConfig(group_id, shm, state_dir, rollout_nodes=rollout_nodes,
+                                      host_mem_gib=0.25))
+        try:
+            fleet.start()
+            yield fleet
+        finally:
+            fleet.stop()

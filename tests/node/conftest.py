@@ -3,24 +3,20 @@
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.harness.scratch import shm_dir
+
 
 @pytest.fixture
 def shm_root() -> Iterator[Path]:
     """``/dev/shm/weave-test-XXXX/weave``; the parent is traversable by other uids."""
-    parent = Path(tempfile.mkdtemp(prefix="weave-test-", dir="/dev/shm"))
-    os.chmod(parent, 0o711)
-    try:
+    with shm_dir("weave-test-") as parent:
         yield parent / "weave"
-    finally:
-        shutil.rmtree(parent, ignore_errors=True)
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.harness.waits import wait_for
 from weave_slurm.errors import ConfigError, InfeasibleRequest, InsufficientResources, StateError
 from weave_slurm.node.checkpoint import CheckpointStore
 from weave_slurm.node.client import NodeClient
@@ -36,13 +36,10 @@ time.sleep(600)
 """
 
 
-def _wait_for(path: Path, timeout_s: float = 60.0) -> str:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if path.exists() and path.read_text():
-            return path.read_text()
-        time.sleep(0.05)
-    raise AssertionError(f"{path} never appeared")
+def _written(path: Path, timeout_s: float = 60.0) -> str:
+    """The text of ``path`` once it is there and not empty."""
+    return wait_for(lambda: path.read_text() if path.exists() else "", timeout_s,
+                    f"text in {path}")
 
 
 def _client(node: NodeDaemon) -> NodeClient:
@@ -115,15 +112,13 @@ def test_worker_kill_9_leaves_state_intact(node: NodeDaemon, tmp_path: Path) -> 
                        argv=[sys.executable, str(script), str(ready)],
                        env={"PYTHONPATH": str(Path(__file__).resolve().parents[2])})
         assert reply["state"] == "running" and reply["env"]["WEAVE_PHASE"] == "train"
-        phase, total, shape = _wait_for(ready).split(" ", 2)
+        phase, total, shape = _written(ready).split(" ", 2)
         assert (phase, float(total), shape) == ("train", float(w.sum()), "(64, 64)")
         with pytest.raises(StateError, match="already runs phase 'train'"):
             c.call(Op.ACTIVATE, job="j1", phase="rollout", argv=["/bin/true"])
         os.kill(reply["pid"], signal.SIGKILL)
-        deadline = time.monotonic() + 30
-        while (worker := c.call(Op.PHASE, job="j1")["worker"])["state"] == "running":
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        worker = wait_for(lambda: c.call(Op.PHASE, job="j1")["worker"], 30, "the phase to end",
+                          until=lambda worker: worker["state"] != "running")
         assert worker["state"] == "killed" and worker["returncode"] == -signal.SIGKILL
         got = c.attach(job)["weights"]
         assert got.index.version == 3 and got.index.complete

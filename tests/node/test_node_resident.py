@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.harness.waits import wait_for
 from weave_slurm.errors import NodeUnavailable
 from weave_slurm.node.client import NodeClient
 from weave_slurm.node.daemon import NodeDaemon
@@ -55,11 +56,9 @@ def entry(shm_root: Path) -> str:
 
 
 def _wait(c: NodeClient, job: str, timeout_s: float = 60.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    while (worker := c.call(Op.PHASE, job=job)["worker"])["state"] == "running":
-        assert time.monotonic() < deadline, worker
-        time.sleep(0.01)
-    return dict(worker)
+    return dict(wait_for(lambda: c.call(Op.PHASE, job=job)["worker"], timeout_s,
+                         f"job {job}'s phase to end", interval_s=0.01,
+                         until=lambda worker: worker["state"] != "running"))
 
 
 def _run(c: NodeClient, job: str, entry: str, fn: str, *args: str) -> dict[str, Any]:
@@ -170,10 +169,7 @@ def test_deactivate_interrupts_a_phase_and_retires_the_worker_a_failing_entry_ke
         inside = marks / "inside"
         running = c.call(Op.ACTIVATE, job="j1", phase="sync", entry=f"{entry}:hang",
                          args=[str(inside)])
-        deadline = time.monotonic() + 60
-        while not inside.exists():
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        wait_for(inside.exists, 60, f"{inside} (the entry runs)", interval_s=0.01)
         stopped = c.call(Op.DEACTIVATE, job="j1")
         broken = _run(c, "j1", entry, "no_such_function")
         fine = _run(c, "j1", entry, "report")

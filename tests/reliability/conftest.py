@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import pytest
 
 from tests.daemon.conftest import public_dir, slurm_cluster, weaved
-from tests.runtime.test_weaved_local import rl_weaved
+from tests.runtime.conftest import rl_weaved
 
 __all__ = ["public_dir", "python_for_users", "rl_weaved", "slurm_cluster", "test_users", "weaved"]
 

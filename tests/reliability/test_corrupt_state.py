@@ -11,13 +11,15 @@ import signal
 import sqlite3
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.daemon.conftest import spec_text
-from tests.daemon.test_api import call, wait_for
-from tests.daemon.test_restart import _pings
+from tests.harness.scratch import shm_dir
+from tests.harness.waits import wait_for
+from tests.harness.weaved import call, pings
+from weave_slurm.config.render import job_spec_toml
 from weave_slurm.daemon.protocol import Op
 from weave_slurm.daemon.service import DaemonConfig, Weaved
 from weave_slurm.errors import StateError
@@ -40,8 +42,8 @@ def _daemon_run(state: Path) -> tuple[int | None, str, list[dict[str, object]] |
     sock = state / "weaved.sock"
     rows = None
     try:
-        wait_for(lambda: proc.poll() is not None or (sock.exists() and _pings(sock)),
-                 timeout_s=30)
+        wait_for(lambda: proc.poll() is not None or pings(sock), 30,
+                 "weave daemon serving or exited")
         if proc.poll() is None:
             rows = call(sock, Op.STATUS, all=True)["jobs"]
     finally:
@@ -55,7 +57,7 @@ def _populated(state: Path) -> Path:
     """A state dir whose store holds a few jobs (written by a real Weaved)."""
     w = Weaved(DaemonConfig(state_dir=state, tick_s=0.1, node_command=("sleep", "infinity")))
     for i in range(5):
-        w.api.submit(0, spec_text(f"c{i}"), "c.toml")
+        w.api.submit(0, job_spec_toml(f"c{i}"), "c.toml")
     w.server.server_close()
     w.store.close()
     w._lock.release()
@@ -131,7 +133,7 @@ def test_lost_wal_keeps_committed_jobs(weaved: object, public_dir: Path) -> None
     from tests.daemon.conftest import Running
 
     assert isinstance(weaved, Running)
-    ids = [call(weaved.socket, Op.SUBMIT, spec=spec_text(f"w{i}"))["job"] for i in range(3)]
+    ids = [call(weaved.socket, Op.SUBMIT, spec=job_spec_toml(f"w{i}"))["job"] for i in range(3)]
     # open a second reader while the daemon runs: the store is consistent from outside too
     con = sqlite3.connect(weaved.state_dir / "weaved.db")
     assert [r[0] for r in con.execute("SELECT job_id FROM jobs ORDER BY job_id")] == ids
@@ -194,12 +196,6 @@ def test_torn_or_corrupt_index_is_never_attached(shm_root: Path) -> None:
 
 
 @pytest.fixture
-def shm_root() -> object:
-    import os
-    import shutil
-    import tempfile
-
-    parent = Path(tempfile.mkdtemp(prefix="weave-rel-", dir="/dev/shm"))
-    os.chmod(parent, 0o711)
-    yield parent / "weave"
-    shutil.rmtree(parent, ignore_errors=True)
+def shm_root() -> Iterator[Path]:
+    with shm_dir("weave-rel-") as parent:
+        yield parent / "weave"

@@ -8,14 +8,16 @@ import contextlib
 import json
 import socket
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.daemon.conftest import Running, spec_text
-from tests.daemon.test_api import call
+from tests.daemon.conftest import Running
+from tests.harness.weaved import call
 from weave_slurm.config.job import parse_job
+from weave_slurm.config.render import job_spec_toml
 from weave_slurm.config.site import parse_site
 from weave_slurm.daemon.protocol import Op
 from weave_slurm.daemon.submission import read_directives
@@ -29,8 +31,13 @@ json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats
                            st.dictionaries(st.text(max_size=8), c, max_size=4), max_leaves=10)
 
 
-def _one_line_refusal(exc: WeaveError) -> None:
-    assert str(exc) and "\n" not in str(exc).strip() and "Traceback" not in str(exc)
+@contextlib.contextmanager
+def _refused_in_one_line() -> Iterator[None]:
+    """What runs inside either passes or is refused with a one-line WeaveError."""
+    try:
+        yield
+    except WeaveError as exc:
+        assert str(exc) and "\n" not in str(exc).strip() and "Traceback" not in str(exc)
 
 
 def _raw(sock_path: Path, data: bytes) -> dict[str, object]:
@@ -66,7 +73,7 @@ def test_wrong_types_in_requests(weaved: Running, op: str, args: dict[str, objec
 
 
 def test_spoofed_uid_is_ignored(weaved: Running) -> None:
-    job = call(weaved.socket, Op.SUBMIT, spec=spec_text("spoof"), uid=4242, user="mallory")
+    job = call(weaved.socket, Op.SUBMIT, spec=job_spec_toml("spoof"), uid=4242, user="mallory")
     row = call(weaved.socket, Op.STATUS, jobs=[job["job"]])["jobs"][0]
     assert row["uid"] == 0 and row["user"] == "root"
     assert call(weaved.socket, Op.PING, uid=4242)["uid"] == 0
@@ -96,31 +103,25 @@ def test_slowloris_and_oversized_clients_do_not_stall(weaved: Running) -> None:
 @FAST
 @given(text=st.text(max_size=400))
 def test_job_spec_fuzz(text: str) -> None:
-    try:
+    with _refused_in_one_line():
         parse_job(text, "fuzz.toml")
-    except WeaveError as exc:
-        _one_line_refusal(exc)
 
 
 @FAST
-@given(base=st.sampled_from(spec_text("x").splitlines()), junk=st.text(max_size=30),
+@given(base=st.sampled_from(job_spec_toml("x").splitlines()), junk=st.text(max_size=30),
        pos=st.integers(0, 15))
 def test_job_spec_mutations(base: str, junk: str, pos: int) -> None:
-    lines = spec_text("x").splitlines()
+    lines = job_spec_toml("x").splitlines()
     lines.insert(pos % len(lines), f"{base.split('=')[0]}= {junk}" if "=" in base else junk)
-    try:
+    with _refused_in_one_line():
         parse_job("\n".join(lines), "fuzz.toml")
-    except WeaveError as exc:
-        _one_line_refusal(exc)
 
 
 @FAST
 @given(text=st.text(max_size=400))
 def test_site_config_fuzz(text: str) -> None:
-    try:
+    with _refused_in_one_line():
         parse_site(text, "site.toml")
-    except WeaveError as exc:
-        _one_line_refusal(exc)
 
 
 @FAST
@@ -128,10 +129,8 @@ def test_site_config_fuzz(text: str) -> None:
                                        "#WEAVE --rollout-gpus ", "echo hi", ""]).flatmap(
     lambda p: st.text(max_size=25).map(lambda t: p + t)), max_size=8))
 def test_weave_directives_fuzz(lines: list[str]) -> None:
-    try:
+    with _refused_in_one_line():
         read_directives("\n".join(lines), "job.sh")
-    except WeaveError as exc:
-        _one_line_refusal(exc)
 
 
 @FAST
@@ -141,8 +140,7 @@ def test_trace_file_fuzz(text: str, suffix: str) -> None:
         f.write(text)
     path = Path(f.name)
     try:
-        read_trace_file(path)
-    except WeaveError as exc:
-        _one_line_refusal(exc)
+        with _refused_in_one_line():
+            read_trace_file(path)
     finally:
         path.unlink()

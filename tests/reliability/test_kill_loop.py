@@ -28,9 +28,10 @@ from typing import Any
 
 import pytest
 
-from tests.daemon.conftest import spec_text
-from tests.daemon.test_api import call, wait_for
 from tests.daemon.test_restart import check_world, kill9, start
+from tests.harness.waits import wait_for
+from tests.harness.weaved import call
+from weave_slurm.config.render import job_spec_toml
 from weave_slurm.daemon.faults import ENV, EXIT_CODE, FaultPoint
 from weave_slurm.daemon.protocol import Op
 from weave_slurm.errors import WeaveError
@@ -77,7 +78,7 @@ def _submit_and_cancel(sock: Path, ledger: Ledger, everything: bool) -> None:
     for _ in range(2):
         name = ledger.name()
         try:
-            ledger.accepted[name] = call(sock, Op.SUBMIT, spec=spec_text(name))["job"]
+            ledger.accepted[name] = call(sock, Op.SUBMIT, spec=job_spec_toml(name))["job"]
         except WeaveError:
             ledger.maybe.add(name)
             return
@@ -161,17 +162,18 @@ def test_kill_at_every_fault_point(state: Path, monkeypatch: pytest.MonkeyPatch)
             assert proc.returncode == EXIT_CODE, proc.stderr.read() if proc.stderr else ""
             ledger.kills[point.value] = ledger.kills.get(point.value, 0) + 1
         proc = start(state)
-        wait_for(lambda: _settled(sock), timeout_s=20)
+        wait_for(lambda: _settled(sock), 20, "weaved settled after the restart")
         _check(state, ledger)
         kill9(proc)
     proc = start(state)
     try:
-        wait_for(lambda: _settled(sock), timeout_s=20)
+        wait_for(lambda: _settled(sock), 20, "weaved settled")
         _check(state, ledger)
         live = [j["job"] for j in call(sock, Op.STATUS)["jobs"]]
         if live:
             call(sock, Op.CANCEL, jobs=live)
-        wait_for(lambda: not call(sock, Op.STATUS)["jobs"] and not call(sock, Op.GROUPS)["groups"])
+        wait_for(lambda: not call(sock, Op.STATUS)["jobs"] and not call(sock, Op.GROUPS)["groups"],
+                 20, "no live job and no group")
         time.sleep(0.3)
         assert not LocalBackend(state / "local").list_allocations(""), "allocation leaked"
     finally:

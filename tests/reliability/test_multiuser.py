@@ -26,21 +26,24 @@ import shutil
 import stat
 import sys
 import tempfile
-import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.daemon.conftest import Running, spec_text
+from tests.daemon.conftest import Running
+from tests.harness.processes import worker_pid
+from tests.harness.scratch import public_dir as scratch_dir
+from tests.harness.specs import job_spec
+from tests.harness.waits import wait_for
+from tests.harness.weaved import call, serving, state_of
 from tests.reliability.conftest import TestUser
 from weave_slurm.cli.errors import run_app
 from weave_slurm.cli.main import app as weave_app
 from weave_slurm.cli.sbatch import app as sbatch_app
 from weave_slurm.config.job import check_paths, parse_job
-from weave_slurm.daemon.client import DaemonClient
+from weave_slurm.config.render import job_spec_toml
 from weave_slurm.daemon.protocol import Op
 from weave_slurm.daemon.service import DaemonConfig, Weaved
 from weave_slurm.errors import ConfigError, WeaveError
@@ -108,11 +111,6 @@ def as_user(user: TestUser | None, fn: Callable[[], Any]) -> dict[str, Any]:
         return dict(reply)
 
 
-def call(sock: Path, op: Op, **args: Any) -> dict[str, Any]:
-    with DaemonClient(sock, timeout_s=10) as c:
-        return c.call(op, **args)
-
-
 def raw(sock: Path, request: dict[str, Any]) -> dict[str, Any]:
     """One raw request line, the reply as the daemon sent it (no client-side checks)."""
     import socket as socketlib
@@ -135,19 +133,6 @@ def weave(user: TestUser | None, sock: Path, *argv: str) -> dict[str, Any]:
     return as_user(user, lambda: run_app(weave_app, "weave", [*argv, "--socket", str(sock)]))
 
 
-def wait_for(pred: Callable[[], bool], timeout_s: float = 30.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"condition not reached: {what}")
-
-
-def state_of(sock: Path, job: int) -> str:
-    return str(call(sock, Op.STATUS, jobs=[job])["jobs"][0]["state"])
-
-
 def one_line(text: str) -> bool:
     return bool(text.strip()) and "\n" not in text.strip() and "Traceback" not in text
 
@@ -158,7 +143,7 @@ MARK = "secret-marker-7f3a"  # in A's spec only: must never reach B
 
 
 def private_spec(name: str) -> str:
-    return spec_text(name) + f"[options]\nnote = \"{MARK}\"\n"
+    return job_spec_toml(name, options={"note": MARK})
 
 
 def test_other_user_cannot_cancel_show_or_read_a_job(
@@ -168,9 +153,9 @@ def test_other_user_cannot_cancel_show_or_read_a_job(
     sock = weaved.socket
     sub = as_user(a, lambda: call(sock, Op.SUBMIT, spec=private_spec("a-job"), source="a.toml"))
     job = sub["ok"]["job"]
-    spare = as_user(a, lambda: call(sock, Op.SUBMIT, spec=spec_text("a-two"), source="a2"))
+    spare = as_user(a, lambda: call(sock, Op.SUBMIT, spec=job_spec_toml("a-two"), source="a2"))
     job2 = spare["ok"]["job"]
-    wait_for(lambda: state_of(sock, job) == "RUNNING", what="A's job running")
+    wait_for(lambda: state_of(sock, job) == "RUNNING", 30, "A's job running")
     row = call(sock, Op.STATUS, jobs=[job])["jobs"][0]
     assert (row["uid"], row["user"]) == (a.uid, a.name)
 
@@ -197,8 +182,8 @@ def test_other_user_cannot_cancel_show_or_read_a_job(
     assert shown["ok"] == 0 and MARK in json.loads(shown["stdout"])["spec"]
     assert call(sock, Op.CANCEL, jobs=[job2])["results"][0]["ok"]
     assert weave(a, sock, "cancel", str(job))["ok"] == 0
-    wait_for(lambda: {state_of(sock, job), state_of(sock, job2)} == {"CANCELLED"},
-             what="both cancelled")
+    wait_for(lambda: {state_of(sock, job), state_of(sock, job2)} == {"CANCELLED"}, 30,
+             "both cancelled")
     trans = call(sock, Op.SHOW, kind="job", id=job2)["transitions"]
     assert any("cancelled by uid 0" in t["reason"] for t in trans)
 
@@ -210,14 +195,11 @@ def test_admin_uid_may_act_on_every_job(public_dir: Path,
     a, b = test_users
     cfg = DaemonConfig(state_dir=public_dir / "state", tick_s=0.1, admin_uids=(b.uid,),
                        node_command=("sleep", "infinity"), client_timeout_s=1.0)
-    w = Weaved(cfg)
-    t = threading.Thread(target=w.run, daemon=True)
-    t.start()
     sock = cfg.socket
-    try:
+    with serving(cfg, join_s=10):
         job = as_user(a, lambda: call(sock, Op.SUBMIT, spec=private_spec("a-job"),
                                       source="a"))["ok"]["job"]
-        b_job = as_user(b, lambda: call(sock, Op.SUBMIT, spec=spec_text("b-job"),
+        b_job = as_user(b, lambda: call(sock, Op.SUBMIT, spec=job_spec_toml("b-job"),
                                         source="b"))["ok"]["job"]
         assert as_user(b, lambda: call(sock, Op.PING))["ok"]["admin"] is True
         assert as_user(a, lambda: call(sock, Op.PING))["ok"]["admin"] is False
@@ -227,20 +209,15 @@ def test_admin_uid_may_act_on_every_job(public_dir: Path,
         assert not refused["ok"] and "permission denied" in refused["message"]
         done = as_user(b, lambda: call(sock, Op.CANCEL, jobs=[job, b_job]))["ok"]["results"]
         assert [r["ok"] for r in done] == [True, True], done
-        wait_for(lambda: {state_of(sock, job), state_of(sock, b_job)} == {"CANCELLED"},
-                 what="both cancelled by the admin")
-    finally:
-        for alloc in w.backend.list_allocations(""):
-            w.backend.release(alloc.alloc_id)
-        w.stop()
-        t.join(timeout=10)
+        wait_for(lambda: {state_of(sock, job), state_of(sock, b_job)} == {"CANCELLED"}, 30,
+                 "both cancelled by the admin")
 
 
 def test_uid_claimed_in_the_request_is_ignored(
         weaved: Running, test_users: tuple[TestUser, TestUser]) -> None:
     a, b = test_users
     sock = weaved.socket
-    job = as_user(a, lambda: call(sock, Op.SUBMIT, spec=spec_text("a-job"),
+    job = as_user(a, lambda: call(sock, Op.SUBMIT, spec=job_spec_toml("a-job"),
                                   source="a"))["ok"]["job"]
     # B claims to be A (uid and user), and root, in every request that could use it
     claims: dict[str, Any] = {"uid": a.uid, "user": a.name, "peer_uid": 0, "admin": True}
@@ -248,7 +225,7 @@ def test_uid_claimed_in_the_request_is_ignored(
         raw(sock, {"op": "cancel", "jobs": [job], **claims}),
         raw(sock, {"op": "show", "kind": "job", "id": job, **claims}),
         raw(sock, {"op": "ping", **claims}),
-        raw(sock, {"op": "submit", "spec": spec_text("b-job"), "source": "b", **claims})])
+        raw(sock, {"op": "submit", "spec": job_spec_toml("b-job"), "source": "b", **claims})])
     cancel, show, ping, submit = replies["ok"]
     assert not cancel["result"]["results"][0]["ok"]
     assert (show["ok"], show["error"]) == (False, "PermissionDenied")
@@ -258,8 +235,8 @@ def test_uid_claimed_in_the_request_is_ignored(
     assert (rows[b_job]["uid"], rows[b_job]["user"]) == (b.uid, b.name)
     assert rows[job]["state"] in ("PENDING", "PLACED", "RUNNING")
     # a spec's own `user` key is not trusted either
-    spoof = as_user(b, lambda: call(sock, Op.SUBMIT, spec=f'user = "{a.name}"\n'
-                                    + spec_text("b-as-a"), source="b"))["ok"]["job"]
+    spoof = as_user(b, lambda: call(sock, Op.SUBMIT, spec=job_spec_toml("b-as-a", user=a.name),
+                                    source="b"))["ok"]["job"]
     assert call(sock, Op.STATUS, jobs=[spoof])["jobs"][0]["uid"] == b.uid
 
 
@@ -268,24 +245,8 @@ def test_uid_claimed_in_the_request_is_ignored(
 # rl_weaved: weaved with the group runtime on the LocalBackend (conftest re-exports it)
 
 
-def rl_spec(name: str, iterations: int) -> str:
-    return (f"iterations = {iterations}\nseed = 3\n" + spec_text(name)
-            + "[options]\nprompts_per_step = 4\ngroup_size = 4\n")
-
-
-def node_status(sock: Path) -> dict[str, Any]:
-    with NodeClient(sock, timeout_s=5.0) as client:
-        return dict(client.call(NodeOp.STATUS))
-
-
 def worker_pids(node_socks: Sequence[Path], job: str) -> list[int]:
-    pids = []
-    for sock in node_socks:
-        for j in node_status(sock)["jobs"]:
-            pid = (j.get("resident") or {}).get("pid") if j["job"] == job else None
-            if pid:
-                pids.append(int(pid))
-    return pids
+    return [pid for sock in node_socks if (pid := worker_pid(sock, job))]
 
 
 def open_errno(path: str, flags: int = os.O_RDONLY) -> int:
@@ -332,7 +293,7 @@ def test_job_state_processes_and_checkpoints_are_private(
     pytest.importorskip("torch")
     a, b = test_users
     w, sock, shm = rl_weaved
-    job = as_user(a, lambda: call(sock, Op.SUBMIT, spec=rl_spec("a-rl", 400),
+    job = as_user(a, lambda: call(sock, Op.SUBMIT, spec=job_spec("a-rl", 3, 400),
                                   source="a.toml"))["ok"]["job"]
     jid = str(job)
     ckpt_root = w.config.state_dir / "ckpt"
@@ -343,7 +304,7 @@ def test_job_state_processes_and_checkpoints_are_private(
         assert row["state"] in ("PENDING", "PLACED", "RUNNING"), (row["state"], row["reason"])
         return live is not None and live["version"] >= 1 and \
             any(p.name.startswith("ckpt-") for p in ckpt_root.rglob("*"))
-    wait_for(running, timeout_s=180, what="A's job trained a step and checkpointed")
+    wait_for(running, 180, "A's job trained a step and checkpointed")
     node_socks = sorted((w.config.state_dir / "nodes").glob("*.sock"))
     assert node_socks
 
@@ -428,20 +389,20 @@ def test_job_state_processes_and_checkpoints_are_private(
     assert state_of(sock, job) == "RUNNING"
     assert sorted(worker_pids(node_socks, jid)) == sorted(pids)  # untouched workers
     v0 = w.driver.live(job)["version"]  # type: ignore[index]
-    wait_for(lambda: w.driver.live(job)["version"] > v0, timeout_s=60,  # type: ignore[index]
-             what="A's job keeps training after B's attempts")
+    wait_for(lambda: w.driver.live(job)["version"] > v0, 60,  # type: ignore[index]
+             "A's job keeps training after B's attempts")
 
     # A cancels its own job: its state is dropped everywhere
     assert weave(a, sock, "cancel", str(job))["ok"] == 0
-    wait_for(lambda: state_of(sock, job) == "CANCELLED", timeout_s=60, what="cancelled")
+    wait_for(lambda: state_of(sock, job) == "CANCELLED", 60, "cancelled")
     wait_for(lambda: not any(p.name == jid for p in (*shm.rglob("*"), *ckpt_root.rglob("*"))),
-             timeout_s=30, what="A's shm and checkpoints removed")
+             30, "A's shm and checkpoints removed")
 
 
 # -- 5. paths in specs -------------------------------------------------------------------------
 
 def path_spec(value: str, key: str = "out_dir") -> str:
-    return spec_text("paths") + f"[options]\n{key} = {json.dumps(value)}\n"
+    return job_spec_toml("paths", options={key: value})
 
 
 def test_spec_paths_cannot_escape_the_users_dirs(
@@ -487,15 +448,12 @@ def test_spec_paths_cannot_escape_the_users_dirs(
         assert r.get("error") == "ConfigError" and str(home_b) in r["message"], r
         # weave-sbatch as A: exit 2 and one line naming the key; nothing stored
         before = len(call(sock, Op.STATUS, all=True)["jobs"])
-        spec_file = Path(tempfile.mkdtemp(prefix="weave-mu-")) / "bad.toml"
-        spec_file.parent.chmod(0o755)
-        spec_file.write_text(path_spec("/etc/shadow", "data_file"))
-        spec_file.chmod(0o644)
-        try:
+        with scratch_dir("weave-mu-") as spec_dir:
+            spec_file = spec_dir / "bad.toml"
+            spec_file.write_text(path_spec("/etc/shadow", "data_file"))
+            spec_file.chmod(0o644)
             r = as_user(a, lambda: run_app(sbatch_app, "weave-sbatch",
                                            [str(spec_file), "--socket", str(sock)]))
-        finally:
-            shutil.rmtree(spec_file.parent)
         assert r["ok"] == 2 and one_line(r["stderr"]), r
         assert "options.data_file" in r["stderr"] and "outside" in r["stderr"], r
         assert len(call(sock, Op.STATUS, all=True)["jobs"]) == before
@@ -512,7 +470,7 @@ def test_check_paths_site_roots_and_entry(tmp_path: Path,
     with pytest.raises(ConfigError, match="outside your own directories"):
         check_paths(job, a.uid)
     check_paths(job, a.uid, roots=[tmp_path])  # a site root allows it
-    check_paths(parse_job(spec_text("no-paths")), a.uid)  # nothing to check
+    check_paths(parse_job(job_spec_toml("no-paths")), a.uid)  # nothing to check
     model_id = parse_job(path_spec("Qwen/Qwen2.5-7B", "model"))  # data, not a path
     check_paths(model_id, a.uid)
     with pytest.raises(ConfigError, match=r"key 'options\.model_dir'.*must be an absolute"):
@@ -520,8 +478,8 @@ def test_check_paths_site_roots_and_entry(tmp_path: Path,
     for entry in ("/home/x/evil.py:run", "builtin:grpo-toy; touch /tmp/x", "os:system()",
                   "../x:y", "$(id):f"):
         with pytest.raises(ConfigError, match=r"key 'entry' .*builtin:<name>"):
-            parse_job(f"entry = {json.dumps(entry)}\n" + spec_text("e"))
-    assert parse_job('entry = "pkg.mod:Factory"\n' + spec_text("e")).entry == "pkg.mod:Factory"
+            parse_job(job_spec_toml("e", entry=entry))
+    assert parse_job(job_spec_toml("e", entry="pkg.mod:Factory")).entry == "pkg.mod:Factory"
 
 
 # -- 6. names and arguments reach Slurm without shell interpretation ----------------------------
@@ -546,11 +504,11 @@ def test_names_with_shell_metacharacters_are_refused_in_one_line(
     a, _ = test_users
     sock = weaved.socket
     spec_file = public_dir / "job.toml"
-    spec_file.write_text(spec_text("fine"))
+    spec_file.write_text(job_spec_toml("fine"))
     spec_file.chmod(0o644)
     for i, payload in enumerate(PAYLOADS):
         r = as_user(a, lambda p=payload: call(sock, Op.SUBMIT,  # type: ignore[misc]
-                                              spec=spec_text("x").replace('"x"', json.dumps(p)),
+                                              spec=job_spec_toml(p),
                                               source=p))
         assert r.get("error") == "ConfigError" and one_line(r["message"]), (payload, r)
         assert "key 'name'" in r["message"] and "letters, digits" in r["message"], r
@@ -569,8 +527,7 @@ def test_names_with_shell_metacharacters_are_refused_in_one_line(
             assert r.get("ok") == 2 and one_line(r["stderr"]), (argv, r)
             assert "name" in r["stderr"] and r["stdout"] == "", r
     # the same payloads as data (options, source label) are stored verbatim, run nowhere
-    spec = spec_text("data") + "[options]\n" + "".join(
-        f"p{i} = {json.dumps(p)}\n" for i, p in enumerate(PAYLOADS))
+    spec = job_spec_toml("data", options={f"p{i}": p for i, p in enumerate(PAYLOADS)})
     job = as_user(a, lambda: call(sock, Op.SUBMIT, spec=spec, source=PAYLOADS[0]))["ok"]["job"]
     shown = as_user(a, lambda: call(sock, Op.SHOW, kind="job", id=job))["ok"]
     assert parse_job(shown["spec"]).options == tuple((f"p{i}", p)
@@ -614,8 +571,8 @@ def test_arguments_reach_a_slurm_step_verbatim(slurm_cluster: Any, public_dir: P
         handle = backend.launch_step(alloc.alloc_id, StepSpec(
             "args", (sys.executable, "-c", "import sys, json; print(json.dumps(sys.argv[1:]))",
                      *PAYLOADS), ntasks=1, log_path=out))
-        wait_for(lambda: backend.poll_step(handle).state is not StepState.RUNNING,
-                 timeout_s=60, what="the step ended")
+        wait_for(lambda: backend.poll_step(handle).state is not StepState.RUNNING, 60,
+                 "the step ended")
         assert backend.poll_step(handle).state is StepState.COMPLETED, out.read_text()
         assert json.loads(out.read_text().strip().splitlines()[-1]) == list(PAYLOADS)
         srun = [a for a in runner.argvs if a[0] == "srun"]
@@ -637,31 +594,23 @@ def test_user_strings_never_reach_slurm_commands(slurm_cluster: Any, public_dir:
     cfg = DaemonConfig(state_dir=public_dir / "state", tick_s=0.2, backend="slurm",
                        instance=instance, node_command=("sleep", "infinity"),
                        client_timeout_s=5.0, env=dict(slurm_cluster.env))
-    w = Weaved(cfg, backend=SlurmCliBackend(runner=runner, env=slurm_cluster.env))
-    t = threading.Thread(target=w.run, daemon=True)
-    t.start()
     sock = cfg.socket
-    try:
-        wait_for(lambda: sock.exists(), what="weaved's socket")
-        spec = spec_text("data") + "[options]\n" + "".join(
-            f"p{i} = {json.dumps(p)}\n" for i, p in enumerate(PAYLOADS))
+    with serving(cfg, SlurmCliBackend(runner=runner, env=slurm_cluster.env),
+                 prefix=f"weave-g{instance}.") as w:
+        wait_for(lambda: sock.exists(), 30, "weaved's socket")
+        spec = job_spec_toml("data", options={f"p{i}": p for i, p in enumerate(PAYLOADS)})
         job = as_user(a, lambda: call(sock, Op.SUBMIT, spec=spec,
                                       source=PAYLOADS[1]))["ok"]["job"]
-        wait_for(lambda: state_of(sock, job) == "RUNNING", timeout_s=60, what="running")
+        wait_for(lambda: state_of(sock, job) == "RUNNING", 60, "running")
         names = {s.name for al in w.backend.list_allocations(f"weave-g{instance}.")
                  for s in w.backend.list_steps(al.alloc_id)}
         assert {f"weave-j{job}-h20-0", f"weave-j{job}-h800-0"} <= names, names
         assert call(sock, Op.CANCEL, jobs=[job])["results"][0]["ok"]
-        wait_for(lambda: state_of(sock, job) == "CANCELLED", timeout_s=60, what="cancelled")
+        wait_for(lambda: state_of(sock, job) == "CANCELLED", 60, "cancelled")
         flat = "\n".join("\0".join(argv) for argv in runner.argvs)
         assert runner.argvs and all(p not in flat for p in PAYLOADS)
         assert not any(s in flat for s in ("touch", "$(", "`"))
         assert_no_shell(runner.argvs)
-    finally:
-        for al in w.backend.list_allocations(f"weave-g{instance}."):
-            w.backend.release(al.alloc_id)
-        w.stop()
-        t.join(timeout=30)
 
 
 def test_no_shell_in_the_package() -> None:

@@ -12,27 +12,26 @@ members finish with the weights of their solo runs bit for bit, and ``weave stat
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.harness.processes import daemons_gone, node_status
+from tests.harness.scratch import public_dir, shm_dir
 from tests.harness.solo import run_solo
-from tests.runtime.test_weaved_local import OPTIONS, call, daemons_gone, job_spec, wait_states
+from tests.harness.specs import OPTIONS, job_spec
+from tests.harness.waits import wait_for
+from tests.harness.weaved import call, rl_config, serving, wait_states
+from weave_slurm.config.render import job_spec_toml
 from weave_slurm.daemon.protocol import Op
-from weave_slurm.daemon.runtime_view import weights_digest
-from weave_slurm.daemon.service import DaemonConfig, Weaved
-from weave_slurm.node.client import NodeClient
-from weave_slurm.node.protocol import Op as NodeOp
+from weave_slurm.daemon.service import Weaved
+from weave_slurm.node.segments import weights_digest
 from weave_slurm.runtime.group import MemberSpec
-from weave_slurm.slurm.backend import StepHandle
 
 pytestmark = pytest.mark.torch
 
@@ -52,51 +51,22 @@ class Rig:
 
 
 def make_rig(site: str | None = None) -> Iterator[Rig]:
-    public = Path(tempfile.mkdtemp(prefix="weave-nf-"))
-    public.chmod(0o755)
-    shm = Path(tempfile.mkdtemp(prefix="weave-nf-", dir="/dev/shm"))
-    shm.chmod(0o711)
-    site_path = None
-    if site is not None:
-        site_path = public / "site.toml"
-        site_path.write_text(site)
-    cfg = DaemonConfig(state_dir=public / "state", tick_s=0.2, shm_root=shm,
-                       client_timeout_s=5.0, runtime="rl", site_path=site_path)
-    w = Weaved(cfg)
-    t = threading.Thread(target=w.run, daemon=True)
-    t.start()
-    try:
-        yield Rig(w, cfg.socket, shm, public)
-    finally:
-        w.stop()
-        t.join(timeout=30)
-        for a in w.backend.list_allocations(""):
-            for s in w.backend.list_steps(a.alloc_id):
-                w.backend.cancel_step(StepHandle(a.alloc_id, s.name, 0))
-            w.backend.release(a.alloc_id)
-        daemons_gone(cfg.state_dir.resolve() / "ckpt", 20)
-        shutil.rmtree(public, ignore_errors=True)
-        shutil.rmtree(shm, ignore_errors=True)
+    with public_dir("weave-nf-") as public, shm_dir("weave-nf-") as shm:
+        site_path = None
+        if site is not None:
+            site_path = public / "site.toml"
+            site_path.write_text(site)
+        cfg = rl_config(public, shm, site_path=site_path)
+        try:
+            with serving(cfg) as w:
+                yield Rig(w, cfg.socket, shm, public)
+        finally:
+            daemons_gone(cfg.state_dir.resolve() / "ckpt", 20)
 
 
 @pytest.fixture
 def rig() -> Iterator[Rig]:
     yield from make_rig()
-
-
-def wait_until(what: str, cond: Callable[[], Any], timeout_s: float) -> Any:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        got = cond()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-
-
-def node_status(sock: Path) -> dict[str, Any]:
-    with NodeClient(sock, timeout_s=5.0) as client:
-        return dict(client.call(NodeOp.STATUS))
 
 
 def busy_worker(rig: Rig, job: int, min_version: int) -> tuple[int, str, str]:
@@ -112,7 +82,7 @@ def busy_worker(rig: Rig, job: int, min_version: int) -> tuple[int, str, str]:
                 if j["job"] == str(job) and act.get("state") == "running" and act.get("pid"):
                     return int(act["pid"]), sock.name[5:-5], str(act.get("phase"))
         return None
-    return wait_until(f"job {job} running a phase at v>={min_version}", find, 180)  # type: ignore[no-any-return]
+    return wait_for(find, 180, f"job {job} running a phase at v>={min_version}")  # type: ignore[return-value]
 
 
 def node_daemon_pid(sock: Path) -> int:
@@ -134,8 +104,8 @@ def node_daemon_pid(sock: Path) -> int:
     raise AssertionError(f"no process listens on {sock}")
 
 
-def submit(rig: Rig, name: str, seed: int, steps: int = STEPS, extra: str = "") -> int:
-    spec = job_spec(name, seed, steps) + extra
+def submit(rig: Rig, name: str, seed: int, steps: int = STEPS) -> int:
+    spec = job_spec(name, seed, steps)
     return int(call(rig.socket, Op.SUBMIT, spec=spec, source=f"{name}.toml")["job"])
 
 
@@ -150,8 +120,7 @@ def check_solo(rig: Rig, jobs: dict[int, int], steps: int = STEPS) -> None:
 
 def check_clean(rig: Rig, ids: list[int]) -> None:
     """The group drained: no allocation, no node daemon or worker, no job segment."""
-    wait_until("allocations released",
-               lambda: not rig.weaved.backend.list_allocations(""), 30)
+    wait_for(lambda: not rig.weaved.backend.list_allocations(""), 30, "allocations released")
     assert daemons_gone(rig.weaved.config.state_dir.resolve() / "ckpt", 30)
     assert [p for p in rig.shm.rglob("*") if p.name in {str(j) for j in ids}] == []
 
@@ -185,7 +154,7 @@ def kill_mid_phase(rig: Rig, job: int, min_version: int, tries: int = 3) -> tupl
                 moved_on.append(time.monotonic())
                 return "missed" if moved_on[-1] - moved_on[0] > 5.0 else None
             return None
-        if wait_until(f"the end of worker {pid}'s phase", outcome, 30) == "killed":
+        if wait_for(outcome, 30, f"the end of worker {pid}'s phase") == "killed":
             return node, phase
     raise AssertionError(f"no kill of job {job}'s worker landed mid-phase in {tries} tries")
 
@@ -263,13 +232,13 @@ def tiny_rig() -> Iterator[Rig]:
 
 def test_state_over_host_memory_budget_fails_only_that_job(tiny_rig: Rig) -> None:
     rig = tiny_rig
-    small = job_spec("fits", 61, 2).replace("rollout_state_gib = 1.0", "rollout_state_gib = 0.001")
-    small = small.replace("train_state_gib = 1.0", "train_state_gib = 0.001")
-    big = job_spec("huge", 62, 2).replace("rollout_state_gib = 1.0", "rollout_state_gib = 0.001")
-    big = big.replace("train_state_gib = 1.0", "train_state_gib = 0.001")
+    small = job_spec_toml("fits", iterations=2, seed=61, rollout_state_gib=0.001,
+                          train_state_gib=0.001, options=OPTIONS)
     # the declared profile fits, the real warm state (~100 MiB) does not fit 0.05 GiB
-    big = big.replace("group_size = 4\n", "group_size = 4\nhidden_size = 512\n"
-                      "intermediate_size = 1024\nvocab_size = 2048\n")
+    big = job_spec_toml("huge", iterations=2, seed=62, rollout_state_gib=0.001,
+                        train_state_gib=0.001, options={**OPTIONS, "hidden_size": 512,
+                                                        "intermediate_size": 1024,
+                                                        "vocab_size": 2048})
     ok = int(call(rig.socket, Op.SUBMIT, spec=small, source="fits.toml")["job"])
     bad = int(call(rig.socket, Op.SUBMIT, spec=big, source="huge.toml")["job"])
     rows = wait_states(rig.socket, [ok, bad], {"COMPLETED", "FAILED"}, 240, [])

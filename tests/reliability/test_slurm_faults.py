@@ -32,13 +32,15 @@ from typing import Any
 
 import pytest
 
+from tests.harness.processes import daemons_gone
 from tests.harness.solo import run_solo
-from tests.reliability.test_node_faults import wait_until
-from tests.runtime.test_weaved_local import OPTIONS, call, daemons_gone, job_spec
+from tests.harness.specs import OPTIONS, job_spec
+from tests.harness.waits import wait_for
+from tests.harness.weaved import call, pings
 from weave_slurm.daemon.protocol import Op
-from weave_slurm.daemon.runtime_view import weights_digest
 from weave_slurm.daemon.service import DaemonConfig, Weaved
 from weave_slurm.errors import WeaveError
+from weave_slurm.node.segments import weights_digest
 from weave_slurm.runtime.group import MemberSpec
 from weave_slurm.slurm import daemons
 from weave_slurm.slurm.cli_backend import SlurmCliBackend
@@ -120,13 +122,7 @@ def spawn(p: Place) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen([sys.executable, "-c", LAUNCH, json.dumps(args)],
                             stdout=log, stderr=log)
     log.close()
-
-    def up() -> bool:
-        try:
-            return bool(call(p.socket, Op.PING))
-        except (WeaveError, OSError):
-            return False
-    wait_until("weaved answers", up, 60)
+    wait_for(lambda: pings(p.socket), 60, "weaved answers")
     return proc
 
 
@@ -153,7 +149,7 @@ def finish(p: Place, ids: list[int], timeout_s: float) -> list[dict[str, Any]]:
         rows = observe(p, ids)
         return rows if all(r["state"] in ("COMPLETED", "FAILED", "CANCELLED")
                            for r in rows) else None
-    return list(wait_until(f"jobs {ids} to end", done, timeout_s))
+    return list(wait_for(done, timeout_s, f"jobs {ids} to end"))
 
 
 def check_solo_digests(p: Place, seeds: dict[int, int], steps: int = STEPS) -> None:
@@ -164,7 +160,7 @@ def check_solo_digests(p: Place, seeds: dict[int, int], steps: int = STEPS) -> N
 
 
 def check_released(p: Place) -> None:
-    wait_until("allocations released", lambda: not p.allocations(), 40)
+    wait_for(lambda: not p.allocations(), 40, "allocations released")
     assert daemons_gone(p.state.resolve() / "ckpt", 30)
 
 
@@ -175,9 +171,8 @@ def test_weaved_sigkill_on_slurm_keeps_jobs_and_allocations(place: Place) -> Non
     try:
         seeds = {submit(p, f"sk{i}", 71 + i): 71 + i for i in range(2)}
         ids = list(seeds)
-        wait_until("both jobs at version >= 1",
-                   lambda: all(int((r["iter"] or "0/0").split("/")[0]) >= 1
-                               for r in observe(p, ids)), 180)
+        wait_for(lambda: all(int((r["iter"] or "0/0").split("/")[0]) >= 1
+                             for r in observe(p, ids)), 180, "both jobs at version >= 1")
         before = p.allocations()
         assert sorted(before.values()) == sorted(
             {n for n in before.values()}) and len(before) == 2, before
@@ -213,7 +208,7 @@ def start_inproc(p: Place, backend: SlurmCliBackend | None = None,
     w = Weaved(cfg, backend=backend or p.backend)
     t = threading.Thread(target=w.run, daemon=True)
     t.start()
-    wait_until("weaved socket", p.socket.exists, 30)
+    wait_for(p.socket.exists, 30, "weaved socket")
     return w, t
 
 
@@ -244,7 +239,7 @@ def stop_slurmd(p: Place, node: str) -> Callable[[], None]:
                             env=p.env, timeout_s=20, check=False)
                 return False
             return bool(out)
-        wait_until(f"{node} back in service", back, 120)
+        wait_for(back, 120, f"{node} back in service")
     return undo
 
 
@@ -264,9 +259,8 @@ def node_down(p: Place, role: str, name: str, seed: int,
     try:
         seeds = {submit(p, f"{name}{i}", seed + i, steps): seed + i for i in range(2)}
         ids = list(seeds)
-        wait_until("both jobs at version >= 1",
-                   lambda: all(int((r["iter"] or "0/0").split("/")[0]) >= 1
-                               for r in observe(p, ids)), 180)
+        wait_for(lambda: all(int((r["iter"] or "0/0").split("/")[0]) >= 1
+                             for r in observe(p, ids)), 180, "both jobs at version >= 1")
         (group,) = call(p.socket, Op.GROUPS)["groups"]
         alloc = next(a for a in group["allocations"] if a["role"] == role)
         down = str(alloc["nodes"][0])
@@ -278,7 +272,7 @@ def node_down(p: Place, role: str, name: str, seed: int,
             groups = call(p.socket, Op.GROUPS)["groups"]
             return any(a["role"] == role and a["state"] == "HELD" and a["id"] != alloc["id"]
                        for g in groups for a in g["allocations"])
-        wait_until(f"a replacement {role} allocation", replaced, replace_s)
+        wait_for(replaced, replace_s, f"a replacement {role} allocation")
         undo, undone = None, undo
         undone()
         if cancel:
@@ -289,7 +283,7 @@ def node_down(p: Place, role: str, name: str, seed: int,
                 seen.extend(rows)
                 return all(r["iter"] and int(r["iter"].split("/")[0]) > at[r["job"]]
                            for r in rows)
-            wait_until("both jobs training on the new allocation", progressed, 240)
+            wait_for(progressed, 240, "both jobs training on the new allocation")
             assert all(r["ok"] for r in call(p.socket, Op.CANCEL, jobs=ids)["results"])
             rows = finish(p, ids, 120)
             assert [r["state"] for r in rows] == ["CANCELLED", "CANCELLED"], rows
@@ -384,7 +378,7 @@ def test_salloc_failing_then_hanging_is_retried(place: Place) -> None:
             rows = observe(p, ids)
             seen.extend(rows)
             return all(x["state"] == "RUNNING" for x in rows)
-        wait_until("both running", running, 120)
+        wait_for(running, 120, "both running")
         said = " | ".join(str(r["reason"]) for r in seen)
         assert "Unable to contact slurm controller" in said and "retrying in" in said, said
         assert "salloc hung: command timed out after" in said, said
@@ -401,7 +395,7 @@ def test_salloc_failing_then_hanging_is_retried(place: Place) -> None:
 def _workers(p: Place, job: int, phase: str | None = None) -> dict[str, dict[str, Any]]:
     """``job``'s resident worker per node daemon socket (optionally: only those running
     ``phase`` now), from the node daemons' own status."""
-    from tests.reliability.test_node_faults import node_status
+    from tests.harness.processes import node_status
 
     out = {}
     for sock in (p.state.resolve() / "nodes").glob("node-*.sock"):
@@ -440,13 +434,13 @@ def test_worker_killed_and_job_cancelled_mid_rollout_on_slurm(place: Place) -> N
             running = [w["worker"] for w in _workers(place, victim).values()
                        if w["worker"].get("state") == "running" and w["worker"].get("pid")]
             return int(running[0]["pid"]) if running else None
-        os.kill(wait_until("the victim running a phase at v>=1", victim_busy, 240),
+        os.kill(wait_for(victim_busy, 240, "the victim running a phase at v>=1"),
                 signal.SIGKILL)
 
         def cancelled_rolling_out() -> dict[str, dict[str, Any]] | None:
             observe(place, list(seeds))
             return _workers(place, cancelled, "rollout") or None
-        wait_until("the second job in a rollout", cancelled_rolling_out, 240)
+        wait_for(cancelled_rolling_out, 240, "the second job in a rollout")
         pids = {int(w["resident"]["pid"]) for w in _workers(place, cancelled).values()
                 if w["resident"].get("pid")}
         assert pids, "no resident worker of the cancelled job found"
@@ -460,8 +454,8 @@ def test_worker_killed_and_job_cancelled_mid_rollout_on_slurm(place: Place) -> N
                            steps)
         reason = call(place.socket, Op.SHOW, kind="job", id=victim)["reason"]
         assert "recover" in reason and "killed" in reason, reason
-        wait_until("the cancelled job's workers gone",
-                   lambda: not any(Path(f"/proc/{pid}").exists() for pid in pids), 30)
+        wait_for(lambda: not any(Path(f"/proc/{pid}").exists() for pid in pids), 30,
+                 "the cancelled job's workers gone")
         assert not _workers(place, cancelled)
         assert [q for q in place.shm.rglob("*") if q.name == str(cancelled)] == []
         check_released(place)

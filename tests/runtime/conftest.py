@@ -1,30 +1,29 @@
-"""Fixtures of the runtime tests: node daemons for one group on the LocalBackend."""
+"""Fixtures of the runtime tests: node daemons for one group on the LocalBackend, and
+weaved with the group runtime."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.harness.fleet import NodeFleet, running_fleet
+from tests.harness.scratch import public_dir, shm_dir
+from tests.harness.weaved import rl_config, serving
+from weave_slurm.daemon.service import Weaved
+
 
 @pytest.fixture(scope="module")
-def local_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+def local_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeFleet]:
     """One rollout (h20) and one training (h800) node daemon as local processes."""
-    from tests.harness.fleet import FleetConfig, NodeFleet
-    from weave_slurm.slurm.local_backend import LocalBackend
-
-    state = tmp_path_factory.mktemp("runtime")
-    shm = Path(tempfile.mkdtemp(prefix="weave-test-rt-", dir="/dev/shm"))
-    os.chmod(shm, 0o711)
-    fleet = NodeFleet(LocalBackend(state / "backend"),
-                      FleetConfig("rt", shm, state, host_mem_gib=0.25))
-    try:
-        fleet.start()
+    with running_fleet(tmp_path_factory.mktemp("runtime"), "rt", "weave-test-rt-") as fleet:
         yield fleet
-    finally:
-        fleet.stop()
-        shutil.rmtree(shm, ignore_errors=True)
+
+
+@pytest.fixture
+def rl_weaved() -> Iterator[tuple[Weaved, Path, Path]]:
+    """weaved with the group runtime on the LocalBackend: (weaved, its socket, shm root)."""
+    with public_dir("weaved-rt-") as public, shm_dir("weaved-rt-") as shm, \
+            serving(rl_config(public, shm)) as w:
+        yield w, w.config.socket, shm

@@ -1,19 +1,20 @@
-"""Shared checks of the runtime tests (bit-identity against a solo run)."""
+"""Shared pieces of the runtime tests: members, bit-identity against a solo run, and
+a group runner's clean end."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 import torch
 
 from tests.harness.solo import run_solo
+from tests.harness.specs import OPTIONS
 from weave_slurm.node.client import NodeClient
 from weave_slurm.node.index import JobRef
 from weave_slurm.runtime.group import MemberSpec
 from weave_slurm.runtime.runner import GroupRunner
-
-#: Small and fast: the default toy model, 4 prompts x 4 samples.
-OPTIONS = {"prompts_per_step": 4, "group_size": 4}
+from weave_slurm.vocab import Phase
 
 
 def members(n: int, steps: int, prefix: str) -> list[MemberSpec]:
@@ -36,3 +37,17 @@ def assert_same_as_solo(ex: GroupRunner, spec: MemberSpec) -> None:
     assert differ == [], f"{spec.job_id}: tensors differ from the solo run: {differ[:3]}"
     assert ex.members[spec.job_id].version == solo.version == spec.steps
     assert tuple(ex.members[spec.job_id].rewards) == solo.rewards
+
+
+def ok_spans(ex: GroupRunner, job_id: str, kind: Phase) -> list[tuple[float, float]]:
+    """(start, end) of ``job_id``'s phases of ``kind`` that ended well, in order."""
+    return sorted((s.start_s, s.end_s) for s in ex.spans
+                  if s.job_id == job_id and s.kind is kind and s.ok)
+
+
+def leave_all(ex: GroupRunner, specs: Sequence[MemberSpec]) -> None:
+    """The end of every test's runner: the members still in it leave, then it closes."""
+    for spec in specs:
+        if spec.job_id in ex.order:
+            ex.leave(spec.job_id)
+    ex.close()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.runtime.helpers import assert_same_as_solo, members
+from tests.runtime.helpers import assert_same_as_solo, leave_all, members
 from weave_slurm.runtime.group import MemberState
 from weave_slurm.runtime.runner import GroupRunner
 from weave_slurm.runtime.timeline import busy_fraction
@@ -40,7 +40,4 @@ def test_three_members_match_their_solo_runs(local_fleet: object) -> None:
         assert profile["g0"].train_state_bytes > profile["g0"].rollout_state_bytes > 0
         assert profile["g0"].sync_bytes["weights"] > 0
     finally:
-        for spec in specs:
-            if spec.job_id in ex.order:
-                ex.leave(spec.job_id)
-        ex.close()
+        leave_all(ex, specs)

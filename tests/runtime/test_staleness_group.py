@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.runtime.helpers import OPTIONS, assert_same_as_solo
+from tests.harness.specs import OPTIONS
+from tests.runtime.helpers import assert_same_as_solo, leave_all, ok_spans
 from weave_slurm.runtime.group import MemberSpec, MemberState
 from weave_slurm.runtime.runner import GroupRunner, RunnerConfig
 from weave_slurm.runtime.staleness import VersionLog
@@ -24,11 +25,6 @@ from weave_slurm.vocab import Phase
 pytestmark = pytest.mark.torch
 
 STEPS = 3
-
-
-def _spans(ex: GroupRunner, job_id: str, kind: Phase) -> list[tuple[float, float]]:
-    return sorted((s.start_s, s.end_s) for s in ex.spans
-                  if s.job_id == job_id and s.kind is kind and s.ok)
 
 
 def test_k1_member_holds_its_window_and_matches_solo(local_fleet: object,
@@ -52,7 +48,7 @@ def test_k1_member_holds_its_window_and_matches_solo(local_fleet: object,
                 assert rec.weights_version <= rec.newest_version
         # the spans agree: rollout m of w1 starts after train m - 2 ended (v m-1 existed);
         # train v starts after rollout v ended
-        rolls, trains = _spans(ex, "w1", Phase.ROLLOUT), _spans(ex, "w1", Phase.TRAIN)
+        rolls, trains = ok_spans(ex, "w1", Phase.ROLLOUT), ok_spans(ex, "w1", Phase.TRAIN)
         trains = trains[1:]   # the first is init (version 0)
         assert len(rolls) == len(trains) == STEPS
         for m in range(2, STEPS):
@@ -66,8 +62,5 @@ def test_k1_member_holds_its_window_and_matches_solo(local_fleet: object,
         for spec in specs:
             assert_same_as_solo(ex, spec)            # w1 against run_solo with k = 1
     finally:
-        for spec in specs:
-            if spec.job_id in ex.order:
-                ex.leave(spec.job_id)
-        ex.close()
+        leave_all(ex, specs)
 

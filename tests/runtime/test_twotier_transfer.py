@@ -11,17 +11,18 @@ within the timeout, the agents are started afresh, and nothing is left behind.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import tempfile
 import time
-from collections.abc import Iterator, Sequence
-from pathlib import Path
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 
 import pytest
 import torch
 
-from tests.runtime.helpers import OPTIONS, assert_same_as_solo, group_weights
+from tests.harness.fleet import NodeFleet, running_fleet
+from tests.harness.processes import pid_alive
+from tests.harness.specs import OPTIONS
+from tests.runtime.helpers import assert_same_as_solo, group_weights, leave_all
 from weave_slurm.node.client import NodeClient
 from weave_slurm.node.index import JobRef
 from weave_slurm.runtime.group import MemberSpec, MemberState, NodeRef
@@ -34,48 +35,57 @@ STEPS = 3
 
 
 @pytest.fixture(scope="module")
-def fleet2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+def fleet2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeFleet]:
     """One training (h800) and two rollout (h20) node daemons as local processes."""
-    from tests.harness.fleet import FleetConfig, NodeFleet
-    from weave_slurm.slurm.local_backend import LocalBackend
-
-    state = tmp_path_factory.mktemp("twotier")
-    shm = Path(tempfile.mkdtemp(prefix="weave-test-tt-", dir="/dev/shm"))
-    os.chmod(shm, 0o711)
-    fleet = NodeFleet(LocalBackend(state / "backend"),
-                      FleetConfig("tt", shm, state, rollout_nodes=2, host_mem_gib=0.25))
-    try:
-        fleet.start()
+    with running_fleet(tmp_path_factory.mktemp("twotier"), "tt", "weave-test-tt-",
+                       rollout_nodes=2) as fleet:
         yield fleet
-    finally:
-        fleet.stop()
-        shutil.rmtree(shm, ignore_errors=True)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().split(")")[-1].split()[0] != "Z"
-
-
-def _executor(fleet: object, specs: Sequence[MemberSpec], transfer: TransferConfig
-              ) -> GroupRunner:
-    return GroupRunner(fleet.layout, specs,  # type: ignore[attr-defined]
-                         config=RunnerConfig(transfer=transfer))
+def _executor(fleet: NodeFleet, specs: Sequence[MemberSpec], transfer: TransferConfig
+              ) -> tuple[GroupRunner, TwoTierTransfer]:
+    """A runner of ``specs`` on ``fleet`` whose weights cross by the two-tier agents."""
+    assert fleet.layout is not None
+    ex = GroupRunner(fleet.layout, specs, config=RunnerConfig(transfer=transfer))
+    assert isinstance(ex.transfer, TwoTierTransfer)
+    return ex, ex.transfer
 
 
 def _finish(ex: GroupRunner, specs: Sequence[MemberSpec]) -> list[int]:
     """Leave, close; returns the pids of the agents that were running at the end."""
     agents = ex.transfer.agents if isinstance(ex.transfer, TwoTierTransfer) else None
     pids = agents.pids() if agents is not None else []
-    for spec in specs:
-        if spec.job_id in ex.order:
-            ex.leave(spec.job_id)
-    ex.close()
+    leave_all(ex, specs)
     return pids
+
+
+@dataclass
+class _Watch:
+    """When members failed, ``(job, time, why)``, and when each sync began to push."""
+
+    failed_at: list[tuple[str, float, str]] = field(default_factory=list)
+    sync_starts: list[float] = field(default_factory=list)
+
+
+def _watch(ex: GroupRunner, transfer: TwoTierTransfer,
+           strike: Callable[[Member], None]) -> _Watch:
+    """Record failures and sync starts; ``strike(member)`` runs on every member change."""
+    watch = _Watch()
+
+    def on_change(member: Member, why: str) -> None:
+        if member.state is MemberState.RECOVERING:
+            watch.failed_at.append((member.spec.job_id, time.monotonic(), why))
+        strike(member)
+
+    original = transfer._push
+
+    def timed_push(*args: object, **kwargs: object) -> tuple[int, int]:
+        watch.sync_starts.append(time.monotonic())
+        return original(*args, **kwargs)  # type: ignore[arg-type]
+
+    transfer._push = timed_push  # type: ignore[method-assign]
+    ex.listeners.append(on_change)
+    return watch
 
 
 def _rollout_weights(node: NodeRef, job_id: str) -> tuple[int, dict[str, torch.Tensor]]:
@@ -84,14 +94,13 @@ def _rollout_weights(node: NodeRef, job_id: str) -> tuple[int, dict[str, torch.T
     return seg.index.version, {k: v.clone() for k, v in seg.tensors.items()}
 
 
-def test_twotier_group_matches_solo(fleet2: object) -> None:
+def test_twotier_group_matches_solo(fleet2: NodeFleet) -> None:
     specs = [MemberSpec("tt0", seed=31, steps=STEPS, options=OPTIONS, rollout_pins=(0, 1)),
              MemberSpec("tt1", seed=32, steps=STEPS, options=OPTIONS, rollout_pins=(1,)),
              MemberSpec("tt2", seed=33, steps=STEPS, options=OPTIONS, rollout_pins=(0, 1),
                         staleness=1)]
-    ex = _executor(fleet2, specs, TransferConfig("twotier", mode="delta", timeout_s=30.0))
-    transfer = ex.transfer
-    assert isinstance(transfer, TwoTierTransfer)
+    ex, transfer = _executor(fleet2, specs,
+                             TransferConfig("twotier", mode="delta", timeout_s=30.0))
     pids: list[int] = []
     try:
         ex.run(timeout_s=300)
@@ -116,7 +125,7 @@ def test_twotier_group_matches_solo(fleet2: object) -> None:
     finally:
         pids = _finish(ex, specs)
     assert len(pids) == 3
-    assert not [p for p in pids if _alive(p)], "sync agents outlived the group"
+    assert not [p for p in pids if pid_alive(p)], "sync agents outlived the group"
 
 
 class _Duplicating(TwoTierTransfer):
@@ -135,12 +144,11 @@ class _Duplicating(TwoTierTransfer):
         return version, moved
 
 
-def test_duplicate_version_is_refused_and_fails_only_its_member(fleet2: object) -> None:
+def test_duplicate_version_is_refused_and_fails_only_its_member(fleet2: NodeFleet) -> None:
     specs = [MemberSpec("dv0", seed=41, steps=STEPS, options=OPTIONS, rollout_pins=(0, 1)),
              MemberSpec("dv1", seed=42, steps=STEPS, options=OPTIONS, rollout_pins=(0, 1))]
-    ex = _executor(fleet2, specs, TransferConfig("twotier", timeout_s=30.0))
-    assert isinstance(ex.transfer, TwoTierTransfer)
-    dup = _Duplicating(ex.transfer, "dv1", at=2)
+    ex, transfer = _executor(fleet2, specs, TransferConfig("twotier", timeout_s=30.0))
+    dup = _Duplicating(transfer, "dv1", at=2)
     ex.transfer = dup
     try:
         ex.run(timeout_s=300)
@@ -160,74 +168,55 @@ def test_duplicate_version_is_refused_and_fails_only_its_member(fleet2: object) 
         _finish(ex, specs)
 
 
-def test_killed_agent_fails_its_member_within_the_timeout(fleet2: object) -> None:
+def test_killed_agent_fails_its_member_within_the_timeout(fleet2: NodeFleet) -> None:
     timeout_s = 5.0
     specs = [MemberSpec("ka0", seed=51, steps=STEPS, options=OPTIONS, rollout_pins=(0, 1)),
              MemberSpec("ka1", seed=52, steps=STEPS, options=OPTIONS, rollout_pins=(1,))]
-    ex = _executor(fleet2, specs, TransferConfig("twotier", timeout_s=timeout_s))
-    transfer = ex.transfer
-    assert isinstance(transfer, TwoTierTransfer)
+    ex, transfer = _executor(fleet2, specs, TransferConfig("twotier", timeout_s=timeout_s))
     armed: list[tuple[int, list[int]]] = []
-    failed_at: list[tuple[str, float, str]] = []
-    sync_starts: list[float] = []
 
-    def on_change(member: Member, why: str) -> None:
-        if member.state is MemberState.RECOVERING:
-            failed_at.append((member.spec.job_id, time.monotonic(), why))
+    def arm(member: Member) -> None:
         if not armed and member.spec.job_id == "ka0" and member.state is MemberState.TRAIN \
                 and member.version == 1 and transfer.agents is not None:
             pids = transfer.agents.pids()
             armed.append((transfer.arm_die(ex.layout.rollout[1]), pids))
 
-    original = transfer._push
-
-    def timed_push(*args: object, **kwargs: object) -> tuple[int, int]:
-        sync_starts.append(time.monotonic())
-        return original(*args, **kwargs)  # type: ignore[arg-type]
-
-    transfer._push = timed_push  # type: ignore[method-assign]
-    ex.listeners.append(on_change)
+    watch = _watch(ex, transfer, arm)
     try:
         ex.run(timeout_s=300)
         assert armed, "the test never armed an agent"
         dead_pid, first_pids = armed[0]
-        assert not _alive(dead_pid)
-        assert len(failed_at) == 1, failed_at
-        job, when, why = failed_at[0]
+        assert not pid_alive(dead_pid)
+        assert len(watch.failed_at) == 1, watch.failed_at
+        job, when, why = watch.failed_at[0]
         assert "sync agent" in why, why
-        started = max(t for t in sync_starts if t <= when)
+        started = max(t for t in watch.sync_starts if t <= when)
         assert when - started < 3 * timeout_s, f"failure took {when - started:.1f} s"
         others = [s.job_id for s in specs if s.job_id != job]
         assert ex.members[job].recoveries == 1
         assert all(ex.members[o].recoveries == 0 for o in others)
         assert [ex.members[s.job_id].state for s in specs] == [MemberState.DONE] * 2
         # the old agents are gone, new ones carried the rest
-        assert not [p for p in first_pids if _alive(p)]
+        assert not [p for p in first_pids if pid_alive(p)]
         assert transfer.agents is not None and set(transfer.agents.pids()).isdisjoint(
             first_pids)
         for spec in specs:
             assert_same_as_solo(ex, spec)
     finally:
         pids = _finish(ex, specs)
-    assert not [p for p in pids if _alive(p)]
+    assert not [p for p in pids if pid_alive(p)]
 
 
-def test_hung_agent_fails_its_member_after_the_transport_timeout(fleet2: object) -> None:
+def test_hung_agent_fails_its_member_after_the_transport_timeout(fleet2: NodeFleet) -> None:
     """An agent that stops answering (SIGSTOP: alive, socket open) is not waited for
     forever: its peers' transport waits time out, the executor gives up on it at once."""
     timeout_s = 5.0
     specs = [MemberSpec("hs0", seed=61, steps=STEPS, options=OPTIONS, rollout_pins=(0, 1)),
              MemberSpec("hs1", seed=62, steps=STEPS, options=OPTIONS, rollout_pins=(1,))]
-    ex = _executor(fleet2, specs, TransferConfig("twotier", timeout_s=timeout_s))
-    transfer = ex.transfer
-    assert isinstance(transfer, TwoTierTransfer)
+    ex, transfer = _executor(fleet2, specs, TransferConfig("twotier", timeout_s=timeout_s))
     stopped: list[int] = []
-    failed_at: list[tuple[str, float, str]] = []
-    sync_starts: list[float] = []
 
-    def on_change(member: Member, why: str) -> None:
-        if member.state is MemberState.RECOVERING:
-            failed_at.append((member.spec.job_id, time.monotonic(), why))
+    def stop_agent(member: Member) -> None:
         if not stopped and member.spec.job_id == "hs0" and member.state is MemberState.TRAIN \
                 and member.version == 1 and transfer.agents is not None:
             node = ex.layout.rollout[1]
@@ -235,30 +224,23 @@ def test_hung_agent_fails_its_member_after_the_transport_timeout(fleet2: object)
             os.kill(pid, signal.SIGSTOP)
             stopped.append(pid)
 
-    original = transfer._push
-
-    def timed_push(*args: object, **kwargs: object) -> tuple[int, int]:
-        sync_starts.append(time.monotonic())
-        return original(*args, **kwargs)  # type: ignore[arg-type]
-
-    transfer._push = timed_push  # type: ignore[method-assign]
-    ex.listeners.append(on_change)
+    watch = _watch(ex, transfer, stop_agent)
     try:
         ex.run(timeout_s=300)
         assert stopped, "the test never stopped an agent"
-        assert len(failed_at) == 1, failed_at
-        job, when, why = failed_at[0]
+        assert len(watch.failed_at) == 1, watch.failed_at
+        job, when, why = watch.failed_at[0]
         assert "SyncError" in why or "sync agent" in why, why
-        started = max(t for t in sync_starts if t <= when)
+        started = max(t for t in watch.sync_starts if t <= when)
         # the transport's timeout, not the executor's last-resort 3 x timeout + 10 s
         assert when - started < 3 * timeout_s, f"failure took {when - started:.1f} s"
         assert ex.members[job].recoveries == 1
         assert [ex.members[s.job_id].state for s in specs] == [MemberState.DONE] * 2
-        assert not _alive(stopped[0]), "the hung agent was not killed"
+        assert not pid_alive(stopped[0]), "the hung agent was not killed"
         for spec in specs:
             assert_same_as_solo(ex, spec)
     finally:
-        if stopped and _alive(stopped[0]):
+        if stopped and pid_alive(stopped[0]):
             os.kill(stopped[0], signal.SIGKILL)
         pids = _finish(ex, specs)
-    assert not [p for p in pids if _alive(p)]
+    assert not [p for p in pids if pid_alive(p)]

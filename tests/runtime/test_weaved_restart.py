@@ -4,72 +4,48 @@ weights of its solo run, bit for bit."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-import threading
-import time
-from pathlib import Path
-
 import pytest
 
+from tests.harness.processes import daemons_gone
+from tests.harness.scratch import public_dir, shm_dir
 from tests.harness.solo import run_solo
-from tests.runtime.test_weaved_local import OPTIONS, call, daemons_gone, job_spec, wait_states
+from tests.harness.specs import OPTIONS, job_spec
+from tests.harness.waits import wait_for
+from tests.harness.weaved import call, release_all, rl_config, serve, wait_states
 from weave_slurm.daemon.protocol import Op
-from weave_slurm.daemon.runtime_view import weights_digest
-from weave_slurm.daemon.service import DaemonConfig, Weaved
+from weave_slurm.node.segments import weights_digest
 from weave_slurm.runtime.group import MemberSpec
-from weave_slurm.slurm.backend import StepHandle
 
 pytestmark = pytest.mark.torch
 
 STEPS = 4
 
 
-def start(cfg: DaemonConfig) -> tuple[Weaved, threading.Thread]:
-    w = Weaved(cfg)
-    t = threading.Thread(target=w.run, daemon=True)
-    t.start()
-    return w, t
-
-
 def test_restart_reattaches_and_matches_solo() -> None:
-    public = Path(tempfile.mkdtemp(prefix="weaved-rs-"))
-    public.chmod(0o755)
-    shm = Path(tempfile.mkdtemp(prefix="weaved-rs-", dir="/dev/shm"))
-    shm.chmod(0o711)
-    cfg = DaemonConfig(state_dir=public / "state", tick_s=0.2, shm_root=shm,
-                       client_timeout_s=5.0, runtime="rl")
-    w, t = start(cfg)
-    try:
-        job = call(cfg.socket, Op.SUBMIT, spec=job_spec("rs", 5, STEPS), source="rs")["job"]
-        end = time.monotonic() + 120
-        while time.monotonic() < end:
+    with public_dir("weaved-rs-") as public, shm_dir("weaved-rs-") as shm:
+        cfg = rl_config(public, shm)
+        served = serve(cfg)
+        try:
+            w = served.weaved
+            job = call(cfg.socket, Op.SUBMIT, spec=job_spec("rs", 5, STEPS),
+                       source="rs")["job"]
+            wait_for(lambda: w.driver.live(job), 120, f"job {job} at version 2",
+                     interval_s=0.1, until=lambda live: live is not None
+                     and live["version"] >= 2)
+            allocs = {a.alloc_id for a in w.backend.list_allocations("")}
+            served.stop()
+            assert not served.thread.is_alive()
+            served = serve(cfg)   # a fresh weaved on the same state dir
+            w = served.weaved
+            assert {a.alloc_id for a in w.backend.list_allocations("")} == allocs  # adopted
+            rows = wait_states(cfg.socket, [job], {"COMPLETED", "FAILED"}, 180, [])
+            assert rows[0]["state"] == "COMPLETED", rows
             live = w.driver.live(job)
-            if live is not None and live["version"] >= 2:
-                break
-            time.sleep(0.1)
-        else:
-            raise AssertionError(f"job {job} did not reach version 2: {w.driver.live(job)}")
-        allocs = {a.alloc_id for a in w.backend.list_allocations("")}
-        w.stop()
-        t.join(timeout=30)
-        assert not t.is_alive()
-        w, t = start(cfg)   # a fresh weaved on the same state dir
-        assert {a.alloc_id for a in w.backend.list_allocations("")} == allocs  # adopted
-        rows = wait_states(cfg.socket, [job], {"COMPLETED", "FAILED"}, 180, [])
-        assert rows[0]["state"] == "COMPLETED", rows
-        live = w.driver.live(job)
-        assert live is not None and live["version"] == STEPS
-        assert live["recoveries"] >= 1   # resumed from its checkpoint, not from scratch
-        solo = run_solo(MemberSpec(str(job), seed=5, steps=STEPS, options=OPTIONS))
-        assert live["weights_sha256"] == weights_digest(solo.weights)
-        assert daemons_gone(cfg.state_dir.resolve() / "ckpt", 30)
-    finally:
-        w.stop()
-        t.join(timeout=30)
-        for a in w.backend.list_allocations(""):
-            for s in w.backend.list_steps(a.alloc_id):
-                w.backend.cancel_step(StepHandle(a.alloc_id, s.name, 0))
-            w.backend.release(a.alloc_id)
-        shutil.rmtree(public, ignore_errors=True)
-        shutil.rmtree(shm, ignore_errors=True)
+            assert live is not None and live["version"] == STEPS
+            assert live["recoveries"] >= 1   # resumed from its checkpoint, not from scratch
+            solo = run_solo(MemberSpec(str(job), seed=5, steps=STEPS, options=OPTIONS))
+            assert live["weights_sha256"] == weights_digest(solo.weights)
+            assert daemons_gone(cfg.state_dir.resolve() / "ckpt", 30)
+        finally:
+            served.stop()
+            release_all(served.weaved.backend)

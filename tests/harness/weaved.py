@@ -1,0 +1,96 @@
+"""weaved in tests: served on a thread of this process, stopped with nothing left in
+its backend, and the calls the tests make on its socket."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tests.harness.waits import wait_for
+from weave_slurm.daemon.client import DaemonClient
+from weave_slurm.daemon.driver import DriverKind
+from weave_slurm.daemon.protocol import Op
+from weave_slurm.daemon.service import DaemonConfig, Weaved
+from weave_slurm.errors import WeaveError
+from weave_slurm.slurm.backend import Backend, StepHandle
+
+
+def call(sock: Path, op: Op, **args: Any) -> dict[str, Any]:
+    """One request to the weaved at ``sock``, on a connection of its own."""
+    with DaemonClient(sock) as client:
+        return dict(client.call(op, **args))
+
+
+def pings(sock: Path) -> bool:
+    """True if a weaved answers on ``sock``."""
+    try:
+        call(sock, Op.PING)
+    except (WeaveError, OSError):
+        return False
+    return True
+
+
+def state_of(sock: Path, job: int) -> str:
+    return str(call(sock, Op.STATUS, jobs=[job])["jobs"][0]["state"])
+
+
+def wait_states(sock: Path, ids: list[int], want: set[str], timeout_s: float,
+                seen: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The status rows of ``ids`` once every one is in a state of ``want``; every row
+    polled on the way is appended to ``seen``."""
+    def rows() -> list[dict[str, Any]]:
+        got = list(call(sock, Op.STATUS, jobs=ids)["jobs"])
+        seen.extend(got)
+        return got
+    return wait_for(rows, timeout_s, f"jobs {ids} in {sorted(want)}", interval_s=0.3,
+                    until=lambda got: all(r["state"] in want for r in got))
+
+
+def rl_config(public: Path, shm: Path, **more: Any) -> DaemonConfig:
+    """weaved with the group runtime (real node daemons and workers) on the LocalBackend."""
+    return DaemonConfig(state_dir=public / "state", tick_s=0.2, shm_root=shm,
+                        client_timeout_s=5.0, runtime=DriverKind.RL, **more)
+
+
+@dataclass
+class Served:
+    """A Weaved whose :meth:`~Weaved.run` loop runs on a thread of this process."""
+
+    weaved: Weaved
+    thread: threading.Thread
+
+    def stop(self, join_s: float = 30.0) -> None:
+        self.weaved.stop()
+        self.thread.join(timeout=join_s)
+
+
+def serve(cfg: DaemonConfig, backend: Backend | None = None) -> Served:
+    w = Weaved(cfg, backend=backend)
+    thread = threading.Thread(target=w.run, daemon=True)
+    thread.start()
+    return Served(w, thread)
+
+
+def release_all(backend: Backend, prefix: str = "") -> None:
+    """Cancel the steps of every allocation named ``prefix...`` and release it."""
+    for alloc in backend.list_allocations(prefix):
+        for step in backend.list_steps(alloc.alloc_id):
+            backend.cancel_step(StepHandle(alloc.alloc_id, step.name, 0))
+        backend.release(alloc.alloc_id)
+
+
+@contextmanager
+def serving(cfg: DaemonConfig, backend: Backend | None = None, *, prefix: str = "",
+            join_s: float = 30.0) -> Iterator[Weaved]:
+    """A served weaved; at the end it is stopped and its allocations (``prefix...``:
+    on a shared Slurm, this instance's) are released."""
+    served = serve(cfg, backend)
+    try:
+        yield served.weaved
+    finally:
+        served.stop(join_s)
+        release_all(served.weaved.backend, prefix)
