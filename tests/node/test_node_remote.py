@@ -156,3 +156,54 @@ def test_nobody_listening_is_node_gone() -> None:
         port = s.getsockname()[1]
     with pytest.raises(NodeGone, match=f"no node daemon at 127.0.0.1:{port}"):
         RemoteNodeClient("127.0.0.1", port, timeout_s=2)
+
+
+def test_a_node_daemon_serves_weaved_over_its_door(shm_root: Path, ckpt_root: Path,
+                                                   munge_socket: Path) -> None:
+    import torch
+
+    from weave_slurm.node.client import NodeClient
+    from weave_slurm.node.daemon import NodeConfig, NodeDaemon
+
+    daemon = NodeDaemon(NodeConfig(host_mem_gib=16 / 1024, root=shm_root,
+                                   checkpoint_root=ckpt_root, checkpoint_interval_s=0,
+                                   resident_workers=False, listen_port=0,
+                                   listen_host="127.0.0.1", munge_socket=str(munge_socket),
+                                   node_name="h800-0"))
+    daemon.start()
+    assert daemon.door is not None
+    port = int(daemon.door.address[1])
+    ready = threading.Event()
+    thread = threading.Thread(target=daemon.serve, args=(ready,), daemon=True)
+    thread.start()
+    assert ready.wait(10)
+    try:
+        with RemoteNodeClient("127.0.0.1", port, Munge(str(munge_socket))) as weaved:
+            assert weaved.call(Op.REGISTER, job="5", uid=NOBODY)["uid"] == NOBODY
+            with NodeClient(daemon.config.socket) as local:   # the job's own data path
+                local.put_state(weaved_job(), "weights", {"w": torch.ones(4)}, version=3)
+            assert weaved.call(Op.DIGEST, job="5", name="weights")["version"] == 3
+            assert weaved.call(Op.COPY, job="5", name="weights",
+                               as_name="weights.b1")["version"] == 3
+            segs = weaved.call(Op.ATTACH_INFO, job="5")["segments"]
+            assert sorted(segs) == ["weights", "weights.b1"]
+            weaved.call(Op.DROP, job="5")
+        out = _run_as(NOBODY, lambda: _try_status(port, munge_socket))
+        assert out.startswith("refused: uid 65534 may not control"), out
+    finally:
+        daemon.shutdown()
+        thread.join(10)
+
+
+def weaved_job() -> object:
+    from weave_slurm.node.index import JobRef
+
+    return JobRef("5", NOBODY)
+
+
+def _try_status(port: int, munge_socket: Path) -> str:
+    try:
+        RemoteNodeClient("127.0.0.1", port, Munge(str(munge_socket))).call(Op.STATUS)
+    except AuthError as exc:
+        return f"refused: {exc}"
+    return "served"

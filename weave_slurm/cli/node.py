@@ -26,13 +26,17 @@ from weave_slurm.node.protocol import Op
 node_app = typer.Typer(help="The per-node warm-state daemon.", no_args_is_help=True)
 
 
+def _node_name() -> str:
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+
 def _per_node(path: Path) -> Path:
     """``{node}`` in a path -> this node's name (``SLURMD_NODENAME``, else the host name):
     one argv serves every node of a step, with no shell to expand variables."""
     text = str(path)
     if "{node}" not in text:
         return path
-    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    node = _node_name()
     if not node or "/" in node or node in (".", ".."):
         raise ConfigError(f"node serve: cannot expand {{node}} in {text!r}: node name "
                           f"{node!r} is not a plain name")
@@ -53,6 +57,16 @@ def serve(
         help="Periodic checkpoint of each changed job every N s (0 = never).")] = 600.0,
     resident: Annotated[bool, typer.Option(
         help="Keep a zygote and one pre-forked resident worker per job.")] = True,
+    listen_port: Annotated[int | None, typer.Option(
+        help="Also serve weaved over TCP on this port, munge-authenticated (weaved on "
+        "another host).")] = None,
+    listen_host: Annotated[str, typer.Option(
+        help="The address to listen on; default every address of this host.")] = "",
+    trusted_uid: Annotated[list[int] | None, typer.Option(
+        help="A uid whose munge credential may control this daemon (repeatable; default "
+        "0, root).")] = None,
+    munge_socket: Annotated[str | None, typer.Option(
+        envvar="MUNGE_SOCKET", help="munged's socket; default munge's own.")] = None,
     verbose: Annotated[bool, typer.Option(
         "--verbose/--quiet", "-v/-q", help="Log at INFO (default), or warnings only.")] = True,
 ) -> None:
@@ -66,7 +80,10 @@ def serve(
                                    socket_path=socket_path, checkpoint_root=checkpoint_root,
                                    keep_checkpoints=keep_checkpoints,
                                    checkpoint_interval_s=checkpoint_interval_s,
-                                   resident_workers=resident))
+                                   resident_workers=resident, listen_port=listen_port,
+                                   listen_host=listen_host,
+                                   trusted_uids=tuple(trusted_uid or (0,)),
+                                   munge_socket=munge_socket, node_name=_node_name()))
     daemon.start()
 
     def _stop(signum: int, frame: FrameType | None) -> None:

@@ -40,7 +40,7 @@ from typing import Any
 from weave_slurm.config.job import parse_job
 from weave_slurm.daemon.driver import JobOutcome, JobStep, pool_nodes
 from weave_slurm.daemon.records import AllocRow, GroupRow, JobRow
-from weave_slurm.daemon.runtime_view import member_row, outcome_words, weights_digest
+from weave_slurm.daemon.runtime_view import member_row, outcome_words
 from weave_slurm.daemon.states import AllocState, GroupState, JobState
 from weave_slurm.daemon.store import Store
 from weave_slurm.errors import WeaveError
@@ -251,9 +251,11 @@ class GroupRuntime:
     @staticmethod
     def _final_digest(runner: GroupRunner, member: Member) -> str:
         from weave_slurm.hosted import contract
+        from weave_slurm.node.protocol import Op
 
-        seg = runner.client(member.train_node.socket_path).attach(member.job)[contract.WEIGHTS]
-        return weights_digest(seg.tensors)
+        reply = runner.link.call(member.train_node, Op.DIGEST, job=member.spec.job_id,
+                                 name=contract.WEIGHTS)
+        return str(reply["sha256"])
 
     def release_group(self, group_id: int) -> None:
         """The group drains: leave (drop) its members now, while its node daemons still

@@ -1,21 +1,17 @@
 """What ``weave status`` and a job's outcome say about a member of the group runtime.
 
 Read-only: built from a :class:`~weave_slurm.runtime.member.Member` and its runner's
-profiler; the words come from the member's typed fault (``Member.event``).
+profiler; the words come from the member's typed fault (``Member.event``). No torch:
+weaved reads no tensor (a finished member's digest is computed on its node).
 """
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from weave_slurm.runtime.group import MemberState
 from weave_slurm.runtime.member import Member
 from weave_slurm.runtime.runner import GroupRunner
-
-if TYPE_CHECKING:
-    from torch import Tensor
 
 #: The PHASE column for each member state.
 PHASE_WORDS = {MemberState.STARTING: "init", MemberState.READY: "idle",
@@ -55,15 +51,3 @@ def outcome_words(m: Member) -> str:
     if m.restart_note is not None:
         why += f"; earlier: {m.restart_note}"
     return why
-
-
-def weights_digest(tensors: Mapping[str, Tensor]) -> str:
-    """SHA-256 over names and raw bytes, in name order: equal iff bit-identical."""
-    import torch
-
-    h = hashlib.sha256()
-    for name in sorted(tensors):
-        t = tensors[name].detach().contiguous().cpu()
-        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
-        h.update(t.view(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()

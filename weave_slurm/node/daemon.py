@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from filelock import FileLock, Timeout
 
@@ -40,11 +40,15 @@ from weave_slurm.node.index import DEFAULT_ROOT, JobRef, check_name
 from weave_slurm.node.pool import ResidentPool
 from weave_slurm.node.protocol import Op, Request
 from weave_slurm.node.registry import JobRecord, JobRegistry
+from weave_slurm.node.segment_ops import SegmentOps
 from weave_slurm.node.segments import SegmentStore
-from weave_slurm.node.staging import Reservation, StagingArea, discard
+from weave_slurm.node.staging import StagingArea
 from weave_slurm.node.startup import StartupReport, recover_store
 from weave_slurm.node.worker import PhaseWorker, WorkerKind, worker_env
 from weave_slurm.vocab import Phase
+
+if TYPE_CHECKING:
+    from weave_slurm.node.remote import RemoteDoor
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +69,12 @@ class NodeConfig:
     autosave_tick_s: float = 5.0             # how often the timer looks for due jobs
     resident_workers: bool = True            # zygote + one pre-forked worker per job
     resident_start_timeout_s: float = 120.0
+    # the network door for weaved on another host (node/remote.py): None = local only
+    listen_port: int | None = None
+    listen_host: str = ""                    # "" = every address of this host
+    trusted_uids: tuple[int, ...] = (0,)     # munge uids that may control this daemon
+    munge_socket: str | None = None          # default: $MUNGE_SOCKET or munge's own
+    node_name: str = ""                      # for messages (the hello names the node)
 
     @property
     def socket(self) -> Path:
@@ -89,19 +99,22 @@ class NodeDaemon:
         self.pool = ResidentPool(config.root, config.resident_start_timeout_s) \
             if config.resident_workers else None
         self.autosave = AutosaveTimer(config.checkpoint_interval_s)
-        self._lock = threading.RLock()
+        self.lock = threading.RLock()
         self._state_locks: dict[str, threading.RLock] = {}
         self._worker_locks: dict[str, threading.RLock] = {}
         self._last_kind: dict[str, WorkerKind] = {}    # job -> how its last phase ran
         self._stop = threading.Event()
         self._timer: threading.Thread | None = None
+        self.segments = SegmentOps(self)
+        self.door: RemoteDoor | None = None
         self._life_lock = FileLock(str(config.root / ".daemon.lock"))
         self._node_lock = FileLock(str(config.root / ".lock"))
         self._server: socketserver.ThreadingUnixStreamServer | None = None
         self._handlers: dict[Op, Handler] = {
-            Op.REGISTER: self._register, Op.PUT: self._put, Op.COMMIT: self._commit,
-            Op.ABORT: self._abort,
-            Op.ATTACH_INFO: self._attach_info, Op.ACTIVATE: self._activate,
+            Op.REGISTER: self._register, Op.PUT: self.segments.put,
+            Op.COMMIT: self.segments.commit, Op.ABORT: self.segments.abort,
+            Op.ATTACH_INFO: self.segments.attach_info, Op.COPY: self.segments.copy,
+            Op.DIGEST: self.segments.digest, Op.ACTIVATE: self._activate,
             Op.DEACTIVATE: self._deactivate, Op.PHASE: self._phase,
             Op.CHECKPOINT: self._checkpoint, Op.RESTORE: self._restore, Op.DROP: self._drop,
             Op.STATUS: self._status, Op.ADOPT: self._adopt,
@@ -126,6 +139,13 @@ class NodeDaemon:
             record = self.registry.get(job.job_id)
             self.autosave.track(job.job_id, now,
                                 record.checkpoint_interval_s if record else None)
+        if self.config.listen_port is not None:   # bind now: a taken port fails the start
+            from weave_slurm.node.auth import Munge
+            from weave_slurm.node.remote import RemoteDoor
+
+            self.door = RemoteDoor(self.handle, self.config.listen_host,
+                                   self.config.listen_port, Munge(self.config.munge_socket),
+                                   frozenset(self.config.trusted_uids), self.config.node_name)
         if self.pool is not None:
             self.pool.start()
             for job in self.registry.jobs():
@@ -151,6 +171,10 @@ class NodeDaemon:
         server.daemon_threads = True
         os.chmod(path, 0o666)  # anyone may ask; each request is checked by peer uid
         self._server = server
+        if self.door is not None:
+            threading.Thread(target=self.door.serve, name="node-door", daemon=True).start()
+            log.info("node daemon %s: weaved's door on %s:%d (trusted uids %s)",
+                     self.config.node_name, *self.door.address, list(self.config.trusted_uids))
         if ready is not None:
             ready.set()
         try:
@@ -163,12 +187,14 @@ class NodeDaemon:
         """Stop serving, stop the workers, release the root (state stays in shm)."""
         if self._server is not None:
             self._server.shutdown()
+        if self.door is not None:
+            self.door.shutdown()
         self._stop.set()
         if self._timer is not None:
             self._timer.join(30)
         if self.pool is not None:
             self.pool.shutdown()
-        with self._lock:
+        with self.lock:
             workers = list(self.workers.values())
         for worker in workers:
             worker.stop(self.config.stop_timeout_s)
@@ -182,12 +208,12 @@ class NodeDaemon:
 
     def state_lock(self, job_id: str) -> threading.RLock:
         """The lock of a job's state (put/commit/checkpoint/restore/drop)."""
-        with self._lock:
+        with self.lock:
             return self._state_locks.setdefault(job_id, threading.RLock())
 
     def worker_lock(self, job_id: str) -> threading.RLock:
         """The lock of a job's workers (activate/deactivate/drop)."""
-        with self._lock:
+        with self.lock:
             return self._worker_locks.setdefault(job_id, threading.RLock())
 
     # -- periodic checkpoints ----------------------------------------------------
@@ -204,7 +230,7 @@ class NodeDaemon:
         now = time.monotonic() if now_s is None else now_s
         outcome: dict[str, str] = {}
         for job_id in self.autosave.due(now):
-            with self._lock:
+            with self.lock:
                 record = self.registry.get(job_id)
             if record is None:
                 self.autosave.forget(job_id)
@@ -250,9 +276,9 @@ class NodeDaemon:
                 reply = protocol.fail(StateError(f"permission denied: {exc}"))
             sock.sendall(reply)
 
-    def _job(self, uid: int, request: Request, what: str = "") -> JobRef:
+    def job(self, uid: int, request: Request, what: str = "") -> JobRef:
         job_id = check_name("job id", request.job_id())
-        with self._lock:
+        with self.lock:
             record = self.registry.get(job_id)
         if record is None:
             if what:  # a step of a started write: the job went away in between
@@ -275,7 +301,7 @@ class NodeDaemon:
         if os.geteuid() not in (0, owner):
             raise InfeasibleRequest(f"this node daemon runs as uid {os.geteuid()}, not "
                                     f"root: it cannot hold state of uid {owner}")
-        with self._lock:
+        with self.lock:
             record = self.registry.get(job_id)
             if record is not None and record.job.uid != owner:
                 raise StateError(f"job {job_id!r} is already registered to uid "
@@ -295,74 +321,14 @@ class NodeDaemon:
                 "job_dir": str(self.store.job_dir(job))}
 
     @contextmanager
-    def _job_state(self, uid: int, request: Request, what: str = "") -> Iterator[JobRef]:
+    def job_state(self, uid: int, request: Request, what: str = "") -> Iterator[JobRef]:
         """The job, checked again once its state lock is held (a drop may have won it)."""
-        job = self._job(uid, request, what)
+        job = self.job(uid, request, what)
         with self.state_lock(job.job_id):
-            yield self._job(uid, request, what)
-
-    def _put(self, uid: int, request: Request) -> dict[str, Any]:
-        name = check_name("segment name", str(request.args.get("name")))
-        nbytes = request.args.get("nbytes")
-        if not isinstance(nbytes, int) or isinstance(nbytes, bool):
-            raise ConfigError(f"put {request.args.get('job')}/{name}: 'nbytes' must be an "
-                              f"int, got {nbytes!r}")
-        with self._job_state(uid, request) as job:
-            with self._lock:
-                prev = self.budget.charged(job, name)
-                self.budget.charge(job, name, nbytes)
-            try:
-                res = self.staging.reserve(job, name, nbytes, prev)
-            except BaseException:
-                with self._lock:
-                    self._restore_charge(job, name, prev)
-                raise
-        return {**res.to_json(), "seg_path": str(self.store.seg_path(job, name)),
-                "index_path": str(self.store.index_path(job, name)),
-                "root": str(self.store.root), "align_bytes": self.store.align_bytes}
-
-    def _commit(self, uid: int, request: Request) -> dict[str, Any]:
-        what = f"commit of {request.args.get('job')}/{request.args.get('name')}"
-        with self._job_state(uid, request, what) as job:
-            res = self._reservation(job, request, what)
-            try:
-                index = self.staging.commit(res)
-            except BaseException:
-                with self._lock:
-                    self._restore_charge(job, res.name, res.prev_bytes)
-                raise
-            with self._lock:
-                self.budget.force(job, res.name, index.size_bytes)
-        return {"name": res.name, "version": index.version, "size_bytes": index.size_bytes}
-
-    def _abort(self, uid: int, request: Request) -> dict[str, Any]:
-        what = f"abort of {request.args.get('job')}/{request.args.get('name')}"
-        with self._job_state(uid, request, what) as job:
-            res = self._reservation(job, request, what)
-            discard(res)
-            with self._lock:
-                self._restore_charge(job, res.name, res.prev_bytes)
-        return {"name": res.name, "aborted": True}
-
-    def _reservation(self, job: JobRef, request: Request, what: str) -> Reservation:
-        name = check_name("segment name", str(request.args.get("name")))
-        return self.staging.take(job, name, str(request.args.get("token")), what)
-
-    def _restore_charge(self, job: JobRef, name: str, prev_bytes: int) -> None:
-        if prev_bytes:
-            self.budget.force(job, name, prev_bytes)
-        else:
-            self.budget.release(job, name)
-
-    def _attach_info(self, uid: int, request: Request) -> dict[str, Any]:
-        job = self._job(uid, request)
-        segments = {s.name: {"seg_path": str(s.seg_path), "index": s.index.to_json()}
-                    for s in self.store.list_segments(job) if s.index is not None}
-        return {"job": job.job_id, "uid": job.uid, "root": str(self.store.root),
-                "segments": segments}
+            yield self.job(uid, request, what)
 
     def _activate(self, uid: int, request: Request) -> dict[str, Any]:
-        job = self._job(uid, request)
+        job = self.job(uid, request)
         phase = Phase.parse(request.args.get("phase"))
         extra = request.args.get("env") or {}
         if not isinstance(extra, dict):
@@ -380,7 +346,7 @@ class NodeDaemon:
             log_path = self.store.job_dir(job) / f"{phase.value}.log"
             worker = PhaseWorker(job, phase, argv if isinstance(argv, list) else [], env,
                                  log_path)
-            with self._lock:
+            with self.lock:
                 self.workers[job.job_id] = worker
                 self._last_kind[job.job_id] = WorkerKind.PROCESS
             return {**worker.status().to_json(), "env": env}
@@ -400,19 +366,19 @@ class NodeDaemon:
             "entry": entry, "args": [str(a) for a in args], "env": env,
             "pythonpath": [str(p) for p in pythonpath], "root": str(self.store.root),
             "segments": {k: str(v) for k, v in segments.items()}})
-        with self._lock:
+        with self.lock:
             self._last_kind[job.job_id] = WorkerKind.RESIDENT
         return {"job": job.job_id, **act.to_json()}
 
     def _refuse_if_running(self, job: JobRef) -> None:
-        with self._lock:
+        with self.lock:
             current = self.workers.get(job.job_id)
         if current is not None and current.status().returncode is None:
             raise StateError(f"job {job.job_id!r} already runs phase "
                              f"{current.phase.value!r} (pid {current.pid}); deactivate first")
 
     def _worker_json(self, job: JobRef) -> dict[str, Any] | None:
-        with self._lock:
+        with self.lock:
             kind = self._last_kind.get(job.job_id)
             worker = self.workers.get(job.job_id)
         if kind is WorkerKind.RESIDENT and self.pool is not None:
@@ -421,9 +387,9 @@ class NodeDaemon:
         return None if worker is None else dict(worker.status().to_json())
 
     def _deactivate(self, uid: int, request: Request) -> dict[str, Any]:
-        job = self._job(uid, request)
+        job = self.job(uid, request)
         with self.worker_lock(job.job_id):
-            with self._lock:
+            with self.lock:
                 kind = self._last_kind.get(job.job_id)
                 worker = self.workers.get(job.job_id)
             if kind is WorkerKind.RESIDENT and self.pool is not None:
@@ -434,20 +400,20 @@ class NodeDaemon:
             return dict(worker.stop(self.config.stop_timeout_s).to_json())
 
     def _phase(self, uid: int, request: Request) -> dict[str, Any]:
-        job = self._job(uid, request)
+        job = self.job(uid, request)
         return {"job": job.job_id, "worker": self._worker_json(job)}
 
     def _checkpoint(self, uid: int, request: Request) -> dict[str, Any]:
-        with self._job_state(uid, request) as job:
+        with self.job_state(uid, request) as job:
             info = self.ckpt.save(self.store, job)
         self.autosave.mark(job.job_id, time.monotonic())
         return info.to_json()
 
     def _restore(self, uid: int, request: Request) -> dict[str, Any]:
-        with self._job_state(uid, request) as job:
+        with self.job_state(uid, request) as job:
             path = self.ckpt.latest(job)
             indexes = self.ckpt.indexes(path)
-            with self._lock:
+            with self.lock:
                 for index in indexes:  # all or nothing: check the whole checkpoint first
                     self.budget.check(job, index.name, index.size_bytes)
                 for index in indexes:
@@ -456,9 +422,9 @@ class NodeDaemon:
                                      drop_cache=bool(request.args.get("drop_cache"))).to_json()
 
     def _drop(self, uid: int, request: Request) -> dict[str, Any]:
-        job = self._job(uid, request)
+        job = self.job(uid, request)
         with self.worker_lock(job.job_id), self.state_lock(job.job_id):
-            with self._lock:
+            with self.lock:
                 worker = self.workers.pop(job.job_id, None)
                 self._last_kind.pop(job.job_id, None)
             if worker is not None:
@@ -470,7 +436,7 @@ class NodeDaemon:
             self.store.delete_job(job)
             if not request.args.get("keep_checkpoints"):
                 self.ckpt.delete_job(job)
-            with self._lock:
+            with self.lock:
                 self.budget.release_job(job)
                 with self._node_lock:
                     self.registry.remove(job.job_id)
@@ -485,7 +451,7 @@ class NodeDaemon:
         src = request.args.get("from_root")
         if not isinstance(src, str) or not os.path.isabs(src):
             raise ConfigError(f"adopt: from_root must be an absolute path, got {src!r}")
-        with self._job_state(uid, request) as job:
+        with self.job_state(uid, request) as job:
             if Path(src).resolve() == self.ckpt.root.resolve():
                 raise ConfigError(f"adopt: from_root {src} is this node's own root")
             info = self.ckpt.adopt(CheckpointStore(Path(src)), job)
@@ -493,7 +459,7 @@ class NodeDaemon:
         return info.to_json()
 
     def _status(self, uid: int, request: Request) -> dict[str, Any]:
-        with self._lock:
+        with self.lock:
             registered = [j for j in self.registry.jobs() if uid in (0, j.uid)]
             memory = self.budget.report().to_json()
         # the node's totals are public (as sinfo's are); per-job bytes only of one's own

@@ -33,6 +33,8 @@ class Op(StrEnum):
     COMMIT = "commit"            # job, name, token -> staged files validated, renamed in place
     ABORT = "abort"              # job, name, token -> staged files removed, charge undone
     ATTACH_INFO = "attach_info"  # job -> segment paths and indexes
+    COPY = "copy"                # job, name, as_name -> a checked copy on this node
+    DIGEST = "digest"            # job, name -> SHA-256 of the segment's tensors
     ACTIVATE = "activate"        # job, phase, argv, env -> worker pid and paths
     DEACTIVATE = "deactivate"    # job -> worker stopped
     PHASE = "phase"              # job -> worker state (running / exited / killed)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import logging
 import os
 import pwd
@@ -429,3 +430,12 @@ def _crc32(storage: torch.UntypedStorage) -> int:
     data = torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
     return zlib.crc32(data.data) & 0xFFFFFFFF
 
+
+def weights_digest(tensors: Mapping[str, torch.Tensor]) -> str:
+    """SHA-256 over names and raw bytes, in name order: equal iff bit-identical."""
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].detach().contiguous().cpu()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
+        h.update(t.view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
