@@ -16,6 +16,7 @@ def test_idle_cluster_nodes() -> None:
     assert all(n.state == "idle" and n.cpus == 32 and n.gpu_count == 8 for n in nodes)
     assert [n.gpu_type for n in nodes] == ["h20", "h20", "h800", "h800"]
     assert nodes[2].partitions == ("h800",)
+    assert all(n.address == "127.0.0.1" for n in nodes)   # NodeAddr: where weaved reaches it
 
 
 def test_mixed_state_and_defensive_entries() -> None:
@@ -24,5 +25,5 @@ def test_mixed_state_and_defensive_entries() -> None:
     doc = {"nodes": [{"name": "x", "state": ["IDLE", "DRAIN"], "gres": "gpu:h20:2(S:0)",
                       "cpus": "bad"}, {"no": "name"}]}
     (node,) = parse_nodes(json.dumps(doc))
-    assert node.state == "idle+drain" and node.cpus == 0
+    assert node.state == "idle+drain" and node.cpus == 0 and node.address == ""
     assert (node.gpu_type, node.gpu_count) == ("h20", 2)

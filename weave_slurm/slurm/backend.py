@@ -214,7 +214,8 @@ class StepInfo:
 
 @dataclass(frozen=True)
 class NodeInfo:
-    """One node: name, partitions, state and its GPUs."""
+    """One node: name, partitions, state, its GPUs, and the address weaved reaches it at
+    (Slurm's ``NodeAddr``)."""
 
     name: str
     partitions: tuple[str, ...]
@@ -222,6 +223,7 @@ class NodeInfo:
     cpus: int
     gpu_type: str | None
     gpu_count: int
+    address: str = ""
 
 
 class Backend(Protocol):

@@ -226,7 +226,7 @@ class LocalBackend:
                     len(usage.gpus.get(node, ())) >= pool.gpus_per_node > 0
                 st = "allocated" if full else ("mixed" if used else "idle")
                 out.append(NodeInfo(node, (pool.partition,), st, pool.cpus_per_node,
-                                    pool.gpu_type, pool.gpus_per_node))
+                                    pool.gpu_type, pool.gpus_per_node, "127.0.0.1"))
         return tuple(out)
 
     # -- steps -------------------------------------------------------------------------

@@ -33,5 +33,6 @@ def parse_nodes(text: str) -> tuple[NodeInfo, ...]:
                             partitions=tuple(str(p) for p in node.get("partitions") or []),
                             state=_state(node),
                             cpus=cpus if isinstance(cpus, int) else 0,
-                            gpu_type=gpu_type, gpu_count=gpu_count))
+                            gpu_type=gpu_type, gpu_count=gpu_count,
+                            address=str(node.get("address") or node.get("hostname") or "")))
     return tuple(sorted(out, key=lambda n: n.name))
