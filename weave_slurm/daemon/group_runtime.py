@@ -52,6 +52,7 @@ from weave_slurm.runtime.group import (
     NodeRef,
 )
 from weave_slurm.runtime.member import Member, RunnerConfig
+from weave_slurm.runtime.nodes import connect
 from weave_slurm.runtime.profiler import planning_profile
 from weave_slurm.runtime.resume import Resume, ResumeKind
 from weave_slurm.runtime.runner import GroupRunner
@@ -93,9 +94,9 @@ class GroupRuntime:
 
     phase = "rl"
 
-    def __init__(self, node_socket: Callable[[AllocRow, str], Path],
+    def __init__(self, node_ref: Callable[[AllocRow, str, Pool], NodeRef],
                  config: GroupRuntimeConfig | None = None) -> None:
-        self.node_socket = node_socket
+        self.node_ref = node_ref
         self.config = config or GroupRuntimeConfig()
         self.groups: dict[int, GroupRunner] = {}       # active groups
         self.spans: dict[int, list[Span]] = {}         # group id -> spans (kept after end)
@@ -138,8 +139,7 @@ class GroupRuntime:
         return outcomes
 
     def _build(self, group: GroupRow, allocs: Sequence[AllocRow]) -> None:
-        refs = {role: [NodeRef(node, pool, self.node_socket(a, node))
-                       for a, node in pool_nodes(allocs, role)]
+        refs = {role: [self.node_ref(a, node, pool) for a, node in pool_nodes(allocs, role)]
                 for role, pool in (("rollout", Pool.ROLLOUT), ("train", Pool.TRAIN))}
         if not refs["rollout"] or not refs["train"]:
             return
@@ -181,14 +181,18 @@ class GroupRuntime:
         return outcomes
 
     def _answers(self, ref: NodeRef) -> bool:
-        from weave_slurm.node.client import NodeClient
         from weave_slurm.node.protocol import Op
 
         try:
-            with NodeClient(ref.socket_path, timeout_s=self.config.ping_timeout_s) as client:
-                client.call(Op.STATUS)
+            client = connect(ref, self.config.ping_timeout_s, self.config.runner.munge_socket)
         except (WeaveError, OSError):
             return False
+        try:
+            client.call(Op.STATUS)
+        except (WeaveError, OSError):
+            return False
+        finally:
+            client.close()
         return True
 
     def _member_of(self, runner: GroupRunner, group: GroupRow,

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -26,15 +25,14 @@ from weave_slurm.daemon.api import Api
 from weave_slurm.daemon.client import SOCKET_NAME
 from weave_slurm.daemon.driver import Driver, DriverKind, IdleDriver
 from weave_slurm.daemon.group_runtime import GroupRuntime, GroupRuntimeConfig
-from weave_slurm.daemon.reconcile import NODE_STEP, PoolRequest, Reconciler
-from weave_slurm.daemon.records import AllocRow, GroupRow
+from weave_slurm.daemon.node_daemons import NodeDaemons, NodeDaemonSettings
+from weave_slurm.daemon.reconcile import PoolRequest, Reconciler
 from weave_slurm.daemon.server import ApiServer
 from weave_slurm.daemon.store import Store
 from weave_slurm.errors import ConfigError, StateError, WeaveError
 from weave_slurm.placement import Capacity
-from weave_slurm.slurm.backend import Backend, StepSpec
+from weave_slurm.slurm.backend import Backend
 from weave_slurm.slurm.factory import make_backend
-from weave_slurm.slurm.templates import render_node_daemon
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +50,12 @@ class DaemonConfig:
     admin_uids: tuple[int, ...] = ()
     path_roots: tuple[Path, ...] = ()  # shared dirs spec paths may name, besides $HOME
     node_command: tuple[str, ...] | None = None  # default: `weave node serve` per node
-    node_socket_dir: Path | None = None  # default <state_dir>/nodes
+    node_socket_dir: Path | None = None  # default <state_dir>/nodes (local), /run/weave
     shm_root: Path = Path("/dev/shm/weave-nodes")
+    # a file system weaved and every node share (default <state_dir>/ckpt: one host only)
+    checkpoint_root: Path | None = None
+    node_port_base: int = NodeDaemonSettings.node_port_base   # + allocation key % span
+    munge_socket: str | None = None    # munged's socket (default $MUNGE_SOCKET, munge's)
     cpus_per_node: int = 2
     immediate_s: int = 10
     client_timeout_s: float = 10.0
@@ -128,6 +130,13 @@ class Weaved:
             cfg.backend, state_dir=cfg.state_dir / "local", env=cfg.env or None,
             log_dir=cfg.state_dir / "logs")
         self.capacity = capacity_for(self.site, self.backend)
+        self.nodes = NodeDaemons(NodeDaemonSettings(
+            state_dir=cfg.state_dir, instance=cfg.instance,
+            remote=self.backend.kind != "local", node_command=cfg.node_command,
+            node_socket_dir=cfg.node_socket_dir, shm_root=cfg.shm_root,
+            checkpoint_root=cfg.checkpoint_root, node_port_base=cfg.node_port_base,
+            munge_socket=cfg.munge_socket or os.environ.get("MUNGE_SOCKET")),
+            self.site, self.backend)
         self.clock = SystemClock()
         self.driver = driver or self._default_driver()
         self.driver.wake = self._wake_loop
@@ -135,7 +144,7 @@ class Weaved:
                  for role, p in (("rollout", self.site.rollout), ("train", self.site.train))}
         self.reconciler = Reconciler(self.store, self.backend, self.capacity, pools,
                                      self.driver, self.clock, instance=cfg.instance,
-                                     node_step=self._node_step, immediate_s=cfg.immediate_s)
+                                     node_step=self.nodes.step, immediate_s=cfg.immediate_s)
         self.api = Api(self.store, self.site, self.capacity, self.clock.now,
                        admin_uids=cfg.admin_uids, path_roots=cfg.path_roots,
                        wake=self._wake.set,
@@ -154,44 +163,11 @@ class Weaved:
             return IdleDriver()
         from weave_slurm.runtime.member import RunnerConfig
 
-        base = self.config.state_dir.resolve() / "ckpt" if cfg.node_command is None \
-            else None   # where _node_command puts each node's checkpoints
-        return GroupRuntime(self.node_socket, GroupRuntimeConfig(
-            poll_s=cfg.runtime_poll_s, runner=RunnerConfig.from_site(self.site.runtime),
-            checkpoint_base=base))
-
-    def node_socket(self, alloc: AllocRow, node: str) -> Path:
-        """Where the node daemon of ``node`` listens (the template's WEAVE_NODE_SOCKET)."""
-        cfg = self.config
-        return (cfg.node_socket_dir or cfg.state_dir / "nodes").resolve() / f"node-{node}.sock"
-
-    def _node_command(self, role: str) -> tuple[str, ...]:
-        """The node daemon's argv: no shell; ``weave node serve`` expands ``{node}`` from
-        ``SLURMD_NODENAME`` and takes its socket from ``WEAVE_NODE_SOCKET`` itself."""
-        if self.config.node_command is not None:
-            return self.config.node_command
-        pool = self.site.rollout if role == "rollout" else self.site.train
-        ckpt = self.config.state_dir.resolve() / "ckpt"   # weaved reads it too (a lost
-        # training node's checkpoints: RuntimeConfig.checkpoint_base)
-        return (sys.executable, "-m", "weave_slurm.cli.node", "serve",
-                "--host-mem-gib", f"{pool.host_mem_gib:g}",
-                "--root", f"{self.config.shm_root}/{{node}}",
-                "--checkpoint-interval-s", "0", "--checkpoint-root", f"{ckpt}/{{node}}")
-
-    def _node_step(self, group: GroupRow, alloc: AllocRow) -> StepSpec:
-        """The node-daemon step of an allocation: the rendered template, one task per node."""
-        cfg = self.config
-        pool = self.site.rollout if alloc.role == "rollout" else self.site.train
-        script = render_node_daemon(group.label, alloc.pool,
-                                    (cfg.node_socket_dir or cfg.state_dir / "nodes").resolve(),
-                                    self._node_command(alloc.role), pool.host_mem_gib)
-        path = cfg.state_dir.resolve() / "scripts" / f"node-{group.label}-{alloc.pool}.sh"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(script)
-        return StepSpec(name=NODE_STEP, argv=("bash", str(path)), ntasks=alloc.node_count,
-                        node_count=alloc.node_count,
-                        log_path=cfg.state_dir.resolve() / "logs" /
-                        f"node-{group.label}-{alloc.pool}.log")
+        base = self.nodes.checkpoint_base
+        runner = replace(RunnerConfig.from_site(self.site.runtime),
+                         munge_socket=self.nodes.s.munge_socket)
+        return GroupRuntime(self.nodes.ref, GroupRuntimeConfig(
+            poll_s=cfg.runtime_poll_s, runner=runner, checkpoint_base=base))
 
     def run(self) -> None:
         """Serve and reconcile until :meth:`stop`."""

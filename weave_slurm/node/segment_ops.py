@@ -10,23 +10,37 @@ the SHA-256 of a segment's tensors (a finished job's final weights).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import threading
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 from weave_slurm.errors import ConfigError, StateError
 from weave_slurm.hosted.contract import CRC_KEY, storage_crc32
+from weave_slurm.node.budget import MemoryBudget
 from weave_slurm.node.index import JobRef, check_name
 from weave_slurm.node.protocol import Request
-from weave_slurm.node.segments import weights_digest
-from weave_slurm.node.staging import Reservation, discard
+from weave_slurm.node.segments import SegmentStore, weights_digest
+from weave_slurm.node.staging import Reservation, StagingArea, discard
 
-if TYPE_CHECKING:
-    from weave_slurm.node.daemon import NodeDaemon
+
+class Daemon(Protocol):
+    """What the handlers use of their node daemon (``NodeDaemon``)."""
+
+    store: SegmentStore
+    budget: MemoryBudget
+    staging: StagingArea
+    lock: threading.RLock
+
+    def job(self, uid: int, request: Request, what: str = "") -> JobRef: ...
+
+    def job_state(self, uid: int, request: Request,
+                  what: str = "") -> AbstractContextManager[JobRef]: ...
 
 
 class SegmentOps:
     """Segment handlers of one node daemon (its store, budget, staging and locks)."""
 
-    def __init__(self, daemon: NodeDaemon) -> None:
+    def __init__(self, daemon: Daemon) -> None:
         self.d = daemon
 
     def put(self, uid: int, request: Request) -> dict[str, Any]:

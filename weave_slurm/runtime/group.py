@@ -70,11 +70,19 @@ TRANSITIONS: dict[MemberState, frozenset[MemberState]] = {
 
 @dataclass(frozen=True)
 class NodeRef:
-    """One node of the group and the socket of its node daemon."""
+    """One node of the group, and how weaved reaches its node daemon: over TCP at
+    ``address:port`` (munge-authenticated: weaved on another host), else at its
+    node-local ``socket_path`` (weaved on the node's host: the local backend)."""
 
     name: str
     pool: Pool
     socket_path: Path
+    address: str | None = None
+    port: int | None = None
+
+    @property
+    def remote(self) -> bool:
+        return self.address is not None
 
 
 @dataclass(frozen=True)

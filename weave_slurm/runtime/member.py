@@ -47,6 +47,7 @@ class RunnerConfig:
     migrate_tail: bool = _RT.long_tail_migration
     tail_fraction: float = _RT.tail_fraction
     progress_poll_s: float = 0.02      # least time between two reads of a rollout's progress
+    munge_socket: str | None = None    # munged's socket for remote node daemons (default: munge's)
 
     @classmethod
     def from_site(cls, rt: RuntimeConfig) -> RunnerConfig:

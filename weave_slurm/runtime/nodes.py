@@ -24,14 +24,18 @@ ClientFactory = Callable[[Path], Any]
 
 
 class NodeLink:
-    """One client per node daemon of a group, made on first use."""
+    """One client per node daemon of a group, made on first use: remote (TCP, munge)
+    for a node with an address, local (its Unix socket) otherwise."""
 
-    def __init__(self, client_factory: ClientFactory | None = None) -> None:
+    def __init__(self, client_factory: ClientFactory | None = None,
+                 munge_socket: str | None = None) -> None:
         self._factory = client_factory
-        self._clients: dict[Path, Any] = {}
+        self._munge_socket = munge_socket
+        self._clients: dict[object, Any] = {}
 
-    def client(self, socket_path: Path) -> Any:
-        """The connection to the node daemon at ``socket_path`` (the transfer's door)."""
+    def local(self, socket_path: Path) -> Any:
+        """The connection to the node daemon at ``socket_path`` on this host (the shm
+        handoff's door: it writes into that node's shared memory directly)."""
         if socket_path not in self._clients:
             if self._factory is not None:
                 self._clients[socket_path] = self._factory(socket_path)
@@ -41,12 +45,22 @@ class NodeLink:
                 self._clients[socket_path] = NodeClient(socket_path)
         return self._clients[socket_path]
 
+    def client(self, node: NodeRef) -> Any:
+        """The control connection to ``node``'s daemon."""
+        if not node.remote:
+            return self.local(node.socket_path)
+        key = (node.address, node.port)
+        if key not in self._clients:
+            self._clients[key] = connect(node, munge_socket=self._munge_socket)
+        return self._clients[key]
+
     def call(self, node: NodeRef, op: Op, **args: Any) -> dict[str, Any]:
         """One request to ``node``'s daemon; ``NodeGone`` when it does not answer."""
         try:
-            return dict(self.client(node.socket_path).call(op, **args))
+            return dict(self.client(node).call(op, **args))
         except NodeGone:
-            old = self._clients.pop(node.socket_path, None)   # reconnect next time
+            key = (node.address, node.port) if node.remote else node.socket_path
+            old = self._clients.pop(key, None)   # reconnect next time
             if old is not None:
                 old.close()
             raise
@@ -64,3 +78,16 @@ class NodeLink:
         for client in self._clients.values():
             client.close()
         self._clients.clear()
+
+
+def connect(node: NodeRef, timeout_s: float = 120.0, munge_socket: str | None = None) -> Any:
+    """A new connection to ``node``'s daemon (the caller closes it)."""
+    if node.remote:
+        from weave_slurm.node.auth import Munge
+        from weave_slurm.node.remote import RemoteNodeClient
+
+        assert node.address is not None and node.port is not None
+        return RemoteNodeClient(node.address, node.port, Munge(munge_socket), timeout_s)
+    from weave_slurm.node.client import NodeClient
+
+    return NodeClient(node.socket_path, timeout_s)

@@ -72,12 +72,12 @@ class GroupRunner:
         self.clock = clock or MonotonicClock()
         self.config = config or RunnerConfig()
         self.profiler = profiler or LiveProfiler()
-        self.link = NodeLink(client_factory)
+        self.link = NodeLink(client_factory, self.config.munge_socket)
         self.spans: list[Span] = []
         self.slots = NodeSlots()
         self.lifecycle = Lifecycle(layout, link=self.link,
                                    mover=Mover(make_transfer(self.config.transfer, layout,
-                                                             self.link.client),
+                                                             self.link.local),
                                                self.profiler, self.spans, self.clock),
                                    slots=self.slots, profiler=self.profiler,
                                    clock=self.clock, config=self.config, spans=self.spans)
@@ -131,9 +131,9 @@ class GroupRunner:
     def transfer(self, transfer: WeightTransfer) -> None:
         self.lifecycle.mover.transfer = transfer
 
-    def client(self, socket_path: Path) -> Any:
-        """The connection to one of the group's node daemons."""
-        return self.link.client(socket_path)
+    def client(self, node: NodeRef) -> Any:
+        """The control connection to one of the group's node daemons."""
+        return self.link.client(node)
 
     def close(self) -> None:
         self.transfer.close()
