@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from weave_slurm.errors import InfeasibleRequest, InsufficientResources, StateError
+from weave_slurm.errors import ConfigError, InfeasibleRequest, InsufficientResources, StateError
 from weave_slurm.slurm.backend import (
     AllocationRequest,
     ResourceSpec,
@@ -139,3 +139,19 @@ def test_step_exit_codes_and_adopted_handles() -> None:
     fresh = _backend(fake)  # a restarted daemon knows only what Slurm lists
     assert fresh.poll_step(StepHandle("8", "roll", 1)).state is StepState.RUNNING
     assert fresh.poll_step(StepHandle("8", "gone", 1)).state is StepState.UNKNOWN
+
+
+def test_a_piped_step_is_one_srun_task_with_pipes() -> None:
+    fake = FakeRunner()
+    fake.on(["srun"], FakeReply(stdout="READY\n"))
+    b = SlurmCliBackend(runner=fake, env=ENV)
+    proc = b.open_step("42", StepSpec("weave-sync", ("python", "-m", "agent"), node_count=1,
+                                      nodelist=("h800-0",), env={"OMP_NUM_THREADS": "1"}))
+    assert proc.stdout is not None and proc.stdout.readline() == b"READY\n"
+    (call,) = fake.calls
+    assert call.argv == ("srun", "--jobid=42", "--overlap", "--exact", "--job-name=weave-sync",
+                         "-n", "1", "-c", "1", "-N", "1", "--nodelist=h800-0",
+                         "python", "-m", "agent")
+    assert call.env == {**ENV, "OMP_NUM_THREADS": "1"} and call.spawned
+    with pytest.raises(ConfigError, match="one task"):
+        b.open_step("42", StepSpec("x", ("true",), ntasks=2))

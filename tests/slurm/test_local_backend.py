@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from weave_slurm.errors import InfeasibleRequest, InsufficientResources, StateError
+from weave_slurm.errors import ConfigError, InfeasibleRequest, InsufficientResources, StateError
 from weave_slurm.slurm.backend import AllocationRequest, ResourceSpec, StepSpec, StepState
 from weave_slurm.slurm.cluster_config import ClusterLayout, PoolShape
 from weave_slurm.slurm.local_backend import LocalBackend
@@ -164,3 +164,23 @@ def test_interrupted_launch_tasks_are_adopted_not_orphaned(
     fresh.release(alloc.alloc_id)
     started[0].wait(timeout=20)
     assert started[0].returncode is not None
+
+
+def test_a_piped_step_talks_over_its_stdin_and_stdout(tmp_path: Path) -> None:
+    b = LocalBackend(tmp_path / "state")
+    a = b.allocate(AllocationRequest("1", "h20", (_h20(nodes=2),)))
+    echo = ("import os, sys\nfor line in sys.stdin:\n"
+            "    print(os.environ['SLURMD_NODENAME'], line.strip(), flush=True)\n"
+            "print('bye', file=sys.stderr)")
+    log = tmp_path / "piped.log"
+    proc = b.open_step(a.alloc_id, StepSpec("pipe", (sys.executable, "-c", echo), ntasks=1,
+                                            node_count=1, nodelist=("h20-1",), log_path=log))
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(b"ping\n")
+    proc.stdin.flush()
+    assert proc.stdout.readline() == b"h20-1 ping\n"        # ran "on" the node asked for
+    assert [s.name for s in b.list_steps(a.alloc_id)] == ["pipe"]
+    proc.stdin.close()                                      # closing its stdin ends it
+    assert proc.wait(timeout=20) == 0 and log.read_text().strip() == "bye"
+    with pytest.raises(ConfigError, match="one task"):
+        b.open_step(a.alloc_id, StepSpec("two", ("true",), ntasks=2))

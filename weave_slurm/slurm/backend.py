@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Protocol
 
 from weave_slurm.errors import ConfigError
+from weave_slurm.slurm.runner import PipedProcess
 
 NAME_PREFIX = "weave-"
 _GROUP_RE = re.compile(r"^[A-Za-z0-9_.]+$")
@@ -236,6 +237,13 @@ class Backend(Protocol):
     def release(self, alloc_id: str) -> None: ...
 
     def launch_step(self, alloc_id: str, spec: StepSpec) -> StepHandle: ...
+
+    def open_step(self, alloc_id: str, spec: StepSpec) -> PipedProcess:
+        """A one-task step whose stdin and stdout are the caller's pipes (its stderr
+        goes to ``spec.log_path``): a control channel to a process on a node, carried
+        by Slurm's own authenticated I/O forwarding. It ends when the caller closes
+        its stdin, or is killed; ``release`` of the allocation ends it too."""
+        ...
 
     def poll_step(self, handle: StepHandle) -> StepStatus: ...
 

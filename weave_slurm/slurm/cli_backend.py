@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from weave_slurm.errors import InfeasibleRequest, InsufficientResources, StateError
+from weave_slurm.errors import ConfigError, InfeasibleRequest, InsufficientResources, StateError
 from weave_slurm.slurm import squeue
 from weave_slurm.slurm.backend import (
     NAME_PREFIX,
@@ -34,6 +34,7 @@ from weave_slurm.slurm.backend import (
 from weave_slurm.slurm.runner import (
     BackgroundProcess,
     CommandRunner,
+    PipedProcess,
     SlurmCommandError,
     SubprocessRunner,
 )
@@ -166,6 +167,14 @@ class SlurmCliBackend:
         handle = StepHandle(alloc_id, spec.name, proc.pid)
         self._steps[(alloc_id, spec.name)] = _Launched(handle, proc)
         return handle
+
+    def open_step(self, alloc_id: str, spec: StepSpec) -> PipedProcess:
+        spec.validate()
+        if spec.ntasks != 1:
+            raise ConfigError(f"step {spec.name!r}: a piped step has one task, got "
+                              f"ntasks={spec.ntasks}")
+        return self.runner.spawn_piped(srun_argv(alloc_id, spec), env={**self.env, **spec.env},
+                                       log_path=spec.log_path)
 
     def list_steps(self, alloc_id: str) -> tuple[StepInfo, ...]:
         out = self._run(["squeue", "--steps", "-h", "-o", squeue.STEP_FORMAT])

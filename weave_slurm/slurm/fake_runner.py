@@ -8,15 +8,18 @@ fake ``sacct``/``sbatch`` runner). Every call is recorded in ``calls``.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from weave_slurm.errors import WeaveError
 from weave_slurm.slurm.runner import (
     DEFAULT_TIMEOUT_S,
     BackgroundProcess,
     CommandResult,
+    PipedProcess,
     SlurmCommandError,
 )
 
@@ -68,6 +71,17 @@ class FakeProcess:
         self.signals.append(sig)
         self.returncode = -sig
 
+    def kill(self) -> None:
+        self.send_signal(9)
+
+
+@dataclass
+class FakePipedProcess(FakeProcess):
+    """A piped step: what the caller writes is kept; ``stdout`` says what was scripted."""
+
+    stdin: IO[bytes] | None = field(default_factory=io.BytesIO)
+    stdout: IO[bytes] | None = field(default_factory=io.BytesIO)
+
 
 class FakeRunner:
     """Answers only scripted commands; records every call."""
@@ -108,6 +122,16 @@ class FakeRunner:
         self.calls.append(FakeCall(args, dict(env or {}), spawned=True))
         self._reply(args)
         proc = FakeProcess(pid=100_000 + len(self.processes))
+        self.processes.append(proc)
+        return proc
+
+    def spawn_piped(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+                    log_path: Path | None = None) -> PipedProcess:
+        args = tuple(str(a) for a in argv)
+        self.calls.append(FakeCall(args, dict(env or {}), spawned=True))
+        reply = self._reply(args)
+        proc = FakePipedProcess(pid=100_000 + len(self.processes),
+                                stdout=io.BytesIO(reply.stdout.encode()))
         self.processes.append(proc)
         return proc
 

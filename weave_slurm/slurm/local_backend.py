@@ -27,7 +27,7 @@ from typing import Any
 
 from filelock import FileLock
 
-from weave_slurm.errors import InfeasibleRequest, InsufficientResources, StateError
+from weave_slurm.errors import ConfigError, InfeasibleRequest, InsufficientResources, StateError
 from weave_slurm.slurm import daemons
 from weave_slurm.slurm.backend import (
     NAME_PREFIX,
@@ -45,6 +45,7 @@ from weave_slurm.slurm.backend import (
     parse_comment,
 )
 from weave_slurm.slurm.cluster_config import ClusterLayout, PoolShape
+from weave_slurm.slurm.runner import PipedProcess
 
 log = logging.getLogger(__name__)
 
@@ -273,6 +274,17 @@ class LocalBackend:
         return {n: list(comp["gpus"][n][:spec.gpus_per_node]) for n in nodes}
 
     def launch_step(self, alloc_id: str, spec: StepSpec) -> StepHandle:
+        procs = self._start_step(alloc_id, spec, piped=False)
+        return StepHandle(alloc_id, spec.name, procs[0].pid)
+
+    def open_step(self, alloc_id: str, spec: StepSpec) -> PipedProcess:
+        if spec.ntasks != 1:
+            raise ConfigError(f"step {spec.name!r}: a piped step has one task, got "
+                              f"ntasks={spec.ntasks}")
+        return self._start_step(alloc_id, spec, piped=True)[0]
+
+    def _start_step(self, alloc_id: str, spec: StepSpec,
+                    piped: bool) -> list[subprocess.Popen[bytes]]:
         spec.validate()
         # Record the step before starting its tasks, each tagged in its environment, so
         # a process killed in between leaves tasks that the next state load finds by
@@ -296,7 +308,7 @@ class LocalBackend:
         try:
             for rank in range(spec.ntasks):
                 procs.append(self._spawn_task(alloc_id, step_no, spec, task_nodes, rank, gpus,
-                                              tag))
+                                              tag, piped))
         finally:
             with self._state() as state:
                 step = state["allocations"].get(alloc_id, {}).get("steps", {}).get(spec.name)
@@ -304,11 +316,11 @@ class LocalBackend:
                     step["tasks"] = [[p.pid, daemons.start_ticks(p.pid) or 0] for p in procs]
                     step.pop("launching_since", None)
         self._launched[(alloc_id, spec.name)] = _Launched(procs)
-        return StepHandle(alloc_id, spec.name, procs[0].pid)
+        return procs
 
     def _spawn_task(self, alloc_id: str, step_no: int, spec: StepSpec, task_nodes: list[str],
-                    rank: int, gpus: dict[str, list[int]],
-                    tag: str) -> subprocess.Popen[bytes]:
+                    rank: int, gpus: dict[str, list[int]], tag: str,
+                    piped: bool = False) -> subprocess.Popen[bytes]:
         node = task_nodes[rank]
         nodes = list(dict.fromkeys(task_nodes))
         visible = ",".join(str(i) for i in gpus[node])
@@ -327,6 +339,10 @@ class LocalBackend:
             spec.log_path.parent.mkdir(parents=True, exist_ok=True)
             sink = open(spec.log_path, "ab")  # noqa: SIM115 - handed to the child
         try:
+            if piped:   # stdin/stdout are the caller's; stderr to the log
+                return subprocess.Popen(list(spec.argv), stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=sink, env=env,
+                                        start_new_session=True)
             return subprocess.Popen(list(spec.argv), stdin=subprocess.DEVNULL, stdout=sink,
                                     stderr=subprocess.STDOUT, env=env, start_new_session=True)
         except OSError as exc:

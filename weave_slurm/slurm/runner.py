@@ -66,6 +66,18 @@ class BackgroundProcess(Protocol):
     def send_signal(self, sig: int) -> None: ...
 
 
+class PipedProcess(BackgroundProcess, Protocol):
+    """A background process whose stdin and stdout are the caller's pipes."""
+
+    @property
+    def stdin(self) -> IO[bytes] | None: ...
+
+    @property
+    def stdout(self) -> IO[bytes] | None: ...
+
+    def kill(self) -> None: ...
+
+
 class CommandRunner(Protocol):
     """Runs commands; the real one uses subprocesses, the fake one a script."""
 
@@ -74,6 +86,9 @@ class CommandRunner(Protocol):
 
     def spawn(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
               log_path: Path | None = None) -> BackgroundProcess: ...
+
+    def spawn_piped(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+                    log_path: Path | None = None) -> PipedProcess: ...
 
 
 def merged_env(env: Mapping[str, str] | None) -> dict[str, str]:
@@ -146,6 +161,24 @@ class SubprocessRunner:
             return subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=sink,
                                     stderr=subprocess.STDOUT, env=merged_env(env),
                                     start_new_session=True)
+        except OSError as exc:
+            raise SlurmCommandError(args, None, "", f"cannot start {args[0]!r}: {exc}") from exc
+        finally:
+            if not isinstance(sink, int):
+                sink.close()
+
+    def spawn_piped(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+                    log_path: Path | None = None) -> PipedProcess:
+        """In the background, talking over its stdin and stdout (stderr to ``log_path``)."""
+        args = [str(a) for a in argv]
+        log.debug("spawn piped %s", args)
+        sink: IO[bytes] | int = subprocess.DEVNULL
+        if log_path is not None:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            sink = open(log_path, "ab")  # noqa: SIM115 - handed to the child, closed below
+        try:
+            return subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=sink, env=merged_env(env), start_new_session=True)
         except OSError as exc:
             raise SlurmCommandError(args, None, "", f"cannot start {args[0]!r}: {exc}") from exc
         finally:
