@@ -35,7 +35,8 @@ from rich.table import Table
 from weave_slurm.node.index import JobRef
 from weave_slurm.runtime.group import GroupLayout, MemberSpec, NodeRef
 from weave_slurm.runtime.runner import GroupRunner, RunnerConfig
-from weave_slurm.runtime.transfer import TransferConfig, TwoTierTransfer, WeightTransfer
+from weave_slurm.runtime.transfer import TransferConfig, WeightTransfer
+from weave_slurm.runtime.twotier import TwoTierTransfer
 from weave_slurm.slurm.local_backend import LocalBackend
 from weave_slurm.vocab import Pool
 

@@ -19,7 +19,7 @@ MINIMAL = """
 
 def test_runtime_defaults_to_the_shm_handoff() -> None:
     site = parse_site(MINIMAL)
-    assert site.runtime == RuntimeConfig("shm", "full", 60.0, False, 0.25)
+    assert site.runtime == RuntimeConfig("auto", "full", 60.0, False, 0.25)
     assert TransferConfig.from_site(site.runtime) == TransferConfig()
 
 
@@ -49,7 +49,7 @@ def test_long_tail_migration_reaches_weaved_executor(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("text", "needle"), [
     ("[runtime]\nweight_transfer = 'nccl'\n",
-     "'runtime.weight_transfer' = 'nccl': valid choices: shm, twotier"),
+     "'runtime.weight_transfer' = 'nccl': valid choices: auto, shm, twotier"),
     ("[runtime]\nsync_mode = 'partial'\n", "valid choices: delta, full"),
     ("[runtime]\nsync_timeout_s = 0\n", "'runtime.sync_timeout_s' = 0.0: must be > 0"),
     ("[runtime]\nweight_transfers = 'shm'\n", "unknown key 'runtime.weight_transfers'"),
@@ -64,7 +64,7 @@ def test_bad_runtime_key_is_one_clear_line(text: str, needle: str) -> None:
 
 
 def test_transfer_config_in_code_is_checked_too() -> None:
-    with pytest.raises(ConfigError, match="weight_transfer 'ib': valid: shm, twotier"):
+    with pytest.raises(ConfigError, match="weight_transfer 'ib': valid: auto, shm, twotier"):
         TransferConfig("ib")
     with pytest.raises(ConfigError, match="sync_mode 'x': valid: full, delta"):
         TransferConfig("twotier", mode="x")

@@ -27,7 +27,8 @@ from weave_slurm.node.client import NodeClient
 from weave_slurm.node.index import JobRef
 from weave_slurm.runtime.group import MemberSpec, MemberState, NodeRef
 from weave_slurm.runtime.runner import GroupRunner, Member, RunnerConfig
-from weave_slurm.runtime.transfer import TransferConfig, TwoTierTransfer
+from weave_slurm.runtime.transfer import TransferConfig
+from weave_slurm.runtime.twotier import TwoTierTransfer
 
 pytestmark = pytest.mark.torch
 

@@ -16,8 +16,9 @@ from weave_slurm.config.reader import TableReader
 class WeightTransferKind(StrEnum):
     """How the group runtime moves weights from a training node to rollout nodes."""
 
-    SHM = "shm"            # shared-memory handoff: only where all of a group's nodes share a host
-    TWOTIER = "twotier"    # weave_slurm.sync through per-node sync agents
+    AUTO = "auto"          # shm where weaved shares the host with every node, else twotier
+    SHM = "shm"            # shared-memory handoff: only where weaved and all nodes share a host
+    TWOTIER = "twotier"    # weave_slurm.sync through per-node sync agents (across hosts)
 
 
 #: Sync modes of the two-tier transfer (``weave_slurm.sync.header.SyncMode`` on the wire).
@@ -43,7 +44,7 @@ class RuntimeConfig:
     ``phase_deadline_floor_s``.
     """
 
-    weight_transfer: WeightTransferKind = WeightTransferKind.SHM
+    weight_transfer: WeightTransferKind = WeightTransferKind.AUTO
     sync_mode: str = "full"
     sync_timeout_s: float = 60.0
     long_tail_migration: bool = False

@@ -1,15 +1,26 @@
-"""Moving a member's segments between its nodes, each move recorded (profile, timeline)."""
+"""Moving a member's segments between its nodes: the transfer a group uses
+(:func:`make_transfer`), and each move recorded (profile, timeline)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from weave_slurm.clock import Clock
-from weave_slurm.runtime.group import NodeRef
+from weave_slurm.config.runtime import WeightTransferKind
+from weave_slurm.errors import ConfigError
+from weave_slurm.runtime.agents import Launcher
+from weave_slurm.runtime.group import GroupLayout, NodeRef
 from weave_slurm.runtime.member import Member
 from weave_slurm.runtime.profiler import LiveProfiler
 from weave_slurm.runtime.timeline import Span
-from weave_slurm.runtime.transfer import WeightTransfer
+from weave_slurm.runtime.transfer import (
+    ClientFactory,
+    NodeCall,
+    ShmTransfer,
+    TransferConfig,
+    WeightTransfer,
+)
+from weave_slurm.runtime.twotier import TwoTierTransfer
 from weave_slurm.vocab import Phase
 
 
@@ -30,3 +41,21 @@ class Mover:
         self.profiler.phase(member.spec.job_id, Phase.SYNC, end - start)
         self.spans.append(Span(member.spec.job_id, Phase.SYNC, src.name, src.pool,
                                start, end))
+
+
+def make_transfer(config: TransferConfig, layout: GroupLayout, clients: ClientFactory,
+                  call: NodeCall | None = None,
+                  launcher: Launcher | None = None) -> WeightTransfer:
+    """The transfer ``config`` asks for (``clients``: local clients by socket path;
+    ``call``: a request to a node daemon; ``launcher``: how agents are started)."""
+    remote = [n.name for n in (*layout.train, *layout.rollout) if n.remote]
+    kind = config.kind
+    if kind is WeightTransferKind.AUTO:
+        kind = WeightTransferKind.TWOTIER if remote else WeightTransferKind.SHM
+    if kind is WeightTransferKind.SHM:
+        if remote:
+            raise ConfigError(f"weight_transfer 'shm': nodes {', '.join(remote)} are other "
+                              "hosts than weaved's (no shared memory to hand off through); "
+                              "valid there: twotier, auto")
+        return ShmTransfer(clients)
+    return TwoTierTransfer(layout, clients, config, call, launcher)

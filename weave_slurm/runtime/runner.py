@@ -39,18 +39,19 @@ from weave_slurm.hosted import contract
 from weave_slurm.hosted.contract import TRAJ_BUFFER, WEIGHTS_BUFFER, buffer_name, rollout_version
 from weave_slurm.node.protocol import Op
 from weave_slurm.node.worker import WorkerState
+from weave_slurm.runtime.agents import Launcher
 from weave_slurm.runtime.faults import Fault, FaultKind
 from weave_slurm.runtime.group import GroupLayout, MemberSpec, MemberState, NodeRef
 from weave_slurm.runtime.lifecycle import Lifecycle
 from weave_slurm.runtime.member import Member, NodeSlots, PhaseRun, RunnerConfig, TailMove
-from weave_slurm.runtime.moves import Mover
+from weave_slurm.runtime.moves import Mover, make_transfer
 from weave_slurm.runtime.nodes import NodeLink
 from weave_slurm.runtime.ordering import next_member, phase_deadline_s
 from weave_slurm.runtime.profiler import LiveProfiler
 from weave_slurm.runtime.resume import Resume
 from weave_slurm.runtime.staleness import BatchRecord
 from weave_slurm.runtime.timeline import Span
-from weave_slurm.runtime.transfer import WeightTransfer, make_transfer
+from weave_slurm.runtime.transfer import WeightTransfer
 from weave_slurm.vocab import Phase, Pool
 
 __all__ = ["GroupRunner", "Member", "RunnerConfig", "TailMove"]
@@ -66,7 +67,8 @@ class GroupRunner:
     def __init__(self, layout: GroupLayout, members: Sequence[MemberSpec], *,
                  clock: Clock | None = None, config: RunnerConfig | None = None,
                  profiler: LiveProfiler | None = None,
-                 client_factory: Callable[[Path], Any] | None = None) -> None:
+                 client_factory: Callable[[Path], Any] | None = None,
+                 launcher: Launcher | None = None) -> None:
         layout.validate()
         self.layout = layout
         self.clock = clock or MonotonicClock()
@@ -77,7 +79,8 @@ class GroupRunner:
         self.slots = NodeSlots()
         self.lifecycle = Lifecycle(layout, link=self.link,
                                    mover=Mover(make_transfer(self.config.transfer, layout,
-                                                             self.link.local),
+                                                             self.link.local, self.link.call,
+                                                             launcher),
                                                self.profiler, self.spans, self.clock),
                                    slots=self.slots, profiler=self.profiler,
                                    clock=self.clock, config=self.config, spans=self.spans)

@@ -1,11 +1,15 @@
-"""A node's weight-sync agent: one rank of its group's two-tier sync world.
+"""A node's sync agent: one rank of its group's world, moving segments between hosts.
 
-``python -m weave_slurm.sync.agent SPEC`` (SPEC: an :class:`AgentSpec` as JSON).
-One agent runs per node of a group, started once per group layout by
-:class:`~weave_slurm.runtime.transfer.TwoTierTransfer` (a process with torch imported
-costs ~1.5 s to start; a sync costs milliseconds). The agents form one gloo process
-group over TCP (rendezvous on the first training node's agent); each also listens on
-a small control channel (JSON lines over TCP) for the runner's requests:
+``python -m weave_slurm.sync.agent SPEC`` (SPEC: an :class:`AgentSpec` as JSON). One
+agent runs on each node of a group, as a one-task step of the node's allocation
+(``Backend.open_step``), started once per group layout by the runner's transfer (a
+process with torch imported costs ~1.5 s to start; a sync costs milliseconds). Its
+stdin and stdout are its control channel (JSON lines; on Slurm they travel over
+srun's own authenticated I/O forwarding, so no port of its own is open); everything
+else it prints goes to stderr. The agents form one gloo process group over TCP on
+the nodes' addresses: rank 0 (the first training node's agent) picks the rendezvous
+port and says ``RENDEZVOUS tcp://<addr>:<port>`` before it waits for the others, who
+are started with that address; each says ``READY`` once the world is formed. Requests:
 
 - ``prepare``: attach segment ``name`` of ``job`` zero-copy from this node's daemon
   (``/dev/shm``) and hold it; reply with its index (the version to announce).
@@ -14,6 +18,10 @@ a small control channel (JSON lines over TCP) for the runner's requests:
   put it into this node's daemon (``NodeClient.put_state``: version-tagged and
   budget-checked); a checked buffer (``as_name``) gets the CRC32 of the bytes in its
   index and is read back.
+- ``send`` / ``take``: move one segment (any: a rollout's trajectories) from this
+  agent's node to another's, point to point: ``send`` attaches it zero-copy and sends
+  its index and bytes to ``dst``; ``take`` receives them from ``src`` and puts them
+  into its node's daemon (``as_name``: under that name).
 - ``forget``: the runtime restored ``job`` from a checkpoint: its versions start over.
 - ``arm_die`` (test hook): SIGKILL this agent when it next posts a payload receive.
 - ``ping`` / ``stop``.
@@ -22,7 +30,7 @@ Every reply is ``{"ok": true, ...}`` or ``{"ok": false, "error": <class>, "messa
 <one line>}``. A stale or duplicate version is refused by the rollout agents' version
 ledger (``VersionMismatch``); corrupt pieces are retried once (``ShardCorrupt`` after
 that); a dead peer surfaces as ``SyncError`` within the transport's timeout. The agent
-exits when its control connection closes, so it never outlives its runner.
+exits when its stdin closes, so it never outlives its runner.
 """
 
 from __future__ import annotations
@@ -36,7 +44,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 
@@ -58,6 +66,9 @@ from weave_slurm.vocab import Pool
 log = logging.getLogger(__name__)
 
 MAX_LINE_BYTES = 16 << 20
+#: Point-to-point segment moves use tags from here (the two-tier sync's are far below).
+P2P_TAG_BASE = 1 << 30
+SIOCGIFADDR = 0x8915
 
 
 @dataclass(frozen=True)
@@ -71,7 +82,6 @@ class AgentSpec:
     timeout_s: float = 60.0
     mode: str = "full"                      # SyncMode name: full | delta
     chunk_nbytes: int = DEFAULT_CHUNK_NBYTES
-    control_host: str = "127.0.0.1"
 
     def dumps(self) -> str:
         return json.dumps(asdict(self))
@@ -122,9 +132,8 @@ class SyncAgent:
         self._members: dict[tuple[str, str, tuple[str, ...], int, int], _MemberSync] = {}
         self._prepared: dict[tuple[str, str], AttachedState] = {}
 
-    def connect(self) -> None:
-        self.t = TorchTransport(self.world, self.spec.rank, self.spec.init_method,
-                                self.spec.timeout_s)
+    def connect(self, init_method: str) -> None:
+        self.t = TorchTransport(self.world, self.spec.rank, init_method, self.spec.timeout_s)
 
     # -- requests ----------------------------------------------------------------------
     def handle(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -137,6 +146,10 @@ class SyncAgent:
             return self._push(req)
         if op == "recv":
             return self._recv(req)
+        if op == "send":
+            return self._send(req)
+        if op == "take":
+            return self._take(req)
         if op == "forget":
             self.ledger.forget(str(req["job"]))
             for key in [k for k in self._members if k[0] == req["job"]]:
@@ -146,7 +159,7 @@ class SyncAgent:
             _DyingSub.armed = True
             return {}
         raise ConfigError(f"sync agent: unknown op {op!r}; valid: ping, prepare, push, "
-                          "recv, forget, arm_die, stop")
+                          "recv, send, take, forget, arm_die, stop")
 
     def _member(self, req: dict[str, Any], size_bytes: int, word_bytes: int) -> _MemberSync:
         src, dsts = str(req["src"]), tuple(str(d) for d in req["dsts"])
@@ -227,6 +240,58 @@ class SyncAgent:
         return out
 
 
+    # -- point to point ------------------------------------------------------------------
+    def _peer(self, req: dict[str, Any], key: str) -> int:
+        pool, node = str(req[f"{key}_pool"]), str(req[key])
+        rank = self.global_rank.get((pool, node))
+        if rank is None:
+            raise ConfigError(f"sync agent: no {pool} node {node!r} in this group's world")
+        return rank
+
+    def _send(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Segment ``name`` of this node to agent ``dst``: its index, then its bytes."""
+        assert self.t is not None, "connect() first"
+        job = JobRef(str(req["job"]), int(req["uid"]))
+        name, dst = str(req["name"]), self._peer(req, "dst")
+        tag = P2P_TAG_BASE + 3 * int(req["seq"])
+        info = self.node.call(Op.ATTACH_INFO, job=job.job_id)
+        if name not in info["segments"]:
+            raise StateError(f"job {job.job_id}: this node has no segment {name!r} (has "
+                             f"{sorted(info['segments'])})")
+        attached = SegmentStore(Path(info["root"])).attach_state(job, name)
+        head = json.dumps(attached.index.to_json()).encode()
+        flat = torch.empty(0, dtype=torch.uint8).set_(attached.storage)   # zero-copy
+        t0 = time.perf_counter()
+        for buf, k in ((torch.tensor([len(head)], dtype=torch.int64), 0),
+                       (torch.frombuffer(bytearray(head), dtype=torch.uint8), 1),
+                       (flat[:attached.index.size_bytes], 2)):
+            self.t.isend(buf, dst, tag + k).wait()
+        return {"version": attached.index.version, "bytes": attached.index.size_bytes,
+                "elapsed_s": time.perf_counter() - t0}
+
+    def _take(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Receive a segment from agent ``src`` and put it into this node's daemon."""
+        assert self.t is not None, "connect() first"
+        job = JobRef(str(req["job"]), int(req["uid"]))
+        tag, src = P2P_TAG_BASE + 3 * int(req["seq"]), self._peer(req, "src")
+        t0 = time.perf_counter()
+        size = torch.zeros(1, dtype=torch.int64)
+        self.t.irecv(size, src, tag).wait()
+        if not 0 < int(size) <= MAX_LINE_BYTES:
+            raise StateError(f"job {job.job_id}: a segment index of {int(size)} bytes")
+        head = torch.zeros(int(size), dtype=torch.uint8)
+        self.t.irecv(head, src, tag + 1).wait()
+        index = SegmentIndex.loads(bytes(head.numpy()).decode(),
+                                   f"{job.job_id}/{req['name']} from {req['src']}")
+        buf = torch.zeros(index.size_bytes, dtype=torch.uint8)
+        self.t.irecv(buf, src, tag + 2).wait()
+        dst = str(req.get("as_name") or req["name"])
+        self.node.put_state(job, dst, tensor_views(buf.untyped_storage(), index),
+                            index.version, dict(index.extra))
+        return {"version": index.version, "bytes": index.size_bytes,
+                "elapsed_s": time.perf_counter() - t0}
+
+
 def _report(report: SyncReport) -> dict[str, Any]:
     return {"version": report.version, "slow_link_bytes": report.slow_link_bytes,
             "full_pieces": report.full_pieces, "delta_pieces": report.delta_pieces,
@@ -239,11 +304,8 @@ def _error(exc: BaseException) -> dict[str, Any]:
             "message": lines[0] if lines else type(exc).__name__}
 
 
-def serve(agent: SyncAgent, listener: socket.socket) -> None:
-    """Answer the runner's requests on one connection until it closes or says stop."""
-    conn, _ = listener.accept()
-    listener.close()
-    rfile = conn.makefile("rb")
+def serve(agent: SyncAgent, rfile: IO[bytes], wfile: IO[bytes]) -> None:
+    """Answer the runner's requests, one JSON line each, until stdin closes or "stop"."""
     while True:
         line = rfile.readline(MAX_LINE_BYTES)
         if not line:
@@ -251,27 +313,74 @@ def serve(agent: SyncAgent, listener: socket.socket) -> None:
         try:
             req = json.loads(line)
             if req.get("op") == "stop":
-                conn.sendall(b'{"ok": true}\n')
+                _reply(wfile, {"ok": True})
                 return
             reply = {"ok": True, **agent.handle(req)}
         except (WeaveError, ValueError, KeyError, TypeError, OSError) as exc:
             log.warning("request failed: %s", exc)
             reply = _error(exc)
-        conn.sendall(json.dumps(reply).encode() + b"\n")
+        _reply(wfile, reply)
+
+
+def _reply(wfile: IO[bytes], obj: dict[str, Any]) -> None:
+    wfile.write(json.dumps(obj).encode() + b"\n")
+    wfile.flush()
+
+
+def rendezvous(init_method: str, rank: int) -> str:
+    """Rank 0 picks a free port for ``tcp://<host>:0``; an explicit one stays."""
+    host, _, port = init_method.removeprefix("tcp://").rpartition(":")
+    if rank != 0 or port != "0":
+        return init_method
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return f"tcp://{host}:{s.getsockname()[1]}"
+
+
+def interface_towards(host: str) -> str | None:
+    """The name of the interface this host reaches ``host`` through (gloo must use it:
+    in a network namespace its default guess is wrong)."""
+    import fcntl
+    import struct
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((host, 9))
+        except OSError:
+            return None
+        local = s.getsockname()[0]
+        for _, name in socket.if_nameindex():
+            try:
+                raw = fcntl.ioctl(s.fileno(), SIOCGIFADDR,
+                                  struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue
+            if socket.inet_ntoa(raw[20:24]) == local:
+                return name
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     spec = AgentSpec.loads(args[0])
+    # the control channel is the original stdout; anything else printed goes to stderr
+    control = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
     logging.basicConfig(level=os.environ.get("WEAVE_LOG", "WARNING"),
                         format=f"%(asctime)s sync-agent {spec.rank} %(levelname)s %(message)s")
     torch.set_num_threads(1)
-    listener = socket.create_server((spec.control_host, 0))
-    print(f"READY {listener.getsockname()[1]}", flush=True)
+    init = rendezvous(spec.init_method, spec.rank)
+    host = init.removeprefix("tcp://").rpartition(":")[0]
+    iface = os.environ.get("GLOO_SOCKET_IFNAME") or interface_towards(host)
+    if iface:
+        os.environ["GLOO_SOCKET_IFNAME"] = iface
+    if spec.rank == 0:
+        _reply_line(control, f"RENDEZVOUS {init}")
     agent = SyncAgent(spec)
     try:
-        agent.connect()
-        serve(agent, listener)
+        agent.connect(init)
+        _reply_line(control, f"READY {os.getpid()}")
+        serve(agent, sys.stdin.buffer, control)
     except WeaveError as exc:
         print(f"sync agent {spec.rank}: {exc}", file=sys.stderr, flush=True)
         os._exit(1)
@@ -279,5 +388,10 @@ def main(argv: list[str] | None = None) -> int:
     os._exit(0)  # skip process-group teardown: a dead peer must not hang the exit
 
 
+def _reply_line(wfile: IO[bytes], text: str) -> None:
+    wfile.write(text.encode() + b"\n")
+    wfile.flush()
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())
