@@ -9,7 +9,9 @@ on the LocalBackend). On one host the virtual nodes get separate store roots
 from __future__ import annotations
 
 import logging
+import os
 import shutil
+import socket
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -45,6 +47,10 @@ class FleetConfig:
     train_partition: str = "h800"
     host_mem_gib: float = 0.5
     start_timeout_s: float = 60.0
+    # remote mode: each daemon also listens on 127.0.0.1 (munge-authenticated, as on
+    # another host) and its NodeRef carries that address, so the runner uses the
+    # network paths (TCP control, agents for data) although all runs on one host
+    munge_socket: str | None = None
 
 
 @dataclass
@@ -56,6 +62,7 @@ class NodeFleet:
     allocations: dict[Pool, Allocation] = field(default_factory=dict)
     steps: dict[str, tuple[Allocation, StepHandle]] = field(default_factory=dict)
     layout: GroupLayout | None = None
+    ports: dict[str, int] = field(default_factory=dict)
 
     def start(self) -> GroupLayout:
         cfg = self.config
@@ -80,16 +87,24 @@ class NodeFleet:
         root = self.root(node)
         root.parent.mkdir(parents=True, exist_ok=True)
         root.parent.chmod(0o711)
-        argv = (sys.executable, "-m", "weave_slurm.cli", "node", "serve",
-                "--host-mem-gib", str(cfg.host_mem_gib), "--root", str(root),
-                "--checkpoint-root", str(cfg.state_dir / "ckpt" / node),
-                "--checkpoint-interval-s", "0")
+        argv: tuple[str, ...] = (
+            sys.executable, "-m", "weave_slurm.cli", "node", "serve",
+            "--host-mem-gib", str(cfg.host_mem_gib), "--root", str(root),
+            "--checkpoint-root", str(cfg.state_dir / "ckpt" / node),
+            "--checkpoint-interval-s", "0")
+        port = None
+        if cfg.munge_socket is not None:
+            port = self.ports.setdefault(node, free_port())
+            argv += ("--listen-port", str(port), "--listen-host", "127.0.0.1",
+                     "--trusted-uid", str(os.getuid()), "--munge-socket", cfg.munge_socket)
         name = f"weave-node-{node}"
         handle = self.backend.launch_step(alloc.alloc_id, StepSpec(
             name=name, argv=argv, ntasks=1, node_count=1, nodelist=(node,),
             log_path=cfg.state_dir / "logs" / f"{name}.log"))
         self.steps[node] = (alloc, handle)
-        return NodeRef(node, pool, root / "node.sock")
+        if port is None:
+            return NodeRef(node, pool, root / "node.sock")
+        return NodeRef(node, pool, root / "node.sock", "127.0.0.1", port, alloc.alloc_id)
 
     def wait_ready(self, ref: NodeRef) -> None:
         wait_for(lambda: node_status(ref.socket_path), self.config.start_timeout_s,
@@ -124,9 +139,16 @@ class NodeFleet:
             shutil.rmtree(self.config.shm_dir, ignore_errors=True)
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 @contextmanager
 def running_fleet(state_dir: Path, group_id: str, shm_prefix: str,
-                rollout_nodes: int = 1) -> Iterator[NodeFleet]:
+                rollout_nodes: int = 1, munge_socket: str | None = None
+                ) -> Iterator[NodeFleet]:
     """A started fleet of one group on a LocalBackend in ``state_dir`` (its node
     daemons are local processes), its shm in ``/dev/shm/<shm_prefix>XXXX``; stopped and
     removed at the end. Host memory 0.25 GiB a node: the toy's warm state is small."""
@@ -135,7 +157,7 @@ def running_fleet(state_dir: Path, group_id: str, shm_prefix: str,
     with shm_dir(shm_prefix) as shm:
         fleet = NodeFleet(LocalBackend(state_dir / "backend"),
                           FleetConfig(group_id, shm, state_dir, rollout_nodes=rollout_nodes,
-                                      host_mem_gib=0.25))
+                                      host_mem_gib=0.25, munge_socket=munge_socket))
         try:
             fleet.start()
             yield fleet

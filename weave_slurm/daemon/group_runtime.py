@@ -44,6 +44,7 @@ from weave_slurm.daemon.runtime_view import member_row, outcome_words
 from weave_slurm.daemon.states import AllocState, GroupState, JobState
 from weave_slurm.daemon.store import Store
 from weave_slurm.errors import WeaveError
+from weave_slurm.runtime.agents import Launcher
 from weave_slurm.runtime.group import (
     DeclaredProfile,
     GroupLayout,
@@ -95,8 +96,10 @@ class GroupRuntime:
     phase = "rl"
 
     def __init__(self, node_ref: Callable[[AllocRow, str, Pool], NodeRef],
-                 config: GroupRuntimeConfig | None = None) -> None:
+                 config: GroupRuntimeConfig | None = None,
+                 launcher: Launcher | None = None) -> None:
         self.node_ref = node_ref
+        self.launcher = launcher        # how sync agents start on remote nodes
         self.config = config or GroupRuntimeConfig()
         self.groups: dict[int, GroupRunner] = {}       # active groups
         self.spans: dict[int, list[Span]] = {}         # group id -> spans (kept after end)
@@ -146,7 +149,7 @@ class GroupRuntime:
         layout = GroupLayout(tuple(refs["rollout"]), tuple(refs["train"]))
         if not all(self._answers(r) for r in (*layout.rollout, *layout.train)):
             return   # node daemons still starting: the next tick tries again
-        runner = GroupRunner(layout, [], config=self.config.runner)
+        runner = GroupRunner(layout, [], config=self.config.runner, launcher=self.launcher)
         runner.listeners.append(self._on_move)
         self.groups[group.group_id] = runner
         self.spans[group.group_id] = runner.spans

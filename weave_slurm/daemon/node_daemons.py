@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from weave_slurm.config.site import SiteConfig
@@ -26,6 +26,7 @@ from weave_slurm.daemon.records import AllocRow, GroupRow
 from weave_slurm.errors import ConfigError, StateError, WeaveError
 from weave_slurm.runtime.group import NodeRef
 from weave_slurm.slurm.backend import Backend, StepSpec
+from weave_slurm.slurm.runner import PipedProcess
 from weave_slurm.slurm.templates import render_node_daemon
 from weave_slurm.vocab import Pool
 
@@ -94,7 +95,7 @@ class NodeDaemons:
         socket = self.socket_dir / f"node-{node}.sock"
         if not self.s.remote:
             return NodeRef(node, pool, socket)
-        return NodeRef(node, pool, socket, self.address(node), self.port(alloc))
+        return NodeRef(node, pool, socket, self.address(node), self.port(alloc), alloc.alloc_id)
 
     def address(self, node: str) -> str:
         """The node's address as Slurm knows it (``NodeAddr``)."""
@@ -108,6 +109,13 @@ class NodeDaemons:
         if node not in self._addresses:
             raise StateError(f"Slurm reports no node {node!r} (sinfo)")
         return self._addresses[node]
+
+    def launch_agent(self, node: NodeRef, spec: StepSpec) -> PipedProcess:
+        """A node's sync agent: a piped one-task step of the node's allocation."""
+        if node.alloc_id is None:
+            raise StateError(f"node {node.name}: no allocation to run its sync agent in")
+        return self.backend.open_step(node.alloc_id, replace(spec, argv=(
+            self.s.python, *spec.argv[1:])))
 
     # -- the node-daemon step ----------------------------------------------------------
     def command(self, alloc: AllocRow) -> tuple[str, ...]:

@@ -167,7 +167,8 @@ class Weaved:
         runner = replace(RunnerConfig.from_site(self.site.runtime),
                          munge_socket=self.nodes.s.munge_socket)
         return GroupRuntime(self.nodes.ref, GroupRuntimeConfig(
-            poll_s=cfg.runtime_poll_s, runner=runner, checkpoint_base=base))
+            poll_s=cfg.runtime_poll_s, runner=runner, checkpoint_base=base),
+            launcher=self.nodes.launch_agent if self.nodes.s.remote else None)
 
     def run(self) -> None:
         """Serve and reconcile until :meth:`stop`."""

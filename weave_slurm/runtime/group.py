@@ -79,6 +79,7 @@ class NodeRef:
     socket_path: Path
     address: str | None = None
     port: int | None = None
+    alloc_id: str | None = None     # the Slurm allocation holding the node (its steps)
 
     @property
     def remote(self) -> bool:
