@@ -1,12 +1,22 @@
-"""The local, one-host Slurm cluster: ``up``, ``down``, ``status``.
+"""The local Slurm cluster: ``up``, ``down``, ``status``, in one of two host modes.
 
 ``up`` writes slurm.conf/gres.conf/plugstack.conf into a state directory, starts a
 private munged (its own socket under the state dir; the system one if that
 fails), ``slurmctld -i``, waits for ``scontrol ping`` to say UP while watching the
-slurmctld pid, starts one ``slurmd -N <node>`` per node, and waits until every
-node is idle. It is idempotent: a cluster that is already up is left alone.
-``down`` stops exactly the processes ``up`` started (pid files with start times).
-Clients find the cluster through ``SLURM_CONF`` (see :func:`client_env`).
+slurmctld pid, starts the slurmds, and waits until every node is idle. It is
+idempotent: a cluster that is already up is left alone.
+
+- :attr:`HostMode.SHARED` (the default): one ``slurmd -N <node>`` per node on this
+  host, all sharing its /dev/shm, /tmp and network (loopback, a port each).
+- :attr:`HostMode.SEPARATE`: every node a host of its own (its own network, mount
+  and UTS namespaces, own munged; see host_plan.py and hosts.py), on a private
+  subnet whose inter-pool link can be shaped (``interpool_gbps``).
+
+``down`` kills every process in the hosts' namespaces (steps included), stops
+exactly the login-side processes ``up`` started (pid files with start times), and
+removes the namespaces, veths and bridges; it is idempotent and works after a
+crash (the host plan is recorded before anything is built). Clients find the
+cluster through ``SLURM_CONF`` (see :func:`client_env`).
 """
 
 from __future__ import annotations
@@ -18,29 +28,44 @@ import os
 import shutil
 import socket
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from weave_slurm.errors import ConfigError, StateError
 from weave_slurm.slurm import daemons
+from weave_slurm.slurm import hosts as separate_hosts
 from weave_slurm.slurm.cluster_config import (
     MUNGE_RUN_DIR,
+    SLURMD_PORT,
     ClusterLayout,
     ClusterPaths,
     ClusterPorts,
+    HostMode,
+    SharedPaths,
     render_gres_conf,
     render_plugstack_conf,
     render_slurm_conf,
 )
+from weave_slurm.slurm.host_plan import (
+    DEFAULT_SUBNET,
+    HostPlan,
+    host_argv,
+    plan_hosts,
+    render_hosts_file,
+)
+from weave_slurm.slurm.munge import host_munge_dir, start_host_munge, start_login_munge
 from weave_slurm.slurm.runner import CommandRunner, SlurmCommandError, SubprocessRunner
 
 log = logging.getLogger(__name__)
 
 DEFAULT_STATE_DIR = Path(".state/cluster")
-SYSTEM_MUNGE_DIR = Path("/run/munge")
 _POLL_S = 0.05
 _UNUSABLE = ("down", "drain", "fail", "unk", "boot", "maint", "inval", "npc", "futr")
+_TOOLS = ("slurmctld", "slurmd", "munged", "scontrol", "sinfo")
+_HOST_TOOLS = ("ip", "tc", "nsenter", "unshare", "setpriv", "mount")
 
 
 @dataclass(frozen=True)
@@ -73,6 +98,8 @@ class ClusterStatus:
     nodes: tuple[NodeStatus, ...]
     already_up: bool = False
     up_s: float | None = None
+    hosts: HostMode = HostMode.SHARED
+    addresses: tuple[tuple[str, str], ...] = ()  # (host, address), login first; separate only
 
     @property
     def ready(self) -> bool:
@@ -85,6 +112,8 @@ class ClusterStatus:
         data = asdict(self)
         data["state_dir"] = str(self.state_dir)
         data["slurm_conf"] = str(self.slurm_conf)
+        data["hosts"] = self.hosts.value
+        data["addresses"] = dict(self.addresses)
         data["ready"] = self.ready
         return data
 
@@ -113,6 +142,16 @@ def _wait(what: str, ready: Callable[[], bool], alive: Callable[[], bool],
     raise StateError(f"local cluster: {what}: not ready after {timeout_s:g} s; {evidence()}")
 
 
+def _check_tools(mode: HostMode) -> None:
+    for tool in _TOOLS + (_HOST_TOOLS if mode is HostMode.SEPARATE else ()):
+        if shutil.which(tool) is None:
+            raise ConfigError(f"weave cluster up: {tool!r} not found on PATH; install "
+                              "the Debian packages slurm-wlm, munge, iproute2 and util-linux")
+    if mode is HostMode.SEPARATE and os.geteuid() != 0:
+        raise ConfigError("weave cluster up --hosts separate: needs root (it creates network "
+                          "and mount namespaces)")
+
+
 class LocalCluster:
     """One local cluster rooted at ``state_dir``."""
 
@@ -129,6 +168,13 @@ class LocalCluster:
             return []
         found = (daemons.read(p) for p in sorted(self.paths.run_dir.glob("*.pid")))
         return [r for r in found if r is not None]
+
+    def _manifest(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self.paths.manifest.read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
 
     def _ping(self) -> bool:
         if not self.paths.slurm_conf.exists():
@@ -159,71 +205,146 @@ class LocalCluster:
         ds = tuple(DaemonStatus(r.name, r.pid, daemons.is_alive(r)) for r in records)
         ctld_alive = any(d.name == "slurmctld" and d.alive for d in ds)
         up = ctld_alive and self._ping()
+        plan = self.hosts_plan()
+        addresses = (((plan.login_name, plan.login_addr), *((n.name, n.addr) for n in plan.nodes))
+                     if plan else ())
         return ClusterStatus(self.paths.state_dir, self.paths.slurm_conf, up, ds,
-                             self._nodes() if up else ())
+                             self._nodes() if up else (),
+                             hosts=HostMode.SEPARATE if plan else HostMode.SHARED,
+                             addresses=addresses)
+
+    def hosts_plan(self) -> HostPlan | None:
+        """The separate hosts of this cluster (names, addresses, namespaces); None if shared."""
+        return separate_hosts.read_plan(self.paths.state_dir)
+
+    def shared_paths(self) -> SharedPaths:
+        """The shared file systems (home, work, ckpt): visible on every host and the login."""
+        return self.paths.shared
+
+    def host_argv(self, node: str, argv: Sequence[str], cwd: Path | None = None) -> list[str]:
+        """``argv`` wrapped to run on ``node``'s host (its namespaces), as root."""
+        return host_argv(self._plan_or_fail("host_argv").node(node), argv, cwd)
+
+    def _plan_or_fail(self, what: str) -> HostPlan:
+        plan = self.hosts_plan()
+        if plan is None:
+            raise StateError(f"{what}: the cluster in {self.paths.state_dir} has no separate "
+                             "hosts; bring it up with 'weave cluster up --hosts separate'")
+        return plan
 
     # -- acting ------------------------------------------------------------------------
 
-    def up(self, layout: ClusterLayout | None = None, *, spank_plugin: Path | None = None,
-           socket_dir: Path | None = None, timeout_s: float = 60.0) -> ClusterStatus:
-        """Bring the cluster up (or find it up) and return its status."""
+    def shape_interpool(self, gbps: float | None) -> None:
+        """Shape the link between the pools to ``gbps`` both ways; None removes shaping."""
+        separate_hosts.shape(self._plan_or_fail("shape"), gbps, self.runner)
+        manifest = self._manifest()
+        if manifest:
+            manifest["interpool_gbps"] = gbps
+            self.paths.manifest.write_text(json.dumps(manifest, indent=2) + "\n")
+
+    def up(self, layout: ClusterLayout | None = None, *, hosts: HostMode = HostMode.SHARED,
+           subnet: str | None = None, interpool_gbps: float | None = None,
+           spank_plugin: Path | None = None, socket_dir: Path | None = None,
+           timeout_s: float = 60.0) -> ClusterStatus:
+        """Bring the cluster up (or find it up) and return its status.
+
+        ``subnet`` and ``interpool_gbps`` apply to ``hosts=HostMode.SEPARATE`` only.
+        """
         layout = layout or ClusterLayout()
         layout.validate()
-        for tool in ("slurmctld", "slurmd", "munged", "scontrol", "sinfo"):
-            if shutil.which(tool) is None:
-                raise ConfigError(f"weave cluster up: {tool!r} not found on PATH; install "
-                                  "the Debian packages slurm-wlm and munge")
+        if hosts is HostMode.SHARED and (subnet is not None or interpool_gbps is not None):
+            raise ConfigError("--subnet/--interpool-gbps: only with --hosts separate")
+        if interpool_gbps is not None and interpool_gbps <= 0:
+            raise ConfigError(f"--interpool-gbps: {interpool_gbps!r} must be > 0")
+        _check_tools(hosts)
         if spank_plugin is not None and not spank_plugin.is_file():
             raise ConfigError(f"--spank: plugin {str(spank_plugin)!r} does not exist; build "
                               "it with 'make -C spank'")
+        subnet = subnet or DEFAULT_SUBNET
         current = self.status()
-        if current.ready and self._same_layout(layout):
+        if current.ready and self._same_layout(layout, hosts, subnet):
+            if hosts is HostMode.SEPARATE:
+                self.shape_interpool(interpool_gbps)
             return replace(current, already_up=True)
         t0 = time.monotonic()
         self.down()
         try:
-            self._start(layout, spank_plugin, socket_dir, timeout_s)
+            self._start(layout, hosts, subnet, interpool_gbps, spank_plugin, socket_dir,
+                        timeout_s)
         except Exception:
-            self.down()
+            with contextlib.suppress(Exception):
+                self.down()
             raise
         final = self.status()
         return replace(final, up_s=time.monotonic() - t0)
 
-    def _same_layout(self, layout: ClusterLayout) -> bool:
-        try:
-            manifest = json.loads(self.paths.manifest.read_text())
-        except (OSError, ValueError):
-            return False
-        return bool(manifest.get("nodes") == list(layout.node_names()))
+    def _same_layout(self, layout: ClusterLayout, mode: HostMode, subnet: str) -> bool:
+        m = self._manifest()
+        plan = self.hosts_plan()
+        return bool(m.get("nodes") == list(layout.node_names())
+                    and m.get("hosts", HostMode.SHARED.value) == mode.value
+                    and (plan is None or plan.subnet == subnet))
 
-    def _start(self, layout: ClusterLayout, spank_plugin: Path | None,
+    def _start(self, layout: ClusterLayout, mode: HostMode, subnet: str,
+               interpool_gbps: float | None, spank_plugin: Path | None,
                socket_dir: Path | None, timeout_s: float) -> None:
         p = self.paths
-        for d in (p.run_dir, p.log_dir, p.ctld_state_dir):
-            d.mkdir(parents=True, exist_ok=True)
-        for node in layout.node_names():
-            p.spool_dir(node).mkdir(parents=True, exist_ok=True)
-            p.tmpfs_dir(node).mkdir(parents=True, exist_ok=True)
-        self._make_gpu_files(layout)
-        munge_socket = self._start_munge(timeout_s)
-        ports = ClusterPorts(_free_port(),
-                             tuple((n, _free_port()) for n in layout.node_names()))
-        p.slurm_conf.write_text(render_slurm_conf(layout, p, ports, munge_socket))
-        p.gres_conf.write_text(render_gres_conf(layout, p))
+        self._make_dirs(layout, mode)
+        munge_socket = start_login_munge(p, self.runner, _wait, timeout_s)
+        plan = (plan_hosts(p.state_dir, layout, subnet, socket.gethostname().split(".")[0])
+                if mode is HostMode.SEPARATE else None)
+        ports = ClusterPorts(_free_port(), tuple(
+            (n, SLURMD_PORT if plan else _free_port()) for n in layout.node_names()))
+        if spank_plugin is not None and plan:  # site software every host can read
+            spank_plugin = Path(shutil.copy2(spank_plugin, p.site_dir / spank_plugin.name))
+        p.slurm_conf.write_text(render_slurm_conf(layout, p, ports, munge_socket,
+                                                  plan.addressing() if plan else None))
+        p.gres_conf.write_text(render_gres_conf(layout, p, mode))
         p.plugstack_conf.write_text(render_plugstack_conf(
             spank_plugin.resolve() if spank_plugin else None, socket_dir))
+        host_munge = host_munge_dir(p, private=munge_socket is not None)
+        if plan is not None:
+            (p.site_dir / "hosts").write_text(render_hosts_file(plan))
+            separate_hosts.create(plan, p, host_munge, self.runner)
+            if interpool_gbps is not None:
+                separate_hosts.shape(plan, interpool_gbps, self.runner)
+        self._start_daemons(layout, plan, host_munge, timeout_s)
+        manifest = {"nodes": list(layout.node_names()), "hosts": mode.value,
+                    "ports": asdict(ports),
+                    "munge_socket": str(munge_socket) if munge_socket else None,
+                    "spank_plugin": str(spank_plugin) if spank_plugin else None,
+                    "shared": p.shared.to_json(), "login_dir": str(p.login_dir),
+                    "network": plan.to_json() if plan else None,
+                    "interpool_gbps": interpool_gbps}
+        p.manifest.write_text(json.dumps(manifest, indent=2) + "\n")
+
+    def _make_dirs(self, layout: ClusterLayout, mode: HostMode) -> None:
+        p = self.paths
+        for d in (p.run_dir, p.log_dir, p.ctld_state_dir, p.login_dir, p.site_dir,
+                  *p.shared.all()):
+            d.mkdir(parents=True, exist_ok=True)
+        for node in layout.node_names():
+            p.node_spool_dir(node, mode).mkdir(parents=True, exist_ok=True)
+            if mode is HostMode.SHARED:
+                p.tmpfs_dir(node).mkdir(parents=True, exist_ok=True)
+        self._make_gpu_files(layout, mode)
+
+    def _start_daemons(self, layout: ClusterLayout, plan: HostPlan | None, host_munge: Path,
+                       timeout_s: float) -> None:
+        """slurmctld, each host's munged (separate hosts), the slurmds; wait for idle nodes."""
+        p = self.paths
         env = {**os.environ, **self.env}
-        ctld = daemons.start("slurmctld", ["slurmctld", "-D", "-i", "-f", str(p.slurm_conf)],
+        # separate hosts start with no jobs: a step running at the last down died with it
+        clear = ["-c"] if plan else []
+        ctld = daemons.start("slurmctld", ["slurmctld", "-D", "-i", *clear, "-f",
+                                           str(p.slurm_conf)],
                              pid_file=p.pid_file("slurmctld"),
                              log_file=p.log_dir / "slurmctld.out", env=env)
+        host_munged = (start_host_munge(plan, p, host_munge, self.runner, _wait, timeout_s)
+                       if plan else [])
         _wait("slurmctld (scontrol ping)", self._ping, lambda: daemons.is_alive(ctld),
               timeout_s, lambda: daemons.log_tail(p.log_dir / "slurmctld.log"))
-        started = [ctld]
-        for node in layout.node_names():
-            started.append(daemons.start(
-                f"slurmd-{node}", ["slurmd", "-D", "-N", node, "-f", str(p.slurm_conf)],
-                pid_file=p.pid_file(f"slurmd-{node}"),
-                log_file=p.log_dir / f"slurmd-{node}.out", env=env))
+        started = [ctld, *host_munged, *self._start_slurmds(layout, plan, env)]
         want = set(layout.node_names())
 
         def all_idle() -> bool:
@@ -233,75 +354,54 @@ class LocalCluster:
         _wait("slurmd nodes idle in sinfo", all_idle,
               lambda: all(daemons.is_alive(r) for r in started), timeout_s,
               lambda: f"sinfo: {[(n.name, n.state) for n in self._nodes()]}")
-        manifest = {"nodes": list(layout.node_names()), "ports": asdict(ports),
-                    "munge_socket": str(munge_socket) if munge_socket else None,
-                    "spank_plugin": str(spank_plugin) if spank_plugin else None}
-        p.manifest.write_text(json.dumps(manifest, indent=2) + "\n")
 
-    def _make_gpu_files(self, layout: ClusterLayout) -> None:
+    def _start_slurmds(self, layout: ClusterLayout, plan: HostPlan | None,
+                       env: dict[str, str]) -> list[daemons.DaemonRecord]:
+        """One slurmd per node: ``-N <node>`` here, or on its own host (by its hostname)."""
+        p = self.paths
+        out = []
+        for node in layout.node_names():
+            argv = (host_argv(plan.node(node), ["slurmd", "-D", "-f", str(p.slurm_conf)])
+                    if plan else ["slurmd", "-D", "-N", node, "-f", str(p.slurm_conf)])
+            out.append(daemons.start(f"slurmd-{node}", argv, pid_file=p.pid_file(f"slurmd-{node}"),
+                                     log_file=p.log_dir / f"slurmd-{node}.out", env=env))
+        return out
+
+    def _make_gpu_files(self, layout: ClusterLayout, mode: HostMode) -> None:
         """Fake GPU device files: symlinks to /dev/null (Slurm wants character devices)."""
         for pool in layout.pools:
             for node in pool.node_names():
-                d = self.paths.gpu_dir(node)
+                d = self.paths.node_gpu_dir(node, mode)
                 d.mkdir(parents=True, exist_ok=True)
                 for i in range(pool.gpus_per_node):
                     link = d / f"nvidia{i}"
                     if not link.is_symlink():
                         link.symlink_to("/dev/null")
 
-    def _munge_ok(self, sock: Path | None) -> bool:
-        argv = ["munge", "-n"] + ([f"--socket={sock}"] if sock else [])
-        try:
-            return self.runner.run(argv, timeout_s=5, check=False).returncode == 0
-        except SlurmCommandError:
-            return False
-
-    def _start_munge(self, timeout_s: float) -> Path | None:
-        """A private munged under the state dir; the system one if that cannot start."""
-        d = self.paths.munge_dir
-        d.mkdir(parents=True, exist_ok=True)
-        if d.parent == MUNGE_RUN_DIR:
-            MUNGE_RUN_DIR.chmod(0o755)
-        shutil.chown(d, "munge", "munge")
-        d.chmod(0o755)  # munged wants the socket dir searchable by all
-        sock = self.paths.munge_socket
-        rec = daemons.start("munged", ["munged", "-F", f"--socket={sock}",
-                                       f"--pid-file={d / 'munged.pid'}",
-                                       f"--log-file={d / 'munged.log'}",
-                                       f"--seed-file={d / 'munged.seed'}"],
-                            pid_file=self.paths.pid_file("munged"),
-                            log_file=self.paths.log_dir / "munged.out", user="munge")
-        try:
-            _wait("private munged", lambda: self._munge_ok(sock),
-                  lambda: daemons.is_alive(rec), min(timeout_s, 10.0),
-                  lambda: daemons.log_tail(self.paths.log_dir / "munged.out"))
-            return sock
-        except StateError as exc:
-            log.warning("private munged failed (%s); using the system munged", exc)
-            daemons.stop(rec)
-            self.paths.pid_file("munged").unlink(missing_ok=True)
-        if not self._munge_ok(None):
-            SYSTEM_MUNGE_DIR.mkdir(parents=True, exist_ok=True)
-            shutil.chown(SYSTEM_MUNGE_DIR, "munge", "munge")
-            sysrec = daemons.start("munged-system", ["munged", "-F"],
-                                   pid_file=self.paths.pid_file("munged-system"),
-                                   log_file=self.paths.log_dir / "munged-system.out",
-                                   user="munge")
-            _wait("system munged", lambda: self._munge_ok(None),
-                  lambda: daemons.is_alive(sysrec), min(timeout_s, 10.0),
-                  lambda: daemons.log_tail(self.paths.log_dir / "munged-system.out"))
-        return None
-
     def down(self, timeout_s: float = 10.0) -> list[str]:
-        """Stop the daemons this cluster started (slurmds, slurmctld, munged, in order)."""
+        """Stop everything of this cluster; the names of what was running.
+
+        Separate hosts first: every process in their namespaces (slurmd, munged, steps,
+        tasks) gets SIGTERM, then SIGKILL after ``timeout_s``. Then the recorded
+        login-side daemons (slurmctld, munged; the slurmds in shared mode), then the
+        namespaces, veths and bridges. Raises StateError if any of those is left.
+        """
         order = {"slurmctld": 1, "munged": 2, "munged-system": 2}
         records = sorted(self._records(), key=lambda r: order.get(r.name, 0))
-        stopped = []
+        stopped = [r.name for r in records if daemons.is_alive(r)]
+        plan = self.hosts_plan()
+        if plan is not None:
+            daemon_pids = {r.pid for r in records}
+            swept = separate_hosts.sweep(plan, daemon_pids, grace_s=timeout_s)
+            others = Counter(n for pid, n in swept.items() if pid not in daemon_pids)
+            stopped += [f"{count} other processes on {node}"
+                        for node, count in sorted(others.items())]
         for rec in records:
-            if daemons.stop(rec, timeout_s=timeout_s):
-                stopped.append(rec.name)
+            daemons.stop(rec, timeout_s=timeout_s)
             with contextlib.suppress(OSError):
                 self.paths.pid_file(rec.name).unlink()
+        if plan is not None:
+            separate_hosts.destroy(plan, self.runner)
         self.paths.manifest.unlink(missing_ok=True)
         munge_dir = self.paths.munge_dir
         if munge_dir.parent == MUNGE_RUN_DIR and not any(r.name == "munged" and

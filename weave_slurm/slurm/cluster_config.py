@@ -1,15 +1,19 @@
-"""The layout and the config files of the local, one-host Slurm cluster.
+"""The layout and the config files of the local Slurm cluster.
 
 Pure: given a layout, a state directory and ports, render ``slurm.conf``,
-``gres.conf`` and ``plugstack.conf``. The settings are the ones verified on this
-kind of machine (see docs/slurm.md): linuxproc process tracking, no task plugin,
-cons_tres with CR_Core, backfill every second (heterogeneous jobs start only by
-backfill), ``config_overrides`` so a node may advertise more CPUs than the host
-has, accounting off, fake typed GPUs whose device files are symlinks to /dev/null.
+``gres.conf`` and ``plugstack.conf``, for either host mode (:class:`HostMode`): all
+nodes on this host (``slurmd -N``, loopback, a port each) or every node a host of
+its own (:class:`HostAddressing`: its own address and hostname, see host_plan.py).
+The settings are the ones verified on this kind of machine (see docs/slurm.md):
+linuxproc process tracking, no task plugin, cons_tres with CR_Core, backfill every
+second (heterogeneous jobs start only by backfill), ``config_overrides`` so a node
+may advertise more CPUs than the host has, accounting off, fake typed GPUs whose
+device files are symlinks to /dev/null.
 """
 
 from __future__ import annotations
 
+import enum
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +22,22 @@ from weave_slurm.errors import ConfigError
 
 CLUSTER_NAME = "weave"
 MUNGE_RUN_DIR = Path("/run/weave-munge")
+SLURMD_PORT = 6818  # Slurm's own default; every separate host can use it
+
+
+class HostMode(enum.StrEnum):
+    """Where the cluster's nodes run."""
+
+    SHARED = "shared"      # every slurmd on this host: one /dev/shm, /tmp and network
+    SEPARATE = "separate"  # every node a host of its own (namespaces; see host_plan.py)
+
+    @classmethod
+    def parse(cls, value: str) -> HostMode:
+        try:
+            return cls(value)
+        except ValueError:
+            raise ConfigError(f"--hosts: {value!r} is not a host mode; choose from "
+                              f"{', '.join(m.value for m in cls)}") from None
 
 
 @dataclass(frozen=True)
@@ -139,6 +159,72 @@ class ClusterPaths:
     def pid_file(self, daemon: str) -> Path:
         return self.run_dir / f"{daemon}.pid"
 
+    @property
+    def login_dir(self) -> Path:
+        """Reserved for weaved's state: login side only, masked on separate hosts."""
+        return self.state_dir / "login"
+
+    @property
+    def shared_root(self) -> Path:
+        """The cluster's shared file system (as over NFS): the same on every host."""
+        return self.state_dir / "shared"
+
+    @property
+    def shared(self) -> SharedPaths:
+        r = self.shared_root
+        return SharedPaths(home=r / "home", work=r / "work", ckpt=r / "ckpt")
+
+    @property
+    def site_dir(self) -> Path:
+        """Site software and files every host sees read-only (hosts file, SPANK .so)."""
+        return self.state_dir / "site"
+
+    @property
+    def conf_files(self) -> tuple[Path, ...]:
+        """The Slurm config files every host reads (read-only on separate hosts)."""
+        return (self.slurm_conf, self.gres_conf, self.plugstack_conf)
+
+    def host_dir(self, node: str) -> Path:
+        """A separate host's own disk (spool, logs, GPU files): seen by it and the login."""
+        return self.state_dir / "hosts" / node
+
+    def node_gpu_dir(self, node: str, mode: HostMode) -> Path:
+        return self.host_dir(node) / "dev" if mode is HostMode.SEPARATE else self.gpu_dir(node)
+
+    def node_spool_dir(self, node: str, mode: HostMode) -> Path:
+        return (self.host_dir(node) / "spool" if mode is HostMode.SEPARATE
+                else self.spool_dir(node))
+
+
+@dataclass(frozen=True)
+class SharedPaths:
+    """The shared file systems of the cluster: users' homes, work dirs, checkpoints."""
+
+    home: Path
+    work: Path
+    ckpt: Path
+
+    def all(self) -> tuple[Path, ...]:
+        return (self.home, self.work, self.ckpt)
+
+    def to_json(self) -> dict[str, str]:
+        return {"home": str(self.home), "work": str(self.work), "ckpt": str(self.ckpt)}
+
+
+@dataclass(frozen=True)
+class HostAddressing:
+    """How separate hosts are reached: the login's name and address, each node's address.
+
+    Each node's hostname is its node name; every slurmd listens on :data:`SLURMD_PORT`.
+    """
+
+    login_name: str
+    login_addr: str
+    nodes: tuple[tuple[str, str], ...]
+
+    def addr(self, node: str) -> str:
+        return dict(self.nodes)[node]
+
 
 @dataclass(frozen=True)
 class ClusterPorts:
@@ -152,13 +238,18 @@ class ClusterPorts:
 
 
 def render_slurm_conf(layout: ClusterLayout, paths: ClusterPaths, ports: ClusterPorts,
-                      munge_socket: Path | None) -> str:
-    """``slurm.conf`` for the local cluster; ``munge_socket`` None = the system munged."""
+                      munge_socket: Path | None, hosts: HostAddressing | None = None) -> str:
+    """``slurm.conf`` for the local cluster; ``munge_socket`` None = the system munged.
+
+    ``hosts`` None renders the shared-host layout (loopback, a port per node);
+    else every node is a host of its own, reached at its address on SLURMD_PORT.
+    """
     s = paths.state_dir
+    ctld = f"{hosts.login_name}({hosts.login_addr})" if hosts else "localhost"
     lines = [
         "# Generated by weave-slurm (weave cluster up); edits are overwritten.",
         f"ClusterName={CLUSTER_NAME}",
-        "SlurmctldHost=localhost",
+        f"SlurmctldHost={ctld}",
         f"SlurmctldPort={ports.slurmctld}",
         "SlurmUser=root",
         "SlurmdUser=root",
@@ -169,12 +260,9 @@ def render_slurm_conf(layout: ClusterLayout, paths: ClusterPaths, ports: Cluster
         lines.append(f"AuthInfo=socket={munge_socket}")
     lines += [
         f"StateSaveLocation={paths.ctld_state_dir}",
-        f"SlurmdSpoolDir={s}/spool/%n",
-        f"TmpFS={s}/tmp/%n",
+        *(_separate_host_dirs(s) if hosts else _shared_host_dirs(paths)),
         f"SlurmctldPidFile={paths.run_dir}/slurmctld.pid.ctl",
-        f"SlurmdPidFile={paths.run_dir}/slurmd-%n.pid.ctl",
         f"SlurmctldLogFile={paths.log_dir}/slurmctld.log",
-        f"SlurmdLogFile={paths.log_dir}/slurmd-%n.log",
         f"PlugStackConfig={paths.plugstack_conf}",
         "ProctrackType=proctrack/linuxproc",
         "TaskPlugin=task/none",
@@ -198,9 +286,10 @@ def render_slurm_conf(layout: ClusterLayout, paths: ClusterPaths, ports: Cluster
     ]
     for pool in layout.pools:
         for name in pool.node_names():
+            where = (f"NodeHostname={name} NodeAddr={hosts.addr(name)}" if hosts else
+                     f"NodeHostname=localhost NodeAddr=127.0.0.1 Port={ports.for_node(name)}")
             lines.append(
-                f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 "
-                f"Port={ports.for_node(name)} CPUs={pool.cpus_per_node} "
+                f"NodeName={name} {where} CPUs={pool.cpus_per_node} "
                 f"RealMemory={pool.real_memory_mib} "
                 f"Gres=gpu:{pool.gpu_type}:{pool.gpus_per_node} State=UNKNOWN")
     for i, pool in enumerate(layout.pools):
@@ -210,14 +299,28 @@ def render_slurm_conf(layout: ClusterLayout, paths: ClusterPaths, ports: Cluster
     return "\n".join(lines) + "\n"
 
 
-def render_gres_conf(layout: ClusterLayout, paths: ClusterPaths) -> str:
+def _shared_host_dirs(paths: ClusterPaths) -> list[str]:
+    s = paths.state_dir
+    return [f"SlurmdSpoolDir={s}/spool/%n", f"TmpFS={s}/tmp/%n",
+            f"SlurmdPidFile={paths.run_dir}/slurmd-%n.pid.ctl",
+            f"SlurmdLogFile={paths.log_dir}/slurmd-%n.log"]
+
+
+def _separate_host_dirs(s: Path) -> list[str]:
+    """Each host's slurmd keeps its files on its own disk; TmpFS is its private /tmp."""
+    return [f"SlurmdPort={SLURMD_PORT}", f"SlurmdSpoolDir={s}/hosts/%n/spool", "TmpFS=/tmp",
+            f"SlurmdPidFile={s}/hosts/%n/slurmd.pid", f"SlurmdLogFile={s}/hosts/%n/slurmd.log"]
+
+
+def render_gres_conf(layout: ClusterLayout, paths: ClusterPaths,
+                     mode: HostMode = HostMode.SHARED) -> str:
     """``gres.conf``: typed GPUs per node whose device files are /dev/null symlinks."""
     lines = ["# Generated by weave-slurm (weave cluster up).", "AutoDetect=off"]
     for pool in layout.pools:
         for name in pool.node_names():
             last = pool.gpus_per_node - 1
-            files = (f"{paths.gpu_dir(name)}/nvidia[0-{last}]" if last > 0
-                     else f"{paths.gpu_dir(name)}/nvidia0")
+            gpu_dir = paths.node_gpu_dir(name, mode)
+            files = f"{gpu_dir}/nvidia[0-{last}]" if last > 0 else f"{gpu_dir}/nvidia0"
             lines.append(f"NodeName={name} Name=gpu Type={pool.gpu_type} File={files}")
     return "\n".join(lines) + "\n"
 
