@@ -13,7 +13,7 @@ import pytest
 from weave_slurm.errors import ConfigError
 from weave_slurm.slurm.backend import AllocationRequest, ResourceSpec
 from weave_slurm.slurm.runner import run_command
-from weave_slurm.slurm.templates import render, render_allocation, render_node_daemon
+from weave_slurm.slurm.templates import render, render_allocation
 
 GOLDEN = Path(__file__).parent / "golden"
 H20 = ResourceSpec("h20", 2, 8, "h20", 16)
@@ -24,8 +24,6 @@ CASES = {
         AllocationRequest("7", "h20", (H20,), time_limit_min=240), output="/var/log/w/%j.out"),
     "allocation_het.sbatch": lambda: render_allocation(
         AllocationRequest("8", "het", (H20, H800))),
-    "node_daemon_h20.sh": lambda: render_node_daemon(
-        "7", "h20", Path("/run/weave dir"), ["python", "-m", "weave_slurm.node", "--serve"], 64),
 }
 
 
@@ -37,12 +35,6 @@ def test_golden(name: str) -> None:
         path.write_text(text)
     assert text == path.read_text(), f"{name} differs; WEAVE_UPDATE_GOLDEN=1 to accept"
     run_command(["bash", "-n", str(path)])
-
-
-def test_shell_values_are_quoted() -> None:
-    text = CASES["node_daemon_h20.sh"]()
-    assert "sock_dir='/run/weave dir'" in text
-    assert 'node-${SLURMD_NODENAME:?' in text, "shell ${VAR} must pass through untouched"
 
 
 def test_rendering_is_strict(tmp_path: Path) -> None:
@@ -57,9 +49,5 @@ def test_rendering_is_strict(tmp_path: Path) -> None:
 
 
 def test_bad_inputs() -> None:
-    with pytest.raises(ConfigError, match="node_command is empty"):
-        render_node_daemon("7", "h20", Path("/x"), [], 1)
-    with pytest.raises(ConfigError, match="shm_budget_gib"):
-        render_node_daemon("7", "h20", Path("/x"), ["x"], 0)
     with pytest.raises(ConfigError, match="group_id"):
         render_allocation(AllocationRequest("bad id", "h20", (H20,)))

@@ -58,8 +58,8 @@ def serve(
     resident: Annotated[bool, typer.Option(
         help="Keep a zygote and one pre-forked resident worker per job.")] = True,
     listen_port: Annotated[int | None, typer.Option(
-        help="Also serve weaved over TCP on this port, munge-authenticated (weaved on "
-        "another host).")] = None,
+        help="Also serve weaved over TCP on this port (0: any free one), munge-"
+        "authenticated (weaved on another host); the daemon prints the port it got.")] = None,
     listen_host: Annotated[str, typer.Option(
         help="The address to listen on; default every address of this host.")] = "",
     trusted_uid: Annotated[list[int] | None, typer.Option(
@@ -76,6 +76,7 @@ def serve(
     setup_logging(logging.INFO if verbose else logging.WARNING, "weave-node", timestamps=True)
     root = _per_node(root)
     checkpoint_root = _per_node(checkpoint_root) if checkpoint_root is not None else None
+    socket_path = _per_node(socket_path) if socket_path is not None else None
     daemon = NodeDaemon(NodeConfig(host_mem_gib=host_mem_gib, root=root,
                                    socket_path=socket_path, checkpoint_root=checkpoint_root,
                                    keep_checkpoints=keep_checkpoints,
@@ -85,6 +86,10 @@ def serve(
                                    trusted_uids=tuple(trusted_uid or (0,)),
                                    munge_socket=munge_socket, node_name=_node_name()))
     daemon.start()
+    if daemon.door is not None:   # weaved learns the port from this line (node/remote.py)
+        from weave_slurm.node.remote import ready_line
+
+        print(ready_line(_node_name(), int(daemon.door.address[1])), flush=True)
 
     def _stop(signum: int, frame: FrameType | None) -> None:
         threading.Thread(target=daemon.shutdown, daemon=True).start()

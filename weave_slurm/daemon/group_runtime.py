@@ -53,7 +53,7 @@ from weave_slurm.runtime.group import (
     NodeRef,
 )
 from weave_slurm.runtime.member import Member, RunnerConfig
-from weave_slurm.runtime.nodes import connect
+from weave_slurm.runtime.nodes import Resolver, connect
 from weave_slurm.runtime.profiler import planning_profile
 from weave_slurm.runtime.resume import Resume, ResumeKind
 from weave_slurm.runtime.runner import GroupRunner
@@ -78,12 +78,14 @@ class GroupRuntimeConfig:
 
 
 def member_spec(job: JobRow, group: GroupRow) -> MemberSpec:
-    """The runtime's view of a stored job: its spec's entry, seed, iterations, options."""
+    """The runtime's view of a stored job: its spec's entry, seed, iterations, options
+    and its own code (workdir, python, pythonpath)."""
     spec = parse_job(job.spec, job.source)
     pins = next((m.rollout_pins for m in group.plan.members if m.job_id == job.job_id), (0,))
     return MemberSpec(str(job.job_id), entry_point=spec.entry, seed=spec.seed,
                       steps=spec.iterations, options=dict(spec.options),
-                      staleness=spec.staleness, uid=job.uid,
+                      staleness=spec.staleness, uid=job.uid, workdir=spec.workdir,
+                      python=spec.python, pythonpath=spec.pythonpath,
                       rollout_pins=tuple(pins) or (0,), train_node=0,
                       declared=DeclaredProfile(job.profile.rollout_mean_s or None,
                                                job.profile.train_mean_s or None,
@@ -97,9 +99,10 @@ class GroupRuntime:
 
     def __init__(self, node_ref: Callable[[AllocRow, str, Pool], NodeRef],
                  config: GroupRuntimeConfig | None = None,
-                 launcher: Launcher | None = None) -> None:
+                 launcher: Launcher | None = None, resolve: Resolver | None = None) -> None:
         self.node_ref = node_ref
         self.launcher = launcher        # how sync agents start on remote nodes
+        self.resolve = resolve          # a remote node daemon's current port
         self.config = config or GroupRuntimeConfig()
         self.groups: dict[int, GroupRunner] = {}       # active groups
         self.spans: dict[int, list[Span]] = {}         # group id -> spans (kept after end)
@@ -109,6 +112,7 @@ class GroupRuntime:
         self._thread: threading.Thread | None = None
         self._live: dict[int, dict[str, Any]] = {}
         self._resume: dict[int, Resume] = {}    # job -> how it goes on (its group lost nodes)
+        self._waits: dict[int, str] = {}        # group -> why its node daemons are not used
         self._snap_at = 0.0
 
     # -- the Driver seam -------------------------------------------------------------
@@ -142,14 +146,24 @@ class GroupRuntime:
         return outcomes
 
     def _build(self, group: GroupRow, allocs: Sequence[AllocRow]) -> None:
-        refs = {role: [self.node_ref(a, node, pool) for a, node in pool_nodes(allocs, role)]
-                for role, pool in (("rollout", Pool.ROLLOUT), ("train", Pool.TRAIN))}
+        try:
+            refs = {role: [self.node_ref(a, node, pool) for a, node in pool_nodes(allocs, role)]
+                    for role, pool in (("rollout", Pool.ROLLOUT), ("train", Pool.TRAIN))}
+        except WeaveError as exc:   # a node daemon still starting: the next tick tries again
+            self._waiting(group, str(exc))
+            return
         if not refs["rollout"] or not refs["train"]:
             return
         layout = GroupLayout(tuple(refs["rollout"]), tuple(refs["train"]))
-        if not all(self._answers(r) for r in (*layout.rollout, *layout.train)):
-            return   # node daemons still starting: the next tick tries again
-        runner = GroupRunner(layout, [], config=self.config.runner, launcher=self.launcher)
+        for ref in (*layout.rollout, *layout.train):
+            why = self._answers(ref)
+            if why is not None:   # still starting, or refusing us: say so, try next tick
+                self._waiting(group, f"the node daemon on {ref.name} does not answer yet: "
+                                     f"{why}")
+                return
+        self._waits.pop(group.group_id, None)
+        runner = GroupRunner(layout, [], config=self.config.runner, launcher=self.launcher,
+                             resolve=self.resolve)
         runner.listeners.append(self._on_move)
         self.groups[group.group_id] = runner
         self.spans[group.group_id] = runner.spans
@@ -183,20 +197,30 @@ class GroupRuntime:
         del self.groups[gid]
         return outcomes
 
-    def _answers(self, ref: NodeRef) -> bool:
+    def _answers(self, ref: NodeRef) -> str | None:
+        """None when ``ref``'s daemon answers; else why not, in words."""
         from weave_slurm.node.protocol import Op
 
         try:
             client = connect(ref, self.config.ping_timeout_s, self.config.runner.munge_socket)
-        except (WeaveError, OSError):
-            return False
+        except (WeaveError, OSError) as exc:
+            return str(exc)
         try:
             client.call(Op.STATUS)
-        except (WeaveError, OSError):
-            return False
+        except (WeaveError, OSError) as exc:
+            return str(exc)
         finally:
             client.close()
-        return True
+        return None
+
+    def _waiting(self, group: GroupRow, why: str) -> None:
+        """The group's runtime waits for its node daemons: its jobs' REASON says why
+        (logged once per distinct reason)."""
+        if self._waits.get(group.group_id) != why:
+            log.warning("group %s: waiting for its node daemons: %s", group.group_id, why)
+            self._waits[group.group_id] = why
+        for job_id in group.plan.job_ids:
+            self._live[job_id] = {"phase": "init", "event": f"waiting: {why}"}
 
     def _member_of(self, runner: GroupRunner, group: GroupRow,
                    job: JobRow) -> JobOutcome | None:

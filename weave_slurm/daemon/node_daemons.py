@@ -3,10 +3,12 @@
 One node daemon runs on each node of a group's allocation (a step of it). On the
 local backend weaved shares the host with every "node" and reaches each daemon at a
 Unix socket in its state directory. On Slurm a node is a host of its own: weaved
-reaches its daemon over TCP at the node's address (Slurm's ``NodeAddr``) and a port
-derived from the allocation (``node_port_base + allocation key % node_port_span``: the
-same after a weaved restart, distinct between this weaved's allocations), every
-message munge-authenticated (:mod:`weave_slurm.node.remote`). Everything a node daemon
+reaches its daemon over TCP at the node's address (Slurm's ``NodeAddr``) and the port
+the daemon got (any free one) and said in its ready line, which comes back to weaved's
+host in the step's output; weaved reads the newest one per node each time it
+connects, so a relaunched daemon is found again and daemons of other instances or
+earlier steps never collide. Every message is munge-authenticated
+(:mod:`weave_slurm.node.remote`). Everything a node daemon
 keeps is node-local (its store under ``shm_root``, its socket for local clients under
 ``node_socket_dir``), per weaved instance, except the checkpoints: those go under
 ``checkpoint_root``, which must be a file system weaved and every node share (a
@@ -21,13 +23,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from weave_slurm.config.site import SiteConfig
+from weave_slurm.daemon import membership
 from weave_slurm.daemon.reconcile import NODE_STEP
 from weave_slurm.daemon.records import AllocRow, GroupRow
-from weave_slurm.errors import ConfigError, StateError, WeaveError
+from weave_slurm.errors import NodeUnavailable, StateError, WeaveError
+from weave_slurm.node.remote import ready_ports
 from weave_slurm.runtime.group import NodeRef
 from weave_slurm.slurm.backend import Backend, StepSpec
 from weave_slurm.slurm.runner import PipedProcess
-from weave_slurm.slurm.templates import render_node_daemon
 from weave_slurm.vocab import Pool
 
 #: The node-local socket directory the weave SPANK plugin points job tasks at.
@@ -45,25 +48,17 @@ class NodeDaemonSettings:
     node_socket_dir: Path | None = None      # default: <state>/nodes (local), /run/weave
     shm_root: Path = Path("/dev/shm/weave-nodes")
     checkpoint_root: Path | None = None      # default: <state>/ckpt (one host only)
-    node_port_base: int = 47000
-    node_port_span: int = 1000
     munge_socket: str | None = None
     python: str = sys.executable             # the interpreter the nodes run weave with
-
-    def validate(self) -> None:
-        if not 1024 <= self.node_port_base <= 65535 - self.node_port_span \
-                or self.node_port_span < 1:
-            raise ConfigError(f"--node-port-base {self.node_port_base} / span "
-                              f"{self.node_port_span}: the ports must lie in 1024..65535")
 
 
 class NodeDaemons:
     """The node daemons of weaved's allocations: their step, their address, their roots."""
 
     def __init__(self, settings: NodeDaemonSettings, site: SiteConfig, backend: Backend) -> None:
-        settings.validate()
         self.s, self.site, self.backend = settings, site, backend
         self._addresses: dict[str, str] = {}
+        self._logs: dict[tuple[str | None, str], Path] = {}   # (alloc id, node) -> its log
 
     # -- paths (per instance) --------------------------------------------------------
     def _instanced(self, base: Path) -> Path:
@@ -87,15 +82,41 @@ class NodeDaemons:
             return self._instanced(self.s.checkpoint_root.resolve())
         return self.s.state_dir.resolve() / "ckpt"
 
-    def port(self, alloc: AllocRow) -> int:
-        return self.s.node_port_base + alloc.key % self.s.node_port_span
+    def log_path(self, alloc: AllocRow) -> Path:
+        """The node-daemon step's output on weaved's host (the ready lines are there)."""
+        label = membership.group_label(self.s.instance, alloc.group_id)
+        return self.s.state_dir.resolve() / "logs" / f"node-{label}-{alloc.pool}.log"
 
     # -- how weaved reaches a node daemon --------------------------------------------
     def ref(self, alloc: AllocRow, node: str, pool: Pool) -> NodeRef:
+        """``node``'s daemon; on Slurm its address and the port it said it got
+        (``NodeUnavailable`` until it said so)."""
         socket = self.socket_dir / f"node-{node}.sock"
         if not self.s.remote:
             return NodeRef(node, pool, socket)
-        return NodeRef(node, pool, socket, self.address(node), self.port(alloc), alloc.alloc_id)
+        self._logs[(alloc.alloc_id, node)] = self.log_path(alloc)
+        return NodeRef(node, pool, socket, self.address(node),
+                       self._port(self.log_path(alloc), node), alloc.alloc_id)
+
+    def resolve(self, node: NodeRef) -> NodeRef:
+        """``node`` with the port its daemon said last (a relaunched daemon's new one)."""
+        log = self._logs.get((node.alloc_id, node.name))
+        if not node.remote or log is None:
+            return node
+        return replace(node, port=self._port(log, node.name))
+
+    @staticmethod
+    def _port(log: Path, node: str) -> int:
+        try:
+            text = log.read_text(errors="replace")
+        except OSError:
+            text = ""
+        port = ready_ports(text).get(node)
+        if port is None:
+            raise NodeUnavailable(f"the node daemon on {node} has not said its port yet "
+                                  f"(see {log})")
+        return port
+
 
     def address(self, node: str) -> str:
         """The node's address as Slurm knows it (``NodeAddr``)."""
@@ -129,20 +150,21 @@ class NodeDaemons:
         argv = [self.s.python, "-m", "weave_slurm.cli.node", "serve",
                 "--host-mem-gib", f"{pool.host_mem_gib:g}",
                 "--root", f"{self._instanced(self.s.shm_root)}/{{node}}",
+                "--socket", f"{self.socket_dir}/node-{{node}}.sock",
                 "--checkpoint-interval-s", "0", "--checkpoint-root", f"{base}/{{node}}"]
         if self.s.remote:
-            argv += ["--listen-port", str(self.port(alloc)), "--trusted-uid", str(os.getuid())]
+            argv += ["--listen-port", "0", "--trusted-uid", str(os.getuid())]
             if self.s.munge_socket:
                 argv += ["--munge-socket", self.s.munge_socket]
         return tuple(argv)
 
     def step(self, group: GroupRow, alloc: AllocRow) -> StepSpec:
-        """The node-daemon step of an allocation, one task per node: the rendered
-        template, carried inline (a node does not see weaved's state directory)."""
+        """The node-daemon step of an allocation, one task per node: a plain argv (no
+        shell; ``weave node serve`` expands ``{node}`` itself) and, for a site's own
+        node command, the group, pool, budget and socket directory in its environment."""
         pool = self.site.rollout if alloc.role == "rollout" else self.site.train
-        script = render_node_daemon(group.label, alloc.pool, self.socket_dir,
-                                    self.command(alloc), pool.host_mem_gib)
-        logs = self.s.state_dir.resolve() / "logs"
-        return StepSpec(name=NODE_STEP, argv=("bash", "-c", script, "weave-node"),
-                        ntasks=alloc.node_count, node_count=alloc.node_count,
-                        log_path=logs / f"node-{group.label}-{alloc.pool}.log")
+        env = {"WEAVE_GROUP": group.label, "WEAVE_POOL": alloc.pool,
+               "WEAVE_SHM_BUDGET_GIB": f"{pool.host_mem_gib:g}",
+               "WEAVE_NODE_SOCKET_DIR": str(self.socket_dir)}
+        return StepSpec(name=NODE_STEP, argv=self.command(alloc), ntasks=alloc.node_count,
+                        node_count=alloc.node_count, env=env, log_path=self.log_path(alloc))

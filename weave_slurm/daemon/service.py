@@ -54,7 +54,6 @@ class DaemonConfig:
     shm_root: Path = Path("/dev/shm/weave-nodes")
     # a file system weaved and every node share (default <state_dir>/ckpt: one host only)
     checkpoint_root: Path | None = None
-    node_port_base: int = NodeDaemonSettings.node_port_base   # + allocation key % span
     munge_socket: str | None = None    # munged's socket (default $MUNGE_SOCKET, munge's)
     cpus_per_node: int = 2
     immediate_s: int = 10
@@ -134,8 +133,9 @@ class Weaved:
             state_dir=cfg.state_dir, instance=cfg.instance,
             remote=self.backend.kind != "local", node_command=cfg.node_command,
             node_socket_dir=cfg.node_socket_dir, shm_root=cfg.shm_root,
-            checkpoint_root=cfg.checkpoint_root, node_port_base=cfg.node_port_base,
-            munge_socket=cfg.munge_socket or os.environ.get("MUNGE_SOCKET")),
+            checkpoint_root=cfg.checkpoint_root,
+            munge_socket=cfg.munge_socket or cfg.env.get("MUNGE_SOCKET")
+            or os.environ.get("MUNGE_SOCKET")),
             self.site, self.backend)
         self.clock = SystemClock()
         self.driver = driver or self._default_driver()
@@ -168,7 +168,8 @@ class Weaved:
                          munge_socket=self.nodes.s.munge_socket)
         return GroupRuntime(self.nodes.ref, GroupRuntimeConfig(
             poll_s=cfg.runtime_poll_s, runner=runner, checkpoint_base=base),
-            launcher=self.nodes.launch_agent if self.nodes.s.remote else None)
+            launcher=self.nodes.launch_agent if self.nodes.s.remote else None,
+            resolve=self.nodes.resolve if self.nodes.s.remote else None)
 
     def run(self) -> None:
         """Serve and reconcile until :meth:`stop`."""

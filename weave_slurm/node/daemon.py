@@ -160,6 +160,7 @@ class NodeDaemon:
     def serve(self, ready: threading.Event | None = None) -> None:
         """Serve the socket until ``shutdown`` (call ``start`` first)."""
         path = self.config.socket
+        path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
         path.unlink(missing_ok=True)
         daemon = self
 
@@ -358,14 +359,21 @@ class NodeDaemon:
                                     "(resident_workers=false): activate with 'argv'")
         entry, args = request.args.get("entry"), request.args.get("args") or []
         pythonpath = request.args.get("pythonpath") or []
+        workdir, python = request.args.get("workdir"), request.args.get("python")
         if not isinstance(entry, str) or not isinstance(args, list) or \
                 not isinstance(pythonpath, list):
             raise ConfigError(f"activate of {job.job_id}: 'entry' must be a string "
                               f"'module:function', 'args' and 'pythonpath' lists")
+        for key, value in (("workdir", workdir), ("python", python)):
+            if value is not None and not (isinstance(value, str) and os.path.isabs(value)):
+                raise ConfigError(f"activate of {job.job_id}: {key!r} must be an absolute "
+                                  f"path or null, got {value!r}")
+        # the job's own python runs as the job's uid (pool, zygotes): no check here
         act = self.pool.activate(job, phase, {
             "entry": entry, "args": [str(a) for a in args], "env": env,
             "pythonpath": [str(p) for p in pythonpath], "root": str(self.store.root),
-            "segments": {k: str(v) for k, v in segments.items()}})
+            "segments": {k: str(v) for k, v in segments.items()},
+            "workdir": workdir, "python": python})
         with self.lock:
             self._last_kind[job.job_id] = WorkerKind.RESIDENT
         return {"job": job.job_id, **act.to_json()}

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import socket
 import socketserver
 import threading
@@ -31,9 +32,31 @@ from weave_slurm.node.protocol import MAX_LINE_BYTES, Op, Request
 log = logging.getLogger(__name__)
 
 PURPOSE = "weave-node"     # what a credential is for (a credential for anything else fails)
+#: The line a node daemon prints on its stdout once its door listens (weaved reads the
+#: newest one per node from the step's output, which Slurm brings back to its host):
+#: ``weave-node-ready {"node": ..., "port": ..., "pid": ...}``.
+READY_LINE = "weave-node-ready"
 PRIVILEGED_UID = 0         # how a trusted remote caller is treated by the handlers
 
 Handle = Callable[[int, Request], dict[str, Any]]
+
+
+def ready_line(node: str, port: int) -> str:
+    return f"{READY_LINE} {json.dumps({'node': node, 'port': port, 'pid': os.getpid()})}"
+
+
+def ready_ports(text: str) -> dict[str, int]:
+    """The newest port each node's daemon said it listens on, from a step's output."""
+    ports: dict[str, int] = {}
+    for line in text.splitlines():
+        if not line.startswith(READY_LINE + " "):
+            continue
+        try:
+            said = json.loads(line[len(READY_LINE) + 1:])
+            ports[str(said["node"])] = int(said["port"])
+        except (ValueError, KeyError, TypeError):
+            continue
+    return ports
 
 
 class RemoteDoor:

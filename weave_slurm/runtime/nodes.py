@@ -21,6 +21,12 @@ from weave_slurm.runtime.group import NodeRef
 log = logging.getLogger(__name__)
 
 ClientFactory = Callable[[Path], Any]
+#: A node's current address and port (its daemon may have been relaunched elsewhere).
+Resolver = Callable[[NodeRef], NodeRef]
+
+
+def _key(node: NodeRef) -> object:
+    return ("remote", node.alloc_id, node.name) if node.remote else node.socket_path
 
 
 class NodeLink:
@@ -28,9 +34,11 @@ class NodeLink:
     for a node with an address, local (its Unix socket) otherwise."""
 
     def __init__(self, client_factory: ClientFactory | None = None,
-                 munge_socket: str | None = None) -> None:
+                 munge_socket: str | None = None,
+                 resolve: Resolver | None = None) -> None:
         self._factory = client_factory
         self._munge_socket = munge_socket
+        self._resolve = resolve
         self._clients: dict[object, Any] = {}
 
     def local(self, socket_path: Path) -> Any:
@@ -49,9 +57,10 @@ class NodeLink:
         """The control connection to ``node``'s daemon."""
         if not node.remote:
             return self.local(node.socket_path)
-        key = (node.address, node.port)
-        if key not in self._clients:
-            self._clients[key] = connect(node, munge_socket=self._munge_socket)
+        key = _key(node)
+        if key not in self._clients:   # where it listens now (a relaunched daemon moves)
+            fresh = self._resolve(node) if self._resolve is not None else node
+            self._clients[key] = connect(fresh, munge_socket=self._munge_socket)
         return self._clients[key]
 
     def call(self, node: NodeRef, op: Op, **args: Any) -> dict[str, Any]:
@@ -59,8 +68,7 @@ class NodeLink:
         try:
             return dict(self.client(node).call(op, **args))
         except NodeGone:
-            key = (node.address, node.port) if node.remote else node.socket_path
-            old = self._clients.pop(key, None)   # reconnect next time
+            old = self._clients.pop(_key(node), None)   # reconnect next time
             if old is not None:
                 old.close()
             raise

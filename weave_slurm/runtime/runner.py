@@ -45,7 +45,7 @@ from weave_slurm.runtime.group import GroupLayout, MemberSpec, MemberState, Node
 from weave_slurm.runtime.lifecycle import Lifecycle
 from weave_slurm.runtime.member import Member, NodeSlots, PhaseRun, RunnerConfig, TailMove
 from weave_slurm.runtime.moves import Mover, make_transfer
-from weave_slurm.runtime.nodes import NodeLink
+from weave_slurm.runtime.nodes import NodeLink, Resolver
 from weave_slurm.runtime.ordering import next_member, phase_deadline_s
 from weave_slurm.runtime.profiler import LiveProfiler
 from weave_slurm.runtime.resume import Resume
@@ -68,13 +68,13 @@ class GroupRunner:
                  clock: Clock | None = None, config: RunnerConfig | None = None,
                  profiler: LiveProfiler | None = None,
                  client_factory: Callable[[Path], Any] | None = None,
-                 launcher: Launcher | None = None) -> None:
+                 launcher: Launcher | None = None, resolve: Resolver | None = None) -> None:
         layout.validate()
         self.layout = layout
         self.clock = clock or MonotonicClock()
         self.config = config or RunnerConfig()
         self.profiler = profiler or LiveProfiler()
-        self.link = NodeLink(client_factory, self.config.munge_socket)
+        self.link = NodeLink(client_factory, self.config.munge_socket, resolve)
         self.spans: list[Span] = []
         self.slots = NodeSlots()
         self.lifecycle = Lifecycle(layout, link=self.link,
@@ -244,7 +244,7 @@ class GroupRunner:
             args = dataclasses.replace(args, progress=run_id,
                                        tail_fraction=self.config.tail_fraction)
         self.link.call(node, Op.ACTIVATE, job=member.spec.job_id, phase=kind.value,
-                       entry=contract.entry(fn), args=[args.encode()])
+                       entry=contract.entry(fn), args=[args.encode()], **member.spec.code())
         now = self.clock.now()
         member.runs[kind] = PhaseRun(kind, node, now, now + deadline, init, member.ready_s,
                                      step, run_id=run_id)

@@ -119,8 +119,18 @@ class ClusterStatus:
 
 
 def client_env(state_dir: Path) -> dict[str, str]:
-    """The environment a Slurm client needs to talk to the cluster in ``state_dir``."""
-    return {"SLURM_CONF": str(ClusterPaths(state_dir.resolve()).slurm_conf)}
+    """The environment a client needs to talk to the cluster in ``state_dir``: its
+    ``SLURM_CONF``, and ``MUNGE_SOCKET`` when the cluster runs a private munged (weaved
+    and the node daemons authenticate each other with it)."""
+    paths = ClusterPaths(state_dir.resolve())
+    env = {"SLURM_CONF": str(paths.slurm_conf)}
+    try:
+        sock = json.loads(paths.manifest.read_text()).get("munge_socket")
+    except (OSError, ValueError, AttributeError):
+        sock = None
+    if sock:
+        env["MUNGE_SOCKET"] = str(sock)
+    return env
 
 
 def _free_port() -> int:
@@ -159,7 +169,6 @@ class LocalCluster:
                  runner: CommandRunner | None = None) -> None:
         self.paths = ClusterPaths(state_dir.resolve())
         self.runner: CommandRunner = runner or SubprocessRunner()
-        self.env = client_env(self.paths.state_dir)
 
     # -- reading the world -------------------------------------------------------------
 
@@ -168,6 +177,11 @@ class LocalCluster:
             return []
         found = (daemons.read(p) for p in sorted(self.paths.run_dir.glob("*.pid")))
         return [r for r in found if r is not None]
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What clients of this cluster need in their environment (:func:`client_env`)."""
+        return client_env(self.paths.state_dir)
 
     def _manifest(self) -> dict[str, Any]:
         try:

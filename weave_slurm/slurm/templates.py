@@ -1,16 +1,15 @@
-"""Render the scripts in ``weave_slurm/templates/`` for a group's allocations and node daemons.
+"""Render the scripts in ``weave_slurm/templates/`` (a group's allocation as an sbatch job).
 
 Templates use ``@@{name}`` placeholders (a :class:`string.Template` with delimiter
 ``@@``) so shell ``$VAR`` and ``${VAR}`` pass through untouched. Rendering is
 strict: a placeholder without a value, or a value without a placeholder, is an
-error. Values that land in shell code are quoted with :func:`shlex.quote`.
+error.
 """
 
 from __future__ import annotations
 
-import shlex
 import string
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from importlib.resources import files
 from pathlib import Path
 
@@ -58,18 +57,3 @@ def render_allocation(request: AllocationRequest, output: str = "/dev/null",
         "pool": request.pool, "group_id": request.group_id, "job_name": request.job_name,
         "comment": request.comment, "output": output, "time_directive": time_line,
         "component_directives": "\n".join(blocks)}, template_dir)
-
-
-def render_node_daemon(group_id: str, pool: str, socket_dir: Path, node_command: Sequence[str],
-                       shm_budget_gib: float, template_dir: Path = TEMPLATE_DIR) -> str:
-    """The node-daemon step script; ``node_command`` is exec'd with WEAVE_* exported."""
-    if not node_command:
-        raise ConfigError("node daemon template: node_command is empty; give the argv of "
-                          "the node daemon")
-    if shm_budget_gib <= 0:
-        raise ConfigError(f"node daemon template: shm_budget_gib={shm_budget_gib!r}; must "
-                          "be > 0")
-    return render("node_daemon.sh", {
-        "group_id": shlex.quote(group_id), "pool": shlex.quote(pool),
-        "shm_budget_gib": f"{shm_budget_gib:g}", "socket_dir": shlex.quote(str(socket_dir)),
-        "node_command": shlex.join(node_command)}, template_dir)
