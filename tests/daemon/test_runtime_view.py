@@ -71,3 +71,17 @@ def test_member_spec_from_a_stored_job() -> None:
     rt = GroupRuntime(lambda a, n: n)  # type: ignore[arg-type,return-value]
     assert rt.job_steps(job, group, []) == [] and rt.live(9) is None
     assert IdleDriver().live(9) is None
+
+
+def test_a_group_waiting_for_its_node_daemons_says_why_in_status() -> None:
+    """Before a group's runtime starts, status shows why it waits (and does not break)."""
+    from weave_slurm.daemon.records import GroupPlan, GroupRow, MemberPlan
+    from weave_slurm.daemon.states import GroupState
+
+    rt = GroupRuntime(lambda a, n, p: n)  # type: ignore[arg-type,return-value]
+    group = GroupRow(1, "x.1", GroupState.ACTIVE, GroupPlan(1, 1, (MemberPlan(9, (0,)),)),
+                     0.0, "")
+    rt._waiting(group, "the node daemon on h20-0 does not answer yet: refused")
+    live = rt.live(9)
+    assert live is not None and live["version"] is None and live["phase"] == "init"
+    assert live["event"] == "waiting: the node daemon on h20-0 does not answer yet: refused"

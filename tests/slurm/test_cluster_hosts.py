@@ -10,7 +10,6 @@ while each pool stays fast, and ``down`` leaves nothing behind (the last test).
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import os
 import shutil
 import signal
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.hosts import free_subnet
 from weave_slurm.slurm import hosts
 from weave_slurm.slurm.cluster import ClusterStatus, LocalCluster
 from weave_slurm.slurm.cluster_config import ClusterLayout, HostMode, PoolShape
@@ -57,18 +57,6 @@ SEND = ("import socket, sys, time\n"
         f"    try: c = socket.create_connection((sys.argv[1], {PORT})); break\n"
         "    except OSError: time.sleep(0.025)\n"
         f"c.sendall(b'x' * {MBYTES * 1_000_000}); c.close()\n")
-
-
-def _free_subnet() -> str:
-    """A /24 of 10.214.0.0/16 that no route of this host overlaps (other clusters')."""
-    res = run_command(["ip", "-o", "-4", "route", "show"])
-    taken = [ipaddress.ip_network(line.split()[0], strict=False)
-             for line in res.stdout.splitlines() if line.split()[0] != "default"]
-    for k in range(100 + os.getpid() % 100, 356):
-        net = ipaddress.ip_network(f"10.214.{k % 256}.0/24")
-        if not any(net.overlaps(t) for t in taken):
-            return str(net)
-    pytest.skip("no free /24 in 10.214.0.0/16")
 
 
 class Hosts:
@@ -116,7 +104,7 @@ def separate(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hosts]:
     base = tmp_path_factory.mktemp("hosts")
     cluster = LocalCluster(base / "cluster")
     try:
-        status = cluster.up(LAYOUT, hosts=HostMode.SEPARATE, subnet=_free_subnet(),
+        status = cluster.up(LAYOUT, hosts=HostMode.SEPARATE, subnet=free_subnet(),
                             timeout_s=60)
         yield Hosts(cluster, status, base)
     finally:

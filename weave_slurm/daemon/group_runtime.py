@@ -220,7 +220,8 @@ class GroupRuntime:
             log.warning("group %s: waiting for its node daemons: %s", group.group_id, why)
             self._waits[group.group_id] = why
         for job_id in group.plan.job_ids:
-            self._live[job_id] = {"phase": "init", "event": f"waiting: {why}"}
+            self._live[job_id] = {**self._live.get(job_id, {"version": None, "iterations": None}),
+                                  "phase": "init", "event": f"waiting: {why}"}
 
     def _member_of(self, runner: GroupRunner, group: GroupRow,
                    job: JobRow) -> JobOutcome | None:
