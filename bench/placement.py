@@ -23,12 +23,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from weave_slurm.model.cost import CostRates
 from weave_slurm.model.profile import JobProfile, simple_profile
 from weave_slurm.placement.admission import place_batch
 from weave_slurm.placement.cluster import Capacity, ClusterState
 from weave_slurm.placement.engine import WeavePolicy
 from weave_slurm.placement.optimum import optimum
+from weave_slurm.sim.accounting import reference_unit_rates
 
 #: The reference scheduler's per-arrival time on a 2-core machine (shared/data/README.md).
 REFERENCE_MS = {100: 104.0, 500: 338.0, 1000: 453.0, 2000: 689.0}
@@ -38,7 +38,7 @@ REFERENCE_RATIO = {6: 1.078, 7: 1.065, 8: 1.110}
 def capacity() -> Capacity:
     return Capacity(max_group_size=3, max_rollout_nodes_per_group=64, rollout_mem_gib=1e9,
                     train_mem_gib=1e9, rollout_pool_nodes=10**7, train_pool_nodes=10**7,
-                    rates=CostRates(rollout_node_hour=1 / 3, train_node_hour=1.0))
+                    rates=reference_unit_rates())
 
 
 def draw(rng: random.Random, job_id: str) -> JobProfile:

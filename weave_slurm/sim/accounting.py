@@ -2,7 +2,8 @@
 
 General part: a usage series is a list of :class:`UsageSample` - from ``time_s`` on,
 ``nodes[pool]`` nodes are paid for, until the next sample. :func:`integrate_cost` prices
-it with :class:`CostRates` (price per node-hour per pool).
+it with :class:`~weave_slurm.model.cost.CostRates` (price per node-hour per pool, the
+same rates placement uses).
 
 Reference part (``reference`` accounting mode; every fact is sourced in docs/traces.md):
 cost rates 1.0 per h800 (training) node and 1/3 per h20 (rollout) node, integrated over
@@ -17,14 +18,14 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from weave_slurm.config.site import SiteConfig, parse_site
 from weave_slurm.errors import ConfigError
+from weave_slurm.model.cost import CostRates
 from weave_slurm.sim.traces import EventKind, Trace, TraceJob
+from weave_slurm.vocab import Pool
 
-ROLLOUT_POOL = "h20"
-TRAIN_POOL = "h800"
 SECONDS_PER_HOUR = 3600.0
 
 REFERENCE_TRAIN_NODE_RATE = 1.0
@@ -34,42 +35,19 @@ REFERENCE_GPUS_PER_NODE = 8
 REFERENCE_SIMULATE_ITERATIONS = 100
 
 
-@dataclass(frozen=True)
-class CostRates:
-    """Price per node-hour for each pool (any currency or unit)."""
-
-    per_node_hour: Mapping[str, float] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        for pool, price in self.per_node_hour.items():
-            if not isinstance(price, int | float) or not math.isfinite(price) or price < 0:
-                raise ConfigError(f"cost rate for pool {pool!r}: {price!r}; expected a "
-                                  f"finite price >= 0 per node-hour")
-
-    def price(self, pool: str) -> float:
-        try:
-            return self.per_node_hour[pool]
-        except KeyError:
-            raise ConfigError(f"no cost rate for pool {pool!r}; priced pools: "
-                              f"{sorted(self.per_node_hour)}") from None
-
-    def per_hour(self, nodes: Mapping[str, int]) -> float:
-        """Cost of holding ``nodes`` (pool -> count) for one hour."""
-        return sum(self.price(pool) * count for pool, count in nodes.items() if count)
-
-
 def reference_unit_rates() -> CostRates:
     """The reference's relative rates: an h800 node costs 1, an h20 node 1/3 (per hour
     here; the reference integrates the same rates over seconds)."""
-    return CostRates({TRAIN_POOL: REFERENCE_TRAIN_NODE_RATE,
-                      ROLLOUT_POOL: REFERENCE_ROLLOUT_NODE_RATE})
+    return CostRates(rollout_node_hour=REFERENCE_ROLLOUT_NODE_RATE,
+                     train_node_hour=REFERENCE_TRAIN_NODE_RATE)
 
 
 def reference_usd_rates() -> CostRates:
     """Dollar rates of the reference plots: 8 x 5.28 $/h per h800 node, a third of that
     per h20 node."""
     h800 = REFERENCE_GPUS_PER_NODE * REFERENCE_H800_GPU_USD_PER_HOUR
-    return CostRates({TRAIN_POOL: h800, ROLLOUT_POOL: h800 * REFERENCE_ROLLOUT_NODE_RATE})
+    return CostRates(rollout_node_hour=h800 * REFERENCE_ROLLOUT_NODE_RATE,
+                     train_node_hour=h800)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,14 +55,14 @@ class UsageSample:
     """From ``time_s`` on (until the next sample), ``nodes[pool]`` nodes are paid for."""
 
     time_s: float
-    nodes: Mapping[str, int]
+    nodes: Mapping[Pool, int]
 
 
 def integrate_node_seconds(samples: Sequence[UsageSample], until_s: float | None = None
-                           ) -> dict[str, float]:
+                           ) -> dict[Pool, float]:
     """Node-seconds per pool of a piecewise-constant usage series. The last sample holds
     until ``until_s`` (default: its own time, i.e. it adds nothing)."""
-    totals: dict[str, float] = {}
+    totals: dict[Pool, float] = {}
     for index, sample in enumerate(samples):
         if index + 1 < len(samples):
             end_s = samples[index + 1].time_s
@@ -108,7 +86,7 @@ def integrate_cost(samples: Sequence[UsageSample], rates: CostRates,
 
 def group_cost_per_hour(train_nodes: int, rollout_nodes: int, rates: CostRates) -> float:
     """Hourly cost of one co-execution group."""
-    return rates.per_hour({TRAIN_POOL: train_nodes, ROLLOUT_POOL: rollout_nodes})
+    return rates.rate(rollout_nodes, train_nodes)
 
 
 def reference_group_rate(rollout_nodes: int, train_nodes: int = 1,
@@ -155,15 +133,15 @@ def baseline_usage(trace: Trace, baseline: Baseline) -> list[UsageSample]:
         h800 += nodes
         if baseline is Baseline.ISOLATED:
             h20 += nodes
-        samples.append(UsageSample(event.time_s, {ROLLOUT_POOL: h20, TRAIN_POOL: h800}))
+        samples.append(UsageSample(event.time_s, {Pool.ROLLOUT: h20, Pool.TRAIN: h800}))
     return samples
 
 
 def reference_baseline_cost(trace: Trace, baseline: Baseline) -> float:
     """A baseline's cost in h800-node-seconds, as the reference computes it."""
     node_s = integrate_node_seconds(baseline_usage(trace, baseline))
-    return (node_s.get(TRAIN_POOL, 0.0) * REFERENCE_TRAIN_NODE_RATE
-            + node_s.get(ROLLOUT_POOL, 0.0) * REFERENCE_ROLLOUT_NODE_RATE)
+    return (node_s.get(Pool.TRAIN, 0.0) * REFERENCE_TRAIN_NODE_RATE
+            + node_s.get(Pool.ROLLOUT, 0.0) * REFERENCE_ROLLOUT_NODE_RATE)
 
 
 def baseline_iterations(job: TraceJob, baseline: Baseline) -> int | None:

@@ -1,9 +1,20 @@
 """Phase-level execution of one group: the cyclic round-robin, event by event.
 
-Runs a group's members on :class:`weave_slurm.sim.events.Simulator`. Every node serves
-the phases of the members pinned to it in the group's cyclic order; member ``i``'s
-rollout ``k`` starts only after its training ``k-1`` and its weight sync (on-policy
-barrier), and training ``k`` consumes exactly the trajectories of rollout ``k``.
+Runs a group's members on :class:`weave_slurm.sim.events.Simulator`. Which member a
+free node serves next is decided by the live runtime's own ordering,
+:func:`weave_slurm.runtime.ordering.next_member`: the first member pinned to the node,
+counting cyclically from the one after the member it served last, whose next phase is
+ready (work-conserving: a node never waits for a member that is not ready while another
+is). Member ``i``'s rollout ``k`` is ready only after its training ``k-1`` and its
+weight sync (on-policy barrier), and training ``k`` consumes exactly the trajectories of
+rollout ``k``.
+
+A phase that spans several nodes (a member pinned to two rollout nodes, or training on
+two) is a gang. A gang a node picks joins a first-come-first-served queue, and the
+node is *held*, idle, for the earliest queued gang that needs it; a gang starts once
+all its nodes are held for it. So two gangs never hold nodes the other waits for, and
+every queued gang starts within one cyclic turn of each of its nodes. A single-node
+pick is always served as ``next_member`` decides.
 
 Rollouts are stochastic and long-tailed (:class:`RolloutModel`): admission planned with
 the max-token bound, a drawn rollout ends earlier and the next phase starts at once
@@ -28,8 +39,9 @@ from dataclasses import dataclass, field
 
 from weave_slurm.errors import StateError
 from weave_slurm.placement.group import Group
+from weave_slurm.runtime.ordering import next_member
 from weave_slurm.sim.events import Simulator
-from weave_slurm.vocab import Phase
+from weave_slurm.vocab import Phase, Pool
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,8 +124,10 @@ class ExecutionResult:
 
 @dataclass(slots=True)
 class _Node:
-    order: list[int]  # member indices in cyclic order
-    turn: int = 0
+    members: tuple[int, ...]  # the members pinned here, in cyclic order
+    order: tuple[str, ...]  # their job ids (what ``next_member`` orders)
+    last: str | None = None  # the member it served last (``next_member``'s last_served)
+    held: int | None = None  # the gang this idle node is held for
     busy: bool = False
     tails: int = 0  # migrated tails still running on this node
     tail_until_s: float = 0.0
@@ -135,10 +149,13 @@ class GroupExecution:
         self.sim = Simulator()
         members = group.members
         self.n = len(members)
-        self.rnodes = [_Node([i for i, m in enumerate(members) if r in m.rollout_pins])
-                       for r in range(group.rollout_nodes)]
-        self.tnodes = [_Node([i for i, m in enumerate(members) if t in m.train_pins])
-                       for t in range(max(group.train_nodes, 1))]
+        self.ids = [m.job.job_id for m in members]
+        self.index = {job_id: i for i, job_id in enumerate(self.ids)}
+        self.pins = {Pool.ROLLOUT: [m.rollout_pins for m in members],
+                     Pool.TRAIN: [m.train_pins for m in members]}
+        self.rnodes = [self._node(Pool.ROLLOUT, r) for r in range(group.rollout_nodes)]
+        self.tnodes = [self._node(Pool.TRAIN, t) for t in range(max(group.train_nodes, 1))]
+        self.gangs: dict[Pool, list[int]] = {Pool.ROLLOUT: [], Pool.TRAIN: []}  # queued, FIFO
         self.version = [0] * self.n  # weights the trainer holds
         self.synced = [0] * self.n  # weights the rollout side holds
         self.traj = [-1] * self.n  # version of the trajectories waiting for training
@@ -150,6 +167,10 @@ class GroupExecution:
         self.stop_after: int | None = None
         if check:
             self._check_memory(rollout_mem_gib, train_mem_gib)
+
+    def _node(self, pool: Pool, node: int) -> _Node:
+        members = tuple(i for i, pins in enumerate(self.pins[pool]) if node in pins)
+        return _Node(members, tuple(self.ids[i] for i in members))
 
     def _check_memory(self, rollout_mem_gib: float, train_mem_gib: float) -> None:
         s = self.group.schedule
@@ -187,31 +208,40 @@ class GroupExecution:
     # ------------------------------------------------------------- scheduling
 
     def _dispatch(self) -> None:
-        progressed = True
-        while progressed:
-            progressed = False
-            for node in self.rnodes:
-                if node.busy or not node.order:
-                    continue
-                i = node.order[node.turn]
-                pins = self.group.members[i].rollout_pins
-                if self.ready[i] and all(self._rollout_turn(p, i) for p in pins):
-                    self._start_rollout(i)
-                    progressed = True
-            for node in self.tnodes:
-                if node.busy or not node.order:
-                    continue
-                i = node.order[node.turn]
-                pins = self.group.members[i].train_pins
-                if self.waiting_train[i] and all(
-                        not self.tnodes[p].busy and self.tnodes[p].order[self.tnodes[p].turn] == i
-                        for p in pins):
-                    self._start_train(i)
-                    progressed = True
+        # One pass per pool suffices: a start only takes readiness and nodes away.
+        self._serve(Pool.ROLLOUT)
+        self._serve(Pool.TRAIN)
 
-    def _rollout_turn(self, node: int, i: int) -> bool:
-        n = self.rnodes[node]
-        return not n.busy and n.order[n.turn] == i
+    def _serve(self, pool: Pool) -> None:
+        """Let every free node of ``pool`` serve whom ``next_member`` decides."""
+        nodes, all_pins = (self.rnodes if pool is Pool.ROLLOUT else self.tnodes), self.pins[pool]
+        flags = self.ready if pool is Pool.ROLLOUT else self.waiting_train
+        gangs = self.gangs[pool]
+        for n, node in enumerate(nodes):
+            if node.busy or node.held is not None:
+                continue
+            ready = {self.ids[i] for i in node.members if flags[i]}
+            pick = next_member(node.order, node.last, ready) if ready else None
+            if pick is None:
+                continue
+            i = self.index[pick]
+            if len(all_pins[i]) > 1:
+                # Gangs queue first come, first served: this node is held for the
+                # earliest waiting one that needs it (the one it picked joins the queue).
+                if i not in gangs:
+                    gangs.append(i)
+                i = next(g for g in gangs if n in all_pins[g])
+            node.held = i
+            pins = all_pins[i]
+            if all(nodes[p].held == i for p in pins):
+                if i in gangs:
+                    gangs.remove(i)
+                for p in pins:
+                    nodes[p].held, nodes[p].last = None, self.ids[i]
+                if pool is Pool.ROLLOUT:
+                    self._start_rollout(i)
+                else:
+                    self._start_train(i)
 
     def _start_rollout(self, i: int) -> None:
         m = self.group.members[i]
@@ -248,7 +278,6 @@ class GroupExecution:
         for p in self.group.members[i].rollout_pins:
             node = self.rnodes[p]
             node.busy = False
-            node.turn = (node.turn + 1) % len(node.order)
             if tail_end_s > now:
                 node.tails += 1
                 node.tail_until_s = max(node.tail_until_s, tail_end_s)
@@ -282,9 +311,7 @@ class GroupExecution:
     def _end_train(self, i: int, start_s: float) -> None:
         m = self.group.members[i]
         for p in m.train_pins:
-            node = self.tnodes[p]
-            node.busy = False
-            node.turn = (node.turn + 1) % len(node.order)
+            self.tnodes[p].busy = False
         self.version[i] += 1
         self.traj[i] = -1
         if self.keep:
