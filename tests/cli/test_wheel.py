@@ -90,18 +90,20 @@ def test_a_usage_mistake_is_one_line(installed: Path, tmp_path: Path) -> None:
 def test_templates_and_spank_source_are_package_data(installed: Path, tmp_path: Path) -> None:
     res = _run([installed / "python", "-c",
                 "import pathlib, weave_slurm\n"
-                "from weave_slurm.slurm.templates import TEMPLATE_DIR, render_node_daemon\n"
+                "from weave_slurm.slurm.backend import AllocationRequest, ResourceSpec\n"
+                "from weave_slurm.slurm.templates import TEMPLATE_DIR, render_allocation\n"
                 "from weave_slurm import spank\n"
                 "print(pathlib.Path(weave_slurm.__file__).parent)\n"
                 "print(TEMPLATE_DIR)\nprint(spank.source_dir())\n"
-                "print(render_node_daemon('7', 'h20', pathlib.Path('/run/w'), ['true'], 1))"],
+                "print(render_allocation(AllocationRequest('7', 'h20', "
+                "(ResourceSpec('h20', 1, 8, 'h20', 4),))))"],
                tmp_path)
     pkg, templates, source = (Path(line) for line in res.stdout.splitlines()[:3])
     assert "site-packages" in pkg.parts and REPO not in pkg.parents
     assert templates == pkg / "templates" and source == pkg / "spank"
-    assert {p.name for p in templates.iterdir()} >= {"allocation.sbatch", "node_daemon.sh"}
+    assert {p.name for p in templates.iterdir()} >= {"allocation.sbatch"}
     assert {p.name for p in source.iterdir()} >= {"weave.c", "Makefile"}
-    assert "export WEAVE_SHM_BUDGET_GIB=1" in res.stdout and "exec true" in res.stdout
+    assert "#SBATCH --partition=h20" in res.stdout   # rendered from the installed template
     assert _run([installed / "weave", "spank", "path"], tmp_path).stdout.strip() == str(source)
 
 
