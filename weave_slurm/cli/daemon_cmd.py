@@ -34,6 +34,16 @@ def daemon(
     node_command: Annotated[str | None, typer.Option(
         "--node-command", help="Node-daemon command (shell words); default 'weave node "
         "serve'.")] = None,
+    checkpoint_root: Annotated[Path | None, typer.Option(
+        "--checkpoint-root", help="Where node daemons keep checkpoints (<root>/<node>): a "
+        "file system this host and every node share, at the same path (default "
+        "<state-dir>/ckpt: only where weaved and the nodes share a host).")] = None,
+    node_socket_dir: Annotated[Path | None, typer.Option(
+        "--node-socket-dir", help="Node-local directory of the node daemons' sockets for "
+        "job tasks (default /run/weave on Slurm: the weave SPANK plugin's sockdir).")] = None,
+    munge_socket: Annotated[str | None, typer.Option(
+        "--munge-socket", envvar="MUNGE_SOCKET",
+        help="munged's socket on this host and the nodes (default munge's own).")] = None,
     runtime: Annotated[DriverKind, typer.Option(
         "--runtime", help="rl: run the jobs' RL phases round-robin on the node daemons; "
         "idle: only hold allocations and idle steps; auto: rl unless --node-command is "
@@ -51,8 +61,10 @@ def daemon(
                        admin_uids=tuple(admin_uid or ()),
                        path_roots=tuple(p.resolve() for p in path_root or ()),
                        node_command=tuple(shlex.split(node_command)) if node_command else None,
-                       runtime=runtime,
-                       env={k: v for k, v in os.environ.items() if k == "SLURM_CONF"})
+                       runtime=runtime, checkpoint_root=checkpoint_root,
+                       node_socket_dir=node_socket_dir, munge_socket=munge_socket,
+                       env={k: v for k, v in os.environ.items()
+                            if k in ("SLURM_CONF", "MUNGE_SOCKET")})
     weaved = Weaved(cfg)
 
     def _stop(signum: int, frame: FrameType | None) -> None:
