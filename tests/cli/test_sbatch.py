@@ -91,3 +91,78 @@ def test_submit_prints_like_sbatch_and_refuses_cleanly(
     assert "needs 100 nodes" in capsys.readouterr().err
     assert run_app(app, "weave-sbatch", [str(spec), "--socket", "/nonexistent/s"]) == 1
     assert "no weaved at" in capsys.readouterr().err
+
+
+# -- the user's own code: --workdir, --python, --pythonpath ------------------------------
+
+CODE_SCRIPT = """\
+#!/bin/bash
+#WEAVE --model-params-b=0.5 --rollout-gpus=8 --train-gpus=8 --max-tokens=64
+#WEAVE --workdir={work} --python={python}
+#WEAVE --pythonpath={src}:{lib}
+#WEAVE --pythonpath {extra}
+python -m my_pkg.train
+"""
+
+
+def _code(tmp_path: Path) -> dict[str, str]:
+    for d in ("work", "src", "lib", "extra", "venv/bin"):
+        (tmp_path / d).mkdir(parents=True, exist_ok=True)
+    python = tmp_path / "venv" / "bin" / "python"
+    python.write_text("#!/bin/sh\n")
+    python.chmod(0o755)
+    return {k: str(tmp_path / k) for k in ("work", "src", "lib", "extra")} | \
+        {"python": str(python)}
+
+
+def test_code_directives_and_flags(tmp_path: Path) -> None:
+    paths = _code(tmp_path)
+    script = tmp_path / "train.sh"
+    script.write_text(CODE_SCRIPT.format(**paths))
+    text, spec = build_spec(script, {})
+    assert (spec.workdir, spec.python) == (paths["work"], paths["python"])
+    assert spec.pythonpath == (paths["src"], paths["lib"], paths["extra"])   # they add up
+    assert f'pythonpath = ["{paths["src"]}", ' in text
+    _, flagged = build_spec(script, {"pythonpath": ["/z"], "workdir": "/w"})
+    assert flagged.pythonpath == ("/z",) and flagged.workdir == "/w"     # flags win
+    with pytest.raises(ConfigError, match=r"train.sh:2: #WEAVE: --pythonpath=':' names no "
+                       r"path"):
+        read_directives("#!/bin/bash\n#WEAVE --pythonpath=:\n", str(script))
+
+
+def test_test_only_refuses_code_paths_that_are_not_there_in_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    paths = _code(tmp_path)
+    spec = tmp_path / "job.toml"
+    spec.write_text(job_spec_toml("code"))
+    base = [str(spec), "--test-only"]
+    ok = ["--workdir", paths["work"], "--python", paths["python"],
+          "--pythonpath", f"{paths['src']}:{paths['lib']}", "--pythonpath", paths["extra"]]
+    assert run_app(app, "weave-sbatch", [*base, *ok]) == 0
+    assert "valid spec for job 'code'" in capsys.readouterr().out
+    refused = [
+        (["--python", "/nowhere/bin/python"], "key 'python' = '/nowhere/bin/python': does "
+         "not exist"),
+        (["--python", paths["work"]], f"key 'python' = '{paths['work']}': is not a file"),
+        (["--workdir", paths["python"]], f"key 'workdir' = '{paths['python']}': is not a "
+         "directory"),
+        (["--pythonpath", f"{paths['src']}:/nowhere/src"],
+         "key 'pythonpath[1]' = '/nowhere/src': does not exist"),
+    ]
+    for flags, needle in refused:
+        assert run_app(app, "weave-sbatch", [*base, *flags]) == 2, flags
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("weave-sbatch: error:") and needle in err, err
+        assert len(err.splitlines()) == 1
+
+
+def test_weaved_refuses_code_paths_outside_the_users_dirs(
+        weaved: Running, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: F811
+    paths = _code(tmp_path)     # under /tmp: neither root's home nor a site root
+    spec = tmp_path / "job.toml"
+    spec.write_text(job_spec_toml("code"))
+    argv = [str(spec), "--workdir", paths["work"], "--socket", str(weaved.socket)]
+    assert run_app(app, "weave-sbatch", argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"key 'workdir' = '{paths['work']}'" in err and "outside your own" in err, err
+    assert len(err.splitlines()) == 1

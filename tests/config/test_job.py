@@ -2,13 +2,21 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from weave_slurm.config.job import Algorithm, load_job, parse_job
+from weave_slurm.config.job import (
+    Algorithm,
+    JobSpec,
+    check_paths,
+    code_paths,
+    load_job,
+    parse_job,
+)
 from weave_slurm.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -105,3 +113,71 @@ def test_any_value_in_any_key_is_valid_or_a_config_error(key: str, value: object
         parse_job("\n".join(lines), "fuzz.toml")
     except ConfigError as exc:
         assert str(exc).startswith("fuzz.toml")
+
+
+# -- the user's own code: workdir, python, pythonpath ------------------------------------
+
+CODE = 'workdir = "/home/alice/proj"\npython = "/home/alice/venv/bin/python"\n' \
+       'pythonpath = ["/home/alice/proj/src", "/home/alice/lib"]\n'
+
+
+def test_code_keys_parse_and_default_to_none() -> None:
+    spec = parse_job(CODE + BASE)
+    assert (spec.workdir, spec.python, spec.pythonpath) == (
+        "/home/alice/proj", "/home/alice/venv/bin/python",
+        ("/home/alice/proj/src", "/home/alice/lib"))
+    bare = parse_job(BASE)
+    assert (bare.workdir, bare.python, bare.pythonpath) == (None, None, ())
+
+
+@pytest.mark.parametrize(("line", "needle"), [
+    ('pythonpath = "/a/src"', "key 'pythonpath' = '/a/src': must be a list"),
+    ("pythonpath = [1]", "key 'pythonpath' = [1]: must be a list of paths"),
+    ('pythonpath = ["/a", ""]', "key 'pythonpath' = ['/a', '']: must be a list of paths"),
+    ("python = 3", "key 'python' = 3: must be a string"),
+    ('workdir = "  "', "key 'workdir' = '  ': must not be empty"),
+    ('pythonpath = [' + ", ".join(['"/a"'] * 17) + "]", "at most 16 entries"),
+    ('pythonpat = ["/a"]', "unknown key 'pythonpat'; valid keys here: "),
+])
+def test_bad_code_keys_are_one_line_naming_key_and_value(line: str, needle: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_job(line + "\n" + BASE, "job.toml")
+    message = str(err.value)
+    assert needle in message and message.startswith("job.toml") and "\n" not in message
+    if "unknown key" in needle:
+        assert "pythonpath" in message and "workdir" in message   # the valid keys
+
+
+def test_code_paths_must_stay_in_the_users_dirs(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    (home / "venv" / "bin").mkdir(parents=True)
+    (home / "src").mkdir()
+    # a venv's python is a symlink to the base interpreter, outside every allowed dir
+    (home / "venv" / "bin" / "python").symlink_to("/usr/bin/python3")
+    (home / "out").symlink_to("/etc")
+    uid = os.getuid()
+
+    def spec(workdir: str, python: str, *path: str) -> JobSpec:
+        entries = ", ".join(json.dumps(p) for p in path)
+        return parse_job(f'workdir = "{workdir}"\npython = "{python}"\n'
+                         f"pythonpath = [{entries}]\n" + BASE, "job.toml")
+
+    venv_python = str(home / "venv" / "bin" / "python")
+    check_paths(spec(str(home), venv_python, str(home / "src")), uid, roots=[home])
+    refused = [
+        (spec("/etc", venv_python), "key 'workdir' = '/etc'", "outside your own"),
+        (spec(str(home), "/usr/bin/python3"), "key 'python' = '/usr/bin/python3'",
+         "outside your own"),
+        (spec(str(home), venv_python, str(home / "src"), str(home / "out")),
+         "key 'pythonpath[1]' = ", "resolves to '/etc'"),
+        (spec("proj", venv_python), "key 'workdir' = 'proj'", "must be an absolute path"),
+        (spec(str(home), venv_python, f"{home}/src/../../x"), "key 'pythonpath[0]'",
+         "'..' is not allowed"),
+    ]
+    for job, key, why in refused:
+        with pytest.raises(ConfigError) as err:
+            check_paths(job, uid, roots=[home])
+        assert key in str(err.value) and why in str(err.value), err.value
+        assert str(home) in str(err.value) and "\n" not in str(err.value)
+    assert [k for k, _ in code_paths(spec(str(home), venv_python, "/a", "/b"))] == \
+        ["workdir", "python", "pythonpath[0]", "pythonpath[1]"]

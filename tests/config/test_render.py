@@ -82,3 +82,25 @@ def test_keys_left_out_take_the_parsers_defaults() -> None:
 def test_a_value_that_is_not_a_scalar_is_refused_naming_its_key() -> None:
     with pytest.raises(ConfigError, match=r"key 'options.bad' = \[1, 2\]: cannot write a list"):
         toml_tables({"options": {"bad": [1, 2]}})  # type: ignore[dict-item]
+
+
+@settings(max_examples=100, deadline=None)
+@given(workdir=st.none() | st.text(min_size=1, max_size=30).filter(str.strip),
+       python=st.none() | st.text(min_size=1, max_size=30).filter(str.strip),
+       pythonpath=st.none() | st.lists(st.text(min_size=1, max_size=20).filter(str.strip),
+                                       max_size=4))
+def test_the_code_keys_round_trip(workdir: str | None, python: str | None,
+                                  pythonpath: list[str] | None) -> None:
+    job = parse_job(job_spec_toml("code", workdir=workdir, python=python,
+                                  pythonpath=pythonpath))
+    assert (job.workdir, job.python, job.pythonpath) == (workdir, python,
+                                                         tuple(pythonpath or ()))
+
+
+def test_the_code_keys_are_top_level_keys() -> None:
+    text = job_spec_toml("code", workdir="/home/a/proj", python="/home/a/venv/bin/python",
+                         pythonpath=["/home/a/proj/src", "/home/a/x y"])
+    head = text.split("[model]")[0]
+    assert 'workdir = "/home/a/proj"\n' in head and 'python = "/home/a/venv/bin/python"\n' \
+        in head and 'pythonpath = ["/home/a/proj/src", "/home/a/x y"]\n' in head
+    assert "workdir" not in job_spec_toml("plain")

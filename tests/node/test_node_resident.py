@@ -16,6 +16,7 @@ from weave_slurm.errors import NodeUnavailable
 from weave_slurm.node.client import NodeClient
 from weave_slurm.node.daemon import NodeDaemon
 from weave_slurm.node.protocol import Op
+from weave_slurm.node.zygotes import Interpreter
 
 pytestmark = pytest.mark.torch
 NOBODY = 65534
@@ -114,20 +115,21 @@ def test_a_killed_resident_worker_is_replaced_and_the_next_activation_works(
 def test_a_killed_zygote_is_started_again_and_its_jobs_get_new_workers(
         resident_node: NodeDaemon, entry: str) -> None:
     pool = resident_node.pool
-    assert pool is not None and pool._zygote is not None
+    assert pool is not None
     with NodeClient(resident_node.config.socket) as c:
         job = c.register("j1", uid=_owner())
         c.put_state(job, "weights", {"w": torch.ones(8, 4)}, version=1)
         before = _run(c, "j1", entry, "report")
         running = c.call(Op.ACTIVATE, job="j1", phase="rollout", entry=f"{entry}:hang")
-        old = pool._zygote.pid
+        old = pool.zygote_pids()[Interpreter()]
+        assert old is not None
         os.kill(old, signal.SIGKILL)      # its workers get SIGKILL too (PDEATHSIG)
         dead = _wait(c, "j1")
         assert dead["state"] == "killed" and dead["pid"] == running["pid"], dead
         after = _run(c, "j1", entry, "report")   # waits for the new zygote and worker
     assert after["state"] == "exited", after
     assert after["result"]["pid"] not in (before["result"]["pid"], running["pid"])
-    assert pool._zygote.pid != old and pool.broken is None
+    assert pool.zygote_pids()[Interpreter()] not in (None, old) and pool.broken is None
 
 
 def test_a_stopping_pool_refuses_activations_as_node_unavailable(

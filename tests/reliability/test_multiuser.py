@@ -14,6 +14,9 @@ lazily, ``python_for_users`` lets other uids reach this VM's Python. Checked:
 4. B cannot attach_info / drop / activate / checkpoint A's job on the node daemon.
 5. Spec paths cannot escape the submitter's own directories (``..``, elsewhere, symlinks).
 6. Names and arguments reach Slurm without shell interpretation.
+7. What a job's workers need (its ``workdir``, ``python``, ``pythonpath``, else the node
+   interpreter) is checked at submit as the submitter's uid; a user's own ``python``
+   runs their job where the node interpreter is closed to them.
 """
 
 from __future__ import annotations
@@ -638,3 +641,143 @@ def test_no_shell_in_the_package() -> None:
                 found.append(f"{path.name}:{node.lineno} sh -c")
     assert found == [], found
 
+
+
+# -- 7. the user's own code: what the workers need, checked as the user ----------------------
+
+def _own(user: TestUser, top: Path) -> None:
+    for path in (top, *top.rglob("*")):
+        os.chown(path, user.uid, user.gid, follow_symlinks=False)
+
+
+def test_a_job_whose_user_cannot_run_the_node_interpreter_is_refused_at_submit(
+        rl_weaved: tuple[Weaved, Path, Path], test_users: tuple[TestUser, TestUser]) -> None:
+    """The "No module named 'getpass'" case: a worker forked from the node daemon's
+    zygote runs that zygote's interpreter as the job's uid, and imports modules lazily
+    as that uid; an interpreter under a root-only directory fails it at run time. weaved
+    refuses such a job at submit, in one line saying what to do."""
+    a, _ = test_users
+    _, sock, _ = rl_weaved
+    if as_user(a, lambda: os.access(sys.executable, os.X_OK))["ok"]:
+        pytest.skip(f"{sys.executable} is readable by other uids on this machine")
+    before = len(call(sock, Op.STATUS, all=True)["jobs"])
+    r = as_user(a, lambda: call(sock, Op.SUBMIT, spec=job_spec_toml("a-default"),
+                                source="a.toml"))
+    assert r.get("error") == "ConfigError" and one_line(r["message"]), r
+    for needle in ("user weave-test-a cannot use the node interpreter", sys.executable,
+                   "Permission denied", "No module named 'getpass'", "set 'python'"):
+        assert needle in r["message"], (needle, r["message"])
+    # the same through weave-sbatch: exit 2, one line, nothing stored
+    with scratch_dir("weave-mu-") as spec_dir:
+        spec_file = spec_dir / "a.toml"
+        spec_file.write_text(job_spec_toml("a-default"))
+        spec_file.chmod(0o644)
+        # this VM's Python is closed to A too: import what the CLI imports lazily
+        # (zoneinfo...) here first, where the forked child shares it
+        run_app(sbatch_app, "weave-sbatch", [str(spec_file), "--socket", "/nowhere"])
+        cli = as_user(a, lambda: run_app(sbatch_app, "weave-sbatch",
+                                         [str(spec_file), "--socket", str(sock)]))
+    assert cli.get("ok") == 2 and one_line(cli["stderr"]), cli
+    assert "cannot use the node interpreter" in cli["stderr"], cli
+    assert len(call(sock, Op.STATUS, all=True)["jobs"]) == before
+    # root's own job (root can run the interpreter) is taken as before
+    assert "job" in call(sock, Op.SUBMIT, spec=job_spec_toml("root-default"), source="r")
+
+
+def test_code_paths_are_checked_as_the_user_not_as_root(
+        weaved: Running, test_users: tuple[TestUser, TestUser],
+        python_for_users: list[str]) -> None:
+    """weaved (root) checks ``python``/``workdir``/``pythonpath`` as the submitter's uid:
+    a path root can read and the user cannot is refused, naming the key and the value;
+    weave-sbatch refuses it first, as the user."""
+    from weave_slurm.daemon.access import NOT_A_DIR, Kind, Need, probe
+
+    a, _ = test_users
+    sock = weaved.socket
+    home = Path(a.home)
+    top = home / "code-check"
+    shutil.rmtree(top, ignore_errors=True)
+    (top / "venv" / "bin").mkdir(parents=True)
+    (top / "src").mkdir()
+    python = top / "venv" / "bin" / "python"
+    python.write_text("#!/bin/sh\n")
+    python.chmod(0o755)
+    _own(a, top)
+    closed = home / "closed"           # root's, 0700: root reads it, A cannot
+    closed.mkdir(mode=0o700, exist_ok=True)
+    (closed / "python").write_text("#!/bin/sh\n")
+    (closed / "python").chmod(0o755)
+    try:
+        def spec(**code: Any) -> str:
+            return job_spec_toml("a-code", **code)
+        good = {"workdir": str(top), "python": str(python), "pythonpath": [str(top / "src")]}
+        assert "job" in as_user(a, lambda: call(sock, Op.SUBMIT, spec=spec(**good),
+                                                source="a"))["ok"]
+        refused = [
+            ({"python": f"{closed}/python"}, f"key 'python' = '{closed}/python': you "
+             "cannot read and execute it (Permission denied)"),
+            ({"workdir": str(closed)}, f"key 'workdir' = '{closed}': you cannot list and "
+             "search it (Permission denied)"),
+            ({"pythonpath": [str(top / "src"), str(top / "gone")]},
+             f"key 'pythonpath[1]' = '{top}/gone': does not exist"),
+            ({"workdir": str(python)}, f"key 'workdir' = '{python}': is not a directory"),
+        ]
+        for code, needle in refused:
+            r = as_user(a, lambda c=code: call(sock, Op.SUBMIT,  # type: ignore[misc]
+                                               spec=spec(**c), source="a"))
+            assert r.get("error") == "ConfigError" and needle in r["message"], (code, r)
+            assert one_line(r["message"]), r
+        # the kernel's answer as A and as root (what the two doors ask)
+        needs = [Need("python", f"{closed}/python", Kind.PROGRAM),
+                 Need("workdir", str(top), Kind.DIR), Need("x", str(python), Kind.DIR)]
+        assert probe(needs, a.uid) == [errno.EACCES, 0, NOT_A_DIR]
+        assert probe(needs) == [0, 0, NOT_A_DIR]
+        # weave-sbatch as A: refused before weaved is asked
+        with scratch_dir("weave-mu-") as spec_dir:
+            spec_file = spec_dir / "a.toml"
+            spec_file.write_text(spec())
+            spec_file.chmod(0o644)
+            cli = as_user(a, lambda: run_app(sbatch_app, "weave-sbatch", [
+                str(spec_file), "--test-only", "--python", f"{closed}/python"]))
+        assert cli["ok"] == 2 and one_line(cli["stderr"]), cli
+        assert f"key 'python' = '{closed}/python': you cannot read and execute" \
+            in cli["stderr"], cli
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+        shutil.rmtree(closed, ignore_errors=True)
+
+
+@pytest.mark.torch
+def test_a_users_own_python_runs_their_job_where_the_node_interpreter_is_closed(
+        rl_weaved: tuple[Weaved, Path, Path], test_users: tuple[TestUser, TestUser]) -> None:
+    """weaved's (and the node daemons') interpreter is under a root-only directory; A's
+    job names A's own venv (torch there, weave not): its zygote runs as A with that
+    interpreter, and the job completes."""
+    from tests.runtime.own_code import imports_weave, second_venv, seen, user_package
+
+    a, _ = test_users
+    _, sock, _ = rl_weaved
+    if as_user(a, lambda: os.access(sys.executable, os.X_OK))["ok"]:
+        pytest.skip(f"{sys.executable} is readable by other uids on this machine")
+    top = Path(a.home) / "own-python"
+    shutil.rmtree(top, ignore_errors=True)
+    top.mkdir()
+    try:
+        src, python = user_package(top / "code"), second_venv(top / "env")
+        work = top / "work"
+        work.mkdir()
+        _own(a, top)
+        assert not imports_weave(python)
+        spec = job_spec_toml("a-own", entry="my_pkg.job:make", seed=5, iterations=2,
+                             options={"prompts_per_step": 4, "group_size": 4},
+                             workdir=str(work), python=str(python), pythonpath=[str(src)])
+        job = as_user(a, lambda: call(sock, Op.SUBMIT, spec=spec, source="a"))["ok"]["job"]
+        wait_for(lambda: state_of(sock, job) in ("COMPLETED", "FAILED"), 240, "A's job ended")
+        row = call(sock, Op.STATUS, jobs=[job], all=True)["jobs"][0]
+        assert row["state"] == "COMPLETED", row
+        records = seen(work)
+        assert len(records) >= 2, records
+        assert {(r["executable"], r["uid"], r["cwd"]) for r in records} == \
+            {(str(python), a.uid, str(work))}
+    finally:
+        shutil.rmtree(top, ignore_errors=True)

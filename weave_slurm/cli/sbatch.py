@@ -2,7 +2,10 @@
 
 Like sbatch it prints ``Submitted weave job <id>`` (``--parsable``: the id alone).
 The spec is validated here first (for a good message) and again, atomically, by
-the daemon; a refused submission leaves nothing behind.
+the daemon; a refused submission leaves nothing behind. Here, as the submitting user,
+the job's ``workdir``, ``python`` and ``pythonpath`` must exist and be usable by you
+(``--test-only`` checks that too); weaved checks them again as your uid, with its site
+path roots, and the node interpreter when the job names no ``python``.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import typer
 
 from weave_slurm.cli.errors import entry
 from weave_slurm.cli.version import version_option
+from weave_slurm.daemon.access import check_access, worker_needs
 from weave_slurm.daemon.client import DaemonClient, default_socket
 from weave_slurm.daemon.protocol import Op
 from weave_slurm.daemon.submission import build_spec
@@ -43,6 +47,13 @@ def submit(
     train_s: Annotated[float | None, typer.Option("--train-s")] = None,
     rollout_state_gib: Annotated[float | None, typer.Option("--rollout-state-gib")] = None,
     train_state_gib: Annotated[float | None, typer.Option("--train-state-gib")] = None,
+    workdir: Annotated[str | None, typer.Option("--workdir", help="The workers' working "
+                                                "directory.")] = None,
+    python: Annotated[str | None, typer.Option("--python", help="The workers' "
+                                               "interpreter (a venv's bin/python).")] = None,
+    pythonpath: Annotated[list[str] | None, typer.Option(
+        "--pythonpath", help="Import paths put first on the workers' sys.path "
+        "(':'-separated; may repeat).")] = None,
     parsable: Annotated[bool, typer.Option("--parsable", help="Print the job id only.")] = False,
     test_only: Annotated[bool, typer.Option("--test-only", help="Validate, do not "
                                             "submit.")] = False,
@@ -57,14 +68,23 @@ def submit(
         "model-params-b": model_params_b, "algorithm": algorithm, "entry": entry_point,
         "iterations": iterations, "seed": seed, "staleness": staleness,
         "rollout-s": rollout_s, "train-s": train_s, "rollout-state-gib": rollout_state_gib,
-        "train-state-gib": train_state_gib}
+        "train-state-gib": train_state_gib, "workdir": workdir, "python": python,
+        "pythonpath": _paths(pythonpath)}
     spec_text, spec = build_spec(path, {k: v for k, v in given.items() if v is not None})
+    check_access(spec, worker_needs(spec, None))    # as you: this command runs as you
     if test_only:
         typer.echo(f"weave-sbatch: {path}: valid spec for job {spec.name!r} (not submitted)")
         return
     with DaemonClient(default_socket(socket_path)) as client:
         result = client.call(Op.SUBMIT, spec=spec_text, source=str(path))
     typer.echo(str(result["job"]) if parsable else f"Submitted weave job {result['job']}")
+
+
+def _paths(values: list[str] | None) -> list[str] | None:
+    """``--pythonpath`` given (maybe several times, each ':'-separated): the paths."""
+    if not values:
+        return None
+    return [p for v in values for p in v.split(":") if p] or None
 
 
 main = entry(app, "weave-sbatch")

@@ -107,6 +107,10 @@ class JobSpec:
     iterations: int = 10  # training steps (weight versions) to run, then the job ends
     seed: int = 0  # the entry point's seed (same seed -> same weights)
     options: tuple[tuple[str, str | int | float | bool], ...] = ()  # [options] for the entry
+    # the user's own code (docs/job_api.md, "Your own code"): None / () = weave's defaults
+    workdir: str | None = None          # the workers' working directory
+    python: str | None = None           # the workers' interpreter (a venv's bin/python)
+    pythonpath: tuple[str, ...] = ()    # put first on the workers' sys.path
 
 
 def load_job(path: str | Path) -> JobSpec:
@@ -119,7 +123,7 @@ def parse_job(text: str, source: str = "<string>") -> JobSpec:
 
 
 def _job_from_data(data: object, source: str) -> JobSpec:
-    top = TableReader(data, source)
+    top = _SpecReader(data, source)
     name = top.string("name")
     if not NAME_RE.match(name):
         raise top.fail("name", name, "must be 1-64 characters of letters, digits, '.', '_', "
@@ -134,6 +138,8 @@ def _job_from_data(data: object, source: str) -> JobSpec:
     iterations = top.integer("iterations", 10, ge=1)
     seed = top.integer("seed", 0, ge=0)
     options = _options(top)
+    workdir, python = top.opt_path("workdir"), top.opt_path("python")
+    pythonpath = top.path_list("pythonpath")
     model = _model(_req(top, "model"))
     rollout = _rollout(_req(top, "rollout"))
     training = TrainingSpec()
@@ -151,7 +157,36 @@ def _job_from_data(data: object, source: str) -> JobSpec:
     return JobSpec(name=name, user=user, algorithm=algorithm, model=model, rollout=rollout,
                    training=training, rollout_gpus=rollout_gpus, train_gpus=train_gpus,
                    slo=slo, entry=entry, profile=profile, source=source, staleness=staleness,
-                   iterations=iterations, seed=seed, options=options)
+                   iterations=iterations, seed=seed, options=options, workdir=workdir,
+                   python=python, pythonpath=pythonpath)
+
+
+#: Most entries a spec's ``pythonpath`` may have (each is checked at submission).
+MAX_PYTHONPATH = 16
+
+
+class _SpecReader(TableReader):
+    """The top level of a spec: also reads the keys naming the user's own code."""
+
+    def opt_path(self, name: str) -> str | None:
+        value = self.opt_string(name)
+        if value is not None and not value.strip():
+            raise self.fail(name, value, "must not be empty (leave the key out for the "
+                            "default)")
+        return value
+
+    def path_list(self, name: str) -> tuple[str, ...]:
+        """A list of path strings (``pythonpath = ["/a", "/b"]``); ``()`` if absent."""
+        value = self._get(name, list, None, False)
+        if value is None:
+            return ()
+        for item in value:
+            if not isinstance(item, str) or not item.strip():
+                raise self.fail(name, value, "must be a list of paths (non-empty strings), "
+                                'e.g. ["/home/alice/proj/src"]')
+        if len(value) > MAX_PYTHONPATH:
+            raise self.fail(name, value, f"at most {MAX_PYTHONPATH} entries")
+        return tuple(value)
 
 
 def _options(top: TableReader) -> tuple[tuple[str, str | int | float | bool], ...]:
@@ -268,11 +303,21 @@ def _looks_like_path(value: str) -> bool:
         or "/../" in value or value.endswith("/..")
 
 
+def code_paths(job: JobSpec) -> list[tuple[str, str]]:
+    """``(key, value)`` of the paths naming the user's own code on the hosts: ``workdir``,
+    ``python``, each ``pythonpath[i]``."""
+    out = [(key, value) for key, value in (("workdir", job.workdir), ("python", job.python))
+           if value is not None]
+    return out + [(f"pythonpath[{i}]", p) for i, p in enumerate(job.pythonpath)]
+
+
 def spec_paths(job: JobSpec) -> list[tuple[str, str]]:
-    """``(key, value)`` of every spec value that names a filesystem path: a string
-    ``[options]`` value whose key says so (:data:`PATH_KEY_RE`) or that looks like one."""
-    return [(f"options.{key}", value) for key, value in job.options
-            if isinstance(value, str) and (PATH_KEY_RE.search(key) or _looks_like_path(value))]
+    """``(key, value)`` of every spec value that names a filesystem path: the code paths
+    (:func:`code_paths`), and a string ``[options]`` value whose key says so
+    (:data:`PATH_KEY_RE`) or that looks like one."""
+    return code_paths(job) + [
+        (f"options.{key}", value) for key, value in job.options
+        if isinstance(value, str) and (PATH_KEY_RE.search(key) or _looks_like_path(value))]
 
 
 def user_dirs(uid: int, roots: Sequence[Path] = ()) -> list[Path]:
@@ -285,13 +330,19 @@ def user_dirs(uid: int, roots: Sequence[Path] = ()) -> list[Path]:
     return [d for d in home if d != Path("/")] + [Path(os.path.realpath(r)) for r in roots]
 
 
+#: Characters of a path a refusal quotes (a line, not a page).
+SHOWN_CHARS = 160
+
+
 def check_paths(job: JobSpec, uid: int, roots: Sequence[Path] = ()) -> None:
     """Refuse a spec path that escapes the submitter's own directories.
 
     A path must be absolute, have no ``..`` component, and resolve (every symlink
     followed) to its owner's home or below one of ``roots``; ConfigError names the key.
-    This is the check at submission; at run time the job's processes run as its uid,
-    so the kernel refuses what a later-swapped symlink would reach.
+    ``python`` is resolved up to its directory only: a venv's ``bin/python`` is a
+    symlink to the base interpreter, and it is the venv (where the link lies) that
+    the job names. This is the check at submission; at run time the job's processes
+    run as its uid, so the kernel refuses what a later-swapped symlink would reach.
     """
     paths = spec_paths(job)
     if not paths:  # most specs: no passwd lookup on the submit path
@@ -299,17 +350,23 @@ def check_paths(job: JobSpec, uid: int, roots: Sequence[Path] = ()) -> None:
     allowed = user_dirs(uid, roots)
     valid = f"valid: absolute paths under {', '.join(map(str, allowed)) or '(none)'}"
     for key, value in paths:
-        where = f"{job.source}: key '{key}' = {value[:60]!r}"
+        where = f"{job.source}: key '{key}' = {value[:SHOWN_CHARS]!r}"
         path = PurePosixPath(value)
         if not value.isprintable() or not path.is_absolute():
             raise ConfigError(f"{where}: must be an absolute path (the job's processes do "
                               f"not run in your working directory); {valid}")
         if ".." in path.parts:
             raise ConfigError(f"{where}: '..' is not allowed in a path; {valid}")
-        real = Path(os.path.realpath(value))
+        real = _resolved(key, value)
         if not any(real == d or d in real.parents for d in allowed):
-            raise ConfigError(f"{where}: resolves to {str(real)[:80]!r} (symlinks "
+            raise ConfigError(f"{where}: resolves to {str(real)[:SHOWN_CHARS]!r} (symlinks "
                               f"followed), outside your own directories; {valid}")
+
+
+def _resolved(key: str, value: str) -> Path:
+    if key == "python":
+        return Path(os.path.realpath(os.path.dirname(value))) / os.path.basename(value)
+    return Path(os.path.realpath(value))
 
 
 def _current_user() -> str:

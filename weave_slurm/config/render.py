@@ -12,12 +12,14 @@ per pool declared (what placement plans with), and an SLO of 3.0.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from weave_slurm.errors import ConfigError
 
-#: A scalar: what ``[options]`` accepts, and every other key of a spec is.
+#: A scalar: what ``[options]`` accepts, and every other key of a spec is (but one).
 Scalar = str | int | float | bool
+#: A value of a spec's table: a scalar, or a list of strings (``pythonpath``).
+Value = Scalar | Sequence[str]
 
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
@@ -30,12 +32,17 @@ def job_spec_toml(name: str, *, slo: float | None = 3.0, entry: str | None = Non
                   rollout_gpus: int = 8, train_gpus: int = 8,
                   rollout_s: float | None = 10.0, train_s: float | None = 10.0,
                   rollout_state_gib: float | None = 1.0, train_state_gib: float | None = 1.0,
-                  options: Mapping[str, Scalar] | None = None) -> str:
+                  options: Mapping[str, Scalar] | None = None, workdir: str | None = None,
+                  python: str | None = None, pythonpath: Sequence[str] | None = None) -> str:
     """The spec TOML of one job: top-level keys, then ``[model]``, ``[rollout]``,
-    ``[gpus]``, ``[profile]`` (if any of its keys is given) and ``[options]`` (if any)."""
+    ``[gpus]``, ``[profile]`` (if any of its keys is given) and ``[options]`` (if any).
+    ``workdir``, ``python`` and ``pythonpath`` name the user's own code (left out: the
+    defaults)."""
     return toml_tables({
         "": {"name": name, "user": user, "slo": slo, "entry": entry,
-             "iterations": iterations, "seed": seed, "staleness": staleness},
+             "iterations": iterations, "seed": seed, "staleness": staleness,
+             "workdir": workdir, "python": python,
+             "pythonpath": None if pythonpath is None else list(pythonpath)},
         "model": {"params_b": params_b},
         "rollout": {"prompts_per_step": prompts_per_step,
                     "samples_per_prompt": samples_per_prompt,
@@ -48,9 +55,9 @@ def job_spec_toml(name: str, *, slo: float | None = 3.0, entry: str | None = Non
     })
 
 
-def toml_tables(tables: Mapping[str, Mapping[str, Scalar | None]]) -> str:
-    """TOML for tables of scalars (``""`` is the top level); ``None`` values are left out,
-    and so is a table left empty."""
+def toml_tables(tables: Mapping[str, Mapping[str, Value | None]]) -> str:
+    """TOML for tables of scalars and lists of strings (``""`` is the top level); ``None``
+    values are left out, and so is a table left empty."""
     lines: list[str] = []
     for table, values in tables.items():
         given = [(key, value) for key, value in values.items() if value is not None]
@@ -66,7 +73,10 @@ def _key(key: str) -> str:
 
 
 def _scalar(value: object, where: str) -> str:
-    """One TOML value: a boolean, an integer, a float or a basic string."""
+    """One TOML value: a boolean, an integer, a float, a basic string or a list of
+    strings."""
+    if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+        return "[" + ", ".join(_scalar(v, where) for v in value) + "]"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | float):
@@ -74,7 +84,7 @@ def _scalar(value: object, where: str) -> str:
     if isinstance(value, str):
         return '"' + "".join(_escape(c) for c in value) + '"'
     raise ConfigError(f"key '{where}' = {value!r}: cannot write a {type(value).__name__} "
-                      "to a job spec; expected a string, number or boolean")
+                      "to a job spec; expected a string, number, boolean or list of strings")
 
 
 def _escape(char: str) -> str:

@@ -2,14 +2,18 @@
 
 Submissions are validated completely (spec, profile, "can it ever fit") before one
 transaction inserts the job, so a refused submission leaves nothing behind; paths in
-a spec must resolve under the submitter's home or a site root (``check_paths``). A user
-may cancel and see the details of their own jobs; root and the configured admin
-uids may act on all. Listings (status, groups) are visible to everyone, as squeue is.
+a spec must resolve under the submitter's home or a site root (``check_paths``), and
+what the job's workers need (its ``workdir``, ``python``, ``pythonpath``, else the node
+interpreter) must be usable by the submitter's uid (``daemon/access.py``, checked as
+that uid). A user may cancel and see the details of their own jobs; root and the
+configured admin uids may act on all. Listings (status, groups) are visible to
+everyone, as squeue is.
 """
 
 from __future__ import annotations
 
 import pwd
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -18,6 +22,7 @@ from typing import Any
 from weave_slurm.config.job import check_paths, parse_job
 from weave_slurm.config.site import SiteConfig
 from weave_slurm.daemon import membership
+from weave_slurm.daemon.access import check_access, worker_needs
 from weave_slurm.daemon.driver import job_nodes
 from weave_slurm.daemon.faults import FaultPoint, crossing
 from weave_slurm.daemon.protocol import Op, PermissionDenied
@@ -30,6 +35,9 @@ from weave_slurm.placement import Capacity, Group
 from weave_slurm.placement.engine import refuse_if_never_fits
 
 MAX_SPEC_BYTES = 64 * 1024
+#: The driver phase of weaved's group runtime (``GroupRuntime.phase``): its jobs run in
+#: resident workers of the node daemons weaved starts with its own interpreter.
+HOSTED_PHASE = "rl"
 
 
 def user_name(uid: int) -> str:
@@ -55,9 +63,15 @@ class Api:
                  wake: Callable[[], None] = lambda: None, phase: str = "idle",
                  live: Callable[[int], dict[str, Any] | None] = lambda job_id: None,
                  path_roots: Sequence[Path] = (),
-                 world_error: Callable[[], tuple[float, str] | None] = lambda: None) -> None:
+                 world_error: Callable[[], tuple[float, str] | None] = lambda: None,
+                 node_python: str | None = None) -> None:
         self.store, self.site, self.capacity, self.now = store, site, capacity, now
         self.path_roots = tuple(path_roots)  # shared dirs a spec path may name, besides home
+        # the interpreter node daemons fork a job's default workers from; not given:
+        # weaved's own when its driver runs hosted jobs (the node daemons it starts run
+        # sys.executable), else not known (a site's own node command: not checked)
+        self.node_python = node_python if node_python is not None else \
+            (sys.executable if phase == HOSTED_PHASE else None)
         self.admins = frozenset({0, *admin_uids})
         self.wake = wake
         self.phase = phase
@@ -90,6 +104,7 @@ class Api:
             where = repr(where)[:256]
         job = parse_job(spec, where)
         check_paths(job, uid, self.path_roots)
+        check_access(job, worker_needs(job, self.node_python), uid)
         profile = profile_job(job, self.site)
         never = refuse_if_never_fits(profile, self.capacity)
         if never is not None:

@@ -4,7 +4,9 @@ plus command-line flags) into the one canonical spec TOML the daemon stores.
 Directives: lines ``#WEAVE --key=value`` (or ``--key value``) in the script's header,
 i.e. before its first line that is neither blank nor a comment, as sbatch reads
 ``#SBATCH``. ``#SBATCH --job-name=NAME`` / ``-J NAME`` name the job too. Flags on
-the command line win over directives, which win over the spec file.
+the command line win over directives, which win over the spec file. A list-valued
+option (``--pythonpath``) takes ``:``-separated paths and may be given more than once
+(the lists add up); on the command line it replaces the directives' list.
 """
 
 from __future__ import annotations
@@ -54,6 +56,11 @@ DIRECTIVES: tuple[Directive, ...] = (
               "warm rollout state per node, GiB"),
     Directive("train-state-gib", ("profile", "train_state_gib"), float,
               "warm training state per node, GiB"),
+    Directive("workdir", ("workdir",), str, "the workers' working directory (absolute path)"),
+    Directive("python", ("python",), str,
+              "the workers' interpreter, e.g. /home/alice/venv/bin/python"),
+    Directive("pythonpath", ("pythonpath",), list,
+              "import paths put first on the workers' sys.path (':'-separated, may repeat)"),
 )
 BY_FLAG = {d.flag: d for d in DIRECTIVES}
 #: What a script must say (a spec file says it in TOML).
@@ -70,6 +77,11 @@ def convert(flag: str, raw: str, where: str) -> Any:
                           f"{', '.join('--' + x.flag for x in DIRECTIVES)}")
     if d.kind is str:
         return raw
+    if d.kind is list:
+        paths = [p for p in raw.split(":") if p]
+        if not paths:
+            raise ConfigError(f"{where}: --{flag}={raw!r} names no path ({d.help})")
+        return paths
     try:
         return d.kind(raw)
     except ValueError:
@@ -118,7 +130,10 @@ def read_directives(text: str, source: str) -> dict[str, Any]:
             if not words:
                 raise ConfigError(f"{where}: empty #WEAVE directive")
             for key, val in _tokens(words, f"{where}: #WEAVE"):
-                found[key] = convert(key, val, f"{where}: #WEAVE")
+                value = convert(key, val, f"{where}: #WEAVE")
+                if isinstance(value, list):
+                    value = [*found.get(key, []), *value]
+                found[key] = value
     return found
 
 

@@ -1,4 +1,4 @@
-"""The daemon side of resident workers: a zygote and one pre-forked worker per job.
+"""The daemon side of resident workers: zygotes and one pre-forked worker per job.
 
 ``ResidentPool.start`` launches the zygote (``zygote``), which imports torch once.
 ``ensure(job)`` asks it to fork the job's resident worker ahead of time (at register),
@@ -8,6 +8,12 @@ A worker that dies (crash, ``kill -9``, an entry calling ``sys.exit``) is report
 the zygote; its running activation is marked ``killed``/``failed`` and a replacement
 is forked at once, so the next activation works. The daemon's state (segments,
 budget, registry) never lives in a worker.
+
+A job that names its own ``python`` (activate's ``python``) gets its worker from a
+zygote of that interpreter, run as the job's uid (``zygotes``), started on demand and
+reused by that user's jobs naming it, stopped when no job needs it. Its first
+activation replaces the worker forked at register and waits for that zygote; one
+that cannot start (no torch there, say) fails the activation with its last words.
 
 Worker states: ``starting -> idle <-> busy``; any of them ``-> dead`` (then replaced
 unless the job was dropped or the pool is shutting down).
@@ -21,7 +27,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -30,11 +35,12 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from weave_slurm.errors import InsufficientResources, NodeUnavailable, StateError
+from weave_slurm.errors import ConfigError, InsufficientResources, NodeUnavailable, StateError
 from weave_slurm.node.index import JobRef
 from weave_slurm.node.segments import gid_of
 from weave_slurm.node.seqpacket import receive, send
 from weave_slurm.node.worker import WorkerState
+from weave_slurm.node.zygotes import Interpreter, ZygoteProcess
 from weave_slurm.vocab import Phase
 
 log = logging.getLogger(__name__)
@@ -77,6 +83,7 @@ class _Worker:
     sock: socket.socket
     log_path: Path
     fork_seq: int
+    zygote: ZygoteProcess
     state: ResidentState = ResidentState.STARTING
     pid: int = 0
     uid: int = -1
@@ -93,6 +100,8 @@ class _Slot:
     activations: int = 0
     restarts: int = 0
     wanted: bool = True
+    key: Interpreter = field(default_factory=Interpreter)   # its workers' interpreter
+    error: str | None = None      # why its interpreter's zygote cannot serve it
 
 
 class ResidentPool:
@@ -110,126 +119,162 @@ class ResidentPool:
     def __init__(self, root: Path, start_timeout_s: float = 120.0) -> None:
         self.root = root
         self.start_timeout_s = start_timeout_s
-        self._restarts: list[float] = []
         self.broken: str | None = None   # why the pool gave up (None: it works)
         self._cond = threading.Condition()
         self._slots: dict[str, _Slot] = {}
-        self._zygote: subprocess.Popen[bytes] | None = None
-        self._ctl: socket.socket | None = None
-        self._zygote_ready = False
+        self._zygotes: dict[Interpreter, ZygoteProcess] = {}
         self._closing = False
         self._seq = 0
 
-    # -- zygote ------------------------------------------------------------------
+    # -- zygotes -------------------------------------------------------------------
     def start(self) -> None:
         """Launch the zygote (it imports torch in the background; does not wait)."""
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self._zygote = subprocess.Popen(
-            [sys.executable, "-m", "weave_slurm.node.zygote", str(theirs.fileno())],
-            pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
-        theirs.close()
-        self._ctl = ours
-        threading.Thread(target=self._read_zygote, name="zygote-reader", daemon=True).start()
+        with self._cond:
+            self._spawn(Interpreter())
+
+    def zygote_pids(self) -> dict[Interpreter, int | None]:
+        """The running zygotes' pids, by interpreter."""
+        with self._cond:
+            return {key: z.pid for key, z in self._zygotes.items()}
+
+    def _spawn(self, key: Interpreter) -> ZygoteProcess | None:
+        """Start the zygote of ``key`` (caller holds the condition). One of a job's own
+        interpreter that cannot be started fails its slots instead (None)."""
+        z = ZygoteProcess(key, self.root, self._on_message, self._zygote_gone)
+        try:
+            z.start()
+        except (OSError, subprocess.SubprocessError) as exc:
+            if not key.own:
+                raise
+            self._fail(key, f"cannot start {key.words()}: {exc}")
+            return None
+        self._zygotes[key] = z
+        return z
 
     def wait_ready(self, timeout_s: float | None = None) -> None:
         """Block until the zygote has imported torch and every wanted worker is idle."""
+        def ready() -> bool:
+            default = self._zygotes.get(Interpreter())
+            return default is not None and default.ready and all(
+                s.error is not None or (s.worker is not None
+                                        and s.worker.state == ResidentState.IDLE)
+                for s in self._slots.values() if s.wanted)
         with self._cond:
-            ok = self._cond.wait_for(lambda: self._closing or (self._zygote_ready and all(
-                s.worker is not None and s.worker.state == ResidentState.IDLE
-                for s in self._slots.values() if s.wanted)),
-                timeout=timeout_s or self.start_timeout_s)
+            ok = self._cond.wait_for(lambda: self._closing or ready(),
+                                     timeout=timeout_s or self.start_timeout_s)
         if not ok:
             raise StateError("resident pool: zygote or workers not ready after "
                              f"{timeout_s or self.start_timeout_s} s")
 
     def shutdown(self) -> None:
-        """Stop every worker and the zygote (state in shm is untouched)."""
+        """Stop every worker and every zygote (state in shm is untouched)."""
         with self._cond:
             self._closing = True
             workers = [s.worker for s in self._slots.values() if s.worker is not None]
+            zygotes = list(self._zygotes.values())
             self._cond.notify_all()
         for worker in workers:
             self._kill(worker)
-        if self._ctl is not None:
-            with contextlib.suppress(OSError):
-                self._ctl.shutdown(socket.SHUT_RDWR)
-        if self._zygote is not None:
-            try:
-                self._zygote.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._zygote.kill()
-                self._zygote.wait()
-        if self._ctl is not None:
-            self._ctl.close()
+        for z in zygotes:
+            z.stop()
+        for z in zygotes:
+            z.wait(10)
+            z.close()
 
-    def _read_zygote(self) -> None:
-        ctl = self._ctl
-        while ctl is not None:
-            try:
-                msg, fds = receive(ctl)
-            except OSError:
-                msg, fds = None, []
-            for fd in fds:
-                os.close(fd)
-            if msg is None:
-                self._zygote_gone(ctl)
-                return
-            with self._cond:
-                self._on_zygote(msg)
-                self._cond.notify_all()
-
-    def _zygote_gone(self, ctl: socket.socket) -> None:
-        """The zygote's end of stream: expected at shutdown; otherwise start a new one
-        (its workers died with it; each is forked again when the new one is ready)."""
+    def _on_message(self, z: ZygoteProcess, msg: dict[str, Any]) -> None:
         with self._cond:
-            self._zygote_ready = False
-            if self._closing or ctl is not self._ctl:
-                self._cond.notify_all()
-                return
-            rc = self._zygote.poll() if self._zygote is not None else None
-            now = time.monotonic()
-            self._restarts = [t for t in self._restarts if now - t < self.RESTART_WINDOW_S]
-            if len(self._restarts) >= self.MAX_RESTARTS:
-                self.broken = (f"the zygote died {len(self._restarts) + 1} times in "
-                               f"{self.RESTART_WINDOW_S:.0f} s (last exit status {rc})")
-                log.error("resident pool: %s; no new workers", self.broken)
-                self._closing = True
-                self._cond.notify_all()
-                return
-            self._restarts.append(now)
-            log.error("resident pool: the zygote exited (status %s); starting a new one", rc)
-            with contextlib.suppress(OSError):
-                ctl.close()
-            if self._zygote is not None:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    self._zygote.wait(timeout=5)
-            self.start()
+            if self._zygotes.get(z.key) is z:
+                self._on_zygote(z, msg)
             self._cond.notify_all()
 
-    def _on_zygote(self, msg: dict[str, Any]) -> None:
+    def _zygote_gone(self, z: ZygoteProcess) -> None:
+        """A zygote's end of stream: expected at shutdown or when retired; otherwise
+        start a new one (its workers died with it; each is forked again when the new
+        one is ready). One of a job's interpreter that never became ready is not
+        started again: its jobs' activations fail, saying why."""
+        with self._cond:
+            z.ready = False
+            if self._closing or self._zygotes.get(z.key) is not z:   # stopped, retired
+                z.close()
+                self._cond.notify_all()
+                return
+            rc = z.exit_status() if z.key.own and not z.was_ready else z.poll()
+            now = time.monotonic()
+            z.restarts = [t for t in z.restarts if now - t < self.RESTART_WINDOW_S]
+            why = None
+            if z.key.own and not z.was_ready:
+                why = f"{z.key.words()} exited (status {rc}) before it was ready" \
+                      f"{z.last_words()}"
+            elif len(z.restarts) >= self.MAX_RESTARTS:
+                why = (f"the zygote of {z.key.words()} died {len(z.restarts) + 1} times "
+                       f"in {self.RESTART_WINDOW_S:.0f} s (last exit status {rc})")
+            if why is not None:
+                self._give_up(z, why)
+                return
+            z.restarts.append(now)
+            log.error("resident pool: the zygote of %s exited (status %s); starting a new "
+                      "one", z.key.words(), rc)
+            z.close()
+            z.wait(5)
+            new = self._spawn(z.key)
+            if new is not None:
+                new.restarts = z.restarts
+            self._cond.notify_all()
+
+    def _give_up(self, z: ZygoteProcess, why: str) -> None:
+        """The node daemon's zygote: the pool gives up (every activation is refused);
+        a job interpreter's: only its jobs' activations fail (caller holds the
+        condition)."""
+        log.error("resident pool: %s; no new workers from it", why)
+        z.close()
+        if z.key.own:
+            self._fail(z.key, why)
+        else:
+            self.broken = why
+            self._closing = True
+        self._cond.notify_all()
+
+    def _fail(self, key: Interpreter, why: str) -> None:
+        """Forget ``key``'s zygote; its slots' activations fail with ``why``."""
+        self._zygotes.pop(key, None)
+        for slot in self._slots.values():
+            if slot.key == key:
+                slot.error = why
+        self._cond.notify_all()
+
+    def _on_zygote(self, z: ZygoteProcess, msg: dict[str, Any]) -> None:
         event = msg.get("event")
         if event == "ready":
-            self._zygote_ready = True
+            z.ready = z.was_ready = True
             for slot in self._slots.values():
-                if slot.wanted and slot.worker is None:
+                if slot.wanted and slot.worker is None and slot.key == z.key:
                     self._fork(slot)
-        elif event == "exit":
+        elif event == "exit":     # only of a worker this zygote forked
             pid, rc = msg.get("pid"), int(msg.get("returncode", -1))
             for slot in list(self._slots.values()):
                 w = slot.worker
-                if w is not None and w.pid == pid and w.state is not ResidentState.DEAD:
+                if w is not None and w.pid == pid and w.zygote is z \
+                        and w.state is not ResidentState.DEAD:
                     w.exit_rc = rc
                     timer = threading.Timer(self.EXIT_GRACE_S, self._exit_grace, (slot, w))
                     timer.daemon = True
                     timer.start()
                     continue
                 act = slot.last
-                if act is not None and act.pid == pid and act.returncode is None:
+                if act is not None and act.pid == pid and act.returncode is None \
+                        and slot.key == z.key:
                     act.returncode = rc     # the socket's end of stream came first
                     if rc >= 0:
                         act.state = WorkerState.EXITED if rc == 0 else WorkerState.FAILED
         elif event == "fork_failed":
             log.error("resident pool: fork %s failed: %s", msg.get("seq"), msg.get("message"))
+
+    def _retire_unused(self) -> None:
+        """Stop job-interpreter zygotes no wanted slot needs (caller holds the
+        condition): each holds a torch-imported interpreter in memory."""
+        used = {s.key for s in self._slots.values() if s.wanted}
+        for key in [k for k in self._zygotes if k.own and k not in used]:
+            self._zygotes.pop(key).stop()
 
     def _exit_grace(self, slot: _Slot, worker: _Worker) -> None:
         with self._cond:
@@ -243,13 +288,33 @@ class ResidentPool:
         with self._cond:
             slot = self._slots.setdefault(job.job_id, _Slot(job, log_dir))
             slot.wanted = True
-            if slot.worker is None and self._zygote_ready and not self._closing:
-                self._fork(slot)
+            self._want_worker(slot)
+
+    def _want_worker(self, slot: _Slot) -> None:
+        """Fork ``slot``'s worker now if its zygote is ready; else once it is (its
+        zygote started if none runs). Caller holds the condition."""
+        if slot.worker is not None or self._closing:
+            return
+        z = self._zygotes.get(slot.key)
+        if z is None and slot.key.own and slot.error is None:
+            z = self._spawn(slot.key)
+        if z is not None and z.ready:
+            self._fork(slot)
+
+    def _switch(self, slot: _Slot, key: Interpreter) -> None:
+        """``slot``'s job now runs with ``key``'s interpreter: its idle worker (of the
+        other interpreter) goes; a zygote no job needs any more is stopped."""
+        old, slot.worker, slot.key, slot.error = slot.worker, None, key, None
+        if old is not None:
+            self._kill(old)     # its reader sees the end; slot.worker is not it: no refork
+        self._retire_unused()
 
     def _fork(self, slot: _Slot) -> None:
-        """Ask the zygote for a worker of ``slot.job`` (caller holds the condition)."""
-        if self._ctl is None:
-            raise StateError("resident pool: the zygote was never started")
+        """Ask the slot's zygote for a worker of ``slot.job`` (caller holds the
+        condition and saw that zygote ready)."""
+        z = self._zygotes.get(slot.key)
+        if z is None:
+            raise StateError(f"resident pool: no zygote of {slot.key.words()} runs")
         job = slot.job
         log_path = slot.log_dir / LOG_NAME
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -258,10 +323,10 @@ class ResidentPool:
             if os.geteuid() == 0 and job.uid != 0:
                 os.fchown(fd, job.uid, gid_of(job.uid))
             self._seq += 1
-            worker = _Worker(job, ours, log_path, self._seq)
-            send(self._ctl, {"op": "fork", "seq": self._seq, "job": job.job_id,
-                             "uid": job.uid, "gid": gid_of(job.uid),
-                             "cwd": str(log_path.parent)}, [theirs.fileno(), fd])
+            worker = _Worker(job, ours, log_path, self._seq, z)
+            z.send({"op": "fork", "seq": self._seq, "job": job.job_id, "uid": job.uid,
+                    "gid": gid_of(job.uid), "cwd": str(log_path.parent)},
+                   [theirs.fileno(), fd])
         finally:
             theirs.close()
             os.close(fd)
@@ -326,7 +391,8 @@ class ResidentPool:
             if never_ready:  # no fork loop: the next activate tries once more
                 log.error("resident worker of %s died before it was ready; see %s",
                           slot.job.job_id, worker.log_path)
-            elif slot.wanted and self._zygote_ready and not self._closing:
+            elif slot.wanted and worker.zygote.ready and not self._closing \
+                    and self._zygotes.get(slot.key) is worker.zygote:
                 slot.restarts += 1
                 log.warning("resident worker of %s (pid %d) %s; forking a new one",
                             slot.job.job_id, worker.pid, how)
@@ -334,7 +400,10 @@ class ResidentPool:
 
     # -- requests --------------------------------------------------------------------
     def activate(self, job: JobRef, phase: Phase, request: dict[str, Any]) -> Activation:
-        """Hand ``request`` (entry, args, env, this job's segments) to the job's worker."""
+        """Hand ``request`` (entry, args, env, this job's segments, maybe its own
+        ``python``: None = the node daemon's) to the job's worker."""
+        python = request.get("python")
+        key = Interpreter.of(python if isinstance(python, str) else None, job.uid)
         with self._cond:
             slot = self._slots.get(job.job_id)
             if slot is None or not slot.wanted:
@@ -343,16 +412,21 @@ class ResidentPool:
                 raise StateError(f"job {job.job_id!r} already runs phase "
                                  f"{slot.last.phase.value if slot.last else '?'!r} "
                                  f"(pid {slot.worker.pid}); deactivate first")
-            if slot.worker is None and self._zygote_ready and not self._closing:
-                self._fork(slot)
+            if slot.key != key:
+                self._switch(slot, key)
+            slot.error = None      # a failed interpreter is tried again, once per activate
+            self._want_worker(slot)
             ready = self._cond.wait_for(
-                lambda: self._closing or (slot.worker is not None and
-                                          slot.worker.state == ResidentState.IDLE),
+                lambda: self._closing or slot.error is not None or (
+                    slot.worker is not None and slot.worker.state == ResidentState.IDLE),
                 timeout=self.start_timeout_s)
             worker = slot.worker
             if self._closing:
                 raise NodeUnavailable(f"job {job.job_id!r}: this node daemon takes no work "
                                       "now: " + (self.broken or "it is stopping"))
+            if slot.error is not None:
+                raise ConfigError(f"job {job.job_id!r}: no worker with its python: "
+                                  f"{slot.error}")
             if not ready or worker is None:
                 raise InsufficientResources(
                     f"job {job.job_id!r}: no resident worker became ready in "
@@ -396,6 +470,7 @@ class ResidentPool:
                 return
             slot.wanted = False
             worker = slot.worker
+            self._retire_unused()
         if worker is not None:
             self._kill(worker)
 
@@ -407,6 +482,7 @@ class ResidentPool:
             w = slot.worker
             return {"worker_state": w.state.value if w else ResidentState.DEAD.value,
                     "pid": w.pid if w else None, "uid": w.uid if w else None,
+                    "python": slot.key.python, "error": slot.error,
                     "activations": slot.activations, "restarts": slot.restarts,
                     "last": slot.last.to_json() if slot.last else None}
 

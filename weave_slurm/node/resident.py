@@ -8,7 +8,7 @@ faults on the second touch). Messages on its ``SOCK_SEQPACKET`` socket to the da
     -> {"event": "ready", "pid": p, "uid": u}
     <- {"op": "run", "seq": n, "phase": ph, "entry": "mod:fn" | "/path/file.py:fn",
         "args": [...], "env": {...}, "root": dir, "uid": u, "segments": {name: path},
-        "pythonpath": [...]}
+        "pythonpath": [...], "workdir": dir | null, "python": path | null}
     -> {"event": "done", "seq": n, "ok": bool, "result": JSON | null, "error": str | null,
         "attach_s": s, "elapsed_s": s, "t_recv": monotonic, "t_done": monotonic,
         "retire": true}                   (retire: only after a cancel; then it exits)
@@ -16,8 +16,11 @@ faults on the second touch). Messages on its ``SOCK_SEQPACKET`` socket to the da
 
     <- {"op": "cancel", "seq": n}                       (then SIGUSR1)
 
-The entry is called as ``fn(ctx)`` with a ``PhaseContext`` in the main thread. The
-daemon's ``deactivate`` sends ``cancel`` and then SIGUSR1: the signal raises
+The worker runs each activation in ``workdir`` (none: its job directory) with
+``pythonpath`` first on ``sys.path``; ``python`` is the interpreter it was forked with
+(the pool picks the zygote: ``pool``, ``zygotes``). The entry is called as
+``fn(ctx)`` with a ``PhaseContext`` in the main thread. The daemon's ``deactivate``
+sends ``cancel`` and then SIGUSR1: the signal raises
 ``PhaseCancelled`` inside a running entry; a cancel that came before the entry started
 is found in the socket right after the worker marks itself running, so none is lost.
 A worker that the signal interrupted retires after its reply (see ``_Cancel``).
@@ -123,9 +126,10 @@ def load_entry(spec: str, pythonpath: list[str]) -> Callable[[PhaseContext], Any
     if not sep or not target or not fn_name:
         raise ConfigError(f"entry {spec!r} must be 'module:function' or "
                           "'/path/file.py:function'")
-    for extra in reversed(pythonpath):
-        if extra not in sys.path:
-            sys.path.insert(0, extra)
+    for extra in reversed(pythonpath):     # first on sys.path, in their order
+        while extra in sys.path:
+            sys.path.remove(extra)
+        sys.path.insert(0, extra)
     if target.endswith(".py"):
         path = Path(target).resolve()
         mod_name = f"_weave_entry_{abs(hash((str(path), path.stat().st_mtime_ns)))}"
@@ -202,6 +206,8 @@ def run_phase(request: dict[str, Any], job_id: str, cache: AttachCache,
     try:
         job = JobRef(job_id, int(request["uid"]))
         os.environ.update({str(k): str(v) for k, v in dict(request.get("env", {})).items()})
+        if request.get("workdir"):
+            os.chdir(str(request["workdir"]))
         entry = load_entry(str(request["entry"]), list(request.get("pythonpath", [])))
         state = cache.attach(SegmentStore(Path(request["root"])), job,
                              dict(request.get("segments", {})))

@@ -1,7 +1,9 @@
 """The zygote: a pre-started process that has imported torch and forks resident workers.
 
 Started by the node daemon as ``python -m weave_slurm.node.zygote <fd>``, where ``fd``
-is its end of a ``SOCK_SEQPACKET`` socket pair. It imports torch and the worker side
+is its end of a ``SOCK_SEQPACKET`` socket pair; ``python`` is the node daemon's own
+interpreter (run as the daemon), or a job's own (run as that job's uid, importing weave
+from the node daemon's installation: ``zygotes``). It imports torch and the worker side
 (``resident``) once, then answers, single-threaded (fork is safe: no other Python
 thread, no OpenMP region ever ran here):
 

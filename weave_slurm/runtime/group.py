@@ -110,6 +110,14 @@ class MemberSpec:
     declared: DeclaredProfile = field(default_factory=DeclaredProfile)
     staleness: int = 0                       # window k: rollout m uses version max(0, m - k)
     uid: int | None = None                   # owner: workers, shm, checkpoints (None: ours)
+    workdir: str | None = None               # the job's own code (docs/job_api.md) ...
+    python: str | None = None                # ... None / (): the node's defaults
+    pythonpath: tuple[str, ...] = ()
+
+    def code(self) -> dict[str, Any]:
+        """What ``activate`` carries of the job's own code (only what its spec sets)."""
+        return {k: v for k, v in (("workdir", self.workdir), ("python", self.python),
+                                  ("pythonpath", list(self.pythonpath))) if v}
 
     def owner_uid(self) -> int:
         """The uid its workers, segments and checkpoints belong to."""

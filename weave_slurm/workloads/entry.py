@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import re
+import sys
 
 from weave_slurm.errors import ConfigError
 from weave_slurm.workloads.api import JobContext, JobRunner, RLJob
@@ -46,7 +47,7 @@ def load_job(entry_point: str) -> RLJob:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigError(f"entry_point: {entry_point!r}: cannot import module "
-                          f"{module_name!r}: {exc}") from None
+                          f"{module_name!r}: {exc}{_hint(module_name, exc)}") from None
     target: object = module
     for part in attr.split("."):
         if not hasattr(target, part):
@@ -62,6 +63,15 @@ def load_job(entry_point: str) -> RLJob:
                           f"generate, update, export_weights, import_weights, "
                           f"state_tensors, load_state)")
     return job
+
+
+def _hint(module_name: str, exc: ImportError) -> str:
+    """What to do when the job's own package (not one of its imports) is not found."""
+    if exc.name != module_name.partition(".")[0]:
+        return ""
+    return (f" (not on the worker's sys.path, which starts {sys.path[:3]}: name the "
+            "directory holding it in the spec's 'pythonpath'; docs/job_api.md, 'Your own "
+            "code')")
 
 
 def start_job(entry_point: str, ctx: JobContext, *, staleness: int = 0) -> JobRunner:
