@@ -110,7 +110,7 @@ def test_protocol_limits_and_slow_clients(weaved: Running) -> None:
 def test_status_warns_while_slurms_state_cannot_be_read(
         weaved: Running, monkeypatch: pytest.MonkeyPatch) -> None:
     """A failing or hung squeue skips reconcile ticks; status says so, then stops."""
-    def hung(prefix: str) -> list[Any]:
+    def hung(prefix: str, *, instance: str | None = None) -> list[Any]:
         raise ExternalCommandError(["squeue", "--json"], None, "", "", "command timed out")
     monkeypatch.setattr(weaved.weaved.backend, "list_allocations", hung)
     wait_for(lambda: call(weaved.socket, Op.STATUS)["warnings"], 20, "a status warning")

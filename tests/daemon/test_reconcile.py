@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,20 +17,20 @@ import pytest
 from weave_slurm.clock import VirtualClock
 from weave_slurm.config.site import default_site
 from weave_slurm.daemon.driver import IdleDriver, JobOutcome
-from weave_slurm.daemon.reconcile import (
-    NODE_STEP,
+from weave_slurm.daemon.reconcile import NODE_STEP, NodeStepFactory, PoolRequest, Reconciler
+from weave_slurm.daemon.records import AllocRow, GroupPlan, GroupRow, MemberPlan
+from weave_slurm.daemon.retries import (
+    NODE_DAEMON_STABLE_S,
+    NODE_DAEMON_TRIES,
     RETRY_FIRST_S,
     RETRY_MAX_S,
-    NodeStepFactory,
-    PoolRequest,
-    Reconciler,
 )
-from weave_slurm.daemon.records import AllocRow, GroupPlan, GroupRow, MemberPlan
 from weave_slurm.daemon.states import AllocState, GroupState, JobState, StepRunState
 from weave_slurm.daemon.store import Store
+from weave_slurm.errors import ConfigError
 from weave_slurm.model.profile import simple_profile
 from weave_slurm.placement import Capacity
-from weave_slurm.slurm.backend import StepSpec, group_comment
+from weave_slurm.slurm.backend import DEFAULT_INSTANCE, StepSpec, group_comment
 from weave_slurm.slurm.cli_backend import SlurmCliBackend
 from weave_slurm.slurm.fake_runner import FakeReply, FakeRunner
 from weave_slurm.slurm.runner import SlurmCommandError
@@ -39,14 +40,19 @@ FIX = Path(__file__).parents[1] / "slurm" / "fixtures"
 INSTANCE = "t1"  # allocation names weave-gt1.<group>-<pool>
 POOLS = {"rollout": PoolRequest("h20", 8, "h20", 2), "train": PoolRequest("h800", 8, "h800", 2)}
 T0 = 1000.0
+UID = os.getuid()  # weaved's: squeue is asked for this user's jobs
+OTHER_UID = 1000 if UID != 1000 else 1001  # an ordinary user's
+SQUEUE = ("squeue", "--json", f"--user={UID}")
 STEPS = ("squeue", "--steps", "-h", "-o", STEP_FORMAT)
 GONE = "scancel: error: Kill job error on job id {}: Invalid job id specified"
 
 
 def _comment(name: str) -> str:
-    """The comment of allocation ``weave-g<label>-<pool>``."""
+    """The comment weaved gives allocation ``weave-g<label>-<pool>`` (the instance is the
+    label's ``<instance>.``, the default one without)."""
     label, _, pool = name.removeprefix("weave-g").partition("-")
-    return group_comment(label, pool) if pool else ""
+    instance = label.rpartition(".")[0] or DEFAULT_INSTANCE
+    return group_comment(label, pool, instance) if pool else ""
 
 
 def _flags(argv: tuple[str, ...]) -> dict[str, str]:
@@ -64,7 +70,9 @@ class Step:
 @dataclass
 class Slurm:
     """A tiny queue behind the fake runner: squeue/salloc/srun/scancel as Slurm 22.05
-    answers them (squeue --json entries are the fixture's, with fields replaced)."""
+    answers them (squeue --json entries are the fixture's, with fields replaced). squeue
+    --json lists every user's jobs whatever ``--user`` says: the rows' ``user_id`` must
+    be checked by the backend itself."""
 
     fake: FakeRunner
     jobs: dict[int, dict[str, Any]] = field(default_factory=dict)
@@ -75,6 +83,8 @@ class Slurm:
     next_id: int = 11
     used: dict[str, int] = field(default_factory=dict)  # partition -> nodes handed out
     step_seq: dict[str, int] = field(default_factory=dict)  # alloc id -> last step number
+    exits: dict[tuple[str, str], int] = field(default_factory=dict)  # (alloc, step name) ->
+    # the exit code its srun ends with at once (the step never stays listed)
 
     def __post_init__(self) -> None:
         data = json.loads((FIX / "squeue_22.05_het.json").read_text())
@@ -87,17 +97,23 @@ class Slurm:
         self.fake.on(["scancel"], self._scancel)
 
     def add(self, name: str, nodes: tuple[str, ...], state: str = "RUNNING",
-            job_id: int | None = None) -> str:
-        """An allocation Slurm lists (``weave-g<label>-<pool>``); returns its id."""
+            job_id: int | None = None, *, uid: int = UID, comment: str | None = None) -> str:
+        """A job Slurm lists: by default weaved's allocation ``weave-g<label>-<pool>``
+        with weaved's comment; returns its id."""
         if job_id is None:
             job_id, self.next_id = self.next_id, self.next_id + 1
         job = copy.deepcopy(self._template)
         partition = nodes[0].split("-")[0]
-        job.update(job_id=job_id, name=name, comment=_comment(name), job_state=state,
+        job.update(job_id=job_id, name=name, job_state=state, user_id=uid,
+                   comment=_comment(name) if comment is None else comment,
                    nodes=",".join(nodes), partition=partition,
                    tres_per_node=f"gres:gpu:{partition}:8", node_count=len(nodes))
         self.jobs[job_id] = job
         return str(job_id)
+
+    def exit_step(self, step_id: str, returncode: int) -> None:
+        """The step's tasks exit (Slurm no longer lists it; its srun exits)."""
+        self._end_step(step_id, returncode)
 
     def vanish(self, alloc_id: str) -> None:
         """The allocation is gone from Slurm (a node failure, an admin's scancel)."""
@@ -139,6 +155,8 @@ class Slurm:
         f = _flags(argv)
         alloc = f["jobid"]
         n = self.step_seq[alloc] = self.step_seq.get(alloc, -1) + 1
+        if (alloc, f["job-name"]) in self.exits:
+            return FakeReply(exited=self.exits[alloc, f["job-name"]])
         self.steps[f"{alloc}.{n}"] = Step(f"{alloc}.{n}", f["job-name"],
                                           tuple(filter(None, f.get("nodelist", "").split(","))),
                                           len(self.fake.processes))
@@ -186,10 +204,10 @@ class Rig:
 
 
 def _reconciler(store: Store, fake: FakeRunner, clock: VirtualClock, *,
-                driver: IdleDriver | None = None,
-                node_step: NodeStepFactory | None = None) -> Reconciler:
+                driver: IdleDriver | None = None, node_step: NodeStepFactory | None = None,
+                instance: str = INSTANCE) -> Reconciler:
     return Reconciler(store, SlurmCliBackend(runner=fake), Capacity.from_site(default_site()),
-                      POOLS, driver or IdleDriver(), clock, instance=INSTANCE,
+                      POOLS, driver or IdleDriver(), clock, instance=instance,
                       node_step=node_step)
 
 
@@ -251,6 +269,7 @@ def test_one_tick_places_allocates_and_launches_writing_each_intent_first(rig: R
     rig.tick()
     assert rig.argvs("salloc") == [_salloc("weave-gt1.1-h20-0", "h20"),
                                    _salloc("weave-gt1.1-h800-0", "h800")]
+    assert rig.argvs("salloc")[0][3] == "--comment=weave:t1:t1.1:h20-0"  # uid + this tag: ours
     assert [c.argv for c in rig.fake.calls if c.spawned] == [
         _srun("11", "weave-j1-h20-0", "h20-0"), _srun("12", "weave-j1-h800-0", "h800-0")]
     assert rig.argvs("scancel") == []
@@ -274,7 +293,7 @@ def test_a_quiet_tick_reads_the_world_and_calls_nothing_else(rig: Rig) -> None:
     _running(rig)
     before = len(rig.fake.calls)
     rig.tick(at=T0 + 5)
-    assert [c.argv for c in rig.fake.calls[before:]] == [("squeue", "--json"), STEPS, STEPS]
+    assert [c.argv for c in rig.fake.calls[before:]] == [SQUEUE, STEPS, STEPS]
 
 
 # -- 1. adoption after a restart ---------------------------------------------------------
@@ -330,7 +349,7 @@ def test_restart_keeps_the_steps_slurm_still_runs(rig: Rig) -> None:
     rig.restart()  # a new process: no launcher handles
     before = len(rig.fake.calls)
     rig.tick(at=T0 + 60)
-    assert [c.argv for c in rig.fake.calls[before:]] == [("squeue", "--json"), STEPS, STEPS]
+    assert [c.argv for c in rig.fake.calls[before:]] == [SQUEUE, STEPS, STEPS]
     assert [s.state for s in rig.store.steps(job_id=job)] == [StepRunState.RUNNING] * 2
     assert _job_state(rig.store, job) is JobState.RUNNING
 
@@ -338,20 +357,44 @@ def test_restart_keeps_the_steps_slurm_still_runs(rig: Rig) -> None:
 # -- 2. orphans --------------------------------------------------------------------------
 
 
-def test_an_orphan_under_our_prefix_is_released_and_nothing_else(rig: Rig) -> None:
+def test_only_our_orphans_are_released_by_uid_and_instance_tag(rig: Rig) -> None:
     _running(rig)
     orphan = rig.slurm.add("weave-gt1.7-h20-0", ("h20-9",))
-    rig.slurm.add("weave-g3-h20-0", ("h20-10",))  # another daemon's (no instance)
+    old = rig.slurm.add("weave-gt1.8-h20-0", ("h20-13",),   # ours, from before instance tags
+                        comment="weave-group=t1.8,pool=h20-0")
+    rig.slurm.add("weave-g3-h20-0", ("h20-10",))  # another daemon's (no instance: default)
     rig.slurm.add("weave-gt12.1-h20-0", ("h20-11",))  # instance t12, not t1
-    rig.slurm.add("interactive", ("h20-12",))  # a user's own job, no comment
+    rig.slurm.add("interactive", ("h20-12",))  # our uid's own job, no comment
+    rig.slurm.add("weave-gt1.9-h20-0", ("h20-14",), uid=OTHER_UID)  # a user's, our name+tag
+    rig.slurm.add("weave-g999-h20-0", ("h20-15",), uid=OTHER_UID, comment="")  # sbatch -J
     marks = {e: [len(rig.store.transitions(e, k)) for k in (1, 2)] for e in ("alloc", "step")}
     before = len(rig.fake.calls)
     rig.tick(at=T0 + 5)
     assert [c.argv for c in rig.fake.calls[before:]] == [
-        ("squeue", "--json"), STEPS, STEPS, STEPS, ("scancel", orphan)]  # ours, orphan
+        SQUEUE, STEPS, STEPS, STEPS, STEPS, ("scancel", orphan), ("scancel", old)]
     assert {e: [len(rig.store.transitions(e, k)) for k in (1, 2)]
             for e in ("alloc", "step")} == marks
-    assert sorted(rig.slurm.jobs) == [11, 12, 14, 15, 16]
+    assert sorted(rig.slurm.jobs) == [11, 12, 15, 16, 17, 18, 19]
+
+
+def test_a_daemon_without_instance_owns_only_default_tagged_allocations(rig: Rig) -> None:
+    rec = rig.restart(instance="")
+    assert (rec.tag, rec.prefix) == (DEFAULT_INSTANCE, "weave-g")
+    job = _submit(rig.store)
+    foreign = rig.slurm.add("weave-g999-h20-0", ("h20-7",), uid=OTHER_UID, comment="")
+    named = rig.slurm.add("weave-gt1.1-h20-0", ("h20-8",))  # instance t1's: same prefix
+    orphan = rig.slurm.add("weave-g5-h20-0", ("h20-9",))  # comment weave:default:5:h20-0
+    rig.tick()
+    assert rig.argvs("salloc") == [  # the request carries the default tag
+        ("salloc", "--no-shell", "--job-name=weave-g1-h20-0", "--comment=weave:default:1:h20-0",
+         *_salloc("weave-g1-h20-0", "h20")[4:]),
+        ("salloc", "--no-shell", "--job-name=weave-g1-h800-0",
+         "--comment=weave:default:1:h800-0", *_salloc("weave-g1-h800-0", "h800")[4:])]
+    assert rig.argvs("scancel") == [("scancel", orphan)]
+    assert {foreign, named} <= {str(j) for j in rig.slurm.jobs}
+    assert _job_state(rig.store, job) is JobState.RUNNING
+    with pytest.raises(ConfigError, match="--instance 'default' is the tag of a weaved"):
+        rig.restart(instance=DEFAULT_INSTANCE)
 
 
 def test_a_released_allocation_still_ending_in_slurm_is_not_cancelled_again(rig: Rig) -> None:
@@ -420,9 +463,9 @@ def test_a_failing_squeue_skips_the_tick_and_says_why_since_when(rig: Rig) -> No
                "(connect failure)", returncode=1)
     with pytest.raises(SlurmCommandError, match="squeue --json"):
         rig.tick(at=T0 + 1)
-    assert rig.rec.world_error == (T0 + 1, "Slurm command failed: squeue --json (exit 1): "
-                                   "squeue: error: slurm_load_jobs error: Unable to contact "
-                                   "slurm controller (connect failure)")
+    assert rig.rec.world_error == (T0 + 1, f"Slurm command failed: squeue --json --user={UID} "
+                                   "(exit 1): squeue: error: slurm_load_jobs error: Unable to "
+                                   "contact slurm controller (connect failure)")
     assert _job_state(rig.store, job) is JobState.PENDING  # nothing acted on a blind tick
     assert rig.rec.ticks == 0
     rig.slurm.squeue_reply = FakeReply(hang=True)
@@ -588,18 +631,21 @@ def test_a_step_that_fails_fails_its_job_and_stops_the_others(rig: Rig) -> None:
     assert rig.argvs("scancel") == [("scancel", "11.0"), ("scancel", "11"), ("scancel", "12")]
 
 
-def _node_step(group: GroupRow, alloc: AllocRow) -> StepSpec:
+def _node_step(group: GroupRow, alloc: AllocRow, log_dir: Path | None = None) -> StepSpec:
     return StepSpec(name=NODE_STEP, argv=("weave-node", group.label, alloc.pool),
-                    ntasks=alloc.node_count, node_count=alloc.node_count)
+                    ntasks=alloc.node_count, node_count=alloc.node_count,
+                    log_path=log_dir / f"node-{group.label}-{alloc.pool}.log" if log_dir else None)
+
+
+NODE = ("--overlap", "--exact", "--job-name=weave-node", "-n", "1", "-c", "1", "-N", "1",
+        "weave-node", "t1.1")
 
 
 def test_node_daemons_gate_activation_and_a_dead_one_is_relaunched(rig: Rig) -> None:
     rec = rig.restart(node_step=_node_step)
-    node = ("--overlap", "--exact", "--job-name=weave-node", "-n", "1", "-c", "1", "-N", "1",
-            "weave-node", "t1.1")
 
     def no_srun(argv: tuple[str, ...]) -> None:  # the first node daemon of 12 cannot start
-        if argv == ("srun", "--jobid=12", *node, "h800-0") and rec.ticks == 0:
+        if argv == ("srun", "--jobid=12", *NODE, "h800-0") and rec.ticks == 0:
             raise SlurmCommandError(argv, None, "", "cannot start 'srun': [Errno 24] Too "
                                     "many open files")
 
@@ -607,25 +653,96 @@ def test_node_daemons_gate_activation_and_a_dead_one_is_relaunched(rig: Rig) -> 
     job = _submit(rig.store)
     rig.tick()
     assert [c.argv for c in rig.fake.calls if c.spawned] == [
-        ("srun", "--jobid=11", *node, "h20-0"), ("srun", "--jobid=12", *node, "h800-0")]
+        ("srun", "--jobid=11", *NODE, "h20-0"), ("srun", "--jobid=12", *NODE, "h800-0")]
     assert rig.reasons("step", 2)[-1][:2] == ("LAUNCHING", "ENDED")
     assert "launch failed" in rig.reasons("step", 2)[-1][2]
     assert _group(rig.store).state is GroupState.FORMING   # not every node daemon runs
-    assert _job_state(rig.store, job) is JobState.PLACED
-    rig.tick(at=T0 + 1)
+    fresh = rig.store.job(job)
+    assert fresh is not None and fresh.state is JobState.PLACED
+    assert fresh.reason.startswith("node daemon of train allocation 12 (h800-0) could not be "
+                                   "launched (Slurm command failed: srun --jobid=12")
+    assert fresh.reason.endswith("Too many open files); failure 1 of 5, relaunching in 1 s")
+    rig.tick(at=T0 + 1)   # after the backoff's first wait
     assert [c.argv for c in rig.fake.calls if c.spawned][2:] == [
-        ("srun", "--jobid=12", *node, "h800-0"), _srun("11", "weave-j1-h20-0", "h20-0"),
+        ("srun", "--jobid=12", *NODE, "h800-0"), _srun("11", "weave-j1-h20-0", "h20-0"),
         _srun("12", "weave-j1-h800-0", "h800-0")]
     assert rig.reasons("group", 1)[-1] == ("FORMING", "ACTIVE", "allocations ['11', '12'] held")
-    assert _job_state(rig.store, job) is JobState.RUNNING
-    # the rollout node daemon dies while Slurm still lists its step
+    fresh = rig.store.job(job)
+    assert fresh is not None and (fresh.state, fresh.reason) == (JobState.RUNNING, "")
+    # the rollout node daemon dies while Slurm still lists its step: cancelled, relaunched
+    # after the first wait (not in the same tick), and its job says so meanwhile
     rig.fake.processes[0].returncode = 1
     rig.tick(at=T0 + 5)
     assert rig.argvs("scancel") == [("scancel", "11.0")]
+    assert [c.argv for c in rig.fake.calls if c.spawned][5:] == []
+    said = ("node daemon of rollout allocation 11 (h20-0) exited with code 1; "
+            "failure 1 of 5, relaunching in 1 s")
+    fresh = rig.store.job(job)
+    assert fresh is not None and (fresh.state, fresh.reason) == (JobState.RUNNING, said)
+    rig.tick(at=T0 + 6)
     assert [c.argv for c in rig.fake.calls if c.spawned][5:] == [
-        ("srun", "--jobid=11", *node, "h20-0")]
+        ("srun", "--jobid=11", *NODE, "h20-0")]
     assert [s.name for s in rig.store.steps(alloc_key=1)] == ["weave-j1-h20-0", NODE_STEP]
-    assert _job_state(rig.store, job) is JobState.RUNNING and rec.ticks == 3
+    assert _job_state(rig.store, job) is JobState.RUNNING and rec.ticks == 4
+    # once it has run NODE_DAEMON_STABLE_S, the reason is cleared and its failures forgotten
+    rig.tick(at=T0 + 6 + NODE_DAEMON_STABLE_S - 1)
+    fresh = rig.store.job(job)
+    assert fresh is not None and fresh.reason == said
+    rig.tick(at=T0 + 6 + NODE_DAEMON_STABLE_S)
+    fresh = rig.store.job(job)
+    assert fresh is not None and (fresh.state, fresh.reason) == (JobState.RUNNING, "")
+    assert not rec.node_retries.failing(1)
+
+
+SHM_TAKEN = ("weave node serve: error: shm root /dev/shm/weave-nodes/h20-0 is held by "
+             "another node daemon (pid 4242); stop it or use another --root")
+
+
+def test_a_node_daemon_that_keeps_failing_backs_off_says_why_then_fails_its_jobs(
+        rig: Rig, tmp_path: Path) -> None:
+    rec = rig.restart(node_step=lambda g, a: _node_step(g, a, tmp_path))
+    job = _submit(rig.store)
+    rig.tick()
+    assert _job_state(rig.store, job) is JobState.RUNNING   # node daemons 11.0 and 12.0 up
+    log_file = tmp_path / "node-t1.1-h20-0.log"
+
+    def dies_at_once(argv: tuple[str, ...]) -> None:   # what the step writes to its log
+        if argv[:2] == ("srun", "--jobid=11") and argv[4] == "--job-name=weave-node":
+            with log_file.open("a") as fh:
+                fh.write(f"{SHM_TAKEN}\nsrun: error: h20-0: task 0: Exited with exit code 1\n")
+
+    rig.slurm.hook = dies_at_once
+    rig.slurm.exits[("11", NODE_STEP)] = 1   # every relaunch exits at once
+    log_file.write_text("weave node serve: serving on h20-0\n")  # the first one's line
+    dies_at_once(("srun", "--jobid=11", "", "", "--job-name=weave-node"))
+    rig.slurm.exit_step("11.0", 1)
+    seen: list[tuple[float, JobState, str]] = []
+    for t in range(10, 80):   # every 0.5 s of the virtual clock
+        rig.tick(at=T0 + t / 2)
+        fresh = rig.store.job(job)
+        assert fresh is not None
+        if not seen or seen[-1][1:] != (fresh.state, fresh.reason):
+            seen.append((rig.clock.now() - T0, fresh.state, fresh.reason))
+    rows = [s for s in rig.store.steps(alloc_key=1, live_only=False) if s.job_id is None]
+    spans = [(rig.store.transitions("step", r.key)[0].ts,
+              rig.store.transitions("step", r.key)[-1].ts) for r in rows]
+    waits = [nxt[0] - end for (_, end), nxt in itertools.pairwise(spans)]
+    assert waits == [1.0, 2.0, 4.0, 8.0]   # from each failure to the next launch
+    assert len(rows) == NODE_DAEMON_TRIES
+    head = f"node daemon of rollout allocation 11 (h20-0) exited with code 1: {SHM_TAKEN}"
+    assert seen == [
+        (5.0, JobState.RUNNING, f"{head}; failure 1 of 5, relaunching in 1 s"),
+        (6.5, JobState.RUNNING, f"{head}; failure 2 of 5, relaunching in 2 s"),
+        (9.0, JobState.RUNNING, f"{head}; failure 3 of 5, relaunching in 4 s"),
+        (13.5, JobState.RUNNING, f"{head}; failure 4 of 5, relaunching in 8 s"),
+        (22.0, JobState.FAILED, f"{head}; gave up after 5 failures in a row (log: "
+                                f"{log_file})")]
+    # the job's steps were stopped, its group released; the train node daemon never relaunched
+    assert rig.argvs("scancel") == [("scancel", "11.1"), ("scancel", "12.1"),
+                                    ("scancel", "11"), ("scancel", "12")]
+    assert rig.argvs("srun").count(("srun", "--jobid=12", *NODE, "h800-0")) == 1
+    assert _group(rig.store).state is GroupState.RELEASED
+    assert rig.slurm.jobs == {} and rec.ticks == 71
 
 
 class _BrokenDriver(IdleDriver):

@@ -25,15 +25,16 @@ H20 = ResourceSpec("h20", 2, 8, "h20", 8)
 H800 = ResourceSpec("h800", 1, 8, "h800", 16)
 
 
-def _backend(fake: FakeRunner) -> SlurmCliBackend:
+def _backend(fake: FakeRunner, uid: int = 0) -> SlurmCliBackend:
+    """A backend of ``uid`` (the fixture's jobs are root's, uid 0)."""
     fake.on(["squeue", "--json"], FakeReply(stdout=(FIX / "squeue_22.05_het.json").read_text()))
-    return SlurmCliBackend(runner=fake, env=ENV)
+    return SlurmCliBackend(runner=fake, env=ENV, uid=uid)
 
 
 def test_salloc_argv_plain_and_het() -> None:
     req = AllocationRequest("8", "het", (H20, H800), time_limit_min=90, immediate_s=5)
     assert salloc_argv(req) == [
-        "salloc", "--no-shell", "--job-name=weave-g8-het", "--comment=weave-group=8,pool=het",
+        "salloc", "--no-shell", "--job-name=weave-g8-het", "--comment=weave:default:8:het",
         "--immediate=5", "--time=90",
         "--partition=h20", "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=8",
         "--gres=gpu:h20:8", ":",
@@ -41,6 +42,11 @@ def test_salloc_argv_plain_and_het() -> None:
         "--gres=gpu:h800:8"]
     no_gpu = AllocationRequest("1", "cpu", (ResourceSpec("h20", 1),))
     assert not any(a.startswith("--gres") for a in salloc_argv(no_gpu))
+    tagged = AllocationRequest("t1.4", "h20-0", (H20,), instance="t1")
+    assert salloc_argv(tagged)[2:4] == ["--job-name=weave-gt1.4-h20-0",
+                                        "--comment=weave:t1:t1.4:h20-0"]
+    with pytest.raises(ConfigError, match="instance='t-1'"):
+        AllocationRequest("1", "h20", (H20,), instance="t-1").validate()
 
 
 def test_srun_argv_always_has_overlap_exact_n_c() -> None:
@@ -93,9 +99,32 @@ def test_allocate_without_grant_line_is_a_state_error() -> None:
         _backend(fake).allocate(AllocationRequest("1", "h20", (H20,)))
 
 
+def test_allocate_reads_back_only_an_allocation_of_its_own_instance() -> None:
+    fake = FakeRunner()
+    fake.on(["salloc"], FakeReply(stderr="salloc: Granted job allocation 3\n"))
+    with pytest.raises(StateError, match="squeue does not list it"):   # job 3 is default's
+        _backend(fake).allocate(AllocationRequest("8", "het", (H20, H800), instance="t1"))
+
+
 def test_list_allocations_drops_ended_jobs() -> None:
-    allocs = _backend(FakeRunner()).list_allocations()
+    fake = FakeRunner()
+    allocs = _backend(fake).list_allocations()
     assert [a.alloc_id for a in allocs] == ["2", "3"]
+    assert fake.argvs() == [("squeue", "--json", "--user=0")]
+
+
+def test_list_allocations_are_this_uids_and_of_one_instance() -> None:
+    """squeue is asked for one user's jobs AND each row's user_id is checked: an answer
+    listing everyone's (as squeue --json may) never makes another user's job ours."""
+    fake = FakeRunner()
+    other = _backend(fake, uid=1000)
+    assert other.list_allocations() == ()
+    assert fake.argvs() == [("squeue", "--json", "--user=1000")]
+    root = _backend(FakeRunner())
+    assert [a.alloc_id for a in root.list_allocations(instance="default")] == ["3"]
+    assert root.list_allocations(instance="t1") == ()
+    (het,) = root.list_allocations("weave-g8")
+    assert (het.instance, het.group_id, het.pool) == ("default", "8", "het")  # an old comment
 
 
 def test_release_is_idempotent() -> None:

@@ -74,6 +74,22 @@ def test_restarted_backend_adopts_allocations_and_steps(tmp_path: Path) -> None:
     assert fresh.list_allocations(prefix="weave-g8") == ()
 
 
+def test_allocations_are_listed_by_uid_and_instance_tag_as_on_slurm(tmp_path: Path) -> None:
+    b = LocalBackend(tmp_path)
+    mine = b.allocate(AllocationRequest("t1.1", "h20-0", (_h20(nodes=1, gpus=1),),
+                                        instance="t1"))
+    plain = b.allocate(AllocationRequest("1", "h20-0", (_h20(nodes=1, gpus=1),)))
+    theirs = b.allocate(AllocationRequest("2", "h20-0", (_h20(nodes=1, gpus=1),)))
+    assert (mine.instance, plain.instance) == ("t1", "default")
+    state = json.loads((tmp_path / "local_backend.json").read_text())
+    state["allocations"][theirs.alloc_id]["uid"] = b.uid + 1   # another user's record
+    (tmp_path / "local_backend.json").write_text(json.dumps(state))
+    ids = lambda **kw: [a.alloc_id for a in b.list_allocations("weave-g", **kw)]  # noqa: E731
+    assert ids() == [mine.alloc_id, plain.alloc_id]
+    assert ids(instance="t1") == [mine.alloc_id]
+    assert ids(instance="default") == [plain.alloc_id]   # "weave-g" is a prefix of t1's too
+
+
 def test_step_env_is_slurm_like_and_overlapping_steps_share_gpus(tmp_path: Path) -> None:
     b = LocalBackend(tmp_path / "state")
     a = b.allocate(AllocationRequest("1", "h20", (_h20(gpus=4),)))

@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 
 from weave_slurm.errors import StateError
-from weave_slurm.slurm.backend import AllocationState, group_comment, parse_comment
+from weave_slurm.slurm.backend import (
+    DEFAULT_INSTANCE,
+    AllocationState,
+    AllocationTag,
+    group_comment,
+    parse_comment,
+)
 from weave_slurm.slurm.squeue import gpus_per_node, job_state, parse_jobs, parse_steps
 
 FIX = Path(__file__).parent / "fixtures"
@@ -92,7 +98,39 @@ def test_steps_text() -> None:
     ]
 
 
-def test_comment_round_trip() -> None:
-    assert parse_comment(group_comment("g-1", "h20")) == ("g-1", "h20")
-    assert parse_comment("weave-group=7") is None
-    assert parse_comment("") is None
+def test_comment_round_trip_and_old_comments() -> None:
+    assert group_comment("t1.4", "h20-0", "t1") == "weave:t1:t1.4:h20-0"
+    assert parse_comment(group_comment("g_1", "h20")) == AllocationTag(DEFAULT_INSTANCE, "g_1",
+                                                                       "h20")
+    assert parse_comment("weave:t1:t1.4:h20-0") == AllocationTag("t1", "t1.4", "h20-0")
+    # written by weaved before instance tags: the label's "<instance>." is the instance
+    assert parse_comment("weave-group=t1.4,pool=h20-0") == AllocationTag("t1", "t1.4", "h20-0")
+    assert parse_comment("weave-group=8,pool=het") == AllocationTag(DEFAULT_INSTANCE, "8", "het")
+    for bad in ("weave-group=7", "", "weave:t1:4", "weave:t-1:4:h20", "weave:t1:4:h20:x",
+                "weave:t1:g-1:h20",
+                "weave::4:h20", "user's own words"):
+        assert parse_comment(bad) is None, bad
+
+
+def _jobs(*rows: dict[str, object]) -> str:
+    base = {"job_state": "RUNNING", "nodes": "h20-0", "partition": "h20"}
+    return json.dumps({"jobs": [{**base, **r} for r in rows]})
+
+
+def test_rows_are_filtered_by_uid_and_instance_tag_not_by_name() -> None:
+    text = _jobs(
+        {"job_id": 1, "name": "weave-g1-h20-0", "user_id": 0, "comment": "weave:default:1:h20-0"},
+        {"job_id": 2, "name": "weave-g999-h20-0", "user_id": 1000, "comment": ""},
+        {"job_id": 3, "name": "weave-gt1.1-h20-0", "user_id": 0, "comment": "weave:t1:t1.1:h20-0"},
+        {"job_id": 4, "name": "weave-g2-h20-0", "user_id": 1000,
+         "comment": "weave:default:2:h20-0"},   # another user's, claiming our tag
+        {"job_id": 5, "name": "weave-g3-h20-0", "user_id": 0, "comment": "weave-group=3,pool=h20"})
+    ids = lambda **kw: [a.alloc_id for a in parse_jobs(text, "weave-g", **kw)]  # noqa: E731
+    assert ids() == ["1", "2", "3", "4", "5"]
+    assert ids(uid=0) == ["1", "3", "5"]
+    assert ids(uid=0, instance=DEFAULT_INSTANCE) == ["1", "5"]
+    assert ids(uid=0, instance="t1") == ["3"]
+    assert ids(uid=1000, instance=DEFAULT_INSTANCE) == ["4"]
+    (mine,) = parse_jobs(text, uid=0, instance="t1")
+    assert (mine.instance, mine.group_id, mine.pool) == ("t1", "t1.1", "h20-0")
+    assert parse_jobs(text, uid=1000)[0].instance is None   # no weave comment

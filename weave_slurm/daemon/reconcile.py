@@ -1,11 +1,12 @@
 """The reconcile loop: read the world, then act. One bad tick is logged and survived.
 
-A tick (:meth:`Reconciler.tick`) first reads what the backend holds (allocations
-with this daemon's name prefix and their steps), reconciles the store's rows with
-it (intents left by a crash are resolved against what Slurm shows; allocations
-nobody owns are released), then acts: stop cancelled jobs, place pending jobs as
-one batch, obtain the allocations groups need, launch node daemons, activate
-groups, launch the jobs' steps and release the allocations of empty groups.
+A tick (:meth:`Reconciler.tick`) first reads what the backend holds (the allocations
+this daemon owns, by uid and the instance tag in their comment, and their steps),
+reconciles the store's rows with it (intents left by a crash are resolved against
+what Slurm shows; owned allocations no row claims are released), then acts: stop
+cancelled jobs, place pending jobs as one batch, obtain the allocations groups need,
+launch node daemons (a failing one backs off: :mod:`~weave_slurm.daemon.retries`),
+activate groups, launch the jobs' steps and release the allocations of empty groups.
 Every action writes its intent (a transition) before calling the backend.
 Time comes from the injected clock; decisions never read the wall clock.
 """
@@ -16,17 +17,17 @@ import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from weave_slurm.clock import Clock
 from weave_slurm.daemon import membership
 from weave_slurm.daemon.driver import Driver
 from weave_slurm.daemon.faults import FaultPoint, crossing
 from weave_slurm.daemon.records import AllocRow, GroupPlan, GroupRow, JobRow, StepRow
+from weave_slurm.daemon.retries import Backoff, NodeDaemonRetries, in_words
 from weave_slurm.daemon.states import AllocState, GroupState, JobState, StepRunState
 from weave_slurm.daemon.store import Store
 from weave_slurm.errors import InfeasibleRequest, InsufficientResources, WeaveError
-from weave_slurm.placement import Capacity, Placement, Refusal, WeavePolicy, depart, place_batch
+from weave_slurm.placement import Capacity, Placement, Refusal, WeavePolicy, place_batch
 from weave_slurm.slurm.backend import (
     Allocation,
     AllocationRequest,
@@ -40,18 +41,7 @@ from weave_slurm.slurm.backend import (
 log = logging.getLogger(__name__)
 
 NODE_STEP = "weave-node"
-RETRY_FIRST_S = 1.0   # first wait after a failed or hung allocate call; doubles per failure
-RETRY_MAX_S = 15.0
 _LIVE_JOB = (JobState.PLACED, JobState.RUNNING, JobState.CANCELLING)
-
-
-def _words(exc: Exception) -> str:
-    """A failed backend call in words: a hung command says so."""
-    cause = exc.__cause__ or exc
-    if getattr(cause, "timed_out", False):
-        argv = getattr(cause, "argv", None) or ["command"]
-        return f"{Path(argv[0]).name} hung: {str(cause).split(':')[0]}"
-    return str(exc)
 
 
 @dataclass(frozen=True)
@@ -85,12 +75,14 @@ class Reconciler:
         self.store, self.backend, self.capacity = store, backend, capacity
         self.pools, self.driver, self.clock = pools, driver, clock
         self.instance = instance
-        self.prefix = membership.name_prefix(instance)
+        self.tag = membership.instance_tag(instance)   # with the uid: what is ours
+        self.prefix = membership.name_prefix(instance)   # for people only
         self.node_step = node_step
         self.immediate_s = immediate_s
         self.policy = WeavePolicy()
         self._handles: dict[int, StepHandle] = {}  # step row key -> handle (this process)
-        self._retry: dict[int, tuple[int, float]] = {}  # alloc key -> (failures, next try)
+        self._retry = Backoff()   # per alloc key: failed or hung allocate calls
+        self.node_retries = NodeDaemonRetries()   # per alloc key: failing node daemons
         self.ticks = 0
         # since when reading the world (squeue) fails, and the last error in words
         self.world_error: tuple[float, str] | None = None
@@ -103,7 +95,7 @@ class Reconciler:
             world = self._read_world()
         except WeaveError as exc:   # a failing or hung squeue: say so, try next tick
             since = self.world_error[0] if self.world_error else self.clock.now()
-            self.world_error = (since, _words(exc))
+            self.world_error = (since, in_words(exc))
             raise
         self.world_error = None
         now = self.clock.now()
@@ -128,7 +120,7 @@ class Reconciler:
 
     def _read_world(self) -> World:
         world = World()
-        for a in self.backend.list_allocations(self.prefix):
+        for a in self.backend.list_allocations(self.prefix, instance=self.tag):
             world.allocations[a.alloc_id] = a
             world.steps[a.alloc_id] = {s.name for s in self.backend.list_steps(a.alloc_id)}
         return world
@@ -138,7 +130,7 @@ class Reconciler:
     def _request(self, group: GroupRow, alloc: AllocRow) -> AllocationRequest:
         return AllocationRequest(group.label, alloc.pool, (ResourceSpec(
             alloc.partition, alloc.node_count, alloc.gpus_per_node, alloc.gpu_type,
-            alloc.cpus_per_node),), immediate_s=self.immediate_s)
+            alloc.cpus_per_node),), immediate_s=self.immediate_s, instance=self.tag)
 
     def _reconcile_allocs(self, world: World, now: float) -> None:
         claimed = {a.alloc_id for a in self.store.allocs() if a.alloc_id}
@@ -172,17 +164,14 @@ class Reconciler:
             if alloc_id in gone and alloc_id not in claimed:
                 log.debug("allocation %s is ending in Slurm (released)", alloc_id)
             elif alloc_id not in claimed:
-                log.warning("releasing orphan allocation %s (%s): no group in the store",
-                            alloc_id, a.name)
+                log.warning("releasing orphan allocation %s (%s, ours: uid and instance "
+                            "%s): no group in the store", alloc_id, a.name, self.tag)
                 self.backend.release(alloc_id)
 
     def _held(self, row: AllocRow, a: Allocation, now: float, reason: str) -> None:
         self.store.transition("alloc", row.key, AllocState.HELD, reason, now,
                               expect=AllocState.ALLOCATING, alloc_id=a.alloc_id,
                               nodes=json.dumps(list(a.nodes)), updated_s=now)
-
-    def _alloc_of(self, key: int) -> AllocRow | None:
-        return next((a for a in self.store.allocs(live_only=False) if a.key == key), None)
 
     def _reconcile_steps(self, world: World, now: float) -> None:
         allocs = {a.key: a for a in self.store.allocs(live_only=False)}
@@ -208,30 +197,50 @@ class Reconciler:
         handle = self._handles.get(step.key)
         if handle is not None:  # launched by this process: its launcher tells the truth
             status = self.backend.poll_step(handle)
-            if status.state is StepState.RUNNING:
-                return
-            why = f"exited with code {status.returncode}" if status.returncode is not None \
+            why = "" if status.state is StepState.RUNNING else \
+                f"exited with code {status.returncode}" if status.returncode is not None \
                 else f"ended ({status.state.value})"
             ok = status.state is StepState.COMPLETED
-        elif listed:
-            return
         else:
-            why, ok = "vanished from the backend", False
+            why, ok = "" if listed else "vanished from the backend", False
+        if not why:
+            if step.job_id is None:
+                self._node_steady(alloc, now)
+            return
         self._end_step(step, now, why)
         if step.job_id is not None:
             job = self.store.job(step.job_id)
-            if job is not None and job.state is JobState.RUNNING:
-                left = [s for s in self.store.steps(job_id=job.job_id)]
-                if ok and not left:
-                    self._finish_job(job, JobState.COMPLETED, f"step {step.name} {why}", now)
-                elif not ok:
-                    self._finish_job(job, JobState.FAILED, f"step {step.name} {why}", now)
-        else:
-            log.warning("node daemon step of allocation %s %s; relaunching", alloc.alloc_id,
-                        why)
-            if handle is not None and listed:   # a backend that still lists the dead step
-                self.backend.cancel_step(handle)   # would make the relaunch adopt it
-                world.steps.get(alloc.alloc_id or "", set()).discard(step.name)
+            if job is not None and job.state is JobState.RUNNING \
+                    and not (ok and self.store.steps(job_id=job.job_id)):   # none left
+                self._finish_job(job, JobState.COMPLETED if ok else JobState.FAILED,
+                                 f"step {step.name} {why}", now)
+            return
+        if handle is not None and listed:   # a backend that still lists the dead step
+            self.backend.cancel_step(handle)   # would make the relaunch adopt it
+            world.steps.get(alloc.alloc_id or "", set()).discard(step.name)
+        self._node_daemon_failed(alloc, why, now, with_log=True)
+
+    def _node_daemon_failed(self, alloc: AllocRow, why: str, now: float,
+                            with_log: bool = False) -> None:
+        """Back off its relaunch and say why on its group's jobs; at the bound, fail them."""
+        group = self.store.group(alloc.group_id)
+        path = self.node_step(group, alloc).log_path \
+            if with_log and group is not None and self.node_step is not None else None
+        verdict = self.node_retries.failed(alloc, why, now, path)
+        log.warning("%s", verdict.reason)
+        for job in self.store.jobs([JobState.RUNNING, JobState.PLACED], group_id=alloc.group_id):
+            if verdict.give_up:
+                self._finish_job(job, JobState.FAILED, verdict.reason, now)
+            else:
+                self.store.update("job", job.job_id, reason=verdict.reason)
+
+    def _node_steady(self, alloc: AllocRow, now: float) -> None:
+        """A node daemon that failed before and has run long enough since: clear the
+        reason its failures gave its jobs (where it still stands)."""
+        said = self.node_retries.steady(alloc.key, now)
+        for job in self.store.jobs([JobState.RUNNING, JobState.PLACED], group_id=alloc.group_id):
+            if said is not None and job.reason == said:
+                self.store.update("job", job.job_id, reason="")
 
     def _end_step(self, step: StepRow, now: float, reason: str) -> None:
         self.store.transition("step", step.key, StepRunState.ENDED, reason, now)
@@ -272,20 +281,13 @@ class Reconciler:
         group = self.store.group(job.group_id or 0)
         if group is None or group.state.final or job.job_id not in group.plan.job_ids:
             return
-        state = membership.cluster_state(self.capacity, [group], self.store.jobs(_LIVE_JOB),
-                                         self.store.next_group_id())
-        model = state.by_id.get(group.group_id)
-        after = depart(state, str(job.job_id)) if model and str(job.job_id) in model.job_ids \
-            else state
-        new = after.by_id.get(group.group_id)
-        if new is None:
-            self.store.update("group", group.group_id, plan=GroupPlan(
-                group.plan.rollout_nodes, group.plan.train_nodes, ()).to_json())
-            if group.state is not GroupState.DRAINING:
-                self.store.transition("group", group.group_id, GroupState.DRAINING,
-                                      f"its last member (job {job.job_id}) left", now)
-        else:
-            self.store.update("group", group.group_id, plan=membership.plan_of(new).to_json())
+        plan = membership.plan_without(self.capacity, group, self.store.jobs(_LIVE_JOB),
+                                       self.store.next_group_id(), job.job_id)
+        self.store.update("group", group.group_id, plan=(plan or GroupPlan(
+            group.plan.rollout_nodes, group.plan.train_nodes, ())).to_json())
+        if plan is None and group.state is not GroupState.DRAINING:
+            self.store.transition("group", group.group_id, GroupState.DRAINING,
+                                  f"its last member (job {job.job_id}) left", now)
 
     def _finish_cancelled(self, now: float) -> None:
         for job in self.store.jobs([JobState.CANCELLING]):
@@ -340,8 +342,7 @@ class Reconciler:
                     self._want(group, role, need - have, sum(a.role == role for a in rows), now,
                                "replacement for a lost" if lost else "")
             for alloc in self.store.allocs(group.group_id):
-                if alloc.state is AllocState.WANTED \
-                        and now >= self._retry.get(alloc.key, (0, 0.0))[1]:
+                if alloc.state is AllocState.WANTED and self._retry.ready(alloc.key, now):
                     if not self._wants_nodes(group.group_id):
                         break   # a sibling's refusal failed its members: it is draining
                     self._allocate(group, alloc, now)
@@ -378,16 +379,14 @@ class Reconciler:
                 self._finish_job(job, JobState.FAILED, f"group {group.group_id}: {exc}", now)
             return
         except (InsufficientResources, WeaveError) as exc:
-            n, _ = self._retry.get(alloc.key, (0, 0.0))
-            wait = min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** n)
-            self._retry[alloc.key] = (n + 1, now + wait)
-            why = f"{alloc.role} allocation {request.job_name} not granted ({_words(exc)}); " \
-                  f"attempt {n + 1}, retrying in {wait:g} s"
+            n, wait = self._retry.failed(alloc.key, now)
+            why = f"{alloc.role} allocation {request.job_name} not granted ({in_words(exc)}); " \
+                  f"attempt {n}, retrying in {wait:g} s"
             self.store.transition("alloc", alloc.key, AllocState.WANTED, why, now)
             for job in self.store.jobs([JobState.PLACED], group_id=group.group_id):
                 self.store.update("job", job.job_id, reason=f"waiting: {why}")
             return
-        self._retry.pop(alloc.key, None)
+        self._retry.forget(alloc.key)
         crossing(FaultPoint.ALLOC_GRANTED)
         self._held(alloc, granted, now, f"granted as {granted.alloc_id}")
 
@@ -404,41 +403,49 @@ class Reconciler:
         crossing(FaultPoint.RELEASE_DONE)
         self.store.transition("alloc", alloc.key, AllocState.RELEASED, "released", now,
                               updated_s=now)
+        self.node_retries.forget(alloc.key)
         self._retry.clear()   # nodes were freed: waiting allocations may ask again now
 
     # -- steps -------------------------------------------------------------------------
 
     def _launch(self, alloc: AllocRow, job_id: int | None, spec: StepSpec, world: World,
-                now: float) -> bool:
-        """Write the intent, then launch (or adopt a step of that name Slurm already runs)."""
+                now: float) -> str | None:
+        """Write the intent, then launch (or adopt a step of that name Slurm already runs);
+        the error in words if the launch failed."""
         key = self.store.add_step(alloc_key=alloc.key, job_id=job_id, name=spec.name,
                                   now=now, reason=f"launching in {alloc.alloc_id}")
         if spec.name in world.steps.get(alloc.alloc_id or "", set()):
             self.store.transition("step", key, StepRunState.RUNNING, "adopted", now)
-            return True
+            return None
         crossing(FaultPoint.STEP_INTENT)
         try:
             handle = self.backend.launch_step(alloc.alloc_id or "", spec)
         except WeaveError as exc:
             self.store.transition("step", key, StepRunState.ENDED, f"launch failed: {exc}", now)
             log.warning("launching %s in %s failed: %s", spec.name, alloc.alloc_id, exc)
-            return False
+            return in_words(exc)
         self._handles[key] = handle
         crossing(FaultPoint.STEP_LAUNCHED)
         self.store.transition("step", key, StepRunState.RUNNING, "launched", now,
                               launcher_pid=handle.launcher_pid)
-        return True
+        return None
 
     def _launch_node_daemons(self, world: World, now: float) -> None:
         if self.node_step is None:
             return
         for group in self.store.groups():
+            if group.state not in (GroupState.FORMING, GroupState.ACTIVE):
+                continue   # a draining group's allocations are about to be released
             for alloc in self.store.allocs(group.group_id):
-                if alloc.state is not AllocState.HELD:
+                if alloc.state is not AllocState.HELD \
+                        or not self.node_retries.ready(alloc.key, now) \
+                        or any(s.job_id is None for s in self.store.steps(alloc_key=alloc.key)):
                     continue
-                if any(s.job_id is None for s in self.store.steps(alloc_key=alloc.key)):
-                    continue
-                self._launch(alloc, None, self.node_step(group, alloc), world, now)
+                spec = self.node_step(group, alloc)
+                self.node_retries.launching(alloc.key, spec.log_path, now)
+                error = self._launch(alloc, None, spec, world, now)
+                if error is not None:
+                    self._node_daemon_failed(alloc, f"could not be launched ({error})", now)
 
     def _node_daemons_up(self, allocs: Sequence[AllocRow]) -> bool:
         if self.node_step is None:
@@ -464,7 +471,8 @@ class Reconciler:
             allocs = self.store.allocs(group.group_id)
             for job in self.store.jobs([JobState.PLACED], group_id=group.group_id):
                 steps = self.driver.job_steps(job, group, allocs)
-                ok = all([self._launch(s.alloc, job.job_id, s.spec, world, now) for s in steps])
+                ok = not any([self._launch(s.alloc, job.job_id, s.spec, world, now)
+                              for s in steps])
                 fresh = self.store.job(job.job_id)
                 if fresh is None or fresh.state is not JobState.PLACED:
                     continue  # cancelled meanwhile: the next tick stops its steps

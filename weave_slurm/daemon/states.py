@@ -96,10 +96,12 @@ TRANSITIONS: dict[tuple[State, State], str] = {
     (J.PENDING, J.CANCELLED): "cancelled before placement: nothing to stop",
     (J.PLACED, J.RUNNING): "group active and the job's steps launched",
     (J.PLACED, J.CANCELLING): "cancelled while its group was forming",
-    (J.PLACED, J.FAILED): "Slurm refuses its group's allocation as asked",
+    (J.PLACED, J.FAILED): "Slurm refuses its group's allocation as asked, or its node "
+                          "daemons keep failing",
     (J.RUNNING, J.CANCELLING): "cancelled while running",
     (J.RUNNING, J.COMPLETED): "its steps ended with exit code 0",
-    (J.RUNNING, J.FAILED): "a step failed or vanished, or its allocation was lost",
+    (J.RUNNING, J.FAILED): "a step failed or vanished, its allocation was lost, or its "
+                           "node daemons keep failing",
     (J.CANCELLING, J.CANCELLED): "its steps are stopped and it left its group",
     # groups
     (G.FORMING, G.ACTIVE): "every allocation held, every node daemon running",

@@ -2,9 +2,11 @@
 
 An *allocation* is one Slurm job holding nodes of one pool (or, heterogeneous,
 one component per pool) for a co-execution group; its job name is
-``weave-g<group>-<pool>`` and its comment carries the group id, so a restarted
-daemon can adopt what it held (:meth:`Backend.list_allocations`). *Steps* run
-inside an allocation with ``--overlap`` so several members' phases can share it.
+``weave-g<group>-<pool>`` (for people: ``squeue -n``) and its comment says whose it
+is, ``weave:<instance>:<group>:<pool>`` (:func:`group_comment`), so a restarted daemon
+adopts what it held and nothing else (:meth:`Backend.list_allocations`: this uid's
+allocations, of one instance). *Steps* run inside an allocation with ``--overlap`` so
+several members' phases can share it.
 
 Implementations: :class:`~weave_slurm.slurm.cli_backend.SlurmCliBackend` (the
 Slurm commands) and :class:`~weave_slurm.slurm.local_backend.LocalBackend` (plain
@@ -24,6 +26,9 @@ from weave_slurm.errors import ConfigError
 from weave_slurm.slurm.runner import PipedProcess
 
 NAME_PREFIX = "weave-"
+#: The instance tag of a weaved started without ``--instance``.
+DEFAULT_INSTANCE = "default"
+_INSTANCE_RE = re.compile(r"^[A-Za-z0-9_]+$")
 _GROUP_RE = re.compile(r"^[A-Za-z0-9_.]+$")
 _POOL_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 
@@ -55,18 +60,40 @@ class StepState(enum.Enum):
         return self in (StepState.COMPLETED, StepState.FAILED, StepState.CANCELLED)
 
 
-def group_comment(group_id: str, pool: str) -> str:
-    """The comment an allocation carries: ``weave-group=<id>,pool=<pool>``."""
-    return f"weave-group={group_id},pool={pool}"
+@dataclass(frozen=True)
+class AllocationTag:
+    """What an allocation's comment says: the weaved instance that owns it, its group
+    (the backend's group id) and its pool."""
+
+    instance: str
+    group_id: str
+    pool: str
 
 
-def parse_comment(comment: str) -> tuple[str, str] | None:
-    """(group id, pool) from an allocation comment, or None if it is not ours."""
+def group_comment(group_id: str, pool: str, instance: str = DEFAULT_INSTANCE) -> str:
+    """The comment an allocation carries: ``weave:<instance>:<group>:<pool>``."""
+    return f"weave:{instance}:{group_id}:{pool}"
+
+
+def parse_comment(comment: str) -> AllocationTag | None:
+    """What an allocation comment says, or None if weave did not write it.
+
+    Also reads the comments of weaved before instance tags, ``weave-group=<group>,
+    pool=<pool>``: their instance is the ``<instance>.`` of the group label, none being
+    the default instance (so an upgraded weaved still adopts what it held).
+    """
+    if comment.startswith("weave:"):
+        parts = comment.split(":")
+        if len(parts) != 4 or not _INSTANCE_RE.match(parts[1]) \
+                or not _GROUP_RE.match(parts[2]) or not _POOL_RE.match(parts[3]):
+            return None
+        return AllocationTag(parts[1], parts[2], parts[3])
     fields = dict(item.partition("=")[::2] for item in comment.split(",") if "=" in item)
     group, pool = fields.get("weave-group"), fields.get("pool")
     if not group or not pool:
         return None
-    return group, pool
+    instance, dot, _ = group.rpartition(".")
+    return AllocationTag(instance if dot and instance else DEFAULT_INSTANCE, group, pool)
 
 
 @dataclass(frozen=True)
@@ -98,6 +125,7 @@ class AllocationRequest:
     components: tuple[ResourceSpec, ...]
     time_limit_min: int | None = None
     immediate_s: int = 30
+    instance: str = DEFAULT_INSTANCE  # the owning weaved's tag, in the comment
 
     @property
     def job_name(self) -> str:
@@ -105,9 +133,12 @@ class AllocationRequest:
 
     @property
     def comment(self) -> str:
-        return group_comment(self.group_id, self.pool)
+        return group_comment(self.group_id, self.pool, self.instance)
 
     def validate(self) -> None:
+        if not _INSTANCE_RE.match(self.instance):
+            raise ConfigError(f"allocation request: instance={self.instance!r}; use letters, "
+                              "digits or '_'")
         if not _GROUP_RE.match(self.group_id):
             raise ConfigError(f"allocation request: group_id={self.group_id!r}; use letters, "
                               "digits, '_' or '.'")
@@ -144,6 +175,7 @@ class Allocation:
     pool: str | None
     state: AllocationState
     components: tuple[AllocatedComponent, ...]
+    instance: str | None = None  # the comment's instance tag; None: not weave's comment
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -249,7 +281,12 @@ class Backend(Protocol):
 
     def cancel_step(self, handle: StepHandle) -> None: ...
 
-    def list_allocations(self, prefix: str = NAME_PREFIX) -> tuple[Allocation, ...]: ...
+    def list_allocations(self, prefix: str = NAME_PREFIX, *,
+                         instance: str | None = None) -> tuple[Allocation, ...]:
+        """This uid's active allocations (never another user's job) whose name starts
+        with ``prefix`` and, if ``instance`` is given, whose comment carries that tag:
+        what a weaved owns is decided by uid and tag, the name is for people."""
+        ...
 
     def list_steps(self, alloc_id: str) -> tuple[StepInfo, ...]: ...
 

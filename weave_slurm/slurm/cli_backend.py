@@ -9,6 +9,7 @@ the injected :class:`~weave_slurm.slurm.runner.CommandRunner`.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import signal
 import time
@@ -101,8 +102,9 @@ class SlurmCliBackend:
 
     def __init__(self, runner: CommandRunner | None = None,
                  env: Mapping[str, str] | None = None, log_dir: Path | None = None,
-                 timeout_s: float = 30.0) -> None:
+                 timeout_s: float = 30.0, uid: int | None = None) -> None:
         self.runner: CommandRunner = runner or SubprocessRunner()
+        self.uid = os.getuid() if uid is None else uid   # whose allocations are listed
         self.env = dict(env or {})
         self.log_dir = log_dir
         self.timeout_s = timeout_s
@@ -127,7 +129,8 @@ class SlurmCliBackend:
                              f"its output: {(res.stderr + res.stdout).strip()[-200:]!r}")
         alloc_id = m.group(1)
         for _ in range(20):
-            found = [a for a in self.list_allocations(request.job_name)
+            found = [a for a in self.list_allocations(request.job_name,
+                                                      instance=request.instance)
                      if a.alloc_id == alloc_id]
             if found:
                 log.info("allocated %s as job %s on %s", request.job_name, alloc_id,
@@ -147,10 +150,14 @@ class SlurmCliBackend:
         for key in [k for k in self._steps if k[0] == alloc_id]:
             self._steps[key].cancelled = True
 
-    def list_allocations(self, prefix: str = NAME_PREFIX) -> tuple[Allocation, ...]:
-        """Active (pending, running, ending) allocations whose name starts with ``prefix``."""
-        out = self._run(["squeue", "--json"])
-        return tuple(a for a in squeue.parse_jobs(out, prefix)
+    def list_allocations(self, prefix: str = NAME_PREFIX, *,
+                         instance: str | None = None) -> tuple[Allocation, ...]:
+        """Active (pending, running, ending) allocations of this backend's uid whose name
+        starts with ``prefix`` and, given ``instance``, whose comment carries that tag.
+        ``--user`` asks squeue for ours only; each row's ``user_id`` is checked too (an
+        answer that ignores the filter must not make another user's job ours)."""
+        out = self._run(["squeue", "--json", f"--user={self.uid}"])
+        return tuple(a for a in squeue.parse_jobs(out, prefix, uid=self.uid, instance=instance)
                      if a.state is not AllocationState.ENDED)
 
     def nodes(self) -> tuple[NodeInfo, ...]:

@@ -45,6 +45,7 @@ class FakeReply:
     stderr: str = ""
     returncode: int = 0
     hang: bool = False
+    exited: int | None = None  # spawned: the process has already exited with this code
 
 
 Responder = FakeReply | Callable[[tuple[str, ...]], FakeReply]
@@ -120,8 +121,8 @@ class FakeRunner:
               log_path: Path | None = None) -> BackgroundProcess:
         args = tuple(str(a) for a in argv)
         self.calls.append(FakeCall(args, dict(env or {}), spawned=True))
-        self._reply(args)
-        proc = FakeProcess(pid=100_000 + len(self.processes))
+        reply = self._reply(args)
+        proc = FakeProcess(pid=100_000 + len(self.processes), returncode=reply.exited)
         self.processes.append(proc)
         return proc
 

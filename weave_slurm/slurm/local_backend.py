@@ -84,6 +84,7 @@ class LocalBackend:
         self._path = state_dir / STATE_FILE
         self._lock = FileLock(str(self._path) + ".lock")
         self._launched: dict[tuple[str, str], _Launched] = {}
+        self.uid = os.getuid()   # whose allocations are listed
 
     # -- persistent state --------------------------------------------------------------
 
@@ -181,7 +182,7 @@ class LocalBackend:
             alloc_id = str(state["next_id"])
             state["next_id"] += 1
             state["allocations"][alloc_id] = {"name": request.job_name,
-                                              "comment": request.comment,
+                                              "comment": request.comment, "uid": self.uid,
                                               "components": comps, "steps": {},
                                               "next_step": 0}
             record = state["allocations"][alloc_id]
@@ -190,20 +191,29 @@ class LocalBackend:
 
     @staticmethod
     def _to_allocation(alloc_id: str, rec: State) -> Allocation:
-        parsed = parse_comment(rec["comment"])
+        tag = parse_comment(rec["comment"])
         comps = tuple(AllocatedComponent(
             partition=c["partition"], nodes=tuple(c["nodes"]), gpus_per_node=c["gpus_per_node"],
             gpu_type=c["gpu_type"], cpus=c["cpus_per_node"] * len(c["nodes"]))
             for c in rec["components"])
-        return Allocation(alloc_id, rec["name"], parsed[0] if parsed else None,
-                          parsed[1] if parsed else None, AllocationState.RUNNING, comps)
+        return Allocation(alloc_id, rec["name"], tag.group_id if tag else None,
+                          tag.pool if tag else None, AllocationState.RUNNING, comps,
+                          tag.instance if tag else None)
 
-    def list_allocations(self, prefix: str = NAME_PREFIX) -> tuple[Allocation, ...]:
+    def _owned(self, rec: State, prefix: str, instance: str | None) -> bool:
+        """As on Slurm: this uid's (a record from before uids were kept is the state
+        dir's owner's), named ``prefix...`` and, given ``instance``, tagged with it."""
+        tag = parse_comment(rec["comment"])
+        return rec.get("uid", self.uid) == self.uid and rec["name"].startswith(prefix) \
+            and (instance is None or (tag is not None and tag.instance == instance))
+
+    def list_allocations(self, prefix: str = NAME_PREFIX, *,
+                         instance: str | None = None) -> tuple[Allocation, ...]:
         with self._state() as state:
             allocs = dict(state["allocations"])
         return tuple(self._to_allocation(a, rec) for a, rec in sorted(allocs.items(),
                                                                       key=lambda kv: int(kv[0]))
-                     if rec["name"].startswith(prefix))
+                     if self._owned(rec, prefix, instance))
 
     def release(self, alloc_id: str) -> None:
         """End the allocation's steps and forget it; an unknown id is not an error."""

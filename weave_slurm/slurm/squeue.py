@@ -94,8 +94,13 @@ def _fold_states(states: list[AllocationState]) -> AllocationState:
     return min(states, key=order.index)
 
 
-def parse_jobs(text: str, prefix: str = "") -> tuple[Allocation, ...]:
-    """Allocations whose job name starts with ``prefix``; het components are merged."""
+def parse_jobs(text: str, prefix: str = "", *, uid: int | None = None,
+               instance: str | None = None) -> tuple[Allocation, ...]:
+    """Allocations whose job name starts with ``prefix``; het components are merged.
+
+    ``uid``: only jobs of that user (``user_id``); ``instance``: only jobs whose comment
+    carries that instance tag (:func:`~weave_slurm.slurm.backend.parse_comment`).
+    """
     data = load_json(text, "squeue --json")
     groups: dict[int, list[dict[str, Any]]] = {}
     for job in data.get("jobs") or []:
@@ -112,14 +117,18 @@ def parse_jobs(text: str, prefix: str = "") -> tuple[Allocation, ...]:
         parts.sort(key=lambda j: _number(j.get("het_job_offset")) or 0)
         head = parts[0]
         name = str(head.get("name") or "")
-        if not name.startswith(prefix):
+        tag = parse_comment(str(head.get("comment") or ""))
+        if not name.startswith(prefix) or (uid is not None
+                                           and _number(head.get("user_id")) != uid):
             continue
-        parsed = parse_comment(str(head.get("comment") or ""))
+        if instance is not None and (tag is None or tag.instance != instance):
+            continue
         out.append(Allocation(
             alloc_id=str(alloc_id), name=name,
-            group_id=parsed[0] if parsed else None, pool=parsed[1] if parsed else None,
+            group_id=tag.group_id if tag else None, pool=tag.pool if tag else None,
             state=_fold_states([job_state(j.get("job_state")) for j in parts]),
-            components=tuple(_component(j) for j in parts)))
+            components=tuple(_component(j) for j in parts),
+            instance=tag.instance if tag else None))
     return tuple(out)
 
 
