@@ -82,6 +82,6 @@ def test_a_group_waiting_for_its_node_daemons_says_why_in_status() -> None:
     group = GroupRow(1, "x.1", GroupState.ACTIVE, GroupPlan(1, 1, (MemberPlan(9, (0,)),)),
                      0.0, "")
     rt._waiting(group, "the node daemon on h20-0 does not answer yet: refused")
-    live = rt.live(9)
-    assert live is not None and live["version"] is None and live["phase"] == "init"
-    assert live["event"] == "waiting: the node daemon on h20-0 does not answer yet: refused"
+    assert rt.live(9) is None          # nothing ran: no runtime row (as before the wait)
+    assert rt.waiting(9) == "the node daemon on h20-0 does not answer yet: refused"
+    assert rt.waiting(8) is None

@@ -64,7 +64,8 @@ class Api:
                  live: Callable[[int], dict[str, Any] | None] = lambda job_id: None,
                  path_roots: Sequence[Path] = (),
                  world_error: Callable[[], tuple[float, str] | None] = lambda: None,
-                 node_python: str | None = None) -> None:
+                 node_python: str | None = None,
+                 waiting: Callable[[int], str | None] = lambda job_id: None) -> None:
         self.store, self.site, self.capacity, self.now = store, site, capacity, now
         self.path_roots = tuple(path_roots)  # shared dirs a spec path may name, besides home
         # the interpreter node daemons fork a job's default workers from; not given:
@@ -76,6 +77,7 @@ class Api:
         self.wake = wake
         self.phase = phase
         self.live = live
+        self.waiting = waiting
         self.world_error = world_error
 
     def handle(self, op: Op, args: dict[str, Any], uid: int) -> dict[str, Any]:
@@ -179,6 +181,9 @@ class Api:
         phase, it = (self.phase if job.state is JobState.RUNNING else "-"), None
         live = self.live(job.job_id)
         slo_ok, behind, reason = None, None, job.reason
+        wait = self.waiting(job.job_id) if job.state is JobState.RUNNING else None
+        if wait is not None:
+            reason = f"waiting: {wait}"
         if live is not None:  # the runtime's measurements replace the plan's numbers
             behind = live.get("current_staleness")
             if job.state is JobState.RUNNING and live.get("event"):

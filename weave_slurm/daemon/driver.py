@@ -90,6 +90,11 @@ class Driver(Protocol):
         """Live runtime fields of a job for status views (None: nothing to add)."""
         ...
 
+    def waiting(self, job_id: int) -> str | None:
+        """Why a running job's phases have not started, in words (None: they have, or
+        nothing holds them up)."""
+        ...
+
 
 class IdleDriver:
     """One idle step per allocation holding one of the job's nodes."""
@@ -113,6 +118,9 @@ class IdleDriver:
         return None
 
     def live(self, job_id: int) -> dict[str, Any] | None:
+        return None
+
+    def waiting(self, job_id: int) -> str | None:
         return None
 
     def job_steps(self, job: JobRow, group: GroupRow,

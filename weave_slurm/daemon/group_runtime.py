@@ -113,6 +113,7 @@ class GroupRuntime:
         self._live: dict[int, dict[str, Any]] = {}
         self._resume: dict[int, Resume] = {}    # job -> how it goes on (its group lost nodes)
         self._waits: dict[int, str] = {}        # group -> why its node daemons are not used
+        self._waiting_jobs: dict[int, str] = {}  # job -> the same, for its status
         self._snap_at = 0.0
 
     # -- the Driver seam -------------------------------------------------------------
@@ -162,6 +163,8 @@ class GroupRuntime:
                                      f"{why}")
                 return
         self._waits.pop(group.group_id, None)
+        for job_id in group.plan.job_ids:
+            self._waiting_jobs.pop(job_id, None)
         runner = GroupRunner(layout, [], config=self.config.runner, launcher=self.launcher,
                              resolve=self.resolve)
         runner.listeners.append(self._on_move)
@@ -219,9 +222,7 @@ class GroupRuntime:
         if self._waits.get(group.group_id) != why:
             log.warning("group %s: waiting for its node daemons: %s", group.group_id, why)
             self._waits[group.group_id] = why
-        for job_id in group.plan.job_ids:
-            self._live[job_id] = {**self._live.get(job_id, {"version": None, "iterations": None}),
-                                  "phase": "init", "event": f"waiting: {why}"}
+        self._waiting_jobs.update({job_id: why for job_id in group.plan.job_ids})
 
     def _member_of(self, runner: GroupRunner, group: GroupRow,
                    job: JobRow) -> JobOutcome | None:
@@ -357,3 +358,7 @@ class GroupRuntime:
     def live(self, job_id: int) -> dict[str, Any] | None:
         """The runtime's view of a job for status (None: never ran here)."""
         return self._live.get(job_id)
+
+    def waiting(self, job_id: int) -> str | None:
+        """Why the job's group has not started it: its node daemons (None: not waiting)."""
+        return self._waiting_jobs.get(job_id)

@@ -149,7 +149,9 @@ class Weaved:
                        admin_uids=cfg.admin_uids, path_roots=cfg.path_roots,
                        wake=self._wake.set,
                        phase=self.driver.phase, live=self.driver.live,
-                       world_error=lambda: self.reconciler.world_error)
+                       waiting=self.driver.waiting,
+                       world_error=lambda: self.reconciler.world_error,
+                       node_python=self.nodes.s.python if cfg.node_command is None else None)
         self.server = ApiServer(cfg.socket, self.api, client_timeout_s=cfg.client_timeout_s)
 
     def _wake_loop(self) -> None:
