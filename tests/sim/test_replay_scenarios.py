@@ -111,3 +111,19 @@ def test_trace_generate_round_trips(tmp_path: Path) -> None:
     assert run_app(app, "weave", ["trace", "generate", str(out), "--jobs", "20"]) == 0
     trace = load_trace(out)
     assert len(trace.jobs) == 20
+
+
+def test_a_moved_job_keeps_the_progress_it_made_before_the_move() -> None:
+    # Every re-plan moves jobs between groups; without a pause (migration_s=0) each
+    # job's work must be exactly the sum over its segments of time / period.
+    trace = load_trace(SMALL)
+    opts = ReplayOptions(accounting=Accounting.CONSISTENT, migration_s=0.0)
+    res = replay_policies(trace, _cap(), ("regroup",), opts)["regroup"]
+    assert res.migrations > 0
+    progress: dict[str, float] = {}
+    for seg in res.segments:
+        for m in seg.group.members:
+            progress[m.job.job_id] = progress.get(m.job.job_id, 0.0) + (
+                seg.end_s - seg.start_s) / seg.group.schedule.expected_period_s
+    for job_id, done in progress.items():
+        assert done == pytest.approx(res.runs[job_id].work, rel=1e-9)

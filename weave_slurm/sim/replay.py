@@ -348,6 +348,7 @@ class Replay:
                 if moved and old_gid is not None and old_gid != gid and old_gid in old.by_id:
                     old_mates = set(old.by_id[old_gid].job_ids)
                     if old_mates != set(group.job_ids):
+                        run.settle(now)  # progress up to the move counts; the pause follows
                         run.migrations += 1
                         self.result.migrations += 1
                         run.paused_until_s = max(run.paused_until_s,
