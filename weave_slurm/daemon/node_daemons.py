@@ -135,8 +135,7 @@ class NodeDaemons:
         """A node's sync agent: a piped one-task step of the node's allocation."""
         if node.alloc_id is None:
             raise StateError(f"node {node.name}: no allocation to run its sync agent in")
-        return self.backend.open_step(node.alloc_id, replace(spec, argv=(
-            self.s.python, *spec.argv[1:])))
+        return self.backend.open_step(node.alloc_id, spec)
 
     # -- the node-daemon step ----------------------------------------------------------
     def command(self, alloc: AllocRow) -> tuple[str, ...]:
