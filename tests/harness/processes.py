@@ -1,5 +1,6 @@
-"""Processes in tests: is a pid alive, which pid a job's resident worker has, and
-whether the node daemons and workers of a state dir are gone."""
+"""Processes in tests: is a pid alive, which pid a job's resident worker has, whether
+the node daemons and workers of a state dir are gone, and which processes still carry
+a Slurm cluster's config."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import contextlib
 import os
 import signal
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -63,3 +65,44 @@ def daemons_gone(marker: Path, timeout_s: float) -> bool:
 def _pids_naming(marker: Path) -> list[str]:
     return subprocess.run(["pgrep", "-f", str(marker)], capture_output=True,
                           text=True).stdout.split()
+
+
+def run_as(uid: int, fn: Callable[[], str]) -> str:
+    """Fork, drop to ``uid`` (os.setuid), run ``fn`` and return what it returned.
+
+    Exceptions come back as their class name, so a test can expect "PermissionError".
+    A fork, not a fresh interpreter: other uids cannot read this machine's Python.
+    """
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        os.close(read_fd)
+        try:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            out = fn()
+        except BaseException as exc:
+            out = type(exc).__name__ + ": " + str(exc)
+        os.write(write_fd, out.encode())
+        os._exit(0)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as pipe:
+        out = pipe.read().decode()
+    os.waitpid(pid, 0)
+    return out
+
+
+def carrying_conf(slurm_conf: Path) -> dict[int, str]:
+    """pid -> command name of every live process (this one excepted) whose environment
+    says ``SLURM_CONF=<slurm_conf>``: a step, task or client of that cluster."""
+    want = f"SLURM_CONF={slurm_conf}".encode()
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            if want in entry.joinpath("environ").read_bytes().split(b"\0") \
+                    and pid_alive(int(entry.name)):
+                out[int(entry.name)] = entry.joinpath("comm").read_text().strip()
+    return out

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness import processes
 from tests.harness.scratch import shm_dir
 
 
@@ -24,37 +25,11 @@ def ckpt_root(tmp_path: Path) -> Path:
     return tmp_path / "ckpt"
 
 
-def _run_as(uid: int, fn: Callable[[], str]) -> str:
-    """Fork, drop to ``uid`` (os.setuid), run ``fn`` and return what it returned.
-
-    Exceptions come back as their class name, so a test can expect "PermissionError".
-    A fork, not a fresh interpreter: other uids cannot read this machine's Python.
-    """
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child
-        os.close(read_fd)
-        try:
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            out = fn()
-        except BaseException as exc:
-            out = type(exc).__name__ + ": " + str(exc)
-        os.write(write_fd, out.encode())
-        os._exit(0)
-    os.close(write_fd)
-    with os.fdopen(read_fd, "rb") as pipe:
-        out = pipe.read().decode()
-    os.waitpid(pid, 0)
-    return out
-
-
 @pytest.fixture
 def run_as() -> Callable[[int, Callable[[], str]], str]:
     if os.geteuid() != 0:
         pytest.skip("needs root to setuid")
-    return _run_as
+    return processes.run_as
 
 
 def _serve(shm_root: Path, ckpt_root: Path, resident: bool) -> Iterator[object]:

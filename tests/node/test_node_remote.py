@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.harness.munged import private_munged
-from tests.node.conftest import _run_as
+from tests.harness.processes import run_as
 from weave_slurm import wire
 from weave_slurm.errors import AuthError, NodeGone, StateError
 from weave_slurm.node.auth import Munge, Session, client_hello
@@ -78,7 +78,7 @@ def test_another_uid_cannot_impersonate_weaved(door: Door, munge_socket: Path) -
             return f"refused: {exc}"
         return "served"
 
-    out = _run_as(NOBODY, as_nobody)
+    out = run_as(NOBODY, as_nobody)
     assert out.startswith("refused: uid 65534 may not control this node daemon"), out
     assert door.seen == []
 
@@ -188,7 +188,7 @@ def test_a_node_daemon_serves_weaved_over_its_door(shm_root: Path, ckpt_root: Pa
             segs = weaved.call(Op.ATTACH_INFO, job="5")["segments"]
             assert sorted(segs) == ["weights", "weights.b1"]
             weaved.call(Op.DROP, job="5")
-        out = _run_as(NOBODY, lambda: _try_status(port, munge_socket))
+        out = run_as(NOBODY, lambda: _try_status(port, munge_socket))
         assert out.startswith("refused: uid 65534 may not control"), out
     finally:
         daemon.shutdown()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
 import tempfile
 from collections.abc import Iterator
@@ -98,6 +99,56 @@ def test_slowloris_and_oversized_clients_do_not_stall(weaved: Running) -> None:
         assert json.loads(s.makefile().readline())["error"] == "LineTooLong"
     for s in [*held, big]:
         s.close()
+
+
+def test_one_user_holding_connections_cannot_starve_the_others(weaved: Running) -> None:
+    """A user at the per-user limit is refused in one line; other users are still served."""
+    from tests.harness.processes import run_as
+
+    ready_r, ready_w = os.pipe()
+    done_r, done_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:   # user nobody holds the per-user maximum of connections
+        os.setgid(NOBODY)
+        os.setuid(NOBODY)
+        held = [_connect(weaved.socket) for _ in range(16)]   # the server's max_per_uid
+        os.write(ready_w, b"x")
+        os.read(done_r, 1)
+        for s in held:
+            s.close()
+        os._exit(0)
+    try:
+        assert os.read(ready_r, 1) == b"x"
+        assert call(weaved.socket, Op.PING)["uid"] == 0        # root is still served
+
+        def one_more() -> str:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.connect(str(weaved.socket))
+                return str(json.loads(s.makefile().readline())["message"])
+        assert run_as(NOBODY, one_more) == ("uid 65534 already has 16 connections to weaved "
+                                            "(at most 16 per user); close one and retry")
+    finally:
+        os.write(done_w, b"y")
+        os.waitpid(pid, 0)
+    assert run_as(NOBODY, lambda: str(_ping(weaved.socket))) == "65534"   # freed again
+
+
+def _connect(path: Path) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(str(path))
+    s.sendall(b'{"op": "ping"}\n')
+    s.makefile().readline()          # served: it holds a slot now
+    return s
+
+
+def _ping(path: Path) -> int:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(str(path))
+        s.sendall(b'{"op": "ping"}\n')
+        return int(json.loads(s.makefile().readline())["result"]["uid"])
+
+
+NOBODY = 65534
 
 
 @FAST
