@@ -76,3 +76,11 @@ def test_bad_spec_field_names_file_key_and_value(tmp_path: Path) -> None:
 def test_config_check_ok() -> None:
     proc = weave("config", "check", SITE, *JOBS)
     assert proc.returncode == 0 and proc.stdout.count(": ok") == len(JOBS) + 1
+
+
+def test_config_check_with_the_site_forgotten_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    job = str(ROOT / "configs" / "jobs" / "qwen7b-grpo-8k.toml")
+    assert run_app(app, "weave", ["config", "check", job]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"weave: error: {job}: is a job spec, not a site config; usage: weave "
+                   "config check SITE.toml [JOB.toml ...]")

@@ -138,8 +138,10 @@ def test_test_only_refuses_code_paths_that_are_not_there_in_one_line(
     base = [str(spec), "--test-only"]
     ok = ["--workdir", paths["work"], "--python", paths["python"],
           "--pythonpath", f"{paths['src']}:{paths['lib']}", "--pythonpath", paths["extra"]]
-    assert run_app(app, "weave-sbatch", [*base, *ok]) == 0
-    assert "valid spec for job 'code'" in capsys.readouterr().out
+    # the paths pass here, as this user; then --test-only asks weaved (none at this socket)
+    nowhere = ["--socket", str(tmp_path / "no-weaved.sock")]
+    assert run_app(app, "weave-sbatch", [*base, *ok, *nowhere]) == 1
+    assert "no weaved at" in capsys.readouterr().err
     refused = [
         (["--python", "/nowhere/bin/python"], "key 'python' = '/nowhere/bin/python': does "
          "not exist"),
@@ -166,3 +168,23 @@ def test_weaved_refuses_code_paths_outside_the_users_dirs(
     err = capsys.readouterr().err.strip()
     assert f"key 'workdir' = '{paths['work']}'" in err and "outside your own" in err, err
     assert len(err.splitlines()) == 1
+
+
+def test_test_only_checks_the_job_against_weaveds_site_and_stores_nothing(
+        weaved: Running, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: F811
+    from tests.harness.weaved import call
+    from weave_slurm.daemon.protocol import Op
+
+    spec = tmp_path / "job.toml"
+    spec.write_text(job_spec_toml("fits"))
+    sock = ["--socket", str(weaved.socket)]
+    assert run_app(app, "weave-sbatch", [str(spec), "--test-only", *sock]) == 0
+    out = capsys.readouterr().out
+    assert "job 'fits' would fit this site: 1 rollout and 1 training node(s)" in out, out
+    assert "(not submitted)" in out
+    assert run_app(app, "weave-sbatch", [str(spec), "--test-only", "--rollout-gpus",
+                                         str(10**20), *sock]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "needs" in err and "max_nodes" in err and len(err.splitlines()) == 1, err
+    assert call(weaved.socket, Op.STATUS)["jobs"] == []            # nothing was stored
+

@@ -64,6 +64,11 @@ def test_profile_shorthand_and_table() -> None:
     (("name = \"j1\"", "name = \"bad name!\""), "'name' = 'bad name!'"),
     (("[gpus]", "[gpus]\nrolout = 2"), "unknown key 'gpus.rolout'"),
     (("name = \"j1\"", ""), "missing required key 'name'"),
+    (("max_response_tokens = 4096", "max_response_tokens = 1000000000"),
+     "'rollout.max_response_tokens' = 1000000000: must be <= 1048576"),
+    (("max_response_tokens = 4096", "max_response_tokens = 1e9"),
+     "'rollout.max_response_tokens' = 1000000000.0: must be an integer"),
+    (("prompts_per_step = 8", "prompts_per_step = 100000000"), "must be <= 65536"),
 ])
 def test_bad_spec_is_one_clear_line(edit: tuple[str, str], needle: str) -> None:
     with pytest.raises(ConfigError) as err:

@@ -49,6 +49,9 @@ def test_minimal_site_takes_defaults() -> None:
     (MINIMAL + "[limits]\nmax_group_sise = 3\n", "unknown key 'limits.max_group_sise'"),
     (MINIMAL + "[network]\ninter_pool_gbps = 0\n", "must be > 0"),
     ("[pools.rollout\n", "invalid TOML"),
+    (MINIMAL.replace("[pools.train]", "[pools.train]\npartition = 'h20'"),
+     "'pools.rollout.partition' and 'pools.train.partition' are both 'h20'; the rollout "
+     "and training pools must be two different Slurm partitions"),
 ])
 def test_bad_site_is_one_clear_line(text: str, needle: str) -> None:
     with pytest.raises(ConfigError) as err:

@@ -72,11 +72,14 @@ def submit(
         "pythonpath": _paths(pythonpath)}
     spec_text, spec = build_spec(path, {k: v for k, v in given.items() if v is not None})
     check_access(spec, worker_needs(spec, None))    # as you: this command runs as you
+    with DaemonClient(default_socket(socket_path)) as client:   # weaved knows its site
+        result = client.call(Op.SUBMIT, spec=spec_text, source=str(path), test_only=test_only)
     if test_only:
-        typer.echo(f"weave-sbatch: {path}: valid spec for job {spec.name!r} (not submitted)")
+        typer.echo(f"weave-sbatch: {path}: job {spec.name!r} would fit this site: "
+                   f"{result['rollout_nodes']} rollout and {result['train_nodes']} training "
+                   f"node(s), solo iteration {result['solo_iteration_s']:.0f} s, SLO "
+                   f"{result['slo']:g} (not submitted)")
         return
-    with DaemonClient(default_socket(socket_path)) as client:
-        result = client.call(Op.SUBMIT, spec=spec_text, source=str(path))
     typer.echo(str(result["job"]) if parsable else f"Submitted weave job {result['job']}")
 
 

@@ -38,6 +38,12 @@ _DOTTED = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
 ENTRY_RE = re.compile(rf"^(?:builtin:[A-Za-z0-9][A-Za-z0-9._-]*|{_DOTTED}:{_DOTTED})$")
 #: ``[options]`` keys whose string value is a filesystem path (``out_dir``, ``data_path``...).
 PATH_KEY_RE = re.compile(r"(?:^|_)(?:dir|path|file|root|prefix)$")
+#: The most a spec may ask for per rollout: beyond these a value is a typo, not a job
+#: (today's longest model contexts are ~1M tokens; the paper's trace runs 64 prompts x 8
+#: samples a step and responses of 4k-32k tokens).
+MAX_TOKENS = 1 << 20
+MAX_PROMPTS_PER_STEP = 1 << 16
+MAX_SAMPLES_PER_PROMPT = 1 << 12
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,10 +250,10 @@ def _model(r: TableReader) -> ModelSpec:
 
 def _rollout(r: TableReader) -> RolloutSpec:
     spec = RolloutSpec(
-        prompts_per_step=r.integer("prompts_per_step", gt=0),
-        samples_per_prompt=r.integer("samples_per_prompt", gt=0),
-        max_response_tokens=r.integer("max_response_tokens", gt=0),
-        prompt_tokens=r.integer("prompt_tokens", 512, gt=0),
+        prompts_per_step=r.integer("prompts_per_step", gt=0, le=MAX_PROMPTS_PER_STEP),
+        samples_per_prompt=r.integer("samples_per_prompt", gt=0, le=MAX_SAMPLES_PER_PROMPT),
+        max_response_tokens=r.integer("max_response_tokens", gt=0, le=MAX_TOKENS),
+        prompt_tokens=r.integer("prompt_tokens", 512, gt=0, le=MAX_TOKENS),
         mean_response_tokens=r.opt_integer("mean_response_tokens", gt=0),
     )
     mean = spec.mean_response_tokens

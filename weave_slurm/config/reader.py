@@ -163,11 +163,11 @@ class TableReader:
         if value != value:  # NaN
             raise self.fail(name, value, "must be a number, not NaN")
         if gt is not None and not value > gt:
-            raise self.fail(name, value, f"must be > {gt:g}")
+            raise self.fail(name, value, f"must be > {_bound(gt)}")
         if ge is not None and not value >= ge:
-            raise self.fail(name, value, f"must be >= {ge:g}")
+            raise self.fail(name, value, f"must be >= {_bound(ge)}")
         if le is not None and not value <= le:
-            raise self.fail(name, value, f"must be <= {le:g}")
+            raise self.fail(name, value, f"must be <= {_bound(le)}")
         if value in (float("inf"), float("-inf")):
             raise self.fail(name, value, "must be finite")
         return value
@@ -185,3 +185,8 @@ class TableReader:
 def _show(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _bound(limit: float) -> str:
+    """A range limit as written (an integer limit in full, not as 1.04858e+06)."""
+    return str(limit) if isinstance(limit, int) else f"{limit:g}"

@@ -147,6 +147,10 @@ def _site_from_data(data: object, source: str) -> SiteConfig:
             raise ConfigError(f"{source}: missing required table '[pools.{role.value}]'")
     rollout = _pool(pools["rollout"], Pool.ROLLOUT, base.rollout, gpus)
     train = _pool(pools["train"], Pool.TRAIN, base.train, gpus)
+    if rollout.partition == train.partition:
+        raise ConfigError(f"{source}: 'pools.rollout.partition' and 'pools.train.partition' "
+                          f"are both {rollout.partition!r}; the rollout and training pools "
+                          "must be two different Slurm partitions")
     network = base.network
     ntab = top.table("network", required=False)
     if ntab is not None:

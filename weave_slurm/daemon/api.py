@@ -82,7 +82,8 @@ class Api:
 
     def handle(self, op: Op, args: dict[str, Any], uid: int) -> dict[str, Any]:
         if op is Op.SUBMIT:
-            return self.submit(uid, args.get("spec"), args.get("source"))
+            return self.submit(uid, args.get("spec"), args.get("source"),
+                               test_only=args.get("test_only") is True)
         if op is Op.CANCEL:
             return self.cancel(uid, _int_list(args, "jobs"))
         if op is Op.STATUS:
@@ -95,7 +96,10 @@ class Api:
 
     # -- submit / cancel ---------------------------------------------------------------
 
-    def submit(self, uid: int, spec: object, source: object) -> dict[str, Any]:
+    def submit(self, uid: int, spec: object, source: object,
+               test_only: bool = False) -> dict[str, Any]:
+        """Store a job (``test_only``: check everything against this site, store nothing,
+        and say what it would take, as ``sbatch --test-only`` does)."""
         if not isinstance(spec, str) or not spec.strip():
             raise ConfigError("submit: field 'spec' must be the job spec's TOML text")
         if len(spec.encode()) > MAX_SPEC_BYTES:
@@ -112,6 +116,10 @@ class Api:
         if never is not None:
             raise InfeasibleRequest(f"{where}: can never be placed on this site: "
                                     f"{'; '.join(never.reasons)}")
+        if test_only:
+            return {"job": None, "valid": True, "rollout_nodes": profile.rollout_nodes,
+                    "train_nodes": profile.train_nodes,
+                    "solo_iteration_s": profile.solo_s, "slo": profile.slo}
         job_id = self.store.add_job(uid=uid, user=user_name(uid), name=job.name, spec=spec,
                                     source=where, profile=profile, now=self.now())
         crossing(FaultPoint.SUBMIT_STORED)

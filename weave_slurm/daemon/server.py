@@ -5,8 +5,9 @@ stuck client holds one thread for at most that long and never the reconcile
 loop. At most ``max_clients`` connections are served at once, and at most
 ``max_per_uid`` of one user's (read from ``SO_PEERCRED`` before anything else; root
 only counts against the total), so no user can starve the others by holding
-connections; more are answered with one error line and closed. The socket file is made mode 0666: every local
-user may talk to the daemon, which authorises each request by the peer's uid.
+connections; more are answered with one error line and closed. The socket file is
+made mode 0666: every local user may talk to the daemon, which authorises each request
+by the peer's uid.
 """
 
 from __future__ import annotations
