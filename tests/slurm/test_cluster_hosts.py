@@ -4,7 +4,8 @@ One cluster for the module (about half a second to bring up). The tests check wh
 site has and a one-host cluster has not: each node names itself and has its own
 address, its /dev/shm and /tmp are its own, only the shared file systems are common,
 the login side's files are hidden, the link between the pools is slow when shaped
-while each pool stays fast, and ``down`` leaves nothing behind (the last test).
+while each pool stays fast, and ``down`` leaves nothing behind, steps and a login-side
+srun included (the last test).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness.hosts import free_subnet
+from tests.harness.processes import carrying_conf
 from weave_slurm.slurm import hosts
 from weave_slurm.slurm.cluster import ClusterStatus, LocalCluster
 from weave_slurm.slurm.cluster_config import ClusterLayout, HostMode, PoolShape
@@ -197,6 +199,10 @@ def test_down_kills_steps_and_removes_every_namespace_and_link(separate: Hosts) 
         stopped = LocalCluster(separate.cluster.paths.state_dir).down()  # a fresh instance
         assert "slurmd-h800-1" in stopped and "munged-h800-1" in stopped
         assert any(s.endswith("other processes on h800-1") for s in stopped), stopped
+        # the srun started here (and the child it forks) is the cluster's too
+        assert any(s.endswith("other processes on the login side") for s in stopped), stopped
+        assert srun.wait(timeout=10) is not None
+        assert carrying_conf(separate.cluster.paths.slurm_conf) == {}
         assert not Path(f"/proc/{sleeper}").exists() or \
             "sleep" not in Path(f"/proc/{sleeper}/cmdline").read_text()
         assert hosts.processes_in(ids) == {}

@@ -348,9 +348,8 @@ class LocalCluster:
         """slurmctld, each host's munged (separate hosts), the slurmds; wait for idle nodes."""
         p = self.paths
         env = {**os.environ, **self.env}
-        # separate hosts start with no jobs: a step running at the last down died with it
-        clear = ["-c"] if plan else []
-        ctld = daemons.start("slurmctld", ["slurmctld", "-D", "-i", *clear, "-f",
+        # no jobs from an earlier run (-c): every step running at the last down died with it
+        ctld = daemons.start("slurmctld", ["slurmctld", "-D", "-i", "-c", "-f",
                                            str(p.slurm_conf)],
                              pid_file=p.pid_file("slurmctld"),
                              log_file=p.log_dir / "slurmctld.out", env=env)
@@ -393,23 +392,33 @@ class LocalCluster:
                         link.symlink_to("/dev/null")
 
     def down(self, timeout_s: float = 10.0) -> list[str]:
-        """Stop everything of this cluster; the names of what was running.
+        """Stop every process of this cluster; the names of what was running.
 
-        Separate hosts first: every process in their namespaces (slurmd, munged, steps,
-        tasks) gets SIGTERM, then SIGKILL after ``timeout_s``. Then the recorded
-        login-side daemons (slurmctld, munged; the slurmds in shared mode), then the
-        namespaces, veths and bridges. Raises StateError if any of those is left.
+        slurmctld first (no step starts after it). Then, all at once, the slurmds and
+        every other process of the cluster: on separate hosts everything in their
+        namespaces (munged, slurmstepd, tasks, anything entered with nsenter), and on
+        either side every step, task and client of this cluster
+        (:func:`~weave_slurm.slurm.daemons.clients_of`: its ``SLURM_CONF``, e.g. an
+        ``srun`` started on the login side); SIGTERM, then SIGKILL (the recorded
+        daemons after ``timeout_s``, the others after 1 s). Then the login's munged,
+        then the namespaces, veths and bridges. Raises StateError if any is left.
         """
         order = {"slurmctld": 1, "munged": 2, "munged-system": 2}
         records = sorted(self._records(), key=lambda r: order.get(r.name, 0))
-        stopped = [r.name for r in records if daemons.is_alive(r)]
+        alive = [r for r in records if daemons.is_alive(r)]
+        stopped = [r.name for r in alive]
+        for rec in records:
+            if rec.name == "slurmctld":
+                daemons.stop(rec, timeout_s=timeout_s)
         plan = self.hosts_plan()
-        if plan is not None:
-            daemon_pids = {r.pid for r in records}
-            swept = separate_hosts.sweep(plan, daemon_pids, grace_s=timeout_s)
-            others = Counter(n for pid, n in swept.items() if pid not in daemon_pids)
-            stopped += [f"{count} other processes on {node}"
-                        for node, count in sorted(others.items())]
+        nodes = [r for r in alive if r.name not in order]   # slurmds, hosts' munged
+        swept = daemons.sweep(lambda: self._processes(plan, nodes, {r.pid for r in alive}),
+                              {r.pid for r in nodes}, grace_s=timeout_s,
+                              what=f"local cluster {self.paths.state_dir}")
+        others = Counter(where for pid, where in swept.items()
+                         if pid not in {r.pid for r in nodes})
+        stopped += [f"{count} other processes on {where}"
+                    for where, count in sorted(others.items())]
         for rec in records:
             daemons.stop(rec, timeout_s=timeout_s)
             with contextlib.suppress(OSError):
@@ -422,3 +431,17 @@ class LocalCluster:
                                                          daemons.is_alive(r) for r in records):
             shutil.rmtree(munge_dir, ignore_errors=True)
         return stopped
+
+    def _processes(self, plan: HostPlan | None, nodes: Sequence[daemons.DaemonRecord],
+                   recorded: set[int]) -> dict[int, tuple[int, str]]:
+        """pid -> (start ticks, where) of every process of the cluster but the login's
+        daemons: the node daemons ``nodes``, the steps, tasks and clients that name its
+        ``slurm.conf``, and on separate hosts everything in the hosts' namespaces."""
+        table = daemons.process_table()
+        here = "the login side" if plan else "this host"
+        found = {pid: (p.ticks, here) for pid, p in
+                 daemons.clients_of(self.paths.slurm_conf, table, spare=recorded).items()}
+        found.update({r.pid: (r.start_ticks, r.name) for r in nodes if r.pid in table})
+        if plan is not None:
+            found.update(separate_hosts.processes_in(separate_hosts.namespace_ids(plan), table))
+        return found

@@ -1,13 +1,14 @@
-"""Separate hosts, the side effects: build, shape, sweep and remove a :class:`HostPlan`.
+"""Separate hosts, the side effects: build, shape, search and remove a :class:`HostPlan`.
 
 ``create`` checks that nothing it would make exists yet and that the subnet is
 free, records the plan in ``/run/weave-hosts/<tag>/hosts.json`` (outside the state
 dir, so that ``down`` finds it even after the state dir is gone), builds the
 bridges, links and node namespaces, and runs each node's setup script.
-``sweep`` kills every process in one of the cluster's namespaces (network, mount
-or UTS: slurmd, munged, slurmstepd, tasks, anything entered with ``nsenter``);
-``destroy`` then removes every interface, namespace and mount of the plan and
-reports what it could not. Every command goes through the runner (the one door).
+``processes_in`` finds every process in one of the cluster's namespaces (network,
+mount or UTS: slurmd, munged, slurmstepd, tasks, anything entered with ``nsenter``),
+for ``down`` to end (:func:`weave_slurm.slurm.daemons.sweep`); ``destroy`` then
+removes every interface, namespace and mount of the plan and reports what it could
+not. Every command goes through the runner (the one door).
 """
 
 from __future__ import annotations
@@ -18,8 +19,6 @@ import json
 import logging
 import os
 import re
-import signal
-import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from filelock import FileLock
 
 from weave_slurm.errors import ConfigError, ExternalCommandError, StateError
 from weave_slurm.slurm.cluster_config import ClusterPaths
-from weave_slurm.slurm.daemons import process_alive, start_ticks
+from weave_slurm.slurm.daemons import Proc, process_table
 from weave_slurm.slurm.host_plan import (
     NS_ROOT,
     HostPlan,
@@ -45,7 +44,6 @@ log = logging.getLogger(__name__)
 
 _TIMEOUT_S = 20.0
 _NS_KINDS = ("net", "mnt", "uts")
-_KILL_GRACE_S = 5.0
 _OCTAL = re.compile(r"\\([0-7]{3})")  # mountinfo escapes space, tab, newline, backslash
 
 
@@ -182,63 +180,25 @@ def namespace_ids(plan: HostPlan) -> dict[tuple[int, int], str]:
     return out
 
 
-def processes_in(ids: dict[tuple[int, int], str]) -> dict[int, tuple[int, str]]:
-    """pid -> (start ticks, node) of every process in one of the namespaces ``ids``."""
+def processes_in(ids: dict[tuple[int, int], str],
+                 table: dict[int, Proc] | None = None) -> dict[int, tuple[int, str]]:
+    """pid -> (start ticks, node) of every live process in one of the namespaces ``ids``
+    (the caller excepted)."""
     found: dict[int, tuple[int, str]] = {}
     me = os.getpid()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == me:
+    for pid, proc in (process_table() if table is None else table).items():
+        if pid == me:
             continue
         for kind in _NS_KINDS:
             try:
-                st = os.stat(entry / "ns" / kind)
+                st = os.stat(f"/proc/{pid}/ns/{kind}")
             except OSError:
                 break
             node = ids.get((st.st_dev, st.st_ino))
             if node is not None:
-                ticks = start_ticks(int(entry.name))
-                if ticks is not None:
-                    found[int(entry.name)] = (ticks, node)
+                found[pid] = (proc.ticks, node)
                 break
     return found
-
-
-def sweep(plan: HostPlan, daemon_pids: Iterable[int] = (), grace_s: float = 10.0,
-          stray_grace_s: float = 1.0) -> dict[int, str]:
-    """Kill every process in the plan's namespaces: SIGTERM, then SIGKILL.
-
-    The recorded daemons (``daemon_pids``) get ``grace_s`` to exit; any other process
-    (slurmstepd, tasks: slurmstepd ignores SIGTERM) ``stray_grace_s``, as Slurm's own
-    KillWait does. Rescans until none is left (a process may fork while it is
-    stopped). Returns pid -> node of every process it signalled.
-    """
-    ids = namespace_ids(plan)
-    if not ids:
-        return {}
-    daemons_ = set(daemon_pids)
-    seen: dict[int, str] = {}
-    killed: set[int] = set()
-    t0 = time.monotonic()
-    while True:
-        live = processes_in(ids)
-        if not live:
-            return seen
-        elapsed = time.monotonic() - t0
-        if elapsed > grace_s + _KILL_GRACE_S:
-            pid, (_, node) = next(iter(live.items()))
-            raise StateError(f"separate hosts: pid {pid} on {node} survives SIGKILL; "
-                             f"{len(live)} processes left in the cluster's namespaces")
-        for pid, (ticks, node) in live.items():
-            hard = elapsed >= (grace_s if pid in daemons_ else stray_grace_s)
-            if pid in killed or (pid in seen and not hard):
-                continue
-            if process_alive(pid, ticks, reap=True):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL if hard else signal.SIGTERM)
-            seen[pid] = node
-            if hard:
-                killed.add(pid)
-        time.sleep(0.05)
 
 
 def destroy(plan: HostPlan, runner: CommandRunner) -> None:
