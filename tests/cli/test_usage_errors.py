@@ -5,6 +5,7 @@ carries its own copy, and a wheel installs nothing else)."""
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 import sys
 from importlib.metadata import version
 
@@ -112,3 +113,19 @@ def test_the_entry_points_never_import_click(mod: str, prog: str, argv: list[str
     assert "Traceback" not in res.stderr and "click" not in res.stderr, res.stderr
     if code == 2:
         _one_line(res.stderr)
+
+
+def test_weave_status_loads_only_what_it_needs(tmp_path: Path) -> None:
+    """Subcommands are imported on use: ``weave status`` (the command users run most)
+    loads neither torch nor the simulator, placement or the cluster tooling."""
+    probe = ("import sys\n"
+             "from weave_slurm.cli.errors import run_app\n"
+             "from weave_slurm.cli.main import app\n"
+             f"run_app(app, 'weave', ['status', '--socket', {str(tmp_path / 'none.sock')!r}])\n"
+             "heavy = ('torch', 'weave_slurm.sim', 'weave_slurm.placement', "
+             "'weave_slurm.slurm.cluster', 'weave_slurm.node')\n"
+             "print(sorted({m.split('.')[0] if m == 'torch' else m for m in sys.modules "
+             "if m.startswith(heavy)}))\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "[]", out
