@@ -5,9 +5,9 @@ carries its own copy, and a wheel installs nothing else)."""
 from __future__ import annotations
 
 import subprocess
-from pathlib import Path
 import sys
 from importlib.metadata import version
+from pathlib import Path
 
 import pytest
 import typer
