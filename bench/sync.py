@@ -1,37 +1,65 @@
 """Benchmark: two-tier weight sync vs naive pull and flat broadcast, and delta mode.
 
 Runs real rank processes (gloo) in two network namespaces joined by a veth pair shaped
-to ``--rate-mbit`` in both directions (needs root, iproute2, tc). The ideal time of a
-sync is its slow-link bytes over the MEASURED link rate: one big gloo send (1-to-1)
-across the shaped veth, measured before the matrix and again after it. Every
-configuration runs ``--reps`` syncs in one process group; the median is reported.
-Prints rich tables and writes JSON with ``--json OUT``.
+to ``--rate-mbit`` in both directions (needs root, iproute2, tc). With ``--hosts`` the
+ranks run on the hosts of a separate-hosts Slurm cluster instead (2 h800 + 2 h20 hosts,
+brought up and down here, or the one in ``--cluster-state``): training ranks on the
+h800 hosts, rollout ranks on the h20 hosts, each a process in its host's namespaces,
+across the cluster's inter-pool link shaped to ``--rate-mbit`` (tbf, 20 ms queue);
+the link's own byte counter is reported next to the sync's.
+
+The ideal time of a sync is its slow-link bytes over the MEASURED link rate: one big
+gloo send (1-to-1) across the slow link, measured before the matrix and again after
+it. Every configuration runs ``--reps`` syncs in one process group; the median is
+reported. Prints rich tables and writes JSON with ``--json OUT``.
 
     .venv/bin/python bench/sync.py --quick --json /tmp/sync.json   # 2/4 ranks, 256 MiB
     .venv/bin/python bench/sync.py                                # 2/4/8 x 256 MiB/1 GiB
+    .venv/bin/python bench/sync.py --hosts --no-delta --json /tmp/hosts.json  # 2+2, 4+4
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
+import signal
 import statistics
+import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from rich.console import Console
 from rich.table import Table
 
+from weave_slurm.errors import WeaveError
+from weave_slurm.slurm.cluster import LocalCluster
+from weave_slurm.slurm.cluster_config import HostMode
+from weave_slurm.slurm.host_plan import QUEUE_LATENCY_MS, tbf_argv
 from weave_slurm.sync.header import SyncMode
-from weave_slurm.sync.launch import check_outcomes, run_group, write_weights
+from weave_slurm.sync.launch import ClusterHosts, check_outcomes, run_group, write_weights
 from weave_slurm.sync.layout import WeightLayout
 from weave_slurm.sync.linkemu import EmulatedLink, LinkSpec
 from weave_slurm.sync.scenario import Method, Scenario
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo: tests.harness
+from tests.harness.hosts import LAYOUT, free_subnet
+
 MIB = 1 << 20
+SyncSite = EmulatedLink | ClusterHosts
+
+
+def _run(site: SyncSite, sc: Scenario) -> tuple[list[dict[str, Any]], float | None]:
+    """One group run: per-rank results, and on hosts the bytes the inter-pool link
+    carried towards the rollout pool per sync (headers and gloo's setup included)."""
+    hosts = site if isinstance(site, ClusterHosts) else None
+    before = hosts.wire_bytes() if hosts else 0
+    res = check_outcomes(run_group(sc, site))
+    return res, (hosts.wire_bytes() - before) / len(sc.versions) if hosts else None
 
 
 def _times(results: list[dict[str, Any]]) -> list[float]:
@@ -55,20 +83,21 @@ def _random_weights(d: Path, nbytes: int, fractions: list[float]) -> tuple[str, 
     return tuple(files)
 
 
-def measure_link(link: EmulatedLink, d: Path, nbytes: int, reps: int, console: Console
+def measure_link(link: SyncSite, d: Path, nbytes: int, reps: int, console: Console
                  ) -> dict[str, Any]:
     """Raw rate of one big gloo send (1 training rank -> 1 rollout rank) over the link."""
     files = _random_weights(d, nbytes, [])
     sc = Scenario("bench-raw", 1, 1, nbytes, files * reps, tuple(range(1, reps + 1)),
                   method=Method.NAIVE, verify=False, timeout_s=600.0)
-    times = _times(check_outcomes(run_group(sc, link)))
+    res, wire = _run(link, sc)
+    times = _times(res)
     gbps = [nbytes * 8 / t / 1e9 for t in times]
     console.log(f"raw gloo send {nbytes // MIB} MiB: {statistics.median(gbps):.3f} Gbit/s")
     return {"size_mib": nbytes // MIB, "times_s": times, "gbps": gbps,
-            "median_gbps": statistics.median(gbps)}
+            "median_gbps": statistics.median(gbps), "wire_bytes": wire}
 
 
-def bench_methods(link: EmulatedLink, d: Path, ranks: list[int], sizes_mib: list[int],
+def bench_methods(link: SyncSite, d: Path, ranks: list[int], sizes_mib: list[int],
                   reps: int, baseline_max_gib: float, console: Console
                   ) -> list[dict[str, Any]]:
     rows = []
@@ -82,21 +111,24 @@ def bench_methods(link: EmulatedLink, d: Path, ranks: list[int], sizes_mib: list
                     continue
                 sc = Scenario("bench", n, n, nbytes, files * reps, tuple(range(1, reps + 1)),
                               method=method, verify=False, timeout_s=900.0)
-                res = check_outcomes(run_group(sc, link))
+                res, wire = _run(link, sc)
                 times = _times(res)
                 rows.append({"ranks": n, "size_mib": size, "method": method.value,
                              "times_s": times, "time_s": statistics.median(times),
-                             "slow_link_bytes": _sent(res, 0)})
+                             "slow_link_bytes": _sent(res, 0), "wire_bytes": wire,
+                             "hosts": sorted({f"{r['pool']}:{r['host']}" for r in res})})
                 console.log(f"{n}-to-{n} {size} MiB {method.value}: "
                             f"{', '.join(f'{t:.2f}' for t in times)} s")
     return rows
 
 
-def annotate(rows: list[dict[str, Any]], link_gbps: float) -> None:
-    """Ideal time at the measured rate, fraction of it reached, speedups vs baselines."""
+def annotate(rows: list[dict[str, Any]], link_gbps: float, nominal_mbit: int) -> None:
+    """Ideal time at the measured rate (and at the nominal one), fraction of it reached,
+    speedups vs baselines."""
     by_key = {(r["ranks"], r["size_mib"], r["method"]): r for r in rows}
     for r in rows:
         r["ideal_s"] = r["slow_link_bytes"] * 8 / (link_gbps * 1e9)
+        r["ideal_nominal_s"] = r["slow_link_bytes"] * 8 / (nominal_mbit * 1e6)
         r["fraction_of_ideal"] = r["ideal_s"] / r["time_s"]
         r["link_gbps"] = r["slow_link_bytes"] * 8 / r["time_s"] / 1e9
         for base in (Method.NAIVE, Method.FLAT):
@@ -104,7 +136,7 @@ def annotate(rows: list[dict[str, Any]], link_gbps: float) -> None:
             r[f"speedup_vs_{base.value}"] = other["time_s"] / r["time_s"] if other else None
 
 
-def bench_delta(link: EmulatedLink, d: Path, size_mib: int, reps: int, console: Console
+def bench_delta(link: SyncSite, d: Path, size_mib: int, reps: int, console: Console
                 ) -> list[dict[str, Any]]:
     fractions = [0.01, 0.10, 1.0]
     nbytes = size_mib * MIB
@@ -119,7 +151,7 @@ def bench_delta(link: EmulatedLink, d: Path, size_mib: int, reps: int, console: 
     return rows
 
 
-def _delta_runs(link: EmulatedLink, job: str, files: tuple[str, ...], nbytes: int, word: int,
+def _delta_runs(link: SyncSite, job: str, files: tuple[str, ...], nbytes: int, word: int,
                 labels: list[str], reps: int) -> list[dict[str, Any]]:
     runs = []
     for _ in range(reps):
@@ -159,21 +191,29 @@ def _grpo_weights(d: Path) -> tuple[tuple[str, ...], int, int, float]:
 
 def _print(console: Console, link: dict[str, Any], methods: list[dict[str, Any]],
            delta: list[dict[str, Any]]) -> None:
-    console.print(f"link: nominal {link['nominal_mbit']} Mbit/s, measured (one gloo send) "
-                  f"{link['before']['median_gbps']:.3f} Gbit/s before, "
+    where = (f"across hosts ({', '.join(link['hosts'])}), " if link.get("hosts") else "")
+    console.print(f"link: {where}nominal {link['nominal_mbit']} Mbit/s, queue "
+                  f"{link['queue_ms']} ms, burst {link['burst_kbit']} kbit, measured (one "
+                  f"gloo send) {link['before']['median_gbps']:.3f} Gbit/s before, "
                   f"{link['after']['median_gbps']:.3f} after; ideal uses "
                   f"{link['used_gbps']:.3f}")
+    wire = any(r.get("wire_bytes") is not None for r in methods)
     t = Table(title="two-tier vs naive pull vs flat broadcast (median of reps)")
-    for col in ("ranks", "MiB", "method", "time s", "slow-link MiB", "ideal s", "of ideal",
-                "link Gbit/s", "vs naive", "vs flat"):
+    for col in ("ranks", "MiB", "method", "time s", "runs s", "slow-link MiB",
+                *(["wire MiB"] if wire else []), "ideal s", "of ideal", "link Gbit/s",
+                "vs naive", "vs flat"):
         t.add_column(col, justify="right")
     for r in methods:
         sp = [f"{r[k]:.2f}x" if r[k] else "-" for k in ("speedup_vs_naive", "speedup_vs_flat")]
+        w = [f"{r['wire_bytes'] / MIB:.0f}"] if wire else []
         t.add_row(f"{r['ranks']}-to-{r['ranks']}", str(r["size_mib"]), r["method"],
-                  f"{r['time_s']:.2f}", f"{r['slow_link_bytes'] / MIB:.0f}",
+                  f"{r['time_s']:.2f}", ", ".join(f"{x:.2f}" for x in r["times_s"]),
+                  f"{r['slow_link_bytes'] / MIB:.0f}", *w,
                   f"{r['ideal_s']:.2f}", f"{r['fraction_of_ideal']:.0%}",
                   f"{r['link_gbps']:.2f}", *sp)
     console.print(t)
+    if not delta:
+        return
     t = Table(title="delta mode, 2-to-2 (median of reps)")
     for col in ("update", "MiB", "slow-link MiB", "time s", "bit-identical"):
         t.add_column(col, justify="right")
@@ -183,14 +223,90 @@ def _print(console: Console, link: dict[str, Any], methods: list[dict[str, Any]]
     console.print(t)
 
 
+@contextlib.contextmanager
+def _netns_site(args: argparse.Namespace) -> Iterator[tuple[SyncSite, Path, dict[str, Any]]]:
+    """Two namespaces joined by a shaped veth; scratch in /dev/shm."""
+    queue_ms = LinkSpec.latency_ms if args.queue_ms is None else args.queue_ms
+    burst = args.burst_kbit or LinkSpec.burst_kbit
+    d = Path(tempfile.mkdtemp(prefix="weave-sync-bench-", dir="/dev/shm"))
+    try:
+        with EmulatedLink(LinkSpec(rate_mbit=args.rate_mbit, burst_kbit=burst,
+                                   latency_ms=queue_ms)) as link:
+            yield link, d, {"mode": "netns", "queue_ms": queue_ms, "burst_kbit": burst}
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _hosts_site(args: argparse.Namespace, console: Console
+                ) -> Iterator[tuple[SyncSite, Path, dict[str, Any]]]:
+    """The hosts of a separate-hosts cluster (brought up here and down at the end, or
+    the one in ``--cluster-state``, whose shaping is put back); scratch on its shared
+    work dir, which every host sees."""
+    if args.queue_ms not in (None, QUEUE_LATENCY_MS) or args.burst_kbit is not None:
+        raise SystemExit("--queue-ms/--burst-kbit: with --hosts the cluster's shaping sets "
+                         f"them (a {QUEUE_LATENCY_MS} ms queue, a burst of 1 ms at the rate, "
+                         "at least 512 kbit: 'weave cluster shape')")
+    gbps = args.rate_mbit / 1000
+    own = args.cluster_state is None
+    state = Path(tempfile.mkdtemp(prefix="weave-sync-hosts-")) if own else args.cluster_state
+    cluster = LocalCluster(state)
+    previous = None if own else _shaped_gbps(cluster)
+    d: Path | None = None
+    try:
+        if own:
+            cluster.up(LAYOUT, hosts=HostMode.SEPARATE, subnet=free_subnet(),
+                       interpool_gbps=gbps, timeout_s=60)
+        else:
+            cluster.shape_interpool(gbps)
+        hosts = ClusterHosts(cluster)
+        d = Path(tempfile.mkdtemp(prefix="weave-sync-bench-", dir=hosts.scratch_root))
+        console.log(f"cluster {state}: {hosts.plan.subnet}, link shaped to {gbps:g} Gbit/s")
+        tbf = tbf_argv("dev", gbps)  # what shape_interpool put on the link
+        yield hosts, d, {"mode": "hosts", "queue_ms": QUEUE_LATENCY_MS,
+                         "burst_kbit": int(tbf[tbf.index("burst") + 1].removesuffix("kbit")),
+                         "subnet": hosts.plan.subnet,
+                         "hosts": [f"{n.name} {n.addr}" for n in hosts.plan.nodes]}
+    finally:
+        if d is not None:
+            shutil.rmtree(d, ignore_errors=True)
+        if own:
+            cluster.down()
+            shutil.rmtree(state, ignore_errors=True)
+        else:
+            cluster.shape_interpool(previous)
+
+
+def _shaped_gbps(cluster: LocalCluster) -> float | None:
+    """The inter-pool shaping the cluster was brought up or last shaped with."""
+    try:
+        value = json.loads(cluster.paths.manifest.read_text()).get("interpool_gbps")
+    except (OSError, ValueError):
+        return None
+    return float(value) if isinstance(value, int | float) else None
+
+
+def _terminated(signum: int, frame: object) -> NoReturn:
+    sys.exit(128 + signum)  # unwinds, so the link or the cluster is removed
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="2/4 ranks, 256 MiB only")
     ap.add_argument("--rate-mbit", type=int, default=1000)
-    ap.add_argument("--queue-ms", type=int, default=LinkSpec.latency_ms,
-                    help="tbf latency: the slow link's queue in ms at its rate (400 ms at "
-                    "1 Gbit/s is a 50 MB drop-tail buffer; a switch port has a few MB)")
+    ap.add_argument("--queue-ms", type=int, default=None,
+                    help="tbf latency: the slow link's queue in ms at its rate (default "
+                    f"{LinkSpec.latency_ms}; 400 ms at 1 Gbit/s is a 50 MB drop-tail buffer, "
+                    f"a switch port has a few MB; with --hosts always {QUEUE_LATENCY_MS})")
+    ap.add_argument("--burst-kbit", type=int, default=None,
+                    help=f"tbf burst (default {LinkSpec.burst_kbit}; 512 kbit is 0.5 ms at "
+                    "1 Gbit/s, too little on a loaded machine: docs/sync.md)")
+    ap.add_argument("--hosts", action="store_true",
+                    help="run the ranks on the hosts of a separate-hosts Slurm cluster "
+                    "(default ranks 2 4, sizes 256)")
+    ap.add_argument("--cluster-state", type=Path,
+                    help="with --hosts: use the cluster in this state dir (left up)")
     ap.add_argument("--ranks", type=int, nargs="*", help="override rank counts (n-to-n)")
     ap.add_argument("--sizes-mib", type=int, nargs="*", help="override weight sizes")
     ap.add_argument("--reps", type=int, default=3, help="syncs per configuration (median)")
@@ -200,25 +316,25 @@ def main() -> int:
     ap.add_argument("--no-delta", action="store_true")
     ap.add_argument("--json", type=Path, help="write results here")
     args = ap.parse_args()
-    ranks = args.ranks or ([2, 4] if args.quick else [2, 4, 8])
-    sizes = args.sizes_mib or ([256] if args.quick else [256, 1024])
-    console = Console()
-    d = Path(tempfile.mkdtemp(prefix="weave-sync-bench-", dir="/dev/shm"))
-    try:
-        with EmulatedLink(LinkSpec(rate_mbit=args.rate_mbit, burst_kbit=512,
-                                   latency_ms=args.queue_ms)) as link:
-            before = measure_link(link, d, 256 * MIB, args.reps, console)
-            methods = bench_methods(link, d, ranks, sizes, args.reps, args.baseline_max_gib,
-                                    console)
-            delta = [] if args.no_delta else bench_delta(link, d, args.delta_mib, args.reps,
-                                                         console)
-            after = measure_link(link, d, 256 * MIB, args.reps, console)
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
+    if args.cluster_state is not None and not args.hosts:
+        ap.error("--cluster-state: only with --hosts")
+    short = args.quick or args.hosts
+    ranks = args.ranks or ([2, 4] if short else [2, 4, 8])
+    sizes = args.sizes_mib or ([256] if short else [256, 1024])
+    console = Console() if sys.stdout.isatty() else Console(width=200)
+    signal.signal(signal.SIGTERM, _terminated)
+    site = _hosts_site(args, console) if args.hosts else _netns_site(args)
+    with site as (link, d, where):
+        before = measure_link(link, d, 256 * MIB, args.reps, console)
+        methods = bench_methods(link, d, ranks, sizes, args.reps, args.baseline_max_gib,
+                                console)
+        delta = [] if args.no_delta else bench_delta(link, d, args.delta_mib, args.reps,
+                                                     console)
+        after = measure_link(link, d, 256 * MIB, args.reps, console)
     used = statistics.median(before["gbps"] + after["gbps"])
-    link_info = {"nominal_mbit": args.rate_mbit, "queue_ms": args.queue_ms, "before": before,
-                 "after": after, "used_gbps": used}
-    annotate(methods, used)
+    link_info = {"nominal_mbit": args.rate_mbit, **where, "before": before, "after": after,
+                 "used_gbps": used}
+    annotate(methods, used, args.rate_mbit)
     _print(console, link_info, methods, delta)
     if args.json:
         args.json.write_text(json.dumps({"link": link_info, "methods": methods,
@@ -226,5 +342,13 @@ def main() -> int:
     return 0
 
 
+def _main() -> int:
+    try:
+        return main()
+    except WeaveError as exc:  # one line, as the CLIs do; the cluster is down already
+        print(f"bench/sync.py: {exc}", file=sys.stderr)
+        return 1
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(_main())

@@ -36,6 +36,10 @@ class Scenario:
     hooks for tests: ``corrupt_attempts`` (sender flips a byte in that many first sends
     of each piece) and ``die_rank``/``die_at`` (that rank SIGKILLs itself when it starts
     receiving a payload of the ``die_at``-th push).
+
+    ``train_nodes``/``rollout_nodes`` name the nodes a pool's ranks run on (as the group
+    runtime takes them from its allocations); empty means ``nodes_per_pool`` made-up
+    nodes (``train0``, ``train1``, ...) on one machine.
     """
 
     job_id: str
@@ -56,6 +60,8 @@ class Scenario:
     die_at: int = 0
     chunk_nbytes: int = 2 << 20
     verify_gather: bool = True
+    train_nodes: tuple[str, ...] = ()
+    rollout_nodes: tuple[str, ...] = ()
     extra: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -65,14 +71,29 @@ class Scenario:
         if self.n_train < 1 or self.n_rollout < 1:
             raise ConfigError(f"scenario: n_train={self.n_train!r}, n_rollout="
                               f"{self.n_rollout!r}; both must be >= 1")
+        for pool, names, n in ((Pool.TRAIN, self.train_nodes, self.n_train),
+                               (Pool.ROLLOUT, self.rollout_nodes, self.n_rollout)):
+            if len(names) > n:
+                raise ConfigError(f"scenario: {len(names)} {pool.value} nodes "
+                                  f"({', '.join(names)}) for {n} ranks; every node needs "
+                                  "a rank, so give at most as many nodes as ranks")
+
+    def node_names(self, pool: Pool) -> tuple[str, ...]:
+        """The nodes ``pool``'s ranks run on: the given ones, else made-up names."""
+        given = self.train_nodes if pool is Pool.TRAIN else self.rollout_nodes
+        if given:
+            return given
+        n = self.n_train if pool is Pool.TRAIN else self.n_rollout
+        return tuple(f"{pool.value}{i}" for i in range(max(1, min(self.nodes_per_pool, n))))
 
     def topology(self) -> SyncTopology:
         nodes: list[PoolNodes] = []
         for pool, n in ((Pool.TRAIN, self.n_train), (Pool.ROLLOUT, self.n_rollout)):
-            k = max(1, min(self.nodes_per_pool, n))
-            for i in range(k):
+            names = self.node_names(pool)
+            k = len(names)
+            for i, name in enumerate(names):
                 share = n // k + (1 if i < n % k else 0)
-                nodes.append(PoolNodes(pool, f"{pool.value}{i}", share))
+                nodes.append(PoolNodes(pool, name, share))
         return build_topology(nodes)
 
     def dump(self, path: Path) -> None:
@@ -86,5 +107,6 @@ class Scenario:
         d = json.loads(path.read_text())
         d.update(method=Method(d["method"]), mode=SyncMode[d["mode"].upper()],
                  backend=Backend(d["backend"]), version_files=tuple(d["version_files"]),
-                 versions=tuple(d["versions"]))
+                 versions=tuple(d["versions"]), train_nodes=tuple(d["train_nodes"]),
+                 rollout_nodes=tuple(d["rollout_nodes"]))
         return cls(**d)

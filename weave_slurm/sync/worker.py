@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -139,7 +140,8 @@ def run_rank(sc: Scenario) -> dict[str, Any]:
     else:
         flat = torch.empty(layout.padded_nbytes if sync is not None else 0, dtype=torch.uint8)
     steps: list[dict[str, Any]] = []
-    result: dict[str, Any] = {"rank": t.rank, "pool": pool.value, "steps": steps}
+    result: dict[str, Any] = {"rank": t.rank, "pool": pool.value, "node": topo.info(t.rank).node,
+                              "host": socket.gethostname(), "steps": steps}
     for i in range(len(sc.versions)):
         if isinstance(t, _DyingTransport):
             t.armed = i == sc.die_at
