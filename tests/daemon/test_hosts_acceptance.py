@@ -1,4 +1,4 @@
-"""weave-slurm on a cluster of separate hosts, as on a site.
+"""weave-slurm on a cluster of separate hosts, as on a site (the session's cluster).
 
 2 h20 and 2 h800 nodes, each a host of its own (own network, /dev/shm, /tmp, /run;
 only the cluster's shared file systems in common); weaved runs on the login side
@@ -11,16 +11,16 @@ segment (weights, trajectories) was moved by the sync agents, steps on the nodes
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.harness.hosts import hosts_cluster, on_host
+from tests.harness.hosts import on_host, weaved_dirs
 from tests.harness.solo import run_solo
 from tests.harness.weaved import call, serving, wait_states
+from tests.slurm.session_cluster import SessionCluster
 from weave_slurm.config.job import parse_job
 from weave_slurm.daemon.protocol import Op
 from weave_slurm.daemon.service import DaemonConfig, Weaved
@@ -46,11 +46,12 @@ class Site:
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
-    with hosts_cluster(tmp_path_factory.mktemp("site") / "cluster") as cluster:
-        shared = cluster.shared_paths()
-        state = cluster.paths.login_dir / "weaved"
-        yield Site(cluster, dict(cluster.env), state, shared.ckpt, shared.work)
+def site(slurm_cluster: SessionCluster) -> Site:
+    """The session's cluster of separate hosts, with a login-side state dir and a
+    checkpoint root on the shared file system for this module's weaved."""
+    dirs = weaved_dirs(slurm_cluster.cluster, f"ha{os.getpid()}")
+    return Site(slurm_cluster.cluster, dict(slurm_cluster.env), dirs.state, dirs.ckpt,
+                slurm_cluster.shared.work)
 
 
 def _spec(name: str, seed: int) -> str:
@@ -104,3 +105,41 @@ def _nothing_left(site: Site, w: Weaved, instance: str) -> None:
         assert out.strip() == "", f"{node}: {out}"
     groups: list[dict[str, Any]] = call(site.state / "weaved.sock", Op.GROUPS)["groups"]
     assert all(g["state"] in ("RELEASED", "DRAINING") for g in groups), groups
+
+
+def test_a_users_own_module_on_a_shared_dir_runs_on_the_hosts(site: Site) -> None:
+    """The job's package and workdir lie on the shared work file system (not on weaved's
+    path, not in the repo): its workers on the node hosts import it from there."""
+    import importlib.util
+
+    from tests.harness.specs import OPTIONS
+    from tests.runtime.own_code import seen, user_package
+    from weave_slurm.config.render import job_spec_toml
+
+    assert importlib.util.find_spec("my_pkg") is None
+    home = site.work / f"alice-{os.getpid()}"
+    home.mkdir(mode=0o755)
+    src = user_package(home)
+    work = home / "run"
+    work.mkdir(mode=0o755)
+    instance = f"hu{os.getpid()}"
+    cfg = DaemonConfig(state_dir=site.state.with_name(f"weaved-{instance}"), backend="slurm",
+                       instance=instance, tick_s=0.3, runtime="rl", client_timeout_s=10.0,
+                       env=site.env, checkpoint_root=site.ckpt, path_roots=(site.work,))
+    spec = job_spec_toml("own-hosts", entry="my_pkg.job:make", seed=81,
+                         iterations=ITERATIONS, options=OPTIONS, workdir=str(work),
+                         pythonpath=[str(src)])
+    with serving(cfg, SlurmCliBackend(env=site.env), prefix=f"weave-g{instance}.") as w:
+        job = int(call(cfg.socket, Op.SUBMIT, spec=spec, source="own.toml")["job"])
+        (row,) = wait_states(cfg.socket, [job], {"COMPLETED", "FAILED"}, 300, [])
+        assert row["state"] == "COMPLETED", row
+        live = w.driver.live(job)
+        assert live is not None
+        solo = run_solo(MemberSpec(str(job), seed=81, steps=ITERATIONS, options=OPTIONS))
+        assert live["weights_sha256"] == weights_digest(solo.weights)
+    hosts = {str(s["module"]) for s in seen(work)}
+    assert hosts == {str(src / "my_pkg" / "job.py")}, hosts   # imported from the shared dir
+    assert {str(s["cwd"]) for s in seen(work)} == {str(work)}
+    plan = site.cluster.hosts_plan()
+    assert plan is not None               # on the node hosts (each names itself), not here
+    assert {str(s["host"]) for s in seen(work)} <= {n.name for n in plan.nodes}, seen(work)

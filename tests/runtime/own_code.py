@@ -13,14 +13,15 @@ import torch
 #: ``my_pkg/job.py``: the reference GRPO job under the user's own name. ``make`` (a
 #: zero-argument factory, as workloads/entry.py wants) records where the worker ran.
 JOB_MODULE = '''
-import json, os, sys
+import json, os, socket, sys
 
 from weave_slurm.workloads.grpo_toy import GrpoToyJob
 
 
 def make():
     seen = {"executable": sys.executable, "prefix": sys.prefix, "cwd": os.getcwd(),
-            "path0": sys.path[0], "uid": os.getuid(), "module": __file__}
+            "path0": sys.path[0], "uid": os.getuid(), "module": __file__,
+            "host": socket.gethostname()}
     with open(os.path.join(os.getcwd(), f"seen-{os.getpid()}.json"), "w") as f:
         json.dump(seen, f)
     return GrpoToyJob()
