@@ -48,20 +48,30 @@ def _place(policy: Policy, state: ClusterState,
     return state, decisions
 
 
+def batch_outcomes(policy: Policy, state: ClusterState, jobs: Sequence[JobProfile],
+                   ordered: bool = True) -> list[BatchResult]:
+    """One outcome per order of the portfolio (only the arrival order if not ``ordered``),
+    in the portfolio's order; decisions in the order of ``jobs``."""
+    orderings = ORDERINGS if ordered and len(jobs) > 1 else (None,)
+    out = []
+    for key in orderings:
+        order = list(jobs) if key is None else sorted(jobs, key=key)
+        final, decisions = _place(policy, state, order)
+        out.append(BatchResult(final, tuple(decisions[j.job_id] for j in jobs)))
+    return out
+
+
 def place_batch(policy: Policy, state: ClusterState, jobs: Sequence[JobProfile],
                 ordered: bool = True) -> BatchResult:
     """Place a batch with the cheapest order of the portfolio (or as given if not ``ordered``).
 
     Decisions come back in the order of ``jobs`` whatever order placed them.
     """
-    orderings = ORDERINGS if ordered and len(jobs) > 1 else (None,)
-    best: tuple[tuple[int, float, int], ClusterState, dict[str, Decision]] | None = None
-    for rank, key in enumerate(orderings):
-        order = list(jobs) if key is None else sorted(jobs, key=key)
-        final, decisions = _place(policy, state, order)
-        refused = sum(isinstance(d, Refusal) for d in decisions.values())
-        score = (refused, round(final.cost_per_hour, 9), rank)
-        if best is None or score < best[0]:
-            best = (score, final, decisions)
-    assert best is not None  # at least one ordering is always tried
-    return BatchResult(best[1], tuple(best[2][j.job_id] for j in jobs))
+    outcomes = batch_outcomes(policy, state, jobs, ordered)
+    return min(enumerate(outcomes), key=lambda ro: (refusals(ro[1]),
+                                                    round(ro[1].state.cost_per_hour, 9),
+                                                    ro[0]))[1]
+
+
+def refusals(result: BatchResult) -> int:
+    return sum(isinstance(d, Refusal) for d in result.decisions)

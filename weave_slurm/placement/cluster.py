@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from weave_slurm.config.site import SiteConfig
 from weave_slurm.errors import StateError
-from weave_slurm.model.cost import CostRates
+from weave_slurm.model.cost import CostRates, MoveCost
 from weave_slurm.placement.decision import Placement
 from weave_slurm.placement.group import Group, Member
 
@@ -23,6 +23,7 @@ class Capacity:
     rollout_pool_nodes: int
     train_pool_nodes: int
     rates: CostRates
+    moves: MoveCost = field(default_factory=MoveCost)  # what moving a running job costs
 
     @classmethod
     def from_site(cls, site: SiteConfig, max_group_size: int | None = None) -> Capacity:
@@ -31,7 +32,7 @@ class Capacity:
             max_rollout_nodes_per_group=site.limits.max_rollout_nodes_per_group,
             rollout_mem_gib=site.rollout.host_mem_gib, train_mem_gib=site.train.host_mem_gib,
             rollout_pool_nodes=site.rollout.max_nodes, train_pool_nodes=site.train.max_nodes,
-            rates=CostRates.from_site(site))
+            rates=CostRates.from_site(site), moves=MoveCost.from_site(site))
 
 
 @dataclass(frozen=True)

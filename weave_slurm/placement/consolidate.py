@@ -3,11 +3,14 @@
 Both move running jobs between groups, which copies their warm state to other nodes
 (a pause of the moved job: its state over the intra-pool fabric plus a restart), so
 they are offered as separate steps on top of arrival placement, never inside it.
+Consolidation is charged for its moves and taken only when it pays
+(:mod:`weave_slurm.placement.replan`); ``regrouped`` is the paper's uncharged
+baseline.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from weave_slurm.model.profile import JobProfile
@@ -15,18 +18,7 @@ from weave_slurm.placement.admission import place_batch
 from weave_slurm.placement.cluster import ClusterState
 from weave_slurm.placement.decision import Policy
 from weave_slurm.placement.engine import may_fit
-
-_EPS = 1e-9
-
-
-def solo_work_rate(state: ClusterState) -> float:
-    """Solo-speed jobs the state runs: the sum over jobs of solo time / iteration time."""
-    total = 0.0
-    for g in state.groups:
-        period = g.schedule.expected_period_s
-        if period > 0:
-            total += sum(m.job.solo_mean_s for m in g.members) / period
-    return total
+from weave_slurm.placement.replan import Replan, replace_jobs
 
 
 def moved_jobs(before: ClusterState, after: ClusterState) -> tuple[str, ...]:
@@ -43,32 +35,31 @@ def _members(state: ClusterState, gid: int) -> frozenset[str]:
     return frozenset(state.by_id[gid].job_ids)
 
 
-def consolidated(policy: Policy, state: ClusterState, group_id: int,
-                 keep_work: bool = False) -> ClusterState | None:
+def consolidation(policy: Policy, state: ClusterState, group_id: int,
+                  remaining_s: Mapping[str, float] | None = None) -> Replan | None:
     """Re-place the members of a group that just shrank into the rest of the cluster.
 
-    Returns the new state when it is strictly cheaper per hour, else None (keep the
-    group as it is). With ``keep_work`` (when a slowed job runs and pays longer) the
-    cluster's solo-speed work rate must not drop either.
+    Taken only when it pays once its moves are charged (``placement.moves.pays``: no
+    dearer per hour, cheaper per unit of work after the paused jobs' lost work), so it
+    never loses in either accounting; None keeps the group as it is.
     """
     group = state.by_id.get(group_id)
     if group is None or group.colocated:
         return None
     rest = replace(state, groups=tuple(g for g in state.groups if g.group_id != group_id))
-    # Cheaper needs the group's training nodes released, so every member must be able
-    # to join some other group: check the O(1) necessary conditions first.
+    # Only worth searching if some member could join another group at all.
     free_t = state.capacity.train_pool_nodes - rest.train_nodes_used
-    for m in group.members:
-        if not any(may_fit(g, m.job, state.capacity, free_t) for g in rest.groups):
-            return None
-    new = place_batch(policy, rest, [m.job for m in group.members]).state
-    if len(new.job_group) != len(state.job_group):
-        return None  # some member found no place
-    if new.cost_per_hour >= state.cost_per_hour - _EPS:
+    if not any(may_fit(g, m.job, state.capacity, free_t)
+               for m in group.members for g in rest.groups):
         return None
-    if keep_work and solo_work_rate(new) < solo_work_rate(state) * (1 - _EPS):
-        return None
-    return new
+    return replace_jobs(policy, state, group.job_ids, remaining_s)
+
+
+def consolidated(policy: Policy, state: ClusterState, group_id: int,
+                 remaining_s: Mapping[str, float] | None = None) -> ClusterState | None:
+    """The state after :func:`consolidation`, or None when it does not pay."""
+    plan = consolidation(policy, state, group_id, remaining_s)
+    return None if plan is None else plan.state
 
 
 def regrouped(policy: Policy, state: ClusterState, jobs: Sequence[JobProfile]) -> ClusterState:

@@ -10,7 +10,7 @@ members' tuple order is the cyclic round-robin order on every node.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 from weave_slurm.model.profile import JobProfile
 from weave_slurm.placement.cyclic import cyclic_period
@@ -120,7 +120,10 @@ class Group:
         return all(p <= m.job.budget_s * (1 + _EPS) + _EPS for m in self.members)
 
 
+@lru_cache(maxsize=1 << 16)
 def period(members: tuple[Member, ...], expected: bool = False) -> float:
+    """Cyclic period of members in this order (memoised: placement, re-plans and the
+    replay ask for the same member tuples many times)."""
     jobs = [m.job for m in members]
     return cyclic_period(
         [j.rollout_mean_s if expected else j.rollout_max_s for j in jobs],

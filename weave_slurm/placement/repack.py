@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Sequence
-from functools import cache
+from functools import cache, lru_cache
 
 from weave_slurm.model.profile import JobProfile
 from weave_slurm.placement.cluster import Capacity
@@ -50,8 +50,19 @@ def best_group(jobs: Sequence[JobProfile], cap: Capacity, group_id: int = 0,
 
     Every pinning of the members onto rollout nodes and every cyclic order up to
     rotation; pinnings are tried in order of rollout node count, so the first feasible
-    one is the cheapest; ``max_rollout_nodes`` stops the search early.
+    one is the cheapest; ``max_rollout_nodes`` stops the search early. Memoised on
+    (jobs, capacity, limit): re-plans ask for the same groups again and again.
     """
+    g = _best_group(tuple(jobs), cap, max_rollout_nodes)
+    return None if g is None else (g if g.group_id == group_id
+                                   else Group(group_id, g.members, g.rollout_nodes,
+                                              g.train_nodes))
+
+
+@lru_cache(maxsize=1 << 15)
+def _best_group(jobs: tuple[JobProfile, ...], cap: Capacity,
+                max_rollout_nodes: int | None) -> Group | None:
+    group_id = 0
     n = len(jobs)
     train_nodes = max(j.train_nodes for j in jobs)
     limit = cap.max_rollout_nodes_per_group if max_rollout_nodes is None else max_rollout_nodes

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from weave_slurm.model.profile import JobProfile
 from weave_slurm.placement.cluster import Capacity
 from weave_slurm.placement.group import Group
+from weave_slurm.sim.bound import WorkBound
 from weave_slurm.sim.policies import Accounting
 from weave_slurm.sim.traces import TraceJob
 
@@ -44,6 +45,7 @@ class JobRun:
     max_slowdown: float = 1.0
     lost_iterations: float = 0.0
     migrations: int = 0
+    paused_s: float = 0.0  # charged for moves
     failures: int = 0
     ever_violated: bool = False
 
@@ -79,8 +81,11 @@ class ReplayResult:
     placement_s: list[float]
     segments: list[Segment]
     migrations: int = 0
+    repins: int = 0  # members re-pinned inside their group by a re-plan
+    replans: int = 0  # charged re-plans taken
     refusals: int = 0
     failures: int = 0
     regroups: int = 0
     optimum_fallbacks: int = 0
     extra: dict[str, float] = field(default_factory=dict)
+    bound: WorkBound | None = None  # the zero-bubble lower bound (sim/bound.py)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -25,6 +26,7 @@ from weave_slurm.placement.baselines import make_policy
 from weave_slurm.placement.cluster import Capacity
 from weave_slurm.placement.decision import Policy
 from weave_slurm.placement.optimum import MAX_JOBS, optimum
+from weave_slurm.sim.profiles import DEFAULT_PARAMS_B, JobKind, warm_state_gib
 from weave_slurm.sim.traces import TraceJob
 
 #: Policies `weave simulate` knows; ``optimal`` and ``regroup`` re-plan the whole set.
@@ -103,6 +105,7 @@ def job_profile(job: TraceJob, policy: str, accounting: Accounting,
                           f"load the trace with load_trace() to fill them in")
     two = needs_two_nodes(job)
     train_nodes = 2 if two and accounting is Accounting.REFERENCE and policy == "isolated" else 1
+    rollout_gib, train_gib = job_state_gib(job)
     colo_r = job.t_rollout_colo_s if job.t_rollout_colo_s is not None else job.t_rollout_s
     colo_t = job.t_train_colo_s if job.t_train_colo_s is not None else job.t_train_s
     return simple_profile(
@@ -110,7 +113,33 @@ def job_profile(job: TraceJob, policy: str, accounting: Accounting,
         rollout_nodes=2 if two else 1, train_nodes=train_nodes,
         rollout_mean_s=job.t_rollout_s * rollout_mean_fraction,
         colo_iter_s=colo_r * rollout_mean_fraction + colo_t, colo_nodes=2 if two else 1,
-        staleness=staleness)
+        staleness=staleness, rollout_state_gib=rollout_gib,
+        train_state_gib=train_gib / train_nodes)
+
+
+def job_state_gib(job: TraceJob) -> tuple[float, float]:
+    """Warm state of a trace job per rollout node and in all (GiB), from its model size
+    (:func:`weave_slurm.sim.profiles.warm_state_gib`); what a move copies."""
+    params = DEFAULT_PARAMS_B
+    if job.kind is not None:
+        try:
+            params = JobKind.parse(job.kind).model_params_b
+        except ConfigError:
+            params = DEFAULT_PARAMS_B
+    return warm_state_gib(params)
+
+
+def job_work(job: TraceJob, p: JobProfile, accounting: Accounting) -> float:
+    """Iterations a job must complete: fixed work in consistent accounting (the trace's
+    ``iterations``, else its lifetime at solo speed; inf when it has neither), inf in
+    reference accounting (lifetimes are fixed there)."""
+    if accounting is Accounting.REFERENCE:
+        return math.inf
+    if job.iterations is not None:
+        return float(job.iterations)
+    if job.lifetime_s is None:
+        return math.inf
+    return job.lifetime_s / p.solo_mean_s
 
 
 def scale_profile(p: JobProfile, rollout_factor: float, train_factor: float) -> JobProfile:
@@ -128,7 +157,9 @@ class SimPolicy:
 
     name: str
     placement: Policy
-    consolidate: bool = False
+    consolidate: bool = False  # charged consolidation after a departure
+    replace_recent: bool = False  # recent arrivals re-placed together, charged
+    replan: bool = False  # periodic charged re-plan of every group
     regroup: bool = False
     optimal: bool = False
 
@@ -137,8 +168,9 @@ class SimPolicy:
         if name not in SIM_POLICIES:
             raise ConfigError(f"unknown policy {name!r}; valid choices: {', '.join(SIM_POLICIES)}")
         base = {"weave-online": "weave", "optimal": "weave", "regroup": "weave"}.get(name, name)
-        return cls(name, make_policy(base, seed), consolidate=name == "weave",
-                   regroup=name == "regroup", optimal=name == "optimal")
+        weave = name == "weave"
+        return cls(name, make_policy(base, seed), consolidate=weave, replace_recent=weave,
+                   replan=weave, regroup=name == "regroup", optimal=name == "optimal")
 
 
 def optimum_rate(jobs: Sequence[JobProfile], cap: Capacity) -> float | None:

@@ -57,10 +57,37 @@ class JobKind:
         return cls(name, float(match.group(1)), int(match.group(2)) * 1024)
 
     @property
+    def warm_state_gib(self) -> tuple[float, float]:
+        """Warm state per node (rollout, training) for this model size:
+        :func:`warm_state_gib`."""
+        return warm_state_gib(self.model_params_b)
+
+    @property
     def needs_two_nodes(self) -> bool:
         """The reference gives 32B jobs two rollout nodes (and its baselines two h800
         nodes); ``wild_trace_sim.py`` tests ``job_type.startswith('32B')``."""
         return self.model_params_b >= 32
+
+
+#: Warm state per 8-GPU node measured by the paper (Weave, OSDI 2026), in GB: rollout
+#: 275.7 (7B) to 490.3 (32B), training 240 to 520.4. Sizes in between are interpolated
+#: linearly in the parameter count (and extrapolated for smaller models).
+_STATE_ANCHORS_GB = {"rollout": ((7.0, 275.7), (32.0, 490.3)),
+                     "train": ((7.0, 240.0), (32.0, 520.4))}
+#: Model size assumed for a trace job that names none (bare Philly traces): the most
+#: common size of the production trace.
+DEFAULT_PARAMS_B = 7.0
+_GIB_PER_GB = 1e9 / float(1 << 30)
+
+
+def warm_state_gib(params_b: float = DEFAULT_PARAMS_B) -> tuple[float, float]:
+    """(rollout, training) warm state per node in GiB for a ``params_b`` model."""
+    out = []
+    for pool in ("rollout", "train"):
+        (x0, y0), (x1, y1) = _STATE_ANCHORS_GB[pool]
+        gb = y0 + (params_b - x0) * (y1 - y0) / (x1 - x0)
+        out.append(max(gb, 0.25 * y0) * _GIB_PER_GB)
+    return out[0], out[1]
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,24 +17,30 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
+from weave_slurm.model.cost import DEFAULT_MOVE_RESTART_S
 from weave_slurm.model.profile import JobProfile
 from weave_slurm.placement.admission import place_batch
 from weave_slurm.placement.cluster import Capacity, ClusterState, apply, depart
-from weave_slurm.placement.consolidate import consolidated, regrouped
+from weave_slurm.placement.consolidate import consolidation, regrouped
 from weave_slurm.placement.decision import Placement, Refusal
 from weave_slurm.placement.group import Group, Member
+from weave_slurm.placement.moves import pauses, relabel
+from weave_slurm.placement.replan import Replan, replace_jobs, replan_worst
+from weave_slurm.sim.bound import trace_bound
 from weave_slurm.sim.drift import DriftModel
 from weave_slurm.sim.events import Simulator
 from weave_slurm.sim.failures import FailureModel, pick_failure
+from weave_slurm.sim.ledger import Ledger
 from weave_slurm.sim.outcome import JobRun, ReplayResult, Segment
 from weave_slurm.sim.policies import (
     Accounting,
     SimPolicy,
     StalenessMix,
     job_profile,
+    job_work,
     optimum_rate,
     scale_profile,
 )
@@ -54,9 +60,13 @@ class ReplayOptions:
     seed: int = 0
     regroup_interval_s: float = 3600.0
     rollout_mean_fraction: float = 1.0  # expected rollout phase / admission bound
-    # Pause of a job whose warm state moves to another group: ~500 GB of state over a
-    # 400 Gb/s fabric is ~10 s, plus restarting its workers (consistent accounting).
-    migration_s: float = 60.0
+    # Restart pause of a job whose warm state moves (model.cost.MoveCost): on top of
+    # copying its state over the site's intra-pool links (~5-10 s for 250-500 GB at
+    # 400 Gb/s), charged to the job (it makes no progress while paused).
+    migration_s: float = DEFAULT_MOVE_RESTART_S
+    recent_jobs: int = 6  # arrivals re-placed together with each new one (0: off)
+    replan_interval_s: float = 3600.0  # periodic charged re-plan (0: off)
+    replan_groups: int = 8  # ... of the members of this many least efficient groups
     failures: FailureModel | None = None
     drift: DriftModel | None = None
     staleness: StalenessMix = field(default_factory=StalenessMix)
@@ -70,27 +80,23 @@ class Replay:
     def __init__(self, trace: Trace, capacity: Capacity, policy: SimPolicy,
                  options: ReplayOptions | None = None) -> None:
         self.trace = trace
-        self.cap = capacity
         self.policy = policy
         self.opt = options or ReplayOptions()
+        self.cap = capacity = replace(capacity, moves=replace(
+            capacity.moves, restart_s=self.opt.migration_s))
         self.sim = Simulator()
         self.state = ClusterState(capacity)
+        self.recent: list[str] = []  # admitted jobs, most recent last
         self.runs: dict[str, JobRun] = {}
         self.pending: list[str] = []
         self.rng = random.Random(self.opt.seed)
-        self._last_s = trace.events[0].time_s if trace.events else 0.0
-        self._node_s = {"rollout": 0.0, "train": 0.0}
-        self._busy_s = {"rollout": 0.0, "train": 0.0}
-        self._peak = {"rollout": 0, "train": 0}
-        self._cost = self._ref_units = 0.0
-        self._busy_nodes = [0.0, 0.0]  # busy fraction x nodes, summed over groups
+        start_s = trace.events[0].time_s if trace.events else 0.0
+        self.books = Ledger(start_s, self.opt.record_segments)
         self._opt_rate: float | None = None
         self._failure_handle: int | None = None
         self._opt_cache: dict[frozenset[str], float | None] = {}
-        self._series: list[tuple[float, int, int, float]] = []
-        self._seg_start: dict[int, float] = {}
         self.result = ReplayResult(
-            policy.name, self.opt.accounting, capacity, self._last_s, self._last_s, {}, {},
+            policy.name, self.opt.accounting, capacity, start_s, start_s, {}, {},
             0.0, 0.0, {}, [], self.runs,
             {"direct": 0, "scale_rollout": 0, "new_group": 0}, [], [])
 
@@ -99,7 +105,10 @@ class Replay:
     def run(self, progress: Callable[[float], None] | None = None) -> ReplayResult:
         self._schedule_trace()
         if self.policy.regroup and self.trace.events:
-            self.sim.schedule(self._last_s + self.opt.regroup_interval_s, self._on_regroup,
+            self.sim.schedule(self.books.last_s + self.opt.regroup_interval_s, self._on_regroup,
+                              priority=_P_REGROUP)
+        if self.policy.replan and self.opt.replan_interval_s > 0 and self.trace.events:
+            self.sim.schedule(self.books.last_s + self.opt.replan_interval_s, self._on_replan,
                               priority=_P_REGROUP)
         end_s = self.trace.end_s
         while self.sim.peek() != math.inf:
@@ -111,12 +120,14 @@ class Replay:
         for r in self.runs.values():
             if r.departure_s is None:
                 r.settle(end_s)
-        self._close_segments(end_s, set(self.state.by_id))
+        self.books.close_segments(self.state, end_s, set(self.state.by_id),
+                                  self.result.segments)
         res = self.result
         res.end_s = end_s
-        res.node_s, res.busy_node_s = dict(self._node_s), dict(self._busy_s)
-        res.cost, res.reference_units, res.peak_nodes = self._cost, self._ref_units, self._peak
-        res.series = self._series
+        self.books.fill(res)
+        opt = self.opt
+        res.bound = trace_bound(self.trace, self.cap.rates, opt.accounting,
+                                opt.rollout_mean_fraction, opt.staleness.staleness_of)
         return res
 
     def _schedule_trace(self) -> None:
@@ -149,10 +160,16 @@ class Replay:
             p = job_profile(job, self.policy.name, self.opt.accounting,
                             self.opt.rollout_mean_fraction,
                             self.opt.staleness.staleness_of(job.job_id))
-            self.runs[job.job_id] = JobRun(job, p, p, now, self._work(job, p), since_s=now)
+            self.runs[job.job_id] = JobRun(job, p, p, now, job_work(job, p, self.opt.accounting),
+                                           since_s=now)
             self._schedule_drift(job, now)
             profiles.append(p)
         self._admit(profiles, count=True)
+        if self.policy.replace_recent and self.opt.recent_jobs > 0:
+            active = [j for j in self.recent if self.runs[j].group_id is not None]
+            self.recent = active[-self.opt.recent_jobs:]
+            self._take(replace_jobs(self.policy.placement, self.state, self.recent,
+                                    self._remaining(), free=[j.job_id for j in jobs]))
 
     def _admit(self, profiles: list[JobProfile], count: bool) -> None:
         t0 = time.perf_counter()
@@ -170,6 +187,7 @@ class Replay:
                 if count:
                     self.result.admissions[d.admission.value] += 1
                 self.runs[p.job_id].admission = d.admission.value
+                self.recent.append(p.job_id)
             else:
                 self.result.refusals += 1
                 self.pending.append(p.job_id)
@@ -192,11 +210,10 @@ class Replay:
             return
         if gid is None:
             return
-        state = depart(self.state, job_id)
+        self._transition(depart(self.state, job_id))
         if self.policy.consolidate:
-            keep_work = self.opt.accounting is Accounting.CONSISTENT
-            state = consolidated(self.policy.placement, state, gid, keep_work) or state
-        self._transition(state, moved=True)
+            self._take(consolidation(self.policy.placement, self.state, gid,
+                                     self._remaining()))
         self._retry_pending()
 
     def _on_trace_end(self) -> None:
@@ -210,13 +227,47 @@ class Replay:
         waiting, self.pending = self.pending, []
         self._admit([self.runs[j].actual for j in waiting], count=True)
 
+    def _on_replan(self) -> None:
+        self._take(replan_worst(self.policy.placement, self.state, self.opt.replan_groups,
+                                self._remaining()))
+        if self.sim.now < self.trace.end_s:
+            self.sim.schedule_in(self.opt.replan_interval_s, self._on_replan,
+                                 priority=_P_REGROUP)
+
+    def _remaining(self) -> dict[str, float] | None:
+        """Seconds each running job still needs at its current rate, where its work is
+        known (consistent accounting); None where it is not (fixed lifetimes are not
+        known to a scheduler)."""
+        if self.opt.accounting is not Accounting.CONSISTENT:
+            return None
+        now = self.sim.now
+        out = {}
+        for job_id in self.state.job_group:
+            run = self.runs[job_id]
+            run.settle(now)
+            left = max(0.0, run.work - run.done)
+            out[job_id] = (left / run.rate if run.rate > 0 else math.inf) + max(
+                0.0, run.paused_until_s - now)
+        return out
+
+    def _take(self, plan: Replan | None) -> None:
+        if plan is not None:
+            self.result.replans += 1
+            self._transition(plan.state, plan.pauses)
+
+    def _transition_charged(self, new: ClusterState) -> None:
+        """A re-plan taken whatever it costs (the regroup baseline, an SLO-driven re-plan
+        under drift): its moves are charged as any other's."""
+        after = relabel(self.state, new)
+        self._transition(after, pauses(self.state, after))
+
     def _on_regroup(self) -> None:
         active = [r for r in self.runs.values() if r.group_id is not None]
         for r in active:
             r.planned = r.actual
         self.result.regroups += 1
-        self._transition(regrouped(self.policy.placement, self.state,
-                                   [r.actual for r in active]), moved=True)
+        self._transition_charged(regrouped(self.policy.placement, self.state,
+                                           [r.actual for r in active]))
         if self.sim.now < self.trace.end_s:
             self.sim.schedule_in(self.opt.regroup_interval_s, self._on_regroup,
                                  priority=_P_REGROUP)
@@ -250,7 +301,7 @@ class Replay:
             batch = place_batch(self.policy.placement, rest,
                                 [self.runs[m.job.job_id].actual for m in group.members])
             if len(batch.state.job_group) == len(self.state.job_group):
-                self._transition(batch.state, moved=True)
+                self._transition_charged(batch.state)
 
     def _actual_slowdowns_bad(self, group: Group) -> bool:
         return any(self.runs[j].violated for j in group.job_ids)
@@ -299,77 +350,46 @@ class Replay:
 
     # ---------------------------------------------------------------- books
 
-    def _work(self, job: TraceJob, p: JobProfile) -> float:
-        if self.opt.accounting is Accounting.REFERENCE:
-            return math.inf
-        if job.iterations is not None:
-            return float(job.iterations)
-        if job.lifetime_s is None:
-            return math.inf
-        return job.lifetime_s / p.solo_mean_s
-
     def _advance(self, now: float) -> None:
-        dt = now - self._last_s
-        if dt > 0:
-            st = self.state
-            r, t = st.rollout_nodes_used, st.train_nodes_used
-            self._node_s["rollout"] += r * dt
-            self._node_s["train"] += t * dt
-            rate = st.cost_per_hour
-            if self.policy.optimal and self._opt_rate is not None:
-                rate = self._opt_rate
-                rates = self.cap.rates
-                self._ref_units += rate / rates.train_node_hour * dt
-            else:
-                self._ref_units += (t + r / 3) * dt
-            self._cost += rate * dt / 3600.0
-            self._busy_s["rollout"] += self._busy_nodes[0] * dt
-            self._busy_s["train"] += self._busy_nodes[1] * dt
-        self._last_s = max(self._last_s, now)
+        override = self._opt_rate if self.policy.optimal else None
+        self.books.advance(self.state, now, self.cap.rates, override)
 
-    def _transition(self, new: ClusterState, moved: bool = False) -> None:
+    def _transition(self, new: ClusterState, charged: Mapping[str, float] | None = None
+                    ) -> None:
         now = self.sim.now
         self._advance(now)
         old = self.state
         changed = {gid for gid, g in old.by_id.items() if new.by_id.get(gid) is not g}
         changed |= {gid for gid in new.by_id if gid not in old.by_id}
-        self._close_segments(now, changed & set(old.by_id))
+        self.books.close_segments(old, now, changed & set(old.by_id), self.result.segments)
         self.state = new
         for gid in changed:
-            self._count_busy(old.by_id.get(gid), -1.0)
             group = new.by_id.get(gid)
+            self.books.swap(old.by_id.get(gid), group, now)
             if group is None:
                 continue
-            self._count_busy(group, 1.0)
-            self._seg_start[gid] = now
             for job_id in group.job_ids:
+                pause = (charged or {}).get(job_id)
+                if pause is None:
+                    continue
                 run = self.runs[job_id]
-                old_gid = run.group_id
-                if moved and old_gid is not None and old_gid != gid and old_gid in old.by_id:
-                    old_mates = set(old.by_id[old_gid].job_ids)
-                    if old_mates != set(group.job_ids):
-                        run.settle(now)  # progress up to the move counts; the pause follows
-                        run.migrations += 1
-                        self.result.migrations += 1
-                        run.paused_until_s = max(run.paused_until_s,
-                                                 now + self.opt.migration_s)
+                run.settle(now)  # progress up to the move counts; the pause follows
+                if run.group_id != gid:
+                    run.migrations += 1
+                    self.result.migrations += 1
+                else:
+                    self.result.repins += 1
+                run.paused_s += pause
+                run.paused_until_s = max(run.paused_until_s, now) + pause
+                self.books.pause(group, job_id, pause)
             self._refresh_group(group)
-        r, t = new.rollout_nodes_used, new.train_nodes_used
-        self._peak["rollout"] = max(self._peak["rollout"], r)
-        self._peak["train"] = max(self._peak["train"], t)
         if self.policy.optimal:
             self._update_optimum()
         rate = self._opt_rate if self.policy.optimal and self._opt_rate is not None \
             else new.cost_per_hour
-        self._series.append((now, r, t, rate))
+        self.books.record(new, now, rate)
         if self.opt.failures is not None:
             self._schedule_failure()
-
-    def _count_busy(self, group: Group | None, sign: float) -> None:
-        if group is not None:
-            s = group.schedule
-            self._busy_nodes[0] += sign * s.rollout_busy * group.rollout_nodes
-            self._busy_nodes[1] += sign * s.train_busy * group.train_nodes
 
     def _update_optimum(self) -> None:
         jobs = [self.runs[j].planned for j in self.state.job_group]
@@ -381,15 +401,6 @@ class Replay:
         self._opt_rate = self._opt_cache[key]
         if self._opt_rate is None:
             self.result.optimum_fallbacks += 1
-
-    def _close_segments(self, now: float, gids: set[int]) -> None:
-        if not self.opt.record_segments:
-            return
-        for gid in gids:
-            start = self._seg_start.pop(gid, None)
-            group = self.state.by_id.get(gid)
-            if start is not None and group is not None and now > start:
-                self.result.segments.append(Segment(group, start, now))
 
     def _refresh_group(self, group: Group) -> None:
         """Settle the members' progress and set their new rates from the schedule."""

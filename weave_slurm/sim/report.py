@@ -9,8 +9,9 @@ from rich.console import Console
 from rich.table import Table
 
 from weave_slurm.placement.group import Group
+from weave_slurm.sim.bound import ratios as bound_ratios
 from weave_slurm.sim.execution import check_slo
-from weave_slurm.sim.replay import ReplayResult
+from weave_slurm.sim.replay import JobRun, ReplayResult
 
 BASELINES = ("isolated", "colocated")
 POOLS = ("rollout", "train")
@@ -40,6 +41,8 @@ def summarize(res: ReplayResult, gpus_per_node: Mapping[str, int]) -> dict[str, 
         "span_h": _r(span_s / 3600, 3),
         "jobs": len(runs),
         "slo_violations": sum(1 for r in runs if r.ever_violated),
+        # Mean iteration time over the whole life, pauses for moves included.
+        "life_slo_violations": sum(1 for r, a in alive if _life_over_slo(r, a)),
         "slo_attainment": _r(1 - violated_s / total_alive) if total_alive else 1.0,
         "admissions": adm,
         "admissions_pct": {k: _r(100 * v / n_arrivals, 2) for k, v in adm.items()},
@@ -59,8 +62,35 @@ def summarize(res: ReplayResult, gpus_per_node: Mapping[str, int]) -> dict[str, 
         "lost_iterations": _r(sum(r.lost_iterations for r in runs), 2),
         "regroups": res.regroups, "optimum_fallback_intervals": res.optimum_fallbacks,
     }
+    out.update(_bound_figures(res))
     out.update({k: _r(v) for k, v in res.extra.items()})
     return out
+
+
+def _bound_figures(res: ReplayResult) -> dict[str, Any]:
+    """The zero-bubble bound and the policy's cost over it (overall, per pool, and over
+    the busy cost of the iterations it completed)."""
+    bound = res.bound
+    if bound is None:
+        return {}
+    rates = res.capacity.rates
+    pool_cost = None if res.policy == "optimal" else {
+        p: res.node_s.get(p, 0.0) * rates.price(p) / 3600.0 for p in POOLS}
+    delivered = bound.delivered({j: r.done for j, r in res.runs.items()}, rates)
+    over = bound_ratios(res.cost, pool_cost, bound, delivered)
+    return {"bound": {"total": _r(bound.total, 2), **{p: _r(bound.pools[p], 2) for p in POOLS},
+                      "reference_units": _r(bound.reference_units, 2)},
+            "pool_cost": None if pool_cost is None else {p: _r(c, 2)
+                                                         for p, c in pool_cost.items()},
+            "cost_over_bound": {k: None if v is None else _r(v) for k, v in over.items()}}
+
+
+def _life_over_slo(run: JobRun, alive_s: float) -> bool:
+    """The job's mean iteration time over its life exceeds ``slo x solo`` (only jobs
+    that completed something are judged)."""
+    if run.done <= 0 or alive_s <= 0:
+        return False
+    return alive_s / run.done > run.actual.slo * run.actual.solo_mean_s * (1 + 1e-9)
 
 
 def segments_by_job(res: ReplayResult) -> dict[str, list[tuple[Group, float]]]:
@@ -113,6 +143,11 @@ def add_ratios(summaries: dict[str, dict[str, Any]]) -> None:
         s["ratios"] = ratios
 
 
+def _ratio_cell(s: Mapping[str, Any], key: str) -> str:
+    value = (s.get("cost_over_bound") or {}).get(key)
+    return "-" if value is None else f"{value:.3f}"
+
+
 def render(summaries: Mapping[str, Mapping[str, Any]], currency: str, console: Console) -> None:
     """One column per policy, one row per figure."""
     table = Table(title=f"weave simulate ({next(iter(summaries.values()))['accounting']} "
@@ -131,6 +166,9 @@ def render(summaries: Mapping[str, Mapping[str, Any]], currency: str, console: C
         row(f"cost efficiency vs {base}",
             lambda s, b=base: f"{s['ratios'][f'vs_{b}']:.3f}x"
             if s["ratios"].get(f"vs_{b}") else "-")
+    row("cost / zero-bubble bound", lambda s: _ratio_cell(s, "total"))
+    for pool in POOLS:
+        row(f"cost / bound {pool}", lambda s, p=pool: _ratio_cell(s, p))
     row("SLO attainment (job-time)", lambda s: f"{100 * s['slo_attainment']:.2f}%")
     row("jobs ever over SLO", lambda s: str(s["slo_violations"]))
     for kind in ("direct", "scale_rollout", "new_group"):

@@ -1,0 +1,125 @@
+"""Charged re-planning: consolidation, re-placing recent arrivals, periodic re-plans."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from weave_slurm.model.profile import JobProfile, simple_profile
+from weave_slurm.placement.cluster import ClusterState, apply, depart
+from weave_slurm.placement.consolidate import consolidation
+from weave_slurm.placement.decision import Placement
+from weave_slurm.placement.engine import WeavePolicy
+from weave_slurm.placement.group import Group, Member
+from weave_slurm.placement.moves import work_rate
+from weave_slurm.placement.replan import (
+    DEFAULT_HORIZON_S,
+    MAX_HORIZON_S,
+    Replan,
+    horizon,
+    regroup_all,
+    replace_jobs,
+    replan_worst,
+    slo_allows,
+)
+
+from .conftest import capacity, job_lists
+from .test_engine import MEM, assert_feasible
+
+
+def online(jobs: list[JobProfile], mem: float = MEM) -> ClusterState:
+    state = ClusterState(capacity(max_group_size=4, mem=mem))
+    policy = WeavePolicy()
+    for job in jobs:
+        decision = policy.place(state, job)
+        if isinstance(decision, Placement):
+            state = apply(state, decision)
+    return state
+
+
+def assert_pays(before: ClusterState, plan: Replan) -> None:
+    after = plan.state
+    assert_feasible(after)
+    assert sorted(after.job_group) == sorted(before.job_group)
+    assert after.cost_per_hour <= before.cost_per_hour + 1e-9
+    b = plan.books
+    assert b.efficiency_after < b.efficiency_before
+    assert b.cost_before == pytest.approx(before.cost_per_hour)
+    assert b.work_after == pytest.approx(work_rate(after))
+    assert set(plan.pauses) <= set(before.job_group)
+    assert all(p > 0 for p in plan.pauses.values())
+
+
+@settings(max_examples=60, deadline=None)
+@given(jobs=job_lists(min_size=2, max_size=10), data=st.data())
+def test_consolidation_never_costs_more_nor_delivers_work_dearer(
+        jobs: list[JobProfile], data: st.DataObject) -> None:
+    state = online(jobs)
+    leaving = data.draw(st.sampled_from(sorted(state.job_group)))
+    gid = state.job_group[leaving]
+    state = depart(state, leaving)
+    plan = consolidation(WeavePolicy(), state, gid)
+    if plan is not None:
+        assert_pays(state, plan)
+
+
+@settings(max_examples=40, deadline=None)
+@given(jobs=job_lists(min_size=2, max_size=10), recent=st.integers(1, 6),
+       remaining=st.floats(60.0, 200_000.0))
+def test_re_placing_recent_arrivals_and_the_worst_groups_pays_when_taken(
+        jobs: list[JobProfile], recent: int, remaining: float) -> None:
+    state = online(jobs)
+    left = dict.fromkeys(state.job_group, remaining)
+    for plan in (replace_jobs(WeavePolicy(), state, [j.job_id for j in jobs[-recent:]], left),
+                 replan_worst(WeavePolicy(), state, 3, left),
+                 regroup_all(WeavePolicy(), state, left)):
+        if plan is not None:
+            assert_pays(state, plan)
+            assert slo_allows(plan.state, plan.pauses, left)
+
+
+def test_re_placing_recent_arrivals_undoes_a_pairing_the_greedy_could_not_foresee() -> None:
+    # In arrival order j0 and j1 share a group (two rollout nodes) and j2 opens its own:
+    # 1 + 2/3 + 4/3 = 3.0 per hour. Placed again together, j1 shares j2's rollout node
+    # and j0 runs alone: 8/3. Only j0 moves (j1 stays with its group's nodes, j2 has not
+    # started: free).
+    j0 = simple_profile("j0", 335, 191, 1.13)
+    j1 = simple_profile("j1", 401, 146, 1.33)
+    j2 = simple_profile("j2", 253, 394, 1.99)
+    state = online([j0, j1, j2], mem=1e9)
+    assert state.cost_per_hour == pytest.approx(3.0)
+    plan = replace_jobs(WeavePolicy(), state, ["j0", "j1", "j2"], free={"j2"})
+    assert plan is not None
+    assert_pays(state, plan)
+    assert plan.state.cost_per_hour == pytest.approx(8 / 3)
+    assert plan.moved == ("j0",)
+    assert plan.pauses["j0"] == pytest.approx(state.capacity.moves.restart_s)
+
+
+def test_a_pause_needs_slack_to_absorb_it_before_the_job_ends() -> None:
+    job = simple_profile("a", 100.0, 100.0, 1.1)  # budget 220 s
+    cap = capacity()
+    s = ClusterState(cap, (Group(1, (Member(job, (0,)),), 1, 1),), 2)  # period 200 s
+    # 10 % slack: a 30 s pause is absorbed within 300 s of remaining time, not 200 s.
+    assert slo_allows(s, {"a": 30.0}, {"a": 300.0})
+    assert not slo_allows(s, {"a": 30.0}, {"a": 200.0})
+    assert not slo_allows(s, {"a": 30.0}, {"a": 0.0})
+    tight = replace(job, slo=1.0)
+    s = ClusterState(cap, (Group(1, (Member(tight, (0,)),), 1, 1),), 2)
+    assert not slo_allows(s, {"a": 1.0}, {"a": 1e6})
+    assert slo_allows(s, {}, None)
+
+
+def test_horizon_is_the_shortest_remaining_life_of_the_jobs_moved_capped() -> None:
+    s = ClusterState(capacity(), (Group(1, (Member(simple_profile("a", 1, 1, 2), (0,)),
+                                            Member(simple_profile("b", 1, 1, 2), (1,))), 2, 1),
+                                  ), 2)
+    assert horizon(s, {"a": 30.0, "b": 30.0}, {"a": 500.0, "b": 900.0}) == 500.0
+    assert horizon(s, {"a": 30.0}, None) == DEFAULT_HORIZON_S
+    assert horizon(s, {"a": 30.0}, {"a": math.inf}) == DEFAULT_HORIZON_S
+    assert horizon(s, {"a": 30.0}, {"a": 1e9}) == MAX_HORIZON_S
+    assert horizon(s, {}, None) == DEFAULT_HORIZON_S

@@ -1,0 +1,173 @@
+"""Re-planning running jobs, taken only when it pays once its moves are charged (pure).
+
+Three proposals, all built with :func:`~weave_slurm.placement.admission.place_batch` and
+judged by :func:`evaluate` (``moves.relabel`` -> ``moves.pauses`` -> SLO guard ->
+``moves.pays``):
+
+- :func:`replace_jobs`: take some jobs out of their groups (``depart``, which compacts
+  what is left) and place them again as a batch into the rest of the cluster. Used for
+  consolidation after a departure (the shrunken group's members) and for re-placing
+  recent arrivals together (online placement closer to batch quality);
+- :func:`regroup_all`: every running job placed again from scratch, relabelled so that
+  groups keeping most of their members keep their nodes (a periodic re-plan).
+
+**Horizon.** A move pays back over the time the new plan holds. A job's remaining time
+is known where its work is (``remaining_s``: the simulator in consistent accounting, a
+job spec with a step budget); otherwise :data:`DEFAULT_HORIZON_S` is assumed. The
+horizon of a proposal is the shortest remaining time among the jobs it moves to another
+group (or re-pins, if it moves none), capped at :data:`MAX_HORIZON_S`.
+
+**SLOs.** A proposal keeps every member feasible under the admission bound (placement
+guarantees it), and a job is paused only if its new period leaves the slack to absorb
+the pause within its remaining time: ``period x (1 + pause / remaining) <= budget``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
+
+from weave_slurm.placement.admission import BatchResult, batch_outcomes, refusals
+from weave_slurm.placement.cluster import ClusterState, depart
+from weave_slurm.placement.decision import Policy
+from weave_slurm.placement.group import Group
+from weave_slurm.placement.moves import (
+    MoveBooks,
+    books,
+    member_work_rate,
+    pauses,
+    pays,
+    relabel,
+    work_rate,
+)
+
+#: Remaining time assumed for a job whose work is not known (seconds).
+DEFAULT_HORIZON_S = 3600.0
+#: Longest horizon a move's payback is counted over: plans rarely hold longer.
+MAX_HORIZON_S = 24 * 3600.0
+_EPS = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class Replan:
+    """An accepted proposal: the new state, each moved job's pause, and the books."""
+
+    state: ClusterState
+    pauses: Mapping[str, float]
+    books: MoveBooks
+
+    @property
+    def moved(self) -> tuple[str, ...]:
+        return tuple(sorted(self.pauses))
+
+
+def _remaining(job_id: str, remaining_s: Mapping[str, float] | None) -> float:
+    value = None if remaining_s is None else remaining_s.get(job_id)
+    return DEFAULT_HORIZON_S if value is None or not math.isfinite(value) else max(value, 0.0)
+
+
+def horizon(before: ClusterState, charged: Mapping[str, float],
+            remaining_s: Mapping[str, float] | None) -> float:
+    """Seconds the proposal's gain is counted over (module docstring)."""
+    movers = [j for j in charged if before.job_group.get(j) is not None]
+    full = [j for j in movers if charged[j] > 0]
+    pick = full or movers
+    if not pick:
+        return DEFAULT_HORIZON_S
+    return min(MAX_HORIZON_S, min(_remaining(j, remaining_s) for j in pick))
+
+
+def slo_allows(after: ClusterState, charged: Mapping[str, float],
+               remaining_s: Mapping[str, float] | None) -> bool:
+    """Every paused job can absorb its pause in its slack before it ends."""
+    for job_id, pause_s in charged.items():
+        g = after.by_id[after.job_group[job_id]]
+        job = next(m.job for m in g.members if m.job.job_id == job_id)
+        left = _remaining(job_id, remaining_s)
+        if left <= 0:
+            return False
+        if g.period_s * (1 + pause_s / left) > job.budget_s * (1 + _EPS) + _EPS:
+            return False
+    return True
+
+
+def evaluate(before: ClusterState, proposal: ClusterState,
+             remaining_s: Mapping[str, float] | None = None,
+             free: Collection[str] = (), work_before: float | None = None) -> Replan | None:
+    """The proposal as a :class:`Replan` if it pays once charged, else None (``free``:
+    jobs admitted but not started, moved at no charge)."""
+    after = relabel(before, proposal)
+    charged = pauses(before, after, free)
+    if not slo_allows(after, charged, remaining_s):
+        return None
+    b = books(before, after, charged, horizon(before, charged, remaining_s), work_before)
+    return Replan(after, charged, b) if pays(b) else None
+
+
+def replace_jobs(policy: Policy, state: ClusterState, job_ids: Iterable[str],
+                 remaining_s: Mapping[str, float] | None = None,
+                 free: Collection[str] = ()) -> Replan | None:
+    """Take ``job_ids`` out of their groups and place them again as one batch."""
+    ids = [j for j in dict.fromkeys(job_ids) if j in state.job_group]
+    if not ids:
+        return None
+    profiles = []
+    rest = state
+    for job_id in ids:
+        g = state.by_id[state.job_group[job_id]]
+        if g.colocated:
+            return None
+        profiles.append(next(m.job for m in g.members if m.job.job_id == job_id))
+        rest = depart(rest, job_id)
+    return best_paying(state, batch_outcomes(policy, rest, profiles), remaining_s, free)
+
+
+def worst_groups(state: ClusterState, count: int) -> list[Group]:
+    """The ``count`` groups with the highest cost per unit of work (most bubble)."""
+    cap = state.capacity
+
+    def key(g: Group) -> tuple[float, int]:
+        work = sum(member_work_rate(m, g, cap) for m in g.members)
+        cost = cap.rates.rate(g.rollout_nodes, g.train_nodes)
+        return (-(cost / work) if work > 0 else -math.inf, g.group_id)
+
+    return sorted((g for g in state.groups if not g.colocated), key=key)[:count]
+
+
+def replan_worst(policy: Policy, state: ClusterState, groups: int,
+                 remaining_s: Mapping[str, float] | None = None) -> Replan | None:
+    """The members of the ``groups`` least efficient groups placed again together into
+    the rest of the cluster (all groups when there are at most ``groups``)."""
+    picked = worst_groups(state, groups)
+    if sum(g.size for g in picked) < 2:
+        return None
+    return replace_jobs(policy, state, [j for g in picked for j in g.job_ids], remaining_s)
+
+
+def regroup_all(policy: Policy, state: ClusterState,
+                remaining_s: Mapping[str, float] | None = None) -> Replan | None:
+    """Every running job placed again from scratch; taken only if it pays."""
+    jobs = [m.job for g in state.groups if not g.colocated for m in g.members]
+    if len(jobs) < 2:
+        return None
+    kept = tuple(g for g in state.groups if g.colocated)
+    fresh = ClusterState(state.capacity, kept, state.next_group_id)
+    return best_paying(state, batch_outcomes(policy, fresh, jobs), remaining_s)
+
+
+def best_paying(before: ClusterState, outcomes: Iterable[BatchResult],
+                remaining_s: Mapping[str, float] | None = None,
+                free: Collection[str] = ()) -> Replan | None:
+    """Of the outcomes that place every job and pay, the one cheapest per unit of work
+    once charged (ties: the first)."""
+    best: Replan | None = None
+    work_before = work_rate(before)
+    for outcome in outcomes:
+        if refusals(outcome):
+            continue
+        plan = evaluate(before, outcome.state, remaining_s, free, work_before)
+        if plan is not None and (best is None or plan.books.efficiency_after
+                                 < best.books.efficiency_after * (1 - 1e-9)):
+            best = plan
+    return best
