@@ -1,12 +1,21 @@
-"""Shared pytest configuration: skip integration tests whose real parts are missing."""
+"""Shared pytest configuration: skip integration tests whose real parts are missing;
+the session's Slurm cluster of separate hosts (``slurm_cluster``, for `slurm` tests)."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.slurm.session_cluster import SessionCluster
 
 
 def _has(mod: str) -> bool:
@@ -28,3 +37,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for mark, why in reasons.items():
             if why and item.get_closest_marker(mark):
                 item.add_marker(pytest.mark.skip(reason=why))
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SessionCluster]:
+    """One cluster of separate hosts for the whole session (tests/slurm/session_cluster.py),
+    brought up on first use and down at the end."""
+    from tests.slurm.session_cluster import session_cluster
+
+    with session_cluster(tmp_path_factory) as sc:
+        yield sc
+
+
+@pytest.fixture
+def shared_tmp(slurm_cluster: SessionCluster, request: pytest.FixtureRequest) -> Path:
+    """A fresh directory on the session cluster's shared work file system: what a test
+    puts there (a job spec, a batch job's output) every host sees, as over NFS."""
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", request.node.name)[:60]
+    path = slurm_cluster.shared.work / f"{name}-{uuid.uuid4().hex[:6]}"
+    path.mkdir(parents=True)
+    return path

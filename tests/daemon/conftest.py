@@ -1,6 +1,6 @@
-"""Fixtures of the daemon tests: an in-process weaved on the local backend, and (for
-`slurm` tests) the session's local Slurm cluster from tests/slurm. Their job specs come
-from :func:`weave_slurm.config.render.job_spec_toml`."""
+"""Fixtures of the daemon tests: an in-process weaved on the local backend (`slurm` tests
+use the session's cluster, ``slurm_cluster`` in tests/conftest.py). Their job specs
+come from :func:`weave_slurm.config.render.job_spec_toml`."""
 
 from __future__ import annotations
 
@@ -36,11 +36,3 @@ def weaved(public_dir: Path) -> Iterator[Running]:
     with serving(cfg, join_s=10) as w:
         yield Running(w, cfg.socket, cfg.state_dir)
 
-
-@pytest.fixture(scope="session")
-def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    from tests.slurm.session_cluster import start
-
-    sc = start(tmp_path_factory)
-    yield sc
-    sc.cluster.down()

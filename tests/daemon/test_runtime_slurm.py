@@ -1,9 +1,12 @@
-"""Issue 7's acceptance on the real local Slurm cluster (2 h20 + 2 h800 nodes).
+"""Issue 7's acceptance on the session's Slurm cluster (2 h20 + 2 h800 nodes, each a host
+of its own).
 
 Three reference GRPO jobs submitted with weave-sbatch land in one group (rollout
 node in h20, training node in h800, node daemons as `srun --overlap` steps), run K
 iterations round-robin and end with the weights of their solo runs, bit for bit.
-Prints the pools' busy fraction and wall time grouped vs one after another.
+weaved's state is on the login side only, its checkpoints on the shared root; at the
+end no host keeps a file of the jobs in its /dev/shm. Prints the pools' busy fraction
+and wall time grouped vs one after another.
 """
 
 from __future__ import annotations
@@ -14,15 +17,18 @@ from typing import Any
 
 import pytest
 
+from tests.harness.hosts import naming_jobs, node_shm, shm_paths, weaved_dirs
 from tests.harness.processes import daemons_gone
-from tests.harness.scratch import public_dir, shm_dir
+from tests.harness.scratch import public_dir
 from tests.harness.solo import run_solo
 from tests.harness.specs import OPTIONS, job_spec
 from tests.harness.waits import settle
 from tests.harness.weaved import call, serving, wait_states
+from tests.slurm.session_cluster import SessionCluster
 from weave_slurm.apps.demo import stats
 from weave_slurm.cli.errors import run_app
 from weave_slurm.cli.sbatch import app as sbatch_app
+from weave_slurm.daemon.driver import DriverKind
 from weave_slurm.daemon.protocol import Op
 from weave_slurm.daemon.service import DaemonConfig, Weaved
 from weave_slurm.node.segments import weights_digest
@@ -57,17 +63,23 @@ def run_jobs(sock: Path, w: Weaved, specs: list[tuple[str, int]], public: Path,
     return ids
 
 
-def test_grouped_jobs_on_slurm_match_solo(slurm_cluster: Any,
+def test_grouped_jobs_on_slurm_match_solo(slurm_cluster: SessionCluster,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     env = dict(slurm_cluster.env)
     instance = f"rt{os.getpid()}"
     backend = SlurmCliBackend(env=env)
-    with public_dir("weaved-slurm-rt-") as public, shm_dir("weaved-slurm-rt-") as shm:
-        cfg = DaemonConfig(state_dir=public / "state", backend="slurm", instance=instance,
-                           tick_s=0.3, shm_root=shm, runtime="rl", client_timeout_s=5.0,
-                           env=env)
+    dirs = weaved_dirs(slurm_cluster.cluster, instance)
+    with public_dir("weaved-slurm-rt-") as public:
+        cfg = DaemonConfig(state_dir=dirs.state, backend="slurm", instance=instance,
+                           tick_s=0.3, runtime=DriverKind.RL, client_timeout_s=5.0, env=env,
+                           checkpoint_root=dirs.ckpt)
         with serving(cfg, backend, prefix=f"weave-g{instance}.") as w:
             _grouped_then_alone(w, backend, instance, public, capsys)
+            assert daemons_gone(dirs.node_ckpt, 20)
+            ids = [j["job"] for j in call(w.config.socket, Op.STATUS, all=True)["jobs"]]
+            for node in slurm_cluster.nodes:   # warm state is each host's own
+                left = shm_paths(slurm_cluster.cluster, node, node_shm(instance, node))
+                assert naming_jobs(left, ids) == [], (node, left)
 
 
 def _grouped_then_alone(w: Weaved, backend: SlurmCliBackend, instance: str, public: Path,
@@ -111,4 +123,3 @@ def _grouped_then_alone(w: Weaved, backend: SlurmCliBackend, instance: str, publ
     assert grouped["h800_busy"] > 0 and isolated["h800_busy"] > 0
     settle(lambda: not backend.list_allocations(f"weave-g{instance}."), 30, interval_s=0.3)
     assert not backend.list_allocations(f"weave-g{instance}.")
-    assert daemons_gone(w.config.state_dir.resolve() / "ckpt", 20)

@@ -1,4 +1,5 @@
-"""Issue 4's acceptance on the real local Slurm cluster (2 h20 + 2 h800 nodes).
+"""Issue 4's acceptance on the session's Slurm cluster (2 h20 + 2 h800 nodes, each a host
+of its own; weaved and its state, in a temp dir other uids can reach, on the login side).
 
 weave-sbatch three jobs; weave status and squeue agree on the allocations; the
 three share one group; cancelling one removes its steps from squeue while the

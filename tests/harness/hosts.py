@@ -1,30 +1,43 @@
-"""A Slurm cluster whose nodes are separate hosts, for the tests that need one.
+"""A Slurm cluster whose nodes are separate hosts, for the tests (every `slurm` test).
 
 Each node is its own network, mount and hostname namespace (``weave cluster up --hosts
 separate``); only the cluster's shared file systems are common. The subnet is a free
 /24 of 10.214.0.0/16 (no route of this host overlaps it), so two such clusters of
-different test sessions do not clash.
+different test sessions do not clash. What a test looks at on a node (its /dev/shm,
+its node daemons' sockets) it looks at on that node's host (:func:`on_host`,
+:func:`node_status`); worker pids are the machine's (no pid namespace per host), so
+a worker is killed by pid from the login side.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import shutil
-from collections.abc import Iterator
+import sys
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from weave_slurm.slurm.cluster import LocalCluster
+from weave_slurm.errors import ConfigError, WeaveError
+from weave_slurm.slurm.cluster import ClusterStatus, LocalCluster
 from weave_slurm.slurm.cluster_config import ClusterLayout, HostMode, PoolShape
-from weave_slurm.slurm.runner import run_command
+from weave_slurm.slurm.host_plan import NODE_IFNAME
+from weave_slurm.slurm.runner import CommandResult, run_command
 
 TOOLS = ("slurmd", "ip", "tc", "nsenter", "unshare", "setpriv", "munged")
 #: Two h20 and two h800 hosts of 8 (fake) GPUs, as the job specs in configs/jobs ask.
 LAYOUT = ClusterLayout((PoolShape("h20", "h20", 2, gpus_per_node=8, cpus_per_node=8),
                         PoolShape("h800", "h800", 2, gpus_per_node=8, cpus_per_node=8)))
+#: Where a weaved instance's node daemons keep warm state and sockets on each host
+#: (weaved's defaults on Slurm): ``<root>/<instance>/<node>``, ``<dir>/<instance>/``.
+SHM_ROOT = Path("/dev/shm/weave-nodes")
+SOCKET_ROOT = Path("/run/weave")
 
 
 def skip_unless_possible() -> None:
@@ -47,15 +60,28 @@ def free_subnet() -> str:
     pytest.skip("no free /24 in 10.214.0.0/16")
 
 
+def bring_up(cluster: LocalCluster, layout: ClusterLayout = LAYOUT,
+             **kw: Any) -> ClusterStatus:
+    """``up`` with separate hosts on a free subnet (again with another one if a cluster
+    of another session took it meanwhile)."""
+    skip_unless_possible()
+    for attempt in range(3):
+        try:
+            return cluster.up(layout, hosts=HostMode.SEPARATE, subnet=free_subnet(),
+                              timeout_s=60, **kw)
+        except ConfigError as exc:
+            if "--subnet" not in str(exc) or attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
 @contextmanager
 def hosts_cluster(state: Path, layout: ClusterLayout = LAYOUT,
                   interpool_gbps: float | None = None) -> Iterator[LocalCluster]:
     """A separate-hosts cluster in ``state``, brought down (everything in it) at the end."""
-    skip_unless_possible()
     cluster = LocalCluster(state)
     try:
-        cluster.up(layout, hosts=HostMode.SEPARATE, subnet=free_subnet(),
-                   interpool_gbps=interpool_gbps, timeout_s=60)
+        bring_up(cluster, layout, interpool_gbps=interpool_gbps)
         yield cluster
     finally:
         cluster.down()
@@ -64,3 +90,101 @@ def hosts_cluster(state: Path, layout: ClusterLayout = LAYOUT,
 def on_host(cluster: LocalCluster, node: str, argv: list[str]) -> str:
     """Run ``argv`` on ``node``'s host (in its namespaces); its stdout."""
     return run_command(cluster.host_argv(node, argv), timeout_s=60).stdout
+
+
+def run_on_host(cluster: LocalCluster, node: str, argv: list[str],
+                timeout_s: float = 60) -> CommandResult:
+    """:func:`on_host` that returns the result whatever the exit code."""
+    return run_command(cluster.host_argv(node, argv), timeout_s=timeout_s, check=False)
+
+
+def node_names(cluster: LocalCluster) -> tuple[str, ...]:
+    plan = cluster.hosts_plan()
+    assert plan is not None, "not a separate-hosts cluster"
+    return tuple(n.name for n in plan.nodes)
+
+
+# -- what weaved's node daemons keep on a host --------------------------------------
+
+
+@dataclass(frozen=True)
+class WeavedDirs:
+    """Where one weaved of a test keeps its state (login side only: no node sees it)
+    and its checkpoints: the cluster's shared checkpoint root, in which its node
+    daemons keep theirs under ``<root>/<instance>/<node>``."""
+
+    state: Path
+    ckpt: Path
+    instance: str
+
+    @property
+    def node_ckpt(self) -> Path:
+        """This instance's part of the checkpoint root: what its node daemons' command
+        lines name (weaved's own does not), the marker of ``daemons_gone``."""
+        return self.ckpt / self.instance if self.instance else self.ckpt
+
+
+def weaved_dirs(cluster: LocalCluster, instance: str) -> WeavedDirs:
+    return WeavedDirs(cluster.paths.login_dir / (instance or "weaved"),
+                      cluster.shared_paths().ckpt, instance)
+
+
+def node_socket(instance: str, node: str) -> Path:
+    """The node-local socket of ``instance``'s node daemon on ``node`` (on its host)."""
+    return SOCKET_ROOT / instance / f"node-{node}.sock" if instance else \
+        SOCKET_ROOT / f"node-{node}.sock"
+
+
+def node_shm(instance: str, node: str) -> Path:
+    """The warm-state root of ``instance``'s node daemon on ``node`` (on its host)."""
+    return SHM_ROOT / instance / node if instance else SHM_ROOT / node
+
+
+#: One ``status`` request to a node daemon's local socket (stdlib only: a torch import
+#: per poll would cost seconds on a loaded machine); prints the reply line.
+_STATUS = ("import socket, sys\n"
+           "s = socket.socket(socket.AF_UNIX); s.settimeout(10); s.connect(sys.argv[1])\n"
+           "s.sendall(b'{\"op\": \"status\"}\\n'); buf = b''\n"
+           "while not buf.endswith(b'\\n'):\n"
+           "    chunk = s.recv(1 << 16)\n"
+           "    if not chunk: break\n"
+           "    buf += chunk\n"
+           "sys.stdout.write(buf.decode())\n")
+
+
+def node_status(cluster: LocalCluster, node: str, instance: str) -> dict[str, Any] | None:
+    """The ``status`` reply of ``instance``'s node daemon on ``node``, asked on its host
+    over the node-local socket; None if none answers there."""
+    try:
+        res = run_on_host(cluster, node, [sys.executable, "-c", _STATUS,
+                                          str(node_socket(instance, node))], timeout_s=30)
+        reply = json.loads(res.stdout) if res.returncode == 0 else None
+    except (WeaveError, ValueError):
+        return None
+    if not isinstance(reply, dict) or not reply.get("ok"):
+        return None
+    result: dict[str, Any] = reply["result"]
+    return result
+
+
+def shm_paths(cluster: LocalCluster, node: str, root: Path) -> list[str]:
+    """Every path under ``root`` on ``node``'s host (none if it does not exist there)."""
+    out = run_on_host(cluster, node, ["find", str(root), "-mindepth", "1"]).stdout
+    return [line for line in out.splitlines() if line.strip()]
+
+
+def naming_jobs(paths: list[str], jobs: Iterable[object]) -> list[str]:
+    """The paths one of whose components is one of ``jobs`` (ids, as a job's segments
+    and checkpoints are named)."""
+    names = {str(j) for j in jobs}
+    return [q for q in paths if names & set(Path(q).parts)]
+
+
+def link_down(cluster: LocalCluster, node: str) -> None:
+    """Take ``node``'s network interface down: the host drops off the network (Slurm,
+    weaved and the other nodes reach it no more); its processes keep running."""
+    on_host(cluster, node, ["ip", "link", "set", NODE_IFNAME, "down"])
+
+
+def link_up(cluster: LocalCluster, node: str) -> None:
+    on_host(cluster, node, ["ip", "link", "set", NODE_IFNAME, "up"])

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.daemon.conftest import public_dir, slurm_cluster, weaved
+from tests.daemon.conftest import public_dir, weaved
 from tests.runtime.conftest import rl_weaved
 
-__all__ = ["public_dir", "python_for_users", "rl_weaved", "slurm_cluster", "test_users", "weaved"]
+__all__ = ["public_dir", "python_for_users", "rl_weaved", "test_users", "weaved"]
 
 USER_NAMES = ("weave-test-a", "weave-test-b")
 

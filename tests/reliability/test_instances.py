@@ -1,4 +1,5 @@
-"""weaved touches only its own Slurm jobs, on the real local Slurm cluster (issue 14.5).
+"""weaved touches only its own Slurm jobs, on the session's Slurm cluster of separate hosts
+(issue 14.5).
 
 Ownership is the uid AND the instance tag in the allocation's comment
 (``weave:<instance>:<group>:<pool>``), never the name prefix:
@@ -32,11 +33,13 @@ import pytest
 
 from tests.harness.waits import wait_for
 from tests.harness.weaved import call, pings
+from tests.slurm.session_cluster import SessionCluster
 from weave_slurm.config.render import job_spec_toml
 from weave_slurm.daemon.driver import IdleDriver
 from weave_slurm.daemon.protocol import Op
 from weave_slurm.daemon.service import DaemonConfig, Weaved
 from weave_slurm.slurm.backend import DEFAULT_INSTANCE, StepHandle
+from weave_slurm.slurm.cluster_config import HostMode
 from weave_slurm.slurm.runner import run_command
 
 pytestmark = [pytest.mark.slurm, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
@@ -126,17 +129,18 @@ def open_to_all(paths: list[Path]) -> Iterator[None]:
             os.chmod(d, mode)
 
 
-def _opened_paths(slurm_cluster: Any) -> list[Path]:
-    """What ``sbatch`` and a batch job of another uid need to reach."""
+def _opened_paths(slurm_cluster: SessionCluster) -> list[Path]:
+    """What ``sbatch`` (on the login side) and a batch job of another uid (on a node's
+    host: its spool dir, bound from the login's, holds the script) need to reach."""
     paths = slurm_cluster.cluster.paths
-    spool = [d for d in (paths.state_dir / "spool").iterdir() if d.is_dir()]
+    spool = [paths.node_spool_dir(n, HostMode.SEPARATE) for n in slurm_cluster.nodes]
     sock = slurm_cluster.env.get("MUNGE_SOCKET")
     return [paths.slurm_conf, paths.plugstack_conf, slurm_cluster.spank_plugin, *spool,
             *([Path(sock).parent] if sock else [])]
 
 
 def test_an_ordinary_users_job_named_like_ours_survives_a_weaved_tick_cycle(
-        slurm_cluster: Any, public_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+        slurm_cluster: SessionCluster, public_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
     env = dict(slurm_cluster.env)
     foreign = ""
     try:
@@ -167,7 +171,7 @@ def test_an_ordinary_users_job_named_like_ours_survives_a_weaved_tick_cycle(
 
 
 def test_two_instances_on_one_slurm_each_complete_a_job_and_keep_the_others(
-        slurm_cluster: Any, public_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+        slurm_cluster: SessionCluster, public_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
     env = dict(slurm_cluster.env)
     named = f"i{os.getpid()}"
     caplog.set_level(logging.INFO, logger="weave_slurm.daemon.reconcile")

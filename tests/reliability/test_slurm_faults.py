@@ -1,13 +1,21 @@
-"""Faults on the real local Slurm cluster (issue 8), with the group runtime running
-small reference GRPO jobs:
+"""Faults on the session's Slurm cluster (issue 8; every node a host of its own), with
+the group runtime running small reference GRPO jobs. weaved runs on the login side (its
+state there only, its checkpoints on the shared root); what the tests look at on a
+node (its node daemons, its /dev/shm) they look at on that node's host.
 
 * weaved SIGKILLed mid-run and started again: every job is there exactly once and
   finishes with the weights of its solo run; Slurm's allocations before and after are
   the same ones (adopted, none duplicated) and none is left once the jobs end; no
   job's weight version (ITER) ever goes backwards;
-* a node of a group's rollout allocation set DOWN (``scontrol update state=down``):
-  the allocation vanishes, weaved asks Slurm for a replacement through the normal
-  allocation path and re-admits the members from their checkpoints on it;
+* a node of a group's rollout allocation set DOWN by the admin (``scontrol update
+  state=down``, the host still up: Slurm ends the allocation and its steps at once),
+  or lost for real (its host's interface down: nothing reaches it until Slurm marks it
+  DOWN after SlurmdTimeout; xfail, not run: :data:`CUT_OFF_BUG`): the allocation
+  vanishes, weaved asks Slurm for a replacement through the normal allocation path and
+  re-admits the members from their checkpoints on it;
+* a node of a group's training allocation set DOWN: the members' checkpoints, on the
+  shared root, move to the replacement training node;
+* a node's slurmd stopped: the node works on, until Slurm gives up on it;
 * ``salloc`` failing, then hanging past its timeout (a wrapper first on weaved's
   PATH): weaved backs off and retries, status says why in words, no job is lost and
   no allocation leaks or doubles; after the fault clears the jobs run to the end.
@@ -32,18 +40,32 @@ from typing import Any
 
 import pytest
 
+from tests.harness.hosts import (
+    WeavedDirs,
+    link_down,
+    link_up,
+    naming_jobs,
+    node_names,
+    node_shm,
+    node_status,
+    on_host,
+    shm_paths,
+    weaved_dirs,
+)
 from tests.harness.processes import daemons_gone
 from tests.harness.solo import run_solo
 from tests.harness.specs import OPTIONS, job_spec
 from tests.harness.waits import wait_for
 from tests.harness.weaved import call, pings
+from tests.slurm.session_cluster import SessionCluster
+from weave_slurm.daemon.driver import DriverKind
 from weave_slurm.daemon.protocol import Op
 from weave_slurm.daemon.service import DaemonConfig, Weaved
-from weave_slurm.errors import WeaveError
 from weave_slurm.node.segments import weights_digest
 from weave_slurm.runtime.group import MemberSpec
 from weave_slurm.slurm import daemons
 from weave_slurm.slurm.cli_backend import SlurmCliBackend
+from weave_slurm.slurm.cluster import LocalCluster
 from weave_slurm.slurm.runner import run_command
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch,
@@ -59,24 +81,24 @@ from weave_slurm.daemon.service import DaemonConfig, Weaved
 a = json.loads(sys.argv[1])
 logging.basicConfig(level=logging.INFO, format="%(asctime)s weaved %(message)s")
 Weaved(DaemonConfig(state_dir=Path(a["state"]), backend="slurm", instance=a["instance"],
-                    tick_s=0.3, shm_root=Path(a["shm"]), runtime="rl",
+                    tick_s=0.3, checkpoint_root=Path(a["ckpt"]), runtime="rl",
                     client_timeout_s=5.0, env=a["env"])).run()
 """
 
 
 @dataclass
 class Place:
-    public: Path
-    shm: Path
+    public: Path            # login-side scratch: weaved's log, a salloc wrapper
+    dirs: WeavedDirs        # weaved's state (login side) and checkpoints (shared)
     instance: str
     env: dict[str, str]
     backend: SlurmCliBackend
+    cluster: LocalCluster   # the session's (pid files of its slurmds, its hosts)
     seen_iter: dict[int, int] = field(default_factory=dict)
-    cluster: Any = None     # the session's LocalCluster (pid files of its slurmds)
 
     @property
     def state(self) -> Path:
-        return self.public / "state"
+        return self.dirs.state
 
     @property
     def socket(self) -> Path:
@@ -95,29 +117,30 @@ class Place:
 
 
 @pytest.fixture
-def place(slurm_cluster: Any) -> Iterator[Place]:
+def place(slurm_cluster: SessionCluster) -> Iterator[Place]:
     public = Path(tempfile.mkdtemp(prefix="weave-sf-"))
     public.chmod(0o755)
-    shm = Path(tempfile.mkdtemp(prefix="weave-sf-", dir="/dev/shm"))
-    shm.chmod(0o711)
     env = dict(slurm_cluster.env)
-    p = Place(public, shm, f"sf{os.getpid()}{int(time.time()) % 1000}", env,
-              SlurmCliBackend(env=env), cluster=slurm_cluster.cluster)
+    instance = f"sf{os.getpid()}{int(time.time()) % 1000}"
+    p = Place(public, weaved_dirs(slurm_cluster.cluster, instance), instance, env,
+              SlurmCliBackend(env=env), slurm_cluster.cluster)
     try:
         yield p
     finally:
         for a in p.backend.list_allocations(p.prefix):
             p.backend.release(a.alloc_id)
-        daemons_gone(p.state.resolve() / "ckpt", 20)
+        daemons_gone(p.dirs.node_ckpt, 20)
         log = public / "weaved.log"
         if log.exists():   # pytest shows it when the test failed
             print("".join(log.read_text(errors="replace").splitlines(True)[-300:]))
         shutil.rmtree(public, ignore_errors=True)
-        shutil.rmtree(shm, ignore_errors=True)
+        for node in slurm_cluster.nodes:   # the warm state each host kept
+            on_host(p.cluster, node, ["rm", "-rf", str(node_shm(instance, node).parent)])
 
 
 def spawn(p: Place) -> subprocess.Popen[bytes]:
-    args = {"state": str(p.state), "instance": p.instance, "shm": str(p.shm), "env": p.env}
+    args = {"state": str(p.state), "instance": p.instance, "ckpt": str(p.dirs.ckpt),
+            "env": p.env}
     log = open(p.public / "weaved.log", "ab")  # noqa: SIM115 (kept by the child)
     proc = subprocess.Popen([sys.executable, "-c", LAUNCH, json.dumps(args)],
                             stdout=log, stderr=log)
@@ -161,7 +184,7 @@ def check_solo_digests(p: Place, seeds: dict[int, int], steps: int = STEPS) -> N
 
 def check_released(p: Place) -> None:
     wait_for(lambda: not p.allocations(), 40, "allocations released")
-    assert daemons_gone(p.state.resolve() / "ckpt", 30)
+    assert daemons_gone(p.dirs.node_ckpt, 30)
 
 
 @pytest.mark.slow
@@ -203,8 +226,8 @@ def scontrol(env: dict[str, str], *args: str) -> None:
 def start_inproc(p: Place, backend: SlurmCliBackend | None = None,
                  immediate_s: int = 10) -> tuple[Weaved, threading.Thread]:
     cfg = DaemonConfig(state_dir=p.state, backend="slurm", instance=p.instance, tick_s=0.3,
-                       shm_root=p.shm, runtime="rl", client_timeout_s=5.0, env=p.env,
-                       immediate_s=immediate_s)
+                       checkpoint_root=p.dirs.ckpt, runtime=DriverKind.RL,
+                       client_timeout_s=5.0, env=p.env, immediate_s=immediate_s)
     w = Weaved(cfg, backend=backend or p.backend)
     t = threading.Thread(target=w.run, daemon=True)
     t.start()
@@ -213,11 +236,38 @@ def start_inproc(p: Place, backend: SlurmCliBackend | None = None,
 
 
 def set_down(p: Place, node: str) -> Callable[[], None]:
-    """``scontrol update state=down``; the undo resumes it."""
+    """``scontrol update state=down`` (an admin takes the node out; its host stays up);
+    the undo resumes it."""
     scontrol(p.env, f"nodename={node}", "state=down", "reason=weave-fault-test")
     # "resume" is refused when it already returned to service
     return lambda: run_command(["scontrol", "update", f"nodename={node}", "state=resume"],
                                env=p.env, timeout_s=20, check=False)
+
+
+def back_in_service(p: Place, node: str) -> None:
+    """Wait until Slurm has ``node`` back (ReturnToService=2; resumed if it stays DOWN)."""
+    def back() -> bool:
+        out = run_command(["sinfo", "-h", "-n", node, "-o", "%t"], env=p.env,
+                          timeout_s=20, check=False).stdout.strip()
+        if out.startswith("down") or out.endswith("*"):
+            run_command(["scontrol", "update", f"nodename={node}", "state=resume"],
+                        env=p.env, timeout_s=20, check=False)
+            return False
+        return bool(out)
+    wait_for(back, 120, f"{node} back in service")
+
+
+def cut_link(p: Place, node: str) -> Callable[[], None]:
+    """The node's host drops off the network (its interface down): slurmctld, weaved
+    and the other nodes reach it no more, its processes run on; after SlurmdTimeout
+    Slurm marks it DOWN and ends its jobs. The undo brings the link back and waits
+    until Slurm has the node back, its stale steps killed by its slurmd."""
+    link_down(p.cluster, node)
+
+    def undo() -> None:
+        link_up(p.cluster, node)
+        back_in_service(p, node)
+    return undo
 
 
 def stop_slurmd(p: Place, node: str) -> Callable[[], None]:
@@ -226,20 +276,11 @@ def stop_slurmd(p: Place, node: str) -> Callable[[], None]:
     Slurm has the node back (ReturnToService=2), its stale steps killed."""
     rec = daemons.read(p.cluster.paths.pid_file(f"slurmd-{node}"))
     assert rec is not None and daemons.is_alive(rec), f"no slurmd of {node}"
-    os.kill(rec.pid, signal.SIGSTOP)
+    os.kill(rec.pid, signal.SIGSTOP)   # one pid namespace: the host's slurmd is visible
 
     def undo() -> None:
         os.kill(rec.pid, signal.SIGCONT)
-
-        def back() -> bool:
-            out = run_command(["sinfo", "-h", "-n", node, "-o", "%t"], env=p.env,
-                              timeout_s=20, check=False).stdout.strip()
-            if out.startswith("down") or out.endswith("*"):
-                run_command(["scontrol", "update", f"nodename={node}", "state=resume"],
-                            env=p.env, timeout_s=20, check=False)
-                return False
-            return bool(out)
-        wait_for(back, 120, f"{node} back in service")
+        back_in_service(p, node)
     return undo
 
 
@@ -309,9 +350,31 @@ def node_down(p: Place, role: str, name: str, seed: int,
             undo()
 
 
+#: Why the real node loss does not pass yet (not run: it would wait 3 min for nothing;
+#: ``pytest --runxfail`` runs it).
+CUT_OFF_BUG = (
+    "product bug (weave_slurm/daemon/group_runtime.py, runtime/agents.py): the runtime "
+    "thread holds GroupRuntime._lock through GroupRunner.tick, whose calls to the cut-off "
+    "node block (TCP connect until client_timeout_s; AgentGroup.start up to "
+    "start_timeout_s=120 s) and start again at once; the reconcile thread waits in "
+    "GroupRuntime.drive for that lock, so weaved never sees the allocation vanish "
+    "(py-spy: Thread-1 at group_runtime.py:143, weaved-runtime in create_connection / "
+    "AgentGroup._line)")
+
+
 @pytest.mark.slow
-def test_rollout_node_down_reprovisions_and_readmits(place: Place) -> None:
-    alloc, seen, _, _ = node_down(place, "rollout", "dn", 81)
+@pytest.mark.parametrize("how", [
+    pytest.param("cut-off", marks=pytest.mark.xfail(run=False, strict=False,
+                                                    reason=CUT_OFF_BUG)),
+    "set-down"])
+def test_rollout_node_down_reprovisions_and_readmits(place: Place, how: str) -> None:
+    """``cut-off``: the rollout node's host is cut off the network (lost for real):
+    weaved loses its node daemon at once, Slurm the node after SlurmdTimeout (60 s,
+    about 90 s in all here). ``set-down``: the admin sets it DOWN; Slurm ends the
+    allocation and its steps at once, while the host is up."""
+    fault, replace_s = (cut_link, 180) if how == "cut-off" else (set_down, 60)
+    alloc, seen, _, _ = node_down(place, "rollout", "dn", 81, fault=fault,
+                                  replace_s=replace_s)
     said = " | ".join(str(r["reason"]) for r in seen)
     # weaved's own reason, or the runtime's account of the same fault (whichever the
     # poll caught first)
@@ -337,11 +400,13 @@ def test_stopped_slurmd_node_is_replaced_and_its_members_readmitted(place: Place
 def test_training_node_down_moves_its_checkpoints_and_readmits(place: Place) -> None:
     """The training node holds the warm train state; its checkpoints are on the file
     system weaved shares with the nodes, so the members are re-admitted on the
-    replacement training node from there and end with their solo weights."""
+    replacement training node from there and end with their solo weights. The node is
+    set DOWN by the admin: Slurm ends the allocation at once while the host is up (its
+    node daemon is told to stop, not cut off)."""
     _, seen, down, seeds = node_down(place, "train", "tn", 85)
     said = " | ".join(str(r["reason"]) for r in seen)
     assert "vanished from Slurm" in said and "from its last checkpoint" in said, said
-    lost_root = place.state.resolve() / "ckpt" / down
+    lost_root = place.dirs.node_ckpt / down   # on the shared root
     assert not [q for q in lost_root.rglob("*") if q.name in {str(j) for j in seeds}]
 
 
@@ -392,24 +457,25 @@ def test_salloc_failing_then_hanging_is_retried(place: Place) -> None:
         t.join(timeout=30)
 
 
-def _workers(p: Place, job: int, phase: str | None = None) -> dict[str, dict[str, Any]]:
-    """``job``'s resident worker per node daemon socket (optionally: only those running
-    ``phase`` now), from the node daemons' own status."""
-    from tests.harness.processes import node_status
+def group_nodes(p: Place) -> set[str]:
+    """The nodes of this weaved's groups' allocations."""
+    return {str(n) for g in call(p.socket, Op.GROUPS)["groups"] for a in g["allocations"]
+            for n in a["nodes"]}
 
+
+def _workers(p: Place, job: int, phase: str | None = None) -> dict[str, dict[str, Any]]:
+    """``job``'s resident worker per node (optionally: only those running ``phase`` now),
+    from the node daemons' own status, asked on each node's host."""
     out = {}
-    for sock in (p.state.resolve() / "nodes").glob("node-*.sock"):
-        try:
-            jobs = node_status(sock)["jobs"]
-        except (WeaveError, OSError):
-            continue
-        for j in jobs:
+    for node in sorted(group_nodes(p)):
+        status = node_status(p.cluster, node, p.instance)
+        for j in status["jobs"] if status else ():
             act = j.get("worker") or {}
             if j["job"] != str(job):
                 continue
             if phase is None or (act.get("state") == "running" and act.get("phase") == phase
                                  and act.get("pid")):
-                out[sock.name] = {"resident": j.get("resident") or {}, "worker": act}
+                out[node] = {"resident": j.get("resident") or {}, "worker": act}
     return out
 
 
@@ -434,6 +500,7 @@ def test_worker_killed_and_job_cancelled_mid_rollout_on_slurm(place: Place) -> N
             running = [w["worker"] for w in _workers(place, victim).values()
                        if w["worker"].get("state") == "running" and w["worker"].get("pid")]
             return int(running[0]["pid"]) if running else None
+        # one pid namespace: the worker on its host is killed by pid from here
         os.kill(wait_for(victim_busy, 240, "the victim running a phase at v>=1"),
                 signal.SIGKILL)
 
@@ -457,7 +524,9 @@ def test_worker_killed_and_job_cancelled_mid_rollout_on_slurm(place: Place) -> N
         wait_for(lambda: not any(Path(f"/proc/{pid}").exists() for pid in pids), 30,
                  "the cancelled job's workers gone")
         assert not _workers(place, cancelled)
-        assert [q for q in place.shm.rglob("*") if q.name == str(cancelled)] == []
+        for node in node_names(place.cluster):   # nothing of it in any host's /dev/shm
+            left = shm_paths(place.cluster, node, node_shm(place.instance, node))
+            assert naming_jobs(left, [cancelled]) == [], (node, left)
         check_released(place)
     finally:
         proc.terminate()

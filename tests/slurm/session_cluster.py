@@ -1,22 +1,30 @@
-"""One local Slurm cluster per test session, shared by tests/slurm and tests/spank.
+"""One Slurm cluster of separate hosts per test session, for every `slurm` test.
 
-Both conftests call :func:`start`; the cluster lives in one directory under the
-session's base temp dir, so the second call finds it up (``up`` is idempotent).
-The weave SPANK plugin is built into the same directory and loaded (optional).
+The ``slurm_cluster`` fixture (tests/conftest.py) calls :func:`start` once: 2 h20 + 2
+h800 nodes (:data:`tests.harness.hosts.LAYOUT`), each a host of its own (own network,
+/dev/shm, /tmp, /run; only ``<state>/shared/{home,work,ckpt}`` in common), under the
+session's base temp dir. The weave SPANK plugin is built on the login side and
+loaded (optional): ``up`` copies it into the site dir every host reads, and each
+host's slurmd loads it from there; its socket dir is node-local (``/run/weave``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from tests.harness.hosts import LAYOUT, bring_up
 from weave_slurm.slurm.cluster import ClusterStatus, LocalCluster
+from weave_slurm.slurm.cluster_config import SharedPaths
 from weave_slurm.slurm.runner import run_command
 
 REPO = Path(__file__).resolve().parents[2]
 SPANK_SRC = REPO / "weave_slurm" / "spank"   # the plugin's source: package data
+SOCKET_DIR = Path("/run/weave")               # the plugin's sockdir: each host's own /run
 
 
 @dataclass(frozen=True)
@@ -24,8 +32,17 @@ class SessionCluster:
     cluster: LocalCluster
     status: ClusterStatus
     env: dict[str, str]
-    spank_plugin: Path
+    spank_plugin: Path   # the copy every host loads (plugstack.conf names it)
     socket_dir: Path
+
+    @property
+    def shared(self) -> SharedPaths:
+        """The shared file systems (home, work, ckpt): the same on every host and the login."""
+        return self.cluster.shared_paths()
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return LAYOUT.node_names()
 
 
 def build_spank(out_dir: Path) -> Path:
@@ -34,10 +51,17 @@ def build_spank(out_dir: Path) -> Path:
     return out_dir / "weave.so"
 
 
-def start(factory: pytest.TempPathFactory) -> SessionCluster:
+@contextmanager
+def session_cluster(factory: pytest.TempPathFactory) -> Iterator[SessionCluster]:
+    """The session's cluster, up (with the plugin) and, at the end, down: every process
+    of it ended, steps and login-side sruns included."""
     base = factory.getbasetemp() / "weave-slurm-session"
     plugin = build_spank(base / "spank")
-    socket_dir = base / "sock"
     cluster = LocalCluster(base / "cluster")
-    status = cluster.up(spank_plugin=plugin, socket_dir=socket_dir, timeout_s=60)
-    return SessionCluster(cluster, status, dict(cluster.env), plugin, socket_dir)
+    try:
+        status = bring_up(cluster, LAYOUT, spank_plugin=plugin, socket_dir=SOCKET_DIR)
+        loaded = cluster.paths.site_dir / plugin.name
+        assert loaded.is_file() and str(loaded) in cluster.paths.plugstack_conf.read_text()
+        yield SessionCluster(cluster, status, dict(cluster.env), loaded, SOCKET_DIR)
+    finally:
+        cluster.down()

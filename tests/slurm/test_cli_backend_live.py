@@ -1,4 +1,5 @@
-"""SlurmCliBackend against the real local Slurm cluster (slurmctld + 4 slurmds)."""
+"""SlurmCliBackend against the session's Slurm cluster (slurmctld + 4 slurmds, each node a
+host of its own: what a step writes for the test to read goes to the shared work dir)."""
 
 from __future__ import annotations
 
@@ -102,11 +103,11 @@ def test_heterogeneous_allocation_and_het_group_step(backend: SlurmCliBackend,
 
 
 def test_overlapping_gpu_steps_share_the_first_gpus(backend: SlurmCliBackend,
-                                                   tmp_path: Path) -> None:
+                                                   shared_tmp: Path) -> None:
     """Slurm 22.05: --overlap steps share GRES (the LocalBackend mirrors this)."""
     alloc = backend.allocate(AllocationRequest("43", "h800", (ResourceSpec("h800", 1, 8,
                                                                            "h800"),)))
-    out = tmp_path / "gpus"
+    out = shared_tmp / "gpus"   # written on the node's host
     out.mkdir()
     handles = [backend.launch_step(alloc.alloc_id, StepSpec(
         f"g{i}", ("sh", "-c", f"echo $SLURM_STEP_GPUS > {out}/g{i}.tmp; "

@@ -1,4 +1,6 @@
-"""The weave SPANK plugin, built with make and loaded into the session's Slurm cluster."""
+"""The weave SPANK plugin, built with make and loaded into the session's Slurm cluster: by
+the clients on the login side (options) and by slurmstepd on each node's host (tasks),
+from the site dir every host reads."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.hosts import on_host
 from tests.slurm.session_cluster import SPANK_SRC, SessionCluster, build_spank
 from weave_slurm.slurm.runner import run_command
 
@@ -52,8 +55,11 @@ def test_bad_values_are_refused(slurm_cluster: SessionCluster, flag: str, messag
 
 
 def test_values_reach_the_step_env_and_node_socket_is_set(slurm_cluster: SessionCluster,
-                                                          tmp_path: Path) -> None:
-    spec = tmp_path / "job.toml"
+                                                          shared_tmp: Path) -> None:
+    for node in ("h20-0", "h20-1"):   # the .so plugstack.conf names, on the node's host
+        assert on_host(slurm_cluster.cluster, node, ["head", "-c4", str(
+            slurm_cluster.spank_plugin)]) == "\x7fELF"
+    spec = shared_tmp / "job.toml"   # the users' shared file system
     spec.write_text("[job]\n")
     rc, out = _run(slurm_cluster, "srun", "-p", "h20", "-N2", "-n2", "--weave-slo=1.5",
                    "--weave-group=g7", f"--weave-spec={spec}", "sh", "-c",
@@ -67,8 +73,8 @@ def test_values_reach_the_step_env_and_node_socket_is_set(slurm_cluster: Session
 
 
 def test_sbatch_value_reaches_the_batch_job(slurm_cluster: SessionCluster,
-                                            tmp_path: Path) -> None:
-    out = tmp_path / "job.out"
+                                            shared_tmp: Path) -> None:
+    out = shared_tmp / "job.out"   # slurmstepd writes it on the node's host
     rc, text = _run(slurm_cluster, "sbatch", "--weave-slo=2.25", "--weave-group=g9", "-p",
                     "h800", f"--output={out}",
                     "--wrap=echo SLO=$WEAVE_SLO GROUP=$WEAVE_GROUP; "
