@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from weave_slurm.config.runtime import RUNTIME_DEFAULTS
 from weave_slurm.errors import ConfigError
 
 #: ``module:`` prefix of the phase entries a resident worker runs.
@@ -34,8 +35,9 @@ CRC_KEY = "crc32"
 #: Least time between two progress reports of a rollout (the tail report is never held).
 PROGRESS_EVERY_S = 0.05
 #: A rollout is in its tail once its remaining requests fall to this fraction of its
-#: batch (the site's ``[runtime] tail_fraction`` overrides it).
-DEFAULT_TAIL_FRACTION = 0.25
+#: batch: the site's ``[runtime] tail_fraction`` (the runner sends it with every rollout;
+#: this default only reads arguments that lack it).
+DEFAULT_TAIL_FRACTION = RUNTIME_DEFAULTS.tail_fraction
 
 
 def entry(fn: str) -> str:

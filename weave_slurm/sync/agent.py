@@ -79,8 +79,8 @@ class AgentSpec:
     world: tuple[tuple[str, str], ...]      # (pool, node name) of every global rank
     init_method: str                        # tcp://<first training node>:<port>
     node_socket: str                        # this node's daemon
-    timeout_s: float = 60.0
-    mode: str = "full"                      # SyncMode name: full | delta
+    timeout_s: float                        # the runner's (site [runtime] sync_timeout_s)
+    mode: str                               # SyncMode name: full | delta
     chunk_nbytes: int = DEFAULT_CHUNK_NBYTES
 
     def dumps(self) -> str:
