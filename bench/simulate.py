@@ -3,9 +3,11 @@
     .venv/bin/python bench/simulate.py [--json OUT] [--skip-10k] [--skip-optimal]
 
 Cases: wild.trace in reference and consistent accounting (all policies but optimal,
-timed); philly_0_30000_20_parsed_all with groups <= 3 against the exact optimum;
-a 10,000-job generated trace (timed); drift (static vs reacting vs hourly regroup);
-long-tail migration's throughput effect on the wild groups; node failures.
+timed); the trade-off of weave's charged re-planning (arrival placement alone, then each
+re-planning step added) on wild; three generated 200-job traces in both accountings;
+philly_0_30000_20_parsed_all with groups <= 3 against the exact optimum; a 10,000-job
+generated trace (timed); drift (static vs reacting vs hourly regroup); long-tail
+migration's throughput effect on the wild groups; node failures.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from weave_slurm.placement.baselines import make_policy
 from weave_slurm.placement.cluster import Capacity
 from weave_slurm.sim.accounting import reference_site
 from weave_slurm.sim.drift import DriftModel, DriftPattern
@@ -26,15 +29,26 @@ from weave_slurm.sim.execution import RolloutModel, migration_speedup
 from weave_slurm.sim.failures import FailureModel
 from weave_slurm.sim.generate import GeneratorConfig, generate_trace
 from weave_slurm.sim.loader import load_trace
-from weave_slurm.sim.policies import Accounting
-from weave_slurm.sim.replay import ReplayOptions, replay_policies
+from weave_slurm.sim.policies import Accounting, SimPolicy
+from weave_slurm.sim.replay import Replay, ReplayOptions, replay_policies
 from weave_slurm.sim.report import build_report
 
 GPUS = {"rollout": 8, "train": 8}
 ALL_BUT_OPTIMAL = ("weave", "weave-online", "isolated", "colocated", "random", "most-idle",
                    "regroup")
 FIELDS = ("reference_units", "cost_per_hour", "slo_attainment", "slo_violations",
-          "admissions_pct", "ratios", "migrations", "slo_check")
+          "life_slo_violations", "admissions_pct", "ratios", "migrations", "repins", "pause_h",
+          "slo_check", "bound", "cost_over_bound", "bubble", "iterations")
+#: weave's re-planning steps, added one at a time (SimPolicy flags).
+STEPS: tuple[tuple[str, dict[str, bool]], ...] = (
+    ("arrivals only (weave-online)", {}),
+    ("+ consolidation after departures", {"consolidate": True}),
+    ("+ recent arrivals re-placed", {"consolidate": True, "replace_recent": True}),
+    ("+ hourly re-plan (weave)", {"consolidate": True, "replace_recent": True,
+                                  "replan": True}),
+    ("hourly re-plan alone", {"replan": True}),
+)
+GENERATED_SEEDS = (11, 12, 13)
 
 
 def _cap(n: int) -> Capacity:
@@ -49,6 +63,49 @@ def wild(accounting: Accounting) -> dict[str, Any]:
     rep = build_report(res, GPUS, verify=("weave",))["policies"]
     return {"replay_s": round(elapsed, 2), "replay_cpu_s": round(cpu, 2),
             "policies": {n: {k: rep[n].get(k) for k in FIELDS} for n in rep}}
+
+
+def _row(s: dict[str, Any]) -> dict[str, Any]:
+    return {"vs_isolated": s["ratios"].get("vs_isolated"),
+            "vs_colocated": s["ratios"].get("vs_colocated"),
+            "cost_over_bound": s["cost_over_bound"], "bubble": s["bubble"],
+            "slo_violations": s["slo_violations"],
+            "life_slo_violations": s["life_slo_violations"], "migrations": s["migrations"],
+            "repins": s["repins"], "pause_h": s["pause_h"],
+            "admissions_pct": s["admissions_pct"]}
+
+
+def tradeoff() -> dict[str, Any]:
+    """Each of weave's charged re-planning steps added to arrival placement, on wild."""
+    trace = load_trace("wild")
+    out: dict[str, Any] = {}
+    for acc in Accounting:
+        opts = ReplayOptions(accounting=acc)
+        results = {n: Replay(trace, _cap(5), SimPolicy.make(n), opts).run()
+                   for n in ("isolated", "colocated")}
+        cpu: dict[str, float] = {}
+        for label, flags in STEPS:
+            c0 = time.process_time()
+            pol = SimPolicy(label, make_policy("weave"), **flags)
+            results[label] = Replay(trace, _cap(5), pol, opts).run()
+            cpu[label] = round(time.process_time() - c0, 2)
+        rep = build_report(results, GPUS)["policies"]
+        out[acc.value] = {label: {**_row(rep[label]), "replay_cpu_s": cpu[label]}
+                          for label, _ in STEPS}
+    return out
+
+
+def generated() -> dict[str, Any]:
+    """weave against arrival placement and the baselines on traces not seen in tuning."""
+    out: dict[str, Any] = {}
+    for seed in GENERATED_SEEDS:
+        trace = generate_trace(GeneratorConfig(n_jobs=200, seed=seed))
+        for acc in Accounting:
+            res = replay_policies(trace, _cap(5), ("weave", "weave-online", "isolated",
+                                                   "colocated"), ReplayOptions(accounting=acc))
+            rep = build_report(res, GPUS)["policies"]
+            out[f"seed{seed}_{acc.value}"] = {n: _row(rep[n]) for n in ("weave", "weave-online")}
+    return out
 
 
 def philly_optimal() -> dict[str, Any]:
@@ -132,7 +189,8 @@ def main() -> None:
     ap.add_argument("--skip-optimal", action="store_true")
     args = ap.parse_args()
     out: dict[str, Any] = {"wild_reference": wild(Accounting.REFERENCE),
-                           "wild_consistent": wild(Accounting.CONSISTENT)}
+                           "wild_consistent": wild(Accounting.CONSISTENT),
+                           "tradeoff": tradeoff(), "generated": generated()}
     if not args.skip_optimal:
         out["philly_optimal"] = philly_optimal()
     if not args.skip_10k:
@@ -142,23 +200,55 @@ def main() -> None:
     out["failures"] = failures()
     console = Console()
     for mode in ("wild_reference", "wild_consistent"):
-        table = Table(title=f"{mode} (replay of all policies: {out[mode]['replay_s']} s)")
-        for col in ("policy", "h800-node-s", "vs isolated", "vs colocated", "SLO att.",
-                    "direct/scale/new %"):
-            table.add_column(col, justify="right")
-        for name, p in out[mode]["policies"].items():
-            adm = p["admissions_pct"]
-            table.add_row(name, f"{p['reference_units']:,.0f}",
-                          str(p["ratios"].get("vs_isolated", "-")),
-                          str(p["ratios"].get("vs_colocated", "-")),
-                          f"{100 * p['slo_attainment']:.2f}%",
-                          f"{adm['direct']:.1f}/{adm['scale_rollout']:.1f}/{adm['new_group']:.1f}")
-        console.print(table)
+        _print_policies(console, f"{mode} (replay of all policies: {out[mode]['replay_s']} s)",
+                        out[mode]["policies"])
+    for acc, rows in out["tradeoff"].items():
+        _print_rows(console, f"weave's re-planning steps on wild ({acc} accounting)", rows)
+    for case, rows in out["generated"].items():
+        _print_rows(console, f"generated 200-job trace {case}", rows)
     for key in ("philly_optimal", "generated_10k", "drift", "migration", "failures"):
         if key in out:
             console.print(f"[bold]{key}[/bold]: {json.dumps(out[key])}")
     if args.json is not None:
         args.json.write_text(json.dumps(out, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _ratio(p: dict[str, Any], key: str) -> str:
+    value = p["cost_over_bound"].get(key)
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _print_policies(console: Console, title: str, policies: dict[str, Any]) -> None:
+    table = Table(title=title)
+    for col in ("policy", "h800-node-s", "vs isolated", "vs colocated", "cost/bound",
+                "rollout", "train", "SLO att.", "over SLO", "direct/scale/new %", "moves"):
+        table.add_column(col, justify="right")
+    for name, p in policies.items():
+        adm = p["admissions_pct"]
+        table.add_row(name, f"{p['reference_units']:,.0f}",
+                      str(p["ratios"].get("vs_isolated", "-")),
+                      str(p["ratios"].get("vs_colocated", "-")), _ratio(p, "total"),
+                      _ratio(p, "rollout"), _ratio(p, "train"),
+                      f"{100 * p['slo_attainment']:.2f}%",
+                      f"{p['slo_violations']}/{p['life_slo_violations']}",
+                      f"{adm['direct']:.1f}/{adm['scale_rollout']:.1f}/{adm['new_group']:.1f}",
+                      str(p["migrations"]))
+    console.print(table)
+
+
+def _print_rows(console: Console, title: str, rows: dict[str, Any]) -> None:
+    table = Table(title=title)
+    for col in ("policy", "vs isolated", "vs colocated", "cost/bound", "rollout", "train",
+                "bubble r/t", "over SLO", "moves/re-pins", "pause h"):
+        table.add_column(col, justify="right")
+    for name, p in rows.items():
+        b = p["bubble"]
+        table.add_row(name, f"{p['vs_isolated']:.3f}", f"{p['vs_colocated']:.3f}",
+                      _ratio(p, "total"), _ratio(p, "rollout"), _ratio(p, "train"),
+                      f"{100 * b['rollout']:.1f}/{100 * b['train']:.1f}%",
+                      f"{p['slo_violations']}/{p['life_slo_violations']}",
+                      f"{p['migrations']}/{p['repins']}", f"{p['pause_h']:.1f}")
+    console.print(table)
 
 
 if __name__ == "__main__":

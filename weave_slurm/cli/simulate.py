@@ -51,8 +51,15 @@ def simulate(
                                                 "bound (consistent accounting).")] = 1.0,
     failure_rate: Annotated[float, typer.Option(help="Node failures per node-hour.")] = 0.0,
     migration_s: Annotated[float, typer.Option(
-        "--migration-s", min=0, help="Pause of a job moved to another group (its warm state "
-        "is copied), charged in consistent accounting.")] = ReplayOptions.migration_s,
+        "--migration-s", min=0, help="Restart pause of a moved job, on top of copying its "
+        "warm state over the site's intra-pool links; charged to the job.")
+                           ] = ReplayOptions.migration_s,
+    recent_jobs: Annotated[int, typer.Option(
+        "--recent-jobs", min=0, help="weave: re-place this many recent arrivals together "
+        "with each new one when that pays (0: off).")] = ReplayOptions.recent_jobs,
+    replan_interval_h: Annotated[float, typer.Option(
+        "--replan-interval-h", min=0, help="weave: hours between charged re-plans of the "
+        "least efficient groups (0: off).")] = ReplayOptions.replan_interval_s / 3600,
     drift: Annotated[str | None, typer.Option(help="increasing, decreasing or mixed.")] = None,
     staleness_mix: Annotated[str, typer.Option(
         "--staleness-mix", help="FRACTION:K: that fraction of jobs (drawn per job) declares "
@@ -76,6 +83,7 @@ def simulate(
     options = ReplayOptions(
         accounting=acc, max_group_size=max_group_size, seed=seed,
         rollout_mean_fraction=rollout_mean, migration_s=migration_s,
+        recent_jobs=recent_jobs, replan_interval_s=replan_interval_h * 3600,
         staleness=StalenessMix.parse(staleness_mix, seed),
         failures=FailureModel(failure_rate, seed=seed) if failure_rate > 0 else None,
         drift=DriftModel(DriftPattern.parse(drift), seed=seed) if drift else None)

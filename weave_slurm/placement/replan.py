@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from weave_slurm.placement.admission import BatchResult, batch_outcomes, refusals
 from weave_slurm.placement.cluster import ClusterState, depart
@@ -107,20 +107,49 @@ def evaluate(before: ClusterState, proposal: ClusterState,
 
 def replace_jobs(policy: Policy, state: ClusterState, job_ids: Iterable[str],
                  remaining_s: Mapping[str, float] | None = None,
-                 free: Collection[str] = ()) -> Replan | None:
-    """Take ``job_ids`` out of their groups and place them again as one batch."""
+                 free: Collection[str] = (), local: bool = False) -> Replan | None:
+    """Take ``job_ids`` out of their groups and place them again as one batch.
+
+    ``local``: the batch may only use the groups it came from (and new ones), the rest
+    of the cluster is left out of the search (a re-plan in O(batch), not O(cluster)).
+    """
     ids = [j for j in dict.fromkeys(job_ids) if j in state.job_group]
     if not ids:
         return None
-    profiles = []
-    rest = state
+    own = {state.job_group[j] for j in ids}
+    if any(state.by_id[g].colocated for g in own):
+        return None
+    profiles = [m.job for g in state.groups if g.group_id in own for m in g.members
+                if m.job.job_id in ids]
+    profiles.sort(key=lambda p: ids.index(p.job_id))
+    scope = _local_view(state, own) if local else state
+    rest = scope
     for job_id in ids:
-        g = state.by_id[state.job_group[job_id]]
-        if g.colocated:
-            return None
-        profiles.append(next(m.job for m in g.members if m.job.job_id == job_id))
         rest = depart(rest, job_id)
-    return best_paying(state, batch_outcomes(policy, rest, profiles), remaining_s, free)
+    outcomes = batch_outcomes(policy, rest, profiles)
+    if local:
+        outcomes = [_merged(state, scope, o) for o in outcomes]
+    return best_paying(state, outcomes, remaining_s, free)
+
+
+def _local_view(state: ClusterState, gids: Collection[int]) -> ClusterState:
+    """The groups ``gids`` alone, on pools shrunk by what the other groups hold."""
+    cap = state.capacity
+    others = [g for g in state.groups if g.group_id not in gids]
+    small = replace(cap, rollout_pool_nodes=cap.rollout_pool_nodes
+                    - sum(g.rollout_nodes for g in others),
+                    train_pool_nodes=cap.train_pool_nodes - sum(g.train_nodes for g in others))
+    return ClusterState(small, tuple(g for g in state.groups if g.group_id in gids),
+                        state.next_group_id)
+
+
+def _merged(state: ClusterState, scope: ClusterState, outcome: BatchResult) -> BatchResult:
+    """A local outcome put back among the groups it left out."""
+    inside = {g.group_id for g in scope.groups}
+    groups = tuple(g for g in state.groups if g.group_id not in inside) + outcome.state.groups
+    merged = ClusterState(state.capacity, tuple(sorted(groups, key=lambda g: g.group_id)),
+                          max(state.next_group_id, outcome.state.next_group_id))
+    return BatchResult(merged, outcome.decisions)
 
 
 def worst_groups(state: ClusterState, count: int) -> list[Group]:

@@ -46,6 +46,7 @@ class JobRun:
     lost_iterations: float = 0.0
     migrations: int = 0
     paused_s: float = 0.0  # charged for moves
+    solo_done_s: float = 0.0  # what the iterations done would have taken alone
     failures: int = 0
     ever_violated: bool = False
 
@@ -55,6 +56,7 @@ class JobRun:
             return
         run_dt = now - max(self.since_s, min(now, self.paused_until_s))
         self.done += self.rate * run_dt
+        self.solo_done_s += self.rate * run_dt * self.actual.solo_mean_s
         self.slowdown_s += self.slowdown * dt
         if self.violated:
             self.violated_s += dt

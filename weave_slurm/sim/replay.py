@@ -65,6 +65,7 @@ class ReplayOptions:
     # 400 Gb/s), charged to the job (it makes no progress while paused).
     migration_s: float = DEFAULT_MOVE_RESTART_S
     recent_jobs: int = 6  # arrivals re-placed together with each new one (0: off)
+    recent_local: bool = False  # ... only among their own groups (O(window) per arrival)
     replan_interval_s: float = 3600.0  # periodic charged re-plan (0: off)
     replan_groups: int = 8  # ... of the members of this many least efficient groups
     failures: FailureModel | None = None
@@ -169,7 +170,8 @@ class Replay:
             active = [j for j in self.recent if self.runs[j].group_id is not None]
             self.recent = active[-self.opt.recent_jobs:]
             self._take(replace_jobs(self.policy.placement, self.state, self.recent,
-                                    self._remaining(), free=[j.job_id for j in jobs]))
+                                    self._remaining(), free=[j.job_id for j in jobs],
+                                    local=self.opt.recent_local))
 
     def _admit(self, profiles: list[JobProfile], count: bool) -> None:
         t0 = time.perf_counter()
@@ -284,13 +286,24 @@ class Replay:
         run = self.runs[job_id]
         if run.departure_s is not None or run.group_id is None:
             return
+        run.settle(self.sim.now)  # the iterations so far ran at the old times
         base = job_profile(run.job, self.policy.name, self.opt.accounting,
                            self.opt.rollout_mean_fraction,
                            self.opt.staleness.staleness_of(run.job.job_id))
         run.actual = scale_profile(base, rollout_factor, train_factor)
         gid = run.group_id
         group = self.state.by_id[gid]
-        self._refresh_group(group)
+        if self.policy.consolidate:
+            # A re-planning policy plans with measured phase times, as the live daemon
+            # does once a member has enough samples (runtime.profiler.planning_profile).
+            run.planned = run.actual
+            group = Group(gid, tuple(Member(run.actual if m.job.job_id == job_id else m.job,
+                                            m.rollout_pins) for m in group.members),
+                          group.rollout_nodes, group.train_nodes, group.colocated)
+            self._transition(replace(self.state, groups=tuple(
+                group if g.group_id == gid else g for g in self.state.groups)))
+        else:
+            self._refresh_group(group)
         if self.policy.consolidate and self._actual_slowdowns_bad(group):
             # The live reconcile loop sees measured phase times miss the plan: re-plan
             # this group's members with what they now do.

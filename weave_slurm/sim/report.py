@@ -58,7 +58,9 @@ def summarize(res: ReplayResult, gpus_per_node: Mapping[str, int]) -> dict[str, 
                          "max": _r(place_ms[-1], 3) if place_ms else 0.0},
         "iterations": _r(iterations, 1),
         "cost_per_iteration": _r(res.cost / iterations, 6) if iterations else None,
-        "migrations": res.migrations, "refusals": res.refusals, "failures": res.failures,
+        "migrations": res.migrations, "repins": res.repins, "replans": res.replans,
+        "pause_h": _r(sum(r.paused_s for r in runs) / 3600, 3),
+        "refusals": res.refusals, "failures": res.failures,
         "lost_iterations": _r(sum(r.lost_iterations for r in runs), 2),
         "regroups": res.regroups, "optimum_fallback_intervals": res.optimum_fallbacks,
     }
@@ -86,11 +88,12 @@ def _bound_figures(res: ReplayResult) -> dict[str, Any]:
 
 
 def _life_over_slo(run: JobRun, alive_s: float) -> bool:
-    """The job's mean iteration time over its life exceeds ``slo x solo`` (only jobs
-    that completed something are judged)."""
+    """The job's life (pauses for moves included) exceeds ``slo x`` the time its
+    iterations would have taken alone, at the phase times they had (only jobs that
+    completed something are judged)."""
     if run.done <= 0 or alive_s <= 0:
         return False
-    return alive_s / run.done > run.actual.slo * run.actual.solo_mean_s * (1 + 1e-9)
+    return alive_s > run.actual.slo * run.solo_done_s * (1 + 1e-9)
 
 
 def segments_by_job(res: ReplayResult) -> dict[str, list[tuple[Group, float]]]:
@@ -171,6 +174,7 @@ def render(summaries: Mapping[str, Mapping[str, Any]], currency: str, console: C
         row(f"cost / bound {pool}", lambda s, p=pool: _ratio_cell(s, p))
     row("SLO attainment (job-time)", lambda s: f"{100 * s['slo_attainment']:.2f}%")
     row("jobs ever over SLO", lambda s: str(s["slo_violations"]))
+    row("jobs over SLO over their life", lambda s: str(s["life_slo_violations"]))
     for kind in ("direct", "scale_rollout", "new_group"):
         row(f"admitted {kind} (% arrivals)",
             lambda s, k=kind: f"{s['admissions_pct'].get(k, 0):.1f}%")
@@ -184,5 +188,7 @@ def render(summaries: Mapping[str, Mapping[str, Any]], currency: str, console: C
     row("placement per arrival (ms)",
         lambda s: f"{s['placement_ms']['mean']:.2f} (max {s['placement_ms']['max']:.1f})")
     row("iterations completed", lambda s: f"{s['iterations']:,.0f}")
-    row("migrations / failures", lambda s: f"{s['migrations']} / {s['failures']}")
+    row("moves / re-pins / pause h", lambda s: f"{s['migrations']} / {s['repins']} / "
+        f"{s['pause_h']:.1f}")
+    row("failures", lambda s: str(s["failures"]))
     console.print(table)
