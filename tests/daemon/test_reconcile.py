@@ -16,6 +16,7 @@ import pytest
 
 from weave_slurm.clock import VirtualClock
 from weave_slurm.config.site import default_site
+from weave_slurm.daemon import allocplan, membership
 from weave_slurm.daemon.driver import IdleDriver, JobOutcome
 from weave_slurm.daemon.reconcile import NODE_STEP, NodeStepFactory, PoolRequest, Reconciler
 from weave_slurm.daemon.records import AllocRow, GroupPlan, GroupRow, MemberPlan
@@ -29,7 +30,8 @@ from weave_slurm.daemon.states import AllocState, GroupState, JobState, StepRunS
 from weave_slurm.daemon.store import Store
 from weave_slurm.errors import ConfigError
 from weave_slurm.model.profile import simple_profile
-from weave_slurm.placement import Capacity
+from weave_slurm.placement import Capacity, Group
+from weave_slurm.placement import Member as PMember
 from weave_slurm.slurm.backend import DEFAULT_INSTANCE, StepSpec, group_comment
 from weave_slurm.slurm.cli_backend import SlurmCliBackend
 from weave_slurm.slurm.fake_runner import FakeReply, FakeRunner
@@ -248,9 +250,9 @@ def _salloc(name: str, partition: str) -> tuple[str, ...]:
             "--cpus-per-task=2", f"--gres=gpu:{partition}:8")
 
 
-def _running(rig: Rig) -> int:
+def _running(rig: Rig, **profile: Any) -> int:
     """One job, placed and running in group 1 (rollout 11 on h20-0, train 12 on h800-0)."""
-    job = _submit(rig.store)
+    job = _submit(rig.store, **profile)
     rig.tick()
     assert _job_state(rig.store, job) is JobState.RUNNING
     assert set(rig.slurm.steps) == {"11.0", "12.0"}
@@ -743,6 +745,208 @@ def test_a_node_daemon_that_keeps_failing_backs_off_says_why_then_fails_its_jobs
     assert rig.argvs("srun").count(("srun", "--jobid=12", *NODE, "h800-0")) == 1
     assert _group(rig.store).state is GroupState.RELEASED
     assert rig.slurm.jobs == {} and rec.ticks == 71
+
+
+# -- 6. rollout scaling and shrinking ----------------------------------------------------
+
+#: Two such jobs never share a rollout node (2048 GiB of host memory a node): a second one
+#: joins the first's group on a node of its own (rollout scaling) as their training fits.
+BIG = {"rollout_state_gib": 1500.0}
+
+
+class _HoldingDriver(IdleDriver):
+    """An idle driver that says it still uses the nodes in ``held`` (as the group
+    runtime does until its members have moved off them)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held: set[str] = set()
+
+    def in_use(self, group_id: int) -> frozenset[str]:
+        return frozenset(self.held)
+
+
+def _pins(rig: Rig) -> dict[int, tuple[int, ...]]:
+    return {m.job_id: m.rollout_pins for m in _group(rig.store).plan.members}
+
+
+def test_rollout_scaling_asks_for_exactly_one_more_allocation(rig: Rig) -> None:
+    a = _running(rig, **BIG)
+    before = len(rig.fake.calls)
+    b = _submit(rig.store, "b", **BIG)
+    rig.tick(at=T0 + 1)
+    assert rig.reasons("job", b)[1] == ("PENDING", "PLACED", "scale_rollout into group 1")
+    assert rig.argvs("salloc", before) == [_salloc("weave-gt1.1-h20-1", "h20")]
+    assert rig.reasons("alloc", 3)[0] == (
+        None, "WANTED", "rollout scaling: extra rollout allocation of 1 node(s)")
+    assert rig.reasons("group", 1)[-2:] == [
+        ("ACTIVE", "FORMING", "needs 1 more rollout node(s)"),
+        ("FORMING", "ACTIVE", "allocations ['11', '12', '13'] held")]
+    # b's pin names the new node; a's steps are left alone
+    assert _pins(rig) == {a: (0,), b: (1,)}
+    assert [c.argv for c in rig.fake.calls[before:] if c.spawned] == [
+        _srun("12", "weave-j2-h800-0", "h800-0"), _srun("13", "weave-j2-h20-1", "h20-1")]
+    assert rig.argvs("scancel") == []
+    assert [_job_state(rig.store, j) for j in (a, b)] == [JobState.RUNNING] * 2
+    # nothing more is asked for, by this daemon or by the next one on the same store
+    mark = len(rig.fake.calls)
+    rig.tick(at=T0 + 2)
+    rig.restart()
+    rig.tick(at=T0 + 3)
+    assert rig.argvs("salloc", mark) == [] and rig.argvs("scancel", mark) == []
+    assert [(a.state, a.alloc_id) for a in rig.alloc_rows()] == [
+        (AllocState.HELD, "11"), (AllocState.HELD, "12"), (AllocState.HELD, "13")]
+
+
+def test_a_shrunk_group_returns_exactly_the_allocation_nobody_is_pinned_to(
+        rig: Rig) -> None:
+    rig.restart(driver=_HoldingDriver())
+    a = _running(rig, **BIG)
+    b = _submit(rig.store, "b", **BIG)
+    rig.tick(at=T0 + 1)
+    assert _pins(rig) == {a: (0,), b: (1,)}
+    holding = rig.rec.driver
+    assert isinstance(holding, _HoldingDriver)
+    holding.held = {"h20-1"}   # the runtime has not let go of b's node yet
+    for proc in rig.fake.processes[2:4]:   # b's steps end well
+        proc.returncode = 0
+    rig.tick(at=T0 + 5)
+    assert _job_state(rig.store, b) is JobState.COMPLETED
+    assert _pins(rig) == {a: (0,)}
+    assert rig.argvs("scancel") == []   # its node is still in use
+    holding.held = set()
+    rig.tick(at=T0 + 6)
+    assert rig.argvs("scancel") == [("scancel", "13")]
+    assert [(r.pool, r.state) for r in rig.alloc_rows()] == [
+        ("h20-0", AllocState.HELD), ("h800-0", AllocState.HELD),
+        ("h20-1", AllocState.RELEASED)]
+    assert rig.reasons("alloc", 3)[-2:] == [
+        ("HELD", "RELEASING", "releasing 13: no member of group 1 is pinned to its node(s) "
+                              "h20-1 any more"),
+        ("RELEASING", "RELEASED", "released")]
+    assert _group(rig.store).state is GroupState.ACTIVE
+    assert _job_state(rig.store, a) is JobState.RUNNING
+    assert [s.state for s in rig.store.steps(job_id=a)] == [StepRunState.RUNNING] * 2
+    mark = len(rig.fake.calls)
+    rig.tick(at=T0 + 7)
+    assert rig.argvs("salloc", mark) == [] and rig.argvs("scancel", mark) == []
+
+
+def test_the_first_member_leaving_returns_its_allocation_and_the_other_stays(
+        rig: Rig) -> None:
+    """A pin names a node for good: when a (on the group's first allocation) leaves, b
+    keeps its node h20-1 and the allocation of h20-0 is the one returned."""
+    a = _running(rig, **BIG)
+    b = _submit(rig.store, "b", **BIG)
+    rig.tick(at=T0 + 1)
+    for proc in rig.fake.processes[:2]:   # a's steps end well
+        proc.returncode = 0
+    rig.tick(at=T0 + 5)
+    assert _job_state(rig.store, a) is JobState.COMPLETED
+    assert _pins(rig) == {b: (1,)}
+    assert rig.argvs("scancel") == [("scancel", "11")]
+    assert [r.state for r in rig.alloc_rows()] == [
+        AllocState.RELEASED, AllocState.HELD, AllocState.HELD]
+    assert [s.name for s in rig.store.steps(job_id=b)] == ["weave-j2-h800-0", "weave-j2-h20-1"]
+    mark = len(rig.fake.calls)
+    rig.tick(at=T0 + 6)
+    assert rig.argvs("salloc", mark) == [] and rig.argvs("scancel", mark) == []
+
+
+def test_a_newcomer_that_leaves_before_its_allocation_came_asks_no_more(
+        rig: Rig) -> None:
+    a = _running(rig, **BIG)
+    rig.slurm.refuse["weave-gt1.1-h20-1"] = FakeReply(
+        stderr="salloc: error: Unable to allocate resources: Connection timed out",
+        returncode=1)
+    b = _submit(rig.store, "b", **BIG)
+    rig.tick(at=T0 + 1)
+    assert _group(rig.store).state is GroupState.FORMING
+    rig.store.transition("job", b, JobState.CANCELLING, "cancelled by uid 1000", T0 + 1.5)
+    rig.tick(at=T0 + 10)
+    assert rig.argvs("salloc").count(_salloc("weave-gt1.1-h20-1", "h20")) == 1
+    assert rig.reasons("alloc", 3)[-1] == (
+        "WANTED", "RELEASED", "no member of group 1 is pinned to its node(s) - any more")
+    assert rig.reasons("group", 1)[-1] == ("FORMING", "ACTIVE",
+                                           "allocations ['11', '12'] held")
+    assert _pins(rig) == {a: (0,)} and _job_state(rig.store, a) is JobState.RUNNING
+
+
+def test_a_lost_allocation_of_a_scaled_group_is_replaced_under_the_same_pins(
+        rig: Rig) -> None:
+    """The first rollout allocation vanishes: its member moves to the replacement's
+    slot, the scaled-in member keeps its node."""
+    a = _running(rig, **BIG)
+    b = _submit(rig.store, "b", **BIG)
+    rig.tick(at=T0 + 1)
+    rig.slurm.vanish("11")
+    mark = len(rig.fake.calls)
+    rig.tick(at=T0 + 5)
+    assert rig.argvs("salloc", mark) == [_salloc("weave-gt1.1-h20-2", "h20")]
+    assert rig.reasons("alloc", 4)[0] == (
+        None, "WANTED", "replacement for a lost rollout allocation of 1 node(s)")
+    assert _pins(rig) == {a: (2,), b: (1,)}
+    assert [(r.pool, r.state, r.nodes) for r in rig.alloc_rows()] == [
+        ("h20-0", AllocState.LOST, ("h20-0",)), ("h800-0", AllocState.HELD, ("h800-0",)),
+        ("h20-1", AllocState.HELD, ("h20-1",)), ("h20-2", AllocState.HELD, ("h20-2",))]
+    assert rig.argvs("scancel", mark) == []
+    assert [_job_state(rig.store, j) for j in (a, b)] == [JobState.RUNNING] * 2
+
+
+def _row(key: int, nodes: tuple[str, ...], state: AllocState = AllocState.HELD) -> AllocRow:
+    return AllocRow(key, 1, "rollout", f"h20-{key}", "h20", len(nodes), 8, "h20", 2, state,
+                    str(10 + key), nodes, "")
+
+
+def _plan(**pins: tuple[int, ...]) -> GroupPlan:
+    return GroupPlan(len({p for ps in pins.values() for p in ps}), 1,
+                     tuple(MemberPlan(int(j[1:]), ps) for j, ps in pins.items()))
+
+
+def _model(**pins: tuple[int, ...]) -> Group:
+    profile = simple_profile("x", 10, 10, 1.5)
+    members = tuple(PMember(profile.with_id(j[1:]), ps) for j, ps in pins.items())
+    return Group(1, members, len({p for ps in pins.values() for p in ps}), 1)
+
+
+def _rollout_wants(plan: GroupPlan, rows: list[AllocRow]) -> list[allocplan.Want]:
+    return [w for w in allocplan.needs(plan, rows).wants if w.role == "rollout"]
+
+
+def test_placement_renumbering_moves_only_the_members_placement_moved() -> None:
+    """Placement numbers a group's nodes afresh (a re-pin from scratch, a compaction
+    after a departure); the stored pins keep naming the nodes the members are on."""
+    rows = [_row(1, ("h20-0",)), _row(3, ("h20-1",)), _row(4, ("h20-2",))]
+    before = _plan(j1=(0,), j2=(1,), j3=(2,))
+    # j1 left; placement compacted j2 and j3 onto one node (its index 0): the member
+    # that was there first (j2, by slot) stays, j3 moves to it; two allocations unneeded
+    after = membership.plan_of(_model(j2=(0,), j3=(0,)), before, rows)
+    assert {m.job_id: m.rollout_pins for m in after.members} == {2: (1,), 3: (1,)}
+    assert [r.key for r in allocplan.needs(after, rows).surplus] == [1, 4]
+    # an arrival re-pinned the group from scratch, numbering its nodes in another order:
+    # nobody moves, the newcomer shares j1's node
+    renumbered = membership.plan_of(_model(j2=(0,), j1=(1,), j9=(1,)), _plan(j1=(0,), j2=(1,)),
+                                    rows[:2])
+    assert {m.job_id: m.rollout_pins for m in renumbered.members} == {2: (1,), 1: (0,),
+                                                                       9: (0,)}
+    # rollout scaling: the new node is the next slot, after an idle held one is used
+    two = [_row(1, ("h20-0", "h20-1"))]
+    assert membership.node_slots(_plan(j1=(0,)), two) == (0, 1)
+    scaled = membership.plan_of(_model(j1=(0,), j8=(1,), j9=(2,)), _plan(j1=(0,)), two)
+    assert {m.job_id: m.rollout_pins for m in scaled.members} == {1: (0,), 8: (1,), 9: (2,)}
+    assert _rollout_wants(scaled, two) == [allocplan.Want("rollout", 1)]
+
+
+def test_a_lost_slot_moves_to_the_replacement_and_later_slots_keep_their_numbers() -> None:
+    rows = [_row(1, ("h20-0",), AllocState.LOST), _row(3, ("h20-1",))]
+    plan = _plan(j1=(0,), j2=(1,))
+    needs = allocplan.needs(plan, rows)
+    assert {m.job_id: m.rollout_pins for m in needs.plan.members} == {1: (2,), 2: (1,)}
+    assert _rollout_wants(plan, rows) == [allocplan.Want("rollout", 1, replaces=True)]
+    assert allocplan.needs(needs.plan, rows).plan == needs.plan   # idempotent
+    held = [*rows, _row(5, ("h20-7",))]
+    assert allocplan.held_nodes(held) == {1: (held[1], "h20-1"), 2: (held[2], "h20-7")}
+    assert _rollout_wants(needs.plan, held) == []
 
 
 class _BrokenDriver(IdleDriver):

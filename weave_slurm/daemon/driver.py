@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
+from weave_slurm.daemon import allocplan
 from weave_slurm.daemon.records import AllocRow, GroupRow, JobRow
 from weave_slurm.daemon.states import AllocState, JobState
 from weave_slurm.slurm.backend import StepSpec
@@ -33,17 +34,24 @@ class JobStep:
 
 
 def pool_nodes(allocs: Sequence[AllocRow], role: str) -> list[tuple[AllocRow, str]]:
-    """A group's nodes of one role, in allocation order: node index -> (allocation, node)."""
+    """A group's held nodes of one role, in allocation order: (allocation, node)."""
     return [(a, n) for a in allocs if a.role == role and a.state is AllocState.HELD
             for n in a.nodes]
 
 
+def pinned_nodes(job: JobRow, group: GroupRow,
+                 allocs: Sequence[AllocRow]) -> list[tuple[AllocRow, str]]:
+    """The held rollout nodes the job's pins name (``allocs``: every row of the group,
+    ended ones too: a pin is a slot, :mod:`~weave_slurm.daemon.allocplan`)."""
+    pins = next((m.rollout_pins for m in group.plan.members if m.job_id == job.job_id), ())
+    held = allocplan.held_nodes(allocs)
+    return [held[p] for p in pins if p in held]
+
+
 def job_nodes(job: JobRow, group: GroupRow, allocs: Sequence[AllocRow]) -> dict[str, list[str]]:
     """The nodes a member uses: its pinned rollout nodes and the first training nodes."""
-    pins = next((m.rollout_pins for m in group.plan.members if m.job_id == job.job_id), ())
-    rollout = pool_nodes(allocs, "rollout")
     train = pool_nodes(allocs, "train")
-    return {"rollout": [rollout[p][1] for p in pins if p < len(rollout)],
+    return {"rollout": [n for _, n in pinned_nodes(job, group, allocs)],
             "train": [n for _, n in train[:job.profile.train_nodes]]}
 
 
@@ -82,6 +90,11 @@ class Driver(Protocol):
         state on the nodes dropped while the daemons still answer)."""
         ...
 
+    def in_use(self, group_id: int) -> frozenset[str]:
+        """The group's nodes the driver still uses: an allocation the group no longer
+        needs is returned only once none of its nodes is among them."""
+        ...
+
     def start(self) -> None: ...
 
     def close(self) -> None: ...
@@ -111,6 +124,9 @@ class IdleDriver:
     def release_group(self, group_id: int) -> None:
         return None
 
+    def in_use(self, group_id: int) -> frozenset[str]:
+        return frozenset()   # its idle steps are job steps: the loop sees them
+
     def start(self) -> None:
         return None
 
@@ -125,15 +141,11 @@ class IdleDriver:
 
     def job_steps(self, job: JobRow, group: GroupRow,
                   allocs: Sequence[AllocRow]) -> list[JobStep]:
-        pins = next((m.rollout_pins for m in group.plan.members if m.job_id == job.job_id), ())
         wanted: dict[int, list[str]] = {}
         owner: dict[int, AllocRow] = {}
-        rollout = pool_nodes(allocs, "rollout")
-        for p in pins:
-            if p < len(rollout):
-                a, node = rollout[p]
-                wanted.setdefault(a.key, []).append(node)
-                owner[a.key] = a
+        for a, node in pinned_nodes(job, group, allocs):
+            wanted.setdefault(a.key, []).append(node)
+            owner[a.key] = a
         for a, node in pool_nodes(allocs, "train")[:job.profile.train_nodes]:
             wanted.setdefault(a.key, []).append(node)
             owner[a.key] = a

@@ -14,6 +14,17 @@ resident workers on the node daemons weaved launched for its group's allocations
   on every node), and reports members that reached their iterations (COMPLETED) or
   gave up (FAILED). After a weaved restart a RUNNING job whose warm state is still
   on its training node is re-attached: re-admitted from its newest node checkpoint.
+- The runner follows the group's plan and allocations (:meth:`GroupRuntime._follow`):
+  the nodes of an allocation newly held for it (rollout scaling) are added to the
+  running runner once their node daemons answer (``GroupRunner.extend``; members keep
+  running, a scaled-in job then joins on them), a member the plan moved is re-pinned at
+  its next phase boundary, and a node no member is on any more (the group shrank) is
+  retired, after which the reconcile loop returns its allocation (:meth:`in_use`). A
+  lost allocation instead detaches the runner: its members are re-admitted from their
+  checkpoints on a rebuilt one. A pin names a slot of the group's allocations
+  (:mod:`~weave_slurm.daemon.allocplan`), so it names the same node across all of this
+  and across weaved restarts, where the runner is built from the store's allocations
+  and plan.
 - A runtime thread (:meth:`start`) ticks every group runner every ``poll_s``, so
   phases hand over in milliseconds while the reconcile loop ticks once a second;
   it wakes the loop when a member ends. Both threads share one lock.
@@ -38,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from weave_slurm.config.job import parse_job
+from weave_slurm.daemon import allocplan
 from weave_slurm.daemon.driver import JobOutcome, JobStep, pool_nodes
 from weave_slurm.daemon.records import AllocRow, GroupRow, JobRow
 from weave_slurm.daemon.runtime_view import member_row, outcome_words
@@ -63,6 +75,7 @@ from weave_slurm.vocab import Pool
 log = logging.getLogger(__name__)
 
 _ENDED = (JobState.CANCELLING, JobState.CANCELLED, JobState.COMPLETED, JobState.FAILED)
+_GONE = (MemberState.CANCELLED, MemberState.DONE, MemberState.FAILED)
 
 
 @dataclass(frozen=True)
@@ -77,11 +90,14 @@ class GroupRuntimeConfig:
     runner: RunnerConfig = field(default_factory=RunnerConfig)
 
 
-def member_spec(job: JobRow, group: GroupRow) -> MemberSpec:
+def member_spec(job: JobRow, group: GroupRow, pins: tuple[int, ...] | None = None) -> MemberSpec:
     """The runtime's view of a stored job: its spec's entry, seed, iterations, options
-    and its own code (workdir, python, pythonpath)."""
+    and its own code (workdir, python, pythonpath); ``pins``: its rollout nodes' places
+    in the runner's layout (default: the plan's pins as they are)."""
     spec = parse_job(job.spec, job.source)
-    pins = next((m.rollout_pins for m in group.plan.members if m.job_id == job.job_id), (0,))
+    if pins is None:
+        pins = next((m.rollout_pins for m in group.plan.members if m.job_id == job.job_id),
+                    (0,))
     return MemberSpec(str(job.job_id), entry_point=spec.entry, seed=spec.seed,
                       steps=spec.iterations, options=dict(spec.options),
                       staleness=spec.staleness, uid=job.uid, workdir=spec.workdir,
@@ -132,13 +148,15 @@ class GroupRuntime:
             for gid in [g for g in self.groups if g in live_groups]:
                 outcomes += self._detach_if_lost(gid, store.allocs(gid))
             for group in live_groups.values():
+                allocs = store.allocs(group.group_id, live_only=False)
                 if group.state is GroupState.ACTIVE and group.group_id not in self.groups:
-                    self._build(group, store.allocs(group.group_id))
+                    self._build(group, allocs)
                 runner = self.groups.get(group.group_id)
                 if runner is None:
                     continue
+                self._follow(runner, group, allocs)
                 for job in store.jobs(group_id=group.group_id):
-                    outcome = self._member_of(runner, group, job)
+                    outcome = self._member_of(runner, group, job, allocs)
                     if outcome is not None:
                         outcomes.append(outcome)
                     elif job.state is JobState.RUNNING:
@@ -148,8 +166,10 @@ class GroupRuntime:
 
     def _build(self, group: GroupRow, allocs: Sequence[AllocRow]) -> None:
         try:
-            refs = {role: [self.node_ref(a, node, pool) for a, node in pool_nodes(allocs, role)]
-                    for role, pool in (("rollout", Pool.ROLLOUT), ("train", Pool.TRAIN))}
+            refs = {"rollout": [self.node_ref(a, node, Pool.ROLLOUT)
+                                for a, node in allocplan.kept_nodes(group.plan, allocs)],
+                    "train": [self.node_ref(a, node, Pool.TRAIN)
+                              for a, node in pool_nodes(allocs, "train")]}
         except WeaveError as exc:   # a node daemon still starting: the next tick tries again
             self._waiting(group, str(exc))
             return
@@ -172,6 +192,70 @@ class GroupRuntime:
         self.spans[group.group_id] = runner.spans
         log.info("group %s: runtime attached to %d rollout and %d training node(s)",
                  group.group_id, len(layout.rollout), len(layout.train))
+
+    def _follow(self, runner: GroupRunner, group: GroupRow,
+                allocs: Sequence[AllocRow]) -> None:
+        """The runner's rollout nodes and its members' pins follow the group's plan
+        (module doc): new nodes added, moved members re-pinned, unused nodes retired."""
+        target = allocplan.kept_nodes(group.plan, allocs)
+        have = {n.name for n in runner.layout.rollout}
+        new = [(a, n) for a, n in target if n not in have]
+        if new:
+            self._extend(runner, group, new)
+        for m in group.plan.members:
+            member = runner.members.get(str(m.job_id))
+            pins = self._pins(runner, group, m.job_id, allocs)
+            if member is None or member.state in _GONE or pins is None:
+                continue
+            current = member.repin if member.repin is not None else member.rollout_nodes
+            if tuple(runner.layout.rollout[p] for p in pins) != current:
+                runner.repin(str(m.job_id), pins)
+        keep, used = {n for _, n in target}, runner.nodes_in_use()
+        idle = [r.name for r in runner.layout.rollout if r.name not in keep | used]
+        if idle and len(idle) < len(runner.layout.rollout):
+            runner.retire(idle)
+            log.info("group %s: runtime let go of rollout node(s) %s (no member left on "
+                     "them)", group.group_id, ", ".join(idle))
+
+    def _extend(self, runner: GroupRunner, group: GroupRow,
+                nodes: Sequence[tuple[AllocRow, str]]) -> None:
+        """Add the nodes of newly held allocations once their daemons answer (meanwhile
+        the jobs waiting for them say why)."""
+        waiting = [j for j in group.plan.job_ids if str(j) not in runner.members]
+        try:
+            refs = [self.node_ref(a, node, Pool.ROLLOUT) for a, node in nodes]
+        except WeaveError as exc:   # a node daemon still starting: the next tick tries again
+            self._waiting(group, str(exc), waiting)
+            return
+        for ref in refs:
+            why = self._answers(ref)
+            if why is not None:
+                self._waiting(group, f"the node daemon on {ref.name} does not answer yet: "
+                                     f"{why}", waiting)
+                return
+        runner.extend(refs)
+        self._waits.pop(group.group_id, None)
+        log.info("group %s: runtime extended to rollout node(s) %s", group.group_id,
+                 ", ".join(r.name for r in refs))
+
+    @staticmethod
+    def _pins(runner: GroupRunner, group: GroupRow, job_id: int,
+              allocs: Sequence[AllocRow]) -> tuple[int, ...] | None:
+        """Where the plan's pins of ``job_id`` are in the runner's layout (None: one of
+        its nodes is not held, or not in the runtime yet)."""
+        nodes = allocplan.member_nodes(group.plan, job_id, allocs)
+        index = {n.name: i for i, n in enumerate(runner.layout.rollout)}
+        if not nodes or any(node not in index for _, node in nodes):
+            return None
+        return tuple(index[node] for _, node in nodes)
+
+    def in_use(self, group_id: int) -> frozenset[str]:
+        """The nodes the group's runner drives (none while it has no runner)."""
+        with self._lock:
+            runner = self.groups.get(group_id)
+            if runner is None:
+                return frozenset()
+            return frozenset(n.name for n in (*runner.layout.rollout, *runner.layout.train))
 
     def _detach_if_lost(self, gid: int, allocs: Sequence[AllocRow]) -> list[JobOutcome]:
         """A node of the group's layout is no longer in a held allocation (it went down):
@@ -216,24 +300,30 @@ class GroupRuntime:
             client.close()
         return None
 
-    def _waiting(self, group: GroupRow, why: str) -> None:
-        """The group's runtime waits for its node daemons: its jobs' REASON says why
-        (logged once per distinct reason)."""
+    def _waiting(self, group: GroupRow, why: str, jobs: Sequence[int] | None = None) -> None:
+        """The group's runtime waits for its node daemons: its jobs' (``jobs``') REASON
+        says why (logged once per distinct reason)."""
         if self._waits.get(group.group_id) != why:
             log.warning("group %s: waiting for its node daemons: %s", group.group_id, why)
             self._waits[group.group_id] = why
-        self._waiting_jobs.update({job_id: why for job_id in group.plan.job_ids})
+        self._waiting_jobs.update({job_id: why for job_id in
+                                   (group.plan.job_ids if jobs is None else jobs)})
 
-    def _member_of(self, runner: GroupRunner, group: GroupRow,
-                   job: JobRow) -> JobOutcome | None:
+    def _member_of(self, runner: GroupRunner, group: GroupRow, job: JobRow,
+                   allocs: Sequence[AllocRow]) -> JobOutcome | None:
         key = str(job.job_id)
         member = runner.members.get(key)
         if job.state is JobState.RUNNING:
             if member is None:
+                pins = self._pins(runner, group, job.job_id, allocs)
+                if pins is None:
+                    return None   # its rollout nodes join the runtime first (_follow)
                 try:
-                    runner.adopt(member_spec(job, group), self._resume.pop(job.job_id, None))
+                    runner.adopt(member_spec(job, group, pins),
+                                 self._resume.pop(job.job_id, None))
                 except WeaveError as exc:
                     return JobOutcome(job.job_id, JobState.FAILED, f"cannot join: {exc}")
+                self._waiting_jobs.pop(job.job_id, None)
                 log.info("job %s joined group %s%s", job.job_id, group.group_id,
                          " (re-attached to its warm state)"
                          if runner.members[key].state is MemberState.RECOVERING else "")

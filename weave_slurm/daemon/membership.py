@@ -1,51 +1,132 @@
-"""Translating between the store's groups and the placement engine's (pure over rows)."""
+"""Translating between the store's groups and the placement engine's (pure over rows).
+
+A stored plan pins members to *slots* (:mod:`~weave_slurm.daemon.allocplan`: nodes
+of the group's allocations, numbered for the group's life); placement works on compact
+node indices ``0..n-1``. :func:`group_model` shows placement the group's slots in order
+(every live one, so a held node nobody is pinned to is an idle node it may pack into,
+and every pinned one); :func:`plan_of` names placement's indices as slots again. Any
+renumbering of a group's nodes is the same placement decision, so each index is given
+the slot most of its members were already pinned to: a re-pin from scratch or a
+compaction after a departure moves only the members placement really moved.
+"""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 
-from weave_slurm.daemon.records import GroupPlan, GroupRow, JobRow, MemberPlan
+from weave_slurm.daemon import allocplan
+from weave_slurm.daemon.records import AllocRow, GroupPlan, GroupRow, JobRow, MemberPlan
 from weave_slurm.errors import ConfigError
 from weave_slurm.placement import Capacity, ClusterState, Group, Member, depart
 from weave_slurm.slurm.backend import DEFAULT_INSTANCE
 
 #: Members of a group in these states count for placement (they hold warm state).
 _LIVE = frozenset({"PLACED", "RUNNING", "CANCELLING"})
+#: Each group's allocation rows (every state), by group id.
+GroupAllocs = Mapping[int, Sequence[AllocRow]]
 
 
-def plan_of(group: Group) -> GroupPlan:
-    return GroupPlan(group.rollout_nodes, group.train_nodes,
-                     tuple(MemberPlan(int(m.job.job_id), m.rollout_pins)
+def node_slots(plan: GroupPlan, allocs: Sequence[AllocRow] = ()) -> tuple[int, ...]:
+    """The slots placement sees as the group's rollout nodes, in compact order."""
+    return tuple(sorted(allocplan.live_slots(allocs) | allocplan.pinned(plan)))
+
+
+def plan_of(group: Group, before: GroupPlan | None = None,
+            allocs: Sequence[AllocRow] = ()) -> GroupPlan:
+    """The stored plan of placement's ``group``, which was ``before`` (None: a new
+    group), its node indices named as slots (see module doc)."""
+    slot = _slots_for(group, before, allocs)
+    plan = GroupPlan(group.rollout_nodes, group.train_nodes,
+                     tuple(MemberPlan(int(m.job.job_id), tuple(slot[p] for p in m.rollout_pins))
                            for m in group.members))
+    return allocplan.normalized(plan, allocs)
 
 
-def group_model(row: GroupRow, jobs: Mapping[int, JobRow]) -> Group | None:
-    """The placement engine's view of a stored group (None if no live member is left)."""
-    members = tuple(Member(jobs[m.job_id].plan_profile.with_id(str(m.job_id)), m.rollout_pins)
+def _slots_for(group: Group, before: GroupPlan | None,
+               allocs: Sequence[AllocRow]) -> dict[int, int]:
+    """Placement's node index -> slot: the slot most of its members were on; else the
+    slot placement saw at that index, or another free live one; else a new slot."""
+    space = node_slots(before, allocs) if before is not None else ()
+    was = {m.job_id: m.rollout_pins for m in before.members} if before is not None else {}
+    votes: Counter[tuple[int, int]] = Counter()
+    for m in group.members:
+        old = was.get(int(m.job.job_id))
+        if old is not None and len(old) == len(m.rollout_pins):
+            votes.update(zip(m.rollout_pins, old, strict=True))
+    slot: dict[int, int] = {}
+    for (node, s), _ in sorted(votes.items(), key=lambda kv: (-kv[1], kv[0])):
+        if node not in slot and s not in slot.values():
+            slot[node] = s
+    retired = allocplan.retired_slots(allocs)
+    free = [s for s in space if s not in slot.values() and s not in retired]
+    fresh = max(len(allocplan.rollout_slots(allocs)), *(s + 1 for s in space), 0)
+    for node in range(group.rollout_nodes):
+        if node in slot:
+            continue
+        pick = space[node] if node < len(space) and space[node] in free \
+            else free[0] if free else fresh
+        if pick in free:
+            free.remove(pick)
+        else:
+            fresh += 1
+        slot[node] = pick
+    return slot
+
+
+def group_model(row: GroupRow, jobs: Mapping[int, JobRow],
+                allocs: Sequence[AllocRow] = ()) -> Group | None:
+    """The placement engine's view of a stored group (None if no live member is left);
+    ``allocs``: its allocation rows (without them it sees the pinned nodes only)."""
+    index = {s: i for i, s in enumerate(node_slots(row.plan, allocs))}
+    members = tuple(Member(jobs[m.job_id].plan_profile.with_id(str(m.job_id)),
+                           tuple(index[p] for p in m.rollout_pins))
                     for m in row.plan.members
                     if m.job_id in jobs and jobs[m.job_id].state.value in _LIVE)
     if not members:
         return None
-    return Group(row.group_id, members, row.plan.rollout_nodes, row.plan.train_nodes)
+    return Group(row.group_id, members, len(index), row.plan.train_nodes)
 
 
 def cluster_state(capacity: Capacity, groups: Sequence[GroupRow], jobs: Sequence[JobRow],
-                  next_group_id: int) -> ClusterState:
+                  next_group_id: int, allocs: GroupAllocs | None = None) -> ClusterState:
     """The ClusterState placement decides over, rebuilt from the store."""
     by_id = {j.job_id: j for j in jobs}
-    models = [group_model(g, by_id) for g in groups if g.state.value in ("FORMING", "ACTIVE")]
+    rows = allocs or {}
+    models = [group_model(g, by_id, rows.get(g.group_id, ())) for g in groups
+              if g.state.value in ("FORMING", "ACTIVE")]
     return ClusterState(capacity, tuple(m for m in models if m is not None), next_group_id)
 
 
+def plan_writes(before: ClusterState, after: ClusterState, groups: Sequence[GroupRow],
+                allocs: GroupAllocs, instance: str) -> list[tuple[int, str, GroupPlan, bool]]:
+    """The stored plans of the groups a placement batch changed: (group id, label,
+    plan, is new), as :meth:`~weave_slurm.daemon.store.Store.commit_placement` takes."""
+    rows = {g.group_id: g for g in groups}
+    out = []
+    for g in after.groups:
+        old = before.by_id.get(g.group_id)
+        if old is not None and (old.members, old.rollout_nodes, old.train_nodes) \
+                == (g.members, g.rollout_nodes, g.train_nodes):
+            continue
+        row = rows.get(g.group_id)
+        out.append((g.group_id, group_label(instance, g.group_id),
+                    plan_of(g, row.plan if row is not None else None,
+                            allocs.get(g.group_id, ())), old is None))
+    return out
+
+
 def plan_without(capacity: Capacity, group: GroupRow, jobs: Sequence[JobRow],
-                 next_group_id: int, job_id: int) -> GroupPlan | None:
+                 next_group_id: int, job_id: int,
+                 allocs: Sequence[AllocRow] = ()) -> GroupPlan | None:
     """The group's plan once job ``job_id`` has left it (placement's ``depart``: the
-    cyclic order re-packed); None if no live member is left."""
-    state = cluster_state(capacity, [group], jobs, next_group_id)
+    cyclic order re-packed, unpinned nodes dropped, the group compacted); None if no
+    live member is left."""
+    state = cluster_state(capacity, [group], jobs, next_group_id, {group.group_id: allocs})
     model = state.by_id.get(group.group_id)
     after = depart(state, str(job_id)) if model and str(job_id) in model.job_ids else state
     new = after.by_id.get(group.group_id)
-    return plan_of(new) if new is not None else None
+    return plan_of(new, group.plan, allocs) if new is not None else None
 
 
 def group_label(instance: str, group_id: int) -> str:

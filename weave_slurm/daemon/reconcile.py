@@ -4,7 +4,8 @@ A tick (:meth:`Reconciler.tick`) first reads what the backend holds (the allocat
 this daemon owns, by uid and the instance tag in their comment, and their steps),
 reconciles the store's rows with it (intents left by a crash are resolved against
 what Slurm shows; owned allocations no row claims are released), then acts: stop
-cancelled jobs, place pending jobs as one batch, obtain the allocations groups need,
+cancelled jobs, place pending jobs as one batch, obtain the allocations groups need and
+return those a shrunk group no longer needs (:mod:`~weave_slurm.daemon.allocations`),
 launch node daemons (a failing one backs off: :mod:`~weave_slurm.daemon.retries`),
 activate groups, launch the jobs' steps and release the allocations of empty groups.
 Every action writes its intent (a transition) before calling the backend.
@@ -13,45 +14,35 @@ Time comes from the injected clock; decisions never read the wall clock.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from weave_slurm.clock import Clock
 from weave_slurm.daemon import membership
+from weave_slurm.daemon.allocations import GroupAllocations, PoolRequest
 from weave_slurm.daemon.driver import Driver
 from weave_slurm.daemon.faults import FaultPoint, crossing
 from weave_slurm.daemon.records import AllocRow, GroupPlan, GroupRow, JobRow, StepRow
-from weave_slurm.daemon.retries import Backoff, NodeDaemonRetries, in_words
+from weave_slurm.daemon.retries import NodeDaemonRetries, in_words
 from weave_slurm.daemon.states import AllocState, GroupState, JobState, StepRunState
 from weave_slurm.daemon.store import Store
-from weave_slurm.errors import InfeasibleRequest, InsufficientResources, WeaveError
+from weave_slurm.errors import WeaveError
 from weave_slurm.placement import Capacity, Placement, Refusal, WeavePolicy, place_batch
 from weave_slurm.slurm.backend import (
     Allocation,
-    AllocationRequest,
     Backend,
-    ResourceSpec,
     StepHandle,
     StepSpec,
     StepState,
 )
 
+__all__ = ["NODE_STEP", "NodeStepFactory", "PoolRequest", "Reconciler", "World"]
+
 log = logging.getLogger(__name__)
 
 NODE_STEP = "weave-node"
 _LIVE_JOB = (JobState.PLACED, JobState.RUNNING, JobState.CANCELLING)
-
-
-@dataclass(frozen=True)
-class PoolRequest:
-    """How a group's allocations of one role are shaped (from the site config)."""
-
-    partition: str
-    gpus_per_node: int
-    gpu_type: str | None
-    cpus_per_node: int
 
 
 @dataclass
@@ -81,8 +72,10 @@ class Reconciler:
         self.immediate_s = immediate_s
         self.policy = WeavePolicy()
         self._handles: dict[int, StepHandle] = {}  # step row key -> handle (this process)
-        self._retry = Backoff()   # per alloc key: failed or hung allocate calls
         self.node_retries = NodeDaemonRetries()   # per alloc key: failing node daemons
+        self.allocations = GroupAllocations(
+            store, backend, pools, driver, self.node_retries, tag=self.tag,
+            immediate_s=immediate_s, fail_placed=self._fail_placed, end_step=self._end_step)
         self.ticks = 0
         # since when reading the world (squeue) fails, and the last error in words
         self.world_error: tuple[float, str] | None = None
@@ -104,7 +97,8 @@ class Reconciler:
                     lambda: self._drive(now),
                     lambda: self._finish_cancelled(now),
                     lambda: self._place_pending(now),
-                    lambda: self._ensure_allocs(now),
+                    lambda: self.allocations.ensure(now),
+                    lambda: self.allocations.return_surplus(now),
                     lambda: self._launch_node_daemons(world, now),
                     lambda: self._activate_groups(now),
                     lambda: self._launch_jobs(world, now),
@@ -127,11 +121,6 @@ class Reconciler:
 
     # -- reconciling the store with the world ------------------------------------------
 
-    def _request(self, group: GroupRow, alloc: AllocRow) -> AllocationRequest:
-        return AllocationRequest(group.label, alloc.pool, (ResourceSpec(
-            alloc.partition, alloc.node_count, alloc.gpus_per_node, alloc.gpu_type,
-            alloc.cpus_per_node),), immediate_s=self.immediate_s, instance=self.tag)
-
     def _reconcile_allocs(self, world: World, now: float) -> None:
         claimed = {a.alloc_id for a in self.store.allocs() if a.alloc_id}
         for row in self.store.allocs():
@@ -139,12 +128,13 @@ class Reconciler:
             if group is None:
                 continue
             if row.state is AllocState.ALLOCATING:  # a crash between intent and result
-                name = self._request(group, row).job_name
+                name = self.allocations.request(group, row).job_name
                 found = [a for a in world.allocations.values()
                          if a.name == name and a.alloc_id not in claimed]
                 if found:
                     claimed.add(found[0].alloc_id)
-                    self._held(row, found[0], now, "adopted: Slurm lists it after a restart")
+                    self.allocations.held(row, found[0], now,
+                                          "adopted: Slurm lists it after a restart")
                 else:
                     self.store.transition("alloc", row.key, AllocState.WANTED,
                                           "not in Slurm after a restart; ask again", now)
@@ -157,7 +147,7 @@ class Reconciler:
                     self.store.update("job", job.job_id, reason=f"{why}; asking for a new "
                                       "allocation, then re-admitting from checkpoint")
             elif row.state is AllocState.RELEASING:
-                self._release(row, now)
+                self.allocations.release(row, now)
         gone = {a.alloc_id for a in self.store.allocs(live_only=False)
                 if a.alloc_id and a.state is AllocState.RELEASED}
         for alloc_id, a in world.allocations.items():
@@ -167,11 +157,6 @@ class Reconciler:
                 log.warning("releasing orphan allocation %s (%s, ours: uid and instance "
                             "%s): no group in the store", alloc_id, a.name, self.tag)
                 self.backend.release(alloc_id)
-
-    def _held(self, row: AllocRow, a: Allocation, now: float, reason: str) -> None:
-        self.store.transition("alloc", row.key, AllocState.HELD, reason, now,
-                              expect=AllocState.ALLOCATING, alloc_id=a.alloc_id,
-                              nodes=json.dumps(list(a.nodes)), updated_s=now)
 
     def _reconcile_steps(self, world: World, now: float) -> None:
         allocs = {a.key: a for a in self.store.allocs(live_only=False)}
@@ -282,12 +267,17 @@ class Reconciler:
         if group is None or group.state.final or job.job_id not in group.plan.job_ids:
             return
         plan = membership.plan_without(self.capacity, group, self.store.jobs(_LIVE_JOB),
-                                       self.store.next_group_id(), job.job_id)
+                                       self.store.next_group_id(), job.job_id,
+                                       self.store.allocs(group.group_id, live_only=False))
         self.store.update("group", group.group_id, plan=(plan or GroupPlan(
             group.plan.rollout_nodes, group.plan.train_nodes, ())).to_json())
         if plan is None and group.state is not GroupState.DRAINING:
             self.store.transition("group", group.group_id, GroupState.DRAINING,
                                   f"its last member (job {job.job_id}) left", now)
+
+    def _fail_placed(self, group_id: int, reason: str, now: float) -> None:
+        for job in self.store.jobs([JobState.PLACED], group_id=group_id):
+            self._finish_job(job, JobState.FAILED, reason, now)
 
     def _finish_cancelled(self, now: float) -> None:
         for job in self.store.jobs([JobState.CANCELLING]):
@@ -300,17 +290,14 @@ class Reconciler:
         if not pending:
             return
         groups = self.store.groups()
+        allocs: dict[int, list[AllocRow]] = {}
+        for a in self.store.allocs(live_only=False):
+            allocs.setdefault(a.group_id, []).append(a)
         before = membership.cluster_state(self.capacity, groups, self.store.jobs(_LIVE_JOB),
-                                          self.store.next_group_id())
+                                          self.store.next_group_id(), allocs)
         result = place_batch(self.policy, before,
                              [j.profile.with_id(str(j.job_id)) for j in pending])
-        writes = []
-        for g in result.state.groups:
-            old = before.by_id.get(g.group_id)
-            if old is None or old.members != g.members or old.rollout_nodes != g.rollout_nodes \
-                    or old.train_nodes != g.train_nodes:
-                writes.append((g.group_id, membership.group_label(self.instance, g.group_id),
-                               membership.plan_of(g), old is None))
+        writes = membership.plan_writes(before, result.state, groups, allocs, self.instance)
         placed = []
         for job, decision in zip(pending, result.decisions, strict=True):
             if isinstance(decision, Placement):
@@ -325,86 +312,6 @@ class Reconciler:
             self.store.commit_placement(writes, placed, now)
             crossing(FaultPoint.PLACE_COMMITTED)
             log.info("placed jobs %s", [p[0] for p in placed])
-
-    # -- allocations -------------------------------------------------------------------
-
-    def _ensure_allocs(self, now: float) -> None:
-        for group in self.store.groups():
-            if group.state not in (GroupState.FORMING, GroupState.ACTIVE):
-                continue
-            rows = self.store.allocs(group.group_id, live_only=False)
-            for role, need in (("rollout", group.plan.rollout_nodes),
-                               ("train", group.plan.train_nodes)):
-                live = [a for a in rows if a.role == role and not a.state.final]
-                have = sum(a.node_count for a in live)
-                if have < need:
-                    lost = any(a.role == role and a.state is AllocState.LOST for a in rows)
-                    self._want(group, role, need - have, sum(a.role == role for a in rows), now,
-                               "replacement for a lost" if lost else "")
-            for alloc in self.store.allocs(group.group_id):
-                if alloc.state is AllocState.WANTED and self._retry.ready(alloc.key, now):
-                    if not self._wants_nodes(group.group_id):
-                        break   # a sibling's refusal failed its members: it is draining
-                    self._allocate(group, alloc, now)
-
-    def _wants_nodes(self, group_id: int) -> bool:
-        """The group's state now (the loop's row may be stale): forming or active."""
-        group = self.store.group(group_id)
-        return group is not None and group.state in (GroupState.FORMING, GroupState.ACTIVE)
-
-    def _want(self, group: GroupRow, role: str, nodes: int, seq: int, now: float,
-              kind: str = "") -> None:
-        pool = self.pools[role]
-        kind = kind or ("rollout scaling: extra" if role == "rollout" and seq else "initial")
-        self.store.add_alloc(group_id=group.group_id, role=role,
-                             pool=f"{pool.partition}-{seq}", partition=pool.partition,
-                             node_count=nodes, gpus_per_node=pool.gpus_per_node,
-                             gpu_type=pool.gpu_type, cpus_per_node=pool.cpus_per_node,
-                             now=now, reason=f"{kind} {role} allocation of {nodes} node(s)")
-        fresh = self.store.group(group.group_id)   # a first _want this tick made it FORMING
-        if fresh is not None and fresh.state is GroupState.ACTIVE:
-            self.store.transition("group", group.group_id, GroupState.FORMING,
-                                  f"needs {nodes} more {role} node(s)", now)
-
-    def _allocate(self, group: GroupRow, alloc: AllocRow, now: float) -> None:
-        request = self._request(group, alloc)
-        self.store.transition("alloc", alloc.key, AllocState.ALLOCATING,
-                              f"requesting {request.job_name}", now, expect=AllocState.WANTED)
-        crossing(FaultPoint.ALLOC_INTENT)
-        try:
-            granted = self.backend.allocate(request)
-        except InfeasibleRequest as exc:
-            self.store.transition("alloc", alloc.key, AllocState.FAILED, str(exc), now)
-            for job in self.store.jobs([JobState.PLACED], group_id=group.group_id):
-                self._finish_job(job, JobState.FAILED, f"group {group.group_id}: {exc}", now)
-            return
-        except (InsufficientResources, WeaveError) as exc:
-            n, wait = self._retry.failed(alloc.key, now)
-            why = f"{alloc.role} allocation {request.job_name} not granted ({in_words(exc)}); " \
-                  f"attempt {n}, retrying in {wait:g} s"
-            self.store.transition("alloc", alloc.key, AllocState.WANTED, why, now)
-            for job in self.store.jobs([JobState.PLACED], group_id=group.group_id):
-                self.store.update("job", job.job_id, reason=f"waiting: {why}")
-            return
-        self._retry.forget(alloc.key)
-        crossing(FaultPoint.ALLOC_GRANTED)
-        self._held(alloc, granted, now, f"granted as {granted.alloc_id}")
-
-    def _release(self, alloc: AllocRow, now: float) -> None:
-        if alloc.state is AllocState.WANTED:
-            self.store.transition("alloc", alloc.key, AllocState.RELEASED, "not needed", now)
-            return
-        if alloc.state is AllocState.HELD:
-            self.store.transition("alloc", alloc.key, AllocState.RELEASING,
-                                  f"releasing {alloc.alloc_id}", now)
-        crossing(FaultPoint.RELEASE_INTENT)
-        if alloc.alloc_id is not None:
-            self.backend.release(alloc.alloc_id)
-        crossing(FaultPoint.RELEASE_DONE)
-        self.store.transition("alloc", alloc.key, AllocState.RELEASED, "released", now,
-                              updated_s=now)
-        self.node_retries.forget(alloc.key)
-        self._retry.clear()   # nodes were freed: waiting allocations may ask again now
 
     # -- steps -------------------------------------------------------------------------
 
@@ -468,7 +375,7 @@ class Reconciler:
         for group in self.store.groups():
             if group.state is not GroupState.ACTIVE:
                 continue
-            allocs = self.store.allocs(group.group_id)
+            allocs = self.store.allocs(group.group_id, live_only=False)
             for job in self.store.jobs([JobState.PLACED], group_id=group.group_id):
                 steps = self.driver.job_steps(job, group, allocs)
                 ok = not any([self._launch(s.alloc, job.job_id, s.spec, world, now)
@@ -496,6 +403,6 @@ class Reconciler:
             for alloc in self.store.allocs(group.group_id):
                 for step in self.store.steps(alloc_key=alloc.key):
                     self._end_step(step, now, "group released")
-                self._release(alloc, now)
+                self.allocations.release(alloc, now)
             self.store.transition("group", group.group_id, GroupState.RELEASED,
                                   "allocations released", now)

@@ -1,4 +1,5 @@
-"""A member's life cycle in its group: join, adopt, leave, fail, recover, restart, detach.
+"""A member's life cycle in its group: join, adopt, leave, fail, recover, restart, detach,
+and re-pin when the group's rollout nodes change.
 
 :class:`Lifecycle` is the one owner of every member's state: each change goes through
 :meth:`Lifecycle.move` and the transition table (:data:`~weave_slurm.runtime.group.TRANSITIONS`).
@@ -13,12 +14,20 @@ rollout nodes) while the others keep running. Its own faults spend the budget
 (:meth:`~weave_slurm.runtime.member.Member.charge`). A member with nothing learned yet
 (killed in its first phase, or adopted before its first checkpoint) starts again from
 scratch, at most ``max_fresh_restarts`` times for faults of its own.
+
+The group's rollout nodes may change while it runs (:meth:`Lifecycle.relayout`: nodes
+added by rollout scaling, nodes retired after a shrink); every member keeps its nodes.
+A member the plan moves to other rollout nodes (:meth:`Lifecycle.repin`) starts no
+rollout until its phases in flight have ended; then its warm rollout state is copied
+from its training node to the new nodes and dropped on those it left, and it goes on
+from there without losing a step (:meth:`Lifecycle.carry_repins`).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -316,3 +325,83 @@ class Lifecycle:
     @property
     def finished(self) -> bool:
         return all(m.state in _ENDED for m in self.members.values())
+
+    # -- the group's rollout nodes change --------------------------------------------
+    def relayout(self, layout: GroupLayout) -> None:
+        """The group runs on ``layout`` from now on (rollout nodes added or retired):
+        every member keeps its nodes, its pins renumbered to their places in it."""
+        layout.validate()
+        index = {n.name: i for i, n in enumerate(layout.rollout)}
+        live = [m for m in self.members.values() if m.state is not MemberState.CANCELLED]
+        gone = sorted({n.name for m in live for n in (*m.rollout_nodes, *(m.repin or ()))
+                       if n.name not in index})
+        if gone:
+            raise StateError(f"group layout: rollout node(s) {', '.join(gone)} still serve "
+                             "a member; re-pin it first")
+        self.layout = layout
+        for m in live:
+            m.spec = replace(m.spec, rollout_pins=tuple(index[n.name] for n in m.rollout_nodes))
+
+    def repin(self, member: Member, pins: Sequence[int]) -> None:
+        """Move the member's rollouts to the layout's rollout nodes ``pins`` at its next
+        phase boundary (see module doc); the same nodes: nothing to do."""
+        replace(member.spec, rollout_pins=tuple(pins)).validate(len(self.layout.rollout),
+                                                                 len(self.layout.train))
+        nodes = tuple(self.layout.rollout[p] for p in pins)
+        member.repin = None if nodes == member.rollout_nodes else nodes
+        if member.repin is not None:
+            log.info("job %s: re-pinned to %s; moving once its phases in flight end",
+                     member.spec.job_id, ", ".join(n.name for n in nodes))
+
+    def carry_repins(self) -> bool:
+        """Move every re-pinned member that has no phase in flight; True if any moved."""
+        moved = False
+        for member in list(self.members.values()):
+            if member.repin is None or member.runs or member.deferred:
+                continue
+            if member.state in _ENDED:
+                member.repin = None
+                continue
+            self._move_rollout(member, member.repin)
+            moved = True
+        return moved
+
+    def _move_rollout(self, member: Member, new: tuple[NodeRef, ...]) -> None:
+        job_id, old = member.spec.job_id, member.rollout_nodes
+        index = {n.name: i for i, n in enumerate(self.layout.rollout)}
+        member.repin, member.rollout_nodes = None, new
+        member.spec = replace(member.spec, rollout_pins=tuple(index[n.name] for n in new))
+        for node in old:
+            if node not in new:   # its rollout state there (its checkpoints are on its
+                self.link.best_effort(node, Op.DROP, job=job_id)   # training node)
+        added = [n for n in new if n not in old]
+        log.info("job %s: rollout moved from %s to %s", job_id,
+                 ", ".join(n.name for n in old), ", ".join(n.name for n in new))
+        if not added or member.state is not MemberState.READY:
+            return   # nothing warm to move: its first phase or its recovery puts it there
+        owner = {} if member.spec.uid is None else {"uid": member.spec.uid}
+        self.mover.transfer.forget(member.job)   # a node it comes back to takes any version
+        try:
+            for node in added:
+                self.link.call(node, Op.REGISTER, job=job_id, checkpoint_interval_s=0, **owner)
+            self._copy_rollout_state(member, added)
+        except WeaveError as exc:   # recovery restores its checkpoint onto the new nodes
+            self.fail(member, Fault.from_error(exc, ",".join(n.name for n in added),
+                                               during="moving its rollout state"))
+
+    def _copy_rollout_state(self, member: Member, nodes: Sequence[NodeRef]) -> None:
+        """What the member's next rollouts read, from its training node to ``nodes``: its
+        weights (a stale member: the ring buffers of every version they may read)."""
+        k = member.staleness
+        if k == 0:
+            self.mover.copy(member, contract.WEIGHTS, member.train_node, nodes, "weights")
+            return
+        for version in range(rollout_version(member.rolled, k), member.version + 1):
+            buf = buffer_name(WEIGHTS_BUFFER, version, k)
+            self.mover.copy(member, buf, member.train_node, nodes, "weights", buf)
+
+    def nodes_in_use(self) -> set[str]:
+        """The nodes a member not yet gone is on, moving to or runs a phase on."""
+        return {n.name for m in self.members.values() if m.state is not MemberState.CANCELLED
+                for n in (m.train_node, *m.rollout_nodes, *(m.repin or ()),
+                          *(r.node for r in m.runs.values()))}

@@ -131,6 +131,9 @@ class Member:
     restart_note: str | None = None              # why it last started again from scratch
     retry_at_s: float = 0.0
     ready_s: float | None = None
+    # the rollout nodes it moves to at its next phase boundary (the group's plan re-pinned
+    # it): no rollout starts until then (``Lifecycle.repin``)
+    repin: tuple[NodeRef, ...] | None = None
 
     def start_over(self, note: str, restarts: int) -> None:
         """Forget everything learned and every fault: the member starts from scratch
@@ -218,6 +221,7 @@ class Member:
                 and self.delivered > self.version:
             return Phase.TRAIN
         if Phase.ROLLOUT not in self.runs and (self.staleness > 0 or not self.runs) \
+                and self.repin is None \
                 and rollout_ready(self.rolled, self.version, self.staleness, self.spec.steps):
             return Phase.ROLLOUT
         return None

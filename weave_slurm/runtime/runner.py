@@ -22,6 +22,17 @@ per node); the tail ends and is delivered as usual (docs/runtime.md).
 A member with a staleness window ``k >= 1`` may have its rollout of step ``m`` (on
 exactly version ``max(0, m - k)``, from a ring of ``k + 1`` checked weight buffers)
 in flight next to its training step; see :mod:`weave_slurm.runtime.staleness`.
+
+The group's rollout nodes change while it runs: :meth:`GroupRunner.extend` adds the
+nodes of an allocation newly held for it (rollout scaling), :meth:`GroupRunner.retire`
+drops nodes no member is on any more (the group shrank), :meth:`GroupRunner.repin`
+moves a member to other nodes at its next phase boundary. The runner grows in place
+rather than being detached and rebuilt: a rebuild re-admits every member from its node
+checkpoint (its phase in flight dropped, its training state reloaded, one recovery
+counted each), a cost every member of a group would pay for every arrival that scales
+it, and a departure that shrinks it; in place, the members already there never stop,
+and only what the new layout invalidates is redone (the sync agents form one world per
+layout: they are stopped and start over the new one on the next copy).
 """
 
 
@@ -29,12 +40,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from weave_slurm.clock import Clock, MonotonicClock
-from weave_slurm.errors import StateError, WeaveError
+from weave_slurm.errors import ConfigError, StateError, WeaveError
 from weave_slurm.hosted import contract
 from weave_slurm.hosted.contract import TRAJ_BUFFER, WEIGHTS_BUFFER, buffer_name, rollout_version
 from weave_slurm.node.protocol import Op
@@ -52,6 +63,7 @@ from weave_slurm.runtime.resume import Resume
 from weave_slurm.runtime.staleness import BatchRecord
 from weave_slurm.runtime.timeline import Span
 from weave_slurm.runtime.transfer import WeightTransfer
+from weave_slurm.runtime.twotier import TwoTierTransfer
 from weave_slurm.vocab import Phase, Pool
 
 __all__ = ["GroupRunner", "Member", "RunnerConfig", "TailMove"]
@@ -142,6 +154,42 @@ class GroupRunner:
         self.transfer.close()
         self.link.close()
 
+    # -- the group's rollout nodes change (see module doc) ---------------------------
+    def extend(self, rollout: Sequence[NodeRef]) -> None:
+        """Add rollout nodes (an allocation newly held for the group; the caller has
+        seen their node daemons answer). Members keep running on their nodes."""
+        have = {n.name for n in self.layout.rollout}
+        bad = [n.name for n in rollout if n.pool is not Pool.ROLLOUT or n.name in have]
+        if bad or not rollout:
+            raise ConfigError(f"extend: {', '.join(bad) or 'no node'}: add rollout nodes "
+                              f"the group does not have (it has {', '.join(sorted(have))})")
+        self._relayout(GroupLayout((*self.layout.rollout, *rollout), self.layout.train))
+
+    def retire(self, names: Collection[str]) -> None:
+        """Drop rollout nodes no member is on, moving to or runs a phase on any more."""
+        busy = sorted(set(names) & self.nodes_in_use())
+        if busy:
+            raise StateError(f"retire: rollout node(s) {', '.join(busy)} still serve a member")
+        self._relayout(GroupLayout(tuple(n for n in self.layout.rollout if n.name not in names),
+                                   self.layout.train))
+        for name in names:
+            self._last_served.pop(name, None)
+
+    def repin(self, job_id: str, pins: Sequence[int]) -> None:
+        """Move a member's rollouts to the rollout nodes ``pins`` (indices into the
+        layout) at its next phase boundary (``Lifecycle.repin``)."""
+        self.lifecycle.repin(self.lifecycle.member(job_id), pins)
+
+    def nodes_in_use(self) -> set[str]:
+        """Names of the nodes some member is on, moving to or runs a phase on."""
+        return self.lifecycle.nodes_in_use() | set(self.slots.busy) | set(self.slots.tails)
+
+    def _relayout(self, layout: GroupLayout) -> None:
+        self.lifecycle.relayout(layout)
+        self.layout = layout
+        if isinstance(self.transfer, TwoTierTransfer):   # agents: one world per layout
+            self.transfer.relayout(layout)
+
     # -- the loop --------------------------------------------------------------------
     @property
     def finished(self) -> bool:
@@ -175,6 +223,7 @@ class GroupRunner:
         for member in list(self.members.values()):
             if member.state is MemberState.RECOVERING:
                 changed |= self.lifecycle.recover(member)
+        changed |= self.lifecycle.carry_repins()
         # start the next members first: a node's next phase need not wait for the
         # previous member's data moves and checkpoint (other jobs, other segments)
         changed |= self._dispatch(self.layout.train, Pool.TRAIN)

@@ -1,7 +1,9 @@
 """The ``twotier`` transfer: a group's segments between hosts, through its sync agents.
 
 One agent per node of the group (:mod:`weave_slurm.runtime.agents`), started on first
-use and kept until the layout ends. For a copy of segment ``name`` from ``src``:
+use and kept until the layout ends (:meth:`TwoTierTransfer.relayout`: the group gained
+or retired nodes; the next copy starts agents over the new layout). For a copy of
+segment ``name`` from ``src``:
 
 - to rollout nodes, from a training node: the two-tier sync (stage 1: one sharded copy
   in parallel point-to-point streams over the slow inter-pool link; stage 2: relay
@@ -160,6 +162,14 @@ class TwoTierTransfer:
         key = (node.pool, node.name)
         agents.request({key: {"op": "arm_die"}}, self.config.timeout_s)
         return agents.pid(key)
+
+    def relayout(self, layout: GroupLayout) -> None:
+        """The group's nodes changed: the agents form one world over a layout (a rank
+        per node), so they are stopped; the next copy starts them over ``layout``, with
+        fresh ledgers."""
+        self.close()
+        self.layout = layout
+        self.local = not any(n.remote for n in (*layout.train, *layout.rollout))
 
     def close(self) -> None:
         if self.agents is not None:

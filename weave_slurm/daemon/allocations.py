@@ -1,0 +1,174 @@
+"""A group's Slurm allocations: asked for, held and returned (the reconcile loop's acts).
+
+:class:`GroupAllocations` carries out what :func:`~weave_slurm.daemon.allocplan.needs`
+says a group's plan needs, write-ahead like every act of the loop: a row is WANTED
+before anything is asked, ALLOCATING before ``salloc`` runs, RELEASING before the
+release call. A group that needs another allocation (rollout scaling, a lost one
+replaced) goes FORMING until it is held and its node daemons run. An allocation no
+member is pinned to any more (the group shrank) is returned once no job step runs in
+it and the driver no longer uses its nodes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from weave_slurm.daemon import allocplan
+from weave_slurm.daemon.driver import Driver
+from weave_slurm.daemon.faults import FaultPoint, crossing
+from weave_slurm.daemon.records import AllocRow, GroupRow, StepRow
+from weave_slurm.daemon.retries import Backoff, NodeDaemonRetries, in_words
+from weave_slurm.daemon.states import AllocState, GroupState, JobState
+from weave_slurm.daemon.store import Store
+from weave_slurm.errors import InfeasibleRequest, InsufficientResources, WeaveError
+from weave_slurm.slurm.backend import Allocation, AllocationRequest, Backend, ResourceSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PoolRequest:
+    """How a group's allocations of one role are shaped (from the site config)."""
+
+    partition: str
+    gpus_per_node: int
+    gpu_type: str | None
+    cpus_per_node: int
+
+
+#: Fail a group's PLACED jobs with this reason (Slurm refuses its allocation as asked).
+FailPlaced = Callable[[int, str, float], None]
+#: End a step row with this reason (its allocation is being returned).
+EndStep = Callable[[StepRow, float, str], None]
+
+
+class GroupAllocations:
+    """Obtains and returns the allocations of every forming or active group."""
+
+    def __init__(self, store: Store, backend: Backend, pools: dict[str, PoolRequest],
+                 driver: Driver, node_retries: NodeDaemonRetries, *, tag: str,
+                 immediate_s: int, fail_placed: FailPlaced, end_step: EndStep) -> None:
+        self.store, self.backend, self.pools, self.driver = store, backend, pools, driver
+        self.node_retries, self.tag, self.immediate_s = node_retries, tag, immediate_s
+        self.fail_placed, self.end_step = fail_placed, end_step
+        self.retry = Backoff()   # per alloc key: failed or hung allocate calls
+
+    def request(self, group: GroupRow, alloc: AllocRow) -> AllocationRequest:
+        return AllocationRequest(group.label, alloc.pool, (ResourceSpec(
+            alloc.partition, alloc.node_count, alloc.gpus_per_node, alloc.gpu_type,
+            alloc.cpus_per_node),), immediate_s=self.immediate_s, instance=self.tag)
+
+    def held(self, row: AllocRow, a: Allocation, now: float, reason: str) -> None:
+        self.store.transition("alloc", row.key, AllocState.HELD, reason, now,
+                              expect=AllocState.ALLOCATING, alloc_id=a.alloc_id,
+                              nodes=json.dumps(list(a.nodes)), updated_s=now)
+
+    # -- asking ------------------------------------------------------------------------
+
+    def ensure(self, now: float) -> None:
+        """Ask for what each group's plan needs (pins off lost nodes first)."""
+        for group in self._groups():
+            rows = self.store.allocs(group.group_id, live_only=False)
+            needs = allocplan.needs(group.plan, rows)
+            if needs.plan != group.plan:   # before the rows that hold its new slots
+                self.store.update("group", group.group_id, plan=needs.plan.to_json())
+            for want in needs.wants:
+                self._want(group, want.role, want.nodes, sum(a.role == want.role for a in rows),
+                           now, "replacement for a lost" if want.replaces else "")
+            unneeded = {a.key for a in needs.surplus}   # returned instead (return_surplus)
+            for alloc in self.store.allocs(group.group_id):
+                if alloc.state is AllocState.WANTED and alloc.key not in unneeded \
+                        and self.retry.ready(alloc.key, now):
+                    if not self._wants_nodes(group.group_id):
+                        break   # a sibling's refusal failed its members: it is draining
+                    self._allocate(group, alloc, now)
+
+    def _groups(self) -> list[GroupRow]:
+        return [g for g in self.store.groups()
+                if g.state in (GroupState.FORMING, GroupState.ACTIVE)]
+
+    def _wants_nodes(self, group_id: int) -> bool:
+        """The group's state now (the loop's row may be stale): forming or active."""
+        group = self.store.group(group_id)
+        return group is not None and group.state in (GroupState.FORMING, GroupState.ACTIVE)
+
+    def _want(self, group: GroupRow, role: str, nodes: int, seq: int, now: float,
+              kind: str = "") -> None:
+        pool = self.pools[role]
+        kind = kind or ("rollout scaling: extra" if role == "rollout" and seq else "initial")
+        self.store.add_alloc(group_id=group.group_id, role=role,
+                             pool=f"{pool.partition}-{seq}", partition=pool.partition,
+                             node_count=nodes, gpus_per_node=pool.gpus_per_node,
+                             gpu_type=pool.gpu_type, cpus_per_node=pool.cpus_per_node,
+                             now=now, reason=f"{kind} {role} allocation of {nodes} node(s)")
+        fresh = self.store.group(group.group_id)   # a first _want this tick made it FORMING
+        if fresh is not None and fresh.state is GroupState.ACTIVE:
+            self.store.transition("group", group.group_id, GroupState.FORMING,
+                                  f"needs {nodes} more {role} node(s)", now)
+
+    def _allocate(self, group: GroupRow, alloc: AllocRow, now: float) -> None:
+        request = self.request(group, alloc)
+        self.store.transition("alloc", alloc.key, AllocState.ALLOCATING,
+                              f"requesting {request.job_name}", now, expect=AllocState.WANTED)
+        crossing(FaultPoint.ALLOC_INTENT)
+        try:
+            granted = self.backend.allocate(request)
+        except InfeasibleRequest as exc:
+            self.store.transition("alloc", alloc.key, AllocState.FAILED, str(exc), now)
+            self.fail_placed(group.group_id, f"group {group.group_id}: {exc}", now)
+            return
+        except (InsufficientResources, WeaveError) as exc:
+            n, wait = self.retry.failed(alloc.key, now)
+            why = f"{alloc.role} allocation {request.job_name} not granted ({in_words(exc)}); " \
+                  f"attempt {n}, retrying in {wait:g} s"
+            self.store.transition("alloc", alloc.key, AllocState.WANTED, why, now)
+            for job in self.store.jobs([JobState.PLACED], group_id=group.group_id):
+                self.store.update("job", job.job_id, reason=f"waiting: {why}")
+            return
+        self.retry.forget(alloc.key)
+        crossing(FaultPoint.ALLOC_GRANTED)
+        self.held(alloc, granted, now, f"granted as {granted.alloc_id}")
+
+    # -- returning ---------------------------------------------------------------------
+
+    def return_surplus(self, now: float) -> None:
+        """Release the rollout allocations no member is pinned to any more, once no job
+        step runs in them and the driver no longer uses their nodes (its members have
+        moved off them)."""
+        for group in self._groups():
+            rows = self.store.allocs(group.group_id, live_only=False)
+            for row in allocplan.needs(group.plan, rows).surplus:
+                if row.state is AllocState.ALLOCATING:
+                    continue   # its call may be under way: returned once it is held
+                steps = self.store.steps(alloc_key=row.key)
+                if any(s.job_id is not None for s in steps) \
+                        or set(row.nodes) & self.driver.in_use(group.group_id):
+                    continue
+                for step in steps:
+                    self.end_step(step, now, "its allocation is no longer needed")
+                why = (f"no member of group {group.group_id} is pinned to its node(s) "
+                       f"{','.join(row.nodes) or '-'} any more")
+                log.info("group %s: returning %s allocation %s: %s", group.group_id,
+                         row.role, row.alloc_id or row.pool, why)
+                self.release(row, now, why)
+
+    def release(self, alloc: AllocRow, now: float, why: str = "") -> None:
+        if alloc.state is AllocState.WANTED:
+            self.store.transition("alloc", alloc.key, AllocState.RELEASED, why or "not needed",
+                                  now)
+            return
+        if alloc.state is AllocState.HELD:
+            self.store.transition("alloc", alloc.key, AllocState.RELEASING,
+                                  f"releasing {alloc.alloc_id}" + (f": {why}" if why else ""),
+                                  now)
+        crossing(FaultPoint.RELEASE_INTENT)
+        if alloc.alloc_id is not None:
+            self.backend.release(alloc.alloc_id)
+        crossing(FaultPoint.RELEASE_DONE)
+        self.store.transition("alloc", alloc.key, AllocState.RELEASED, "released", now,
+                              updated_s=now)
+        self.node_retries.forget(alloc.key)
+        self.retry.clear()   # nodes were freed: waiting allocations may ask again now

@@ -1,0 +1,169 @@
+"""Allocation planning: what a group's rollout pins name, and which allocations it needs.
+
+Pure over the store's rows (:class:`~weave_slurm.daemon.records.AllocRow`, in
+allocation key order).
+
+**Slots.** A rollout pin in a stored plan names a *slot*: one node of one of the group's
+rollout allocations. Slots are numbered over every rollout allocation row the group ever
+had, in key order: the first row's nodes are slots ``0..n-1``, the next row's follow.
+A slot therefore names the same node for the group's whole life. A row that ends
+(released, lost, refused) retires its slots and a row asked for later gets the slots
+after the last one, so nothing is renumbered when an allocation comes or goes: a running
+member's pins keep naming the node its warm rollout state is on while the group scales
+up, shrinks or replaces a lost allocation, across weaved restarts, and there is no
+moment (no crash window) in which the plan and the rows disagree. Placement works on
+compact node indices; :mod:`~weave_slurm.daemon.membership` translates.
+
+A slot is *live* (its row is wanted, being allocated or held), *retired* (its row
+ended) or *future* (after every row's slots: a row not asked for yet).
+
+**Needs** (:func:`needs`): the plan with every member on a retired slot moved to a
+future one (its node was lost; the replacement will hold it) and the future slots packed
+right after the rows' (:func:`normalized`); the allocations to ask for (rollout: one row
+holding the future slots; training: the nodes the plan has beyond the live rows); and the
+*surplus*: live rollout rows none of whose slots is pinned any more (the group shrank,
+or a newcomer left before its allocation came). The reconcile loop returns a surplus
+row once the driver no longer uses its nodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from weave_slurm.daemon.records import AllocRow, GroupPlan, MemberPlan
+from weave_slurm.daemon.states import AllocState
+
+ROLLOUT, TRAIN = "rollout", "train"
+_LIVE = frozenset({AllocState.WANTED, AllocState.ALLOCATING, AllocState.HELD})
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Slot ``number``: node ``index`` of allocation row ``row``."""
+
+    number: int
+    row: AllocRow
+    index: int
+
+    @property
+    def live(self) -> bool:
+        return self.row.state in _LIVE
+
+    @property
+    def node(self) -> str | None:
+        """The node it names, once its row is held."""
+        if self.row.state is not AllocState.HELD or self.index >= len(self.row.nodes):
+            return None
+        return self.row.nodes[self.index]
+
+
+def rollout_slots(allocs: Iterable[AllocRow]) -> tuple[Slot, ...]:
+    """Every slot of the group's rollout rows (ended ones too), in key order."""
+    rows = sorted((a for a in allocs if a.role == ROLLOUT), key=lambda a: a.key)
+    out: list[Slot] = []
+    for row in rows:
+        out += [Slot(len(out) + i, row, i) for i in range(row.node_count)]
+    return tuple(out)
+
+
+def pinned(plan: GroupPlan) -> set[int]:
+    """The slots some member of ``plan`` is pinned to."""
+    return {p for m in plan.members for p in m.rollout_pins}
+
+
+def live_slots(allocs: Iterable[AllocRow]) -> set[int]:
+    return {s.number for s in rollout_slots(allocs) if s.live}
+
+
+def retired_slots(allocs: Iterable[AllocRow]) -> set[int]:
+    return {s.number for s in rollout_slots(allocs) if not s.live}
+
+
+def held_nodes(allocs: Iterable[AllocRow]) -> dict[int, tuple[AllocRow, str]]:
+    """Slot -> (its row, its node), for the slots of held rows."""
+    return {s.number: (s.row, node) for s in rollout_slots(allocs)
+            if (node := s.node) is not None}
+
+
+def member_nodes(plan: GroupPlan, job_id: int,
+                 allocs: Sequence[AllocRow]) -> list[tuple[AllocRow, str]] | None:
+    """The nodes job ``job_id``'s pins name, in pin order; None while one of them is
+    not held (a future slot, or the job is not in the plan)."""
+    pins = next((m.rollout_pins for m in plan.members if m.job_id == job_id), None)
+    held = held_nodes(allocs)
+    if pins is None or any(p not in held for p in pins):
+        return None
+    return [held[p] for p in pins]
+
+
+def kept_nodes(plan: GroupPlan, allocs: Sequence[AllocRow]) -> list[tuple[AllocRow, str]]:
+    """The rollout nodes the group keeps and its runtime drives: every node of each held
+    row with a pinned slot (an unpinned node of such a row too: the row is one
+    allocation), in slot order."""
+    used = pinned(plan)
+    slots = rollout_slots(allocs)
+    keep = {s.row.key for s in slots if s.number in used}
+    return [(s.row, node) for s in slots if s.row.key in keep and (node := s.node) is not None]
+
+
+def normalized(plan: GroupPlan, allocs: Sequence[AllocRow]) -> GroupPlan:
+    """``plan`` with every retired pinned slot moved to a future slot (members that
+    shared it still share one) and the future slots packed from the first free number,
+    in order: the next row asked for holds exactly them. Idempotent."""
+    slots = rollout_slots(allocs)
+    total, retired = len(slots), {s.number for s in slots if not s.live}
+    used = pinned(plan)
+    moving = sorted(p for p in used if p >= total) + sorted(used & retired)
+    remap = {old: total + i for i, old in enumerate(moving)}
+    if all(old == new for old, new in remap.items()):
+        return plan
+    return GroupPlan(plan.rollout_nodes, plan.train_nodes, tuple(
+        MemberPlan(m.job_id, tuple(remap.get(p, p) for p in m.rollout_pins))
+        for m in plan.members))
+
+
+def surplus(plan: GroupPlan, allocs: Sequence[AllocRow]) -> list[AllocRow]:
+    """Live rollout rows none of whose slots is pinned (in key order)."""
+    used = pinned(plan)
+    rows: dict[int, tuple[AllocRow, bool]] = {}
+    for s in rollout_slots(allocs):
+        if s.live:
+            row, hit = rows.get(s.row.key, (s.row, False))
+            rows[s.row.key] = (row, hit or s.number in used)
+    return [row for row, hit in rows.values() if not hit]
+
+
+@dataclass(frozen=True)
+class Want:
+    """One allocation to ask for: ``nodes`` of ``role``; ``replaces``: for a lost one."""
+
+    role: str
+    nodes: int
+    replaces: bool = False
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What a group's plan needs of its allocations now (see module doc)."""
+
+    plan: GroupPlan                 # normalized: write it before asking for anything
+    wants: tuple[Want, ...]
+    surplus: tuple[AllocRow, ...]
+
+
+def needs(plan: GroupPlan, allocs: Sequence[AllocRow]) -> Needs:
+    """The plan normalized, the allocations to ask for and the surplus rows."""
+    fixed = normalized(plan, allocs)
+    total = len(rollout_slots(allocs))
+    lost = {p for p in pinned(plan) if p < total} & retired_slots(allocs)
+    wants = []
+    future = sum(p >= total for p in pinned(fixed))
+    if future:
+        wants.append(Want(ROLLOUT, future, replaces=bool(lost)))
+    train = [a for a in allocs if a.role == TRAIN]
+    have = sum(a.node_count for a in train if not a.state.final)
+    if have < fixed.train_nodes:
+        wants.append(Want(TRAIN, fixed.train_nodes - have,
+                          replaces=any(a.state is AllocState.LOST for a in train)))
+    return Needs(fixed, tuple(wants), tuple(surplus(fixed, allocs)))
