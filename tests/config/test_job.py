@@ -15,7 +15,9 @@ from weave_slurm.config.job import (
     check_paths,
     code_paths,
     load_job,
+    options_dict,
     parse_job,
+    spec_paths,
 )
 from weave_slurm.errors import ConfigError
 
@@ -186,3 +188,61 @@ def test_code_paths_must_stay_in_the_users_dirs(tmp_path: Path) -> None:
         assert str(home) in str(err.value) and "\n" not in str(err.value)
     assert [k for k, _ in code_paths(spec(str(home), venv_python, "/a", "/b"))] == \
         ["workdir", "python", "pythonpath[0]", "pythonpath[1]"]
+
+
+# -- [options]: scalars, lists of scalars, nested tables --------------------------------
+
+NESTED = """
+[options]
+task = "copy"
+layers = [1, 2]
+[options.engine]
+tensor_parallel_size = 2
+devices = ["cuda:0", "cuda:1"]
+[options.engine.extra]
+enforce_eager = true
+"""
+
+
+def test_nested_options_freeze_to_sorted_tuples_and_thaw_to_dicts() -> None:
+    spec = parse_job(BASE + NESTED)
+    assert spec.options == (
+        ("engine", (("devices", ("cuda:0", "cuda:1")), ("extra", (("enforce_eager", True),)),
+                    ("tensor_parallel_size", 2))),
+        ("layers", (1, 2)), ("task", "copy"))
+    hash(spec)  # the frozen spec stays hashable
+    seen = {"engine": {"devices": ["cuda:0", "cuda:1"], "extra": {"enforce_eager": True},
+                       "tensor_parallel_size": 2}, "layers": [1, 2], "task": "copy"}
+    assert options_dict(spec.options) == seen
+    # the runtime's path: dict(spec.options), then a JSON trip to the worker
+    assert options_dict(json.loads(json.dumps(dict(spec.options)))) == seen
+    assert options_dict(seen) == seen
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    ("[options]\nbad = [[1, 2]]\n", "key 'options.bad' = [[1, 2]]: a list must hold"),
+    ("[options.engine]\nx = [{a = 1}]\n", "key 'options.engine.x' = [{'a': 1}]: a list"),
+    ("[[options.runs]]\nseed = 1\n", "key 'options.runs' = [{'seed': 1}]: a list"),
+    ("[options.engine]\n", "key 'options.engine' = {}: an empty table; leave it out"),
+    ("[options.engine]\nwhen = 1979-05-27\n", "key 'options.engine.when' = "
+     "datetime.date(1979, 5, 27): must be a string, number, boolean"),
+    ("[options]\na = {b = {c = {d = {e = {f = 1}}}}}\n", "key 'options.a.b.c.d.e' = {'f': 1}: "
+     "tables nest at most 4 deep"),
+    ("options = 3\n", "key 'options' must be a table"),
+])
+def test_bad_nested_options_are_one_line_naming_the_key(text: str, needle: str) -> None:
+    top, tables = (text, "") if text.startswith("options") else ("", text)
+    with pytest.raises(ConfigError) as err:
+        parse_job(top + BASE + tables, "job.toml")
+    message = str(err.value)
+    assert needle in message and message.startswith("job.toml") and "\n" not in message
+
+
+def test_paths_in_nested_options_are_checked(tmp_path: Path) -> None:
+    spec = parse_job(BASE + '[options]\nout_dir = "/etc"\nfiles = ["/srv/a"]\n'
+                     '[options.engine]\nmodel_dir = "/etc"\nname = "Qwen/Qwen2.5-7B"\n',
+                     "job.toml")
+    assert spec_paths(spec) == [("options.engine.model_dir", "/etc"),
+                                ("options.files[0]", "/srv/a"), ("options.out_dir", "/etc")]
+    with pytest.raises(ConfigError, match=r"key 'options.engine.model_dir' = '/etc'.*outside"):
+        check_paths(spec, os.getuid(), roots=[tmp_path])

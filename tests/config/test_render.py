@@ -3,11 +3,13 @@ values it was rendered from."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from weave_slurm.config.job import Durations, parse_job
+from weave_slurm.config.job import Durations, options_dict, parse_job
 from weave_slurm.config.render import job_spec_toml, toml_tables
 from weave_slurm.errors import ConfigError
 
@@ -18,6 +20,34 @@ scalars = st.one_of(st.text(max_size=20), st.integers(-(2**63), 2**63 - 1), fini
                     st.booleans())
 seconds = st.none() | st.floats(0.001, 1e6)
 gib = st.none() | st.floats(0.001, 1e3)
+option_keys = st.text(max_size=12)
+option_leaves = scalars | st.lists(scalars, max_size=4)
+
+
+def _option_tables(depth: int) -> st.SearchStrategy[dict[str, Any]]:
+    """Non-empty tables nested at most ``depth + 1`` deep."""
+    values = option_leaves if depth == 0 else option_leaves | _option_tables(depth - 1)
+    return st.dictionaries(option_keys, values, min_size=1, max_size=3)
+
+
+#: [options] as a caller gives them: scalars, lists and tables up to 4 deep
+options_strategy = st.dictionaries(option_keys, option_leaves | _option_tables(3), max_size=5)
+
+
+def _frozen(options: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """What the parser makes of ``options``: sorted pairs, lists and tables as tuples."""
+    def value(v: Any) -> Any:
+        if isinstance(v, dict):
+            return _frozen(v)
+        return tuple(v) if isinstance(v, list) else v
+    return tuple((k, value(v)) for k, v in sorted(options.items()))
+
+
+def _typed(value: Any) -> Any:
+    """``value`` with every scalar tagged by its type (``1``, ``1.0`` and ``True`` differ)."""
+    if isinstance(value, tuple):
+        return tuple(_typed(v) for v in value)
+    return (type(value).__name__, value)
 
 
 def test_the_small_reference_job_parses_to_its_values() -> None:
@@ -40,13 +70,13 @@ def test_the_small_reference_job_parses_to_its_values() -> None:
        sizes=st.tuples(st.integers(1, 4096), st.integers(1, 64), st.integers(1, 1 << 16)),
        gpus=st.tuples(st.integers(1, 64), st.integers(1, 64)),
        profile=st.tuples(seconds, seconds, gib, gib),
-       options=st.dictionaries(st.text(max_size=12), scalars, max_size=6))
+       options=options_strategy)
 def test_any_rendered_spec_parses_to_what_was_rendered(
         name: str, slo: float | None, iterations: int | None, seed: int | None,
         staleness: int | None, user: str | None, params_b: float,
         sizes: tuple[int, int, int], gpus: tuple[int, int],
         profile: tuple[float | None, float | None, float | None, float | None],
-        options: dict[str, str | int | float | bool]) -> None:
+        options: dict[str, Any]) -> None:
     rollout_s, train_s, rollout_gib, train_gib = profile
     text = job_spec_toml(name, slo=slo, iterations=iterations, seed=seed, staleness=staleness,
                          user=user, params_b=params_b, prompts_per_step=sizes[0],
@@ -67,8 +97,8 @@ def test_any_rendered_spec_parses_to_what_was_rendered(
     assert job.profile.train == (None if train_s is None else Durations(train_s, train_s))
     assert (job.profile.rollout_state_gib, job.profile.train_state_gib) == (rollout_gib,
                                                                             train_gib)
-    assert job.options == tuple(sorted(options.items()))
-    assert [type(v) for _, v in job.options] == [type(v) for _, v in sorted(options.items())]
+    assert _typed(job.options) == _typed(_frozen(options))
+    assert options_dict(job.options) == options
 
 
 def test_keys_left_out_take_the_parsers_defaults() -> None:
@@ -80,8 +110,26 @@ def test_keys_left_out_take_the_parsers_defaults() -> None:
 
 
 def test_a_value_that_is_not_a_scalar_is_refused_naming_its_key() -> None:
-    with pytest.raises(ConfigError, match=r"key 'options.bad' = \[1, 2\]: cannot write a list"):
-        toml_tables({"options": {"bad": [1, 2]}})  # type: ignore[dict-item]
+    with pytest.raises(ConfigError, match=r"key 'options.bad' = \[\[1, 2\]\]: cannot write a list"):
+        toml_tables({"options": {"bad": [[1, 2]]}})  # type: ignore[list-item]
+    with pytest.raises(ConfigError, match=r"key 'options.engine.x' = \{\}: cannot write an "
+                                          r"empty table"):
+        toml_tables({"options": {"engine": {"x": {}}}})
+
+
+def test_nested_options_are_written_as_tables_after_their_parents_keys() -> None:
+    text = job_spec_toml("nest", options={"engine": {"tensor_parallel_size": 2,
+                                                     "extra": {"enforce_eager": True}},
+                                          "layers": [1, 2.5, "x", False], "task": "copy"})
+    assert text.endswith('[options]\nlayers = [1, 2.5, "x", false]\ntask = "copy"\n'
+                         "[options.engine]\ntensor_parallel_size = 2\n"
+                         "[options.engine.extra]\nenforce_eager = true\n")
+    assert parse_job(text).options == (
+        ("engine", (("extra", (("enforce_eager", True),)), ("tensor_parallel_size", 2))),
+        ("layers", (1, 2.5, "x", False)), ("task", "copy"))
+    quoted = job_spec_toml("q", options={"a b": {"c.d": 1}})
+    assert '[options."a b"]\n"c.d" = 1\n' in quoted
+    assert parse_job(quoted).options == (("a b", (("c.d", 1),)),)
 
 
 @settings(max_examples=100, deadline=None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from typing import Any
 
 import pytest
 
@@ -18,9 +19,11 @@ NEEDS_DEEPSPEED = [
 ]
 
 
-def train(job: GrpoToyJob, steps: int, **options: object) -> JobRunner:
-    """``steps`` rollout -> train iterations of ``job`` in one runner (seed ``SEED``)."""
-    r = JobRunner(job, JobContext("ds", Role.TRAIN, SEED, dict(options)))
+def train(job: GrpoToyJob, steps: int, *, gang: dict[str, Any] | None = None,
+          **options: object) -> JobRunner:
+    """``steps`` rollout -> train iterations of ``job`` in one runner (seed ``SEED``);
+    ``gang``: the context's rank, local_rank, world_size and group."""
+    r = JobRunner(job, JobContext("ds", Role.TRAIN, SEED, dict(options), **(gang or {})))
     for _ in range(steps):
         r.train(r.rollout(r.weights_version))
     return r

@@ -27,11 +27,13 @@ def _single_rank_child(out: str) -> None:
     """One process, world of 1: ZeRO-1, ZeRO-2, and a warm-state round trip."""
     os.environ["LOCAL_RANK"] = "0"
     result: dict[str, Any] = {}
-    for stage in (1, 2):
+    for stage in (1, 2):   # ZeRO-2 through the spec's [options.engine] table
         job = DeepSpeedGrpoJob()
-        r = train(job, STEPS, zero_stage=stage)
+        r = (train(job, STEPS, zero_stage=1) if stage == 1
+             else train(job, STEPS, engine={"zero_stage": 2}))
         result[f"stage{stage}"] = r.export_weights()
         result[f"stage{stage}_version"] = r.weights_version
+        result[f"stage{stage}_engine"] = job._engine.zero_optimization_stage()
         job.close()
     a = train(DeepSpeedGrpoJob(), 2, zero_stage=1)
     state = {k: v.clone() for k, v in a.state_tensors().items()}
@@ -72,6 +74,7 @@ def test_zero_stage_learns_what_plain_torch_learns(
         stage: int, single_rank: dict[str, Any], plain: dict[str, Any]) -> None:
     weights = single_rank[f"stage{stage}"]
     assert single_rank[f"stage{stage}_version"] == STEPS
+    assert single_rank[f"stage{stage}_engine"] == stage
     initial = JobRunner(GrpoToyJob(), JobContext("ds", Role.ROLLOUT, SEED)).export_weights()
     assert _max_diff(weights, initial) > 1e-3  # it did train
     assert _max_diff(weights, plain) < 1e-5
@@ -86,3 +89,27 @@ def test_warm_state_round_trip_continues_identically(single_rank: dict[str, Any]
 def test_bad_zero_stage_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match=r"zero_stage.*valid: 1, 2"):
         JobRunner(DeepSpeedGrpoJob(), JobContext("ds", Role.TRAIN, 0, {"zero_stage": 3}))
+
+
+@pytest.mark.parametrize(("options", "needle"), [
+    ({"engine": {"zero_stage": 3}}, r"options\.engine\.zero_stage: unsupported value 3 "
+     r"\(valid: 1, 2\)"),
+    ({"engine": {"stage": 2}}, r"options\.engine\.stage: unknown key .*valid: zero_stage"),
+    ({"engine": {"zero_stage": 2}, "zero_stage": 2}, r"also given as options\.engine"),
+    ({"engine": 2}, r"options\.engine: expected a table, got 2"),
+])
+def test_bad_engine_options_are_config_errors_naming_the_key(
+        options: dict[str, Any], needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        JobRunner(DeepSpeedGrpoJob(), JobContext("ds", Role.TRAIN, 0, options))
+
+
+def test_a_gang_must_be_the_default_world() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        pytest.skip("this process already has a default torch.distributed world")
+    with pytest.raises(ConfigError, match=r"must be the gang \(rank 1 of 2\); the default "
+                                          r"world is none"):
+        JobRunner(DeepSpeedGrpoJob(), JobContext("ds", Role.TRAIN, 0, rank=1, world_size=2))
+

@@ -1,4 +1,5 @@
-"""DeepSpeed ZeRO-2 data parallel over two real gloo ranks learns what one rank learns."""
+"""DeepSpeed ZeRO-2 data parallel over two real gloo ranks (a training gang: the world
+and LOCAL_RANK from the job's context) learns what one rank learns."""
 
 from __future__ import annotations
 
@@ -20,10 +21,12 @@ pytestmark = [*NEEDS_DEEPSPEED, pytest.mark.slow]
 def _rank_child(rank: int, store: str, out: str) -> None:
     import torch.distributed as dist
 
-    os.environ["LOCAL_RANK"] = str(rank)
+    os.environ.pop("LOCAL_RANK", None)   # the adapter takes it from the context
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     job = DeepSpeedGrpoJob()
-    r = train(job, STEPS, zero_stage=2)
+    r = train(job, STEPS, gang={"rank": rank, "local_rank": rank, "world_size": 2,
+                                "group": dist.group.WORLD}, engine={"zero_stage": 2})
+    assert os.environ["LOCAL_RANK"] == str(rank)
     if rank == 0:
         torch.save(r.export_weights(), out)
     dist.barrier()

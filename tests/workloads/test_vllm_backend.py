@@ -18,7 +18,7 @@ import pytest
 from weave_slurm.errors import ConfigError
 from weave_slurm.workloads.api import JobContext, JobRunner, Role
 from weave_slurm.workloads.grpo_toy import build_policy
-from weave_slurm.workloads.vllm_backend import VllmGrpoJob
+from weave_slurm.workloads.vllm_backend import VllmGrpoJob, engine_args
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -48,6 +48,41 @@ def test_unknown_engine_option_is_a_config_error() -> None:
 def test_engine_options_must_be_a_table() -> None:
     with pytest.raises(ConfigError, match=r"options\.vllm: expected a table"):
         VllmGrpoJob().setup(JobContext("v", Role.TRAIN, 0, {"vllm": 3}))
+
+
+def test_engine_arguments_come_from_options_engine() -> None:
+    options: dict[str, object] = {"task": "copy", "engine": {"tensor_parallel_size": 2,
+                                                             "dtype": "bfloat16"}}
+    assert engine_args(options) == {"tensor_parallel_size": 2, "dtype": "bfloat16"}
+    assert options == {"task": "copy"}   # the engine table is the adapter's, not the job's
+    assert engine_args({"vllm": {"tensor_parallel_size": 4}}) == {"tensor_parallel_size": 4}
+    assert engine_args({}) == {}
+
+
+@pytest.mark.parametrize(("options", "needle"), [
+    ({"engine": {"tensor_parallel_size": 0}},
+     r"options\.engine\.tensor_parallel_size: must be an integer >= 1 .*got 0"),
+    ({"engine": {"tensor_parallel_size": "2"}}, r"tensor_parallel_size: .*got '2'"),
+    ({"engine": {"max_num_seqs": 4}}, r"options\.engine: unknown key 'max_num_seqs'"),
+    ({"engine": [2]}, r"options\.engine: expected a table, got \[2\]"),
+    ({"engine": {}, "vllm": {}}, r"options\.vllm: also given as options\.engine"),
+])
+def test_bad_engine_arguments_name_the_key(options: dict[str, object], needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        engine_args(options)
+
+
+@pytest.mark.torch
+def test_nested_engine_options_reach_the_adapter_from_a_spec() -> None:
+    pytest.importorskip("transformers")
+    from weave_slurm.config.job import parse_job
+    from weave_slurm.config.render import job_spec_toml
+
+    spec = parse_job(job_spec_toml("v", options={"engine": {"tensor_parallel_size": 2}}))
+    job = VllmGrpoJob()
+    job.setup(JobContext("v", Role.TRAIN, 0, dict(spec.options)))  # type: ignore[arg-type]
+    assert job._engine_args == {"tensor_parallel_size": 2}
+    job.close()
 
 
 def test_long_tailed_responses_are_refused() -> None:

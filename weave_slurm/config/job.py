@@ -11,10 +11,11 @@ import getpass
 import os
 import pwd
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from weave_slurm.config.reader import TableReader, parse_toml, read_toml
 from weave_slurm.errors import ConfigError
@@ -44,6 +45,17 @@ PATH_KEY_RE = re.compile(r"(?:^|_)(?:dir|path|file|root|prefix)$")
 MAX_TOKENS = 1 << 20
 MAX_PROMPTS_PER_STEP = 1 << 16
 MAX_SAMPLES_PER_PROMPT = 1 << 12
+
+#: A scalar ``[options]`` value.
+OptionScalar = str | int | float | bool
+#: A frozen ``[options]`` value: a scalar, a list of scalars (a tuple of scalars) or a
+#: nested table (a non-empty tuple of ``(key, value)`` pairs sorted by key), so that a
+#: spec stays hashable. :func:`options_dict` turns it back into dicts and lists.
+OptionValue = OptionScalar | tuple["OptionValue", ...]
+#: The frozen ``[options]`` table: ``(key, value)`` pairs sorted by key.
+Options = tuple[tuple[str, OptionValue], ...]
+#: How deep tables may nest under ``[options]`` (``[options.engine]`` is depth 1).
+MAX_OPTION_DEPTH = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +124,7 @@ class JobSpec:
     staleness: int = 0
     iterations: int = 10  # training steps (weight versions) to run, then the job ends
     seed: int = 0  # the entry point's seed (same seed -> same weights)
-    options: tuple[tuple[str, str | int | float | bool], ...] = ()  # [options] for the entry
+    options: Options = ()               # [options] for the entry, frozen (see OptionValue)
     # the user's own code (docs/job_api.md, "Your own code"): None / () = weave's defaults
     workdir: str | None = None          # the workers' working directory
     python: str | None = None           # the workers' interpreter (a venv's bin/python)
@@ -195,21 +207,78 @@ class _SpecReader(TableReader):
         return tuple(value)
 
 
-def _options(top: TableReader) -> tuple[tuple[str, str | int | float | bool], ...]:
-    """``[options]``: scalar keys handed to the entry point (e.g. ``task = "copy"``)."""
+def _options(top: TableReader) -> Options:
+    """``[options]``: keys handed to the entry point: scalars (``task = "copy"``), lists
+    of scalars, and nested tables of those (``[options.engine] tensor_parallel_size = 2``)."""
     raw = top.raw("options")
     if raw is None:
         return ()
-    top.table("options")
-    if not isinstance(raw, dict):
-        raise top.fail("options", raw, "must be a table of scalar keys")
-    out: list[tuple[str, str | int | float | bool]] = []
-    for key, value in sorted(raw.items()):
-        if not isinstance(value, (str, int, float, bool)):
-            raise top.fail("options", value, f"key {key!r} must be a string, number or "
-                           "boolean")
-        out.append((str(key), value))
-    return tuple(out)
+    top.table("options")  # a table, or a one-line error naming the key
+    return _freeze_table(top, raw, "options", 0)
+
+
+def _freeze_table(top: TableReader, table: dict[str, object], key: str,
+                  depth: int) -> Options:
+    return tuple((name, _freeze_value(top, value, f"{key}.{name}", depth))
+                 for name, value in sorted(table.items()))
+
+
+def _freeze_value(top: TableReader, value: object, key: str, depth: int) -> OptionValue:
+    if isinstance(value, str | int | float | bool):
+        return value
+    if isinstance(value, list):
+        if all(isinstance(item, str | int | float | bool) for item in value):
+            return tuple(value)
+        raise top.fail(key, value, "a list must hold strings, numbers or booleans only "
+                       "(no lists of lists or of tables)")
+    if isinstance(value, dict):
+        if not value:
+            raise top.fail(key, value, "an empty table; leave it out")
+        if depth + 1 > MAX_OPTION_DEPTH:
+            raise top.fail(key, value, f"tables nest at most {MAX_OPTION_DEPTH} deep under "
+                           "[options]")
+        return _freeze_table(top, value, key, depth + 1)
+    raise top.fail(key, value, "must be a string, number, boolean, a list of those or a "
+                   "table of those")
+
+
+def options_dict(options: Iterable[tuple[str, Any]] | Mapping[str, Any]) -> dict[str, Any]:
+    """``[options]`` as the job sees them: nested tables as dicts, lists as lists.
+
+    Takes the frozen form (:data:`Options`), a dict of it (``dict(spec.options)``) or
+    that dict after a JSON round trip (tables become lists of ``[key, value]`` pairs):
+    a non-empty sequence of ``(str, value)`` pairs is a table (a list of scalars never
+    holds pairs, and the spec has no empty tables).
+    """
+    items = options.items() if isinstance(options, Mapping) else options
+    return {str(key): _thaw(value) for key, value in items}
+
+
+def _thaw(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return options_dict(value)
+    if isinstance(value, list | tuple):
+        if value and all(_is_pair(item) for item in value):
+            return options_dict(value)
+        return list(value)
+    return value
+
+
+def _is_pair(item: object) -> bool:
+    return isinstance(item, list | tuple) and len(item) == 2 and isinstance(item[0], str)
+
+
+def option_leaves(options: Options, prefix: str = "options") -> Iterator[tuple[str, str, object]]:
+    """Every scalar of ``[options]``, nested ones too: ``(dotted key, the key's own
+    name, value)``; a list's items as ``key[i]``."""
+    for name, value in options:
+        key = f"{prefix}.{name}"
+        if isinstance(value, tuple) and value and all(_is_pair(v) for v in value):
+            yield from option_leaves(value, key)  # type: ignore[arg-type]
+        elif isinstance(value, tuple):
+            yield from ((f"{key}[{i}]", name, item) for i, item in enumerate(value))
+        else:
+            yield key, name, value
 
 
 #: Largest dependency window accepted: beyond a few steps a job is effectively
@@ -322,8 +391,8 @@ def spec_paths(job: JobSpec) -> list[tuple[str, str]]:
     (:func:`code_paths`), and a string ``[options]`` value whose key says so
     (:data:`PATH_KEY_RE`) or that looks like one."""
     return code_paths(job) + [
-        (f"options.{key}", value) for key, value in job.options
-        if isinstance(value, str) and (PATH_KEY_RE.search(key) or _looks_like_path(value))]
+        (key, value) for key, name, value in option_leaves(job.options)
+        if isinstance(value, str) and (PATH_KEY_RE.search(name) or _looks_like_path(value))]
 
 
 def user_dirs(uid: int, roots: Sequence[Path] = ()) -> list[Path]:

@@ -16,10 +16,13 @@ from collections.abc import Mapping, Sequence
 
 from weave_slurm.errors import ConfigError
 
-#: A scalar: what ``[options]`` accepts, and every other key of a spec is (but one).
+#: A scalar: what every key of a spec is (but ``pythonpath``), and ``[options]`` holds.
 Scalar = str | int | float | bool
-#: A value of a spec's table: a scalar, or a list of strings (``pythonpath``).
-Value = Scalar | Sequence[str]
+#: An ``[options]`` value: a scalar, a list of scalars or a nested table of those
+#: (written as a ``[options.<key>]`` table).
+OptionInput = Scalar | Sequence[Scalar] | Mapping[str, "OptionInput"]
+#: A value of a spec's table: a scalar, a list of scalars (``pythonpath``) or a table.
+Value = OptionInput
 
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
@@ -32,10 +35,12 @@ def job_spec_toml(name: str, *, slo: float | None = 3.0, entry: str | None = Non
                   rollout_gpus: int = 8, train_gpus: int = 8,
                   rollout_s: float | None = 10.0, train_s: float | None = 10.0,
                   rollout_state_gib: float | None = 1.0, train_state_gib: float | None = 1.0,
-                  options: Mapping[str, Scalar] | None = None, workdir: str | None = None,
+                  options: Mapping[str, OptionInput] | None = None,
+                  workdir: str | None = None,
                   python: str | None = None, pythonpath: Sequence[str] | None = None) -> str:
     """The spec TOML of one job: top-level keys, then ``[model]``, ``[rollout]``,
-    ``[gpus]``, ``[profile]`` (if any of its keys is given) and ``[options]`` (if any).
+    ``[gpus]``, ``[profile]`` (if any of its keys is given) and ``[options]`` (if any;
+    a nested table as ``[options.<key>]``).
     ``workdir``, ``python`` and ``pythonpath`` name the user's own code (left out: the
     defaults)."""
     return toml_tables({
@@ -56,16 +61,30 @@ def job_spec_toml(name: str, *, slo: float | None = 3.0, entry: str | None = Non
 
 
 def toml_tables(tables: Mapping[str, Mapping[str, Value | None]]) -> str:
-    """TOML for tables of scalars and lists of strings (``""`` is the top level); ``None``
-    values are left out, and so is a table left empty."""
+    """TOML for tables of scalars, lists of scalars and nested tables (``""`` is the top
+    level); ``None`` values are left out, and so is a table left empty. A nested table
+    follows its parent's keys as ``[parent.key]``; an empty one is refused (the parser
+    refuses it too)."""
     lines: list[str] = []
     for table, values in tables.items():
-        given = [(key, value) for key, value in values.items() if value is not None]
-        if table and given:
-            lines.append(f"[{_key(table)}]")
-        lines += [f"{_key(key)} = {_scalar(value, f'{table}.{key}' if table else key)}"
-                  for key, value in given]
+        _table(lines, (table,) if table else (), values)
     return "".join(line + "\n" for line in lines)
+
+
+def _table(lines: list[str], path: tuple[str, ...], values: Mapping[str, Value | None]) -> None:
+    where = ".".join(path)
+    given = [(key, value) for key, value in values.items() if value is not None]
+    plain = [(key, value) for key, value in given if not isinstance(value, Mapping)]
+    if path and plain:
+        lines.append("[" + ".".join(_key(part) for part in path) + "]")
+    lines += [f"{_key(key)} = {_scalar(value, f'{where}.{key}' if where else key)}"
+              for key, value in plain]
+    for key, value in given:
+        if isinstance(value, Mapping):
+            if not value:
+                raise ConfigError(f"key '{where}.{key}' = {{}}: cannot write an empty table "
+                                  "to a job spec; leave it out")
+            _table(lines, (*path, key), value)
 
 
 def _key(key: str) -> str:
@@ -74,8 +93,8 @@ def _key(key: str) -> str:
 
 def _scalar(value: object, where: str) -> str:
     """One TOML value: a boolean, an integer, a float, a basic string or a list of
-    strings."""
-    if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+    those."""
+    if isinstance(value, list | tuple) and all(isinstance(v, Scalar) for v in value):
         return "[" + ", ".join(_scalar(v, where) for v in value) + "]"
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -84,7 +103,8 @@ def _scalar(value: object, where: str) -> str:
     if isinstance(value, str):
         return '"' + "".join(_escape(c) for c in value) + '"'
     raise ConfigError(f"key '{where}' = {value!r}: cannot write a {type(value).__name__} "
-                      "to a job spec; expected a string, number, boolean or list of strings")
+                      "to a job spec; expected a string, number, boolean, a list of those "
+                      "or a table")
 
 
 def _escape(char: str) -> str:

@@ -17,6 +17,14 @@ Determinism contract for implementers: ``generate`` may depend only on
 ``(seed, weights_version, weights)`` and ``update`` only on ``(trajectories, state)``,
 so that the rollout and training roles may live in different processes and a
 co-executed job learns exactly what it would learn alone.
+
+Gangs: a role may span many ranks (:class:`JobContext` ``rank``, ``world_size``,
+``group``). The runtime forms the world before ``setup`` and keeps it across every
+phase; a job never creates or destroys it. ``update``, ``export_weights`` and
+``state_tensors`` of a training gang are collectives (every rank calls them, in the
+same order); ``generate`` of an engine returns that engine's slice of the batch, and
+:meth:`JobRunner.merge_rollouts` joins the slices in rank order (docs/job_api.md,
+"Gangs"; helpers in :mod:`weave_slurm.workloads.gang`).
 """
 
 from __future__ import annotations
@@ -26,15 +34,19 @@ import enum
 import json
 import logging
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from weave_slurm.config.job import options_dict
 from weave_slurm.errors import ConfigError, StateError, VersionMismatch
 
 if TYPE_CHECKING:
     from torch import Tensor
+    from torch.distributed import ProcessGroup
+
+    from weave_slurm.workloads.gang import WeightShard
 
 log = logging.getLogger(__name__)
 
@@ -91,14 +103,58 @@ class Role(enum.Enum):
 class JobContext:
     """Everything ``RLJob.setup`` receives.
 
-    ``options`` is the job-specific table of the job spec (e.g. ``[job.options]``);
-    the job validates it strictly and rejects unknown keys.
+    ``options`` is the job-specific ``[options]`` table of the job spec, nested tables
+    as dicts and lists as lists, whatever form it arrived in (the spec's frozen tuples,
+    or those after a JSON trip: :func:`~weave_slurm.config.job.options_dict`); the job
+    validates it strictly and rejects unknown keys.
+
+    The rest is the instance's place in its role's gang; the defaults are a single
+    rank. ``rank`` (``0 <= rank < world_size``) and ``local_rank`` (its index on its
+    node) are this process's; ``world_size`` counts the role's ranks (training: one
+    per GPU in one torch.distributed world; rollout: one per engine); ``device`` is
+    the rank's device (``"cpu"``, ``"cuda:0"``); ``group`` is the role's
+    ``torch.distributed`` process group, ``None`` for a single rank (and allowed for
+    engines that never communicate). The runtime forms the world before ``setup`` and
+    keeps it across phases: a job must neither create nor destroy it.
     """
 
     job_id: str
     role: Role
     seed: int
     options: Mapping[str, Any] = field(default_factory=dict)
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    device: str = "cpu"
+    group: ProcessGroup | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "options", options_dict(self.options))
+        for name in ("rank", "local_rank", "world_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"job {self.job_id}: {name} must be an integer >= 0, "
+                                  f"got {value!r}")
+        if not (self.world_size >= 1 and self.rank < self.world_size
+                and self.local_rank < self.world_size):
+            raise ConfigError(f"job {self.job_id}: rank {self.rank} (local "
+                              f"{self.local_rank}) is outside a gang of world_size "
+                              f"{self.world_size} (valid: 0..{self.world_size - 1})")
+        if not isinstance(self.device, str) or not self.device:
+            raise ConfigError(f"job {self.job_id}: device must be a device name such as "
+                              f"'cpu' or 'cuda:0', got {self.device!r}")
+        if self.group is not None:
+            size, rank = self.group.size(), self.group.rank()
+            if (size, rank) != (self.world_size, self.rank):
+                raise ConfigError(f"job {self.job_id}: the process group is rank {rank} of "
+                                  f"{size}, the context says rank {self.rank} of "
+                                  f"{self.world_size}")
+
+    def share(self, n: int) -> tuple[int, int]:
+        """This rank's contiguous share ``[lo, hi)`` of ``n`` items (its prompts, its rows)."""
+        from weave_slurm.workloads.gang import share_bounds
+
+        return share_bounds(n, self.world_size, self.rank)
 
 
 @dataclass(frozen=True)
@@ -166,6 +222,27 @@ class BorrowsWeights(Protocol):
     def borrow_weights(self, tensors: Mapping[str, Tensor]) -> None: ...
 
 
+@runtime_checkable
+class MergesTrajectories(Protocol):
+    """Optional: how the rollout slices of a job's engines become one batch.
+
+    ``parts`` are the engines' ``generate`` results in rank order. Without the method,
+    :func:`~weave_slurm.workloads.gang.concat_trajectories` concatenates the tensors
+    and averages the metrics by rows.
+    """
+
+    def merge_trajectories(self, parts: Sequence[Trajectories]) -> Trajectories: ...
+
+
+@runtime_checkable
+class ExportsWeightShard(Protocol):
+    """Optional, training gangs: this rank's shard of the policy weights, for a sharded
+    weight sync (:func:`~weave_slurm.workloads.gang.assemble_weights` rebuilds them).
+    Local: no collective."""
+
+    def export_weight_shard(self) -> WeightShard: ...
+
+
 class JobRunner:
     """Wraps an :class:`RLJob`: version tagging, the on-policy check, warm state, checkpoints.
 
@@ -195,6 +272,10 @@ class JobRunner:
     @property
     def role(self) -> Role:
         return self._ctx.role
+
+    @property
+    def context(self) -> JobContext:
+        return self._ctx
 
     @property
     def weights_version(self) -> int:
@@ -241,9 +322,37 @@ class JobRunner:
         self._version += 1
         return self._version
 
+    def merge_rollouts(self, batches: Sequence[TrajectoryBatch]) -> TrajectoryBatch:
+        """The engines' rollout slices (``batches``, in engine rank order) as one batch.
+
+        Refuses slices of another job or of different weight versions.
+        """
+        from weave_slurm.workloads.gang import concat_trajectories
+
+        if not batches:
+            raise StateError(f"job {self.job_id}: merge_rollouts of no batches")
+        versions = sorted({b.weights_version for b in batches})
+        others = sorted({b.job_id for b in batches} - {self.job_id})
+        if others or len(versions) > 1:
+            raise VersionMismatch(f"job {self.job_id}: refusing to merge rollout slices of "
+                                  f"jobs {others} / weight versions {versions}")
+        parts = [b.trajectories for b in batches]
+        job: object = self._job
+        merged = (job.merge_trajectories(parts) if isinstance(job, MergesTrajectories)
+                  else concat_trajectories(parts))
+        return TrajectoryBatch(self.job_id, versions[0], merged)
+
     # -- weight sync ----------------------------------------------------------------
     def export_weights(self) -> dict[str, Tensor]:
         return self._job.export_weights()
+
+    def export_weight_shard(self) -> WeightShard:
+        """This rank's weight shard, for jobs that implement :class:`ExportsWeightShard`."""
+        job: object = self._job
+        if not isinstance(job, ExportsWeightShard):
+            raise StateError(f"job {self.job_id}: {type(job).__name__} has no "
+                             "export_weight_shard(); sync its export_weights() instead")
+        return job.export_weight_shard()
 
     def import_weights(self, tensors: Mapping[str, Tensor], version: int, *,
                        borrow: bool = False) -> bool:

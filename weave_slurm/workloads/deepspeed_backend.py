@@ -5,9 +5,14 @@ with ZeRO stage 1 or 2 around a plain ``torch.optim.Adam`` (DeepSpeed's own fuse
 optimizers JIT-compile C++ for minutes, so we never ask for them). On a CPU machine
 DeepSpeed picks its CPU accelerator and gloo by itself.
 
-Data parallel: with a process group of ``W`` ranks each rank takes every ``W``-th row
-of each minibatch and DeepSpeed averages the gradients, so ``W`` ranks learn what one
-rank learns. When no process group exists, a single-rank gloo group is created.
+Engine settings come from the spec's ``[options.engine]`` table (``zero_stage``; the
+top-level ``zero_stage`` option still works), the world from the job's context: a
+training gang (``world_size`` ``W > 1``) must be the whole default torch.distributed
+world, which DeepSpeed trains over (it takes no process group of its own), and
+``LOCAL_RANK`` is the context's ``local_rank``. Each rank takes every ``W``-th row of
+each minibatch and DeepSpeed averages the gradients, so ``W`` ranks learn what one
+rank learns. A single-rank context keeps the older behaviour: the default world if
+one exists (a ``torchrun``-style launch), else a single-rank gloo group it creates.
 
 Optional extra: this module imports without deepspeed and raises ``ConfigError``
 naming the extra when the backend is used. DeepSpeed may leave ``/dev/shm/deepspeed_*``
@@ -16,6 +21,7 @@ files behind: :func:`clean_shm_leftovers` removes them.
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import importlib
 import io
@@ -25,7 +31,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from weave_slurm.errors import ConfigError, StateError
-from weave_slurm.workloads.api import JobContext
+from weave_slurm.workloads.api import JobContext, Role
 from weave_slurm.workloads.grpo_toy import GrpoToyJob
 
 if TYPE_CHECKING:
@@ -34,6 +40,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ZERO_STAGES = (1, 2)
+#: Keys of ``[options.engine]`` for this backend.
+ENGINE_KEYS = ("zero_stage",)
 _STATE_KEY = "optim.deepspeed_zero"
 _SHM_GLOB = "/dev/shm/deepspeed_*"
 
@@ -96,10 +104,43 @@ def _ensure_process_group() -> None:
         os.environ["LOCAL_RANK"] = local
 
 
+def _zero_stage(options: dict[str, Any]) -> int:
+    """``[options.engine] zero_stage`` or the top-level ``zero_stage`` (popped)."""
+    engine = options.pop("engine", {})
+    if not isinstance(engine, Mapping):
+        raise ConfigError(f"options.engine: expected a table, got {engine!r}")
+    unknown = sorted(set(engine) - set(ENGINE_KEYS))
+    if unknown:
+        raise ConfigError(f"options.engine.{unknown[0]}: unknown key for "
+                          f"builtin:grpo-toy-deepspeed (valid: {', '.join(ENGINE_KEYS)})")
+    if "zero_stage" in engine and "zero_stage" in options:
+        raise ConfigError("options.zero_stage: also given as options.engine.zero_stage; "
+                          "give one")
+    key = "options.engine.zero_stage" if "zero_stage" in engine else "options.zero_stage"
+    stage = engine.get("zero_stage", options.pop("zero_stage", 1))
+    if stage not in ZERO_STAGES or isinstance(stage, bool):
+        raise ConfigError(f"{key}: unsupported value {stage!r} "
+                          f"(valid: {', '.join(map(str, ZERO_STAGES))})")
+    return int(stage)
+
+
+def _check_gang_world(ctx: JobContext) -> None:
+    """DeepSpeed trains over the default world: a gang must be exactly that world."""
+    import torch.distributed as dist
+
+    world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else None
+    if world != (ctx.rank, ctx.world_size):
+        shown = "none" if world is None else f"rank {world[0]} of {world[1]}"
+        raise ConfigError(f"job {ctx.job_id}: DeepSpeed trains over the default "
+                          f"torch.distributed world, which must be the gang (rank "
+                          f"{ctx.rank} of {ctx.world_size}); the default world is {shown}")
+
+
 class DeepSpeedGrpoJob(GrpoToyJob):
     """:class:`GrpoToyJob` whose optimizer step is a DeepSpeed ZeRO engine step.
 
-    Extra option: ``zero_stage`` (1 or 2, default 1).
+    Extra option: ``zero_stage`` (1 or 2, default 1), at the top level of the options
+    or in their ``engine`` table.
     """
 
     def __init__(self) -> None:
@@ -111,13 +152,11 @@ class DeepSpeedGrpoJob(GrpoToyJob):
 
     def setup(self, ctx: JobContext) -> None:
         options = dict(ctx.options)
-        stage = options.pop("zero_stage", 1)
-        if stage not in ZERO_STAGES or isinstance(stage, bool):
-            raise ConfigError(f"options.zero_stage: unsupported value {stage!r} "
-                              f"(valid: {', '.join(map(str, ZERO_STAGES))})")
-        self._zero_stage = stage
+        self._zero_stage = _zero_stage(options)
+        if ctx.world_size > 1 and ctx.role is Role.TRAIN:
+            _check_gang_world(ctx)
         import_deepspeed()  # fail early, before the model is built
-        super().setup(JobContext(ctx.job_id, ctx.role, ctx.seed, options))
+        super().setup(dataclasses.replace(ctx, options=options))
 
     @property
     def zero_stage(self) -> int:
@@ -128,7 +167,10 @@ class DeepSpeedGrpoJob(GrpoToyJob):
         import torch.distributed as dist
 
         deepspeed = import_deepspeed()
-        _ensure_process_group()
+        if self.context.world_size > 1:
+            os.environ["LOCAL_RANK"] = str(self.context.local_rank)
+        else:
+            _ensure_process_group()
         self._rank, self._world = dist.get_rank(), dist.get_world_size()
         opts = self.options
         rows = opts.prompts_per_step * opts.group_size // opts.minibatches

@@ -1,6 +1,7 @@
 """GRPO math: group-normalised advantages, token log-probabilities, the clipped objective.
 
-Pure functions over tensors, shared by the reference job and its DeepSpeed variant.
+Pure functions over tensors, shared by the reference job, its DeepSpeed variant and
+its FSDP2 training gang.
 The policy acts over a restricted set of token ids (constrained decoding): its
 log-probabilities are a softmax over the logits of ``action_ids`` only.
 """
@@ -64,30 +65,37 @@ def action_logprobs(model: CausalLM, tokens: torch.Tensor, actions: torch.Tensor
 
 def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor,
               advantages: torch.Tensor, hyper: GrpoHyper, mask: torch.Tensor | None = None,
+              count: float | torch.Tensor | None = None,
               ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped-ratio policy loss plus a KL penalty (k3 estimator) to the reference.
 
     All log-prob tensors are ``[N, R]``; ``advantages`` is ``[N]``. Token-mean: over
     every token, or with ``mask`` (``[N, R]``, 1 = a response token) over the tokens
-    where it is 1 only, so padding past a response's end is ignored.
+    where it is 1 only, so padding past a response's end is ignored. ``count``: divide
+    the token sum by this instead (a data-parallel rank passes the token count of the
+    whole minibatch, so that the ranks' losses and metrics add up to the mean).
     """
     import torch
 
     adv = advantages.unsqueeze(-1)
     ratio = torch.exp(logp - old_logp)
     clipped = torch.clamp(ratio, 1.0 - hyper.clip_eps, 1.0 + hyper.clip_eps)
-    policy = -_token_mean(torch.minimum(ratio * adv, clipped * adv), mask)
+    policy = -_token_mean(torch.minimum(ratio * adv, clipped * adv), mask, count)
     log_ref_ratio = ref_logp - logp
-    kl = _token_mean(torch.exp(log_ref_ratio) - log_ref_ratio - 1.0, mask)
+    kl = _token_mean(torch.exp(log_ref_ratio) - log_ref_ratio - 1.0, mask, count)
     loss = policy + hyper.kl_coef * kl
-    clip_frac = _token_mean(((ratio - 1.0).abs() > hyper.clip_eps).float(), mask)
+    clip_frac = _token_mean(((ratio - 1.0).abs() > hyper.clip_eps).float(), mask, count)
     metrics = {"policy_loss": float(policy.detach()), "kl": float(kl.detach()),
                "clip_frac": float(clip_frac)}
     return loss, metrics
 
 
-def _token_mean(values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """The mean of ``values``; with ``mask``, over the tokens where it is 1 (at least one)."""
+def _token_mean(values: torch.Tensor, mask: torch.Tensor | None,
+                count: float | torch.Tensor | None = None) -> torch.Tensor:
+    """The mean of ``values``; with ``mask``, over the tokens where it is 1 (at least one);
+    with ``count``, the (masked) sum divided by ``count``."""
+    if count is not None:
+        return (values if mask is None else values * mask).sum() / count
     if mask is None:
         return values.mean()
     return (values * mask).sum() / mask.sum().clamp(min=1.0)

@@ -20,18 +20,33 @@ Finished rows leave the decode batch, so the work really shrinks and the last fe
 requests decode alone: the long tail that long-tail migration overlaps
 (docs/runtime.md). ``generate`` reports the requests still decoding through
 :func:`~weave_slurm.workloads.api.report_progress`; that changes nothing it computes.
+
+Gangs (docs/job_api.md): a rollout over ``E`` engines (role rollout, ``world_size``
+``E``, ``sampling = "per_prompt"``) has engine ``r`` generate its share of the prompts
+(:meth:`~weave_slurm.workloads.api.JobContext.share`), and :meth:`GrpoToyJob.merge_trajectories`
+joins the shares in rank order into the single-engine batch. A training gang
+(``world_size > 1``) trains through :class:`~weave_slurm.workloads.grpo_fsdp.FsdpTrainer`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Mapping
-from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from weave_slurm.errors import ConfigError, StateError
 from weave_slurm.workloads.api import JobContext, Role, Trajectories, report_progress
-from weave_slurm.workloads.grpo import GrpoHyper, action_logprobs, group_advantages, grpo_loss
+from weave_slurm.workloads.gang import WeightShard, concat_trajectories, whole_shard
+from weave_slurm.workloads.grpo import action_logprobs, group_advantages, grpo_loss
+from weave_slurm.workloads.grpo_fsdp import FsdpTrainer, gang_refusal, shard_world
+from weave_slurm.workloads.grpo_model import build_policy, load_module, sub_tensors
+from weave_slurm.workloads.grpo_options import (
+    BOS_ID,
+    DIGIT_BASE_ID,
+    SEP_ID,
+    GrpoToyOptions,
+)
 from weave_slurm.workloads.tasks import (
     EOS_ACTION,
     NUM_DIGITS,
@@ -44,119 +59,41 @@ if TYPE_CHECKING:
     import torch
     from torch import Tensor, nn
 
+    #: what draws one action per row: one stream, or one stream per prompt
+    Draws = torch.Generator | Sequence[torch.Generator]
+
+__all__ = ["BOS_ID", "DIGIT_BASE_ID", "NUM_DIGITS", "SEP_ID", "GrpoToyJob", "GrpoToyOptions",
+           "build_policy", "prompt_seed", "rollout_seed"]
+
 log = logging.getLogger(__name__)
 
-BOS_ID = 1
-SEP_ID = 2
-DIGIT_BASE_ID = 16  # token id of digit 0; digits are DIGIT_BASE_ID .. DIGIT_BASE_ID + 9
 _SEED_MIX = 1_000_003
-
-
-@dataclass(frozen=True)
-class GrpoToyOptions:
-    """The job's options (the ``options`` table of its job spec). Defaults: the fast config."""
-
-    task: str = "copy"
-    prompt_len: int = 4
-    vocab_size: int = 512
-    hidden_size: int = 128
-    num_layers: int = 2
-    num_heads: int = 4
-    intermediate_size: int = 256
-    prompts_per_step: int = 8
-    group_size: int = 8
-    minibatches: int = 2
-    lr: float = 1e-3
-    clip_eps: float = 0.2
-    kl_coef: float = 0.02
-    max_grad_norm: float = 1.0
-    temperature: float = 1.0
-    num_threads: int = 1
-    response_len_max: int = 0          # > 0: long-tailed responses of at most this length
-    length_tail_alpha: float = 1.2     # Pareto shape of the per-request length caps
-
-    @property
-    def long_tail(self) -> bool:
-        return self.response_len_max > 0
-
-    @classmethod
-    def from_mapping(cls, options: Mapping[str, Any]) -> GrpoToyOptions:
-        """Strict parse: unknown keys and wrongly typed values are ``ConfigError``."""
-        known = {f.name: f for f in fields(cls)}
-        unknown = sorted(set(options) - set(known))
-        if unknown:
-            raise ConfigError(f"options: unknown key {unknown[0]!r} for builtin:grpo-toy "
-                              f"(valid: {', '.join(sorted(known))})")
-        values: dict[str, Any] = {}
-        for name, value in options.items():
-            default = getattr(cls, name)
-            if isinstance(default, float) and isinstance(value, int) \
-                    and not isinstance(value, bool):
-                value = float(value)
-            if type(value) is not type(default):
-                raise ConfigError(f"options.{name}: expected {type(default).__name__}, "
-                                  f"got {value!r}")
-            values[name] = value
-        opts = cls(**values)
-        opts.validate()
-        return opts
-
-    def validate(self) -> None:
-        TaskKind.parse(self.task, "options.task")
-        positive = ("prompt_len", "hidden_size", "num_layers", "num_heads",
-                    "intermediate_size", "prompts_per_step", "group_size", "minibatches",
-                    "num_threads")
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise ConfigError(f"options.{name}: must be >= 1, got {getattr(self, name)!r}")
-        if self.group_size < 2:
-            raise ConfigError(f"options.group_size: GRPO needs >= 2, got {self.group_size!r}")
-        if self.vocab_size < DIGIT_BASE_ID + NUM_DIGITS:
-            raise ConfigError(f"options.vocab_size: must be >= {DIGIT_BASE_ID + NUM_DIGITS}, "
-                              f"got {self.vocab_size!r}")
-        if self.hidden_size % self.num_heads:
-            raise ConfigError(f"options.num_heads: must divide hidden_size "
-                              f"{self.hidden_size}, got {self.num_heads!r}")
-        if self.prompts_per_step % self.minibatches:
-            raise ConfigError(f"options.minibatches: must divide prompts_per_step "
-                              f"{self.prompts_per_step}, got {self.minibatches!r}")
-        if self.response_len_max != 0 and self.response_len_max <= self.prompt_len:
-            raise ConfigError(f"options.response_len_max: must be 0 (fixed-length responses) "
-                              f"or > prompt_len {self.prompt_len}, got "
-                              f"{self.response_len_max!r}")
-        for name in ("lr", "temperature", "max_grad_norm", "length_tail_alpha"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"options.{name}: must be > 0, got {getattr(self, name)!r}")
-
-    @property
-    def hyper(self) -> GrpoHyper:
-        return GrpoHyper(clip_eps=self.clip_eps, kl_coef=self.kl_coef)
-
-
-def build_policy(opts: GrpoToyOptions, seed: int) -> nn.Module:
-    """A randomly initialised Llama, bit-identical for the same ``(opts, seed)``."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=opts.vocab_size, hidden_size=opts.hidden_size,
-        intermediate_size=opts.intermediate_size, num_hidden_layers=opts.num_layers,
-        num_attention_heads=opts.num_heads, num_key_value_heads=opts.num_heads,
-        max_position_embeddings=(opts.prompt_len + opts.response_len_max + 8
-                                 if opts.long_tail else 2 * opts.prompt_len + 8),
-        bos_token_id=BOS_ID,
-        eos_token_id=SEP_ID, pad_token_id=0, tie_word_embeddings=False)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = LlamaForCausalLM(config)
-    # no dropout anywhere: train mode would change nothing, but keep it explicit
-    model.eval()  # type: ignore[no-untyped-call]
-    return model
 
 
 def rollout_seed(seed: int, weights_version: int) -> int:
     """The sampling seed of one rollout: a function of (job seed, version) only."""
     return (seed * _SEED_MIX + weights_version) % (2**63 - 1)
+
+
+def prompt_seed(seed: int, weights_version: int, prompt: int) -> int:
+    """The sampling seed of prompt ``prompt`` of a rollout (``sampling = "per_prompt"``)."""
+    return ((rollout_seed(seed, weights_version) * _SEED_MIX + prompt + 1) * _SEED_MIX
+            % (2**63 - 1))
+
+
+def _draw(probs: Tensor, prompt_of_row: Tensor | None, draws: Draws) -> Tensor:
+    """One action per row ``[n, 1]``: from one stream, or row ``i`` from the stream of
+    its prompt ``prompt_of_row[i]`` (rows of a prompt are contiguous)."""
+    import torch
+
+    if isinstance(draws, torch.Generator):
+        return torch.multinomial(probs, 1, generator=draws)
+    assert prompt_of_row is not None  # per-prompt streams come with the rows' prompts
+    out = torch.empty((probs.shape[0], 1), dtype=torch.int64)
+    for prompt in torch.unique_consecutive(prompt_of_row).tolist():
+        rows = prompt_of_row == prompt
+        out[rows] = torch.multinomial(probs[rows], 1, generator=draws[prompt])
+    return out
 
 
 class GrpoToyJob:
@@ -169,6 +106,7 @@ class GrpoToyJob:
         self._policy: nn.Module | None = None
         self._reference: nn.Module | None = None
         self._optim: torch.optim.Optimizer | None = None
+        self._gang: FsdpTrainer | None = None  # a training gang's trainer (world_size > 1)
         self._updates = 0
         self._borrowed = False  # parameters are bound to someone else's (shared) memory
 
@@ -178,6 +116,10 @@ class GrpoToyJob:
 
         self._ctx = ctx
         self._opts = GrpoToyOptions.from_mapping(ctx.options)
+        if ctx.role is Role.ROLLOUT and ctx.world_size > 1 and not self._splits_prompts():
+            raise ConfigError(f"options.sampling: a rollout over {ctx.world_size} engines "
+                              "needs 'per_prompt' (a 'batch' stream depends on how the "
+                              f"prompts are split), got {self._opts.sampling!r}")
         self._task = DigitTask(TaskKind.parse(self._opts.task), self._opts.prompt_len)
         torch.set_num_threads(self._opts.num_threads)
         self._policy = build_policy(self._opts, ctx.seed)
@@ -188,10 +130,19 @@ class GrpoToyJob:
         else:
             self._policy.requires_grad_(False)
 
+    def _splits_prompts(self) -> bool:
+        """Whether a rollout's prompts may be split over engines (the batch unchanged)."""
+        return self._opts.per_prompt
+
     def _make_trainer(self, policy: nn.Module) -> None:
-        """Create the optimizer (the DeepSpeed variant overrides this)."""
+        """Create the optimizer, or a gang's FSDP2 trainer (the DeepSpeed variant
+        overrides this)."""
         import torch
 
+        if self.context.world_size > 1:
+            assert self._reference is not None  # built before the trainer
+            self._gang = FsdpTrainer(self.context, self._opts, policy, self._reference)
+            return
         self._optim = torch.optim.Adam(policy.parameters(), lr=self._opts.lr)
 
     @property
@@ -233,56 +184,78 @@ class GrpoToyJob:
 
     # -- rollout --------------------------------------------------------------------
     def generate(self, weights_version: int) -> Trajectories:
+        """A rollout; an engine of a rollout gang generates its share of the prompts."""
         import torch
 
         opts = self._opts
         gen = torch.Generator().manual_seed(rollout_seed(self.context.seed, weights_version))
         prompts = self._task.sample_prompts(opts.prompts_per_step, gen)
+        draws: Draws = gen
+        first = 0
+        if opts.per_prompt:
+            first, last = (self.context.share(len(prompts)) if self.context.role is Role.ROLLOUT
+                           else (0, len(prompts)))
+            prompts = prompts[first:last]
+            draws = [torch.Generator().manual_seed(prompt_seed(self.context.seed,
+                                                               weights_version, i))
+                     for i in range(first, last)]
         prompts = prompts.repeat_interleave(opts.group_size, dim=0)
         if opts.long_tail:
-            return self._generate_long_tail(prompts, gen, weights_version)
-        responses = self.sample(prompts, gen)
-        rewards = self._task.reward(prompts, responses)
-        metrics = {"reward_mean": float(rewards.mean()),
-                   "reward_max": float(rewards.max())}
-        return Trajectories({"prompts": prompts, "responses": responses,
-                             "rewards": rewards}, metrics)
+            return self._generate_long_tail(prompts, draws, weights_version,
+                                            first * opts.group_size)
+        responses = self.sample(prompts, draws)
+        tensors = {"prompts": prompts, "responses": responses,
+                   "rewards": self._task.reward(prompts, responses)}
+        return Trajectories(tensors, _rollout_metrics(tensors))
 
-    def sample(self, prompts: Tensor, generator: torch.Generator) -> Tensor:
+    def merge_trajectories(self, parts: Sequence[Trajectories]) -> Trajectories:
+        """The engines' shares (rank order) as the batch one engine would have made."""
+        merged = concat_trajectories(parts)
+        return Trajectories(merged.tensors, _rollout_metrics(merged.tensors))
+
+    def _no_grad(self) -> contextlib.AbstractContextManager[object]:
+        """Inference mode; plain no-grad for a gang's sharded policy (FSDP2 reuses its
+        gather buffers in training, which inference tensors would forbid)."""
+        import torch
+
+        return torch.no_grad() if self._gang is not None else torch.inference_mode()
+
+    def _prompt_of_row(self, rows: Tensor) -> Tensor | None:
+        return rows // self._opts.group_size if self._opts.per_prompt else None
+
+    def sample(self, prompts: Tensor, draws: Draws) -> Tensor:
         """Sample response digits token by token (full recompute; sequences are short)."""
         import torch
 
         action_ids = self._action_ids()
         tokens = self._prefix(prompts)
+        prompt_of_row = self._prompt_of_row(torch.arange(prompts.shape[0]))
         actions = []
-        with torch.inference_mode():
+        with self._no_grad():
             for _ in range(self._task.response_len):
                 logits = self.policy(input_ids=tokens, use_cache=False).logits[:, -1, :]
                 probs = torch.softmax(logits.index_select(-1, action_ids).float()
                                       / self._opts.temperature, dim=-1)
-                nxt = torch.multinomial(probs, 1, generator=generator)
+                nxt = _draw(probs, prompt_of_row, draws)
                 actions.append(nxt)
                 tokens = torch.cat([tokens, nxt + DIGIT_BASE_ID], dim=1)
         return torch.cat(actions, dim=1)
 
-    def _generate_long_tail(self, prompts: Tensor, gen: torch.Generator,
-                            weights_version: int) -> Trajectories:
-        import torch
-
+    def _generate_long_tail(self, prompts: Tensor, draws: Draws, weights_version: int,
+                            first_row: int) -> Trajectories:
         opts = self._opts
-        caps = length_caps(self.context.seed, weights_version, prompts.shape[0],
-                           opts.prompt_len + 1, opts.response_len_max, opts.length_tail_alpha)
-        responses, lengths = self.sample_until_end(prompts, caps, gen)
-        rewards = self._task.reward_ended(prompts, responses, lengths)
-        lens = lengths.to(torch.float32)
-        metrics = {"reward_mean": float(rewards.mean()), "reward_max": float(rewards.max()),
-                   "response_len_mean": float(lens.mean()),
-                   "response_len_max": float(lens.max())}
-        return Trajectories({"prompts": prompts, "responses": responses, "lengths": lengths,
-                             "rewards": rewards}, metrics)
+        n = prompts.shape[0]
+        total = opts.prompts_per_step * opts.group_size if opts.per_prompt else n
+        caps = length_caps(self.context.seed, weights_version, total, opts.prompt_len + 1,
+                           opts.response_len_max, opts.length_tail_alpha)
+        responses, lengths = self.sample_until_end(prompts, caps[first_row:first_row + n],
+                                                   draws)
+        tensors = {"prompts": prompts, "responses": responses, "lengths": lengths,
+                   "rewards": self._task.reward_ended(prompts, responses, lengths)}
+        return Trajectories(tensors, _rollout_metrics(tensors))
 
     def sample_until_end(self, prompts: Tensor, caps: Tensor,
-                         generator: torch.Generator) -> tuple[Tensor, Tensor]:
+                         draws: Draws) -> tuple[Tensor, Tensor]:
         """Decode until each row ends (EOS action or its cap); finished rows leave the batch.
 
         Returns the actions ``[n, max length]`` (0 past a row's end) and the lengths
@@ -297,12 +270,12 @@ class GrpoToyJob:
         tokens, live = self._prefix(prompts), torch.arange(n)
         t = 0
         report_progress(n, n)
-        with torch.inference_mode():
+        with self._no_grad():
             while live.numel():
                 logits = self.policy(input_ids=tokens, use_cache=False).logits[:, -1, :]
                 probs = torch.softmax(logits.index_select(-1, action_ids).float()
                                       / self._opts.temperature, dim=-1)
-                nxt = torch.multinomial(probs, 1, generator=generator)
+                nxt = _draw(probs, self._prompt_of_row(live), draws)
                 out[live, t] = nxt[:, 0]
                 t += 1
                 done = (nxt[:, 0] == EOS_ACTION) | (caps[live] <= t)
@@ -333,6 +306,20 @@ class GrpoToyJob:
         else:
             tokens = torch.cat([self._prefix(prompts), responses + DIGIT_BASE_ID], dim=1)
         adv = group_advantages(rewards, opts.group_size, opts.hyper.adv_eps)
+        if self._gang is not None:
+            sums = self._gang.train_batch(tokens, responses, adv, mask, action_ids)
+        else:
+            sums = self._train_batch(reference, tokens, responses, adv, mask, action_ids)
+        self._updates += 1
+        sums["reward_mean"] = float(rewards.mean())
+        return sums
+
+    def _train_batch(self, reference: nn.Module, tokens: Tensor, responses: Tensor,
+                     adv: Tensor, mask: Tensor | None, action_ids: Tensor) -> dict[str, float]:
+        """The minibatch steps of one rank (a DeepSpeed rank: its rows, ``_rows``)."""
+        import torch
+
+        opts = self._opts
         with torch.no_grad():
             old_logp = action_logprobs(self.policy, tokens, responses, action_ids)
             ref_logp = action_logprobs(reference, tokens, responses, action_ids)
@@ -347,8 +334,6 @@ class GrpoToyJob:
             metrics["loss"] = float(loss.detach())
             for k, v in metrics.items():
                 sums[k] = sums.get(k, 0.0) + v / opts.minibatches
-        self._updates += 1
-        sums["reward_mean"] = float(rewards.mean())
         return sums
 
     def _rows(self, start: int, stop: int) -> slice:
@@ -372,7 +357,17 @@ class GrpoToyJob:
 
     # -- weights and warm state ------------------------------------------------------
     def export_weights(self) -> dict[str, Tensor]:
+        """The policy weights; a training gang's are gathered on rank 0 (``{}`` on the
+        other ranks: a collective every rank calls)."""
+        if self._gang is not None:
+            return self._gang.export_full()
         return {k: v.detach().clone() for k, v in self.policy.state_dict().items()}
+
+    def export_weight_shard(self) -> WeightShard:
+        """This rank's shard of the policy weights (a single rank: all of them)."""
+        if self._gang is not None:
+            return self._gang.export_shard()
+        return whole_shard(self.export_weights())
 
     def import_weights(self, tensors: Mapping[str, Tensor]) -> None:
         self._install(tensors, "weights")
@@ -381,11 +376,11 @@ class GrpoToyJob:
         """Copy ``tensors`` into the policy; after a borrow, into fresh private memory
         (copying into borrowed parameters would write the shared segment)."""
         if self._borrowed:
-            _load_module(self.policy, {k: v.clone() for k, v in tensors.items()}, what,
-                         assign=True)
+            load_module(self.policy, {k: v.clone() for k, v in tensors.items()}, what,
+                        assign=True)
             self._borrowed = False
         else:
-            _load_module(self.policy, tensors, what)
+            load_module(self.policy, tensors, what)
 
     def borrow_weights(self, tensors: Mapping[str, Tensor]) -> None:
         """Bind the policy's parameters to ``tensors`` (no copy): rollout role only,
@@ -394,17 +389,21 @@ class GrpoToyJob:
             raise StateError(f"grpo-toy job {self.context.job_id}: borrow_weights() needs role "
                              f"rollout, not {self.context.role.value} (training writes its "
                              "weights)")
-        _load_module(self.policy, tensors, "borrowed weights", assign=True)
+        load_module(self.policy, tensors, "borrowed weights", assign=True)
         self._borrowed = True
 
     def state_tensors(self) -> dict[str, Tensor]:
+        """The warm state; a training gang rank's holds its shards (``gang.*`` says which)."""
         import torch
 
-        state = {f"policy.{k}": v for k, v in self.export_weights().items()}
-        if self._reference is not None:
-            for k, v in self._reference.state_dict().items():
-                state[f"reference.{k}"] = v.detach().clone()
-        state.update(self._optimizer_state())
+        if self._gang is not None:
+            state = self._gang.state_tensors()
+        else:
+            state = {f"policy.{k}": v for k, v in self.export_weights().items()}
+            if self._reference is not None:
+                for k, v in self._reference.state_dict().items():
+                    state[f"reference.{k}"] = v.detach().clone()
+            state.update(self._optimizer_state())
         state["rng.seed"] = torch.tensor(self.context.seed, dtype=torch.int64)
         state["data.position"] = torch.tensor(self._updates, dtype=torch.int64)
         return state
@@ -414,10 +413,17 @@ class GrpoToyJob:
         if seed != self.context.seed:
             raise StateError(f"grpo-toy job {self.context.job_id}: warm state has seed "
                              f"{seed!r}, this instance {self.context.seed}")
-        self._install(_sub(tensors, "policy."), "state policy")
+        if self._gang is not None:
+            self._gang.load_state(tensors)
+            self._updates = int(tensors["data.position"].item())
+            return
+        if shard_world(tensors) != 1:
+            raise StateError(gang_refusal(self.context.job_id, shard_world(tensors),
+                                          self.context.rank, 1))
+        self._install(sub_tensors(tensors, "policy."), "state policy")
         if self._reference is not None:
-            _load_module(self._reference, _sub(tensors, "reference."), "state reference")
-            self._load_optimizer_state(_sub(tensors, "optim."))
+            load_module(self._reference, sub_tensors(tensors, "reference."), "state reference")
+            self._load_optimizer_state(sub_tensors(tensors, "optim."))
         self._updates = int(tensors["data.position"].item())
 
     def _param_names(self) -> list[str]:
@@ -449,26 +455,14 @@ class GrpoToyJob:
         self._optim.load_state_dict(sd)
 
 
-def _sub(tensors: Mapping[str, Tensor], prefix: str) -> dict[str, Tensor]:
-    return {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
-
-
-def _load_module(module: nn.Module, tensors: Mapping[str, Tensor], what: str, *,
-                 assign: bool = False) -> None:
+def _rollout_metrics(tensors: Mapping[str, Tensor]) -> dict[str, float]:
+    """A rollout's metrics, from its tensors (so merged shares get the batch's)."""
     import torch
 
-    expected = set(module.state_dict())
-    missing = sorted(expected - set(tensors))
-    extra = sorted(set(tensors) - expected)
-    if missing or extra:
-        raise StateError(f"grpo-toy {what}: keys do not match the model "
-                         f"(missing {missing[:3]}, unexpected {extra[:3]})")
-    with torch.no_grad():
-        if assign:   # same dtypes and shapes, or the model would silently change
-            for name, t in module.state_dict().items():
-                got = tensors[name]
-                if got.dtype != t.dtype or got.shape != t.shape:
-                    raise StateError(f"grpo-toy {what}: {name} is {got.dtype}"
-                                     f"{list(got.shape)}, the model has {t.dtype}"
-                                     f"{list(t.shape)}")
-        module.load_state_dict(dict(tensors), strict=True, assign=assign)
+    rewards = tensors["rewards"]
+    metrics = {"reward_mean": float(rewards.mean()), "reward_max": float(rewards.max())}
+    if "lengths" in tensors:
+        lens = tensors["lengths"].to(torch.float32)
+        metrics.update(response_len_mean=float(lens.mean()),
+                       response_len_max=float(lens.max()))
+    return metrics

@@ -15,6 +15,11 @@ is added to vLLM's worker by :class:`WeaveWorkerExtension` (engine argument
 RPC as arguments (they arrive as plain lists), and shipping a callable would need
 ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``.
 
+Engine arguments come from the spec's ``[options.engine]`` table (:func:`engine_args`:
+``tensor_parallel_size`` and the memory keys); a rollout gang's engine serves its share
+of the prompts (context ``rank`` of ``world_size`` engines), each request with the
+seed it has in the single-engine rollout.
+
 The torch copy of the policy stays the source of truth for ``export_weights`` and
 warm state. vLLM samples with its own RNG, seeded per request by seeds drawn from
 (seed, version) (vLLM gives the k-th sample of a request seed + k, so the request seeds
@@ -26,6 +31,7 @@ Optional extra: imports without vllm; using it without vllm raises ``ConfigError
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import os
@@ -82,12 +88,37 @@ def _scratch_root() -> str | None:
     return "/dev/shm" if os.path.isdir("/dev/shm") else None
 
 
+def engine_args(options: dict[str, Any]) -> dict[str, Any]:
+    """The engine arguments of ``[options.engine]`` (or its older name ``vllm``), popped
+    from ``options`` and checked: known keys, and a ``tensor_parallel_size`` >= 1."""
+    given = [name for name in ("engine", "vllm") if name in options]
+    if len(given) > 1:
+        raise ConfigError("options.vllm: also given as options.engine (its new name); "
+                          "give one")
+    name = given[0] if given else "engine"
+    args = options.pop(name, {})
+    if not isinstance(args, Mapping):
+        raise ConfigError(f"options.{name}: expected a table, got {args!r}")
+    unknown = sorted(set(args) - set(_ENGINE_KEYS))
+    if unknown:
+        raise ConfigError(f"options.{name}: unknown key {unknown[0]!r} "
+                          f"(valid: {', '.join(_ENGINE_KEYS)})")
+    tp = args.get("tensor_parallel_size", 1)
+    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+        raise ConfigError(f"options.{name}.tensor_parallel_size: must be an integer >= 1 "
+                          f"(GPUs per engine), got {tp!r}")
+    return dict(args)
+
+
 class VllmGrpoJob(GrpoToyJob):
     """:class:`GrpoToyJob` whose rollout runs on a vLLM engine.
 
-    Extra option: ``vllm`` (a table of engine arguments; allowed keys
-    ``gpu_memory_utilization``, ``kv_cache_memory_bytes``, ``enforce_eager``, ``dtype``,
-    ``tensor_parallel_size``). Call :meth:`close` to stop the engine's processes.
+    Extra option: ``engine`` (``[options.engine]``, formerly ``vllm``: a table of engine
+    arguments; allowed keys ``gpu_memory_utilization``, ``kv_cache_memory_bytes``,
+    ``enforce_eager``, ``dtype``, ``tensor_parallel_size``). A rollout gang of ``E``
+    engines is ``E`` instances (context ``world_size`` ``E``, ``rank`` the engine), each
+    an engine of ``tensor_parallel_size`` GPUs generating its share of the prompts.
+    Call :meth:`close` to stop the engine's processes.
     """
 
     # the engine holds its own copy (pushed on import): no zero-copy binding here
@@ -101,23 +132,19 @@ class VllmGrpoJob(GrpoToyJob):
 
     def setup(self, ctx: JobContext) -> None:
         options = dict(ctx.options)
-        engine_args = options.pop("vllm", {})
-        if not isinstance(engine_args, Mapping):
-            raise ConfigError(f"options.vllm: expected a table, got {engine_args!r}")
-        unknown = sorted(set(engine_args) - set(_ENGINE_KEYS))
-        if unknown:
-            raise ConfigError(f"options.vllm: unknown key {unknown[0]!r} "
-                              f"(valid: {', '.join(_ENGINE_KEYS)})")
-        self._engine_args = dict(engine_args)
+        self._engine_args = engine_args(options)
         if options.get("response_len_max", 0) != 0:
             raise ConfigError(f"options.response_len_max: builtin:grpo-toy-vllm generates "
                               f"fixed-length responses only (valid: 0), got "
                               f"{options['response_len_max']!r}")
         if ctx.role is Role.ROLLOUT:
             import_vllm()  # fail early, before the model is built
-        super().setup(JobContext(ctx.job_id, ctx.role, ctx.seed, options))
+        super().setup(dataclasses.replace(ctx, options=options))
         if ctx.role is Role.ROLLOUT:
             self._start_engine()
+
+    def _splits_prompts(self) -> bool:
+        return True   # every request has its own seed, whichever engine serves it
 
     def _start_engine(self) -> None:
         vllm = import_vllm()
@@ -171,10 +198,14 @@ class VllmGrpoJob(GrpoToyJob):
         base_seed = rollout_seed(self.context.seed, weights_version)
         gen = torch.Generator().manual_seed(base_seed)
         unique = self._task.sample_prompts(opts.prompts_per_step, gen)
-        prefix = self._prefix(unique)
         # vLLM seeds the k-th of the n samples of a request with seed + k: space the
         # request seeds so that no two samples of a rollout share a random stream
-        seeds = torch.randint(0, 2**31 - opts.group_size, (len(prefix),), generator=gen)
+        seeds = torch.randint(0, 2**31 - opts.group_size, (len(unique),), generator=gen)
+        # an engine of a rollout gang serves its share of the requests; every request
+        # keeps its seed, so the shares join into the single-engine batch
+        first, last = self.context.share(len(unique))
+        unique, seeds = unique[first:last], seeds[first:last]
+        prefix = self._prefix(unique)
         allowed = list(range(DIGIT_BASE_ID, DIGIT_BASE_ID + NUM_DIGITS))
         n_resp = self._task.response_len
         prompts = [TokensPrompt(prompt_token_ids=row.tolist()) for row in prefix]
