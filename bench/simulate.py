@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -21,15 +22,18 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from weave_slurm.placement.admission import place_batch
 from weave_slurm.placement.baselines import make_policy
-from weave_slurm.placement.cluster import Capacity
+from weave_slurm.placement.cluster import Capacity, ClusterState
+from weave_slurm.placement.moves import work_rate
+from weave_slurm.placement.optimum import optimum
 from weave_slurm.sim.accounting import reference_site
 from weave_slurm.sim.drift import DriftModel, DriftPattern
 from weave_slurm.sim.execution import RolloutModel, migration_speedup
 from weave_slurm.sim.failures import FailureModel
 from weave_slurm.sim.generate import GeneratorConfig, generate_trace
 from weave_slurm.sim.loader import load_trace
-from weave_slurm.sim.policies import Accounting, SimPolicy
+from weave_slurm.sim.policies import Accounting, SimPolicy, job_profile
 from weave_slurm.sim.replay import Replay, ReplayOptions, replay_policies
 from weave_slurm.sim.report import build_report
 
@@ -106,6 +110,45 @@ def generated() -> dict[str, Any]:
             rep = build_report(res, GPUS)["policies"]
             out[f"seed{seed}_{acc.value}"] = {n: _row(rep[n]) for n in ("weave", "weave-online")}
     return out
+
+
+def floor_snapshots(every_h: float = 6.0, max_jobs: int = 9) -> dict[str, Any]:
+    """How much bubble is structural: every ``every_h`` hours of wild, the jobs running
+    then (when at most ``max_jobs``) grouped by the exact minimum-cost optimum
+    (placement.optimum), and the cost / bound and bubbles of that grouping (consistent
+    shapes), next to the batch placer's on the same set."""
+    trace = load_trace("wild")
+    cap = _cap(5)
+    prof = {j.job_id: job_profile(j, "weave", Accounting.CONSISTENT) for j in trace.jobs}
+    rows: list[dict[str, Any]] = []
+    for k in range(int(trace.end_s / 3600 / every_h) + 1):
+        t = k * every_h * 3600
+        jobs = [prof[j.job_id] for j in trace.jobs
+                if j.arrival_s <= t < (j.departure_s if j.departure_s is not None else 1e18)]
+        if not 2 <= len(jobs) <= max_jobs:
+            continue
+        exact = ClusterState(cap, optimum(jobs, cap).groups, 1 + len(jobs))
+        batch = place_batch(make_policy("weave"), ClusterState(cap), jobs).state
+        rows.append({"t_h": round(t / 3600, 1), "jobs": len(jobs),
+                     "optimum_cost_over_bound": round(exact.cost_per_hour / work_rate(exact), 4),
+                     "optimum_bubble": _bubbles(exact),
+                     "batch_cost_over_optimum": round(batch.cost_per_hour
+                                                      / exact.cost_per_hour, 4)})
+    if not rows:
+        return {"snapshots": rows}
+    return {"snapshots": rows,
+            "mean_optimum_cost_over_bound": round(statistics.mean(
+                r["optimum_cost_over_bound"] for r in rows), 4),
+            "mean_optimum_bubble": {p: round(statistics.mean(r["optimum_bubble"][p]
+                                                             for r in rows), 4)
+                                    for p in ("rollout", "train")}}
+
+
+def _bubbles(state: ClusterState) -> dict[str, float]:
+    r = sum(g.schedule.rollout_busy * g.rollout_nodes for g in state.groups)
+    t = sum(g.schedule.train_busy * g.train_nodes for g in state.groups)
+    return {"rollout": round(1 - r / state.rollout_nodes_used, 4),
+            "train": round(1 - t / state.train_nodes_used, 4)}
 
 
 def philly_optimal() -> dict[str, Any]:
@@ -187,12 +230,15 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--skip-10k", action="store_true")
     ap.add_argument("--skip-optimal", action="store_true")
+    ap.add_argument("--skip-floor", action="store_true")
     args = ap.parse_args()
     out: dict[str, Any] = {"wild_reference": wild(Accounting.REFERENCE),
                            "wild_consistent": wild(Accounting.CONSISTENT),
                            "tradeoff": tradeoff(), "generated": generated()}
     if not args.skip_optimal:
         out["philly_optimal"] = philly_optimal()
+    if not args.skip_floor:
+        out["structural_floor"] = floor_snapshots()
     if not args.skip_10k:
         out["generated_10k"] = big_trace()
     out["drift"] = drift()
@@ -206,6 +252,11 @@ def main() -> None:
         _print_rows(console, f"weave's re-planning steps on wild ({acc} accounting)", rows)
     for case, rows in out["generated"].items():
         _print_rows(console, f"generated 200-job trace {case}", rows)
+    if out.get("structural_floor", {}).get("snapshots"):
+        f = out["structural_floor"]
+        console.print(f"[bold]structural_floor[/bold]: {len(f['snapshots'])} wild snapshots "
+                      f"of 2-9 jobs, exact optimum: cost/bound "
+                      f"{f['mean_optimum_cost_over_bound']}, bubble {f['mean_optimum_bubble']}")
     for key in ("philly_optimal", "generated_10k", "drift", "migration", "failures"):
         if key in out:
             console.print(f"[bold]{key}[/bold]: {json.dumps(out[key])}")

@@ -21,20 +21,6 @@ from weave_slurm.placement.engine import may_fit
 from weave_slurm.placement.replan import Replan, replace_jobs
 
 
-def moved_jobs(before: ClusterState, after: ClusterState) -> tuple[str, ...]:
-    """Jobs whose group changed between two states (their warm state must move)."""
-    out = []
-    for job_id, gid in after.job_group.items():
-        old = before.job_group.get(job_id)
-        if old is not None and (old != gid or _members(before, old) != _members(after, gid)):
-            out.append(job_id)
-    return tuple(sorted(out))
-
-
-def _members(state: ClusterState, gid: int) -> frozenset[str]:
-    return frozenset(state.by_id[gid].job_ids)
-
-
 def consolidation(policy: Policy, state: ClusterState, group_id: int,
                   remaining_s: Mapping[str, float] | None = None) -> Replan | None:
     """Re-place the members of a group that just shrank into the rest of the cluster.
@@ -53,13 +39,6 @@ def consolidation(policy: Policy, state: ClusterState, group_id: int,
                for m in group.members for g in rest.groups):
         return None
     return replace_jobs(policy, state, group.job_ids, remaining_s)
-
-
-def consolidated(policy: Policy, state: ClusterState, group_id: int,
-                 remaining_s: Mapping[str, float] | None = None) -> ClusterState | None:
-    """The state after :func:`consolidation`, or None when it does not pay."""
-    plan = consolidation(policy, state, group_id, remaining_s)
-    return None if plan is None else plan.state
 
 
 def regrouped(policy: Policy, state: ClusterState, jobs: Sequence[JobProfile]) -> ClusterState:

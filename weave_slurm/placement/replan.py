@@ -8,8 +8,11 @@ judged by :func:`evaluate` (``moves.relabel`` -> ``moves.pauses`` -> SLO guard -
   what is left) and place them again as a batch into the rest of the cluster. Used for
   consolidation after a departure (the shrunken group's members) and for re-placing
   recent arrivals together (online placement closer to batch quality);
+- :func:`replan_worst`: the members of the least efficient groups (highest cost per
+  unit of busy-time work) placed again together into the rest of the cluster (the
+  simulator's hourly re-plan: O(those groups) per call, whatever the cluster size);
 - :func:`regroup_all`: every running job placed again from scratch, relabelled so that
-  groups keeping most of their members keep their nodes (a periodic re-plan).
+  groups keeping most of their members keep their nodes.
 
 **Horizon.** A move pays back over the time the new plan holds. A job's remaining time
 is known where its work is (``remaining_s``: the simulator in consistent accounting, a
