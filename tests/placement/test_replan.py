@@ -14,7 +14,7 @@ from weave_slurm.placement.cluster import ClusterState, apply, depart
 from weave_slurm.placement.consolidate import consolidation
 from weave_slurm.placement.decision import Placement
 from weave_slurm.placement.engine import WeavePolicy
-from weave_slurm.placement.group import Group, Member
+from weave_slurm.placement.group import Group, Member, with_profile
 from weave_slurm.placement.moves import work_rate
 from weave_slurm.placement.replan import (
     DEFAULT_HORIZON_S,
@@ -123,3 +123,14 @@ def test_horizon_is_the_shortest_remaining_life_of_the_jobs_moved_capped() -> No
     assert horizon(s, {"a": 30.0}, {"a": math.inf}) == DEFAULT_HORIZON_S
     assert horizon(s, {"a": 30.0}, {"a": 1e9}) == MAX_HORIZON_S
     assert horizon(s, {}, None) == DEFAULT_HORIZON_S
+
+
+def test_with_profile_replans_one_member_on_its_measured_times_in_place() -> None:
+    a, b = simple_profile("a", 100, 100, 2.0), simple_profile("b", 50, 50, 2.0)
+    g = Group(3, (Member(a, (0,)), Member(b, (0,))), 1, 1)
+    slower = replace(a, rollout_max_s=150.0, rollout_mean_s=150.0)
+    h = with_profile(g, slower)
+    assert [m.job for m in h.members] == [slower, b]
+    assert [m.rollout_pins for m in h.members] == [(0,), (0,)]
+    assert (h.group_id, h.rollout_nodes, h.train_nodes) == (3, 1, 1)
+    assert h.schedule.period_s > g.schedule.period_s

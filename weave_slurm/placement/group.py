@@ -169,6 +169,15 @@ def _evaluate_colocated(group: Group) -> GroupSchedule:
         rollout_mem_gib=(), train_mem_gib=(j.train_state_gib,) * group.train_nodes)
 
 
+def with_profile(group: Group, job: JobProfile) -> Group:
+    """The group with the member of ``job.job_id`` planning with this profile (same pins
+    and order), e.g. once its phase times were measured."""
+    members = tuple(Member(job if m.job.job_id == job.job_id else m.job, m.rollout_pins)
+                    for m in group.members)
+    return Group(group.group_id, members, group.rollout_nodes, group.train_nodes,
+                 group.colocated)
+
+
 def solo_group(group_id: int, job: JobProfile) -> Group:
     """The group a job gets when provisioned in isolation."""
     return Group(group_id, (Member(job, tuple(range(job.rollout_nodes))),),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from weave_slurm.model.profile import JobProfile
@@ -49,6 +50,13 @@ class JobRun:
     solo_done_s: float = 0.0  # what the iterations done would have taken alone
     failures: int = 0
     ever_violated: bool = False
+
+    def remaining_s(self, now: float) -> float:
+        """Seconds until the job's work is done at its current rate (inf if unknown)."""
+        self.settle(now)
+        left = max(0.0, self.work - self.done)
+        pause = max(0.0, self.paused_until_s - now)
+        return (left / self.rate if self.rate > 0 else math.inf) + pause
 
     def settle(self, now: float) -> None:
         dt = now - self.since_s

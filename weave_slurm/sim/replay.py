@@ -26,7 +26,7 @@ from weave_slurm.placement.admission import place_batch
 from weave_slurm.placement.cluster import Capacity, ClusterState, apply, depart
 from weave_slurm.placement.consolidate import consolidation, regrouped
 from weave_slurm.placement.decision import Placement, Refusal
-from weave_slurm.placement.group import Group, Member
+from weave_slurm.placement.group import Group, Member, with_profile
 from weave_slurm.placement.moves import pauses, relabel
 from weave_slurm.placement.replan import Replan, replace_jobs, replan_worst
 from weave_slurm.sim.bound import trace_bound
@@ -237,20 +237,11 @@ class Replay:
                                  priority=_P_REGROUP)
 
     def _remaining(self) -> dict[str, float] | None:
-        """Seconds each running job still needs at its current rate, where its work is
-        known (consistent accounting); None where it is not (fixed lifetimes are not
-        known to a scheduler)."""
+        """Seconds each running job still needs, where its work is known (consistent
+        accounting); None where it is not (a scheduler does not know fixed lifetimes)."""
         if self.opt.accounting is not Accounting.CONSISTENT:
             return None
-        now = self.sim.now
-        out = {}
-        for job_id in self.state.job_group:
-            run = self.runs[job_id]
-            run.settle(now)
-            left = max(0.0, run.work - run.done)
-            out[job_id] = (left / run.rate if run.rate > 0 else math.inf) + max(
-                0.0, run.paused_until_s - now)
-        return out
+        return {j: self.runs[j].remaining_s(self.sim.now) for j in self.state.job_group}
 
     def _take(self, plan: Replan | None) -> None:
         if plan is not None:
@@ -297,9 +288,7 @@ class Replay:
             # A re-planning policy plans with measured phase times, as the live daemon
             # does once a member has enough samples (runtime.profiler.planning_profile).
             run.planned = run.actual
-            group = Group(gid, tuple(Member(run.actual if m.job.job_id == job_id else m.job,
-                                            m.rollout_pins) for m in group.members),
-                          group.rollout_nodes, group.train_nodes, group.colocated)
+            group = with_profile(group, run.actual)
             self._transition(replace(self.state, groups=tuple(
                 group if g.group_id == gid else g for g in self.state.groups)))
         else:
