@@ -6,7 +6,7 @@
   migration).
 - A member with a staleness window ``k >= 1`` keeps rings of ``k + 1`` buffers
   (``weights.b<v % (k+1)>``, ``traj.b<m % (k+1)>``); a copied weights buffer carries
-  its source's CRC32 under :data:`CRC_KEY` in its index.
+  its source's CRC32 under :data:`~weave_slurm.node.crc.CRC_KEY` in its index.
 - :class:`PhaseArgs`: the one JSON argument of every phase entry.
 - :func:`rollout_version`: the weights version the rollout of a step must use.
 """
@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import json
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +30,6 @@ TRAJ = "traj"
 PROGRESS = "progress"
 WEIGHTS_BUFFER = "weights.b"    # + slot: the ring of weight buffers (k >= 1)
 TRAJ_BUFFER = "traj.b"          # + slot: the ring of trajectory batches (k >= 1)
-CRC_KEY = "crc32"
 #: Least time between two progress reports of a rollout (the tail report is never held).
 PROGRESS_EVERY_S = 0.05
 #: A rollout is in its tail once its remaining requests fall to this fraction of its
@@ -58,14 +56,6 @@ def rollout_version(step: int, staleness: int) -> int:
 def buffer_name(prefix: str, index: int, staleness: int) -> str:
     """The ring buffer holding weights version / batch step ``index`` (k >= 1)."""
     return f"{prefix}{index % (staleness + 1)}"
-
-
-def storage_crc32(storage: Any) -> int:
-    """CRC32 of a mapped segment's bytes (a ``torch.UntypedStorage``)."""
-    import torch
-
-    data = torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
-    return zlib.crc32(data.data) & 0xFFFFFFFF
 
 
 @dataclass(frozen=True)

@@ -41,14 +41,13 @@ from typing import TYPE_CHECKING, Any
 
 from weave_slurm.errors import StateError, VersionMismatch, WeaveError
 from weave_slurm.hosted.contract import (
-    CRC_KEY,
     PROGRESS,
     PROGRESS_EVERY_S,
     STATE,
     WEIGHTS,
     PhaseArgs,
-    storage_crc32,
 )
+from weave_slurm.node.crc import CRC_KEY, storage_crc32
 from weave_slurm.workloads.api import JobContext, JobRunner, Role, Trajectories, TrajectoryBatch
 from weave_slurm.workloads.entry import start_job
 

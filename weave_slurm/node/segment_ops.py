@@ -15,8 +15,8 @@ from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from weave_slurm.errors import ConfigError, StateError
-from weave_slurm.hosted.contract import CRC_KEY, storage_crc32
 from weave_slurm.node.budget import MemoryBudget
+from weave_slurm.node.crc import CRC_KEY, storage_crc32
 from weave_slurm.node.index import JobRef, check_name
 from weave_slurm.node.protocol import Request
 from weave_slurm.node.segments import SegmentStore, weights_digest

@@ -36,7 +36,7 @@ from weave_slurm.config.runtime import (
     WeightTransferKind,
 )
 from weave_slurm.errors import ConfigError, StateError
-from weave_slurm.hosted.contract import CRC_KEY, storage_crc32
+from weave_slurm.node.crc import CRC_KEY, storage_crc32
 from weave_slurm.node.index import JobRef
 from weave_slurm.node.protocol import Op
 from weave_slurm.runtime.group import NodeRef

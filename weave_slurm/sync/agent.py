@@ -49,8 +49,8 @@ from typing import IO, Any
 import torch
 
 from weave_slurm.errors import ConfigError, StateError, VersionMismatch, WeaveError
-from weave_slurm.hosted.contract import CRC_KEY, storage_crc32
 from weave_slurm.node.client import NodeClient
+from weave_slurm.node.crc import CRC_KEY, storage_crc32
 from weave_slurm.node.index import DTYPE_ITEMSIZE, JobRef, SegmentIndex
 from weave_slurm.node.protocol import Op
 from weave_slurm.node.segments import AttachedState, SegmentStore, tensor_views

@@ -41,6 +41,9 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from weave_slurm.config.job import options_dict
 from weave_slurm.errors import ConfigError, StateError, VersionMismatch
+from weave_slurm.workloads.trajectories import Trajectories as Trajectories
+from weave_slurm.workloads.trajectories import TrajectoryBatch as TrajectoryBatch
+from weave_slurm.workloads.trajectories import concat_trajectories
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -157,27 +160,6 @@ class JobContext:
         return share_bounds(n, self.world_size, self.rank)
 
 
-@dataclass(frozen=True)
-class Trajectories:
-    """What a job's ``generate`` returns: tensors plus scalar metrics (e.g. mean reward)."""
-
-    tensors: Mapping[str, Tensor]
-    metrics: Mapping[str, float] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class TrajectoryBatch:
-    """A rollout tagged with the job and the weight version that produced it."""
-
-    job_id: str
-    weights_version: int
-    trajectories: Trajectories
-
-    @property
-    def metrics(self) -> Mapping[str, float]:
-        return self.trajectories.metrics
-
-
 @runtime_checkable
 class RLJob(Protocol):
     """The protocol a user's RL job implements (see docs/job_api.md)."""
@@ -227,7 +209,7 @@ class MergesTrajectories(Protocol):
     """Optional: how the rollout slices of a job's engines become one batch.
 
     ``parts`` are the engines' ``generate`` results in rank order. Without the method,
-    :func:`~weave_slurm.workloads.gang.concat_trajectories` concatenates the tensors
+    :func:`~weave_slurm.workloads.trajectories.concat_trajectories` concatenates the tensors
     and averages the metrics by rows.
     """
 
@@ -327,8 +309,6 @@ class JobRunner:
 
         Refuses slices of another job or of different weight versions.
         """
-        from weave_slurm.workloads.gang import concat_trajectories
-
         if not batches:
             raise StateError(f"job {self.job_id}: merge_rollouts of no batches")
         versions = sorted({b.weights_version for b in batches})

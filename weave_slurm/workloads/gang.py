@@ -11,9 +11,10 @@ that contract share, with no torch at import:
 - :func:`chunk_bounds`: the rows of a dim-0 shard as ``torch.chunk`` and FSDP2 cut them;
 - :class:`WeightShard`: what ``export_weight_shard`` returns (a rank's weights as one
   flat tensor plus where each piece belongs), and :func:`assemble_weights`, its inverse
-  over the whole gang, for a sharded weight sync;
-- :func:`concat_trajectories`: the default merge of the engines' rollout slices, in
-  rank order.
+  over the whole gang, for a sharded weight sync.
+
+The default merge of the engines' rollout slices is
+:func:`weave_slurm.workloads.trajectories.concat_trajectories`.
 """
 
 from __future__ import annotations
@@ -27,8 +28,6 @@ from weave_slurm.errors import StateError
 
 if TYPE_CHECKING:
     from torch import Tensor
-
-    from weave_slurm.workloads.api import Trajectories
 
 _SHARD_PREFIX = "weave.shard."
 
@@ -175,51 +174,3 @@ def _check_cover(name: str, spans: list[tuple[int, int]], numel: int) -> None:
         end = hi
     if end != numel:
         raise StateError(f"assemble_weights: {name}: elements {end}..{numel} are missing")
-
-
-def concat_trajectories(parts: Sequence[Trajectories]) -> Trajectories:
-    """The engines' rollout slices as one batch, in rank order (the default merge).
-
-    Every tensor is per row: concatenated on dim 0, its other dims zero-padded to the
-    widest part (variable-length responses). A metric becomes the row-weighted mean of
-    the parts' values (right for means; a job with other metrics, maxima say, implements
-    ``merge_trajectories``).
-    """
-    from weave_slurm.workloads.api import Trajectories
-
-    if not parts:
-        raise StateError("concat_trajectories: no parts")
-    keys = list(parts[0].tensors)
-    if any(list(p.tensors) != keys for p in parts):
-        raise StateError("concat_trajectories: the parts hold different tensors "
-                         f"({[sorted(p.tensors) for p in parts]})")
-    tensors = {k: _cat_padded([p.tensors[k] for p in parts]) for k in keys}
-    rows = [_rows(p) for p in parts]
-    weights = rows if sum(rows) else [1] * len(parts)   # no tensors: a plain mean
-    metrics = {m: sum(p.metrics[m] * w for p, w in zip(parts, weights, strict=True))
-               / sum(weights) for m in parts[0].metrics if all(m in p.metrics for p in parts)}
-    return Trajectories(tensors, metrics)
-
-
-def _rows(part: Trajectories) -> int:
-    sizes = {int(t.shape[0]) for t in part.tensors.values()}
-    if len(sizes) > 1:
-        raise StateError(f"concat_trajectories: a part's tensors have {sorted(sizes)} rows; "
-                         "every tensor must be per row")
-    return sizes.pop() if sizes else 0
-
-
-def _cat_padded(tensors: list[Tensor]) -> Tensor:
-    import torch
-
-    ndim = tensors[0].dim()
-    if ndim == 0 or any(t.dim() != ndim for t in tensors):
-        raise StateError("concat_trajectories: tensors must be per row, of one rank")
-    widest = [max(int(t.shape[d]) for t in tensors) for d in range(1, ndim)]
-    padded = []
-    for t in tensors:
-        pad: list[int] = []
-        for d in range(ndim - 1, 0, -1):  # F.pad lists the last dim first
-            pad += [0, widest[d - 1] - int(t.shape[d])]
-        padded.append(torch.nn.functional.pad(t, pad) if any(pad) else t)
-    return torch.cat(padded, dim=0)
