@@ -51,7 +51,7 @@ def test_spec_iterations_seed_options() -> None:
     with pytest.raises(ConfigError, match="iterations"):
         parse_job(job_spec_toml("x", iterations=0))
     with pytest.raises(ConfigError, match="options"):
-        parse_job(job_spec_toml("x") + "[options]\nbad = [1, 2]\n")
+        parse_job(job_spec_toml("x") + "[options]\nbad = [[1, 2]]\n")
 
 
 def test_member_spec_from_a_stored_job() -> None:

@@ -3,7 +3,10 @@ of the multi-user tests) must reach: pytest's own tmp dirs are 0700."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import stat
+import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,3 +36,24 @@ def _scratch(prefix: str, parent: str | None, mode: int) -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+@contextmanager
+def python_open_to_users() -> Iterator[list[str]]:
+    """Let other uids reach this interpreter's standard library while inside.
+
+    Workers that drop to a job's uid import modules lazily, so that uid must be able to
+    read Python (on a site it lives in /usr or a shared prefix). Here it may sit under a
+    0700 home: each such ancestor of ``sys.base_prefix`` gets o+x (traverse, not list)
+    and its old mode back after. Yields the directories changed."""
+    changed: list[tuple[Path, int]] = []
+    for d in reversed(Path(sys.base_prefix).resolve().parents):
+        mode = stat.S_IMODE(d.stat().st_mode)
+        if not mode & stat.S_IXOTH:
+            os.chmod(d, mode | stat.S_IXOTH)
+            changed.append((d, mode))
+    try:
+        yield [str(d) for d, _ in changed]
+    finally:
+        for d, mode in changed:
+            os.chmod(d, mode)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.harness.scratch import public_dir
+from tests.harness.scratch import public_dir, python_open_to_users
 from tests.harness.waits import wait_for
 from tests.runtime.own_code import imports_weave, second_venv, user_package
 from weave_slurm.errors import ConfigError
@@ -37,8 +37,10 @@ def where(ctx):
 
 @pytest.fixture(scope="module")
 def code() -> Iterator[dict[str, Path]]:
-    """A public dir with the entry file, the user's package and a second venv."""
-    with public_dir("weave-own-code-") as root:
+    """A public dir with the entry file, the user's package and a second venv; this
+    interpreter reachable by the job's uid (workers forked from the node daemon's own
+    zygote import lazily as that uid)."""
+    with python_open_to_users(), public_dir("weave-own-code-") as root:
         (root / "entry.py").write_text(ENTRY)
         (root / "entry.py").chmod(0o644)
         work = root / "work"

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import pytest
 
 from tests.daemon.conftest import public_dir, weaved
+from tests.harness.scratch import python_open_to_users
 from tests.runtime.conftest import rl_weaved
 
 __all__ = ["public_dir", "python_for_users", "rl_weaved", "test_users", "weaved"]
@@ -56,26 +57,7 @@ def test_users() -> Iterator[tuple[TestUser, TestUser]]:
 
 @pytest.fixture
 def python_for_users() -> Iterator[list[str]]:
-    """Let other uids reach this interpreter's standard library for one test.
-
-    Workers that drop to a job's uid import modules lazily, so that uid must be able to
-    read Python (on a site it lives in /usr or a shared prefix). Here it may sit under a
-    0700 home: each such ancestor of ``sys.base_prefix`` gets o+x (traverse, not list)
-    for the test and its old mode back after. Yields the directories changed.
-    """
-    import os
-    import stat
-    import sys
-    from pathlib import Path
-
-    changed: list[tuple[Path, int]] = []
-    for d in reversed(Path(sys.base_prefix).resolve().parents):
-        mode = stat.S_IMODE(d.stat().st_mode)
-        if not mode & stat.S_IXOTH:
-            os.chmod(d, mode | stat.S_IXOTH)
-            changed.append((d, mode))
-    try:
-        yield [str(d) for d, _ in changed]
-    finally:
-        for d, mode in changed:
-            os.chmod(d, mode)
+    """This interpreter's standard library reachable by other uids for one test
+    (tests/harness/scratch.py, ``python_open_to_users``)."""
+    with python_open_to_users() as changed:
+        yield changed

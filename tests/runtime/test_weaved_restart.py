@@ -18,7 +18,7 @@ from weave_slurm.runtime.group import MemberSpec
 
 pytestmark = pytest.mark.torch
 
-STEPS = 4
+STEPS = 16   # enough steps left after version 2 that the stop comes first
 
 
 def test_restart_reattaches_and_matches_solo() -> None:
