@@ -1,11 +1,16 @@
 """Soak: weaved runs a stream of small GRPO jobs for a while under random faults.
 
     python bench/soak.py --minutes 5 --json bench/results/soak.json
-    python bench/soak.py --minutes 5 --backend slurm     # with SLURM_CONF set
+    python bench/soak.py --minutes 3 --backend slurm                  # as root
+    python bench/soak.py --backend slurm --cluster-state /srv/c      # a cluster that is up
 
 weaved runs as a separate process (so it can be SIGKILLed) with the group runtime
 (real node daemons, resident workers, /dev/shm warm state) on the local backend
-(2 h20 + 2 h800 virtual nodes), or on the Slurm cluster ``SLURM_CONF`` names. A job
+(2 h20 + 2 h800 virtual nodes), or on Slurm: a cluster whose nodes are separate hosts
+(2 h20 + 2 h800, each its own network, /dev/shm, /tmp; brought up for the soak and
+down at the end, or the one up in ``--cluster-state``). There weaved runs on the login
+side, its state in the cluster's login dir and its checkpoints on the shared root;
+the soak looks at node daemons and warm state on each node's host. A job
 (reference GRPO toy, ``--iterations`` steps, a fresh seed) arrives every
 ``--arrival-s``; every ``--fault-s`` one fault is injected, chosen at random:
 
@@ -35,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +48,16 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo: tests.harness
+from tests.harness.hosts import (
+    LAYOUT,
+    free_subnet,
+    naming_jobs,
+    node_names,
+    node_shm,
+    node_status,
+    on_host,
+)
 from weave_slurm.config.render import job_spec_toml
 from weave_slurm.daemon.client import DaemonClient
 from weave_slurm.daemon.protocol import Op
@@ -49,6 +65,8 @@ from weave_slurm.errors import WeaveError
 from weave_slurm.node.client import NodeClient
 from weave_slurm.node.protocol import Op as NodeOp
 from weave_slurm.slurm.backend import Backend, StepHandle
+from weave_slurm.slurm.cluster import LocalCluster
+from weave_slurm.slurm.cluster_config import HostMode
 
 #: The toy's options: small and fast (4 prompts x 4 samples).
 OPTIONS = {"prompts_per_step": 4, "group_size": 4}
@@ -61,6 +79,7 @@ a = json.loads(sys.argv[1])
 logging.basicConfig(level=logging.WARNING, format="%(asctime)s weaved %(message)s")
 Weaved(DaemonConfig(state_dir=Path(a["state"]), backend=a["backend"], instance=a["instance"],
                     tick_s=0.3, shm_root=Path(a["shm"]), runtime="rl",
+                    checkpoint_root=Path(a["ckpt"]) if a["ckpt"] else None,
                     client_timeout_s=5.0, env=a["env"])).run()
 """
 
@@ -74,6 +93,7 @@ class Result:
     minutes: float
     backend: str
     seed: int
+    hosts: str = "shared"            # the nodes' hosts: "separate" on Slurm
     submitted: int = 0
     refused_at_submit: int = 0
     faults: dict[str, int] = field(default_factory=lambda: {f: 0 for f in FAULTS})
@@ -90,19 +110,29 @@ class Result:
 
 
 class Soak:
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, cluster: LocalCluster | None = None) -> None:
         self.args = args
+        self.cluster = cluster       # Slurm: the separate-hosts cluster
         self.rng = random.Random(args.seed)
-        self.public = Path(tempfile.mkdtemp(prefix="weave-soak-"))
-        self.public.chmod(0o755)
-        self.shm = Path(tempfile.mkdtemp(prefix="weave-soak-", dir="/dev/shm"))
-        self.shm.chmod(0o711)
+        self.instance = f"soak{os.getpid()}"
+        if cluster is None:          # the local backend: every node on this host
+            self.public = Path(tempfile.mkdtemp(prefix="weave-soak-"))
+            self.public.chmod(0o755)
+            self.shm = Path(tempfile.mkdtemp(prefix="weave-soak-", dir="/dev/shm"))
+            self.shm.chmod(0o711)
+            self.ckpt: Path | None = None
+            self.env: dict[str, str] = {}
+        else:                        # state on the login side, checkpoints shared
+            self.public = cluster.paths.login_dir / self.instance
+            self.public.mkdir(parents=True)
+            self.shm = Path("/dev/shm/weave-nodes")   # each host's own (node-local)
+            self.ckpt = cluster.shared_paths().ckpt   # nodes: <ckpt>/<instance>/<node>
+            self.env = dict(cluster.env)
         self.state = self.public / "state"
         self.socket = self.state / "weaved.sock"
-        self.instance = f"soak{os.getpid()}"
-        self.env = {k: v for k, v in os.environ.items() if k == "SLURM_CONF"}
         self.proc: subprocess.Popen[bytes] | None = None
-        self.res = Result(args.minutes, args.backend, args.seed)
+        self.res = Result(args.minutes, args.backend, args.seed,
+                          hosts="separate" if cluster else "shared")
         self.ids: list[int] = []
         self.cancelled: set[int] = set()
         self.seen: dict[int, tuple[int, int]] = {}   # job -> (state rank, iter)
@@ -112,7 +142,7 @@ class Soak:
     def start(self) -> None:
         args = {"state": str(self.state), "backend": self.args.backend, "shm": str(self.shm),
                 "instance": self.instance if self.args.backend == "slurm" else "",
-                "env": self.env}
+                "ckpt": str(self.ckpt) if self.ckpt else "", "env": self.env}
         with open(self.public / "weaved.log", "ab") as log:
             self.proc = subprocess.Popen([sys.executable, "-c", LAUNCH, json.dumps(args)],
                                          stdout=log, stderr=log)
@@ -190,20 +220,46 @@ class Soak:
             return
         self.res.faults[kind] += 1
 
-    def kill_worker(self) -> bool:
-        """SIGKILL one resident worker that is running a phase; False if none is."""
-        busy = []
-        for sock in (self.state / "nodes").glob("node-*.sock"):
-            with contextlib.suppress(WeaveError, OSError), NodeClient(sock, 5.0) as client:
-                for j in client.call(NodeOp.STATUS)["jobs"]:
-                    act = j.get("worker") or {}
-                    if act.get("state") == "running" and act.get("pid"):
-                        busy.append(int(act["pid"]))
+    def kill_worker(self, within_s: float = 3.0) -> bool:
+        """SIGKILL one resident worker that is running a phase, looking for one for up to
+        ``within_s`` (the toy's phases last a fraction of a second); False if none was.
+        On separate hosts the node daemons are asked on their hosts; the pid is the
+        machine's (no pid namespace per host), so the kill comes from here."""
+        end = time.monotonic() + within_s
+        while True:
+            busy = [int(act["pid"]) for jobs in self.node_jobs() for j in jobs
+                    if (act := j.get("worker") or {}).get("state") == "running"
+                    and act.get("pid")]
+            if busy or time.monotonic() >= end:
+                break
+            time.sleep(0.05)
         if not busy:
             return False
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.rng.choice(busy), signal.SIGKILL)
         return True
+
+    def node_jobs(self) -> list[list[dict[str, Any]]]:
+        """Each answering node daemon's jobs (its ``status``)."""
+        out = []
+        if self.cluster is None:
+            for sock in (self.state / "nodes").glob("node-*.sock"):
+                with contextlib.suppress(WeaveError, OSError), NodeClient(sock, 5.0) as client:
+                    out.append(list(client.call(NodeOp.STATUS)["jobs"]))
+            return out
+        for node in node_names(self.cluster):
+            status = node_status(self.cluster, node, self.instance)
+            if status is not None:
+                out.append(list(status["jobs"]))
+        return out
+
+    def shm_left(self) -> int:
+        """Paths of this soak's jobs still in shared memory (every host's, on Slurm)."""
+        if self.cluster is None:
+            return len([p for p in self.shm.rglob("*") if p.name in {str(j) for j in self.ids}])
+        return sum(len(naming_jobs(on_host(self.cluster, node, [
+            "find", str(node_shm(self.instance, node)), "-mindepth", "1"]).splitlines(),
+            self.ids)) for node in node_names(self.cluster))
 
     # -- run and check -----------------------------------------------------------------
     def run(self) -> Result:
@@ -255,8 +311,7 @@ class Soak:
             time.sleep(0.5)
         self.res.leaked_allocations = len(backend.list_allocations(prefix))
         self.res.leaked_processes = len(self.processes())
-        self.res.leaked_shm_paths = len([p for p in self.shm.rglob("*")
-                                         if p.name in {str(j) for j in self.ids}])
+        self.res.leaked_shm_paths = self.shm_left()
         for what, n in (("allocations", self.res.leaked_allocations),
                         ("node daemon/worker processes", self.res.leaked_processes),
                         ("job paths in shm", self.res.leaked_shm_paths)):
@@ -264,7 +319,8 @@ class Soak:
                 self.violate(f"{n} {what} left behind")
 
     def processes(self) -> list[int]:
-        marker = str(self.state.resolve() / "ckpt")
+        # what node daemons' command lines name (weaved's own does not)
+        marker = str(self.ckpt / self.instance if self.ckpt else self.state.resolve() / "ckpt")
         out = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout
         return [int(p) for p in out.split()]
 
@@ -286,7 +342,38 @@ class Soak:
                 os.kill(pid, signal.SIGKILL)
         if not self.args.keep:
             shutil.rmtree(self.public, ignore_errors=True)
-        shutil.rmtree(self.shm, ignore_errors=True)
+        if self.cluster is None:
+            shutil.rmtree(self.shm, ignore_errors=True)
+            return
+        for node in node_names(self.cluster):   # what the node daemons kept on each host
+            with contextlib.suppress(WeaveError):
+                on_host(self.cluster, node, ["rm", "-rf", str(node_shm(self.instance, node))])
+
+
+@contextlib.contextmanager
+def slurm_cluster(state: Path | None, keep: bool = False) -> Iterator[LocalCluster]:
+    """The separate-hosts cluster in ``state`` (it must be up), or one brought up here
+    (2 h20 + 2 h800 hosts) and down at the end, every process of it ended (its state
+    dir, weaved's log in it, kept with ``keep``)."""
+    if state is not None:
+        cluster = LocalCluster(state)
+        st = cluster.status()
+        if not st.ready or st.hosts is not HostMode.SEPARATE:
+            raise SystemExit(f"--cluster-state {state}: no separate-hosts cluster is up "
+                             "there; 'weave cluster up --hosts separate --state-dir ...'")
+        yield cluster
+        return
+    own = Path(tempfile.mkdtemp(prefix="weave-soak-cluster-"))
+    cluster = LocalCluster(own)
+    try:
+        cluster.up(LAYOUT, hosts=HostMode.SEPARATE, subnet=free_subnet(), timeout_s=60)
+        yield cluster
+    finally:
+        cluster.down()
+        if keep:
+            print(f"kept {own} (weaved's log: {cluster.paths.login_dir}/soak*/weaved.log)")
+        else:
+            shutil.rmtree(own, ignore_errors=True)
 
 
 def main() -> None:
@@ -297,18 +384,24 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=2, help="training steps per job")
     ap.add_argument("--drain-s", type=float, default=300.0, help="max wait for the last jobs")
     ap.add_argument("--backend", choices=("local", "slurm"), default="local")
+    ap.add_argument("--cluster-state", type=Path, default=None,
+                    help="slurm: the separate-hosts cluster to use (default: bring one up)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--keep", action="store_true", help="keep the state dir (weaved.log)")
     ap.add_argument("--json", type=Path, default=Path("bench/results/soak.json"))
     args = ap.parse_args()
-    if args.backend == "slurm" and "SLURM_CONF" not in os.environ:
-        ap.error("--backend slurm: set SLURM_CONF to the cluster's slurm.conf")
-    soak = Soak(args)
-    try:
-        res = soak.run()
-    finally:
-        soak.cleanup()
-    table = Table(title=f"weaved soak: {res.minutes:g} min on {res.backend}, seed {res.seed}")
+    if args.backend == "local" and args.cluster_state is not None:
+        ap.error("--cluster-state: only with --backend slurm")
+    with contextlib.ExitStack() as stack:
+        cluster = (stack.enter_context(slurm_cluster(args.cluster_state, args.keep))
+                   if args.backend == "slurm" else None)
+        soak = Soak(args, cluster)
+        try:
+            res = soak.run()
+        finally:
+            soak.cleanup()
+    table = Table(title=f"weaved soak: {res.minutes:g} min on {res.backend} "
+                  f"({res.hosts} hosts), seed {res.seed}")
     table.add_column("quantity")
     table.add_column("value", justify="right")
     rows: list[tuple[str, object]] = [

@@ -140,16 +140,57 @@ def node_shm(instance: str, node: str) -> Path:
     return SHM_ROOT / instance / node if instance else SHM_ROOT / node
 
 
-#: One ``status`` request to a node daemon's local socket (stdlib only: a torch import
-#: per poll would cost seconds on a loaded machine); prints the reply line.
-_STATUS = ("import socket, sys\n"
-           "s = socket.socket(socket.AF_UNIX); s.settimeout(10); s.connect(sys.argv[1])\n"
-           "s.sendall(b'{\"op\": \"status\"}\\n'); buf = b''\n"
-           "while not buf.endswith(b'\\n'):\n"
-           "    chunk = s.recv(1 << 16)\n"
-           "    if not chunk: break\n"
-           "    buf += chunk\n"
-           "sys.stdout.write(buf.decode())\n")
+#: ``status(sock)``: one ``status`` request to a node daemon's local socket, its reply
+#: (stdlib only: a torch import per poll would cost seconds on a loaded machine).
+_STATUS_FN = """\
+import json, os, signal, socket, sys, time
+def status(path):
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(10)
+    s.connect(path)
+    s.sendall(b'{"op": "status"}\\n')
+    buf = b''
+    while not buf.endswith(b'\\n'):
+        chunk = s.recv(1 << 16)
+        if not chunk:
+            break
+        buf += chunk
+    s.close()
+    return json.loads(buf)
+"""
+_STATUS = _STATUS_FN + "print(json.dumps(status(sys.argv[1])))\n"
+#: On the node's host: poll the node daemon until ``job``'s worker runs a phase, SIGKILL
+#: it at once and print {"pid", "phase"}; exit 1 after the timeout.
+_KILL_RUNNING = _STATUS_FN + """\
+sock, job, end = sys.argv[1], sys.argv[2], time.monotonic() + float(sys.argv[3])
+while time.monotonic() < end:
+    try:
+        jobs = status(sock)["result"]["jobs"]
+    except (OSError, ValueError, KeyError):
+        jobs = []
+    for j in jobs:
+        act = j.get("worker") or {}
+        if j["job"] == job and act.get("state") == "running" and act.get("pid"):
+            os.kill(int(act["pid"]), signal.SIGKILL)
+            print(json.dumps({"pid": int(act["pid"]), "phase": act.get("phase")}))
+            sys.exit(0)
+    time.sleep(0.01)
+sys.exit(1)
+"""
+
+
+def kill_running_worker(cluster: LocalCluster, node: str, instance: str, job: int,
+                        timeout_s: float = 60) -> dict[str, Any] | None:
+    """SIGKILL ``job``'s worker on ``node`` while it runs a phase, from the node's own
+    host (the status read and the kill a few ms apart, as an admin there would);
+    {"pid", "phase"} of the killed worker, or None if none ran within ``timeout_s``."""
+    res = run_on_host(cluster, node, [sys.executable, "-c", _KILL_RUNNING,
+                                      str(node_socket(instance, node)), str(job),
+                                      str(timeout_s)], timeout_s=timeout_s + 30)
+    if res.returncode != 0:
+        return None
+    killed: dict[str, Any] = json.loads(res.stdout)
+    return killed
 
 
 def node_status(cluster: LocalCluster, node: str, instance: str) -> dict[str, Any] | None:

@@ -10,9 +10,9 @@ node (its node daemons, its /dev/shm) they look at on that node's host.
 * a node of a group's rollout allocation set DOWN by the admin (``scontrol update
   state=down``, the host still up: Slurm ends the allocation and its steps at once),
   or lost for real (its host's interface down: nothing reaches it until Slurm marks it
-  DOWN after SlurmdTimeout; xfail, not run: :data:`CUT_OFF_BUG`): the allocation
-  vanishes, weaved asks Slurm for a replacement through the normal allocation path and
-  re-admits the members from their checkpoints on it;
+  DOWN after SlurmdTimeout): the allocation vanishes, weaved asks Slurm for a
+  replacement through the normal allocation path and re-admits the members from their
+  checkpoints on it;
 * a node of a group's training allocation set DOWN: the members' checkpoints, on the
   shared root, move to the replacement training node;
 * a node's slurmd stopped: the node works on, until Slurm gives up on it;
@@ -23,6 +23,7 @@ node (its node daemons, its /dev/shm) they look at on that node's host.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -42,6 +43,7 @@ import pytest
 
 from tests.harness.hosts import (
     WeavedDirs,
+    kill_running_worker,
     link_down,
     link_up,
     naming_jobs,
@@ -55,7 +57,7 @@ from tests.harness.hosts import (
 from tests.harness.processes import daemons_gone
 from tests.harness.solo import run_solo
 from tests.harness.specs import OPTIONS, job_spec
-from tests.harness.waits import wait_for
+from tests.harness.waits import settle, wait_for
 from tests.harness.weaved import call, pings
 from tests.slurm.session_cluster import SessionCluster
 from weave_slurm.daemon.driver import DriverKind
@@ -235,6 +237,16 @@ def start_inproc(p: Place, backend: SlurmCliBackend | None = None,
     return w, t
 
 
+def stop_inproc(w: Weaved, t: threading.Thread) -> None:
+    """Stop an in-process weaved and wait until its loop has really ended: a tick still
+    running (it may wait out a runtime tick, and a call to a node that stopped answering
+    takes up to 15 s) could otherwise allocate after the test released everything, and
+    the next test would find a node taken."""
+    w.stop()
+    t.join(timeout=150)
+    assert not t.is_alive(), "weaved's loop did not end within 150 s of stop"
+
+
 def set_down(p: Place, node: str) -> Callable[[], None]:
     """``scontrol update state=down`` (an admin takes the node out; its host stays up);
     the undo resumes it."""
@@ -267,7 +279,42 @@ def cut_link(p: Place, node: str) -> Callable[[], None]:
     def undo() -> None:
         link_up(p.cluster, node)
         back_in_service(p, node)
+        end_orphan_steps(p, node)
     return undo
+
+
+def end_orphan_steps(p: Place, node: str) -> list[int]:
+    """What a site's node health check does after an outage: end, on ``node``'s host,
+    the processes of this cluster's jobs that Slurm no longer runs (their pids).
+
+    Slurm takes a host that was cut off back once it answers a ping, and ended its jobs
+    meanwhile, but nobody tells the host: the steps of the lost allocation (its node
+    daemon) run on there. Measured here: neither a resume, ``scontrol reconfigure`` nor
+    a restarted slurmd (which registers with the steps it finds) ended them within a
+    minute (docs/reliability.md, B2)."""
+    running = set(run_command(["squeue", "-h", "-o", "%i"], env=p.env,
+                              timeout_s=20).stdout.split())
+    net = next(a.split("=", 1)[1] for a in p.cluster.host_argv(node, ["true"])
+               if a.startswith("--net="))
+    host_ns = os.stat(net).st_ino
+    ended = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            env = dict(kv.split("=", 1) for kv in
+                       (entry / "environ").read_bytes().decode(errors="replace").split("\0")
+                       if "=" in kv)
+            same_host = os.stat(entry / "ns" / "net").st_ino == host_ns
+        except OSError:
+            continue
+        job = env.get("SLURM_JOB_ID")
+        if (same_host and job is not None and job not in running
+                and env.get("SLURM_CONF") == p.env["SLURM_CONF"]):
+            with contextlib.suppress(OSError):
+                os.kill(int(entry.name), signal.SIGKILL)
+                ended.append(int(entry.name))
+    return ended
 
 
 def stop_slurmd(p: Place, node: str) -> Callable[[], None]:
@@ -344,29 +391,13 @@ def node_down(p: Place, role: str, name: str, seed: int,
         check_released(p)
         return alloc, seen, down, seeds
     finally:
-        w.stop()
-        t.join(timeout=30)
+        stop_inproc(w, t)
         if undo is not None:
             undo()
 
 
-#: Why the real node loss does not pass yet (not run: it would wait 3 min for nothing;
-#: ``pytest --runxfail`` runs it).
-CUT_OFF_BUG = (
-    "product bug (weave_slurm/daemon/group_runtime.py, runtime/agents.py): the runtime "
-    "thread holds GroupRuntime._lock through GroupRunner.tick, whose calls to the cut-off "
-    "node block (TCP connect until client_timeout_s; AgentGroup.start up to "
-    "start_timeout_s=120 s) and start again at once; the reconcile thread waits in "
-    "GroupRuntime.drive for that lock, so weaved never sees the allocation vanish "
-    "(py-spy: Thread-1 at group_runtime.py:143, weaved-runtime in create_connection / "
-    "AgentGroup._line)")
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("how", [
-    pytest.param("cut-off", marks=pytest.mark.xfail(run=False, strict=False,
-                                                    reason=CUT_OFF_BUG)),
-    "set-down"])
+@pytest.mark.parametrize("how", ["cut-off", "set-down"])
 def test_rollout_node_down_reprovisions_and_readmits(place: Place, how: str) -> None:
     """``cut-off``: the rollout node's host is cut off the network (lost for real):
     weaved loses its node daemon at once, Slurm the node after SlurmdTimeout (60 s,
@@ -453,8 +484,7 @@ def test_salloc_failing_then_hanging_is_retried(place: Place) -> None:
         check_solo_digests(p, seeds, steps=2)
         check_released(p)
     finally:
-        w.stop()
-        t.join(timeout=30)
+        stop_inproc(w, t)
 
 
 def group_nodes(p: Place) -> set[str]:
@@ -479,6 +509,34 @@ def _workers(p: Place, job: int, phase: str | None = None) -> dict[str, dict[str
     return out
 
 
+def kill_mid_phase(p: Place, job: int, ids: list[int], tries: int = 4) -> None:
+    """SIGKILL ``job``'s worker while it runs a phase, once the job is at version >= 1.
+
+    The kill comes from the host of one of its nodes (training and rollout in turn), a
+    few ms after that node daemon said the phase runs: asked from the login side, the
+    toy's phase (a tenth of a second) is mostly over before the kill lands. A phase may
+    still end first; the daemon then replaces the idle worker silently and we try the
+    next one. A kill landed when the job counts a recovery.
+    """
+    def version() -> int:
+        row = next(r for r in observe(p, ids) if r["job"] == job)
+        return int((row["iter"] or "0/0").split("/")[0])
+    wait_for(version, 240, f"job {job} at version >= 1", until=lambda v: v >= 1)
+    (group,) = call(p.socket, Op.GROUPS)["groups"]
+    nodes = [str(a["nodes"][0]) for role in ("train", "rollout")
+             for a in group["allocations"] if a["role"] == role]
+    for i in range(tries):
+        killed = kill_running_worker(p.cluster, nodes[i % len(nodes)], p.instance, job)
+
+        def recoveries() -> int:
+            observe(p, ids)
+            shown = call(p.socket, Op.SHOW, kind="job", id=job)
+            return int((shown.get("runtime") or {}).get("recoveries") or 0)
+        if killed and settle(recoveries, 20, interval_s=0.3, until=lambda n: n >= 1):
+            return
+    raise AssertionError(f"no kill of job {job}'s worker landed mid-phase in {tries} tries")
+
+
 @pytest.mark.slow
 def test_worker_killed_and_job_cancelled_mid_rollout_on_slurm(place: Place) -> None:
     """Issue 7's acceptance on Slurm: one member's worker SIGKILLed mid-phase is
@@ -492,17 +550,7 @@ def test_worker_killed_and_job_cancelled_mid_rollout_on_slurm(place: Place) -> N
         seeds = {submit(place, f"k{i}", 51 + i, 40 if i == 1 else steps): 51 + i
                  for i in range(3)}
         victim, cancelled, bystander = list(seeds)
-
-        def victim_busy() -> int | None:
-            row = next(r for r in observe(place, list(seeds)) if r["job"] == victim)
-            if not row["iter"] or int(row["iter"].split("/")[0]) < 1:
-                return None
-            running = [w["worker"] for w in _workers(place, victim).values()
-                       if w["worker"].get("state") == "running" and w["worker"].get("pid")]
-            return int(running[0]["pid"]) if running else None
-        # one pid namespace: the worker on its host is killed by pid from here
-        os.kill(wait_for(victim_busy, 240, "the victim running a phase at v>=1"),
-                signal.SIGKILL)
+        kill_mid_phase(place, victim, list(seeds))
 
         def cancelled_rolling_out() -> dict[str, dict[str, Any]] | None:
             observe(place, list(seeds))

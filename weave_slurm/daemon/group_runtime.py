@@ -75,6 +75,8 @@ from weave_slurm.vocab import Pool
 log = logging.getLogger(__name__)
 
 _ENDED = (JobState.CANCELLING, JobState.CANCELLED, JobState.COMPLETED, JobState.FAILED)
+#: How long the runtime thread leaves its lock free between two ticks that had work.
+HANDOFF_S = 0.002
 _GONE = (MemberState.CANCELLED, MemberState.DONE, MemberState.FAILED)
 
 
@@ -429,8 +431,10 @@ class GroupRuntime:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            if not self.tick():
-                self._stop.wait(self.config.poll_s)
+            # Between ticks the lock is free for a moment even when there is more to do:
+            # the reconcile and API threads waiting on it get in (a lock is not fair: a
+            # loop that takes it straight back would starve them while jobs run).
+            self._stop.wait(HANDOFF_S if self.tick() else self.config.poll_s)
 
     # -- the read side ---------------------------------------------------------------
     def _snapshot(self, force: bool = False) -> None:

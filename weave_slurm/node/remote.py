@@ -37,6 +37,13 @@ PURPOSE = "weave-node"     # what a credential is for (a credential for anything
 #: ``weave-node-ready {"node": ..., "port": ..., "pid": ...}``.
 READY_LINE = "weave-node-ready"
 PRIVILEGED_UID = 0         # how a trusted remote caller is treated by the handlers
+#: A host on the site's network answers a connection in milliseconds; one that does not
+#: within this is unreachable (its link is down), not slow.
+CONNECT_TIMEOUT_S = 5.0
+#: How long one request may take: most answer in milliseconds; these move or check a
+#: job's whole state on disk and may take minutes.
+QUICK_TIMEOUT_S = 15.0
+SLOW_OPS = frozenset({Op.CHECKPOINT, Op.RESTORE, Op.ADOPT, Op.DROP, Op.COPY, Op.DIGEST})
 
 Handle = Callable[[int, Request], dict[str, Any]]
 
@@ -150,14 +157,18 @@ class RemoteNodeClient:
 
     def __init__(self, host: str, port: int, munge: Munge | None = None,
                  timeout_s: float = 120.0) -> None:
-        self.host, self.port = host, port
+        """``timeout_s``: the longest any request may take (a quick one is held to
+        :data:`QUICK_TIMEOUT_S`); connecting is held to :data:`CONNECT_TIMEOUT_S`."""
+        self.host, self.port, self.timeout_s = host, port, timeout_s
         self.where = f"node daemon at {host}:{port}"
         munge = munge or Munge()
         self._buf = bytearray()
         try:
-            self._sock = socket.create_connection((host, port), timeout=timeout_s)
+            self._sock = socket.create_connection(
+                (host, port), timeout=min(timeout_s, CONNECT_TIMEOUT_S))
         except OSError as exc:
             raise NodeGone(f"no {self.where} ({exc.strerror or exc})") from None
+        self._sock.settimeout(min(timeout_s, QUICK_TIMEOUT_S))
         try:
             hello = json.loads(self._read_raw())
             cred, self._session = client_hello(munge, str(hello["nonce"]), PURPOSE)
@@ -180,7 +191,10 @@ class RemoteNodeClient:
         return line
 
     def call(self, op: Op, **args: Any) -> dict[str, Any]:
-        """Send one request; its result or the error it names."""
+        """Send one request; its result or the error it names (``NodeGone`` when the
+        daemon does not answer in time: a node cut off the network never will)."""
+        self._sock.settimeout(self.timeout_s if op in SLOW_OPS
+                              else min(self.timeout_s, QUICK_TIMEOUT_S))
         try:
             self._sock.sendall(self._session.seal({"op": op.value, **args}))
         except OSError as exc:

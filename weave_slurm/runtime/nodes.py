@@ -10,6 +10,7 @@ the error it names. Callers turn either into a typed fault
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ from weave_slurm.runtime.group import NodeRef
 log = logging.getLogger(__name__)
 
 ClientFactory = Callable[[Path], Any]
+#: How long a remote node daemon that did not answer is left alone.
+RETRY_AFTER_S = 5.0
 #: A node's current address and port (its daemon may have been relaunched elsewhere).
 Resolver = Callable[[NodeRef], NodeRef]
 
@@ -35,11 +38,14 @@ class NodeLink:
 
     def __init__(self, client_factory: ClientFactory | None = None,
                  munge_socket: str | None = None,
-                 resolve: Resolver | None = None) -> None:
+                 resolve: Resolver | None = None,
+                 now: Callable[[], float] = time.monotonic) -> None:
         self._factory = client_factory
         self._munge_socket = munge_socket
         self._resolve = resolve
+        self._now = now
         self._clients: dict[object, Any] = {}
+        self._down: dict[object, tuple[float, str]] = {}   # key -> (retry after, why)
 
     def local(self, socket_path: Path) -> Any:
         """The connection to the node daemon at ``socket_path`` on this host (the shm
@@ -64,14 +70,27 @@ class NodeLink:
         return self._clients[key]
 
     def call(self, node: NodeRef, op: Op, **args: Any) -> dict[str, Any]:
-        """One request to ``node``'s daemon; ``NodeGone`` when it does not answer."""
+        """One request to ``node``'s daemon; ``NodeGone`` when it does not answer.
+
+        A remote daemon that just did not answer is not asked again for
+        :data:`RETRY_AFTER_S`: every request meanwhile fails at once, so a host cut off
+        the network costs one timeout, not one per member and tick."""
+        key = _key(node)
+        down = self._down.get(key)
+        if down is not None and self._now() < down[0]:
+            raise NodeGone(f"node {node.name} is unreachable (retried in "
+                           f"{down[0] - self._now():.0f} s): {down[1]}")
         try:
-            return dict(self.client(node).call(op, **args))
-        except NodeGone:
-            old = self._clients.pop(_key(node), None)   # reconnect next time
+            reply = dict(self.client(node).call(op, **args))
+        except NodeGone as exc:
+            old = self._clients.pop(key, None)   # reconnect next time
             if old is not None:
                 old.close()
+            if node.remote:
+                self._down[key] = (self._now() + RETRY_AFTER_S, str(exc))
             raise
+        self._down.pop(key, None)
+        return reply
 
     def best_effort(self, node: NodeRef, op: Op, **args: Any) -> dict[str, Any] | None:
         """A request whose failure changes nothing (stopping or dropping what may be

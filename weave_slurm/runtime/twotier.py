@@ -133,6 +133,9 @@ class TwoTierTransfer:
         if self.agents is not None and self.agents.stopped:
             self.agents = None           # stopped after a failure: start afresh
         if self.agents is None:
+            if self.call is not None:   # a node that does not answer fails this at once,
+                for node in (*self.layout.train, *self.layout.rollout):   # not in 120 s
+                    self.call(node, Op.STATUS)
             self.agents = AgentGroup(self.layout, self.config.timeout_s,
                                      self.config.start_timeout_s, self.config.mode,
                                      self.launcher)
