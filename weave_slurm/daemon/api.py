@@ -182,8 +182,8 @@ class Api:
             model = models.get(group.group_id)
             if model is not None and str(job.job_id) in model.job_ids:
                 slowdown = model.schedule.slowdowns[model.job_ids.index(str(job.job_id))]
-            used = job_nodes(job, group, [a for a in allocs.get(group.group_id, [])
-                                          if not a.state.final])
+            # every row, ended ones too: a pin is a slot numbered over all of them
+            used = job_nodes(job, group, allocs.get(group.group_id, []))
             nodes = used["rollout"] + used["train"]
         end = job.ended_s if job.ended_s is not None else now
         phase, it = (self.phase if job.state is JobState.RUNNING else "-"), None
