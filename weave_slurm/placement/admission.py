@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 from weave_slurm.model.profile import JobProfile
 from weave_slurm.placement.cluster import ClusterState, apply
-from weave_slurm.placement.decision import Decision, Placement, Policy, Refusal
+from weave_slurm.placement.decision import Decision, Placement, Refusal
+from weave_slurm.placement.policy import Policy
 
 Ordering = Callable[[JobProfile], tuple[float, str]]
 

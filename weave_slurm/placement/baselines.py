@@ -8,7 +8,7 @@ import random
 from weave_slurm.errors import ConfigError
 from weave_slurm.model.profile import JobProfile
 from weave_slurm.placement.cluster import ClusterState
-from weave_slurm.placement.decision import Admission, Decision, Placement, Policy
+from weave_slurm.placement.decision import Admission, Decision, Placement
 from weave_slurm.placement.engine import (
     WeavePolicy,
     capacity_refusal,
@@ -17,6 +17,7 @@ from weave_slurm.placement.engine import (
     refuse_if_never_fits,
 )
 from weave_slurm.placement.group import Group, Member
+from weave_slurm.placement.policy import Policy
 
 
 class IsolatedPolicy:

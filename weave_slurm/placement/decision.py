@@ -1,16 +1,12 @@
-"""What a placement policy returns: a placement or a refusal with reasons."""
+"""What a placement policy returns: a placement or a refusal with reasons
+(the policy itself: ``placement/policy.py``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Protocol
 
 from weave_slurm.placement.group import Group
-
-if TYPE_CHECKING:
-    from weave_slurm.model.profile import JobProfile
-    from weave_slurm.placement.cluster import ClusterState
 
 
 class Admission(StrEnum):
@@ -48,11 +44,3 @@ class Refusal:
 
 
 Decision = Placement | Refusal
-
-
-class Policy(Protocol):
-    """A placement policy: a pure function of (cluster state, arriving job)."""
-
-    name: str
-
-    def place(self, state: ClusterState, job: JobProfile) -> Decision: ...

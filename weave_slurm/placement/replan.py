@@ -33,7 +33,6 @@ from dataclasses import dataclass, replace
 
 from weave_slurm.placement.admission import BatchResult, batch_outcomes, refusals
 from weave_slurm.placement.cluster import ClusterState, depart
-from weave_slurm.placement.decision import Policy
 from weave_slurm.placement.group import Group
 from weave_slurm.placement.moves import (
     MoveBooks,
@@ -44,6 +43,7 @@ from weave_slurm.placement.moves import (
     relabel,
     work_rate,
 )
+from weave_slurm.placement.policy import Policy
 
 #: Remaining time assumed for a job whose work is not known (seconds).
 DEFAULT_HORIZON_S = 3600.0
