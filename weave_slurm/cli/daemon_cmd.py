@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from weave_slurm.cli.logs import setup_logging
+from weave_slurm.cli.logs import file_handler, setup_logging
 from weave_slurm.daemon.client import DEFAULT_STATE_DIR
 from weave_slurm.daemon.driver import DriverKind
 
@@ -48,14 +48,34 @@ def daemon(
         "--runtime", help="rl: run the jobs' RL phases round-robin on the node daemons; "
         "idle: only hold allocations and idle steps; auto: rl unless --node-command is "
         "given.")] = DriverKind.AUTO,
+    metrics_port: Annotated[int | None, typer.Option(
+        "--metrics-port", help="Serve Prometheus metrics on this TCP port (0: any free "
+        "port; default: no metrics).")] = None,
+    metrics_addr: Annotated[str, typer.Option(
+        "--metrics-addr", help="Address the metrics endpoint listens on.")] = "127.0.0.1",
+    log_file: Annotated[Path | None, typer.Option(
+        "--log-file", help="Log to this file instead of stderr.")] = None,
+    log_max_mib: Annotated[float, typer.Option(
+        "--log-max-mib", help="Rotate the log file at this size, keeping --log-backups "
+        "old ones (0: never; logrotate rotates it, weaved reopens it).")] = 64.0,
+    log_backups: Annotated[int, typer.Option(
+        "--log-backups", help="Rotated log files kept (PATH.1 ...).")] = 5,
+    print_unit: Annotated[bool, typer.Option(
+        "--print-unit", help="Print weaved's systemd unit for this installation and "
+        "exit (docs/deploy.md).")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at INFO.")] = False,
 ) -> None:
     """Run the meta-scheduler daemon in the foreground until SIGTERM/SIGINT."""
     import shlex
 
+    if print_unit:
+        typer.echo(unit_text(), nl=False)
+        return
+    handler = None if log_file is None else file_handler(log_file, log_max_mib, log_backups)
     from weave_slurm.daemon.service import DaemonConfig, Weaved  # imports torch: only here
 
-    setup_logging(logging.INFO if verbose else logging.WARNING, "weaved", timestamps=True)
+    setup_logging(logging.INFO if verbose else logging.WARNING, "weaved", timestamps=True,
+                  to=handler)
     cfg = DaemonConfig(state_dir=state_dir, socket_path=socket_path, backend=backend,
                        site_path=site, instance=instance, tick_s=tick_s,
                        admin_uids=tuple(admin_uid or ()),
@@ -63,6 +83,7 @@ def daemon(
                        node_command=tuple(shlex.split(node_command)) if node_command else None,
                        runtime=runtime, checkpoint_root=checkpoint_root,
                        node_socket_dir=node_socket_dir, munge_socket=munge_socket,
+                       metrics_port=metrics_port, metrics_addr=metrics_addr,
                        env={k: v for k, v in os.environ.items()
                             if k in ("SLURM_CONF", "MUNGE_SOCKET")})
     weaved = Weaved(cfg)
@@ -73,4 +94,17 @@ def daemon(
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     typer.echo(f"weaved: listening on {cfg.socket}", err=True)
+    if weaved.metrics_port is not None:
+        typer.echo(f"weaved: metrics on http://{metrics_addr}:{weaved.metrics_port}/metrics",
+                   err=True)
     weaved.run()
+
+
+def unit_text() -> str:
+    """The packaged systemd unit (``weave_slurm/deploy/weaved.service``) with ``@PYTHON@``
+    replaced by this interpreter."""
+    import sys
+    from importlib.resources import files
+
+    text = files("weave_slurm").joinpath("deploy", "weaved.service").read_text()
+    return text.replace("@PYTHON@", sys.executable)

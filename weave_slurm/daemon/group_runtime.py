@@ -69,7 +69,7 @@ from weave_slurm.runtime.nodes import Resolver, connect
 from weave_slurm.runtime.profiler import planning_profile
 from weave_slurm.runtime.resume import Resume, ResumeKind
 from weave_slurm.runtime.runner import GroupRunner
-from weave_slurm.runtime.timeline import Span
+from weave_slurm.runtime.timeline import Span, TimelineObserver
 from weave_slurm.vocab import Pool
 
 log = logging.getLogger(__name__)
@@ -117,8 +117,10 @@ class GroupRuntime:
 
     def __init__(self, node_ref: Callable[[AllocRow, str, Pool], NodeRef],
                  config: GroupRuntimeConfig | None = None,
-                 launcher: Launcher | None = None, resolve: Resolver | None = None) -> None:
+                 launcher: Launcher | None = None, resolve: Resolver | None = None,
+                 observer: TimelineObserver | None = None) -> None:
         self.node_ref = node_ref
+        self.observer = observer        # told each runner's phases and copies (metrics)
         self.launcher = launcher        # how sync agents start on remote nodes
         self.resolve = resolve          # a remote node daemon's current port
         self.config = config or GroupRuntimeConfig()
@@ -188,7 +190,7 @@ class GroupRuntime:
         for job_id in group.plan.job_ids:
             self._waiting_jobs.pop(job_id, None)
         runner = GroupRunner(layout, [], config=self.config.runner, launcher=self.launcher,
-                             resolve=self.resolve)
+                             resolve=self.resolve, observer=self.observer)
         runner.listeners.append(self._on_move)
         self.groups[group.group_id] = runner
         self.spans[group.group_id] = runner.spans

@@ -15,6 +15,7 @@ Time comes from the injected clock; decisions never read the wall clock.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -62,7 +63,8 @@ class Reconciler:
     def __init__(self, store: Store, backend: Backend, capacity: Capacity,
                  pools: dict[str, PoolRequest], driver: Driver, clock: Clock, *,
                  instance: str = "", node_step: NodeStepFactory | None = None,
-                 immediate_s: int = 10) -> None:
+                 immediate_s: int = 10,
+                 on_placement: Callable[[float], None] | None = None) -> None:
         self.store, self.backend, self.capacity = store, backend, capacity
         self.pools, self.driver, self.clock = pools, driver, clock
         self.instance = instance
@@ -71,6 +73,7 @@ class Reconciler:
         self.node_step = node_step
         self.immediate_s = immediate_s
         self.policy = WeavePolicy()
+        self.on_placement = on_placement   # told each decision's seconds (metrics)
         self._handles: dict[int, StepHandle] = {}  # step row key -> handle (this process)
         self.node_retries = NodeDaemonRetries()   # per alloc key: failing node daemons
         self.allocations = GroupAllocations(
@@ -295,8 +298,11 @@ class Reconciler:
             allocs.setdefault(a.group_id, []).append(a)
         before = membership.cluster_state(self.capacity, groups, self.store.jobs(_LIVE_JOB),
                                           self.store.next_group_id(), allocs)
+        started = time.perf_counter()   # how long the decision took: not an input to it
         result = place_batch(self.policy, before,
                              [j.profile.with_id(str(j.job_id)) for j in pending])
+        if self.on_placement is not None:
+            self.on_placement(time.perf_counter() - started)
         writes = membership.plan_writes(before, result.state, groups, allocs, self.instance)
         placed = []
         for job, decision in zip(pending, result.decisions, strict=True):

@@ -16,6 +16,7 @@ import os
 import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from filelock import FileLock, Timeout
 
@@ -33,6 +34,10 @@ from weave_slurm.errors import ConfigError, StateError, WeaveError
 from weave_slurm.placement import Capacity
 from weave_slurm.slurm.backend import Backend
 from weave_slurm.slurm.factory import make_backend
+
+if TYPE_CHECKING:
+    from weave_slurm.daemon.metrics import WeavedMetrics
+    from weave_slurm.runtime.runner import GroupRunner
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +66,8 @@ class DaemonConfig:
     env: dict[str, str] = field(default_factory=dict)
     runtime: DriverKind = DriverKind.AUTO   # which driver runs the placed jobs
     runtime_poll_s: float = GroupRuntimeConfig.poll_s
+    metrics_port: int | None = None    # the Prometheus endpoint (None: off; 0: any port)
+    metrics_addr: str = "127.0.0.1"
 
     @property
     def socket(self) -> Path:
@@ -77,6 +84,9 @@ class DaemonConfig:
         object.__setattr__(self, "runtime", DriverKind(self.runtime))
         if self.cpus_per_node < 1:
             raise ConfigError(f"cpus_per_node={self.cpus_per_node!r}: must be >= 1")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(f"--metrics-port {self.metrics_port!r}: must be a TCP port "
+                              "(0-65535; 0: any free port)")
 
 
 def capacity_for(site: SiteConfig, backend: Backend) -> Capacity:
@@ -138,13 +148,19 @@ class Weaved:
             or os.environ.get("MUNGE_SOCKET")),
             self.site, self.backend)
         self.clock = SystemClock()
+        self.metrics: WeavedMetrics | None = None
+        if cfg.metrics_port is not None:   # prometheus_client is imported only then
+            from weave_slurm.daemon.metrics import WeavedMetrics
+
+            self.metrics = WeavedMetrics(self.store, self._runners)
         self.driver = driver or self._default_driver()
         self.driver.wake = self._wake_loop
         pools = {role: PoolRequest(p.partition, p.gpus_per_node, p.gpu.name, cfg.cpus_per_node)
                  for role, p in (("rollout", self.site.rollout), ("train", self.site.train))}
         self.reconciler = Reconciler(self.store, self.backend, self.capacity, pools,
                                      self.driver, self.clock, instance=cfg.instance,
-                                     node_step=self.nodes.step, immediate_s=cfg.immediate_s)
+                                     node_step=self.nodes.step, immediate_s=cfg.immediate_s,
+                                     on_placement=self.metrics.placed if self.metrics else None)
         self.api = Api(self.store, self.site, self.capacity, self.clock.now,
                        admin_uids=cfg.admin_uids, path_roots=cfg.path_roots,
                        wake=self._wake.set,
@@ -153,6 +169,12 @@ class Weaved:
                        world_error=lambda: self.reconciler.world_error,
                        node_python=self.nodes.s.python if cfg.node_command is None else None)
         self.server = ApiServer(cfg.socket, self.api, client_timeout_s=cfg.client_timeout_s)
+        self.metrics_port = None if self.metrics is None or cfg.metrics_port is None \
+            else self.metrics.serve(cfg.metrics_port, cfg.metrics_addr)
+
+    def _runners(self) -> dict[int, GroupRunner]:
+        """The group runners running now (for the metrics' bubbles)."""
+        return dict(self.driver.groups) if isinstance(self.driver, GroupRuntime) else {}
 
     def _wake_loop(self) -> None:
         self._wake.set()
@@ -171,7 +193,8 @@ class Weaved:
         return GroupRuntime(self.nodes.ref, GroupRuntimeConfig(
             poll_s=cfg.runtime_poll_s, runner=runner, checkpoint_base=base),
             launcher=self.nodes.launch_agent if self.nodes.s.remote else None,
-            resolve=self.nodes.resolve if self.nodes.s.remote else None)
+            resolve=self.nodes.resolve if self.nodes.s.remote else None,
+            observer=self.metrics.runtime if self.metrics else None)
 
     def run(self) -> None:
         """Serve and reconcile until :meth:`stop`."""
@@ -193,6 +216,8 @@ class Weaved:
                 self._wake.clear()
         finally:
             self.driver.close()
+            if self.metrics is not None:
+                self.metrics.close()
             self.server.shutdown()
             self.server.server_close()
             self.store.close()

@@ -290,6 +290,16 @@ class Store:
             args.append(group_id)
         return [self._job(r) for r in self._rows(sql + " ORDER BY job_id", args)]
 
+    def counts(self) -> dict[str, list[tuple[Any, ...]]]:
+        """Rows by state, one grouped query per table (for metrics): ``jobs`` and
+        ``groups`` as (state, count); ``allocations`` as (role, partition, state,
+        count, nodes)."""
+        sql = {"jobs": "SELECT state, COUNT(*) FROM jobs GROUP BY state",
+               "groups": "SELECT state, COUNT(*) FROM groups GROUP BY state",
+               "allocations": "SELECT role, partition, state, COUNT(*), SUM(node_count) "
+                              "FROM allocations GROUP BY role, partition, state"}
+        return {table: [tuple(r) for r in self._rows(q)] for table, q in sql.items()}
+
     # -- groups ------------------------------------------------------------------------
 
     def add_group(self, group_id: int, label: str, plan: GroupPlan, now: float,

@@ -12,7 +12,7 @@ from weave_slurm.runtime.agents import Launcher
 from weave_slurm.runtime.group import GroupLayout, NodeRef
 from weave_slurm.runtime.member import Member
 from weave_slurm.runtime.profiler import LiveProfiler
-from weave_slurm.runtime.timeline import Span
+from weave_slurm.runtime.timeline import NoObserver, Span, TimelineObserver
 from weave_slurm.runtime.transfer import (
     ClientFactory,
     NodeCall,
@@ -28,8 +28,9 @@ class Mover:
     """Copies segments through the group's weight transfer; records a sync per copy."""
 
     def __init__(self, transfer: WeightTransfer, profiler: LiveProfiler, spans: list[Span],
-                 clock: Clock) -> None:
+                 clock: Clock, observer: TimelineObserver | None = None) -> None:
         self.transfer, self.profiler, self.spans, self.clock = transfer, profiler, spans, clock
+        self.observer = observer or NoObserver()
 
     def copy(self, member: Member, name: str, src: NodeRef, dsts: Sequence[NodeRef],
              what: str, as_name: str | None = None) -> None:
@@ -41,6 +42,7 @@ class Mover:
         self.profiler.phase(member.spec.job_id, Phase.SYNC, end - start)
         self.spans.append(Span(member.spec.job_id, Phase.SYNC, src.name, src.pool,
                                start, end))
+        self.observer.synced(self.spans[-1], what, moved)
 
 
 def make_transfer(config: TransferConfig, layout: GroupLayout, clients: ClientFactory,

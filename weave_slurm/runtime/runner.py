@@ -61,7 +61,7 @@ from weave_slurm.runtime.ordering import next_member, phase_deadline_s
 from weave_slurm.runtime.profiler import LiveProfiler
 from weave_slurm.runtime.resume import Resume
 from weave_slurm.runtime.staleness import BatchRecord
-from weave_slurm.runtime.timeline import Span
+from weave_slurm.runtime.timeline import NoObserver, Span, TimelineObserver
 from weave_slurm.runtime.transfer import WeightTransfer
 from weave_slurm.runtime.twotier import TwoTierTransfer
 from weave_slurm.vocab import Phase, Pool
@@ -80,7 +80,8 @@ class GroupRunner:
                  clock: Clock | None = None, config: RunnerConfig | None = None,
                  profiler: LiveProfiler | None = None,
                  client_factory: Callable[[Path], Any] | None = None,
-                 launcher: Launcher | None = None, resolve: Resolver | None = None) -> None:
+                 launcher: Launcher | None = None, resolve: Resolver | None = None,
+                 observer: TimelineObserver | None = None) -> None:
         layout.validate()
         self.layout = layout
         self.clock = clock or MonotonicClock()
@@ -88,12 +89,14 @@ class GroupRunner:
         self.profiler = profiler or LiveProfiler()
         self.link = NodeLink(client_factory, self.config.munge_socket, resolve)
         self.spans: list[Span] = []
+        self.observer = observer or NoObserver()   # told each phase and copy (metrics)
         self.slots = NodeSlots()
         self.lifecycle = Lifecycle(layout, link=self.link,
                                    mover=Mover(make_transfer(self.config.transfer, layout,
                                                              self.link.local, self.link.call,
                                                              launcher),
-                                               self.profiler, self.spans, self.clock),
+                                               self.profiler, self.spans, self.clock,
+                                               self.observer),
                                    slots=self.slots, profiler=self.profiler,
                                    clock=self.clock, config=self.config, spans=self.spans)
         self.tail_moves: list[TailMove] = []
@@ -374,6 +377,7 @@ class GroupRunner:
         w0, w1 = (None if t is None else float(t) for t in worker_s)
         self.spans.append(Span(job_id, run.kind, run.node.name, run.node.pool,
                                run.start_s, end, True, run.ready_s, w0, w1))
+        self.observer.phase_ended(self.spans[-1])
         if not run.init:
             self.profiler.phase(job_id, run.kind, end - run.start_s)
         if run.kind is Phase.ROLLOUT:

@@ -6,6 +6,7 @@ import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from weave_slurm.vocab import Phase, Pool
 
@@ -81,12 +82,38 @@ def switch_gaps_s(spans: Sequence[Span], kind: Phase) -> list[float]:
             by_node.setdefault(s.node, []).append(s)
     for node_spans in by_node.values():
         node_spans.sort(key=lambda s: s.start_s)
-        for a, b in itertools.pairwise(node_spans):
-            if a.job_id == b.job_id or b.ready_s is None or a.worker_end_s is None \
-                    or b.worker_start_s is None or b.ready_s > a.worker_end_s:
-                continue
-            gaps.append(b.worker_start_s - a.worker_end_s)
+        gaps += [g for a, b in itertools.pairwise(node_spans)
+                 if (g := switch_gap_s(a, b)) is not None]
     return gaps
+
+
+def switch_gap_s(a: Span, b: Span) -> float | None:
+    """The switch from ``a`` to ``b``, the next phase on the same node (see
+    :func:`switch_gaps_s`); None where the pair is no switch."""
+    if a.job_id == b.job_id or b.ready_s is None or a.worker_end_s is None \
+            or b.worker_start_s is None or b.ready_s > a.worker_end_s:
+        return None
+    return b.worker_start_s - a.worker_end_s
+
+
+class TimelineObserver(Protocol):
+    """Told what the runtime records as it happens (weaved's metrics): each rollout or
+    train phase that ended, and each copy of a segment (``what``: weights or
+    trajectories, the bytes put on nodes; ``span``: its sync span)."""
+
+    def phase_ended(self, span: Span) -> None: ...
+
+    def synced(self, span: Span, what: str, nbytes: int) -> None: ...
+
+
+class NoObserver:
+    """The observer of a runtime nobody watches."""
+
+    def phase_ended(self, span: Span) -> None:
+        return None
+
+    def synced(self, span: Span, what: str, nbytes: int) -> None:
+        return None
 
 
 _COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown")
