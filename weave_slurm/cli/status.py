@@ -3,7 +3,7 @@
 ``weave status -o`` takes squeue-like ``%[.][width]code`` fields ('.' right-justifies)
 or a preset name; codes: %i JOBID, %u USER, %U UID, %j NAME, %g GROUP, %p PHASE,
 %I ITER, %s SLOWDOWN/SLO, %w STALE/WIN (versions behind / window), %T STATE, %t ST,
-%M TIME, %D NODE COUNT, %N NODES,
+%M TIME, %D NODE COUNT, %N NODES, %A SLURM_JOBIDS (its allocations' Slurm job ids),
 %r REASON. Errors are one line and an exit code, like scancel's.
 """
 
@@ -52,6 +52,7 @@ CODES: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "i": ("JOBID", lambda j: str(j["job"])),
     "u": ("USER", lambda j: str(j["user"])),
     "U": ("UID", lambda j: str(j["uid"])),
+    "A": ("SLURM_JOBIDS", lambda j: ",".join(j.get("slurm_job_ids") or []) or "-"),
     "j": ("NAME", lambda j: str(j["name"])),
     "g": ("GROUP", lambda j: "-" if j["group"] is None else str(j["group"])),
     "p": ("PHASE", lambda j: str(j["phase"])),
@@ -202,11 +203,14 @@ def show(
     if as_json:
         typer.echo(json.dumps(result, indent=1))
         return
+    slurm_ids = result.pop("slurm_job_ids", None)   # the Slurm jobs of its allocations
     for key, value in result.items():
         if key in ("transitions", "steps", "allocations", "profile", "spec", "runtime",
                    "planning_profile"):
             continue
         typer.echo(f"{key}={value}")
+    if slurm_ids is not None:
+        typer.echo(f"SlurmJobIds={','.join(slurm_ids) or '(null)'}")
     for line in _runtime_lines(result.get("runtime")):
         typer.echo(line)
     for name in ("profile", "planning_profile"):

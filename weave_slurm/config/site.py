@@ -6,6 +6,7 @@ documents every key. Frozen dataclasses, units in names.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,6 +74,25 @@ class ModelConfig:
     colo_switch_s: float = 10.0
 
 
+#: What Slurm accepts in an account or QOS name (sacctmgr's own rule is looser; these
+#: never need quoting in an argv, a comment or a log line).
+_SLURM_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+#: The longest time limit a site may set (365 days, in minutes).
+MAX_TIME_LIMIT_MIN = 365 * 24 * 60
+
+
+@dataclass(frozen=True, slots=True)
+class SlurmConfig:
+    """What every allocation weaved holds is charged to (``[slurm]``; None: Slurm's
+    default): ``salloc --account``, ``--qos`` and ``--time`` (minutes). A group's
+    allocation that reaches its time limit is ended by Slurm, and weaved handles it
+    as a lost allocation (docs/accounting.md)."""
+
+    account: str | None = None
+    qos: str | None = None
+    time_limit_min: int | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class SiteConfig:
     name: str
@@ -83,6 +103,7 @@ class SiteConfig:
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
     default_slo: float = 1.5
     source: str = "<builtin>"
 
@@ -178,6 +199,7 @@ def _site_from_data(data: object, source: str) -> SiteConfig:
             colo_switch_s=mtab.number("colo_switch_s", model.colo_switch_s, ge=0))
         mtab.done()
     runtime = read_runtime(top.table("runtime", required=False))
+    slurm = _slurm(top.table("slurm", required=False))
     defaults = top.table("defaults", required=False)
     if defaults is not None:
         default_slo = defaults.number("slo", default_slo, ge=1.0)
@@ -185,7 +207,7 @@ def _site_from_data(data: object, source: str) -> SiteConfig:
     top.done()
     return SiteConfig(name=name, currency=currency, rollout=rollout, train=train,
                       network=network, limits=limits, model=model, runtime=runtime,
-                      default_slo=default_slo,
+                      slurm=slurm, default_slo=default_slo,
                       source=source)
 
 
@@ -202,3 +224,23 @@ def _pool(r: TableReader, role: Pool, base: PoolConfig, gpus: dict[str, GpuSpec]
     )
     r.done()
     return pool
+
+
+def _slurm(r: TableReader | None) -> SlurmConfig:
+    """``[slurm]``: account, qos (names) and time_limit_min (minutes), all optional."""
+    if r is None:
+        return SlurmConfig()
+    names = {}
+    for key in ("account", "qos"):
+        value = r.opt_string(key)
+        if value is not None and not _SLURM_NAME.match(value):
+            raise r.fail(key, value, "must be a Slurm name of 1-64 letters, digits, '_', "
+                         "'.' or '-'")
+        names[key] = value
+    limit = r.opt_integer("time_limit_min")
+    if limit is not None and not 1 <= limit <= MAX_TIME_LIMIT_MIN:
+        raise r.fail("time_limit_min", limit, f"must be minutes between 1 and "
+                     f"{MAX_TIME_LIMIT_MIN} (365 days); leave it out for the partition's "
+                     "limit")
+    r.done()
+    return SlurmConfig(account=names["account"], qos=names["qos"], time_limit_min=limit)

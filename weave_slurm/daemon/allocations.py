@@ -16,6 +16,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from weave_slurm.config.site import SlurmConfig
 from weave_slurm.daemon import allocplan
 from weave_slurm.daemon.driver import Driver
 from weave_slurm.daemon.faults import FaultPoint, crossing
@@ -50,16 +51,21 @@ class GroupAllocations:
 
     def __init__(self, store: Store, backend: Backend, pools: dict[str, PoolRequest],
                  driver: Driver, node_retries: NodeDaemonRetries, *, tag: str,
-                 immediate_s: int, fail_placed: FailPlaced, end_step: EndStep) -> None:
+                 immediate_s: int, fail_placed: FailPlaced, end_step: EndStep,
+                 charge: SlurmConfig | None = None) -> None:
         self.store, self.backend, self.pools, self.driver = store, backend, pools, driver
+        self.charge = charge or SlurmConfig()   # account, QOS, time limit of new rows
         self.node_retries, self.tag, self.immediate_s = node_retries, tag, immediate_s
         self.fail_placed, self.end_step = fail_placed, end_step
         self.retry = Backoff()   # per alloc key: failed or hung allocate calls
 
     def request(self, group: GroupRow, alloc: AllocRow) -> AllocationRequest:
+        """What ``salloc`` asks for this row: its shape, and what the row says it is
+        charged to (written when it was wanted: a restart asks the same)."""
         return AllocationRequest(group.label, alloc.pool, (ResourceSpec(
             alloc.partition, alloc.node_count, alloc.gpus_per_node, alloc.gpu_type,
-            alloc.cpus_per_node),), immediate_s=self.immediate_s, instance=self.tag)
+            alloc.cpus_per_node),), immediate_s=self.immediate_s, instance=self.tag,
+            time_limit_min=alloc.time_limit_min, account=alloc.account, qos=alloc.qos)
 
     def held(self, row: AllocRow, a: Allocation, now: float, reason: str) -> None:
         self.store.transition("alloc", row.key, AllocState.HELD, reason, now,
@@ -103,7 +109,9 @@ class GroupAllocations:
                              pool=f"{pool.partition}-{seq}", partition=pool.partition,
                              node_count=nodes, gpus_per_node=pool.gpus_per_node,
                              gpu_type=pool.gpu_type, cpus_per_node=pool.cpus_per_node,
-                             now=now, reason=f"{kind} {role} allocation of {nodes} node(s)")
+                             now=now, reason=f"{kind} {role} allocation of {nodes} node(s)",
+                             account=self.charge.account, qos=self.charge.qos,
+                             time_limit_min=self.charge.time_limit_min)
         fresh = self.store.group(group.group_id)   # a first _want this tick made it FORMING
         if fresh is not None and fresh.state is GroupState.ACTIVE:
             self.store.transition("group", group.group_id, GroupState.FORMING,

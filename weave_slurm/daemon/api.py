@@ -29,6 +29,7 @@ from weave_slurm.daemon.protocol import Op, PermissionDenied
 from weave_slurm.daemon.records import AllocRow, GroupRow, JobRow
 from weave_slurm.daemon.states import JobState
 from weave_slurm.daemon.store import Store
+from weave_slurm.daemon.usage_view import sacct, slurm_job_ids
 from weave_slurm.errors import ConfigError, InfeasibleRequest, StateError, WeaveError
 from weave_slurm.model.profile import profile_job
 from weave_slurm.placement import Capacity, Group
@@ -92,6 +93,9 @@ class Api:
             return self.groups()
         if op is Op.SHOW:
             return self.show(uid, args.get("kind"), args.get("id"))
+        if op is Op.SACCT:
+            return sacct(self.store, self.site, uid, user_name(uid), self.admins, args,
+                         self.now())
         return {"daemon": "weaved", "uid": uid, "admin": uid in self.admins}
 
     # -- submit / cancel ---------------------------------------------------------------
@@ -220,6 +224,11 @@ class Api:
                 if (show_all or ids or not j.state.final)
                 and (not ids or j.job_id in ids) and (not users or j.user in users
                                                       or str(j.uid) in users)]
+        usage = self.store.usage()
+        for row in rows:   # the Slurm jobs it runs (or ran) in
+            job = jobs[row["job"]]
+            row["slurm_job_ids"] = slurm_job_ids(job, allocs.get(job.group_id or -1, []),
+                                                 usage.get(job.job_id))
         return {"jobs": rows, "now": now, "warnings": self._warnings(now)}
 
     def _warnings(self, now: float) -> list[str]:
@@ -272,6 +281,8 @@ class Api:
             raise PermissionDenied(f"Access/permission denied for job {ident} (owned by "
                                    f"{job.user})")
         view = self._job_view(job, groups, allocs, models, self.now())
+        view["slurm_job_ids"] = slurm_job_ids(job, allocs.get(job.group_id or -1, []),
+                                              self.store.usage().get(ident))
         live = self.live(ident)
         if live is not None:
             view["runtime"] = {k: live.get(k) for k in (

@@ -1,6 +1,6 @@
 """weaved's wire protocol: one JSON object per line over a Unix stream socket.
 
-Request:  ``{"op": "submit"|"cancel"|"status"|"groups"|"show"|"ping", ...arguments}``
+Request:  ``{"op": "submit"|"cancel"|"status"|"groups"|"show"|"sacct"|"ping", ...}``
 Reply:    ``{"ok": true, "result": {...}}`` or
           ``{"ok": false, "error": "<error class>", "message": "<one line>"}``
 
@@ -31,6 +31,7 @@ class Op(StrEnum):
     STATUS = "status"  # users?, jobs?, all? -> job rows
     GROUPS = "groups"  # -> group rows
     SHOW = "show"  # kind: job|group, id -> details (owner or admin)
+    SACCT = "sacct"  # users?, jobs?, start_s?, end_s? -> usage records (own, or admin: all)
     PING = "ping"  # -> daemon identity
 
 

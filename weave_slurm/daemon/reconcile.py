@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from weave_slurm.clock import Clock
+from weave_slurm.config.site import SiteConfig, default_site
 from weave_slurm.daemon import membership
 from weave_slurm.daemon.allocations import GroupAllocations, PoolRequest
 from weave_slurm.daemon.driver import Driver
@@ -28,7 +29,9 @@ from weave_slurm.daemon.records import AllocRow, GroupPlan, GroupRow, JobRow, St
 from weave_slurm.daemon.retries import NodeDaemonRetries, in_words
 from weave_slurm.daemon.states import AllocState, GroupState, JobState, StepRunState
 from weave_slurm.daemon.store import Store
+from weave_slurm.daemon.usage import UsageMeter
 from weave_slurm.errors import WeaveError
+from weave_slurm.model.cost import CostRates
 from weave_slurm.placement import Capacity, Placement, Refusal, WeavePolicy, place_batch
 from weave_slurm.slurm.backend import (
     Allocation,
@@ -63,7 +66,7 @@ class Reconciler:
     def __init__(self, store: Store, backend: Backend, capacity: Capacity,
                  pools: dict[str, PoolRequest], driver: Driver, clock: Clock, *,
                  instance: str = "", node_step: NodeStepFactory | None = None,
-                 immediate_s: int = 10,
+                 immediate_s: int = 10, site: SiteConfig | None = None,
                  on_placement: Callable[[float], None] | None = None) -> None:
         self.store, self.backend, self.capacity = store, backend, capacity
         self.pools, self.driver, self.clock = pools, driver, clock
@@ -76,9 +79,12 @@ class Reconciler:
         self.on_placement = on_placement   # told each decision's seconds (metrics)
         self._handles: dict[int, StepHandle] = {}  # step row key -> handle (this process)
         self.node_retries = NodeDaemonRetries()   # per alloc key: failing node daemons
+        site = site or default_site()   # what allocations are charged to, and the prices
         self.allocations = GroupAllocations(
             store, backend, pools, driver, self.node_retries, tag=self.tag,
-            immediate_s=immediate_s, fail_placed=self._fail_placed, end_step=self._end_step)
+            immediate_s=immediate_s, fail_placed=self._fail_placed, end_step=self._end_step,
+            charge=site.slurm)
+        self.usage = UsageMeter(store, CostRates.from_site(site), driver)
         self.ticks = 0
         # since when reading the world (squeue) fails, and the last error in words
         self.world_error: tuple[float, str] | None = None
@@ -105,7 +111,8 @@ class Reconciler:
                     lambda: self._launch_node_daemons(world, now),
                     lambda: self._activate_groups(now),
                     lambda: self._launch_jobs(world, now),
-                    lambda: self._drain_groups(now)]
+                    lambda: self._drain_groups(now),
+                    lambda: self.usage.advance(now)]
         for act in acts:
             try:
                 act()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from weave_slurm.daemon.states import AllocState, GroupState, JobState, StepRunState
@@ -105,6 +105,10 @@ class AllocRow:
     alloc_id: str | None
     nodes: tuple[str, ...]
     reason: str
+    # what it is charged to (the site's [slurm] table when it was asked for)
+    account: str | None = None
+    qos: str | None = None
+    time_limit_min: int | None = None
 
 
 @dataclass(frozen=True)
@@ -126,3 +130,32 @@ class TransitionRow:
     src: str | None
     dst: str
     reason: str
+
+
+@dataclass(frozen=True)
+class UsageRow:
+    """A job's usage so far (daemon/usage.py; docs/accounting.md): its share of its
+    group's allocations in GPU- and node-seconds per role, seconds in each phase, its
+    share of the cost (the site's currency) and the Slurm job ids it was charged for."""
+
+    job_id: int
+    group_id: int | None
+    gpu_s: dict[str, float]      # role (rollout, train) -> GPU-seconds
+    node_s: dict[str, float]     # role -> node-seconds
+    phase_s: dict[str, float]    # phase (rollout, sync, train) -> seconds
+    cost: float
+    alloc_ids: tuple[str, ...]
+    updated_s: float
+
+
+@dataclass(frozen=True)
+class UsageMark:
+    """How far a group's allocations are booked (``until_s``; ``closed``: released and
+    booked to the end) and what was held while no member was in it (unattributed)."""
+
+    group_id: int
+    until_s: float
+    closed: bool = False
+    idle_gpu_s: dict[str, float] = field(default_factory=lambda: {"rollout": 0.0,
+                                                                   "train": 0.0})
+    idle_cost: float = 0.0

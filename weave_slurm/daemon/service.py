@@ -158,7 +158,7 @@ class Weaved:
         pools = {role: PoolRequest(p.partition, p.gpus_per_node, p.gpu.name, cfg.cpus_per_node)
                  for role, p in (("rollout", self.site.rollout), ("train", self.site.train))}
         self.reconciler = Reconciler(self.store, self.backend, self.capacity, pools,
-                                     self.driver, self.clock, instance=cfg.instance,
+                                     self.driver, self.clock, site=self.site, instance=cfg.instance,
                                      node_step=self.nodes.step, immediate_s=cfg.immediate_s,
                                      on_placement=self.metrics.placed if self.metrics else None)
         self.api = Api(self.store, self.site, self.capacity, self.clock.now,

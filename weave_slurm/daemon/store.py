@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from weave_slurm.daemon import usage_sql
 from weave_slurm.daemon.records import (
     AllocRow,
     GroupPlan,
@@ -25,6 +26,8 @@ from weave_slurm.daemon.records import (
     JobRow,
     StepRow,
     TransitionRow,
+    UsageMark,
+    UsageRow,
     profile_from_json,
     profile_to_json,
 )
@@ -40,11 +43,16 @@ from weave_slurm.daemon.states import (
 from weave_slurm.errors import StateError
 from weave_slurm.model.profile import JobProfile
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 #: version -> statements that bring a file of that version to the next one
 _MIGRATIONS: dict[str, tuple[str, ...]] = {
     # 2: the runtime's measured planning profile of a job (NULL until measured)
     "1": ("ALTER TABLE jobs ADD COLUMN measured TEXT",),
+    # 3: what each allocation is charged to; usage records
+    "2": ("ALTER TABLE allocations ADD COLUMN account TEXT",
+          "ALTER TABLE allocations ADD COLUMN qos TEXT",
+          "ALTER TABLE allocations ADD COLUMN time_limit_min INTEGER",
+          *usage_sql.statements()),
 }
 
 _SCHEMA = """
@@ -63,7 +71,8 @@ CREATE TABLE allocations (
   pool TEXT NOT NULL, partition TEXT NOT NULL, node_count INTEGER NOT NULL,
   gpus_per_node INTEGER NOT NULL, gpu_type TEXT, cpus_per_node INTEGER NOT NULL,
   state TEXT NOT NULL, alloc_id TEXT, nodes TEXT NOT NULL DEFAULT '[]',
-  reason TEXT NOT NULL DEFAULT '', updated_s REAL NOT NULL);
+  reason TEXT NOT NULL DEFAULT '', updated_s REAL NOT NULL, account TEXT, qos TEXT,
+  time_limit_min INTEGER);
 CREATE TABLE steps (
   key INTEGER PRIMARY KEY AUTOINCREMENT, alloc_key INTEGER NOT NULL, job_id INTEGER,
   name TEXT NOT NULL, state TEXT NOT NULL, launcher_pid INTEGER,
@@ -72,7 +81,7 @@ CREATE TABLE transitions (
   id INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL, entity TEXT NOT NULL,
   key TEXT NOT NULL, src TEXT, dst TEXT NOT NULL, reason TEXT NOT NULL);
 CREATE INDEX transitions_key ON transitions(entity, key);
-"""
+""" + usage_sql.TABLES
 
 #: entity -> (table, key column, state enum)
 _ENTITIES: dict[str, tuple[str, str, type[State]]] = {
@@ -155,7 +164,9 @@ class Store:
         inside a row passes quick_check; it must not pass this."""
         readers = (("jobs", "job_id", self._job), ("groups", "group_id", self._group),
                    ("allocations", "key", self._alloc), ("steps", "key", self._step),
-                   ("transitions", "id", lambda r: tuple(r)))
+                   ("transitions", "id", lambda r: tuple(r)),
+                   ("usage", "job_id", usage_sql.usage_row),
+                   ("usage_marks", "group_id", usage_sql.mark_row))
         for table, col, parse in readers:
             key: object = None
             try:
@@ -333,14 +344,15 @@ class Store:
 
     def add_alloc(self, *, group_id: int, role: str, pool: str, partition: str,
                   node_count: int, gpus_per_node: int, gpu_type: str | None,
-                  cpus_per_node: int, now: float, reason: str) -> int:
+                  cpus_per_node: int, now: float, reason: str, account: str | None = None,
+                  qos: str | None = None, time_limit_min: int | None = None) -> int:
         with self._tx() as db:
             cur = db.execute(
                 "INSERT INTO allocations (group_id, role, pool, partition, node_count, "
-                "gpus_per_node, gpu_type, cpus_per_node, state, updated_s) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "gpus_per_node, gpu_type, cpus_per_node, state, updated_s, account, qos, "
+                "time_limit_min) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (group_id, role, pool, partition, node_count, gpus_per_node, gpu_type,
-                 cpus_per_node, AllocState.WANTED.value, now))
+                 cpus_per_node, AllocState.WANTED.value, now, account, qos, time_limit_min))
             key = int(cur.lastrowid or 0)
             self._log(db, now, "alloc", key, None, AllocState.WANTED, reason)
         return key
@@ -350,7 +362,8 @@ class Store:
         return AllocRow(r["key"], r["group_id"], r["role"], r["pool"], r["partition"],
                         r["node_count"], r["gpus_per_node"], r["gpu_type"], r["cpus_per_node"],
                         state_of(AllocState, r["state"]), r["alloc_id"],
-                        tuple(json.loads(r["nodes"])), r["reason"])
+                        tuple(json.loads(r["nodes"])), r["reason"], r["account"], r["qos"],
+                        r["time_limit_min"])
 
     def allocs(self, group_id: int | None = None, live_only: bool = True) -> list[AllocRow]:
         sql, args = "SELECT * FROM allocations WHERE 1=1", []
@@ -390,6 +403,22 @@ class Store:
         if live_only:
             sql += f" AND state != '{StepRunState.ENDED.value}'"
         return [self._step(r) for r in self._rows(sql + " ORDER BY key", args)]
+
+    # -- usage records (daemon/usage.py) ------------------------------------------------
+
+    def book_usage(self, rows: Sequence[UsageRow], marks: Sequence[UsageMark]) -> None:
+        """Add ``rows`` (increments) to the jobs' usage and set the groups' marks, in one
+        transaction: a window is booked whole or not at all."""
+        with self._tx() as db:
+            usage_sql.book(db, rows, marks)
+
+    def usage(self) -> dict[int, UsageRow]:
+        """Every job's usage record, by job id."""
+        return {r["job_id"]: usage_sql.usage_row(r) for r in self._rows("SELECT * FROM usage")}
+
+    def usage_marks(self) -> dict[int, UsageMark]:
+        return {r["group_id"]: usage_sql.mark_row(r)
+                for r in self._rows("SELECT * FROM usage_marks")}
 
     # -- placement (one transaction) ---------------------------------------------------
 

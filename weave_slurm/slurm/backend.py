@@ -31,6 +31,7 @@ DEFAULT_INSTANCE = "default"
 _INSTANCE_RE = re.compile(r"^[A-Za-z0-9_]+$")
 _GROUP_RE = re.compile(r"^[A-Za-z0-9_.]+$")
 _POOL_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
+_CHARGE_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")   # an account or QOS name
 
 
 class AllocationState(enum.Enum):
@@ -118,7 +119,10 @@ class ResourceSpec:
 
 @dataclass(frozen=True)
 class AllocationRequest:
-    """Nodes for one pool of a group; several components make a heterogeneous job."""
+    """Nodes for one pool of a group; several components make a heterogeneous job.
+
+    ``account``, ``qos`` and ``time_limit_min`` are what the allocation is charged to
+    (the site's ``[slurm]`` table; None: Slurm's default)."""
 
     group_id: str
     pool: str
@@ -126,6 +130,8 @@ class AllocationRequest:
     time_limit_min: int | None = None
     immediate_s: int = 30
     instance: str = DEFAULT_INSTANCE  # the owning weaved's tag, in the comment
+    account: str | None = None
+    qos: str | None = None
 
     @property
     def job_name(self) -> str:
@@ -152,6 +158,10 @@ class AllocationRequest:
         if self.time_limit_min is not None and self.time_limit_min < 1:
             raise ConfigError(f"allocation request {self.job_name}: time_limit_min="
                               f"{self.time_limit_min!r}; must be >= 1 or None")
+        for key, name in (("account", self.account), ("qos", self.qos)):
+            if name is not None and not _CHARGE_RE.match(name):
+                raise ConfigError(f"allocation request {self.job_name}: {key}={name!r}; use "
+                                  "1-64 letters, digits, '_', '.' or '-'")
 
 
 @dataclass(frozen=True)

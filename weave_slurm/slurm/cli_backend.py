@@ -66,6 +66,10 @@ def salloc_argv(request: AllocationRequest) -> list[str]:
             f"--comment={request.comment}", f"--immediate={request.immediate_s}"]
     if request.time_limit_min is not None:
         argv.append(f"--time={request.time_limit_min}")
+    if request.account is not None:
+        argv.append(f"--account={request.account}")
+    if request.qos is not None:
+        argv.append(f"--qos={request.qos}")
     for i, comp in enumerate(request.components):
         if i:
             argv.append(":")

@@ -184,7 +184,11 @@ class LocalBackend:
             state["allocations"][alloc_id] = {"name": request.job_name,
                                               "comment": request.comment, "uid": self.uid,
                                               "components": comps, "steps": {},
-                                              "next_step": 0}
+                                              "next_step": 0,
+                                              # what Slurm would charge it to
+                                              "account": request.account,
+                                              "qos": request.qos,
+                                              "time_limit_min": request.time_limit_min}
             record = state["allocations"][alloc_id]
         log.info("local allocation %s (%s)", alloc_id, request.job_name)
         return self._to_allocation(alloc_id, record)

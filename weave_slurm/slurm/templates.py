@@ -53,6 +53,9 @@ def render_allocation(request: AllocationRequest, output: str = "/dev/null",
         blocks += [f"#SBATCH {flag}" for flag in component_args(comp)]
     time_line = (f"#SBATCH --time={request.time_limit_min}" if request.time_limit_min
                  else "# (no time limit: the partition's limit applies)")
+    for flag, value in (("account", request.account), ("qos", request.qos)):
+        if value is not None:
+            time_line += f"\n#SBATCH --{flag}={value}"
     return render("allocation.sbatch", {
         "pool": request.pool, "group_id": request.group_id, "job_name": request.job_name,
         "comment": request.comment, "output": output, "time_directive": time_line,
