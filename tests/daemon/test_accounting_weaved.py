@@ -64,7 +64,7 @@ def test_sacct_lists_each_member_with_its_share(capsys: pytest.CaptureFixture[st
             local = cfg.state_dir / "local" / "local_backend.json"
             records: dict[str, Any] = settle(
                 lambda: json.loads(local.read_text())["allocations"] if local.exists() else {},
-                60, interval_s=0.2)
+                60, interval_s=0.2, until=lambda recs: len(recs) >= 2)   # h20 and h800
             assert {(r["account"], r["qos"], r["time_limit_min"]) for r in records.values()} \
                 == {("rl-lab", "normal", 60)}
             running = settle(lambda: [r for r in call(sock, Op.STATUS, jobs=ids)["jobs"]
@@ -79,6 +79,11 @@ def test_sacct_lists_each_member_with_its_share(capsys: pytest.CaptureFixture[st
             held = held_gpu_s(w.store, group)
             mark = w.store.usage_marks()[group]
             report = json.loads(sacct(sock, capsys, "-j", ",".join(map(str, ids)), "--json"))
+            table = sacct(sock, capsys, "-j", ",".join(map(str, ids)), "-o",
+                          "JobID,JobName,Account,State,Elapsed,RolloutGPUHours,TrainGPUHours,"
+                          "RolloutTime,SyncTime,TrainTime,Cost")
+            with capsys.disabled():
+                print(f"\n{table}held GPU-s per pool: {held}; unattributed: {mark.idle_gpu_s}")
             shown = call(sock, Op.SHOW, kind="job", id=ids[0])
             _check(report["jobs"], ids, held, mark.idle_gpu_s, w.store, group)
         assert shown["slurm_job_ids"] == report["jobs"][0]["slurm_job_ids"]

@@ -178,3 +178,32 @@ def test_a_version_2_file_is_migrated_in_place(tmp_path: Path) -> None:
     version = sqlite3.connect(path).execute(
         "SELECT value FROM meta WHERE key='schema_version'").fetchone()[0]
     assert version == "3"
+
+
+def test_sacct_shows_a_user_only_their_own_jobs(store: Store) -> None:
+    from weave_slurm.config.site import default_site
+    from weave_slurm.daemon.protocol import PermissionDenied
+    from weave_slurm.daemon.usage_view import sacct
+
+    bob = store.add_job(uid=1001, user="bob", name="b", spec="name='b'", source="b.toml",
+                        profile=simple_profile("b", 10, 10, 1.5), now=5 * H)
+    UsageMeter(store, RATES).advance(1 * H)
+    site = default_site()
+
+    def ids(uid: int, name: str, **args: object) -> list[int]:
+        return [r["job"] for r in sacct(store, site, uid, name, {0}, dict(args), 6 * H)["jobs"]]
+
+    assert ids(1000, "alice") == [1, 2]
+    assert ids(1000, "alice", users=["alice"]) == [1, 2]
+    assert ids(1000, "alice", jobs=[bob, 1]) == [1]          # bob's job is left out
+    with pytest.raises(PermissionDenied, match="may see only its own usage, not bob's"):
+        ids(1000, "alice", users=["bob"])
+    assert ids(0, "root") == [1, 2, bob]
+    assert ids(0, "root", users=["bob"]) == [bob]
+    assert ids(0, "root", start_s=5.5 * H) == [1, 2, bob]    # 1, 2 still running
+    _end(store, 1, 2 * H)
+    assert ids(0, "root", start_s=3 * H) == [2, bob]
+    assert ids(0, "root", end_s=4 * H) == [1, 2]             # bob submitted later
+    rec = sacct(store, site, 1000, "alice", {0}, {"jobs": [2]}, 6 * H)["jobs"][0]
+    assert rec["slurm_job_ids"] == ["101", "102"] and rec["gpu_s"]["train"] == \
+        pytest.approx(4 * H)
