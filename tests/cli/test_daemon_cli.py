@@ -6,8 +6,13 @@ from __future__ import annotations
 import logging
 import logging.handlers
 import os
+import re
+import shutil
+import signal
 import stat
+import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -105,3 +110,52 @@ def test_print_unit_is_the_packaged_unit_for_this_interpreter(
     help_text = capsys.readouterr().out
     assert flags and all(f in help_text for f in flags), flags
 
+
+
+def test_weave_daemon_serves_metrics_and_logs_to_its_file(tmp_path: Path) -> None:
+    """The flags reach weaved: a real ``weave daemon`` process, scraped, then stopped."""
+    from tests.daemon.test_metrics import scrape, value
+
+    log_file, err = tmp_path / "weaved.log", tmp_path / "stderr"
+    argv = [sys.executable, "-m", "weave_slurm.cli", "daemon", "--state-dir",
+            str(tmp_path / "state"), "--node-command", "sleep infinity", "--metrics-port",
+            "0", "--log-file", str(log_file), "--log-max-mib", "1", "-v"]
+    with err.open("w") as stderr:
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=stderr,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        deadline = time.monotonic() + 60
+        while (m := re.search(r"metrics on http://127\.0\.0\.1:(\d+)/metrics",
+                              err.read_text())) is None and proc.poll() is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert m is not None, err.read_text()
+        samples = scrape(int(m.group(1)))
+        assert value(samples, "weave_jobs", state="PENDING") == 0
+        assert value(samples, "weave_groups", state="ACTIVE") == 0
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            assert proc.wait(30) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+    logged = log_file.read_text()
+    assert "weaved INFO weave_slurm.daemon.service: weaved: serving" in logged, logged
+    assert "INFO" not in err.read_text()          # the records went to the file only
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="needs systemd-analyze")
+def test_systemd_accepts_the_unit(tmp_path: Path) -> None:
+    """Every directive known to this systemd and its ExecStart executable (an unknown key
+    or a bad value is a warning on stderr, not an exit code)."""
+    unit = tmp_path / "weaved.service"
+    unit.write_text(unit_text())
+    res = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 0 and res.stderr == "", res.stderr
+    unit.write_text(unit_text().replace("KillMode=process", "KillMode=procesz"))
+    res = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True,
+                         text=True, timeout=60)
+    assert "Failed to parse kill mode" in res.stderr     # so the check above can fail

@@ -113,3 +113,14 @@ def test_weave_spank_build_from_the_wheel(installed: Path, tmp_path: Path) -> No
     res = _run([installed / "weave", "spank", "build", "--out", tmp_path / "so"], tmp_path)
     so = tmp_path / "so" / "weave.so"
     assert so.is_file() and f"optional {so} sockdir=/run/weave" in res.stdout
+
+
+def test_the_systemd_unit_and_the_metrics_dependency(installed: Path, tmp_path: Path) -> None:
+    unit = _run([installed / "weave", "daemon", "--print-unit"], tmp_path).stdout
+    exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
+    python = exec_start.removeprefix("ExecStart=").split()[0]
+    assert Path(python).parent == installed and "@PYTHON@" not in unit, exec_start
+    assert exec_start.endswith(" -m weave_slurm.cli daemon --backend slurm \\")
+    res = _run([python, "-c", "import prometheus_client, weave_slurm.daemon.metrics; "
+                "print(prometheus_client.__file__)"], tmp_path)
+    assert str(installed.parent) in res.stdout     # declared, so installed with the wheel
