@@ -75,3 +75,49 @@ def test_status_groups_cancel_show(weaved: Running,  # noqa: F811
     assert run_app(_app(), "weave", ["show", "group", "1", "--json", *s]) == 0
     assert json.loads(capsys.readouterr().out)["members"] == ids[1:]
     assert run_app(_app(), "weave", ["show", "partition", "1", *s]) == 2
+
+
+def test_status_long_and_show_job_print_each_members_layout(
+        weaved: Running, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: F811
+    """16 training GPUs on 8-GPU nodes: 2 nodes x 8 ranks; 16 rollout GPUs in engines of
+    2: 8 engines, 4 on each of 2 nodes (the local cluster has 2 + 2 nodes)."""
+    sock = weaved.socket
+    wide = call(sock, Op.SUBMIT, spec=job_spec_toml("wide", rollout_gpus=16, train_gpus=16,
+                                                    engine_gpus=2))["job"]
+    one = call(sock, Op.SUBMIT, spec=job_spec_toml("one", rollout_gpus=1, train_gpus=1))["job"]
+    wait_for(lambda: all(j["state"] == "RUNNING" for j in call(sock, Op.STATUS)["jobs"]), 20,
+             "both jobs running")
+    s = ["--socket", str(sock)]
+    assert run_app(_app(), "weave", ["status", "-o", "long", *s]) == 0
+    out = capsys.readouterr().out.splitlines()
+    head = out[0].split()
+    assert head[-2:] == ["LAYOUT", "REASON"]
+    cells = {int(line.split()[0]): line.split()[head.index("LAYOUT")] for line in out[1:]}
+    assert cells == {wide: "16r/2x8,8e/2x4,tp2", one: "1r/1x1,1e/1x1,tp1"}
+    assert run_app(_app(), "weave", ["show", "job", str(wide), *s]) == 0
+    shown = capsys.readouterr().out.splitlines()
+    assert "layout=train 2x8 ranks; rollout 2x4 engines x 2 GPUs" in shown
+    train = next(line for line in shown if line.startswith("layout.train="))
+    assert train == "layout.train=h800-0:ranks=0-7 h800-1:ranks=8-15"
+    rollout = next(line for line in shown if line.startswith("layout.rollout="))
+    assert rollout == "layout.rollout=h20-0:engines=0-3 h20-1:engines=4-7 gpus_per_engine=2"
+    assert not any(line.startswith("layout.runs=") for line in shown)   # idle driver
+    assert run_app(_app(), "weave", ["show", "job", str(wide), "--json", *s]) == 0
+    lay = json.loads(capsys.readouterr().out)["layout"]
+    assert lay["rollout"]["engines"] == 8 and lay["train"]["ranks_per_node"] == [8, 8]
+
+
+def test_layout_cell_and_lines_without_a_stored_layout() -> None:
+    from weave_slurm.cli.status import layout_cell, layout_lines
+
+    assert layout_cell(ROW) == "-" and layout_lines(None) == []
+    lay = {"words": "w", "runs": "only rank 0",
+           "train": {"ranks": 9, "ranks_per_node": [5, 4],
+                     "nodes": [{"node": "a", "ranks": [0, 4]}, {"node": None, "ranks": [5, 8]}]},
+           "rollout": {"engines": 1, "engine_gpus": 4, "engines_per_node": [1],
+                       "nodes": [{"node": "r", "pin": 0, "engines": [0, 0]}]}}
+    assert layout_cell({"layout": lay}) == "9r/5+4,1e/1x1,tp4*"   # not all of it runs
+    assert layout_cell({"layout": {**lay, "runs": None}}) == "9r/5+4,1e/1x1,tp4"
+    assert layout_lines(lay) == ["layout=w", "layout.train=a:ranks=0-4 ?:ranks=5-8",
+                                 "layout.rollout=r:engines=0 gpus_per_engine=4",
+                                 "layout.runs=only rank 0"]

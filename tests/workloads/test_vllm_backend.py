@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from weave_slurm.errors import ConfigError
+from weave_slurm.vocab import Phase
 from weave_slurm.workloads.api import JobContext, JobRunner, Role
 from weave_slurm.workloads.grpo_toy import build_policy
 from weave_slurm.workloads.vllm_backend import VllmGrpoJob, engine_args
@@ -83,6 +84,33 @@ def test_nested_engine_options_reach_the_adapter_from_a_spec() -> None:
     job.setup(JobContext("v", Role.TRAIN, 0, dict(spec.options)))  # type: ignore[arg-type]
     assert job._engine_args == {"tensor_parallel_size": 2}
     job.close()
+
+
+def test_the_layouts_engine_size_is_the_engines_tensor_parallel_size() -> None:
+    """The member's layout (JobContext.engine_gpus) gives the engine its GPUs; the same
+    value in [options.engine] is accepted, another is refused naming both."""
+    assert engine_args({}, 4) == {"tensor_parallel_size": 4}
+    assert engine_args({}, 1) == {} and engine_args({}, None) == {}   # vLLM's default 1
+    same = {"engine": {"tensor_parallel_size": 2, "dtype": "bfloat16"}}
+    assert engine_args(same, 2) == {"tensor_parallel_size": 2, "dtype": "bfloat16"}
+    with pytest.raises(ConfigError) as err:
+        engine_args({"engine": {"tensor_parallel_size": 2}}, 4)
+    assert str(err.value) == ("options.engine.tensor_parallel_size = 2 but the member's "
+                              "layout has 4 GPUs per engine (gpus.engine); valid: 4, or "
+                              "leave the key out")
+
+
+def test_a_phase_hands_the_layouts_engine_size_to_the_rollout_context() -> None:
+    from weave_slurm.hosted.contract import PhaseArgs
+    from weave_slurm.runtime.group import MemberSpec
+
+    args = PhaseArgs("builtin:grpo-toy-vllm", 3, {}, engine_gpus=2)
+    assert PhaseArgs.decode([args.encode()], "t") == args
+    assert PhaseArgs.decode([args.encode().replace('"engine_gpus": 2, ', '')], "t") \
+        .engine_gpus == 1   # what a runner before layouts sent
+    assert MemberSpec("j").phase_args(Phase.ROLLOUT, 0).engine_gpus == 1
+    with pytest.raises(ConfigError, match="engine_gpus must be an integer >= 1"):
+        JobContext("v", Role.ROLLOUT, 0, engine_gpus=0)
 
 
 def test_long_tailed_responses_are_refused() -> None:

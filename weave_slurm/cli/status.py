@@ -4,7 +4,8 @@
 or a preset name; codes: %i JOBID, %u USER, %U UID, %j NAME, %g GROUP, %p PHASE,
 %I ITER, %s SLOWDOWN/SLO, %w STALE/WIN (versions behind / window), %T STATE, %t ST,
 %M TIME, %D NODE COUNT, %N NODES, %A SLURM_JOBIDS (its allocations' Slurm job ids),
-%r REASON. Errors are one line and an exit code, like scancel's.
+%L LAYOUT (training ranks / rollout engines per node, GPUs per engine), %r REASON.
+Errors are one line and an exit code, like scancel's.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from weave_slurm.errors import ConfigError, WeaveError
 
 PRESETS = {
     "default": "%.6i %.9u %.16j %.5g %.7p %.7I %.13s %.10T %.10M %N",
-    "long": "%.6i %.9u %.16j %.5g %.7p %.7I %.13s %.9w %.10T %.10M %.5D %N %r",
+    "long": "%.6i %.9u %.16j %.5g %.7p %.7I %.13s %.9w %.10T %.10M %.5D %N %L %r",
     "short": "%.6i %.9u %.16j %.2t %.10M",
     "ids": "%i",
 }
@@ -48,6 +49,25 @@ def _slowdown(j: dict[str, Any]) -> str:
     return f"{'-' if sd is None else f'{sd:.2f}'}/{j['slo']:.2f}{over}"
 
 
+def _times(per_node: list[int]) -> str:
+    return f"{len(per_node)}x{per_node[0]}" if len(set(per_node)) == 1 \
+        else "+".join(map(str, per_node))
+
+
+def layout_cell(j: dict[str, Any]) -> str:
+    """``16r/2x8,8e/2x4,tp2``: 16 training ranks as 2 nodes x 8, 8 rollout engines as
+    2 nodes x 4, each engine over 2 GPUs (tensor parallel); ``-`` if none stored. A
+    trailing ``*``: the runtime starts only rank 0 and one engine of it (``layout.runs``
+    in ``weave show job``)."""
+    lay = j.get("layout")
+    if not lay:
+        return "-"
+    t, r = lay["train"], lay["rollout"]
+    return (f"{t['ranks']}r/{_times(t['ranks_per_node'])},"
+            f"{r['engines']}e/{_times(r['engines_per_node'])},tp{r['engine_gpus']}"
+            f"{'*' if lay.get('runs') else ''}")
+
+
 CODES: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "i": ("JOBID", lambda j: str(j["job"])),
     "u": ("USER", lambda j: str(j["user"])),
@@ -64,6 +84,7 @@ CODES: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "D": ("NODES", lambda j: str(len(j["nodes"]))),
     "N": ("NODELIST", lambda j: ",".join(j["nodes"]) or "-"),
     "r": ("REASON", lambda j: str(j["reason"]) or "None"),
+    "L": ("LAYOUT", layout_cell),
     # Bounded staleness: the declared window k and how many versions behind the last
     # trained batch's weights were (0 for on-policy jobs).
     "w": ("STALE/WIN", lambda j: f"{'-' if j.get('staleness') is None else j['staleness']}"
@@ -206,9 +227,11 @@ def show(
     slurm_ids = result.pop("slurm_job_ids", None)   # the Slurm jobs of its allocations
     for key, value in result.items():
         if key in ("transitions", "steps", "allocations", "profile", "spec", "runtime",
-                   "planning_profile"):
+                   "planning_profile", "layout"):
             continue
         typer.echo(f"{key}={value}")
+    for line in layout_lines(result.get("layout")):
+        typer.echo(line)
     if slurm_ids is not None:
         typer.echo(f"SlurmJobIds={','.join(slurm_ids) or '(null)'}")
     for line in _runtime_lines(result.get("runtime")):
@@ -228,6 +251,26 @@ def show(
     for t in result.get("transitions", []):
         typer.echo(f"transition={time.strftime('%Y-%m-%dT%H:%M:%S', time.localtime(t['ts']))} "
                    f"{t['src'] or '-'}->{t['dst']} {t['reason']}")
+
+
+def layout_lines(lay: dict[str, Any] | None) -> list[str]:
+    """A job's layout for ``weave show job``: which nodes hold which ranks and engines."""
+    if not lay:
+        return []
+
+    def span(pair: list[int]) -> str:
+        return str(pair[0]) if pair[0] == pair[1] else f"{pair[0]}-{pair[1]}"
+
+    t, r = lay["train"], lay["rollout"]
+    lines = [f"layout={lay['words']}",
+             "layout.train=" + " ".join(f"{n['node'] or '?'}:ranks={span(n['ranks'])}"
+                                        for n in t["nodes"]),
+             "layout.rollout=" + " ".join(f"{n['node'] or '?'}:engines={span(n['engines'])}"
+                                          for n in r["nodes"])
+             + f" gpus_per_engine={r['engine_gpus']}"]
+    if lay.get("runs"):
+        lines.append(f"layout.runs={lay['runs']}")
+    return lines
 
 
 def _stats(xs: list[float]) -> str:

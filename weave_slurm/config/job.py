@@ -129,6 +129,7 @@ class JobSpec:
     workdir: str | None = None          # the workers' working directory
     python: str | None = None           # the workers' interpreter (a venv's bin/python)
     pythonpath: tuple[str, ...] = ()    # put first on the workers' sys.path
+    engine_gpus: int | None = None      # [gpus] engine: GPUs per rollout engine (tensor parallel)
 
 
 def load_job(path: str | Path) -> JobSpec:
@@ -168,6 +169,7 @@ def _job_from_data(data: object, source: str) -> JobSpec:
     gpus = _req(top, "gpus")
     rollout_gpus = gpus.integer("rollout", gt=0)
     train_gpus = gpus.integer("train", gt=0)
+    engine_gpus = gpus.opt_integer("engine", gt=0)  # checked against the site: model/layout
     gpus.done()
     ptab = top.table("profile", required=False)
     profile = _profile(ptab) if ptab is not None else MeasuredProfile()
@@ -176,7 +178,7 @@ def _job_from_data(data: object, source: str) -> JobSpec:
                    training=training, rollout_gpus=rollout_gpus, train_gpus=train_gpus,
                    slo=slo, entry=entry, profile=profile, source=source, staleness=staleness,
                    iterations=iterations, seed=seed, options=options, workdir=workdir,
-                   python=python, pythonpath=pythonpath)
+                   python=python, pythonpath=pythonpath, engine_gpus=engine_gpus)
 
 
 #: Most entries a spec's ``pythonpath`` may have (each is checked at submission).

@@ -25,6 +25,7 @@ from weave_slurm.daemon import membership
 from weave_slurm.daemon.access import check_access, worker_needs
 from weave_slurm.daemon.driver import job_nodes
 from weave_slurm.daemon.faults import FaultPoint, crossing
+from weave_slurm.daemon.layout_view import layout_row
 from weave_slurm.daemon.protocol import Op, PermissionDenied
 from weave_slurm.daemon.records import AllocRow, GroupRow, JobRow
 from weave_slurm.daemon.states import JobState
@@ -210,7 +211,8 @@ class Api:
                 "iter": it, "slowdown": slowdown, "slo_ok": slo_ok, "slo": job.profile.slo,
                 "time_s": end - job.started_s if job.started_s is not None else 0.0,
                 "nodes": nodes, "reason": reason, "submitted_s": job.submitted_s,
-                "window": job.profile.staleness, "staleness": behind}
+                "window": job.profile.staleness, "staleness": behind,
+                "layout": layout_row(job, group, allocs, self.phase == HOSTED_PHASE)}
 
     def status(self, args: dict[str, Any]) -> dict[str, Any]:
         ids = set(_int_list(args, "jobs"))

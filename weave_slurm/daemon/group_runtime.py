@@ -95,16 +95,21 @@ class GroupRuntimeConfig:
 def member_spec(job: JobRow, group: GroupRow, pins: tuple[int, ...] | None = None) -> MemberSpec:
     """The runtime's view of a stored job: its spec's entry, seed, iterations, options
     and its own code (workdir, python, pythonpath); ``pins``: its rollout nodes' places
-    in the runner's layout (default: the plan's pins as they are)."""
+    in the runner's layout (default: the plan's pins as they are). Its layout is the
+    one stored with its profile at submission (:mod:`weave_slurm.model.layout`): its
+    training nodes are the group's first ``layout.train.nodes`` training nodes (those
+    ``driver.job_nodes`` names), its engines sit on its pins in order."""
     spec = parse_job(job.spec, job.source)
     if pins is None:
         pins = next((m.rollout_pins for m in group.plan.members if m.job_id == job.job_id),
                     (0,))
+    layout = job.profile.layout   # None: stored by a weaved before layouts (one rank)
+    train = tuple(range(layout.train.nodes if layout is not None else 1))
     return MemberSpec(str(job.job_id), entry_point=spec.entry, seed=spec.seed,
                       steps=spec.iterations, options=dict(spec.options),
                       staleness=spec.staleness, uid=job.uid, workdir=spec.workdir,
                       python=spec.python, pythonpath=spec.pythonpath,
-                      rollout_pins=tuple(pins) or (0,), train_node=0,
+                      rollout_pins=tuple(pins) or (0,), train_nodes=train, layout=layout,
                       declared=DeclaredProfile(job.profile.rollout_mean_s or None,
                                                job.profile.train_mean_s or None,
                                                job.profile.slo))

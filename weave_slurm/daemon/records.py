@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from weave_slurm.daemon.states import AllocState, GroupState, JobState, StepRunState
+from weave_slurm.model.layout import MemberLayout
 from weave_slurm.model.profile import JobProfile
 
 
@@ -22,8 +23,12 @@ def profile_to_json(profile: JobProfile) -> str:
 
 
 def profile_from_json(text: str) -> JobProfile:
+    """The stored profile (its layout too; a row an older weaved wrote has none)."""
     names = _init_fields()
-    return JobProfile(**{k: v for k, v in json.loads(text).items() if k in names})
+    raw = {k: v for k, v in json.loads(text).items() if k in names}
+    if raw.get("layout") is not None:
+        raw["layout"] = MemberLayout.from_json(raw["layout"])
+    return JobProfile(**raw)
 
 
 @dataclass(frozen=True)

@@ -78,13 +78,15 @@ class PhaseArgs:
     step: int | None = None
     progress: str | None = None         # run id: report progress (long-tail migration)
     tail_fraction: float = DEFAULT_TAIL_FRACTION   # "tail" once remaining <= this x all
+    engine_gpus: int = 1                # GPUs per rollout engine (the member's layout)
 
     def encode(self) -> str:
         return json.dumps({"entry_point": self.entry_point, "seed": self.seed,
                            "options": self.options, "staleness": self.staleness,
                            "weights": self.weights, "version": self.version,
                            "traj": self.traj, "step": self.step,
-                           "progress": self.progress, "tail_fraction": self.tail_fraction},
+                           "progress": self.progress, "tail_fraction": self.tail_fraction,
+                           "engine_gpus": self.engine_gpus},
                           sort_keys=True)
 
     @classmethod
@@ -99,4 +101,5 @@ class PhaseArgs:
                    None if version is None else int(version), str(raw.get("traj", TRAJ)),
                    None if step is None else int(step),
                    None if progress is None else str(progress),
-                   float(raw.get("tail_fraction", DEFAULT_TAIL_FRACTION)))
+                   float(raw.get("tail_fraction", DEFAULT_TAIL_FRACTION)),
+                   int(raw.get("engine_gpus", 1)))

@@ -69,8 +69,10 @@ def _args(ctx: PhaseContext) -> PhaseArgs:
 def _runner(ctx: PhaseContext, args: PhaseArgs, role: Role, *, fresh: bool = False) -> JobRunner:
     key = (ctx.job.job_id, role)
     if fresh or key not in _RUNNERS:
+        engine = args.engine_gpus if role is Role.ROLLOUT else None   # the layout's T
         _RUNNERS[key] = start_job(args.entry_point,
-                                  JobContext(ctx.job.job_id, role, args.seed, args.options),
+                                  JobContext(ctx.job.job_id, role, args.seed, args.options,
+                                             engine_gpus=engine),
                                   staleness=args.staleness)
     return _RUNNERS[key]
 

@@ -53,13 +53,20 @@ def mean_response_tokens(spec: JobSpec) -> float:
     return float(r.mean_response_tokens) if r.mean_response_tokens else 0.5 * r.max_response_tokens
 
 
-def estimate_rollout(spec: JobSpec, gpu: GpuSpec, gpus: int, mc: ModelConfig) -> RolloutEstimate:
-    """Conservative rollout time: every sequence decodes ``max_response_tokens`` tokens."""
+def estimate_rollout(spec: JobSpec, gpu: GpuSpec, gpus: int, mc: ModelConfig,
+                     tp: int | None = None) -> RolloutEstimate:
+    """Conservative rollout time: every sequence decodes ``max_response_tokens`` tokens.
+
+    ``tp``: GPUs per replica (the job's layout, :mod:`weave_slurm.model.layout`); None:
+    the smallest power of two whose HBM holds the weights in at most half of it (the
+    co-located baseline's rollout on the training GPUs, which has no layout of its own).
+    """
     w_bytes = weights_gib(spec.model.params_b) * GIB
     hbm = gpu.hbm_gib * GIB
-    tp = 1
-    while w_bytes / tp > WEIGHT_HBM_FRACTION * hbm and tp < gpus:
-        tp *= 2
+    if tp is None:
+        tp = 1
+        while w_bytes / tp > WEIGHT_HBM_FRACTION * hbm and tp < gpus:
+            tp *= 2
     tp = min(tp, gpus)
     replicas = max(1, gpus // tp)
     seqs = math.ceil(spec.rollout.sequences / replicas)

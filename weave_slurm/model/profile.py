@@ -6,13 +6,13 @@ back to :mod:`weave_slurm.model.perf` estimates for anything missing.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 
 import weave_slurm.model.perf as perf
 from weave_slurm.config.job import JobSpec
 from weave_slurm.config.site import SiteConfig
 from weave_slurm.errors import InfeasibleRequest
+from weave_slurm.model.layout import MemberLayout, member_layout
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +37,8 @@ class JobProfile:
     name: str = ""
     user: str = ""
     staleness: int = 0  # rollout of step m may use the weights of step m - 1 - staleness
+    # ranks and engines over the nodes above (None: a trace's job, which names no GPUs)
+    layout: MemberLayout | None = None
 
     # Derived once (placement asks for them millions of times in a long replay).
     solo_s: float = field(init=False, repr=False, compare=False)
@@ -87,10 +89,11 @@ def simple_profile(job_id: str, rollout_s: float, train_s: float, slo: float, *,
 def profile_job(spec: JobSpec, site: SiteConfig, job_id: str | None = None) -> JobProfile:
     """Resolve a spec into a profile; raise InfeasibleRequest if it can never fit."""
     rp, tp = site.rollout, site.train
-    rollout_nodes = math.ceil(spec.rollout_gpus / rp.gpus_per_node)
-    train_nodes = math.ceil(spec.train_gpus / tp.gpus_per_node)
+    layout = member_layout(spec, site)
+    rollout_nodes, train_nodes = layout.rollout.nodes, layout.train.nodes
     meas = spec.profile
-    est = perf.estimate_rollout(spec, rp.gpu, spec.rollout_gpus, site.model)
+    est = perf.estimate_rollout(spec, rp.gpu, spec.rollout_gpus, site.model,
+                                layout.rollout.engine_gpus)
     if meas.rollout is not None:
         r_max, r_mean = meas.rollout.max_s, meas.rollout.mean_s
     else:
@@ -104,10 +107,13 @@ def profile_job(spec: JobSpec, site: SiteConfig, job_id: str | None = None) -> J
     inter = meas.sync_inter_gib if meas.sync_inter_gib is not None else w
     intra = (meas.sync_intra_gib if meas.sync_intra_gib is not None
              else w * (rollout_nodes - 1) / rollout_nodes)
+    # per node: its busiest node's share (the engines' GPUs, the ranks' shards)
     r_state = (meas.rollout_state_gib if meas.rollout_state_gib is not None
-               else est.state_gib_per_gpu * min(spec.rollout_gpus, rp.gpus_per_node))
+               else est.state_gib_per_gpu * max(layout.rollout.engines_per_node)
+               * layout.rollout.engine_gpus)
     t_state = (meas.train_state_gib if meas.train_state_gib is not None
-               else perf.train_state_gib(spec) / train_nodes)
+               else perf.train_state_gib(spec) / layout.train.ranks
+               * max(layout.train.ranks_per_node))
     if meas.colo_iter_s is not None:
         colo = meas.colo_iter_s
     else:
@@ -131,4 +137,4 @@ def profile_job(spec: JobSpec, site: SiteConfig, job_id: str | None = None) -> J
         sync_s=perf.sync_seconds(inter, intra, site.network),
         rollout_state_gib=r_state, train_state_gib=t_state,
         sync_inter_gib=inter, sync_intra_gib=intra, colo_iter_s=colo, colo_nodes=train_nodes,
-        name=spec.name, user=spec.user, staleness=spec.staleness)
+        name=spec.name, user=spec.user, staleness=spec.staleness, layout=layout)

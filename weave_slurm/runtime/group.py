@@ -23,6 +23,7 @@ from weave_slurm.hosted.contract import (
     buffer_name,
     rollout_version,
 )
+from weave_slurm.model.layout import MemberLayout
 from weave_slurm.vocab import Phase, Pool
 
 
@@ -105,7 +106,10 @@ class MemberSpec:
     steps: int = 10
     options: Mapping[str, Any] = field(default_factory=dict)
     rollout_pins: tuple[int, ...] = (0,)     # indices into the group's rollout nodes
-    train_node: int = 0                      # index into the group's training nodes
+    train_nodes: tuple[int, ...] = (0,)      # indices into the group's training nodes
+    # its ranks on train_nodes and engines on rollout_pins, node for node (None: one
+    # rank, one engine); the runtime runs rank 0 and one engine only (see train_node)
+    layout: MemberLayout | None = None
     checkpoint_every: int = 1                # train steps between node checkpoints
     declared: DeclaredProfile = field(default_factory=DeclaredProfile)
     staleness: int = 0                       # window k: rollout m uses version max(0, m - k)
@@ -113,6 +117,31 @@ class MemberSpec:
     workdir: str | None = None               # the job's own code (docs/job_api.md) ...
     python: str | None = None                # ... None / (): the node's defaults
     pythonpath: tuple[str, ...] = ()
+
+    @property
+    def train_node(self) -> int:
+        """The training node the runtime runs the member on: rank 0's, the first of
+        ``train_nodes``. Until resident gangs exist (issue 15, item 2) a member trains
+        as one process there and rolls out as one process on one of its pins at a
+        time; the layout's other ranks and engines are not started."""
+        return self.train_nodes[0]
+
+    def placed_ranks(self) -> tuple[tuple[int, range], ...]:
+        """``(training node index, its global ranks)`` for each of ``train_nodes``."""
+        lay = self.layout
+        return tuple((n, lay.train.ranks_on(i) if lay is not None else range(1))
+                     for i, n in enumerate(self.train_nodes))
+
+    def placed_engines(self) -> tuple[tuple[int, range], ...]:
+        """``(rollout pin, its engine ranks)`` for each of ``rollout_pins``."""
+        lay = self.layout
+        return tuple((p, lay.rollout.engines_on(i) if lay is not None else range(1))
+                     for i, p in enumerate(self.rollout_pins))
+
+    @property
+    def engine_gpus(self) -> int:
+        """GPUs per rollout engine (vLLM's ``tensor_parallel_size``)."""
+        return 1 if self.layout is None else self.layout.rollout.engine_gpus
 
     def code(self) -> dict[str, Any]:
         """What ``activate`` carries of the job's own code (only what its spec sets)."""
@@ -128,7 +157,8 @@ class MemberSpec:
         ``step`` (a stale member names its ring buffers and, for a rollout, the exact
         weights version it must read)."""
         k = self.staleness
-        args = PhaseArgs(self.entry_point, self.seed, dict(self.options), k)
+        args = PhaseArgs(self.entry_point, self.seed, dict(self.options), k,
+                         engine_gpus=self.engine_gpus)
         if k == 0:
             return args
         traj = buffer_name(TRAJ_BUFFER, step, k)
@@ -155,9 +185,21 @@ class MemberSpec:
         if bad or len(set(self.rollout_pins)) != len(self.rollout_pins):
             raise ConfigError(f"{where}: rollout_pins={list(self.rollout_pins)!r}; valid: "
                               f"distinct indices in 0..{rollout_nodes - 1}")
-        if not 0 <= self.train_node < train_nodes:
-            raise ConfigError(f"{where}: train_node={self.train_node!r}; valid: "
-                              f"0..{train_nodes - 1}")
+        bad = [t for t in self.train_nodes if not 0 <= t < train_nodes]
+        if not self.train_nodes or bad or len(set(self.train_nodes)) != len(self.train_nodes):
+            raise ConfigError(f"{where}: train_nodes={list(self.train_nodes)!r}; valid: "
+                              f"distinct indices in 0..{train_nodes - 1}")
+        self._validate_layout(where)
+
+    def _validate_layout(self, where: str) -> None:
+        lay = self.layout
+        if lay is None:
+            return
+        for key, have, want in (("train_nodes", len(self.train_nodes), lay.train.nodes),
+                                ("rollout_pins", len(self.rollout_pins), lay.rollout.nodes)):
+            if have != want:
+                raise ConfigError(f"{where}: {key} names {have} node(s) but its layout "
+                                  f"({lay.words()}) has {want}; valid: {want} node(s)")
 
 
 @dataclass(frozen=True)

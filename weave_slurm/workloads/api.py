@@ -130,6 +130,9 @@ class JobContext:
     world_size: int = 1
     device: str = "cpu"
     group: ProcessGroup | None = field(default=None, compare=False)
+    # rollout: GPUs per engine in the member's layout (vLLM's tensor_parallel_size);
+    # None: not given by a runtime (the job's own options decide)
+    engine_gpus: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "options", options_dict(self.options))
@@ -143,6 +146,10 @@ class JobContext:
             raise ConfigError(f"job {self.job_id}: rank {self.rank} (local "
                               f"{self.local_rank}) is outside a gang of world_size "
                               f"{self.world_size} (valid: 0..{self.world_size - 1})")
+        e = self.engine_gpus
+        if e is not None and (not isinstance(e, int) or isinstance(e, bool) or e < 1):
+            raise ConfigError(f"job {self.job_id}: engine_gpus must be an integer >= 1 or "
+                              f"None, got {e!r}")
         if not isinstance(self.device, str) or not self.device:
             raise ConfigError(f"job {self.job_id}: device must be a device name such as "
                               f"'cpu' or 'cuda:0', got {self.device!r}")

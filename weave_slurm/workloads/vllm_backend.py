@@ -88,9 +88,14 @@ def _scratch_root() -> str | None:
     return "/dev/shm" if os.path.isdir("/dev/shm") else None
 
 
-def engine_args(options: dict[str, Any]) -> dict[str, Any]:
+def engine_args(options: dict[str, Any], engine_gpus: int | None = None) -> dict[str, Any]:
     """The engine arguments of ``[options.engine]`` (or its older name ``vllm``), popped
-    from ``options`` and checked: known keys, and a ``tensor_parallel_size`` >= 1."""
+    from ``options`` and checked: known keys, and a ``tensor_parallel_size`` >= 1.
+
+    ``engine_gpus``: the GPUs per engine of the member's layout (``JobContext.
+    engine_gpus``), which the engine gets as its ``tensor_parallel_size``; an options
+    value that differs from it is a ConfigError naming both (weaved refuses that spec at
+    submission already: model/layout.py)."""
     given = [name for name in ("engine", "vllm") if name in options]
     if len(given) > 1:
         raise ConfigError("options.vllm: also given as options.engine (its new name); "
@@ -107,7 +112,14 @@ def engine_args(options: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
         raise ConfigError(f"options.{name}.tensor_parallel_size: must be an integer >= 1 "
                           f"(GPUs per engine), got {tp!r}")
-    return dict(args)
+    out = dict(args)
+    if engine_gpus is not None and "tensor_parallel_size" in out and tp != engine_gpus:
+        raise ConfigError(f"options.{name}.tensor_parallel_size = {tp} but the member's "
+                          f"layout has {engine_gpus} GPUs per engine (gpus.engine); valid: "
+                          f"{engine_gpus}, or leave the key out")
+    if engine_gpus is not None and engine_gpus != 1:
+        out["tensor_parallel_size"] = engine_gpus
+    return out
 
 
 class VllmGrpoJob(GrpoToyJob):
@@ -132,7 +144,7 @@ class VllmGrpoJob(GrpoToyJob):
 
     def setup(self, ctx: JobContext) -> None:
         options = dict(ctx.options)
-        self._engine_args = engine_args(options)
+        self._engine_args = engine_args(options, ctx.engine_gpus)
         if options.get("response_len_max", 0) != 0:
             raise ConfigError(f"options.response_len_max: builtin:grpo-toy-vllm generates "
                               f"fixed-length responses only (valid: 0), got "

@@ -1,0 +1,93 @@
+"""A job's layout in weaved: what the runtime's MemberSpec carries, and the status row."""
+
+from __future__ import annotations
+
+import pytest
+
+from weave_slurm.config.job import parse_job
+from weave_slurm.config.render import job_spec_toml
+from weave_slurm.config.site import default_site
+from weave_slurm.daemon.group_runtime import member_spec
+from weave_slurm.daemon.layout_view import NOT_YET, layout_row
+from weave_slurm.daemon.records import AllocRow, GroupPlan, GroupRow, JobRow, MemberPlan
+from weave_slurm.daemon.states import AllocState, GroupState, JobState
+from weave_slurm.errors import ConfigError
+from weave_slurm.model.layout import MemberLayout, RolloutLayout, TrainLayout
+from weave_slurm.model.profile import profile_job, simple_profile
+from weave_slurm.vocab import Phase
+
+
+def _job(spec: str, state: JobState = JobState.RUNNING, profile: object = None) -> JobRow:
+    prof = profile_job(parse_job(spec), default_site(), "9") if profile is None else profile
+    return JobRow(9, 0, "u", "x", spec, "x.toml", prof, state, "", 1,  # type: ignore[arg-type]
+                  0.0, 0.0, None)
+
+
+def _alloc(key: int, role: str, nodes: tuple[str, ...]) -> AllocRow:
+    pool = "h20" if role == "rollout" else "h800"
+    return AllocRow(key=key, group_id=1, role=role, pool=f"{pool}-{key}", partition=pool,
+                    node_count=len(nodes), gpus_per_node=8, gpu_type=pool, cpus_per_node=2,
+                    state=AllocState.HELD, alloc_id=str(key), nodes=nodes, reason="")
+
+
+WIDE = job_spec_toml("x", rollout_gpus=16, train_gpus=16, engine_gpus=2)
+GROUP = GroupRow(1, "1", GroupState.ACTIVE, GroupPlan(3, 2, (MemberPlan(9, (2, 0)),)), 0.0, "")
+ALLOCS = {1: [_alloc(1, "rollout", ("h20-a", "h20-b")), _alloc(2, "train", ("h800-a",
+                                                                             "h800-b")),
+              _alloc(3, "rollout", ("h20-c",))]}
+
+
+def test_member_spec_carries_the_stored_layout() -> None:
+    spec = member_spec(_job(WIDE), GROUP)
+    assert spec.layout == MemberLayout(TrainLayout((8, 8)), RolloutLayout(2, (4, 4)))
+    assert spec.train_nodes == (0, 1) and spec.train_node == 0   # rank 0's node runs
+    assert spec.rollout_pins == (2, 0)
+    assert spec.placed_ranks() == ((0, range(0, 8)), (1, range(8, 16)))
+    assert spec.placed_engines() == ((2, range(0, 4)), (0, range(4, 8)))
+    assert spec.engine_gpus == 2 and spec.phase_args(Phase.ROLLOUT, 0).engine_gpus == 2
+    spec.validate(3, 2)
+    with pytest.raises(ConfigError, match=r"train_nodes=\[0, 1\]; valid: distinct indices "
+                                          r"in 0\.\.0"):
+        spec.validate(3, 1)   # the group holds one training node: the layout needs two
+
+
+def test_member_spec_of_a_job_stored_before_layouts_is_one_rank() -> None:
+    spec = member_spec(_job(job_spec_toml("x"), profile=simple_profile("9", 4.0, 6.0, 2.0)),
+                       GROUP)
+    assert spec.layout is None and spec.train_nodes == (0,) and spec.engine_gpus == 1
+    assert spec.placed_ranks() == ((0, range(1)),)
+
+
+def test_a_layout_that_does_not_match_the_nodes_is_refused() -> None:
+    spec = member_spec(_job(WIDE), GroupRow(1, "1", GroupState.ACTIVE, GroupPlan(
+        3, 2, (MemberPlan(9, (0,)),)), 0.0, ""))
+    with pytest.raises(ConfigError) as err:
+        spec.validate(3, 2)
+    assert str(err.value) == ("member '9': rollout_pins names 1 node(s) but its layout (train "
+                              "2x8 ranks; rollout 2x4 engines x 2 GPUs) has 2; valid: 2 "
+                              "node(s)")
+
+
+def test_layout_row_names_the_nodes_of_ranks_and_engines() -> None:
+    row = layout_row(_job(WIDE), GROUP, ALLOCS, hosted=True)
+    assert row is not None
+    assert row["words"] == "train 2x8 ranks; rollout 2x4 engines x 2 GPUs"
+    assert row["train"] == {"ranks": 16, "ranks_per_node": [8, 8], "nodes": [
+        {"node": "h800-a", "ranks": [0, 7]}, {"node": "h800-b", "ranks": [8, 15]}]}
+    assert row["rollout"] == {"engines": 8, "engine_gpus": 2, "engines_per_node": [4, 4],
+                              "nodes": [{"node": "h20-c", "pin": 2, "engines": [0, 3]},
+                                        {"node": "h20-a", "pin": 0, "engines": [4, 7]}]}
+    assert row["runs"] == NOT_YET   # the runtime says what it does not start yet
+    assert layout_row(_job(WIDE), GROUP, ALLOCS, hosted=False)["runs"] is None  # type: ignore[index]
+
+
+def test_layout_row_before_placement_and_of_one_rank() -> None:
+    pending = layout_row(_job(WIDE, JobState.PENDING), None, {}, hosted=True)
+    assert pending is not None
+    assert [n["node"] for n in pending["train"]["nodes"]] == [None, None]
+    one = layout_row(_job(job_spec_toml("x", rollout_gpus=1, train_gpus=1)), GROUP, ALLOCS,
+                     hosted=True)
+    assert one is not None and one["runs"] is None and one["words"] == \
+        "train 1x1 rank; rollout 1x1 engine x 1 GPU"
+    old = _job(job_spec_toml("x"), profile=simple_profile("9", 4.0, 6.0, 2.0))
+    assert layout_row(old, GROUP, ALLOCS, hosted=True) is None

@@ -1,0 +1,72 @@
+"""What ``weave status`` / ``weave show job`` say about a job's layout (read-only).
+
+The layout (:mod:`weave_slurm.model.layout`) is stored with the job's profile at
+submission; here it is named on the group's nodes: training node ``i`` is the group's
+``i``-th held training node (those :func:`~weave_slurm.daemon.driver.job_nodes` names),
+rollout node ``i`` the job's ``i``-th pin. ``runs`` says what the group runtime starts
+of it today, where that is less than the layout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from weave_slurm.daemon import allocplan
+from weave_slurm.daemon.driver import pool_nodes
+from weave_slurm.daemon.records import AllocRow, GroupRow, JobRow
+from weave_slurm.model.layout import MemberLayout
+
+#: What the group runtime starts of a layout larger than one rank and one engine.
+NOT_YET = ("the runtime starts 1 training process (on the first training node) and 1 "
+           "rollout engine per rollout (on one pin); the layout's other ranks and engines "
+           "are not started until resident gangs exist (issue 15, item 2)")
+
+
+def layout_row(job: JobRow, group: GroupRow | None,
+               allocs: Mapping[int, Sequence[AllocRow]], hosted: bool) -> dict[str, Any] | None:
+    """The job's layout with node names where its group holds them (``allocs``: every
+    row of each group, ended ones too: a pin is a slot numbered over all of them; None:
+    a job stored before layouts existed). ``hosted``: weaved's group runtime runs it."""
+    layout = job.profile.layout
+    if layout is None:
+        return None
+    train_names: list[str | None] = [None] * layout.train.nodes
+    pins: tuple[int, ...] = ()
+    rollout_names: list[str | None] = [None] * layout.rollout.nodes
+    if group is not None and not job.state.final:
+        rows = allocs.get(group.group_id, [])
+        held = [n for _, n in pool_nodes(rows, "train")][:layout.train.nodes]
+        train_names[:len(held)] = held
+        pins = next((m.rollout_pins for m in group.plan.members if m.job_id == job.job_id),
+                    ())
+        slots = allocplan.held_nodes(rows)
+        rollout_names = [slots[p][1] if p in slots else None for p in pins] \
+            or rollout_names
+    return {"words": layout.words(), "train": _train(layout, train_names),
+            "rollout": _rollout(layout, rollout_names, pins),
+            "runs": NOT_YET if hosted and _larger_than_one(layout) else None}
+
+
+def _larger_than_one(layout: MemberLayout) -> bool:
+    return layout.train.ranks > 1 or layout.rollout.engines > 1
+
+
+def _span(r: range) -> list[int]:
+    return [r.start, r.stop - 1]
+
+
+def _train(layout: MemberLayout, names: list[str | None]) -> dict[str, Any]:
+    return {"ranks": layout.train.ranks, "ranks_per_node": list(layout.train.ranks_per_node),
+            "nodes": [{"node": name, "ranks": _span(layout.train.ranks_on(i))}
+                      for i, name in enumerate(names)]}
+
+
+def _rollout(layout: MemberLayout, names: list[str | None],
+             pins: tuple[int, ...]) -> dict[str, Any]:
+    lay = layout.rollout
+    return {"engines": lay.engines, "engine_gpus": lay.engine_gpus,
+            "engines_per_node": list(lay.engines_per_node),
+            "nodes": [{"node": name, "pin": pins[i] if i < len(pins) else None,
+                       "engines": _span(lay.engines_on(i))}
+                      for i, name in enumerate(names[:lay.nodes])]}
