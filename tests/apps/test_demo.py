@@ -26,3 +26,13 @@ def test_weave_demo_runs_three_jobs_as_one_group_and_writes_its_summary(
         assert 0 < summary[run]["rollout_busy"] <= 1 and 0 < summary[run]["train_busy"] <= 1
     assert (out / "gantt.png").stat().st_size > 0 and (out / "rewards.png").stat().st_size > 0
     assert "Gantt chart:" in proc.stdout
+    # weave sacct's records of the six jobs: every member charged, a grouped one less
+    # than the same job alone (it shares the nodes' time)
+    usage = {r["name"]: r for r in summary["usage"]}
+    assert sorted(usage) == sorted([*summary["rewards"], *(f"{n}-alone"
+                                                           for n in summary["rewards"])])
+    for r in usage.values():
+        assert r["gpu_s"]["rollout"] > 0 and r["gpu_s"]["train"] > 0 and r["cost"] > 0, r
+    assert sum(usage[n]["cost"] for n in summary["rewards"]) < \
+        sum(usage[f"{n}-alone"]["cost"] for n in summary["rewards"])
+    assert "RolloutGPUHours" in proc.stdout

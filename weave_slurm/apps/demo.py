@@ -21,7 +21,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,8 @@ class DemoResult:
     gantt: Path
     curves: Path
     summary: Path
+    # each job's usage record as ``weave sacct --json`` gives it (docs/accounting.md)
+    usage: list[dict[str, Any]] = field(default_factory=list)
 
 
 def demo_members(steps: int, suffix: str = "") -> list[MemberSpec]:
@@ -158,6 +160,17 @@ class _Daemon:
                  for s in self.runtime.spans.get(int(gid), [])]
         return rows, spans
 
+    def usage(self, ids: list[int], timeout_s: float = 30.0) -> list[dict[str, Any]]:
+        """The jobs' usage records once each is booked to its end (``weave sacct``)."""
+        end = time.monotonic() + timeout_s
+        while True:
+            records = self.call(Op.SACCT, jobs=ids)["jobs"]
+            if all(r["updated_s"] is not None and r["ended_s"] is not None
+                   and r["updated_s"] >= r["ended_s"] for r in records) \
+                    or time.monotonic() > end:
+                return list(records)
+            time.sleep(0.25)
+
     def stop(self) -> None:
         self.weaved.stop()
         self.thread.join(timeout=60)
@@ -186,6 +199,7 @@ def run_demo(steps: int, out: Path, *, isolated: bool = True,
         specs = [(n, demo_spec(n, i, t, steps))
                  for i, (n, t) in enumerate(zip(JOB_NAMES, TASKS, strict=True))]
         rows, grouped_spans = daemon.run(specs, on_status, timeout_s)
+        ids = [int(r["job"]) for r in rows]
         groups = {r["group"] for r in rows}
         rewards = {r["name"]: list((daemon.runtime.live(int(r["job"])) or {}).get(
             "rewards", [])) for r in rows}
@@ -194,10 +208,12 @@ def run_demo(steps: int, out: Path, *, isolated: bool = True,
             for i, (name, task) in enumerate(zip(JOB_NAMES, TASKS, strict=True)):
                 if on_phase:
                     on_phase(f"isolated: {name} alone")
-                _, spans = daemon.run([(f"{name}-alone", demo_spec(f"{name}-alone", i, task,
-                                                                   steps))],
-                                      on_status, timeout_s)
+                alone, spans = daemon.run([(f"{name}-alone", demo_spec(f"{name}-alone", i,
+                                                                       task, steps))],
+                                          on_status, timeout_s)
                 iso_runs.append(spans)
+                ids += [int(r["job"]) for r in alone]
+        usage = daemon.usage(ids)
     finally:
         daemon.stop()
         shutil.rmtree(shm, ignore_errors=True)
@@ -215,5 +231,5 @@ def run_demo(steps: int, out: Path, *, isolated: bool = True,
         "isolated": iso.to_json() if iso else None, "groups": sorted(groups),
         "via": "weaved (in-process, LocalBackend), jobs submitted over its socket",
         "window": "from every job's first rollout done to the end (model builds excluded)",
-        "spans": [s.to_json() for s in grouped_spans]}, indent=1))
-    return DemoResult(rewards, grouped, iso, gantt, curves, summary)
+        "spans": [s.to_json() for s in grouped_spans], "usage": usage}, indent=1))
+    return DemoResult(rewards, grouped, iso, gantt, curves, summary, usage)

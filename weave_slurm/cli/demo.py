@@ -86,5 +86,13 @@ def demo(
         pools.add_row(name, f"{st.wall_s:.1f}", f"{st.rollout_busy:.1%}",
                       f"{st.train_busy:.1%}")
     console.print(pools)
+    if result.usage:   # what weave sacct lists for these jobs
+        from weave_slurm.cli.sacct import DEFAULT_FORMAT, parse_format, render
+
+        now = max(r["updated_s"] or 0.0 for r in result.usage)
+        console.print("usage, as `weave sacct` lists it (each member's share of its "
+                      "group's GPU-hours and cost):")
+        typer.echo("\n".join(render([{**r, "now": now} for r in result.usage],
+                                     parse_format(DEFAULT_FORMAT))))
     console.print(f"Gantt chart: {result.gantt}\nreward curves: {result.curves}\n"
                   f"summary: {result.summary}")

@@ -56,10 +56,6 @@ class UsageMeter:
     def advance(self, now: float) -> None:
         """Book every open group's window up to ``now`` and the phases that ended."""
         marks = self.store.usage_marks()
-        by_group: dict[int, list[JobRow]] = {}
-        for job in self.store.jobs():
-            if job.group_id is not None:
-                by_group.setdefault(job.group_id, []).append(job)
         rows: dict[int, _Acc] = {}
         new_marks = []
         for group in self.store.groups(live_only=False):
@@ -70,7 +66,7 @@ class UsageMeter:
             if now <= start:
                 continue
             split = split_usage(self._held(group, now), self._members(
-                by_group.get(group.group_id, []), now), start, now, self.rates)
+                self.store.jobs(group_id=group.group_id), now), start, now, self.rates)
             for job_id, share in split.members.items():
                 rows.setdefault(job_id, _Acc(group.group_id)).share = share
             new_marks.append(_next_mark(group, mark, now, split.unattributed))
