@@ -111,6 +111,9 @@ def test_a_port_in_use_is_one_line_naming_the_flag(public_dir: Path) -> None:
         port = taken.getsockname()[1]
         with pytest.raises(ConfigError, match=f"--metrics-port {port} .*cannot listen"):
             Weaved(idle_config(public_dir, metrics_port=port))
+    assert not (public_dir / "state" / "weaved.sock").exists()   # refused before serving
+    with serving(idle_config(public_dir, metrics_port=0), join_s=10) as w:   # lock released
+        assert w.metrics_port
     with pytest.raises(ConfigError, match="--metrics-port 70000: must be a TCP port"):
         Weaved(idle_config(public_dir, metrics_port=70000))
 

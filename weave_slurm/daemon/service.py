@@ -168,9 +168,14 @@ class Weaved:
                        waiting=self.driver.waiting,
                        world_error=lambda: self.reconciler.world_error,
                        node_python=self.nodes.s.python if cfg.node_command is None else None)
-        self.server = ApiServer(cfg.socket, self.api, client_timeout_s=cfg.client_timeout_s)
         self.metrics_port = None if self.metrics is None or cfg.metrics_port is None \
             else self.metrics.serve(cfg.metrics_port, cfg.metrics_addr)
+        try:
+            self.server = ApiServer(cfg.socket, self.api, client_timeout_s=cfg.client_timeout_s)
+        except BaseException:
+            if self.metrics is not None:
+                self.metrics.close()
+            raise
 
     def _runners(self) -> dict[int, GroupRunner]:
         """The group runners running now (for the metrics' bubbles)."""
