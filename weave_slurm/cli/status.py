@@ -26,7 +26,7 @@ from weave_slurm.errors import ConfigError, WeaveError
 
 PRESETS = {
     "default": "%.6i %.9u %.16j %.5g %.7p %.7I %.13s %.10T %.10M %N",
-    "long": "%.6i %.9u %.16j %.5g %.7p %.7I %.13s %.9w %.10T %.10M %.5D %N %L %r",
+    "long": "%.6i %.9u %.16j %.5g %.7p %.7I %.13s %.9w %.10T %.10M %.5D %N %A %L %r",
     "short": "%.6i %.9u %.16j %.2t %.10M",
     "ids": "%i",
 }
