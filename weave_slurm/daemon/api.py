@@ -229,8 +229,9 @@ class Api:
         usage = self.store.usage()
         for row in rows:   # the Slurm jobs it runs (or ran) in
             job = jobs[row["job"]]
-            row["slurm_job_ids"] = slurm_job_ids(job, allocs.get(job.group_id or -1, []),
-                                                 usage.get(job.job_id))
+            row["slurm_job_ids"] = slurm_job_ids(
+                job, allocs.get(job.group_id, []) if job.group_id is not None else [],
+                usage.get(job.job_id))
         return {"jobs": rows, "now": now, "warnings": self._warnings(now)}
 
     def _warnings(self, now: float) -> list[str]:

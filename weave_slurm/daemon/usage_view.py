@@ -27,6 +27,8 @@ _LIVE_ALLOC = (AllocState.ALLOCATING, AllocState.HELD, AllocState.RELEASING)
 def slurm_job_ids(job: JobRow, allocs: Sequence[AllocRow], usage: UsageRow | None) -> list[str]:
     """The Slurm job ids of a job's allocations: those it was charged for, and while it
     is in its group, the group's allocations held (or being asked for) now."""
+    if usage is None and not allocs:
+        return []   # not placed yet (the common case in a long queue): nothing to say
     ids = set(usage.alloc_ids) if usage is not None else set()
     if not job.state.final:
         ids |= {a.alloc_id for a in allocs if a.alloc_id and a.state in _LIVE_ALLOC}
