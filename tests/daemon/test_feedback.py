@@ -70,7 +70,11 @@ def test_a_version_1_database_is_migrated_in_place(tmp_path: Path) -> None:
     store, job = _store_with_running_job(tmp_path)
     store.close()
     con = sqlite3.connect(db)   # what a weaved of schema 1 left behind
-    con.execute("ALTER TABLE jobs DROP COLUMN measured")
+    for stmt in ("ALTER TABLE jobs DROP COLUMN measured", "DROP TABLE usage",
+                 "DROP TABLE usage_marks", "ALTER TABLE allocations DROP COLUMN account",
+                 "ALTER TABLE allocations DROP COLUMN qos",
+                 "ALTER TABLE allocations DROP COLUMN time_limit_min"):   # 2 and 3 added
+        con.execute(stmt)
     con.execute("UPDATE meta SET value='1' WHERE key='schema_version'")
     con.commit()
     con.close()
@@ -80,4 +84,4 @@ def test_a_version_1_database_is_migrated_in_place(tmp_path: Path) -> None:
     store.set_measured(job, simple_profile("a", 12, 10, 1.5))
     assert store.job(job).measured is not None  # type: ignore[union-attr]
     con = sqlite3.connect(db)
-    assert con.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("2",)
+    assert con.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("3",)
