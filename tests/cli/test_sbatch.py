@@ -188,3 +188,19 @@ def test_test_only_checks_the_job_against_weaveds_site_and_stores_nothing(
     assert "needs" in err and "max_nodes" in err and len(err.splitlines()) == 1, err
     assert call(weaved.socket, Op.STATUS)["jobs"] == []            # nothing was stored
 
+
+
+def test_engine_gpus_directive_and_flag_reach_the_layout(
+        weaved: Running, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: F811
+    script = tmp_path / "train.sh"
+    script.write_text(SCRIPT.replace("--rollout-gpus=8", "--rollout-gpus=8 --engine-gpus=2"))
+    assert build_spec(script, {})[1].engine_gpus == 2
+    assert build_spec(script, {"engine-gpus": 4})[1].engine_gpus == 4   # the flag wins
+    sock = ["--socket", str(weaved.socket)]
+    assert run_app(app, "weave-sbatch", [str(script), "--test-only", *sock]) == 0
+    capsys.readouterr()
+    assert run_app(app, "weave-sbatch", [str(script), "--test-only", "--engine-gpus", "3",
+                                         *sock]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "key 'gpus.engine' = 3" in err, err
+    assert err.endswith("valid: 1, 2, 4, 8"), err

@@ -192,3 +192,16 @@ def test_profiles_of_the_shipped_jobs_keep_their_numbers(path: Path, site_name: 
             spec.rollout_gpus, site.rollout.gpus_per_node)
     if spec.profile.train_state_gib is None:
         assert prof.train_state_gib == perf.train_state_gib(spec) / prof.train_nodes
+
+
+def test_more_nodes_than_a_pool_has_is_refused_before_any_layout_is_built() -> None:
+    """10**20 GPUs: one line naming the key, at once (no tuple of 10**19 nodes)."""
+    from weave_slurm.errors import InfeasibleRequest
+
+    for role in ("rollout", "train"):
+        spec = parse_job(job(**{f"{role}_gpus": 10**20}), "big.toml")
+        with pytest.raises(InfeasibleRequest) as err:
+            member_layout(spec, default_site())
+        assert str(err.value) == (f"big.toml: key 'gpus.{role}' needs {10**20 // 8} nodes "
+                                  f"but pool '{role}' ({'h20' if role == 'rollout' else 'h800'}"
+                                  ") has max_nodes=41")

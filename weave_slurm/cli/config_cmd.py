@@ -35,7 +35,9 @@ def check(
                f"{cfg.train.max_nodes} nodes)")
     for path in jobs or []:
         prof = profile_job(load_job(path), cfg)
-        typer.echo(f"{path}: ok (solo iteration {prof.solo_s:.0f} s, slo {prof.slo:g})")
+        layout = f"; {prof.layout.words()}" if prof.layout is not None else ""
+        typer.echo(f"{path}: ok (solo iteration {prof.solo_s:.0f} s, slo {prof.slo:g}"
+                   f"{layout})")
 
 
 def _is_job_spec(path: Path) -> bool:

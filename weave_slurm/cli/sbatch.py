@@ -32,6 +32,8 @@ def submit(
     slo: Annotated[float | None, typer.Option("--slo", help="Permitted slowdown.")] = None,
     rollout_gpus: Annotated[int | None, typer.Option("--rollout-gpus")] = None,
     train_gpus: Annotated[int | None, typer.Option("--train-gpus")] = None,
+    engine_gpus: Annotated[int | None, typer.Option("--engine-gpus", help="GPUs per "
+                                                    "rollout engine (tensor parallel).")] = None,
     max_tokens: Annotated[int | None, typer.Option("--max-tokens")] = None,
     prompts_per_step: Annotated[int | None, typer.Option("--prompts-per-step")] = None,
     samples_per_prompt: Annotated[int | None, typer.Option("--samples-per-prompt")] = None,
@@ -63,7 +65,7 @@ def submit(
     """Submit PATH to weaved (flags override #WEAVE directives and the spec)."""
     given: dict[str, Any] = {
         "job-name": job_name, "slo": slo, "rollout-gpus": rollout_gpus,
-        "train-gpus": train_gpus, "max-tokens": max_tokens,
+        "train-gpus": train_gpus, "engine-gpus": engine_gpus, "max-tokens": max_tokens,
         "prompts-per-step": prompts_per_step, "samples-per-prompt": samples_per_prompt,
         "model-params-b": model_params_b, "algorithm": algorithm, "entry": entry_point,
         "iterations": iterations, "seed": seed, "staleness": staleness,

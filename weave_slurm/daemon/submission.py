@@ -37,6 +37,8 @@ DIRECTIVES: tuple[Directive, ...] = (
     Directive("slo", ("slo",), float, "permitted slowdown, >= 1.0 (e.g. 1.5)"),
     Directive("rollout-gpus", ("gpus", "rollout"), int, "GPUs of the rollout phase"),
     Directive("train-gpus", ("gpus", "train"), int, "GPUs of the training phase"),
+    Directive("engine-gpus", ("gpus", "engine"), int,
+              "GPUs per rollout engine (tensor parallel; default: docs/job_api.md)"),
     Directive("max-tokens", ("rollout", "max_response_tokens"), int,
               "max response tokens per rollout sample"),
     Directive("prompts-per-step", ("rollout", "prompts_per_step"), int,

@@ -19,7 +19,6 @@ training nodes of the group, its rollout nodes its pins in order).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +26,12 @@ from typing import Any
 import weave_slurm.model.perf as perf
 from weave_slurm.config.job import JobSpec, options_dict
 from weave_slurm.config.site import SiteConfig
-from weave_slurm.errors import ConfigError
+from weave_slurm.errors import ConfigError, InfeasibleRequest
+
+
+def nodes_for(gpus: int, gpus_per_node: int) -> int:
+    """``ceil(gpus / gpus_per_node)``, in integers (no float rounding for huge counts)."""
+    return -(-gpus // gpus_per_node)
 
 
 def spread(items: int, nodes: int) -> tuple[int, ...]:
@@ -122,16 +126,16 @@ def _times(per_node: tuple[int, ...]) -> str:
 
 def train_layout(gpus: int, gpus_per_node: int) -> TrainLayout:
     """``gpus`` ranks over ``ceil(gpus / gpus_per_node)`` nodes."""
-    return TrainLayout(spread(gpus, math.ceil(gpus / gpus_per_node)))
+    return TrainLayout(spread(gpus, nodes_for(gpus, gpus_per_node)))
 
 
 def engine_choices(gpus: int, gpus_per_node: int) -> tuple[int, ...]:
     """The valid GPUs per engine for ``gpus`` rollout GPUs: divisors of ``gpus``, at
     most a node, whose engines fit the ``ceil(gpus / gpus_per_node)`` nodes the
     rollout takes (``gpus_per_node // T`` engines per node)."""
-    nodes = math.ceil(gpus / gpus_per_node)
+    nodes = nodes_for(gpus, gpus_per_node)
     return tuple(t for t in range(1, min(gpus, gpus_per_node) + 1)
-                 if gpus % t == 0 and -(-(gpus // t) // (gpus_per_node // t)) == nodes)
+                 if gpus % t == 0 and nodes_for(gpus // t, gpus_per_node // t) == nodes)
 
 
 def rollout_layout(gpus: int, gpus_per_node: int, engine_gpus: int,
@@ -144,8 +148,8 @@ def rollout_layout(gpus: int, gpus_per_node: int, engine_gpus: int,
             f"key '{where}' = {engine_gpus!r}: GPUs per rollout engine must divide "
             f"gpus.rollout = {gpus} and fit a node of {gpus_per_node} GPUs; valid: "
             f"{', '.join(map(str, valid))}")
-    return RolloutLayout(engine_gpus, spread(gpus // engine_gpus, math.ceil(
-        gpus / gpus_per_node)))
+    return RolloutLayout(engine_gpus, spread(gpus // engine_gpus,
+                                             nodes_for(gpus, gpus_per_node)))
 
 
 def options_engine_gpus(options: Any) -> tuple[str, int] | None:
@@ -190,7 +194,15 @@ def engine_gpus_of(spec: JobSpec, site: SiteConfig) -> tuple[str, int]:
 
 
 def member_layout(spec: JobSpec, site: SiteConfig) -> MemberLayout:
-    """The job's layout on ``site`` (ConfigError naming the key for a bad engine size)."""
+    """The job's layout on ``site``: ConfigError naming the key for a bad engine size,
+    InfeasibleRequest for more nodes than a pool has."""
+    for role, gpus, pool in (("rollout", spec.rollout_gpus, site.rollout),
+                             ("train", spec.train_gpus, site.train)):
+        nodes = nodes_for(gpus, pool.gpus_per_node)
+        if nodes > pool.max_nodes:
+            raise InfeasibleRequest(
+                f"{spec.source}: key 'gpus.{role}' needs {nodes} nodes but pool '{role}' "
+                f"({pool.partition}) has max_nodes={pool.max_nodes}")
     key, engine = engine_gpus_of(spec, site)
     try:
         rollout = rollout_layout(spec.rollout_gpus, site.rollout.gpus_per_node, engine, key)

@@ -125,11 +125,6 @@ def profile_job(spec: JobSpec, site: SiteConfig, job_id: str | None = None) -> J
                 f"{spec.source}: {role} state of {state:.1f} GiB per node exceeds host_mem_gib="
                 f"{pool.host_mem_gib:g} of pool '{role}' ({pool.partition}); ask for more "
                 f"GPUs per phase ([gpus] {role}) or run on a site with larger nodes")
-    for role, nodes, pool in (("rollout", rollout_nodes, rp), ("train", train_nodes, tp)):
-        if nodes > pool.max_nodes:
-            raise InfeasibleRequest(
-                f"{spec.source}: key 'gpus.{role}' needs {nodes} nodes but pool '{role}' "
-                f"({pool.partition}) has max_nodes={pool.max_nodes}")
     return JobProfile(
         job_id=job_id or spec.name, slo=spec.slo if spec.slo is not None else site.default_slo,
         rollout_nodes=rollout_nodes, train_nodes=train_nodes,
