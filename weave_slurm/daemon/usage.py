@@ -52,6 +52,7 @@ class UsageMeter:
         self._cursors: dict[int, tuple[list[Span], int]] = {}   # id(list) -> (list, read)
         self._covered: dict[tuple[int, str], float] = {}   # (job, phase) -> counted until
         self._placed: dict[int, float] = {}   # job -> when it was placed (immutable)
+        self._spans: dict[int, tuple[float, float | None]] = {}   # alloc key -> held
 
     def advance(self, now: float) -> None:
         """Book every open group's window up to ``now`` and the phases that ended."""
@@ -81,23 +82,32 @@ class UsageMeter:
     # -- allocations and members ---------------------------------------------------------
 
     def _held(self, group: GroupRow, now: float) -> list[Held]:
-        """Each allocation of the group over the time it was held (its transitions)."""
+        """Each allocation of the group over the time it was held (its transitions: an
+        allocation is HELD once at most; what a row says once it is no longer held, or
+        since when it is held, never changes, so it is read once)."""
         out = []
         for alloc in self.store.allocs(group.group_id, live_only=False):
             if alloc.alloc_id is None:
                 continue
-            start: float | None = None
-            for t in self.store.transitions("alloc", alloc.key):
-                if t.dst == AllocState.HELD.value:
-                    start = t.ts
-                elif t.src == AllocState.HELD.value and start is not None:
-                    out.append(Held(alloc.alloc_id, Pool(alloc.role), alloc.node_count,
-                                    alloc.gpus_per_node, start, t.ts))
-                    start = None
-            if start is not None:   # held now
-                out.append(Held(alloc.alloc_id, Pool(alloc.role), alloc.node_count,
-                                alloc.gpus_per_node, start, now))
+            span = self._spans.get(alloc.key)
+            if span is None or (span[1] is None and alloc.state is not AllocState.HELD):
+                span = self._held_span(alloc.key)
+                if span is None:
+                    continue
+                self._spans[alloc.key] = span
+            out.append(Held(alloc.alloc_id, Pool(alloc.role), alloc.node_count,
+                            alloc.gpus_per_node, span[0], now if span[1] is None else span[1]))
         return out
+
+    def _held_span(self, key: int) -> tuple[float, float | None] | None:
+        """(held since, held until or None: still held) from an allocation's history."""
+        start: float | None = None
+        for t in self.store.transitions("alloc", key):
+            if t.dst == AllocState.HELD.value:
+                start = t.ts
+            elif t.src == AllocState.HELD.value and start is not None:
+                return start, t.ts
+        return None if start is None else (start, None)
 
     def _members(self, jobs: Sequence[JobRow], now: float) -> list[Membership]:
         """Each job of the group from its placement until it ended (or ``now``)."""
