@@ -207,3 +207,14 @@ def test_sacct_shows_a_user_only_their_own_jobs(store: Store) -> None:
     rec = sacct(store, site, 1000, "alice", {0}, {"jobs": [2]}, 6 * H)["jobs"][0]
     assert rec["slurm_job_ids"] == ["101", "102"] and rec["gpu_s"]["train"] == \
         pytest.approx(4 * H)
+
+
+def test_weaveds_group_runtime_is_a_span_source() -> None:
+    """The meter reads phase times from GroupRuntime.spans; a driver without a timeline
+    (the idle driver) books allocations only."""
+    from weave_slurm.daemon.driver import IdleDriver
+    from weave_slurm.daemon.group_runtime import GroupRuntime
+    from weave_slurm.daemon.usage import SpanSource
+
+    assert isinstance(GroupRuntime(lambda *a: None), SpanSource)  # type: ignore[arg-type,return-value]
+    assert not isinstance(IdleDriver(), SpanSource)
