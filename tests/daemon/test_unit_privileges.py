@@ -82,3 +82,55 @@ def test_the_units_capabilities_are_enough_and_each_is_needed(public_dir: Path) 
     assert no_setuid["probe"] == [1] and no_setuid["read"] == {"state": 3}   # EPERM
     no_read = _as_weaved([c for c in caps if c != "CAP_DAC_READ_SEARCH"], prog, ckpt)
     assert no_read["probe"] == [0] and "Permission denied" in str(no_read["read"]), no_read
+
+
+@pytest.mark.slurm
+@pytest.mark.torch
+def test_weaved_under_the_units_capabilities_runs_a_users_job(slurm_cluster: Any) -> None:
+    """The whole of weaved (the unit's ExecStart flags) under the unit's bounding set, on
+    the session's Slurm cluster: an ordinary user's job is checked, placed, run on the
+    hosts and completed."""
+    from tests.daemon.test_api import as_user
+    from tests.harness.hosts import weaved_dirs
+    from tests.harness.scratch import public_dir, python_open_to_users
+    from tests.harness.specs import job_spec
+    from tests.harness.waits import wait_for
+    from tests.harness.weaved import call, pings, release_all
+    from weave_slurm.daemon.protocol import Op
+    from weave_slurm.slurm.cli_backend import SlurmCliBackend
+
+    instance = f"caps{os.getpid()}"
+    ckpt = weaved_dirs(slurm_cluster.cluster, instance).ckpt
+    bounding = ",".join(["-all", *(f"+{c.removeprefix('CAP_').lower()}" for c in unit_caps())])
+    backend = SlurmCliBackend(env=dict(slurm_cluster.env))
+    with python_open_to_users(), public_dir("weaved-caps-") as public:  # users reach it
+        state = public / "state"
+        argv = ["setpriv", "--bounding-set", bounding, "--inh-caps", "-all", "--",
+                sys.executable, "-m", "weave_slurm.cli", "daemon", "--backend", "slurm",
+                "--instance", instance, "--state-dir", str(state), "--tick-s", "0.3",
+                "--checkpoint-root", str(ckpt), "--log-file", str(public / "w.log")]
+        sock = state / "weaved.sock"
+        proc = subprocess.Popen(argv, env={**os.environ, **slurm_cluster.env},
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                cwd=Path(__file__).resolve().parents[2])
+        try:
+            wait_for(lambda: pings(sock), 60, f"weaved answering on {sock}")
+            status = Path(f"/proc/{proc.pid}/status").read_text()
+            assert "CapBnd:\t00000000000000e4" in status    # setuid, setgid, kill, dac_r_s
+            got = as_user(NOBODY, lambda: call(sock, Op.SUBMIT, spec=job_spec("caps", 5, 2),
+                                               source="caps.toml"))
+            assert "ok" in got, got
+            job = got["ok"]["job"]
+            row = wait_for(lambda: call(sock, Op.STATUS, jobs=[job])["jobs"][0], 240,
+                           f"job {job} ended", interval_s=0.5,
+                           until=lambda r: r["state"] in ("COMPLETED", "FAILED"))
+            assert (row["state"], row["user"]) == ("COMPLETED", "nobody"), \
+                (row, (public / "w.log").read_text()[-2000:])
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+            release_all(backend, f"weave-g{instance}.")
