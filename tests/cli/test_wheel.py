@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import glob
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -29,8 +30,10 @@ pytestmark = pytest.mark.slow
 
 def _run(argv: Sequence[str | Path], cwd: Path, timeout_s: float = 600,
          ok: bool = True) -> subprocess.CompletedProcess[str]:
+    # as a fresh shell would: no PYTHONPATH to put a checkout before the installed wheel
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     res = subprocess.run([str(a) for a in argv], cwd=cwd, capture_output=True, text=True,
-                         timeout=timeout_s)
+                         timeout=timeout_s, env=env)
     if ok:
         assert res.returncode == 0, f"{argv}: exit {res.returncode}\n{res.stdout}\n{res.stderr}"
     return res
