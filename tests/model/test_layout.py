@@ -205,3 +205,17 @@ def test_more_nodes_than_a_pool_has_is_refused_before_any_layout_is_built() -> N
         assert str(err.value) == (f"big.toml: key 'gpus.{role}' needs {10**20 // 8} nodes "
                                   f"but pool '{role}' ({'h20' if role == 'rollout' else 'h800'}"
                                   ") has max_nodes=41")
+
+
+def test_a_rank_or_engine_is_placed_on_its_node_and_gpus() -> None:
+    train = train_layout(12, 8)   # 6 + 6
+    assert [train.place(r) for r in (0, 5, 6, 11)] == [(0, 0), (0, 5), (1, 0), (1, 5)]
+    roll = rollout_layout(16, 8, 2)   # 4 engines of 2 GPUs on each of 2 nodes
+    assert roll.place(0) == (0, range(0, 2)) and roll.place(3) == (0, range(6, 8))
+    assert roll.place(4) == (1, range(0, 2)) and roll.place(7) == (1, range(6, 8))
+    for lay, what, n in ((train, "rank", 12), (roll, "engine", 8)):
+        with pytest.raises(ConfigError, match=rf"{what} {n} is outside a layout of {n} "
+                                              rf"{what}s; valid: 0\.\.{n - 1}"):
+            lay.place(n)
+        with pytest.raises(ConfigError):
+            lay.place(-1)

@@ -59,6 +59,12 @@ class TrainLayout:
         first = sum(self.ranks_per_node[:node])
         return range(first, first + self.ranks_per_node[node])
 
+    def place(self, rank: int) -> tuple[int, int]:
+        """``(training node index, local rank)`` of global ``rank``; the local rank is
+        its GPU on that node (``LOCAL_RANK``)."""
+        node = _node_of(rank, self.ranks_per_node, "rank")
+        return node, rank - self.ranks_on(node).start
+
     def words(self) -> str:
         return f"{_times(self.ranks_per_node)} rank{'s' if self.ranks > 1 else ''}"
 
@@ -88,6 +94,13 @@ class RolloutLayout:
         first = sum(self.engines_per_node[:node])
         return range(first, first + self.engines_per_node[node])
 
+    def place(self, engine: int) -> tuple[int, range]:
+        """``(rollout node index, its GPUs on that node)`` of ``engine``: the engines of a
+        node hold consecutive GPUs, ``engine_gpus`` each."""
+        node = _node_of(engine, self.engines_per_node, "engine")
+        first = (engine - self.engines_on(node).start) * self.engine_gpus
+        return node, range(first, first + self.engine_gpus)
+
     def words(self) -> str:
         return (f"{_times(self.engines_per_node)} engine{'s' if self.engines > 1 else ''}"
                 f" x {self.engine_gpus} GPU{'s' if self.engine_gpus > 1 else ''}")
@@ -115,6 +128,17 @@ class MemberLayout:
         return cls(TrainLayout(tuple(int(x) for x in t["ranks_per_node"])),
                    RolloutLayout(int(r["engine_gpus"]),
                                  tuple(int(x) for x in r["engines_per_node"])))
+
+
+def _node_of(index: int, per_node: tuple[int, ...], what: str) -> int:
+    """The node holding item ``index`` of a role spread ``per_node``."""
+    total = 0
+    for node, count in enumerate(per_node):
+        total += count
+        if 0 <= index < total:
+            return node
+    raise ConfigError(f"{what} {index!r} is outside a layout of {sum(per_node)} "
+                      f"{what}s; valid: 0..{sum(per_node) - 1}")
 
 
 def _times(per_node: tuple[int, ...]) -> str:
