@@ -212,7 +212,7 @@ class Replay:
             return
         if gid is None:
             return
-        self._transition(depart(self.state, job_id))
+        self._transition_charged(depart(self.state, job_id))  # compaction re-pins pay
         if self.policy.consolidate:
             self._take(consolidation(self.policy.placement, self.state, gid,
                                      self._remaining()))
