@@ -47,8 +47,9 @@ def test_status_groups_cancel_show(weaved: Running,  # noqa: F811
     assert run_app(_app(), "weave", ["status", *s]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].split() == ["JOBID", "USER", "NAME", "GROUP", "PHASE", "ITER",
-                              "SLOWDOWN/SLO", "STATE", "TIME", "NODELIST"]
-    assert len(out) == 4 and all("RUNNING" in line and "idle" in line for line in out[1:])
+                              "SLOWDOWN/SLO", "ST", "TIME", "NODELIST(REASON)"]
+    assert len(out) == 4 and all(line.split()[7] == "R" and "idle" in line
+                                 for line in out[1:])
     assert run_app(_app(), "weave", ["status", "--json", "-j", str(ids[1]), *s]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [r["job"] for r in rows] == [ids[1]] and rows[0]["nodes"] == ["h20-0", "h800-0"]

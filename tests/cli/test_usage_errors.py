@@ -19,7 +19,12 @@ from weave_slurm.errors import ConfigError, InsufficientResources
 
 #: argv -> words the one line must hold (the option or argument, the bad value, choices)
 MISTAKES: dict[tuple[str, ...], tuple[str, ...]] = {
-    ("status", "-t", "RUNNING"): ("weave status: error:", "'-t'", "valid:", "--user"),
+    ("status", "--bogus", "RUNNING"): ("weave status: error:", "'--bogus'", "valid:",
+                                       "--user", "--states"),
+    ("status", "-t", "RUNING"): ("weave: error:", "--states", "'RUNING'",
+                                 "valid:", "RUNNING (R)", "all"),
+    ("status", "-S", "-Z"): ("weave: error:", "--sort", "'-Z'", "valid:"),
+    ("cancel",): ("weave: error:", "no job id and no filter", "-u", "-n", "-t"),
     ("show", "job"): ("weave show: error:", "missing argument IDENT"),
     ("cancel", "abc"): ("weave cancel: error:", "'abc'", "JOB_IDS", "integer"),
     ("daemon", "--runtime", "bogus"): ("weave daemon: error:", "'bogus'", "'--runtime'",
@@ -101,7 +106,7 @@ NO_CLICK = ("import sys; sys.modules['click'] = None; sys.argv = [{prog!r}, *{ar
 @pytest.mark.parametrize(("mod", "prog", "argv", "code"), [
     ("main", "weave", ["--help"], 0),
     ("main", "weave", ["daemon", "--help"], 0),
-    ("main", "weave", ["status", "-t", "RUNNING"], 2),
+    ("main", "weave", ["status", "--bogus", "RUNNING"], 2),
     ("sbatch", "weave-sbatch", ["--help"], 0),
     ("sbatch", "weave-sbatch", ["--version"], 0),
 ])

@@ -84,9 +84,9 @@ def test_weave_plan_on_the_repo_configs(installed: Path, tmp_path: Path) -> None
 
 
 def test_a_usage_mistake_is_one_line(installed: Path, tmp_path: Path) -> None:
-    res = _run([installed / "weave", "status", "-t", "RUNNING"], tmp_path, ok=False)
+    res = _run([installed / "weave", "status", "--bogus", "RUNNING"], tmp_path, ok=False)
     assert res.returncode == 2 and res.stdout == ""
-    assert res.stderr.startswith("weave status: error: unrecognized option '-t'; valid: ")
+    assert res.stderr.startswith("weave status: error: unrecognized option '--bogus'; valid: ")
     assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr
 
 

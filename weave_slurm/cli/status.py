@@ -3,9 +3,13 @@
 ``weave status -o`` takes squeue-like ``%[.][width]code`` fields ('.' right-justifies)
 or a preset name; codes: %i JOBID, %u USER, %U UID, %j NAME, %g GROUP, %p PHASE,
 %I ITER, %s SLOWDOWN/SLO, %w STALE/WIN (versions behind / window), %T STATE, %t ST,
-%M TIME, %D NODE COUNT, %N NODES, %A SLURM_JOBIDS (its allocations' Slurm job ids),
-%L LAYOUT (training ranks / rollout engines per node, GPUs per engine), %r REASON.
-Errors are one line and an exit code, like scancel's.
+%M TIME, %D NODE COUNT, %N NODES, %R NODELIST(REASON) (the nodes of a job that has
+them, else its reason in parentheses, as squeue), %A SLURM_JOBIDS (its allocations'
+Slurm job ids), %L LAYOUT (training ranks / rollout engines per node, GPUs per engine),
+%r REASON. SLOWDOWN is the member's iteration time over its solo iteration time; a
+member faster than its solo estimate shows ``<1:r`` (r the ratio: no slowdown). The
+job filters and ``-S`` are squeue's (``cli/selection.py``). Errors are one line and an
+exit code, like scancel's.
 """
 
 from __future__ import annotations
@@ -19,13 +23,14 @@ from typing import Annotated, Any
 
 import typer
 
+from weave_slurm.cli.selection import selection, sort_rows, users_of
 from weave_slurm.daemon.client import DaemonClient, default_socket
 from weave_slurm.daemon.protocol import Op
 from weave_slurm.daemon.states import JobState
 from weave_slurm.errors import ConfigError, WeaveError
 
 PRESETS = {
-    "default": "%.6i %.9u %.16j %.5g %.7p %.7I %.13s %.10T %.10M %N",
+    "default": "%.6i %.9u %.16j %.5g %.7p %.7I %.13s %.2t %.10M %R",
     "long": "%.6i %.9u %.16j %.5g %.7p %.7I %.13s %.9w %.10T %.10M %.5D %N %A %L %r",
     "short": "%.6i %.9u %.16j %.2t %.10M",
     "ids": "%i",
@@ -42,11 +47,25 @@ def _clock(seconds: float) -> str:
     return f"{d}-{h:02d}:{m:02d}:{s:02d}" if d else hms
 
 
+def ratio(sd: float | None) -> str:
+    """A slowdown as shown: ``1.25``; ``<1:0.93`` for a member faster than its solo
+    estimate (no slowdown: the ratio, said to be below 1); ``-`` unknown."""
+    if sd is None:
+        return "-"
+    return f"<1:{sd:.2f}" if sd < 0.995 else f"{sd:.2f}"
+
+
 def _slowdown(j: dict[str, Any]) -> str:
     """Live (measured) slowdown against the SLO; a trailing '!' when it is violated."""
-    sd = j.get("slowdown")
     over = "!" if j.get("slo_ok") is False else ""
-    return f"{'-' if sd is None else f'{sd:.2f}'}/{j['slo']:.2f}{over}"
+    return f"{ratio(j.get('slowdown'))}/{j['slo']:.2f}{over}"
+
+
+def _nodes_or_reason(j: dict[str, Any]) -> str:
+    """squeue's NODELIST(REASON): the nodes, else ``(reason)``."""
+    if j["nodes"]:
+        return ",".join(j["nodes"])
+    return f"({j['reason'] or 'None'})"
 
 
 def _times(per_node: list[int]) -> str:
@@ -84,6 +103,7 @@ CODES: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "D": ("NODES", lambda j: str(len(j["nodes"]))),
     "N": ("NODELIST", lambda j: ",".join(j["nodes"]) or "-"),
     "r": ("REASON", lambda j: str(j["reason"]) or "None"),
+    "R": ("NODELIST(REASON)", _nodes_or_reason),
     "L": ("LAYOUT", layout_cell),
     # Bounded staleness: the declared window k and how many versions behind the last
     # trained batch's weights were (0 for on-policy jobs).
@@ -128,13 +148,32 @@ def _call(socket_path: Path | None, op: Op, **args: Any) -> dict[str, Any]:
         return client.call(op, **args)
 
 
+_Names = Annotated[list[str] | None, typer.Option("--name", "-n", help="Only jobs of "
+                                                  "these names (comma-separated).")]
+_States = Annotated[list[str] | None, typer.Option(
+    "--states", "-t", help="Only jobs in these states: names or ST codes, comma-separated, "
+    "or all.")]
+_Users = Annotated[list[str] | None, typer.Option("--user", "-u", help="Only these users "
+                                                  "(comma-separated).")]
+_Me = Annotated[bool, typer.Option("--me", help="Only your own jobs.")]
+
+
 def status(
-    user: Annotated[list[str] | None, typer.Option("--user", "-u", help="Only these users.")]
-    = None,
+    user: _Users = None,
     jobs: Annotated[str | None, typer.Option("--jobs", "-j", help="Comma-separated ids.")]
+    = None,
+    states: _States = None,
+    partition: Annotated[list[str] | None, typer.Option(
+        "--partition", "-p", help="Only jobs with an allocation in these partitions.")]
+    = None,
+    name: _Names = None,
+    mine: _Me = False,
+    sort: Annotated[str | None, typer.Option("--sort", "-S", help="Sort keys: format "
+                                             "letters, comma-separated, each with + or -.")]
     = None,
     fmt: Annotated[str, typer.Option("--format", "-o", help="%-codes or a preset: "
                                      + ", ".join(PRESETS))] = "default",
+    long: Annotated[bool, typer.Option("--long", "-l", help="The long preset.")] = False,
     show_all: Annotated[bool, typer.Option("--all", "-a", help="Include ended jobs.")] = False,
     no_header: Annotated[bool, typer.Option("--noheader", "-h")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
@@ -145,28 +184,40 @@ def status(
     socket_path: _Socket = None,
 ) -> None:
     """Jobs known to weaved, like squeue."""
+    ids = _ids(jobs)
+    users = users_of(user, mine)
+    sel = selection(states, partition, name)
+    if long:
+        fmt = "long"
+    format_rows([], fmt)          # a bad --format is refused before weaved is asked
+    sort_rows([], sort)           # and so is a bad --sort
+    shown = 0
+    while True:
+        result = _call(socket_path, Op.STATUS, users=users, jobs=ids,
+                       all=show_all or sel.wants_ended)
+        for warning in result.get("warnings") or []:
+            typer.echo(f"weave: warning: {warning}", err=True)
+        rows = sort_rows([j for j in result["jobs"] if sel(j)], sort)
+        if as_json:
+            typer.echo(json.dumps(rows, indent=1))
+        else:
+            if watch:
+                typer.echo("\x1b[H\x1b[2J" + time.strftime("%a %b %d %H:%M:%S %Y"))
+            typer.echo("\n".join(format_rows(rows, fmt, not no_header)))
+        shown += 1
+        if not watch or (iterations and shown >= iterations):
+            return
+        time.sleep(interval_s)
+
+
+def _ids(jobs: str | None) -> list[int]:
     ids = []
     for part in (jobs or "").split(","):
         if part.strip():
             if not part.strip().isdigit():
                 raise ConfigError(f"--jobs: {part.strip()!r} is not a job id")
             ids.append(int(part))
-    users = [u for item in user or [] for u in item.split(",") if u]
-    shown = 0
-    while True:
-        result = _call(socket_path, Op.STATUS, users=users, jobs=ids, all=show_all)
-        for warning in result.get("warnings") or []:
-            typer.echo(f"weave: warning: {warning}", err=True)
-        if as_json:
-            typer.echo(json.dumps(result["jobs"], indent=1))
-        else:
-            if watch:
-                typer.echo("\x1b[H\x1b[2J" + time.strftime("%a %b %d %H:%M:%S %Y"))
-            typer.echo("\n".join(format_rows(result["jobs"], fmt, not no_header)))
-        shown += 1
-        if not watch or (iterations and shown >= iterations):
-            return
-        time.sleep(interval_s)
+    return ids
 
 
 def groups(
@@ -201,11 +252,31 @@ class CancelFailed(WeaveError):
 
 
 def cancel(
-    job_ids: Annotated[list[int], typer.Argument(help="Job ids.")],
+    job_ids: Annotated[list[int] | None, typer.Argument(help="Job ids.")] = None,
+    user: _Users = None,
+    name: _Names = None,
+    states: _States = None,
+    mine: _Me = False,
     socket_path: _Socket = None,
 ) -> None:
-    """Cancel jobs, like scancel (exit 1 if any id is unknown, foreign or ended)."""
-    result = _call(socket_path, Op.CANCEL, jobs=job_ids)
+    """Cancel jobs, like scancel (exit 1 if any id is unknown, foreign or ended).
+
+    With ``-u``, ``-n`` or ``-t`` the jobs are those that match every filter (and are
+    among the ids, if any are given); without ``-u``, only your own jobs."""
+    sel = selection(states, None, name)
+    ids = list(job_ids or [])
+    if not sel.empty or user or mine:
+        # without -u only the caller's own jobs (root too: never another user's by a
+        # name or a state alone)
+        rows = _call(socket_path, Op.STATUS, users=users_of(user, mine or not user),
+                     jobs=ids, all=False)["jobs"]
+        ids = [int(j["job"]) for j in rows if sel(j)]
+        if not ids:
+            return                             # as scancel: no job matched, nothing to do
+    elif not ids:
+        raise ConfigError("cancel: no job id and no filter (-u, -n, -t, --me): "
+                          "name the jobs to cancel")
+    result = _call(socket_path, Op.CANCEL, jobs=ids)
     failed = [r for r in result["results"] if not r["ok"]]
     for r in failed[:-1]:
         typer.echo(f"weave cancel: error: {r['message']}", err=True)
@@ -229,7 +300,7 @@ def show(
         if key in ("transitions", "steps", "allocations", "profile", "spec", "runtime",
                    "planning_profile", "layout"):
             continue
-        typer.echo(f"{key}={value}")
+        typer.echo(show_pair(key, value))
     for line in layout_lines(result.get("layout")):
         typer.echo(line)
     if slurm_ids is not None:
@@ -251,6 +322,25 @@ def show(
     for t in result.get("transitions", []):
         typer.echo(f"transition={time.strftime('%Y-%m-%dT%H:%M:%S', time.localtime(t['ts']))} "
                    f"{t['src'] or '-'}->{t['dst']} {t['reason']}")
+
+
+#: Keys of ``show`` that are points in time (printed as local dates, like scontrol's
+#: SubmitTime) and durations (printed as [D-]HH:MM:SS, like its RunTime).
+_WHEN = {"submitted_s", "started_s", "ended_s", "created_s"}
+_HOW_LONG = {"time_s"}
+
+
+def show_pair(key: str, value: Any) -> str:
+    """One ``key=value`` of ``weave show``, its times as dates and durations as clocks."""
+    if key in _WHEN:
+        when = "(null)" if value is None else \
+            time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(float(value)))
+        return f"{key[:-2]}={when}"
+    if key in _HOW_LONG:
+        return f"{key[:-2]}={_clock(float(value or 0.0))}"
+    if key == "slowdown":
+        return f"slowdown={ratio(value)}"
+    return f"{key}={value}"
 
 
 def layout_lines(lay: dict[str, Any] | None) -> list[str]:

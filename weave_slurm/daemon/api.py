@@ -227,11 +227,11 @@ class Api:
                 and (not ids or j.job_id in ids) and (not users or j.user in users
                                                       or str(j.uid) in users)]
         usage = self.store.usage()
-        for row in rows:   # the Slurm jobs it runs (or ran) in
+        for row in rows:   # the Slurm jobs it runs (or ran) in, and their partitions
             job = jobs[row["job"]]
-            row["slurm_job_ids"] = slurm_job_ids(
-                job, allocs.get(job.group_id, []) if job.group_id is not None else [],
-                usage.get(job.job_id))
+            held = allocs.get(job.group_id, []) if job.group_id is not None else []
+            row["slurm_job_ids"] = slurm_job_ids(job, held, usage.get(job.job_id))
+            row["partitions"] = sorted({a.partition for a in held if not a.state.final})
         return {"jobs": rows, "now": now, "warnings": self._warnings(now)}
 
     def _warnings(self, now: float) -> list[str]:
