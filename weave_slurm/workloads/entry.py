@@ -20,6 +20,7 @@ BUILTINS: dict[str, str] = {
     "grpo-toy": "weave_slurm.workloads.grpo_toy:GrpoToyJob",
     "grpo-toy-deepspeed": "weave_slurm.workloads.deepspeed_backend:DeepSpeedGrpoJob",
     "grpo-toy-vllm": "weave_slurm.workloads.vllm_backend:VllmGrpoJob",
+    "trl-grpo-tiny": "weave_slurm.workloads.trl_tiny:make",
 }
 
 _DOTTED = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
