@@ -18,6 +18,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from weave_slurm.config.reader import TableReader, parse_toml, read_toml
+from weave_slurm.config.sbatch import NO_SLURM, JobSlurm, read_job_slurm
 from weave_slurm.errors import ConfigError
 
 
@@ -130,6 +131,7 @@ class JobSpec:
     python: str | None = None           # the workers' interpreter (a venv's bin/python)
     pythonpath: tuple[str, ...] = ()    # put first on the workers' sys.path
     engine_gpus: int | None = None      # [gpus] engine: GPUs per rollout engine (tensor parallel)
+    slurm: JobSlurm = NO_SLURM          # [slurm]: account, qos, time limit, output (sbatch.py)
 
 
 def load_job(path: str | Path) -> JobSpec:
@@ -173,12 +175,14 @@ def _job_from_data(data: object, source: str) -> JobSpec:
     gpus.done()
     ptab = top.table("profile", required=False)
     profile = _profile(ptab) if ptab is not None else MeasuredProfile()
+    slurm = read_job_slurm(top.table("slurm", required=False))
     top.done()
     return JobSpec(name=name, user=user, algorithm=algorithm, model=model, rollout=rollout,
                    training=training, rollout_gpus=rollout_gpus, train_gpus=train_gpus,
                    slo=slo, entry=entry, profile=profile, source=source, staleness=staleness,
                    iterations=iterations, seed=seed, options=options, workdir=workdir,
-                   python=python, pythonpath=pythonpath, engine_gpus=engine_gpus)
+                   python=python, pythonpath=pythonpath, engine_gpus=engine_gpus,
+                   slurm=slurm)
 
 
 #: Most entries a spec's ``pythonpath`` may have (each is checked at submission).

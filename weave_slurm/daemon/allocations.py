@@ -20,6 +20,7 @@ from weave_slurm.config.site import SlurmConfig
 from weave_slurm.daemon import allocplan
 from weave_slurm.daemon.driver import Driver
 from weave_slurm.daemon.faults import FaultPoint, crossing
+from weave_slurm.daemon.job_terms import JobTerms
 from weave_slurm.daemon.records import AllocRow, GroupRow, StepRow
 from weave_slurm.daemon.retries import Backoff, NodeDaemonRetries, in_words
 from weave_slurm.daemon.states import AllocState, GroupState, JobState
@@ -52,9 +53,10 @@ class GroupAllocations:
     def __init__(self, store: Store, backend: Backend, pools: dict[str, PoolRequest],
                  driver: Driver, node_retries: NodeDaemonRetries, *, tag: str,
                  immediate_s: int, fail_placed: FailPlaced, end_step: EndStep,
-                 charge: SlurmConfig | None = None) -> None:
+                 charge: SlurmConfig | None = None, terms: JobTerms | None = None) -> None:
         self.store, self.backend, self.pools, self.driver = store, backend, pools, driver
-        self.charge = charge or SlurmConfig()   # account, QOS, time limit of new rows
+        self.charge = charge or SlurmConfig()   # the site's account, QOS, time limit
+        self.terms = terms or JobTerms()   # the members' own (#SBATCH -A/-q/-t)
         self.node_retries, self.tag, self.immediate_s = node_retries, tag, immediate_s
         self.fail_placed, self.end_step = fail_placed, end_step
         self.retry = Backoff()   # per alloc key: failed or hung allocate calls
@@ -104,14 +106,16 @@ class GroupAllocations:
     def _want(self, group: GroupRow, role: str, nodes: int, seq: int, now: float,
               kind: str = "") -> None:
         pool = self.pools[role]
+        members = self.store.jobs([JobState.PLACED, JobState.RUNNING], group_id=group.group_id)
+        terms = self.terms.alloc_terms(self.charge, members, now)
         kind = kind or ("rollout scaling: extra" if role == "rollout" and seq else "initial")
         self.store.add_alloc(group_id=group.group_id, role=role,
                              pool=f"{pool.partition}-{seq}", partition=pool.partition,
                              node_count=nodes, gpus_per_node=pool.gpus_per_node,
                              gpu_type=pool.gpu_type, cpus_per_node=pool.cpus_per_node,
                              now=now, reason=f"{kind} {role} allocation of {nodes} node(s)",
-                             account=self.charge.account, qos=self.charge.qos,
-                             time_limit_min=self.charge.time_limit_min)
+                             account=terms.account, qos=terms.qos,
+                             time_limit_min=terms.time_limit_min)
         fresh = self.store.group(group.group_id)   # a first _want this tick made it FORMING
         if fresh is not None and fresh.state is GroupState.ACTIVE:
             self.store.transition("group", group.group_id, GroupState.FORMING,

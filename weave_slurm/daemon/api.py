@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from weave_slurm.config.job import check_paths, parse_job
+from weave_slurm.config.sbatch import refuse_over_site
 from weave_slurm.config.site import SiteConfig
 from weave_slurm.daemon import membership
 from weave_slurm.daemon.access import check_access, worker_needs
@@ -114,6 +115,7 @@ class Api:
         if not where.isprintable() or len(where) > 256:  # errors stay one line
             where = repr(where)[:256]
         job = parse_job(spec, where)
+        refuse_over_site(job.slurm, self.site.slurm, where)
         check_paths(job, uid, self.path_roots)
         check_access(job, worker_needs(job, self.node_python), uid)
         profile = profile_job(job, self.site)

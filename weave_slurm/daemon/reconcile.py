@@ -25,6 +25,7 @@ from weave_slurm.daemon import membership
 from weave_slurm.daemon.allocations import GroupAllocations, PoolRequest
 from weave_slurm.daemon.driver import Driver
 from weave_slurm.daemon.faults import FaultPoint, crossing
+from weave_slurm.daemon.job_terms import JobTerms
 from weave_slurm.daemon.records import AllocRow, GroupPlan, GroupRow, JobRow, StepRow
 from weave_slurm.daemon.retries import NodeDaemonRetries, in_words
 from weave_slurm.daemon.states import AllocState, GroupState, JobState, StepRunState
@@ -80,10 +81,11 @@ class Reconciler:
         self._handles: dict[int, StepHandle] = {}  # step row key -> handle (this process)
         self.node_retries = NodeDaemonRetries()   # per alloc key: failing node daemons
         site = site or default_site()   # what allocations are charged to, and the prices
+        self.terms = JobTerms()   # each job's own account, QOS and time limit
         self.allocations = GroupAllocations(
             store, backend, pools, driver, self.node_retries, tag=self.tag,
             immediate_s=immediate_s, fail_placed=self._fail_placed, end_step=self._end_step,
-            charge=site.slurm)
+            charge=site.slurm, terms=self.terms)
         self.usage = UsageMeter(store, CostRates.from_site(site), driver)
         self.ticks = 0
         # since when reading the world (squeue) fails, and the last error in words
@@ -104,6 +106,7 @@ class Reconciler:
         acts: list[Callable[[], None]] = [lambda: self._reconcile_allocs(world, now),
                     lambda: self._reconcile_steps(world, now),
                     lambda: self._drive(now),
+                    lambda: self._end_overdue(now),
                     lambda: self._finish_cancelled(now),
                     lambda: self._place_pending(now),
                     lambda: self.allocations.ensure(now),
@@ -284,6 +287,13 @@ class Reconciler:
         if plan is None and group.state is not GroupState.DRAINING:
             self.store.transition("group", group.group_id, GroupState.DRAINING,
                                   f"its last member (job {job.job_id}) left", now)
+
+    def _end_overdue(self, now: float) -> None:
+        """End the RUNNING jobs that reached their own time limit (``#SBATCH --time``)."""
+        for job, reason in self.terms.overdue(self.store.jobs([JobState.RUNNING]), now):
+            log.info("job %s: %s", job.job_id, reason)
+            self._finish_job(job, JobState.FAILED, reason, now)
+            self.terms.forget(job.job_id)
 
     def _fail_placed(self, group_id: int, reason: str, now: float) -> None:
         for job in self.store.jobs([JobState.PLACED], group_id=group_id):

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from weave_slurm.daemon.states import AllocState, GroupState, JobState, StepRunState
+from weave_slurm.model.charge import Charge
 from weave_slurm.model.layout import MemberLayout
 from weave_slurm.model.profile import JobProfile
 
@@ -28,6 +29,8 @@ def profile_from_json(text: str) -> JobProfile:
     raw = {k: v for k, v in json.loads(text).items() if k in names}
     if raw.get("layout") is not None:
         raw["layout"] = MemberLayout.from_json(raw["layout"])
+    if isinstance(raw.get("charge"), dict):
+        raw["charge"] = Charge(**raw["charge"])
     return JobProfile(**raw)
 
 

@@ -3,7 +3,9 @@ plus command-line flags) into the one canonical spec TOML the daemon stores.
 
 Directives: lines ``#WEAVE --key=value`` (or ``--key value``) in the script's header,
 i.e. before its first line that is neither blank nor a comment, as sbatch reads
-``#SBATCH``. ``#SBATCH --job-name=NAME`` / ``-J NAME`` name the job too. Flags on
+``#SBATCH``. ``#SBATCH`` lines may say what :mod:`weave_slurm.config.sbatch` honours
+(account, qos, time, output, error, job name, chdir); any other sbatch option is
+refused in one line. Flags on
 the command line win over directives, which win over the spec file. A list-valued
 option (``--pythonpath``) takes ``:``-separated paths and may be given more than once
 (the lists add up); on the command line it replaces the directives' list.
@@ -15,11 +17,12 @@ import json
 import re
 import shlex
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from weave_slurm.config import sbatch
 from weave_slurm.config.job import JobSpec, parse_job
 from weave_slurm.errors import ConfigError
 
@@ -30,10 +33,21 @@ class Directive:
     path: tuple[str, ...]  # key path in the spec
     kind: type
     help: str
+    parse: Callable[[str], Any] | None = None   # checks and converts a str value
 
 
 DIRECTIVES: tuple[Directive, ...] = (
     Directive("job-name", ("name",), str, "job name (also #SBATCH -J/--job-name)"),
+    Directive("account", ("slurm", "account"), str, "Slurm account charged (-A)",
+              sbatch.slurm_name),
+    Directive("qos", ("slurm", "qos"), str, "Slurm QOS (-q)", sbatch.slurm_name),
+    Directive("time", ("slurm", "time_limit_min"), int,
+              f"the job's time limit (-t): {sbatch.TIME_FORMATS}", sbatch.parse_time_min),
+    Directive("output", ("slurm", "output"), str,
+              "where the job's output goes (-o; %j job id, %u user, %x job name)",
+              sbatch.log_pattern),
+    Directive("error", ("slurm", "error"), str,
+              "where the job's errors go (-e; default: with --output)", sbatch.log_pattern),
     Directive("slo", ("slo",), float, "permitted slowdown, >= 1.0 (e.g. 1.5)"),
     Directive("rollout-gpus", ("gpus", "rollout"), int, "GPUs of the rollout phase"),
     Directive("train-gpus", ("gpus", "train"), int, "GPUs of the training phase"),
@@ -77,6 +91,11 @@ def convert(flag: str, raw: str, where: str) -> Any:
     if d is None:
         raise ConfigError(f"{where}: unknown option '--{flag}'; valid: "
                           f"{', '.join('--' + x.flag for x in DIRECTIVES)}")
+    if d.parse is not None:
+        try:
+            return d.parse(raw)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: --{flag}={raw!r}: {exc} ({d.help})") from None
     if d.kind is str:
         return raw
     if d.kind is list:
@@ -97,9 +116,10 @@ def _tokens(words: list[str], where: str) -> list[tuple[str, str]]:
         w = words[i]
         if not w.startswith("-"):
             raise ConfigError(f"{where}: expected an option like --slo=1.5, got {w!r}")
+        short = sbatch.expand_short(w)
         key, eq, val = w.lstrip("-").partition("=")
-        if key == "J":
-            key = "job-name"
+        if short is not None:
+            key, eq, val = short[0], "=" if short[1] is not None else "", short[1] or ""
         if not eq:
             if i + 1 >= len(words):
                 raise ConfigError(f"{where}: option {w!r} needs a value")
@@ -110,7 +130,7 @@ def _tokens(words: list[str], where: str) -> list[tuple[str, str]]:
 
 
 def read_directives(text: str, source: str) -> dict[str, Any]:
-    """``{flag: value}`` from a script's ``#WEAVE`` (and ``#SBATCH -J``) header lines."""
+    """``{flag: value}`` from a script's ``#WEAVE`` and ``#SBATCH`` header lines."""
     found: dict[str, Any] = {}
     for no, line in enumerate(text.splitlines(), 1):
         s = line.strip()
@@ -125,30 +145,17 @@ def read_directives(text: str, source: str) -> dict[str, Any]:
             except ValueError as exc:
                 raise ConfigError(f"{where}: cannot parse {tag} line ({exc})") from None
             if tag == "#SBATCH":
-                for key, val in _tokens_lenient(words):
-                    if key == "job-name":
-                        found["job-name"] = val
-                continue
-            if not words:
+                pairs = sbatch.sbatch_tokens(words, where)
+            elif not words:
                 raise ConfigError(f"{where}: empty #WEAVE directive")
-            for key, val in _tokens(words, f"{where}: #WEAVE"):
-                value = convert(key, val, f"{where}: #WEAVE")
+            else:
+                pairs = _tokens(words, f"{where}: #WEAVE")
+            for key, val in pairs:
+                value = convert(key, val, f"{where}: {tag}")
                 if isinstance(value, list):
                     value = [*found.get(key, []), *value]
                 found[key] = value
     return found
-
-
-def _tokens_lenient(words: list[str]) -> list[tuple[str, str]]:
-    out = []
-    for i, w in enumerate(words):
-        if w.startswith("--job-name="):
-            out.append(("job-name", w.partition("=")[2]))
-        elif w in ("-J", "--job-name") and i + 1 < len(words):
-            out.append(("job-name", words[i + 1]))
-        elif w.startswith("-J") and len(w) > 2:
-            out.append(("job-name", w[2:]))
-    return out
 
 
 def _set(data: dict[str, Any], path: Sequence[str], value: Any) -> None:
@@ -163,8 +170,20 @@ def _set(data: dict[str, Any], path: Sequence[str], value: Any) -> None:
 def apply_options(data: dict[str, Any], options: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = json.loads(json.dumps(data))
     for flag, value in options.items():
-        _set(out, BY_FLAG[flag].path, value)
+        if value is None:   # e.g. --time=UNLIMITED: no limit of its own
+            _unset(out, BY_FLAG[flag].path)
+        else:
+            _set(out, BY_FLAG[flag].path, value)
     return out
+
+
+def _unset(data: dict[str, Any], path: Sequence[str]) -> None:
+    for key in path[:-1]:
+        node = data.get(key)
+        if not isinstance(node, dict):
+            return
+        data = node
+    data.pop(path[-1], None)
 
 
 def to_toml(data: Mapping[str, Any]) -> str:

@@ -12,6 +12,7 @@ import weave_slurm.model.perf as perf
 from weave_slurm.config.job import JobSpec
 from weave_slurm.config.site import SiteConfig
 from weave_slurm.errors import InfeasibleRequest
+from weave_slurm.model.charge import NO_CHARGE, Charge, job_charge
 from weave_slurm.model.layout import MemberLayout, member_layout
 
 
@@ -39,6 +40,7 @@ class JobProfile:
     staleness: int = 0  # rollout of step m may use the weights of step m - 1 - staleness
     # ranks and engines over the nodes above (None: a trace's job, which names no GPUs)
     layout: MemberLayout | None = None
+    charge: Charge = NO_CHARGE   # Slurm account and QOS: only equal charges share a group
 
     # Derived once (placement asks for them millions of times in a long replay).
     solo_s: float = field(init=False, repr=False, compare=False)
@@ -132,4 +134,5 @@ def profile_job(spec: JobSpec, site: SiteConfig, job_id: str | None = None) -> J
         sync_s=perf.sync_seconds(inter, intra, site.network),
         rollout_state_gib=r_state, train_state_gib=t_state,
         sync_inter_gib=inter, sync_intra_gib=intra, colo_iter_s=colo, colo_nodes=train_nodes,
-        name=spec.name, user=spec.user, staleness=spec.staleness, layout=layout)
+        name=spec.name, user=spec.user, staleness=spec.staleness, layout=layout,
+        charge=job_charge(spec, site.slurm))

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from weave_slurm.model.profile import JobProfile
 from weave_slurm.placement.cluster import Capacity, ClusterState
+from weave_slurm.placement.constraints import may_share
 from weave_slurm.placement.decision import Admission, Decision, Placement, Refusal
 from weave_slurm.placement.group import Group, Member, solo_group
 from weave_slurm.placement.repack import best_group
@@ -122,7 +123,8 @@ def may_fit(group: Group, job: JobProfile, cap: Capacity, free_t: int) -> bool:
         return False
     if group.train_mem_gib + job.train_state_gib > cap.train_mem_gib + _EPS:
         return False
-    return max(0, job.train_nodes - group.train_nodes) <= free_t
+    # last: most groups fail a cheaper test first; one account and QOS per group
+    return max(0, job.train_nodes - group.train_nodes) <= free_t and may_share(group, job)
 
 
 def _placements_in(group: Group, job: JobProfile, cap: Capacity,

@@ -13,6 +13,7 @@ from functools import cache, lru_cache
 
 from weave_slurm.model.profile import JobProfile
 from weave_slurm.placement.cluster import Capacity
+from weave_slurm.placement.constraints import one_charge
 from weave_slurm.placement.group import Group, Member
 
 
@@ -51,8 +52,11 @@ def best_group(jobs: Sequence[JobProfile], cap: Capacity, group_id: int = 0,
     Every pinning of the members onto rollout nodes and every cyclic order up to
     rotation; pinnings are tried in order of rollout node count, so the first feasible
     one is the cheapest; ``max_rollout_nodes`` stops the search early. Memoised on
-    (jobs, capacity, limit): re-plans ask for the same groups again and again.
+    (jobs, capacity, limit): re-plans ask for the same groups again and again. None
+    when there is none, or when the jobs' charges differ (``constraints.one_charge``).
     """
+    if not one_charge(jobs):   # one account and QOS per group (placement/constraints.py)
+        return None
     g = _best_group(tuple(jobs), cap, max_rollout_nodes)
     return None if g is None else (g if g.group_id == group_id
                                    else Group(group_id, g.members, g.rollout_nodes,

@@ -1,0 +1,134 @@
+"""daemon/submission.py: #SBATCH and #WEAVE --account, --qos, --time, --output, --error and
+--job-name (each spelling) reach the spec's [slurm] table, or are refused in one line;
+weaved refuses at submission what no group can give."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from weave_slurm.config.render import job_spec_toml
+from weave_slurm.config.sbatch import JobSlurm
+from weave_slurm.config.site import SlurmConfig, default_site
+from weave_slurm.daemon.api import Api
+from weave_slurm.daemon.store import Store
+from weave_slurm.daemon.submission import build_spec, read_directives
+from weave_slurm.errors import ConfigError, InfeasibleRequest
+from weave_slurm.placement import Capacity
+
+REQUIRED = "#WEAVE --model-params-b=1 --rollout-gpus=8 --train-gpus=8 --max-tokens=64\n"
+
+
+def _script(tmp_path: Path, *lines: str) -> Path:
+    path = tmp_path / "train.sh"
+    path.write_text("#!/bin/bash\n" + "".join(f"{line}\n" for line in lines) + REQUIRED
+                    + "python train.py\n")
+    return path
+
+
+def test_sbatch_account_qos_time_output_error_reach_the_spec(tmp_path: Path) -> None:
+    # Before: every #SBATCH line but -J was silently ignored (spec.slurm did not exist).
+    path = _script(tmp_path, "#SBATCH -A physics", "#SBATCH --qos=high -t 1-02:03",
+                   "#SBATCH --output /home/a/%x-%j.out -e/home/a/%j.err", "#SBATCH -J rl1")
+    text, spec = build_spec(path, {})
+    assert spec.slurm == JobSlurm("physics", "high", 1563, "/home/a/%x-%j.out", "/home/a/%j.err")
+    assert spec.name == "rl1" and 'account = "physics"' in text
+
+
+@pytest.mark.parametrize("tag", ["#SBATCH", "#WEAVE"])
+@pytest.mark.parametrize(("line", "want"), [
+    ("--account=phys", JobSlurm(account="phys")),
+    ("--account phys", JobSlurm(account="phys")),
+    ("-A phys", JobSlurm(account="phys")),
+    ("-Aphys", JobSlurm(account="phys")),
+    ("--qos=low", JobSlurm(qos="low")),
+    ("--qos low", JobSlurm(qos="low")),
+    ("-q low", JobSlurm(qos="low")),
+    ("--time=30", JobSlurm(time_limit_min=30)),
+    ("--time 2:30", JobSlurm(time_limit_min=3)),
+    ("-t 1:00:00", JobSlurm(time_limit_min=60)),
+    ("-t2-0", JobSlurm(time_limit_min=2880)),
+    ("--time=UNLIMITED", JobSlurm()),
+    ("--output=o.%j", JobSlurm(output="o.%j")),
+    ("--output o.%j", JobSlurm(output="o.%j")),
+    ("-o o.%j", JobSlurm(output="o.%j")),
+    ("-oo.%j", JobSlurm(output="o.%j")),
+    ("--error=e.%j", JobSlurm(error="e.%j")),
+    ("--error e.%j", JobSlurm(error="e.%j")),
+    ("-e e.%j", JobSlurm(error="e.%j")),
+    ("-ee.%j", JobSlurm(error="e.%j")),
+])
+def test_each_spelling_in_either_tag(tmp_path: Path, tag: str, line: str,
+                                     want: JobSlurm) -> None:
+    assert build_spec(_script(tmp_path, f"{tag} {line}"), {})[1].slurm == want
+
+
+@pytest.mark.parametrize("tag", ["#SBATCH", "#WEAVE"])
+@pytest.mark.parametrize("line", ["--job-name=n1", "--job-name n1", "-J n1", "-Jn1"])
+def test_job_name_in_each_spelling(tmp_path: Path, tag: str, line: str) -> None:
+    assert build_spec(_script(tmp_path, f"{tag} {line}"), {})[1].name == "n1"
+
+
+def test_flags_beat_directives_and_a_later_line_beats_an_earlier(tmp_path: Path) -> None:
+    path = _script(tmp_path, "#SBATCH -A a1 -t 10", "#WEAVE --account=a2")
+    assert build_spec(path, {})[1].slurm == JobSlurm(account="a2", time_limit_min=10)
+    assert build_spec(path, {"account": "a3", "time": 5})[1].slurm.account == "a3"
+    assert build_spec(path, {"time": 5})[1].slurm.time_limit_min == 5
+
+
+def test_chdir_is_the_workers_working_directory(tmp_path: Path) -> None:
+    assert build_spec(_script(tmp_path, "#SBATCH -D /home/alice/rl"), {})[1].workdir \
+        == "/home/alice/rl"
+
+
+@pytest.mark.parametrize(("line", "match"), [
+    ("#SBATCH --partition=h20", r"train.sh:2: #SBATCH '--partition' is not honoured by weave "
+     r".*; honoured: --account/-A, --qos/-q, --time/-t, --output/-o, --error/-e, "
+     r"--job-name/-J, --chdir/-D$"),
+    ("#SBATCH -N 2", r"train.sh:2: #SBATCH '-N' is not honoured"),
+    ("#SBATCH --gpus=8", r"#SBATCH '--gpus' is not honoured"),
+    ("#SBATCH -t 1h", r"train.sh:2: #SBATCH: --time='1h': not one of M, M:S, H:M:S, D-H, "
+     r"D-H:M or D-H:M:S"),
+    ("#WEAVE --time=soon", r"train.sh:2: #WEAVE: --time='soon': not one of"),
+    ("#SBATCH -A 'a;b'", r"train.sh:2: #SBATCH: --account='a;b': must be a Slurm name"),
+    ("#WEAVE --qos=a/b", r"#WEAVE: --qos='a/b': must be a Slurm name"),
+    ("#SBATCH -o out.%N", r"#SBATCH: --output='out.%N': unknown replacement '%N'"),
+    ("#SBATCH --error", r"#SBATCH --error needs a value"),
+])
+def test_refusals_name_the_line_the_directive_and_why(tmp_path: Path, line: str,
+                                                      match: str) -> None:
+    path = _script(tmp_path, line)
+    with pytest.raises(ConfigError, match=match) as info:
+        read_directives(path.read_text(), str(path))
+    assert "\n" not in str(info.value)
+
+
+def test_late_sbatch_lines_are_not_directives_as_in_sbatch(tmp_path: Path) -> None:
+    path = _script(tmp_path)
+    path.write_text(path.read_text() + "#SBATCH --partition=h20\n")
+    assert build_spec(path, {})[1].slurm == JobSlurm()
+
+
+def _api(tmp_path: Path, slurm: SlurmConfig) -> Api:
+    site = replace(default_site(), slurm=slurm)
+    return Api(Store(tmp_path / "w.db"), site, Capacity.from_site(site), lambda: 0.0)
+
+
+def test_weaved_refuses_a_time_over_the_sites_limit_and_more_gpus_than_a_pool(
+        tmp_path: Path) -> None:
+    api = _api(tmp_path, SlurmConfig(time_limit_min=60))
+    spec = job_spec_toml("t")
+    ok = api.submit(0, spec + "\n[slurm]\ntime_limit_min = 60\n", "t.toml", test_only=True)
+    assert ok["valid"] is True
+    with pytest.raises(InfeasibleRequest, match=r"t.toml: --time of 61 min exceeds this "
+                       r"site's limit of 60 min"):
+        api.submit(0, spec + "\n[slurm]\ntime_limit_min = 61\n", "t.toml", test_only=True)
+    big = spec.replace("rollout = 8\n", "rollout = 8000\n")
+    assert big != spec
+    # already refused before this change (model/layout.py): more GPUs than a pool holds
+    with pytest.raises(InfeasibleRequest, match=r"t.toml: key 'gpus.rollout' needs 1000 nodes "
+                       r"but pool 'rollout' \(h20\) has max_nodes="):
+        api.submit(0, big, "t.toml", test_only=True)
+    assert api.store.jobs() == []

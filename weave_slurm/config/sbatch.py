@@ -1,0 +1,226 @@
+"""sbatch's own options in a weave job: what ``#SBATCH`` and ``#WEAVE`` lines (and
+weave-sbatch's flags) may say about the Slurm side of a job, and the spec's ``[slurm]``.
+
+Honoured (:data:`SBATCH_OPTIONS`): ``--account``/``-A``, ``--qos``/``-q``,
+``--time``/``-t`` (sbatch's formats: ``M``, ``M:S``, ``H:M:S``, ``D-H``, ``D-H:M``,
+``D-H:M:S``; seconds round up to the next minute, ``0``/``UNLIMITED`` = none, as
+Slurm), ``--output``/``-o``, ``--error``/``-e``, ``--job-name``/``-J`` and
+``--chdir``/``-D`` (the workers' working directory). Each is written ``--opt value``,
+``--opt=value``, ``-X value`` or ``-Xvalue``. Any other sbatch option is refused in one
+line listing these: weave chooses the partitions, nodes and GPUs of a group itself.
+
+The spec's ``[slurm]`` table (:class:`JobSlurm`) holds ``account``, ``qos``,
+``time_limit_min``, ``output`` and ``error``; :func:`log_path` expands an output
+pattern as sbatch does.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from weave_slurm.config.reader import TableReader
+from weave_slurm.config.site import MAX_TIME_LIMIT_MIN, SlurmConfig
+from weave_slurm.errors import ConfigError, InfeasibleRequest
+
+#: A Slurm account or QOS name (as the site's ``[slurm]`` table takes them).
+SLURM_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+TIME_FORMATS = "M, M:S, H:M:S, D-H, D-H:M or D-H:M:S (e.g. 90, 1:30:00, 2-12)"
+#: Longest ``--output``/``--error`` pattern accepted.
+MAX_LOG_PATTERN = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class SbatchOption:
+    long: str            # sbatch's long name (without the dashes)
+    short: str | None    # its one-letter form
+    flag: str            # the weave directive it sets (daemon/submission.py)
+
+
+#: The sbatch options weave honours, in the order a refusal lists them.
+SBATCH_OPTIONS: tuple[SbatchOption, ...] = (
+    SbatchOption("account", "A", "account"),
+    SbatchOption("qos", "q", "qos"),
+    SbatchOption("time", "t", "time"),
+    SbatchOption("output", "o", "output"),
+    SbatchOption("error", "e", "error"),
+    SbatchOption("job-name", "J", "job-name"),
+    SbatchOption("chdir", "D", "workdir"),
+)
+_BY_LONG = {o.long: o for o in SBATCH_OPTIONS}
+_BY_SHORT = {o.short: o for o in SBATCH_OPTIONS if o.short}
+HONOURED = ", ".join(f"--{o.long}/-{o.short}" for o in SBATCH_OPTIONS)
+
+
+@dataclass(frozen=True, slots=True)
+class JobSlurm:
+    """A job's own Slurm terms (``[slurm]`` in its spec; None: the site's ``[slurm]``)."""
+
+    account: str | None = None
+    qos: str | None = None
+    time_limit_min: int | None = None   # the job ends once it has run this long
+    output: str | None = None           # stdout pattern (%j %u %x %%), as sbatch's
+    error: str | None = None            # stderr pattern; None: with stdout
+
+
+#: A job with no ``[slurm]`` table: the site's terms, no limit of its own.
+NO_SLURM = JobSlurm()
+
+
+def expand_short(word: str) -> tuple[str, str | None] | None:
+    """``-A``/``-Aphys`` -> ``("account", None | "phys")``; None if not a short option."""
+    if len(word) < 2 or word[0] != "-" or word[1] == "-":
+        return None
+    opt = _BY_SHORT.get(word[1])
+    if opt is None:
+        return None
+    return opt.flag, (word[2:] or None)
+
+
+def sbatch_tokens(words: Sequence[str], where: str) -> list[tuple[str, str]]:
+    """``(weave flag, value)`` for each option of an ``#SBATCH`` line; anything else is
+    refused in one line naming it and listing what is honoured."""
+    out: list[tuple[str, str]] = []
+    i = 0
+    while i < len(words):
+        word = words[i]
+        short = expand_short(word)
+        if short is not None:
+            flag, value = short
+            shown = word[:2]
+        elif word.startswith("--"):
+            name, eq, raw = word[2:].partition("=")
+            opt = _BY_LONG.get(name)
+            if opt is None:
+                raise _refused(where, word.partition("=")[0])
+            flag, value, shown = opt.flag, (raw if eq else None), f"--{name}"
+        else:
+            raise _refused(where, word)
+        if value is None:
+            if i + 1 >= len(words):
+                raise ConfigError(f"{where}: #SBATCH {shown} needs a value")
+            value, i = words[i + 1], i + 1
+        out.append((flag, value))
+        i += 1
+    return out
+
+
+def _refused(where: str, word: str) -> ConfigError:
+    return ConfigError(f"{where}: #SBATCH {word[:40]!r} is not honoured by weave (it picks "
+                       f"the partitions, nodes and GPUs of a group itself); honoured: "
+                       f"{HONOURED}")
+
+
+def parse_time_min(raw: str) -> int | None:
+    """sbatch's ``--time`` in minutes (seconds round up); None for no limit (0, UNLIMITED)."""
+    text = raw.strip()
+    if text.upper() in ("UNLIMITED", "INFINITE"):
+        return None
+    days, dash, rest = text.partition("-")
+    if not dash:
+        days, rest = "", text
+    parts = rest.split(":")
+    if not all(p.isdigit() and len(p) <= 9 for p in parts) or (dash and not days.isdigit()) \
+            or len(parts) > 3:
+        raise ConfigError(f"not one of {TIME_FORMATS}")
+    d = int(days) if dash else 0
+    nums = [int(p) for p in parts]
+    if dash:   # D-H, D-H:M, D-H:M:S
+        h, m, s = [*nums, 0, 0][:3]
+    elif len(nums) == 3:   # H:M:S
+        h, m, s = nums
+    else:   # M, M:S
+        h, m, s = 0, nums[0], (nums[1] if len(nums) == 2 else 0)
+    minutes = (d * 24 + h) * 60 + m + (1 if s > 0 else 0)
+    if minutes == 0:
+        return None
+    if minutes > MAX_TIME_LIMIT_MIN:
+        raise ConfigError(f"{minutes} minutes; at most {MAX_TIME_LIMIT_MIN} (365 days)")
+    return minutes
+
+
+def _name_problem(raw: str) -> str | None:
+    if SLURM_NAME_RE.match(raw):
+        return None
+    return "must be a Slurm name of 1-64 letters, digits, '_', '.' or '-'"
+
+
+_CODE = re.compile(r"%([0-9]*)(.?)", re.DOTALL)
+
+
+def _pattern_problem(raw: str) -> str | None:
+    if not raw.strip() or not raw.isprintable() or len(raw) > MAX_LOG_PATTERN:
+        return (f"must be a printable file name pattern of 1-{MAX_LOG_PATTERN} characters "
+                "(%j job id, %u user, %x job name)")
+    for m in _CODE.finditer(raw):
+        if m.group(2) not in ("j", "u", "x", "%"):
+            return (f"unknown replacement '%{m.group(1)}{m.group(2)}'; valid: %j (job id), "
+                    "%u (user), %x (job name), %% (a '%')")
+    return None
+
+
+def slurm_name(raw: str) -> str:
+    """An account or QOS name, checked."""
+    why = _name_problem(raw)
+    if why:
+        raise ConfigError(why)
+    return raw
+
+
+def log_pattern(raw: str) -> str:
+    """An ``--output``/``--error`` pattern, checked (expanded by :func:`log_path`)."""
+    why = _pattern_problem(raw)
+    if why:
+        raise ConfigError(why)
+    return raw
+
+
+def log_path(pattern: str, *, job_id: int | str, user: str, job_name: str,
+             workdir: str | None = None) -> str:
+    """Where a job's output goes: ``pattern`` with ``%j`` (the weave job id), ``%u``
+    (user), ``%x`` (job name) and ``%%`` expanded as sbatch does (``%5j``: zero-padded to
+    5), relative to ``workdir`` when not absolute. The one resolution every job kind
+    uses (hosted jobs' event log, cooperative jobs' stdout/stderr)."""
+    def one(m: re.Match[str]) -> str:
+        width, code = m.group(1), m.group(2)
+        if code == "%":
+            return "%"
+        value = {"j": str(job_id), "u": user, "x": job_name}.get(code)
+        if value is None:
+            return m.group(0)
+        return value.zfill(int(width)) if width and code == "j" else value
+    path = _CODE.sub(one, pattern)
+    if workdir and not path.startswith("/"):
+        path = f"{workdir.rstrip('/')}/{path}"
+    return path
+
+
+def read_job_slurm(r: TableReader | None) -> JobSlurm:
+    """``[slurm]`` of a job spec: account, qos, time_limit_min, output, error."""
+    if r is None:
+        return JobSlurm()
+    values: dict[str, str | None] = {}
+    for key, check in (("account", _name_problem), ("qos", _name_problem),
+                       ("output", _pattern_problem), ("error", _pattern_problem)):
+        value = r.opt_string(key)
+        why = None if value is None else check(value)
+        if why:
+            raise r.fail(key, value, why)
+        values[key] = value
+    limit = r.opt_integer("time_limit_min")
+    if limit is not None and not 1 <= limit <= MAX_TIME_LIMIT_MIN:
+        raise r.fail("time_limit_min", limit, f"must be minutes between 1 and "
+                     f"{MAX_TIME_LIMIT_MIN}; leave it out for no limit of its own")
+    r.done()
+    return JobSlurm(account=values["account"], qos=values["qos"], time_limit_min=limit,
+                    output=values["output"], error=values["error"])
+
+
+def refuse_over_site(job: JobSlurm, site: SlurmConfig, where: str) -> None:
+    """InfeasibleRequest when the job asks for more time than the site's allocations are
+    given (``[slurm] time_limit_min``): weave could not keep it running that long."""
+    limit, most = job.time_limit_min, site.time_limit_min
+    if limit is not None and most is not None and limit > most:
+        raise InfeasibleRequest(f"{where}: --time of {limit} min exceeds this site's limit of "
+                                f"{most} min ([slurm] time_limit_min); ask for at most {most}")
