@@ -25,7 +25,14 @@ def test_weave_demo_runs_three_jobs_as_one_group_and_writes_its_summary(
     for run in ("grouped", "isolated"):
         assert 0 < summary[run]["rollout_busy"] <= 1 and 0 < summary[run]["train_busy"] <= 1
     assert (out / "gantt.png").stat().st_size > 0 and (out / "rewards.png").stat().st_size > 0
-    assert "Gantt chart:" in proc.stdout
+    assert "Gantt chart:" in proc.stdout and (out / "busy.png").stat().st_size > 0
+    # no terminal here: plain progress lines as things happen, not a live table's last frame
+    assert "] grouped: 3 jobs x 2 steps submitted to weaved" in proc.stdout
+    assert "] job 1 grpo-a: COMPLETED ITER 2/2 group 1" in proc.stdout
+    assert summary["options"] == {"prompt_len": 2}
+    assert all(s["init"] == (s["phase"] == "train" and s is firsts[s["job"]])
+               for firsts in [_first_train(summary["spans"])] for s in summary["spans"]
+               if s["phase"] == "train")
     # weave sacct's records of the six jobs: every member charged, a grouped one less
     # than the same job alone (it shares the nodes' time)
     usage = {r["name"]: r for r in summary["usage"]}
@@ -36,3 +43,12 @@ def test_weave_demo_runs_three_jobs_as_one_group_and_writes_its_summary(
     assert sum(usage[n]["cost"] for n in summary["rewards"]) < \
         sum(usage[f"{n}-alone"]["cost"] for n in summary["rewards"])
     assert "RolloutGPUHours" in proc.stdout
+
+
+def _first_train(spans: list[dict[str, object]]) -> dict[object, dict[str, object]]:
+    """Each job's first train span (its model build, ``init``)."""
+    out: dict[object, dict[str, object]] = {}
+    for s in sorted(spans, key=lambda s: float(str(s["start_s"]))):
+        if s["phase"] == "train":
+            out.setdefault(s["job"], s)
+    return out

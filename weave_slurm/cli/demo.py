@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -14,6 +14,9 @@ from rich.table import Table
 
 from weave_slurm.cli.logs import setup_logging
 from weave_slurm.errors import ConfigError
+
+if TYPE_CHECKING:
+    from weave_slurm.apps.demo import DemoResult
 
 _BARS = " ▁▂▃▄▅▆▇█"
 
@@ -41,34 +44,21 @@ def _live_table(rows: list[dict[str, object]], title: str) -> Table:
 
 
 def demo(
-    steps: Annotated[int, typer.Option(help="Training steps per job.")] = 12,
+    steps: Annotated[int, typer.Option(help="Training steps per job.")] = 20,
     out: Annotated[Path, typer.Option(help="Directory for the PNGs and summary.json.")]
     = Path("weave-demo"),
     isolated: Annotated[bool, typer.Option(
         help="Also run each job alone, one after another, to compare.")] = True,
 ) -> None:
     """Start weaved (local backend, no Slurm), submit three small GRPO jobs, summarise."""
-    from weave_slurm.apps.demo import run_demo
-
     if steps < 1:
         raise ConfigError(f"--steps: must be >= 1, got {steps!r}")
     setup_logging(logging.WARNING, "weave demo")
     console = Console()
-    title = ["starting"]
-    last = [0.0]
-    with Live(_live_table([], title[0]), console=console, refresh_per_second=4) as live:
-        def on_status(rows: list[dict[str, object]]) -> None:
-            now = time.monotonic()
-            if now - last[0] > 0.25:
-                last[0] = now
-                live.update(_live_table(rows, title[0]))
-
-        def on_phase(text: str) -> None:
-            title[0] = text
-            live.update(_live_table([], text))
-
-        result = run_demo(steps, out, isolated=isolated, on_status=on_status,
-                          on_phase=on_phase)
+    if console.is_terminal:
+        result = _run_live(console, steps, out, isolated)
+    else:                       # CI, a pipe, a log file: plain lines as things change
+        result = _run_plain(steps, out, isolated)
     rewards = Table(title="reward per job (grouped run)")
     for col in ("JOB", "FIRST", "LAST", "CURVE"):
         rewards.add_column(col)
@@ -95,4 +85,47 @@ def demo(
         typer.echo("\n".join(render([{**r, "now": now} for r in result.usage],
                                      parse_format(DEFAULT_FORMAT))))
     console.print(f"Gantt chart: {result.gantt}\nreward curves: {result.curves}\n"
-                  f"summary: {result.summary}")
+                  f"busy pools: {result.busy}\nsummary: {result.summary}")
+
+
+def _run_live(console: Console, steps: int, out: Path, isolated: bool) -> DemoResult:
+    """On a terminal: one live table, redrawn."""
+    from weave_slurm.apps.demo import run_demo
+
+    title = ["starting"]
+    last = [0.0]
+    with Live(_live_table([], title[0]), console=console, refresh_per_second=4) as live:
+        def on_status(rows: list[dict[str, object]]) -> None:
+            now = time.monotonic()
+            if now - last[0] > 0.25:
+                last[0] = now
+                live.update(_live_table(rows, title[0]))
+
+        def on_phase(text: str) -> None:
+            title[0] = text
+            live.update(_live_table([], text))
+
+        return run_demo(steps, out, isolated=isolated, on_status=on_status,
+                        on_phase=on_phase)
+
+
+def _run_plain(steps: int, out: Path, isolated: bool) -> DemoResult:
+    """Without a terminal: a line for each stage, and one for each job whose state or
+    ITER changed (flushed at once, so a CI log shows progress as it happens)."""
+    from weave_slurm.apps.demo import run_demo
+
+    t0 = time.monotonic()
+    seen: dict[object, tuple[object, object]] = {}
+
+    def say(text: str) -> None:
+        print(f"[{time.monotonic() - t0:6.1f} s] {text}", flush=True)
+
+    def on_status(rows: list[dict[str, object]]) -> None:
+        for r in rows:
+            now = (r["state"], r.get("iter"))
+            if seen.get(r["job"]) != now:
+                seen[r["job"]] = now
+                say(f"job {r['job']} {r['name']}: {r['state']} ITER {r.get('iter') or '-'}"
+                    f" group {r.get('group') or '-'}")
+
+    return run_demo(steps, out, isolated=isolated, on_status=on_status, on_phase=say)

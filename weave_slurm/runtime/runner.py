@@ -376,7 +376,7 @@ class GroupRunner:
             write()
         w0, w1 = (None if t is None else float(t) for t in worker_s)
         self.spans.append(Span(job_id, run.kind, run.node.name, run.node.pool,
-                               run.start_s, end, True, run.ready_s, w0, w1))
+                               run.start_s, end, True, run.ready_s, w0, w1, run.init))
         self.observer.phase_ended(self.spans[-1])
         if not run.init:
             self.profiler.phase(job_id, run.kind, end - run.start_s)

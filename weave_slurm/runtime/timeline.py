@@ -25,6 +25,7 @@ class Span:
     ready_s: float | None = None          # when the member was ready for this phase
     worker_start_s: float | None = None   # the entry received the activation (worker)
     worker_end_s: float | None = None     # the entry returned (worker)
+    init: bool = False                    # a member's first phase: it builds its model
 
     @property
     def duration_s(self) -> float:
@@ -34,7 +35,7 @@ class Span:
         return {"job": self.job_id, "phase": self.kind.value, "node": self.node,
                 "pool": self.pool.value, "start_s": self.start_s, "end_s": self.end_s,
                 "ok": self.ok, "ready_s": self.ready_s, "worker_start_s": self.worker_start_s,
-                "worker_end_s": self.worker_end_s}
+                "worker_end_s": self.worker_end_s, "init": self.init}
 
 
 def _union_s(intervals: Iterable[tuple[float, float]]) -> float:
@@ -120,7 +121,9 @@ _COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:
 
 
 def gantt_png(spans: Sequence[Span], path: Path, title: str) -> Path:
-    """A Gantt chart (one row per node, one colour per member, hatched = train)."""
+    """A Gantt chart: one row per node, one colour per member, hatched = train, grey =
+    a member's first phase (its model build, not training); the legend right of the
+    plot, where it hides no bar."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -132,21 +135,23 @@ def gantt_png(spans: Sequence[Span], path: Path, title: str) -> Path:
     jobs = sorted({s.job_id for s in spans})
     color = {job: _COLORS[i % len(_COLORS)] for i, job in enumerate(jobs)}
     t0 = min((s.start_s for s in spans), default=0.0)
-    fig, ax = plt.subplots(figsize=(11, 1.0 + 0.6 * max(1, len(nodes))))
+    fig, ax = plt.subplots(figsize=(12, 1.2 + 0.6 * max(1, len(nodes))))
     for s in spans:
-        hatch = {Phase.TRAIN: "//", Phase.SYNC: ".."}.get(s.kind, "")
+        hatch = "" if s.init else {Phase.TRAIN: "//", Phase.SYNC: ".."}.get(s.kind, "")
+        face = "black" if not s.ok else ("lightgrey" if s.init else color[s.job_id])
         ax.broken_barh([(s.start_s - t0, max(s.duration_s, 1e-4))], (rows[s.node] - 0.4, 0.8),
-                       facecolors=color[s.job_id] if s.ok else "black", hatch=hatch,
-                       edgecolor="white", linewidth=0.3)
+                       facecolors=face, hatch=hatch, edgecolor="white", linewidth=0.3)
     ax.set_yticks(range(len(nodes)), [f"{node} ({pool})" for pool, node in nodes])
     ax.set_xlabel("time since start (s)")
     ax.set_title(title)
     ax.legend(handles=[Patch(color=color[j], label=j) for j in jobs]
               + [Patch(facecolor="white", edgecolor="grey", hatch="//", label="train"),
+                 Patch(facecolor="white", edgecolor="grey", hatch="..", label="weight sync"),
+                 Patch(facecolor="lightgrey", label="model build (first phase)"),
                  Patch(facecolor="black", label="failed")],
-              loc="upper right", fontsize=8, ncol=len(jobs) + 2)
+              loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, borderaxespad=0)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
