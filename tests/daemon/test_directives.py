@@ -9,12 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from weave_slurm.cli.errors import run_app
+from weave_slurm.cli.sbatch import app as sbatch_app
 from weave_slurm.config.render import job_spec_toml
 from weave_slurm.config.sbatch import JobSlurm
 from weave_slurm.config.site import SlurmConfig, default_site
 from weave_slurm.daemon.api import Api
 from weave_slurm.daemon.store import Store
-from weave_slurm.daemon.submission import build_spec, read_directives
+from weave_slurm.daemon.submission import build_spec, read_directives, sbatch_flags
 from weave_slurm.errors import ConfigError, InfeasibleRequest
 from weave_slurm.placement import Capacity
 
@@ -132,3 +134,18 @@ def test_weaved_refuses_a_time_over_the_sites_limit_and_more_gpus_than_a_pool(
                        r"but pool 'rollout' \(h20\) has max_nodes="):
         api.submit(0, big, "t.toml", test_only=True)
     assert api.store.jobs() == []
+
+
+def test_weave_sbatch_flags_beat_directives_and_a_bad_one_is_exit_2(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _script(tmp_path, "#SBATCH -A a1 -t 10 -o x.out")
+    flags = sbatch_flags(account="a2", qos=None, time="1:30:00", output=None, error="e.%j")
+    assert flags == {"account": "a2", "time": 90, "error": "e.%j"}
+    assert build_spec(path, flags)[1].slurm == JobSlurm("a2", None, 90, "x.out", "e.%j")
+    for argv, said in ((["-t", "1h", str(path)], "--time='1h': not one of M, M:S"),
+                       (["-A", "a;b", str(path)], "--account='a;b': must be a Slurm name"),
+                       (["--socket", str(tmp_path / "none.sock"), str(_script(
+                           tmp_path, "#SBATCH --mem=4G"))], "#SBATCH '--mem' is not honoured")):
+        assert run_app(sbatch_app, "weave-sbatch", argv) == 2
+        err = capsys.readouterr().err
+        assert said in err and err.count("\n") == 1, err

@@ -10,6 +10,7 @@ path roots, and the node interpreter when the job names no ``python``.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -20,7 +21,7 @@ from weave_slurm.cli.version import version_option
 from weave_slurm.daemon.access import check_access, worker_needs
 from weave_slurm.daemon.client import DaemonClient, default_socket
 from weave_slurm.daemon.protocol import Op
-from weave_slurm.daemon.submission import build_spec
+from weave_slurm.daemon.submission import build_spec, sbatch_flags
 
 app = typer.Typer(name="weave-sbatch", add_completion=False, pretty_exceptions_enable=False)
 
@@ -29,6 +30,14 @@ app = typer.Typer(name="weave-sbatch", add_completion=False, pretty_exceptions_e
 def submit(
     path: Annotated[Path, typer.Argument(help="Job spec (.toml) or a script with #WEAVE lines.")],
     job_name: Annotated[str | None, typer.Option("--job-name", "-J", help="Job name.")] = None,
+    account: Annotated[str | None, typer.Option("--account", "-A", help="Slurm account "
+                                                "charged.")] = None,
+    qos: Annotated[str | None, typer.Option("--qos", "-q", help="Slurm QOS.")] = None,
+    time: Annotated[str | None, typer.Option("--time", "-t", help="Time limit (M, M:S, "
+                                             "H:M:S, D-H, D-H:M, D-H:M:S).")] = None,
+    output: Annotated[str | None, typer.Option("--output", "-o", help="Output file "
+                                               "(%j job id, %u user, %x name).")] = None,
+    error: Annotated[str | None, typer.Option("--error", "-e", help="Error file.")] = None,
     slo: Annotated[float | None, typer.Option("--slo", help="Permitted slowdown.")] = None,
     rollout_gpus: Annotated[int | None, typer.Option("--rollout-gpus")] = None,
     train_gpus: Annotated[int | None, typer.Option("--train-gpus")] = None,
@@ -56,6 +65,9 @@ def submit(
     pythonpath: Annotated[list[str] | None, typer.Option(
         "--pythonpath", help="Import paths put first on the workers' sys.path "
         "(':'-separated; may repeat).")] = None,
+    cooperative: Annotated[bool, typer.Option(
+        "--cooperative", help="Run the script's body as the job's own processes, one per "
+        "role (the phase gate: docs/job_api.md).")] = False,
     parsable: Annotated[bool, typer.Option("--parsable", help="Print the job id only.")] = False,
     test_only: Annotated[bool, typer.Option("--test-only", help="Validate, do not "
                                             "submit.")] = False,
@@ -64,6 +76,7 @@ def submit(
 ) -> None:
     """Submit PATH to weaved (flags override #WEAVE directives and the spec)."""
     given: dict[str, Any] = {
+        **sbatch_flags(account=account, qos=qos, time=time, output=output, error=error),
         "job-name": job_name, "slo": slo, "rollout-gpus": rollout_gpus,
         "train-gpus": train_gpus, "engine-gpus": engine_gpus, "max-tokens": max_tokens,
         "prompts-per-step": prompts_per_step, "samples-per-prompt": samples_per_prompt,
@@ -71,8 +84,9 @@ def submit(
         "iterations": iterations, "seed": seed, "staleness": staleness,
         "rollout-s": rollout_s, "train-s": train_s, "rollout-state-gib": rollout_state_gib,
         "train-state-gib": train_state_gib, "workdir": workdir, "python": python,
-        "pythonpath": _paths(pythonpath)}
-    spec_text, spec = build_spec(path, {k: v for k, v in given.items() if v is not None})
+        "pythonpath": _paths(pythonpath), "cooperative": cooperative or None}
+    spec_text, spec = build_spec(path, {k: v for k, v in given.items() if v is not None},
+                                 os.environ)   # a cooperative job runs in your environment
     check_access(spec, worker_needs(spec, None))    # as you: this command runs as you
     with DaemonClient(default_socket(socket_path)) as client:   # weaved knows its site
         result = client.call(Op.SUBMIT, spec=spec_text, source=str(path), test_only=test_only)
