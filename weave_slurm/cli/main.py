@@ -32,6 +32,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "trace": ("weave_slurm.cli.simulate", "trace_app"),
     "spank": ("weave_slurm.cli.spank", "spank_app"),
     "site": ("weave_slurm.cli.site", "site_app"),
+    "state": ("weave_slurm.cli.state", "state_app"),
     "daemon": ("weave_slurm.cli.daemon_cmd", "daemon"),
     "demo": ("weave_slurm.cli.demo", "demo"),
     "version": ("weave_slurm.cli.main", "version"),
