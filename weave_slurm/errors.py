@@ -70,3 +70,13 @@ class NoCheckpoint(StateError):
 
 class VersionMismatch(WeaveError):
     """A weight version or trajectory batch does not match what the receiver expects."""
+
+
+class GateRefused(VersionMismatch):
+    """weave refused a cooperative job's phase request (``weave_slurm.gate``): it would
+    break the on-policy barrier (e.g. a train at a version no rollout produced)."""
+
+
+class PhaseRevoked(StateError):
+    """A cooperative job's granted phase was taken back (it ran past its deadline, or
+    the job was cancelled): its process must stop."""

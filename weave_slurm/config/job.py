@@ -17,6 +17,7 @@ from enum import StrEnum
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from weave_slurm.config.launch import LaunchSpec, parse_launch
 from weave_slurm.config.reader import TableReader, parse_toml, read_toml
 from weave_slurm.config.sbatch import NO_SLURM, JobSlurm, read_job_slurm
 from weave_slurm.errors import ConfigError
@@ -131,6 +132,7 @@ class JobSpec:
     python: str | None = None           # the workers' interpreter (a venv's bin/python)
     pythonpath: tuple[str, ...] = ()    # put first on the workers' sys.path
     engine_gpus: int | None = None      # [gpus] engine: GPUs per rollout engine (tensor parallel)
+    launch: LaunchSpec | None = None    # [launch]: a cooperative job (config/launch.py)
     slurm: JobSlurm = NO_SLURM          # [slurm]: account, qos, time limit, output (sbatch.py)
 
 
@@ -176,13 +178,14 @@ def _job_from_data(data: object, source: str) -> JobSpec:
     ptab = top.table("profile", required=False)
     profile = _profile(ptab) if ptab is not None else MeasuredProfile()
     slurm = read_job_slurm(top.table("slurm", required=False))
+    launch = parse_launch(top, staleness)
     top.done()
     return JobSpec(name=name, user=user, algorithm=algorithm, model=model, rollout=rollout,
                    training=training, rollout_gpus=rollout_gpus, train_gpus=train_gpus,
                    slo=slo, entry=entry, profile=profile, source=source, staleness=staleness,
                    iterations=iterations, seed=seed, options=options, workdir=workdir,
                    python=python, pythonpath=pythonpath, engine_gpus=engine_gpus,
-                   slurm=slurm)
+                   slurm=slurm, launch=launch)
 
 
 #: Most entries a spec's ``pythonpath`` may have (each is checked at submission).

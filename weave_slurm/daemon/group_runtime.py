@@ -64,6 +64,7 @@ from weave_slurm.runtime.group import (
     MemberState,
     NodeRef,
 )
+from weave_slurm.runtime.launch_plan import plan_for
 from weave_slurm.runtime.member import Member, RunnerConfig
 from weave_slurm.runtime.nodes import Resolver, connect
 from weave_slurm.runtime.profiler import planning_profile
@@ -110,6 +111,7 @@ def member_spec(job: JobRow, group: GroupRow, pins: tuple[int, ...] | None = Non
                       staleness=spec.staleness, uid=job.uid, workdir=spec.workdir,
                       python=spec.python, pythonpath=spec.pythonpath,
                       rollout_pins=tuple(pins) or (0,), train_nodes=train, layout=layout,
+                      launch=plan_for(spec, str(job.job_id), job.uid),
                       declared=DeclaredProfile(job.profile.rollout_mean_s or None,
                                                job.profile.train_mean_s or None,
                                                job.profile.slo))
@@ -369,7 +371,8 @@ class GroupRuntime:
         key = str(job_id)
         member = runner.members[key]
         final = {**member_row(runner, member), "phase": "-"}
-        if member.state is MemberState.DONE:   # record what it learned before the drop
+        if member.state is MemberState.DONE and member.spec.launch is None:   # hosted:
+            # record what it learned before the drop (a cooperative job's is its own)
             try:
                 final["weights_sha256"] = self._final_digest(runner, member)
             except (WeaveError, OSError) as exc:

@@ -36,6 +36,7 @@ from weave_slurm.node import protocol
 from weave_slurm.node.autosave import AutosaveTimer, check_interval, run_timer
 from weave_slurm.node.budget import MemoryBudget
 from weave_slurm.node.checkpoint import CheckpointStore
+from weave_slurm.node.gate_ops import GateOps
 from weave_slurm.node.index import DEFAULT_ROOT, JobRef, check_name
 from weave_slurm.node.pool import ResidentPool
 from weave_slurm.node.protocol import Op, Request
@@ -106,6 +107,7 @@ class NodeDaemon:
         self._stop = threading.Event()
         self._timer: threading.Thread | None = None
         self.segments = SegmentOps(self)
+        self.gates = GateOps(self)           # cooperative jobs: the gate, their processes
         self.door: RemoteDoor | None = None
         self._life_lock = FileLock(str(config.root / ".daemon.lock"))
         self._node_lock = FileLock(str(config.root / ".lock"))
@@ -118,6 +120,7 @@ class NodeDaemon:
             Op.DEACTIVATE: self._deactivate, Op.PHASE: self._phase,
             Op.CHECKPOINT: self._checkpoint, Op.RESTORE: self._restore, Op.DROP: self._drop,
             Op.STATUS: self._status, Op.ADOPT: self._adopt,
+            Op.GATE: self.gates.gate, Op.LAUNCH: self.gates.launch,
         }
 
     # -- life cycle --------------------------------------------------------------
@@ -193,6 +196,7 @@ class NodeDaemon:
         self._stop.set()
         if self._timer is not None:
             self._timer.join(30)
+        self.gates.shutdown()
         if self.pool is not None:
             self.pool.shutdown()
         with self.lock:
@@ -329,6 +333,8 @@ class NodeDaemon:
             yield self.job(uid, request, what)
 
     def _activate(self, uid: int, request: Request) -> dict[str, Any]:
+        if request.args.get("external"):     # a grant to a cooperative job's process
+            return self.gates.activate(uid, request, self._last_kind)
         job = self.job(uid, request)
         phase = Phase.parse(request.args.get("phase"))
         extra = request.args.get("env") or {}
@@ -389,6 +395,8 @@ class NodeDaemon:
         with self.lock:
             kind = self._last_kind.get(job.job_id)
             worker = self.workers.get(job.job_id)
+        if kind is WorkerKind.EXTERNAL:
+            return self.gates.last(job)
         if kind is WorkerKind.RESIDENT and self.pool is not None:
             act = self.pool.last(job)
             return None if act is None else {"job": job.job_id, **act.to_json()}
@@ -400,6 +408,8 @@ class NodeDaemon:
             with self.lock:
                 kind = self._last_kind.get(job.job_id)
                 worker = self.workers.get(job.job_id)
+            if kind is WorkerKind.EXTERNAL:
+                return self.gates.cancel(job)
             if kind is WorkerKind.RESIDENT and self.pool is not None:
                 self.pool.cancel(job, self.config.stop_timeout_s)
                 return self._worker_json(job) or {}
@@ -409,7 +419,8 @@ class NodeDaemon:
 
     def _phase(self, uid: int, request: Request) -> dict[str, Any]:
         job = self.job(uid, request)
-        return {"job": job.job_id, "worker": self._worker_json(job)}
+        return {"job": job.job_id, "worker": self._worker_json(job),
+                "gate": self.gates.info(job)}
 
     def _checkpoint(self, uid: int, request: Request) -> dict[str, Any]:
         with self.job_state(uid, request) as job:
@@ -439,6 +450,7 @@ class NodeDaemon:
                 worker.stop(self.config.stop_timeout_s)
             if self.pool is not None:
                 self.pool.drop(job)
+            self.gates.drop(job)
             self.autosave.forget(job.job_id)
             self.staging.forget_job(job)
             self.store.delete_job(job)

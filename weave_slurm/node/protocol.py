@@ -44,6 +44,9 @@ class Op(StrEnum):
     ADOPT = "adopt"              # job, from_root (root only) -> the newest checkpoint of
                                  # the job under another node's root, copied in
     STATUS = "status"            # -> memory, jobs, versions
+    GATE = "gate"                # job, action (wait/done: the job's process; refuse:
+                                 # weaved) -> a cooperative job's phase gate (gate_ops)
+    LAUNCH = "launch"            # job, role, command, env (weaved) -> the job's process
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ class WorkerKind(StrEnum):
 
     PROCESS = "process"      # a PhaseWorker: a fresh process started from the request's argv
     RESIDENT = "resident"    # an activation of the job's pre-forked resident worker (pool)
+    EXTERNAL = "external"    # a gate grant to a cooperative job's own process (gate_ops)
 
 
 class WorkerState(StrEnum):

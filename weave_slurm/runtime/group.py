@@ -24,6 +24,7 @@ from weave_slurm.hosted.contract import (
     rollout_version,
 )
 from weave_slurm.model.layout import MemberLayout
+from weave_slurm.runtime.launch_plan import LaunchPlan
 from weave_slurm.vocab import Phase, Pool
 
 
@@ -117,6 +118,7 @@ class MemberSpec:
     workdir: str | None = None               # the job's own code (docs/job_api.md) ...
     python: str | None = None                # ... None / (): the node's defaults
     pythonpath: tuple[str, ...] = ()
+    launch: LaunchPlan | None = None         # a cooperative job: its own processes run
 
     @property
     def train_node(self) -> int:

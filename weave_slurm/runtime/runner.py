@@ -51,6 +51,7 @@ from weave_slurm.hosted.contract import TRAJ_BUFFER, WEIGHTS_BUFFER, buffer_name
 from weave_slurm.node.protocol import Op
 from weave_slurm.node.worker import WorkerState
 from weave_slurm.runtime.agents import Launcher
+from weave_slurm.runtime.cooperative import Cooperative
 from weave_slurm.runtime.faults import Fault, FaultKind
 from weave_slurm.runtime.group import GroupLayout, MemberSpec, MemberState, NodeRef
 from weave_slurm.runtime.lifecycle import Lifecycle
@@ -99,6 +100,7 @@ class GroupRunner:
                                                self.observer),
                                    slots=self.slots, profiler=self.profiler,
                                    clock=self.clock, config=self.config, spans=self.spans)
+        self.coop = Cooperative(self.lifecycle, self.clock)   # members with their own processes
         self.tail_moves: list[TailMove] = []
         self._last_served: dict[str, str] = {}
         self._run_ids = 0
@@ -223,6 +225,7 @@ class GroupRunner:
                         and run.tail_s is None and not run.ended \
                         and member.runs.get(run.kind) is run:
                     changed |= self._watch_tail(member, run)
+        changed |= self.coop.tick()
         for member in list(self.members.values()):
             if member.state is MemberState.RECOVERING:
                 changed |= self.lifecycle.recover(member)
@@ -250,7 +253,7 @@ class GroupRunner:
     def _ready_on(self, node: NodeRef, pool: Pool) -> set[str]:
         ready = set()
         for job_id, m in self.members.items():
-            kind = m.wants()
+            kind = m.wants() if self.coop.ready(m, node) else None
             if pool is Pool.TRAIN and kind is Phase.TRAIN and m.train_node == node:
                 ready.add(job_id)
             if pool is Pool.ROLLOUT and kind is Phase.ROLLOUT and node in m.rollout_nodes:
@@ -295,8 +298,11 @@ class GroupRunner:
             run_id = f"{member.spec.job_id}.{step}.{self._run_ids}"
             args = dataclasses.replace(args, progress=run_id,
                                        tail_fraction=self.config.tail_fraction)
-        self.link.call(node, Op.ACTIVATE, job=member.spec.job_id, phase=kind.value,
-                       entry=contract.entry(fn), args=[args.encode()], **member.spec.code())
+        if self.coop.owns(member):   # a grant: its own process waits at the gate
+            self.coop.grant(member, node, kind, step)
+        else:
+            self.link.call(node, Op.ACTIVATE, job=member.spec.job_id, phase=kind.value,
+                           entry=contract.entry(fn), args=[args.encode()], **member.spec.code())
         now = self.clock.now()
         member.runs[kind] = PhaseRun(kind, node, now, now + deadline, init, member.ready_s,
                                      step, run_id=run_id)
@@ -380,7 +386,9 @@ class GroupRunner:
         self.observer.phase_ended(self.spans[-1])
         if not run.init:
             self.profiler.phase(job_id, run.kind, end - run.start_s)
-        if run.kind is Phase.ROLLOUT:
+        if self.coop.owns(member):
+            self.coop.finish(member, run, dict(result))
+        elif run.kind is Phase.ROLLOUT:
             self._finish_rollout(member, run)
         else:
             self._finish_train(member, run, result)

@@ -95,7 +95,8 @@ def build(ctx: JobContext) -> Any:
         pad_token_id=0, eos_token_id=1, bos_token_id=None))
     args = GRPOConfig(
         output_dir=os.path.join(opt["output_dir"], f"{ctx.job_id}-{ctx.role.value}"),
-        use_cpu=ctx.device == "cpu", seed=ctx.seed, report_to="none", save_strategy="no",
+        use_cpu=ctx.device == "cpu", bf16=False,   # TRL's default is bf16 autocast
+        seed=ctx.seed, report_to="none", save_strategy="no",
         per_device_train_batch_size=opt["prompts_per_step"] * opt["num_generations"],
         num_generations=opt["num_generations"],
         max_completion_length=opt["max_completion_length"],

@@ -1,0 +1,167 @@
+"""Cooperative jobs through weaved on the LocalBackend, with real node daemons: each
+job's own two processes (tests/runtime/coop_job.py, torch-free) take their phases
+through ``weave_slurm.gate``; weaved packs them into one group and its runtime grants
+their phases in its cyclic order.
+
+- two jobs complete; on each node one phase at a time, the two jobs' phases
+  interleave, each job's phases alternate rollout v -> train v -> rollout v + 1, and
+  every phase body the job printed lies inside the runtime's span of that phase (a
+  phase runs from the grant until the process leaves its ``with`` block);
+- one job's train at a version without its rollout is refused, and the job's own
+  output holds the reason (it then goes on and completes);
+- a job that holds a phase past its deadline is reported hung and FAILED, its
+  processes stopped, while the others complete;
+- ``weave status`` shows ITER from the gate's reports; the output files hold the
+  jobs' prints (stdout and stderr apart, ``%j`` expanded).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.harness.scratch import public_dir, shm_dir
+from tests.harness.waits import wait_for
+from tests.harness.weaved import call, rl_config, serving, wait_states
+from weave_slurm.config.render import job_spec_toml
+from weave_slurm.daemon.group_runtime import GroupRuntime
+from weave_slurm.daemon.protocol import Op
+from weave_slurm.runtime.timeline import Span
+from weave_slurm.vocab import Phase
+
+JOB = Path(__file__).with_name("coop_job.py")
+STEPS = 3
+SITE = """
+[pools.rollout]
+[pools.train]
+[runtime]
+phase_deadline_floor_s = 6.0
+"""
+
+
+def coop_spec(name: str, work: Path, mode: str) -> str:
+    line = f"{sys.executable} {JOB}"
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "COOP_MODE": mode,
+           "COOP_STEPS": str(STEPS)}
+    launch = "\n".join([
+        "", "[slurm]", 'output = "out-%j.txt"', 'error = "err-%x-%j.txt"',
+        "", "[launch]", f"rollout = {json.dumps(line)}", f"train = {json.dumps(line)}",
+        "", "[launch.env]",
+        *(f"{k} = {json.dumps(v)}" for k, v in env.items()), ""])
+    return job_spec_toml(name, iterations=STEPS, rollout_s=0.5, train_s=0.5,
+                         workdir=str(work)) + launch
+
+
+def bodies(text: str) -> dict[tuple[str, int], tuple[float, float]]:
+    """``(phase, version) -> (start, end)`` of the job's own printed phase bodies."""
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("body "):
+            _, role, v, t0, t1 = line.split()
+            out[(role, int(v[1:]))] = (float(t0), float(t1))
+    return out
+
+
+def check_barrier_and_grants(spans: list[Span], job: str, text: str) -> None:
+    mine = sorted((s for s in spans if s.job_id == job and s.ok), key=lambda s: s.start_s)
+    kinds = [s.kind for s in mine]
+    assert kinds == [Phase.ROLLOUT, Phase.TRAIN] * STEPS, (job, kinds)
+    for a, b in itertools.pairwise(mine):   # rollout v -> train v -> rollout v+1
+        assert a.end_s <= b.start_s, (job, a, b)
+    # the job's own body of each phase: after its previous phase ended (the grant comes
+    # after that), and over before the runtime saw the phase end (it runs until the
+    # process leaves its with block)
+    printed = bodies(text)
+    prev_end = float("-inf")
+    for i, span in enumerate(mine):
+        t0, t1 = printed[(span.kind.value, i // 2)]
+        assert span.ready_s is not None and max(prev_end, span.ready_s) <= t0, \
+            (job, span, t0, prev_end)
+        assert t0 < t1 <= span.end_s, (job, span, t0, t1)
+        prev_end = span.end_s
+
+
+def check_interleaved(spans: list[Span], jobs: set[str]) -> None:
+    for node in {s.node for s in spans}:
+        on = sorted((s for s in spans if s.node == node and s.ok), key=lambda s: s.start_s)
+        for a, b in itertools.pairwise(on):
+            assert a.end_s <= b.start_s, f"two phases at once on {node}: {a} {b}"
+    rollouts = [s.job_id for s in sorted(spans, key=lambda s: s.start_s)
+                if s.kind is Phase.ROLLOUT and s.ok and s.job_id in jobs]
+    switches = sum(1 for a, b in itertools.pairwise(rollouts) if a != b)
+    assert switches >= 2, f"the jobs' rollouts did not interleave: {rollouts}"
+
+
+def test_cooperative_jobs_share_a_group_through_the_gate() -> None:
+    with public_dir("weave-coop-") as root, shm_dir("weave-coop-") as shm:
+        (root / "site.toml").write_text(SITE)
+        cfg = rl_config(root, shm, path_roots=(root,), site_path=root / "site.toml")
+        with serving(cfg) as w:
+            sock = w.config.socket
+            modes = {"coop-a": "ok", "coop-b": "wrong-version", "coop-c": "hang"}
+            works = {name: root / name for name in modes}
+            for work in works.values():
+                work.mkdir(mode=0o755)
+            ids = {name: call(sock, Op.SUBMIT, spec=coop_spec(name, works[name], mode),
+                              source=f"{name}.toml")["job"] for name, mode in modes.items()}
+            seen: list[dict[str, Any]] = []
+            rows = {r["job"]: r for r in wait_states(sock, list(ids.values()),
+                                                     {"COMPLETED", "FAILED"}, 240, seen)}
+            a, b, c = (ids[n] for n in ("coop-a", "coop-b", "coop-c"))
+            assert len({rows[j]["group"] for j in ids.values()}) == 1, rows   # one group
+            for job in (a, b):
+                assert rows[job]["state"] == "COMPLETED", rows[job]
+                assert rows[job]["iter"] == f"{STEPS}/{STEPS}", rows[job]
+            # ITER from the gate's reports while it ran
+            iters = {r["iter"] for r in seen if r["job"] == a and r["state"] == "RUNNING"}
+            assert iters & {"1/3", "2/3"}, iters
+
+            assert isinstance(w.driver, GroupRuntime)
+            spans = w.driver.spans[rows[a]["group"]]
+            out = {name: (works[name] / f"out-{ids[name]}.txt").read_text() for name in modes}
+            for name in ("coop-a", "coop-b"):
+                check_barrier_and_grants(spans, str(ids[name]), out[name])
+            check_interleaved(spans, {str(a), str(b)})
+
+            # the refused train: typed error in the job's process, the reason in one line
+            refused = [ln for ln in out["coop-b"].splitlines() if ln.startswith("refused: ")]
+            assert refused == ["refused: train at version 1 refused: no rollout at version "
+                               "1 ended (on-policy: a train consumes the rollout of its own "
+                               "version); the job is at version 0, its next train is at "
+                               "version 0"], out["coop-b"]
+            assert "the barrier is broken" not in out["coop-b"]
+
+            # the hung job: FAILED as hung, its processes stopped, the others unharmed
+            assert rows[c]["state"] == "FAILED", rows[c]
+            assert "train on" in rows[c]["reason"] and "hung: ran past its deadline" \
+                in rows[c]["reason"], rows[c]
+            assert "train v1 hangs" in out["coop-c"] and "train done" not in out["coop-c"]
+            assert (works["coop-c"] / "weights.json").read_text() == '{"version": 2}'
+
+            # output files: stdout and stderr apart, as sbatch's --output/--error
+            for name in ("coop-a", "coop-b"):
+                text = out[name]
+                assert "rollout done" in text and "train done" in text, text
+                assert "switch-in train v2" in text and "switch-out rollout v0" in text
+                err = (works[name] / f"err-{name}-{ids[name]}.txt").read_text()
+                assert sorted(err.split("\n"))[-2:] == ["rollout stderr line",
+                                                        "train stderr line"], err
+            wait_for(lambda: not _alive(JOB), 30, "no job process left")
+
+
+def _alive(script: Path) -> list[int]:
+    """Pids of processes still running ``script``."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmd = (proc / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if str(script).encode() in cmd:
+                pids.append(int(proc.name))
+    return pids

@@ -1,0 +1,67 @@
+"""What the group runtime starts for a cooperative member: one process per role.
+
+A pure value built by weaved from the job's ``[launch]`` table
+(:mod:`weave_slurm.config.launch`), its own code keys and its ``[slurm]`` output and
+error (:func:`weave_slurm.config.sbatch.log_path`: patterns filled in, a relative name
+in the working directory, as sbatch's ``--output``): each role's shell line, the
+environment, the working directory and the output files.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from weave_slurm.config.job import JobSpec
+from weave_slurm.config.launch import DEFAULT_OUTPUT, ROLES, LaunchSpec
+from weave_slurm.config.sbatch import JobSlurm, log_path
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Each role's command and where it runs (see module doc)."""
+
+    commands: tuple[tuple[str, str], ...]         # (role, shell line), training first
+    env: tuple[tuple[str, str], ...] = ()
+    workdir: str | None = None                    # None: the user's home on the node
+    output: str | None = None                     # absolute; None: discarded
+    error: str | None = None                      # absolute; None: with the output
+
+    @classmethod
+    def build(cls, launch: LaunchSpec, slurm: JobSlurm, *, job_id: str, name: str,
+              user: str, home: str, workdir: str | None,
+              pythonpath: Sequence[str] = ()) -> LaunchPlan:
+        def place(pattern: str | None) -> str | None:
+            if pattern is None:
+                return None
+            return log_path(pattern, job_id=job_id, user=user, job_name=name,
+                            workdir=workdir or home)
+
+        env = dict(launch.env)
+        if pythonpath:   # the spec's pythonpath first, then the environment's
+            env["PYTHONPATH"] = ":".join([*pythonpath, *filter(None, [env.get("PYTHONPATH")])])
+        env["WEAVE_JOB_NAME"] = name
+        return cls(tuple((role, launch.command(role)) for role in ROLES),
+                   tuple(sorted(env.items())), workdir,
+                   place(slurm.output or DEFAULT_OUTPUT), place(slurm.error))
+
+    def request(self, role: str) -> dict[str, Any]:
+        """The node daemon's ``launch`` arguments for ``role``."""
+        return {"action": "start", "role": role, "command": dict(self.commands)[role],
+                "env": dict(self.env), "workdir": self.workdir, "output": self.output,
+                "error": self.error}
+
+
+def plan_for(spec: JobSpec, job_id: str, uid: int | None) -> LaunchPlan | None:
+    """A stored job's plan (None: a hosted job); its home from the passwd database."""
+    if spec.launch is None:
+        return None
+    try:
+        home = pwd.getpwuid(os.getuid() if uid is None else uid).pw_dir
+    except KeyError:
+        home = "/"
+    return LaunchPlan.build(spec.launch, spec.slurm, job_id=job_id, name=spec.name, user=spec.user,
+                            home=home, workdir=spec.workdir, pythonpath=spec.pythonpath)
