@@ -10,6 +10,7 @@ path roots, and the node interpreter when the job names no ``python``.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -64,6 +65,9 @@ def submit(
     pythonpath: Annotated[list[str] | None, typer.Option(
         "--pythonpath", help="Import paths put first on the workers' sys.path "
         "(':'-separated; may repeat).")] = None,
+    cooperative: Annotated[bool, typer.Option(
+        "--cooperative", help="Run the script's body as the job's own processes, one per "
+        "role (the phase gate: docs/job_api.md).")] = False,
     parsable: Annotated[bool, typer.Option("--parsable", help="Print the job id only.")] = False,
     test_only: Annotated[bool, typer.Option("--test-only", help="Validate, do not "
                                             "submit.")] = False,
@@ -80,8 +84,9 @@ def submit(
         "iterations": iterations, "seed": seed, "staleness": staleness,
         "rollout-s": rollout_s, "train-s": train_s, "rollout-state-gib": rollout_state_gib,
         "train-state-gib": train_state_gib, "workdir": workdir, "python": python,
-        "pythonpath": _paths(pythonpath)}
-    spec_text, spec = build_spec(path, {k: v for k, v in given.items() if v is not None})
+        "pythonpath": _paths(pythonpath), "cooperative": cooperative or None}
+    spec_text, spec = build_spec(path, {k: v for k, v in given.items() if v is not None},
+                                 os.environ)   # a cooperative job runs in your environment
     check_access(spec, worker_needs(spec, None))    # as you: this command runs as you
     with DaemonClient(default_socket(socket_path)) as client:   # weaved knows its site
         result = client.call(Op.SUBMIT, spec=spec_text, source=str(path), test_only=test_only)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from weave_slurm.config import sbatch
+from weave_slurm.config import launch, sbatch
 from weave_slurm.config.job import JobSpec, parse_job
 from weave_slurm.errors import ConfigError
 
@@ -77,6 +77,13 @@ DIRECTIVES: tuple[Directive, ...] = (
               "the workers' interpreter, e.g. /home/alice/venv/bin/python"),
     Directive("pythonpath", ("pythonpath",), list,
               "import paths put first on the workers' sys.path (':'-separated, may repeat)"),
+    # a cooperative job (config/launch.py): the script's body runs, one process per role
+    Directive("cooperative", ("launch", "script"), str, "run this script's body as the "
+              "job's own processes, one per role (docs/job_api.md)", launch.yes),
+    Directive("rollout-cmd", ("launch", "rollout"), str,
+              "cooperative: the rollout role's launcher line (default: the script)"),
+    Directive("train-cmd", ("launch", "train"), str,
+              "cooperative: the training role's launcher line (default: the script)"),
 )
 BY_FLAG = {d.flag: d for d in DIRECTIVES}
 #: What a script must say (a spec file says it in TOML).
@@ -130,6 +137,8 @@ def _tokens(words: list[str], where: str) -> list[tuple[str, str]]:
         key, eq, val = w.lstrip("-").partition("=")
         if short is not None:
             key, eq, val = short[0], "=" if short[1] is not None else "", short[1] or ""
+        if not eq and key == "cooperative":   # a switch: no value
+            eq, val = "=", "yes"
         if not eq:
             if i + 1 >= len(words):
                 raise ConfigError(f"{where}: option {w!r} needs a value")
@@ -235,8 +244,10 @@ def _script_name(path: Path) -> str:
     return name or "script"
 
 
-def build_spec(path: Path, options: Mapping[str, Any]) -> tuple[str, JobSpec]:
-    """The canonical spec TOML for ``path`` (a .toml spec or a script) and ``options``."""
+def build_spec(path: Path, options: Mapping[str, Any],
+               environ: Mapping[str, str] | None = None) -> tuple[str, JobSpec]:
+    """The canonical spec TOML for ``path`` (a .toml spec or a script) and ``options``;
+    a cooperative job without ``[launch.env]`` gets ``environ`` (the submitter's)."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -246,6 +257,9 @@ def build_spec(path: Path, options: Mapping[str, Any]) -> tuple[str, JobSpec]:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+        if options.get("cooperative"):
+            raise ConfigError(f"{path}: --cooperative runs a script's body; a spec names "
+                              "its commands in [launch] (rollout, train or script)")
         merged = apply_options(data, options)
     else:
         directives = {**read_directives(text, str(path)), **options}
@@ -254,6 +268,12 @@ def build_spec(path: Path, options: Mapping[str, Any]) -> tuple[str, JobSpec]:
             raise ConfigError(f"{path}: missing {', '.join('#WEAVE --' + f for f in missing)}"
                               f" ({'; '.join(BY_FLAG[f].help for f in missing)})")
         base = {"name": _script_name(path), **json.loads(json.dumps(SCRIPT_DEFAULTS))}
+        if directives.get("cooperative") or "rollout-cmd" in directives \
+                or "train-cmd" in directives:
+            directives["cooperative"] = text    # the body, for the roles without a line
         merged = apply_options(base, directives)
+    job_launch = merged.get("launch")
+    if isinstance(job_launch, dict) and environ is not None and "env" not in job_launch:
+        job_launch["env"] = launch.exportable(environ)
     spec_text = to_toml(merged)
     return spec_text, parse_job(spec_text, str(path))
