@@ -1,10 +1,11 @@
-"""Three TRL GRPO jobs (``builtin:trl-grpo-tiny``: TRL's GRPOTrainer on a tiny random
-Llama) co-executed as one group through weaved, with the group runtime on the
-LocalBackend and real node daemons and workers, end with exactly the weights (SHA-256)
-and the per-step rewards of each job run alone."""
+"""Three TRL GRPO jobs (the shipped configs/jobs/trl-grpo-tiny.toml: TRL's GRPOTrainer
+on a tiny random Llama) co-executed as one group through weaved, with the group
+runtime on the LocalBackend and real node daemons and workers, end with exactly the
+weights (SHA-256) and the per-step rewards of each job run alone."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ import pytest
 from tests.harness.scratch import public_dir, shm_dir
 from tests.harness.solo import run_solo
 from tests.harness.weaved import call, rl_config, serving, wait_states
-from weave_slurm.config.render import job_spec_toml
+from weave_slurm.config.job import options_dict, parse_job
 from weave_slurm.daemon.protocol import Op
 from weave_slurm.daemon.service import Weaved
 from weave_slurm.node.segments import weights_digest
@@ -24,10 +25,17 @@ pytest.importorskip("trl")
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
 ITERATIONS = 3
-ENTRY = "builtin:trl-grpo-tiny"
-#: 4 prompts x 4 completions of at most 4 tokens a step; the LR decays over 10 steps,
-#: so each step's learning rate (scheduler state) matters to the result.
-OPTIONS: dict[str, Any] = {"prompts_per_step": 4, "max_steps": 10}
+SPEC = Path(__file__).resolve().parents[2] / "configs" / "jobs" / "trl-grpo-tiny.toml"
+
+
+def shipped_spec(name: str, seed: int) -> str:
+    """The shipped spec under another name and seed, for :data:`ITERATIONS` steps."""
+    text = SPEC.read_text()
+    for key, value in (("name", f'"{name}"'), ("seed", str(seed)),
+                       ("iterations", str(ITERATIONS))):
+        text, n = re.subn(rf"(?m)^{key} = .*$", f"{key} = {value}", text)
+        assert n == 1, f"{SPEC}: no top-level key {key!r}"
+    return text
 
 
 @pytest.fixture
@@ -45,10 +53,9 @@ def test_three_trl_jobs_in_one_group_match_each_run_alone(
     w, shm = trl_weaved
     sock = w.config.socket
     seeds = [41, 42, 43]
-    ids = [call(sock, Op.SUBMIT, spec=job_spec_toml(f"trl-{i}", entry=ENTRY, seed=seed,
-                                                    iterations=ITERATIONS, options=OPTIONS,
-                                                    rollout_gpus=1, train_gpus=1),
-                source=f"trl{i}.toml")["job"] for i, seed in enumerate(seeds)]
+    specs = [shipped_spec(f"trl-{i}", seed) for i, seed in enumerate(seeds)]
+    ids = [call(sock, Op.SUBMIT, spec=spec, source=f"trl{i}.toml")["job"]
+           for i, spec in enumerate(specs)]
     seen: list[dict[str, Any]] = []
     rows = wait_states(sock, ids, {"COMPLETED", "FAILED"}, 300, seen)
     assert [r["state"] for r in rows] == ["COMPLETED"] * 3, rows
@@ -56,11 +63,12 @@ def test_three_trl_jobs_in_one_group_match_each_run_alone(
     assert len({r["group"] for r in seen if r["group"] is not None}) == 1, seen
     assert {r["iter"] for r in rows} == {f"{ITERATIONS}/{ITERATIONS}"}
     digests = set()
-    for job, seed in zip(ids, seeds, strict=True):
+    for job, seed, text in zip(ids, seeds, specs, strict=True):
         live = w.driver.live(job)
         assert live is not None
-        solo = run_solo(MemberSpec(str(job), seed=seed, steps=ITERATIONS, options=OPTIONS,
-                                   entry_point=ENTRY))
+        spec = parse_job(text)
+        solo = run_solo(MemberSpec(str(job), seed=seed, steps=ITERATIONS,
+                                   options=options_dict(spec.options), entry_point=spec.entry))
         assert live["weights_sha256"] == weights_digest(solo.weights), f"job {job} differs"
         assert tuple(live["rewards"]) == solo.rewards, job
         assert solo.version == ITERATIONS
