@@ -42,9 +42,8 @@ train = 8
 
 def test_examples_span_3b_to_32b_and_4k_to_32k() -> None:
     specs = [load_job(p) for p in JOBS]
-    llms = [s for s in specs if s.model.params_b >= 1]   # not the tiny TRL example
-    sizes = [s.model.params_b for s in llms]
-    tokens = [s.rollout.max_response_tokens for s in llms]
+    sizes = [s.model.params_b for s in specs]
+    tokens = [s.rollout.max_response_tokens for s in specs]
     assert min(sizes) <= 3.5 and max(sizes) >= 32
     assert min(tokens) == 4096 and max(tokens) == 32768
     assert len({s.name for s in specs}) == len(specs)

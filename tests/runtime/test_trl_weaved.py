@@ -1,4 +1,4 @@
-"""Three TRL GRPO jobs (the shipped configs/jobs/trl-grpo-tiny.toml: TRL's GRPOTrainer
+"""Three TRL GRPO jobs (the shipped configs/jobs/trl/trl-grpo-tiny.toml: TRL's GRPOTrainer
 on a tiny random Llama) co-executed as one group through weaved, with the group
 runtime on the LocalBackend and real node daemons and workers, end with exactly the
 weights (SHA-256) and the per-step rewards of each job run alone."""
@@ -25,7 +25,9 @@ pytest.importorskip("trl")
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
 ITERATIONS = 3
-SPEC = Path(__file__).resolve().parents[2] / "configs" / "jobs" / "trl-grpo-tiny.toml"
+#: In a folder of its own: the specs directly in configs/jobs/ are the planning examples
+#: (weave plan goldens), which a toy job would change.
+SPEC = Path(__file__).resolve().parents[2] / "configs" / "jobs" / "trl" / "trl-grpo-tiny.toml"
 
 
 def shipped_spec(name: str, seed: int) -> str:
