@@ -46,7 +46,8 @@ def train(v: int, turn: gate.Turn) -> None:
 
 
 def main() -> int:
-    print(f"{ROLE} of job {os.environ['WEAVE_JOB_ID']} starts in {WORK}", flush=True)
+    print(f"{ROLE} of job {os.environ['WEAVE_JOB_ID']} starts in {WORK} on node "
+          f"{os.environ.get('WEAVE_NODE')}", flush=True)
     print(f"{ROLE} stderr line", file=sys.stderr, flush=True)
     gate.on_switch_in(lambda t: print(f"switch-in {t.phase} v{t.version}", flush=True))
     gate.on_switch_out(lambda t: print(f"switch-out {t.phase} v{t.version}", flush=True))

@@ -216,9 +216,10 @@ class GateOps:
         phase, version = _phase(request), _int(request, "version")
         message = str(request.args.get("message") or "refused")
         with self._cond:
-            waiter = self._slot(job).waiters.get(phase)
-            if waiter is None or waiter.version != version:
-                return {"refused": False}
+            slot = self._slot(job)
+            waiter = slot.waiters.get(phase)
+            if waiter is None or waiter.version != version or _pending(slot, phase):
+                return {"refused": False}    # gone, another version, or being granted
             waiter.error = GateRefused(message)
             self._cond.notify_all()
         return {"refused": True}
@@ -265,7 +266,8 @@ class GateOps:
             if slot is None:
                 return {"waiting": {}, "procs": {}}
             waiting = {p.value: w.version for p, w in slot.waiters.items()
-                       if w.error is None and (w.blocked or w.expires_s > now)}
+                       if w.error is None and (w.blocked or w.expires_s > now)
+                       and not _pending(slot, p)}    # a granted one is not waiting
             procs = {r: {"pid": p.popen.pid, "returncode": p.returncode}
                      for r, p in slot.procs.items()}
             return {"waiting": waiting, "procs": procs}
@@ -380,6 +382,13 @@ class GateOps:
         if uid not in (0, os.geteuid()):
             raise StateError(f"{what}: only weaved (root or this daemon's uid) may ask; "
                              f"uid {uid} may not")
+
+
+def _pending(slot: _Slot, phase: Phase) -> bool:
+    """A grant of ``phase`` its process has not picked up yet."""
+    grant = slot.grant
+    return grant is not None and grant.phase is phase and not grant.claimed \
+        and grant.state is WorkerState.RUNNING
 
 
 def _kill_all(procs: list[_Proc]) -> None:

@@ -87,6 +87,8 @@ def judge(phase: Phase, version: int, *, at: int, rolled: int, steps: int,
         return (Verdict.WAIT if running else Verdict.READY), ""
     if q == p + 1:
         return Verdict.WAIT, ""       # the other role's phase comes first
+    if q == p - 1 and phase in running:
+        return Verdict.WAIT, ""       # granted: its process is picking the grant up
     if phase is Phase.ROLLOUT:
         return Verdict.REFUSE, (f"{what}: the job's weights are at version {at}; its next "
                                 f"rollout is at version {(p + 1) // 2}")
