@@ -53,14 +53,14 @@ def test_sbatch_account_qos_time_output_error_reach_the_spec(tmp_path: Path) -> 
     ("-t 1:00:00", JobSlurm(time_limit_min=60)),
     ("-t2-0", JobSlurm(time_limit_min=2880)),
     ("--time=UNLIMITED", JobSlurm()),
-    ("--output=o.%j", JobSlurm(output="o.%j")),
-    ("--output o.%j", JobSlurm(output="o.%j")),
-    ("-o o.%j", JobSlurm(output="o.%j")),
-    ("-oo.%j", JobSlurm(output="o.%j")),
-    ("--error=e.%j", JobSlurm(error="e.%j")),
-    ("--error e.%j", JobSlurm(error="e.%j")),
-    ("-e e.%j", JobSlurm(error="e.%j")),
-    ("-ee.%j", JobSlurm(error="e.%j")),
+    ("--output=/l/o.%j", JobSlurm(output="/l/o.%j")),
+    ("--output /l/o.%j", JobSlurm(output="/l/o.%j")),
+    ("-o /l/o.%j", JobSlurm(output="/l/o.%j")),
+    ("-o/l/o.%j", JobSlurm(output="/l/o.%j")),
+    ("--error=/l/e.%j", JobSlurm(error="/l/e.%j")),
+    ("--error /l/e.%j", JobSlurm(error="/l/e.%j")),
+    ("-e /l/e.%j", JobSlurm(error="/l/e.%j")),
+    ("-e/l/e.%j", JobSlurm(error="/l/e.%j")),
 ])
 def test_each_spelling_in_either_tag(tmp_path: Path, tag: str, line: str,
                                      want: JobSlurm) -> None:
@@ -138,10 +138,10 @@ def test_weaved_refuses_a_time_over_the_sites_limit_and_more_gpus_than_a_pool(
 
 def test_weave_sbatch_flags_beat_directives_and_a_bad_one_is_exit_2(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = _script(tmp_path, "#SBATCH -A a1 -t 10 -o x.out")
-    flags = sbatch_flags(account="a2", qos=None, time="1:30:00", output=None, error="e.%j")
-    assert flags == {"account": "a2", "time": 90, "error": "e.%j"}
-    assert build_spec(path, flags)[1].slurm == JobSlurm("a2", None, 90, "x.out", "e.%j")
+    path = _script(tmp_path, "#SBATCH -A a1 -t 10 -o /l/x.out")
+    flags = sbatch_flags(account="a2", qos=None, time="1:30:00", output=None, error="/l/e.%j")
+    assert flags == {"account": "a2", "time": 90, "error": "/l/e.%j"}
+    assert build_spec(path, flags)[1].slurm == JobSlurm("a2", None, 90, "/l/x.out", "/l/e.%j")
     for argv, said in ((["-t", "1h", str(path)], "--time='1h': not one of M, M:S"),
                        (["-A", "a;b", str(path)], "--account='a;b': must be a Slurm name"),
                        (["--socket", str(tmp_path / "none.sock"), str(_script(
@@ -149,3 +149,4 @@ def test_weave_sbatch_flags_beat_directives_and_a_bad_one_is_exit_2(
         assert run_app(sbatch_app, "weave-sbatch", argv) == 2
         err = capsys.readouterr().err
         assert said in err and err.count("\n") == 1, err
+

@@ -25,6 +25,7 @@ from weave_slurm.daemon import membership
 from weave_slurm.daemon.allocations import GroupAllocations, PoolRequest
 from weave_slurm.daemon.driver import Driver
 from weave_slurm.daemon.faults import FaultPoint, crossing
+from weave_slurm.daemon.job_output import JobOutputs, Opener, open_as
 from weave_slurm.daemon.job_terms import JobTerms
 from weave_slurm.daemon.records import AllocRow, GroupPlan, GroupRow, JobRow, StepRow
 from weave_slurm.daemon.retries import NodeDaemonRetries, in_words
@@ -68,7 +69,8 @@ class Reconciler:
                  pools: dict[str, PoolRequest], driver: Driver, clock: Clock, *,
                  instance: str = "", node_step: NodeStepFactory | None = None,
                  immediate_s: int = 10, site: SiteConfig | None = None,
-                 on_placement: Callable[[float], None] | None = None) -> None:
+                 on_placement: Callable[[float], None] | None = None,
+                 open_output: Opener = open_as) -> None:
         self.store, self.backend, self.capacity = store, backend, capacity
         self.pools, self.driver, self.clock = pools, driver, clock
         self.instance = instance
@@ -87,6 +89,7 @@ class Reconciler:
             immediate_s=immediate_s, fail_placed=self._fail_placed, end_step=self._end_step,
             charge=site.slurm, terms=self.terms)
         self.usage = UsageMeter(store, CostRates.from_site(site), driver)
+        self.outputs = JobOutputs(store, self.terms, driver.live, open_output)   # -o, -e
         self.ticks = 0
         # since when reading the world (squeue) fails, and the last error in words
         self.world_error: tuple[float, str] | None = None
@@ -115,7 +118,8 @@ class Reconciler:
                     lambda: self._activate_groups(now),
                     lambda: self._launch_jobs(world, now),
                     lambda: self._drain_groups(now),
-                    lambda: self.usage.advance(now)]
+                    lambda: self.usage.advance(now),
+                    lambda: self.outputs.advance(now)]
         for act in acts:
             try:
                 act()

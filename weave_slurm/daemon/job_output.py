@@ -1,0 +1,239 @@
+"""A hosted job's ``--output`` and ``--error`` (``#SBATCH -o/-e``): its log, kept by weaved.
+
+A hosted job's processes are weave's resident workers on the group's nodes, shared
+with other users' jobs, and what they print goes to ``resident.log`` in the job's
+directory under each node daemon's shared-memory root (``node/pool.py``), which lives
+and dies with the node's ``/dev/shm``. What a user expects in the file sbatch's
+``--output`` names is what the job did: so weaved writes there, one line per event,
+
+- each state change of the job with its reason (``PENDING``, ``PLACED into group 3``,
+  ``RUNNING``, ``COMPLETED reached version 10/10``, ``FAILED reached its time limit``);
+- each training step the runtime reports (``step 3/10 reward 0.4123``), and each
+  recovery or error of its member.
+
+Lines of failures (a FAILED, REFUSED or CANCELLED state, a member's error or recovery)
+also go to ``--error`` when it names another file (as sbatch: without ``--error`` both
+streams are in ``--output``). Paths are expanded by :func:`weave_slurm.config.sbatch.
+log_path` (``%j`` the weave job id, ``%u``, ``%x``), relative ones against the job's
+``workdir``. A job naming neither gets no file (weave writes nothing the user did not
+ask for). Each file is opened (append, created 0644) **as the job's uid**, in a child
+that became it and passes the descriptor back, so weaved never writes where the user
+could not; a file that cannot be opened is said once in weaved's log and the job's
+``reason`` is left alone (the job runs on).
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import logging
+import os
+import pwd
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from weave_slurm.config.job import parse_job
+from weave_slurm.config.sbatch import log_path
+from weave_slurm.daemon.job_terms import JobTerms
+from weave_slurm.daemon.records import JobRow
+from weave_slurm.daemon.states import JobState
+from weave_slurm.daemon.store import Store
+from weave_slurm.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+#: Opens ``path`` for appending as ``uid``; returns a descriptor (OSError when it cannot).
+Opener = Callable[[int, str], int]
+_FAILED = ("FAILED", "REFUSED", "CANCELLED")
+_LIVE = [JobState.PENDING, JobState.PLACED, JobState.RUNNING, JobState.CANCELLING]
+
+
+def open_as(uid: int, path: str) -> int:
+    """``path`` opened ``O_WRONLY|O_APPEND|O_CREAT`` (0644) by a child that became ``uid``
+    for good, the descriptor passed back over a socket pair (``SCM_RIGHTS``). The child
+    runs only the id calls, ``open`` and ``sendmsg`` (no lock another thread may hold),
+    then ``_exit``. Without root (weaved running as the job's own user) it opens here."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOCTTY
+    if os.geteuid() != 0 or uid == 0:
+        return os.open(path, flags, 0o644)
+    try:
+        gid = pwd.getpwuid(uid).pw_gid
+    except KeyError:
+        gid = uid
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    pid = os.fork()
+    if pid == 0:   # pragma: no cover (the child; its descriptor is what the tests check)
+        code = 1
+        try:
+            ours.close()
+            os.setgroups([])
+            os.setresgid(gid, gid, gid)
+            os.setresuid(uid, uid, uid)
+            try:
+                fd = os.open(path, flags, 0o644)
+                theirs.sendmsg([b"0"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                         array.array("i", [fd]))])
+            except OSError as exc:
+                theirs.send(str(exc.errno).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    theirs.close()
+    try:
+        ours.settimeout(10.0)
+        msg, fds, _, _ = socket.recv_fds(ours, 64, 1)
+    finally:
+        ours.close()
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+    if msg == b"0" and fds:
+        return fds[0]
+    code = int(msg) if msg.isdigit() else 1
+    raise OSError(code, f"{os.strerror(code)} (opened as uid {uid})", path)
+
+
+@dataclass
+class _Log:
+    """Where one job's lines go, and how far they are written."""
+
+    out: int | None = None
+    err: int | None = None
+    written: int = 0              # transitions written
+    version: int | None = None    # last step written
+    said: set[str] = field(default_factory=set)   # member events written
+    broken: bool = False
+
+
+class JobOutputs:
+    """Writes each hosted job's events to its ``--output``/``--error`` (one act a tick)."""
+
+    def __init__(self, store: Store, terms: JobTerms,
+                 live: Callable[[int], dict[str, Any] | None], opener: Opener = open_as,
+                 wall: Callable[[float], str] | None = None) -> None:
+        self.store, self.terms, self.live, self.opener = store, terms, live, opener
+        self.wall = wall or _stamp
+        self._logs: dict[int, _Log] = {}
+        self._done: set[int] = set()
+        # this weaved's first tick: a job submitted before it had its earlier lines
+        # written by the weaved before (a restart writes nothing twice)
+        self.since: float | None = None
+
+    def advance(self, now: float) -> None:
+        """Write what happened to each job naming an output file since the last tick."""
+        if self.since is None:
+            self.since = now
+        jobs = {j.job_id: j for j in self.store.jobs(_LIVE)}
+        for job_id in set(self._logs) - set(jobs):   # ended since: their last lines
+            row = self.store.job(job_id)
+            if row is not None:
+                jobs[job_id] = row
+        for job in jobs.values():
+            if job.job_id in self._done:
+                continue
+            terms = self.terms.of(job)
+            if terms.output is None and terms.error is None:
+                self._done.add(job.job_id)
+                continue
+            if job.job_id not in self._logs and not _hosted(job):
+                self._done.add(job.job_id)   # a cooperative job: its processes write them
+                continue
+            state = self._logs.get(job.job_id) or self._open(job)
+            if not state.broken:
+                self._write(job, state, now)
+            if job.state.final:
+                self._close(job.job_id)
+
+    def _open(self, job: JobRow) -> _Log:
+        terms, state = self.terms.of(job), _Log()
+        self._logs[job.job_id] = state
+        if self.since is not None and job.submitted_s < self.since:
+            state.written = sum(t.ts < self.since
+                                for t in self.store.transitions("job", job.job_id))
+        try:
+            base = _workdir(job)
+            paths = [log_path(p, job_id=job.job_id, user=job.user, job_name=job.name,
+                              workdir=base) if p else None
+                     for p in (terms.output, terms.error)]
+            out_path, err_path = paths
+            if out_path is not None:
+                state.out = self.opener(job.uid, out_path)
+            if err_path is not None and err_path != out_path:
+                state.err = self.opener(job.uid, err_path)
+        except OSError as exc:
+            log.warning("job %s: cannot open its output file: %s", job.job_id, exc)
+            state.broken = True
+        return state
+
+    def _write(self, job: JobRow, state: _Log, now: float) -> None:
+        rows = self.store.transitions("job", job.job_id)
+        for row in rows[state.written:]:
+            what = f"{row.dst}" + (f": {row.reason}" if row.reason else "")
+            self._line(job, state, row.ts, what, failure=row.dst in _FAILED)
+        state.written = len(rows)
+        live = self.live(job.job_id) if job.state is JobState.RUNNING else None
+        if live is None:
+            return
+        version = live.get("version")
+        if isinstance(version, int) and version != state.version and version > 0:
+            reward = live.get("reward")
+            shown = f" reward {reward:.4f}" if isinstance(reward, float) else ""
+            self._line(job, state, now, f"step {version}/{live.get('iterations')}"
+                       f"{shown}", failure=False)
+            state.version = version
+        for key in ("event", "error"):
+            said = live.get(key)
+            if isinstance(said, str) and said and said not in state.said:
+                state.said.add(said)
+                self._line(job, state, now, f"{key}: {said}", failure=True)
+
+    def _line(self, job: JobRow, state: _Log, ts: float, what: str, failure: bool) -> None:
+        text = f"{self.wall(ts)} weave job {job.job_id} ({job.name}): {what}\n".encode()
+        targets = [state.out] + ([state.err] if failure else [])
+        if state.out is None:
+            targets = [state.err]
+        for fd in targets:
+            if fd is not None:
+                try:
+                    os.write(fd, text)
+                except OSError as exc:
+                    log.warning("job %s: writing its output file: %s", job.job_id, exc)
+                    state.broken = True
+
+    def _close(self, job_id: int) -> None:
+        state = self._logs.pop(job_id, None)
+        self._done.add(job_id)
+        for fd in (state.out, state.err) if state else ():
+            if fd is not None:
+                os.close(fd)
+
+    def close(self) -> None:
+        for job_id in list(self._logs):
+            self._close(job_id)
+
+
+def _hosted(job: JobRow) -> bool:
+    """A hosted job (weave's workers), not a cooperative one (``[launch]``)."""
+    try:
+        return parse_job(job.spec, job.source).launch is None
+    except ConfigError:   # a spec an older weaved stored: hosted
+        return True
+
+
+def _workdir(job: JobRow) -> str | None:
+    """What a relative output name is relative to: the job's workdir, else its user's
+    home (as a cooperative job's, ``runtime/launch_plan.py``)."""
+    try:
+        workdir = parse_job(job.spec, job.source).workdir
+    except ConfigError:
+        workdir = None
+    if workdir is None:
+        with contextlib.suppress(KeyError):
+            workdir = pwd.getpwuid(job.uid).pw_dir
+    return workdir
+
+
+def _stamp(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(ts))
