@@ -181,3 +181,23 @@ def test_importing_the_gate_does_not_import_torch() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_drop_stops_the_jobs_processes(node: Any) -> None:
+    sock = node.config.socket
+    _call(sock, Op.REGISTER, job="c6")
+    pid = _call(sock, Op.LAUNCH, job="c6", action="start", role="train",
+                command="trap '' TERM; sleep 60")["pid"]   # ignores SIGTERM: SIGKILL ends it
+    assert _call(sock, Op.PHASE, job="c6")["gate"]["procs"]["train"]["returncode"] is None
+    _call(sock, Op.DROP, job="c6")
+    wait_for(lambda: not Path(f"/proc/{pid}").exists() or
+             Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z", 15,
+             f"process {pid} gone after the drop")
+
+
+def test_a_cooperative_job_has_no_resident_worker(resident_node: Any) -> None:
+    sock = resident_node.config.socket
+    _call(sock, Op.REGISTER, job="c7", resident=False)
+    _call(sock, Op.REGISTER, job="h7")
+    jobs = {j["job"]: j for j in _call(sock, Op.STATUS)["jobs"]}
+    assert jobs["c7"]["resident"] is None and jobs["h7"]["resident"] is not None

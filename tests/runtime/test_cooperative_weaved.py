@@ -10,7 +10,7 @@ their phases in its cyclic order.
 - one job's train at a version without its rollout is refused, and the job's own
   output holds the reason (it then goes on and completes);
 - a job that holds a phase past its deadline is reported hung and FAILED, its
-  processes stopped, while the others complete;
+  processes stopped, while the others complete; so is one whose process dies;
 - ``weave status`` shows ITER from the gate's reports; the output files hold the
   jobs' prints (stdout and stderr apart, ``%j`` expanded).
 """
@@ -102,7 +102,8 @@ def test_cooperative_jobs_share_a_group_through_the_gate() -> None:
         cfg = rl_config(root, shm, path_roots=(root,), site_path=root / "site.toml")
         with serving(cfg) as w:
             sock = w.config.socket
-            modes = {"coop-a": "ok", "coop-b": "wrong-version", "coop-c": "hang"}
+            modes = {"coop-a": "ok", "coop-b": "wrong-version", "coop-c": "hang",
+                     "coop-d": "crash"}
             works = {name: root / name for name in modes}
             for work in works.values():
                 work.mkdir(mode=0o755)
@@ -111,7 +112,7 @@ def test_cooperative_jobs_share_a_group_through_the_gate() -> None:
             seen: list[dict[str, Any]] = []
             rows = {r["job"]: r for r in wait_states(sock, list(ids.values()),
                                                      {"COMPLETED", "FAILED"}, 240, seen)}
-            a, b, c = (ids[n] for n in ("coop-a", "coop-b", "coop-c"))
+            a, b, c, d = (ids[n] for n in ("coop-a", "coop-b", "coop-c", "coop-d"))
             assert len({rows[j]["group"] for j in ids.values()}) == 1, rows   # one group
             for job in (a, b):
                 assert rows[job]["state"] == "COMPLETED", rows[job]
@@ -141,6 +142,10 @@ def test_cooperative_jobs_share_a_group_through_the_gate() -> None:
                 in rows[c]["reason"], rows[c]
             assert "train v1 hangs" in out["coop-c"] and "train done" not in out["coop-c"]
             assert (works["coop-c"] / "weights.json").read_text() == '{"version": 2}'
+            # a process that dies: FAILED, its other process stopped
+            assert rows[d]["state"] == "FAILED", rows[d]
+            assert "exited with code 1 during rollout" in rows[d]["reason"], rows[d]
+            assert "rollout v1 crashes" in out["coop-d"] and "done" not in out["coop-d"]
 
             # output files: stdout and stderr apart, as sbatch's --output/--error
             for name in ("coop-a", "coop-b"):

@@ -320,7 +320,7 @@ class NodeDaemon:
                 self.autosave.track(job_id, time.monotonic(), interval)
                 if interval:
                     self._start_timer()
-        if self.pool is not None:
+        if self.pool is not None and request.args.get("resident", True):  # not cooperative
             self.pool.ensure(job, self.store.job_dir(job))
         return {"job": job_id, "uid": owner, "root": str(self.store.root),
                 "job_dir": str(self.store.job_dir(job))}

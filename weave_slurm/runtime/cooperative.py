@@ -206,10 +206,12 @@ class Cooperative:
     def _launch(self, member: Member) -> None:
         plan = member.spec.launch
         assert plan is not None
-        self.lc.register(member)
+        owner = {} if member.spec.uid is None else {"uid": member.spec.uid}
         where = []
-        for role, _ in plan.commands:
+        for role, _ in plan.commands:   # registered without a resident worker: none runs
             node = self.node_of(member, PHASE_OF[role])
+            self.link.call(node, Op.REGISTER, job=member.spec.job_id, checkpoint_interval_s=0,
+                           resident=False, **owner)
             self.link.call(node, Op.LAUNCH, job=member.spec.job_id, **plan.request(role))
             where.append(f"{role} on {node.name}")
         member.initialised, member.next_kind = True, Phase.ROLLOUT
