@@ -30,6 +30,7 @@ imports neither torch nor anything of weave that does; nothing is read at import
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -113,12 +114,21 @@ class Gate:
     def phase(self, phase: str, version: int) -> Iterator[Turn]:
         """``with gate.phase("rollout", version=v) as turn:``: the body is the phase."""
         turn = self.acquire(phase, version)
-        for hook in self.switch_in:
-            hook(turn)
-        yield turn     # an exception in the body ends the process: weave sees it exit
-        for hook in self.switch_out:
-            hook(turn)
+        try:
+            for hook in self.switch_in:
+                hook(turn)
+            yield turn
+            for hook in self.switch_out:
+                hook(turn)
+        except BaseException as exc:   # the phase failed: weave is told why, in one line
+            self.fail(turn, f"{type(exc).__name__}: {exc}".splitlines()[0][:500])
+            raise
         self.release(turn)
+
+    def fail(self, turn: Turn, why: str) -> None:
+        """The phase failed (the ``with`` body raised): weave fails the job with ``why``."""
+        with contextlib.suppress(StateError):   # revoked already, or the node is gone
+            self._call(action="done", activation=turn.activation, error=why)
 
 
 def _as_int(reply: Mapping[str, object], key: str) -> int:

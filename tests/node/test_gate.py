@@ -201,3 +201,20 @@ def test_a_cooperative_job_has_no_resident_worker(resident_node: Any) -> None:
     _call(sock, Op.REGISTER, job="h7")
     jobs = {j["job"]: j for j in _call(sock, Op.STATUS)["jobs"]}
     assert jobs["c7"]["resident"] is None and jobs["h7"]["resident"] is not None
+
+
+def test_a_phase_whose_body_raises_is_reported_failed_with_why(node: Any) -> None:
+    sock = node.config.socket
+    _call(sock, Op.REGISTER, job="c8")
+    g = gate.connect(sock, "c8")
+
+    def job() -> None:
+        with g.phase("rollout", version=0):
+            raise RuntimeError("CUDA out of memory\nmore lines")
+    thread, out = _in_thread(job)
+    wait_for(lambda: _waiting(sock, "c8"), 10, "the process waits")
+    _call(sock, Op.ACTIVATE, job="c8", phase="rollout", external=True, version=0, step=0)
+    thread.join(10)
+    assert isinstance(out.get("error"), RuntimeError)     # raised on in the job
+    worker = _call(sock, Op.PHASE, job="c8")["worker"]
+    assert (worker["state"], worker["error"]) == ("failed", "RuntimeError: CUDA out of memory")

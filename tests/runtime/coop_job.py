@@ -7,7 +7,7 @@ compares with the runtime's spans.
 
 ``COOP_MODE``: ``ok``; ``wrong-version`` (the train process first asks for a train at
 version 1, is refused, prints the reason and goes on); ``hang`` (the train at version 1
-never ends); ``crash`` (the rollout process dies with status 1 in its rollout at 1).
+never ends); ``crash`` (the rollout process dies with status 3 in its rollout at 1).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ WORK = Path.cwd()
 def rollout(v: int, turn: gate.Turn) -> None:
     if MODE == "crash" and v == 1:
         print(f"{ROLE} v{v} crashes", flush=True)
-        sys.exit(1)
+        os._exit(3)   # dies as a crash does: no exception, no word to the gate
     weights = json.loads((WORK / "weights.json").read_text())["version"] if v else 0
     assert weights == v, f"rollout at {v} sees weights {weights}"
     (WORK / f"traj-{v}.json").write_text(json.dumps({"version": v}))

@@ -144,7 +144,7 @@ def test_cooperative_jobs_share_a_group_through_the_gate() -> None:
             assert (works["coop-c"] / "weights.json").read_text() == '{"version": 2}'
             # a process that dies: FAILED, its other process stopped
             assert rows[d]["state"] == "FAILED", rows[d]
-            assert "exited with code 1 during rollout" in rows[d]["reason"], rows[d]
+            assert "exited with code 3 during rollout" in rows[d]["reason"], rows[d]
             assert "rollout v1 crashes" in out["coop-d"] and "done" not in out["coop-d"]
 
             # output files: stdout and stderr apart, as sbatch's --output/--error

@@ -202,6 +202,12 @@ class GateOps:
             if grant.state is not WorkerState.RUNNING:
                 raise PhaseRevoked(f"job {job.job_id!r}: {grant.phase.value} at version "
                                    f"{grant.version} was revoked: {grant.error}")
+            error = request.args.get("error")
+            if error is not None:   # its with block raised: the phase failed
+                grant.state, grant.returncode = WorkerState.FAILED, 1
+                grant.error = str(error)[:500]
+                self._cond.notify_all()
+                return grant.to_json()
             produced = request.args.get("produced")
             grant.result = {"version": grant.version + 1 if grant.phase is Phase.TRAIN
                             else grant.version, "consumed": grant.version,
