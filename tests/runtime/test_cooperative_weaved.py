@@ -26,7 +26,7 @@ from typing import Any
 
 from tests.harness.scratch import public_dir, shm_dir
 from tests.harness.waits import wait_for
-from tests.harness.weaved import call, rl_config, serving, wait_states
+from tests.harness.weaved import call, release_all, rl_config, serve, serving, wait_states
 from weave_slurm.config.render import job_spec_toml
 from weave_slurm.daemon.group_runtime import GroupRuntime
 from weave_slurm.daemon.protocol import Op
@@ -170,3 +170,36 @@ def _alive(script: Path) -> list[int]:
             if str(script).encode() in cmd:
                 pids.append(int(proc.name))
     return pids
+
+
+def test_a_weaved_restart_starts_a_cooperative_jobs_processes_again() -> None:
+    """weaved holds no state of a cooperative job: a restarted weaved stops the processes
+    the old one started (they were waiting at the gate) and starts them again from
+    version 0; the job then completes."""
+    with public_dir("weave-coop-rs-") as root, shm_dir("weave-coop-rs-") as shm:
+        (root / "site.toml").write_text(SITE)
+        cfg = rl_config(root, shm, path_roots=(root,), site_path=root / "site.toml")
+        work = root / "coop-rs"
+        work.mkdir(mode=0o755)
+        served = serve(cfg)
+        try:
+            job = call(cfg.socket, Op.SUBMIT, spec=coop_spec("coop-rs", work, "ok"),
+                       source="coop-rs.toml")["job"]
+            wait_for(lambda: served.weaved.driver.live(job), 60, f"job {job} at version 1",
+                     interval_s=0.1, until=lambda live: live is not None
+                     and (live["version"] or 0) >= 1)
+            first = _alive(JOB)
+            assert len(first) == 2, first      # its rollout and train processes
+            served.stop()
+            served = serve(cfg)   # a fresh weaved on the same state dir
+            rows = wait_states(cfg.socket, [job], {"COMPLETED", "FAILED"}, 120, [])
+            assert rows[0]["state"] == "COMPLETED", rows
+            assert rows[0]["iter"] == f"{STEPS}/{STEPS}"
+            assert not set(first) & set(_alive(JOB))   # the old ones were stopped
+            text = (work / f"out-{job}.txt").read_text()
+            starts = [ln for ln in text.splitlines() if " starts in " in ln]
+            assert len(starts) == 4, text      # each role twice: started again
+            assert text.count("body train v0 ") == 2 and text.count("train done") == 1
+        finally:
+            served.stop()
+            release_all(served.weaved.backend)
