@@ -5,9 +5,11 @@ No network and no model hub: the model is built from a ``LlamaConfig`` with rand
 weights drawn from the job's seed (2 layers, 64 wide), the tokenizer is a
 ``tokenizers`` WordLevel model over the task's words wrapped in
 ``PreTrainedTokenizerFast``, and the dataset is a ``datasets.Dataset`` of prompts
-drawn from the seed. The task: ``copy 3 1 4 :`` asks for ``3 1 4``; the reward is the
-fraction of positions right. Run with ``HF_HUB_OFFLINE=1``. It is also the template of
-a user's own TRL job (docs/job_api.md, "TRL").
+drawn from the seed. The task: ``copy 3 1 :`` asks for ``3 1``; the reward is the
+fraction of positions right. With the defaults and seed 0 the batch-mean reward goes
+from ~0.13 (a uniform guess over the 14 words scores ~0.07) to ~0.5 in 300 steps, ~8 s
+on one CPU thread. Run with ``HF_HUB_OFFLINE=1``. It is also the template of a user's
+own TRL job (docs/job_api.md, "TRL's GRPOTrainer").
 """
 
 from __future__ import annotations
@@ -23,14 +25,14 @@ from weave_slurm.workloads.trl_grpo import TrlGrpoJob
 #: Options of the example and their defaults (every one may be set in ``[options]``).
 DEFAULTS: dict[str, int | float | str] = {
     "prompts": 64,              # dataset size
-    "prompt_len": 3,            # digits per prompt
-    "prompts_per_step": 2,      # prompts per rollout
-    "num_generations": 4,       # completions per prompt (GRPO's group)
-    "max_completion_length": 4,
+    "prompt_len": 2,            # digits per prompt
+    "prompts_per_step": 4,      # prompts per rollout
+    "num_generations": 8,       # completions per prompt (GRPO's group)
+    "max_completion_length": 3,
     "hidden_size": 64,
     "num_layers": 2,
-    "learning_rate": 1e-3,
-    "max_steps": 100,           # the LR schedule's length
+    "learning_rate": 3e-3,
+    "max_steps": 300,           # the LR schedule's length (linear decay)
     "num_threads": 1,
     "output_dir": "trl-output",  # TRL's output directory, under the worker's directory
 }
