@@ -117,8 +117,8 @@ def test_an_update_is_trls_own_optimizer_step(accumulation: int, optim: str) -> 
     """TRL's ``train()``, its generation replaced by the adapter's batch, takes one
     optimizer step (``accumulation`` micro-batches) to the weights the adapter's
     ``update`` reaches, up to float sums: the two shuffle the rows differently.
-    Observed (float32): 3.2e-7 (1 micro-batch, Adam), 7.5e-9 (2, SGD at lr 0.5). (Under TRL's
-    default bf16 autocast two partitions of a batch differ by ~0.4 % of a gradient,
+    Observed (float32): Adam 1.2e-7 (1 micro-batch), 3.3e-7 (2); SGD at lr 0.5 7.5e-9. (TRL's
+    default bf16 autocast: two partitions of a batch differ by ~0.4 % of a gradient,
     which is why the example trains in float32.)"""
     opts = {**OPTIONS, "prompts_per_step": 2 * accumulation,
             "learning_rate": 1e-3 if optim != "sgd" else 0.5}
