@@ -206,7 +206,7 @@ class TrlGrpoJob:
 
         tr = self.trainer
         args = tr.args
-        batch = {k: v for k, v in trajectories.tensors.items()}
+        batch = dict(trajectories.tensors)
         rows = int(batch["prompt_ids"].shape[0])
         mask = batch["completion_mask"]
         if "tool_mask" in batch:
