@@ -216,7 +216,8 @@ class GroupRuntime:
         for m in group.plan.members:
             member = runner.members.get(str(m.job_id))
             pins = self._pins(runner, group, m.job_id, allocs)
-            if member is None or member.state in _GONE or pins is None:
+            if member is None or member.state in _GONE or pins is None \
+                    or member.spec.launch is not None:   # its own process holds its node
                 continue
             current = member.repin if member.repin is not None else member.rollout_nodes
             if tuple(runner.layout.rollout[p] for p in pins) != current:

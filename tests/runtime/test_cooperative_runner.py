@@ -1,0 +1,110 @@
+"""A cooperative member in the group runner against scripted node daemons and a virtual
+clock: its processes are launched on its two nodes, a phase is granted (an external
+activation) only while its process waits for it, no data moves after its phases, and a
+re-pin (the group's plan moved it) leaves it where its process runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from weave_slurm.clock import VirtualClock
+from weave_slurm.node.protocol import Op
+from weave_slurm.runtime.group import GroupLayout, MemberSpec, MemberState, NodeRef
+from weave_slurm.runtime.launch_plan import LaunchPlan
+from weave_slurm.runtime.runner import GroupRunner
+from weave_slurm.vocab import Pool
+
+PLAN = LaunchPlan((("train", "python t.py"), ("rollout", "python r.py")))
+
+
+class GateNode:
+    """A node daemon whose job processes wait where the test says."""
+
+    def __init__(self, log: list[tuple[str, Op, dict[str, Any]]], name: str) -> None:
+        self.log, self.name = log, name
+        self.waiting: dict[str, dict[str, int]] = {}
+        self.state: dict[str, str] = {}
+
+    def call(self, op: Op, **args: Any) -> dict[str, Any]:
+        job = str(args.get("job", ""))
+        self.log.append((self.name, op, args))
+        if op is Op.ACTIVATE:
+            self.state[job] = "running"
+            self.waiting.get(job, {}).pop(str(args.get("phase")), None)
+        if op is Op.PHASE:
+            return {"worker": {"state": self.state.get(job, "running"),
+                               "result": {"metrics": {"reward_mean": 0.5}}},
+                    "gate": {"waiting": dict(self.waiting.get(job, {})), "procs": {}}}
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+def _setup() -> tuple[GroupRunner, dict[str, GateNode], list[Any], VirtualClock]:
+    log: list[tuple[str, Op, dict[str, Any]]] = []
+    paths = {"h20-0": Path("/nowhere/r0.sock"), "h20-1": Path("/nowhere/r1.sock"),
+             "h800-0": Path("/nowhere/t.sock")}
+    nodes = {name: GateNode(log, name) for name in paths}
+    by_path = {paths[n]: nodes[n] for n in paths}
+    layout = GroupLayout((NodeRef("h20-0", Pool.ROLLOUT, paths["h20-0"]),
+                          NodeRef("h20-1", Pool.ROLLOUT, paths["h20-1"])),
+                         (NodeRef("h800-0", Pool.TRAIN, paths["h800-0"]),))
+    clock = VirtualClock()
+    runner = GroupRunner(layout, [MemberSpec("c", steps=2, launch=PLAN)], clock=clock,
+                         client_factory=lambda p: by_path[p])
+    return runner, nodes, log, clock
+
+
+def _ops(log: list[Any], op: Op) -> list[tuple[str, dict[str, Any]]]:
+    return [(node, args) for node, o, args in log if o is op]
+
+
+def test_a_cooperative_member_is_granted_only_what_its_process_waits_for() -> None:
+    runner, nodes, log, clock = _setup()
+    runner.tick()
+    assert [(n, a["role"]) for n, a in _ops(log, Op.LAUNCH)] == \
+        [("h800-0", "train"), ("h20-0", "rollout")]
+    assert all(a["resident"] is False for _, a in _ops(log, Op.REGISTER))
+    member = runner.members["c"]
+    assert member.state is MemberState.READY and member.initialised
+    for _ in range(3):                       # nobody waits: nothing is granted
+        clock.sleep(0.05)
+        runner.tick()
+    assert _ops(log, Op.ACTIVATE) == []
+    nodes["h800-0"].waiting["c"] = {"train": 0}   # its train waits: the rollout comes first
+    nodes["h20-0"].waiting["c"] = {"rollout": 0}
+    clock.sleep(0.05)
+    runner.tick()
+    (node, grant), = _ops(log, Op.ACTIVATE)
+    assert node == "h20-0" and grant["external"] and grant["phase"] == "rollout" \
+        and grant["version"] == 0 and "entry" not in grant
+    nodes["h20-0"].state["c"] = "exited"
+    clock.sleep(0.05)
+    runner.tick()                             # rollout 0 ended: the waiting train at 0 next
+    clock.sleep(0.05)
+    runner.tick()
+    assert [(n, a["phase"], a["version"]) for n, a in _ops(log, Op.ACTIVATE)] == \
+        [("h20-0", "rollout", 0), ("h800-0", "train", 0)]
+    nodes["h800-0"].state["c"] = "exited"
+    clock.sleep(0.05)
+    runner.tick()
+    assert member.version == 1 and member.rewards == [0.5]
+    # no data moves, no checkpoint: the job syncs and keeps its own state
+    assert not [o for _, o, _ in log if o in (Op.COPY, Op.CHECKPOINT, Op.PUT, Op.RESTORE)]
+
+
+def test_a_repin_leaves_a_cooperative_member_where_its_process_runs() -> None:
+    runner, nodes, log, clock = _setup()
+    runner.tick()
+    runner.repin("c", (1,))                   # the plan moved it to h20-1
+    clock.sleep(0.05)
+    runner.tick()
+    member = runner.members["c"]
+    assert member.repin is None and [n.name for n in member.rollout_nodes] == ["h20-0"]
+    assert not [(n, o) for n, o, _ in log if o is Op.DROP]    # its rollout process lives
+    nodes["h20-0"].waiting["c"] = {"rollout": 0}
+    clock.sleep(0.05)
+    runner.tick()
+    assert [n for n, _ in _ops(log, Op.ACTIVATE)] == ["h20-0"]
