@@ -24,9 +24,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.harness.scratch import public_dir, shm_dir
 from tests.harness.waits import wait_for
 from tests.harness.weaved import call, release_all, rl_config, serve, serving, wait_states
+from weave_slurm.cli.errors import run_app
+from weave_slurm.cli.main import app as weave_app
 from weave_slurm.config.render import job_spec_toml
 from weave_slurm.daemon.group_runtime import GroupRuntime
 from weave_slurm.daemon.protocol import Op
@@ -96,7 +100,8 @@ def check_interleaved(spans: list[Span], jobs: set[str]) -> None:
     assert switches >= 2, f"the jobs' rollouts did not interleave: {rollouts}"
 
 
-def test_cooperative_jobs_share_a_group_through_the_gate() -> None:
+def test_cooperative_jobs_share_a_group_through_the_gate(
+        capsys: pytest.CaptureFixture[str]) -> None:
     with public_dir("weave-coop-") as root, shm_dir("weave-coop-") as shm:
         (root / "site.toml").write_text(SITE)
         cfg = rl_config(root, shm, path_roots=(root,), site_path=root / "site.toml")
@@ -120,6 +125,11 @@ def test_cooperative_jobs_share_a_group_through_the_gate() -> None:
             # ITER from the gate's reports while it ran
             iters = {r["iter"] for r in seen if r["job"] == a and r["state"] == "RUNNING"}
             assert iters & {"1/3", "2/3"}, iters
+            capsys.readouterr()
+            assert run_app(weave_app, "weave", ["status", "--socket", str(sock), "-t", "all",
+                                                "-o", "%i %I %T"]) == 0
+            shown = capsys.readouterr().out.splitlines()
+            assert f"{a} {STEPS}/{STEPS} COMPLETED" in shown, shown
 
             assert isinstance(w.driver, GroupRuntime)
             spans = w.driver.spans[rows[a]["group"]]
