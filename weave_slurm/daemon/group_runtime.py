@@ -48,9 +48,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from weave_slurm.config.job import parse_job
+from weave_slurm.config.job import JobSpec, parse_job
 from weave_slurm.daemon import allocplan
 from weave_slurm.daemon.driver import JobOutcome, JobStep, pool_nodes
+from weave_slurm.daemon.job_output import hosted_paths
 from weave_slurm.daemon.records import AllocRow, GroupRow, JobRow
 from weave_slurm.daemon.runtime_view import member_row, outcome_words
 from weave_slurm.daemon.states import AllocState, GroupState, JobState
@@ -106,15 +107,23 @@ def member_spec(job: JobRow, group: GroupRow, pins: tuple[int, ...] | None = Non
                     (0,))
     layout = job.profile.layout   # None: stored by a weaved before layouts (one rank)
     train = tuple(range(layout.train.nodes if layout is not None else 1))
+    files = _files(job, spec)
     return MemberSpec(str(job.job_id), entry_point=spec.entry, seed=spec.seed,
                       steps=spec.iterations, options=dict(spec.options),
                       staleness=spec.staleness, uid=job.uid, workdir=spec.workdir,
                       python=spec.python, pythonpath=spec.pythonpath,
-                      rollout_pins=tuple(pins) or (0,), train_nodes=train, layout=layout,
+                      output=files[0], error=files[1], rollout_pins=tuple(pins) or (0,),
+                      train_nodes=train, layout=layout,
                       launch=plan_for(spec, str(job.job_id), job.uid),
                       declared=DeclaredProfile(job.profile.rollout_mean_s or None,
                                                job.profile.train_mean_s or None,
                                                job.profile.slo))
+
+
+def _files(job: JobRow, spec: JobSpec) -> tuple[str | None, str | None]:
+    """A hosted job's ``--output``/``--error`` for its workers (a cooperative job's own
+    processes open theirs: ``launch_plan``)."""
+    return (None, None) if spec.launch is not None else hosted_paths(job, spec.slurm)
 
 
 class GroupRuntime:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from weave_slurm.config.job import parse_job
-from weave_slurm.config.sbatch import log_path
+from weave_slurm.config.sbatch import JobSlurm, log_path
 from weave_slurm.daemon.job_terms import JobTerms
 from weave_slurm.daemon.records import JobRow
 from weave_slurm.daemon.states import JobState
@@ -153,11 +153,7 @@ class JobOutputs:
             state.written = sum(t.ts < self.since
                                 for t in self.store.transitions("job", job.job_id))
         try:
-            base = _workdir(job)
-            paths = [log_path(p, job_id=job.job_id, user=job.user, job_name=job.name,
-                              workdir=base) if p else None
-                     for p in (terms.output, terms.error)]
-            out_path, err_path = paths
+            out_path, err_path = hosted_paths(job, terms)
             if out_path is not None:
                 state.out = self.opener(job.uid, out_path)
             if err_path is not None and err_path != out_path:
@@ -212,6 +208,16 @@ class JobOutputs:
     def close(self) -> None:
         for job_id in list(self._logs):
             self._close(job_id)
+
+
+def hosted_paths(job: JobRow, terms: JobSlurm) -> tuple[str | None, str | None]:
+    """``--output`` and ``--error`` of ``job`` (its ``[slurm]`` ``terms``) as absolute
+    paths (None: not named): weaved's event lines and the job's workers' stdout/stderr
+    (``node/job_streams.py``, through ``MemberSpec.output/error``) go to the same files."""
+    base = _workdir(job)
+    out, err = (log_path(p, job_id=job.job_id, user=job.user, job_name=job.name,
+                         workdir=base) if p else None for p in (terms.output, terms.error))
+    return out, err
 
 
 def _hosted(job: JobRow) -> bool:

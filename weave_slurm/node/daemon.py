@@ -365,12 +365,12 @@ class NodeDaemon:
                                     "(resident_workers=false): activate with 'argv'")
         entry, args = request.args.get("entry"), request.args.get("args") or []
         pythonpath = request.args.get("pythonpath") or []
-        workdir, python = request.args.get("workdir"), request.args.get("python")
+        code = {k: request.args.get(k) for k in ("workdir", "python", "output", "error")}
         if not isinstance(entry, str) or not isinstance(args, list) or \
                 not isinstance(pythonpath, list):
             raise ConfigError(f"activate of {job.job_id}: 'entry' must be a string "
                               f"'module:function', 'args' and 'pythonpath' lists")
-        for key, value in (("workdir", workdir), ("python", python)):
+        for key, value in code.items():   # output/error: the job's files (job_streams)
             if value is not None and not (isinstance(value, str) and os.path.isabs(value)):
                 raise ConfigError(f"activate of {job.job_id}: {key!r} must be an absolute "
                                   f"path or null, got {value!r}")
@@ -379,7 +379,7 @@ class NodeDaemon:
             "entry": entry, "args": [str(a) for a in args], "env": env,
             "pythonpath": [str(p) for p in pythonpath], "root": str(self.store.root),
             "segments": {k: str(v) for k, v in segments.items()},
-            "workdir": workdir, "python": python})
+            **code})
         with self.lock:
             self._last_kind[job.job_id] = WorkerKind.RESIDENT
         return {"job": job.job_id, **act.to_json()}

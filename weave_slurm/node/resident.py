@@ -8,7 +8,8 @@ faults on the second touch). Messages on its ``SOCK_SEQPACKET`` socket to the da
     -> {"event": "ready", "pid": p, "uid": u}
     <- {"op": "run", "seq": n, "phase": ph, "entry": "mod:fn" | "/path/file.py:fn",
         "args": [...], "env": {...}, "root": dir, "uid": u, "segments": {name: path},
-        "pythonpath": [...], "workdir": dir | null, "python": path | null}
+        "pythonpath": [...], "workdir": dir | null, "python": path | null,
+        "output": path | null, "error": path | null}
     -> {"event": "done", "seq": n, "ok": bool, "result": JSON | null, "error": str | null,
         "attach_s": s, "elapsed_s": s, "t_recv": monotonic, "t_done": monotonic,
         "retire": true}                   (retire: only after a cancel; then it exits)
@@ -18,8 +19,10 @@ faults on the second touch). Messages on its ``SOCK_SEQPACKET`` socket to the da
 
 The worker runs each activation in ``workdir`` (none: its job directory) with
 ``pythonpath`` first on ``sys.path``; ``python`` is the interpreter it was forked with
-(the pool picks the zygote: ``pool``, ``zygotes``). The entry is called as
-``fn(ctx)`` with a ``PhaseContext`` in the main thread. The daemon's ``deactivate``
+(the pool picks the zygote: ``pool``, ``zygotes``); ``output``/``error`` (the job's
+``--output``/``--error``, absolute) take its fds 1 and 2 while the phase runs, opened
+as the job's uid (``job_streams``; a file it cannot open fails the phase). The entry
+is called as ``fn(ctx)`` with a ``PhaseContext`` in the main thread. The daemon's ``deactivate``
 sends ``cancel`` and then SIGUSR1: the signal raises
 ``PhaseCancelled`` inside a running entry; a cancel that came before the entry started
 is found in the socket right after the worker marks itself running, so none is lost.
@@ -48,6 +51,7 @@ import torch
 
 from weave_slurm.errors import ConfigError, StateError
 from weave_slurm.node.index import JobRef, SegmentIndex
+from weave_slurm.node.job_streams import JobStreams
 from weave_slurm.node.segments import AttachedState, SegmentStore, map_file, tensor_views
 from weave_slurm.node.seqpacket import receive, send
 
@@ -203,8 +207,10 @@ def run_phase(request: dict[str, Any], job_id: str, cache: AttachCache,
     t_recv = time.monotonic()
     reply: dict[str, Any] = {"event": "done", "seq": request.get("seq"), "t_recv": t_recv,
                              "ok": False, "result": None, "error": None, "attach_s": 0.0}
+    streams = JobStreams()
     try:
         job = JobRef(job_id, int(request["uid"]))
+        streams.redirect(request.get("output"), request.get("error"))
         os.environ.update({str(k): str(v) for k, v in dict(request.get("env", {})).items()})
         if request.get("workdir"):
             os.chdir(str(request["workdir"]))
@@ -226,6 +232,8 @@ def run_phase(request: dict[str, Any], job_id: str, cache: AttachCache,
     except Exception as exc:  # report and keep serving; SystemExit ends the worker
         traceback.print_exc()
         reply["error"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        streams.restore()
     reply["t_done"] = time.monotonic()
     reply["elapsed_s"] = reply["t_done"] - t_recv
     return reply

@@ -118,6 +118,8 @@ class MemberSpec:
     workdir: str | None = None               # the job's own code (docs/job_api.md) ...
     python: str | None = None                # ... None / (): the node's defaults
     pythonpath: tuple[str, ...] = ()
+    output: str | None = None                # its --output/--error, absolute: its workers'
+    error: str | None = None                 # stdout/stderr (node/job_streams.py)
     launch: LaunchPlan | None = None         # a cooperative job: its own processes run
 
     @property
@@ -146,9 +148,11 @@ class MemberSpec:
         return 1 if self.layout is None else self.layout.rollout.engine_gpus
 
     def code(self) -> dict[str, Any]:
-        """What ``activate`` carries of the job's own code (only what its spec sets)."""
+        """What ``activate`` carries of the job's own code and output files (only what
+        its spec sets)."""
         return {k: v for k, v in (("workdir", self.workdir), ("python", self.python),
-                                  ("pythonpath", list(self.pythonpath))) if v}
+                                  ("pythonpath", list(self.pythonpath)),
+                                  ("output", self.output), ("error", self.error)) if v}
 
     def owner_uid(self) -> int:
         """The uid its workers, segments and checkpoints belong to."""
