@@ -44,6 +44,7 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
+import math
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -238,7 +239,20 @@ class TrlGrpoJob:
         metrics = self._drain_metrics()
         metrics.update(loss=sum(losses) / len(losses), grad_norm=sum(norms) / len(norms),
                        learning_rate=float(tr.lr_scheduler.get_last_lr()[0]))
+        self._log({**dict(trajectories.metrics), **metrics})
         return metrics
+
+    def _log(self, logs: dict[str, float]) -> None:
+        """What TRL's own loop does every ``logging_steps`` steps: ``trainer.log`` (its
+        metrics and callbacks: ``PrinterCallback`` prints the line to the job's stdout,
+        which a hosted job's ``--output`` gets; ``report_to`` backends report it)."""
+        args = self.trainer.args
+        every = args.logging_steps
+        if every < 1:   # a ratio of the run, as TRL's
+            every = max(1, math.ceil(every * args.max_steps))
+        if str(getattr(args.logging_strategy, "value", args.logging_strategy)) == "steps" \
+                and self._step % int(every) == 0:
+            self.trainer.log({k: v for k, v in logs.items() if k != "reward_mean"})
 
     def _optimizer_step(self) -> float:
         import torch

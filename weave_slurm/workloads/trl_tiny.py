@@ -99,6 +99,7 @@ def build(ctx: JobContext) -> Any:
         output_dir=os.path.join(opt["output_dir"], f"{ctx.job_id}-{ctx.role.value}"),
         use_cpu=ctx.device == "cpu", bf16=False,   # TRL's default is bf16 autocast
         seed=ctx.seed, report_to="none", save_strategy="no",
+        logging_steps=1, disable_tqdm=True,   # TRL prints its log line each step
         per_device_train_batch_size=opt["prompts_per_step"] * opt["num_generations"],
         num_generations=opt["num_generations"],
         max_completion_length=opt["max_completion_length"],
