@@ -12,8 +12,8 @@ import pytest
 
 from tests.daemon.test_job_terms import _submit
 from tests.daemon.test_reconcile import Rig, _job_state, rig  # noqa: F401
-from weave_slurm.daemon.job_output import open_as
 from weave_slurm.daemon.states import JobState
+from weave_slurm.node.open_as import open_as
 
 
 def _plain(uid: int, path: str) -> int:

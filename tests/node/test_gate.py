@@ -21,7 +21,7 @@ import pytest
 from tests.harness.scratch import public_dir
 from tests.harness.waits import wait_for
 from weave_slurm import gate
-from weave_slurm.errors import GateRefused, PhaseRevoked
+from weave_slurm.errors import ConfigError, GateRefused, PhaseRevoked
 from weave_slurm.node.client import NodeClient
 from weave_slurm.node.protocol import Op
 
@@ -163,16 +163,14 @@ def _launch_as_nobody(sock: Path, root: Path) -> None:
     assert out.read_text() == f"hello from train of c5 as {nobody.pw_uid} in {work}\n"
     assert err.read_text() == "oops\n"
     assert (out.stat().st_uid, err.stat().st_uid) == (nobody.pw_uid, nobody.pw_uid)
-    # an output file the job cannot create: the shell says so in its launch log
-    _call(sock, Op.LAUNCH, job="c5", action="start", role="rollout", command="echo hi",
-          workdir=str(work), output=str(root / "not-yours.txt"))
-    procs = wait_for(lambda: _call(sock, Op.PHASE, job="c5")["gate"]["procs"], 10,
-                     "the process exits",
-                     until=lambda p: p.get("rollout", {}).get("returncode") is not None)
-    assert procs["rollout"]["returncode"] != 0
-    log = Path(_call(sock, Op.REGISTER, job="c5", uid=nobody.pw_uid)["job_dir"]) \
-        / "rollout.launch.log"
-    assert "not-yours.txt" in log.read_text() and log.stat().st_uid == nobody.pw_uid
+    # an output file the job cannot create (opened as its uid, never as root): the launch
+    # is refused in one line naming the file, and nothing is created there
+    with pytest.raises(ConfigError, match=r"cannot open its rollout output file "
+                       r"'.*not-yours.txt' as uid \d+: Permission denied"):
+        _call(sock, Op.LAUNCH, job="c5", action="start", role="rollout", command="echo hi",
+              workdir=str(work), output=str(root / "not-yours.txt"))
+    assert not (root / "not-yours.txt").exists()
+    assert "rollout" not in _call(sock, Op.PHASE, job="c5")["gate"]["procs"]
 
 
 def test_importing_the_gate_does_not_import_torch() -> None:

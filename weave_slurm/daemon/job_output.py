@@ -24,12 +24,10 @@ could not; a file that cannot be opened is said once in weaved's log and the job
 
 from __future__ import annotations
 
-import array
 import contextlib
 import logging
 import os
 import pwd
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,6 +40,7 @@ from weave_slurm.daemon.records import JobRow
 from weave_slurm.daemon.states import JobState
 from weave_slurm.daemon.store import Store
 from weave_slurm.errors import ConfigError
+from weave_slurm.node.open_as import open_as
 
 log = logging.getLogger(__name__)
 
@@ -49,50 +48,6 @@ log = logging.getLogger(__name__)
 Opener = Callable[[int, str], int]
 _FAILED = ("FAILED", "REFUSED", "CANCELLED")
 _LIVE = [JobState.PENDING, JobState.PLACED, JobState.RUNNING, JobState.CANCELLING]
-
-
-def open_as(uid: int, path: str) -> int:
-    """``path`` opened ``O_WRONLY|O_APPEND|O_CREAT`` (0644) by a child that became ``uid``
-    for good, the descriptor passed back over a socket pair (``SCM_RIGHTS``). The child
-    runs only the id calls, ``open`` and ``sendmsg`` (no lock another thread may hold),
-    then ``_exit``. Without root (weaved running as the job's own user) it opens here."""
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOCTTY
-    if os.geteuid() != 0 or uid == 0:
-        return os.open(path, flags, 0o644)
-    try:
-        gid = pwd.getpwuid(uid).pw_gid
-    except KeyError:
-        gid = uid
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
-    pid = os.fork()
-    if pid == 0:   # pragma: no cover (the child; its descriptor is what the tests check)
-        code = 1
-        try:
-            ours.close()
-            os.setgroups([])
-            os.setresgid(gid, gid, gid)
-            os.setresuid(uid, uid, uid)
-            try:
-                fd = os.open(path, flags, 0o644)
-                theirs.sendmsg([b"0"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                                         array.array("i", [fd]))])
-            except OSError as exc:
-                theirs.send(str(exc.errno).encode())
-            code = 0
-        finally:
-            os._exit(code)
-    theirs.close()
-    try:
-        ours.settimeout(10.0)
-        msg, fds, _, _ = socket.recv_fds(ours, 64, 1)
-    finally:
-        ours.close()
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, 0)
-    if msg == b"0" and fds:
-        return fds[0]
-    code = int(msg) if msg.isdigit() else 1
-    raise OSError(code, f"{os.strerror(code)} (opened as uid {uid})", path)
 
 
 @dataclass

@@ -25,7 +25,7 @@ from weave_slurm.daemon import membership
 from weave_slurm.daemon.allocations import GroupAllocations, PoolRequest
 from weave_slurm.daemon.driver import Driver
 from weave_slurm.daemon.faults import FaultPoint, crossing
-from weave_slurm.daemon.job_output import JobOutputs, Opener, open_as
+from weave_slurm.daemon.job_output import JobOutputs, Opener
 from weave_slurm.daemon.job_terms import JobTerms
 from weave_slurm.daemon.records import AllocRow, GroupPlan, GroupRow, JobRow, StepRow
 from weave_slurm.daemon.retries import NodeDaemonRetries, in_words
@@ -34,6 +34,7 @@ from weave_slurm.daemon.store import Store
 from weave_slurm.daemon.usage import UsageMeter
 from weave_slurm.errors import WeaveError
 from weave_slurm.model.cost import CostRates
+from weave_slurm.node.open_as import open_as
 from weave_slurm.placement import Capacity, Placement, Refusal, WeavePolicy, place_batch
 from weave_slurm.slurm.backend import (
     Allocation,

@@ -37,6 +37,7 @@ from typing import Any, Protocol
 
 from weave_slurm.errors import ConfigError, GateRefused, PhaseRevoked, StateError, WeaveError
 from weave_slurm.node.index import JobRef
+from weave_slurm.node.open_as import open_as
 from weave_slurm.node.protocol import Request
 from weave_slurm.node.segments import gid_of
 from weave_slurm.node.worker import WorkerKind, WorkerState
@@ -51,8 +52,6 @@ WAITER_GRACE_S = 2.0
 STOP_GRACE_S = 3.0
 _ROLES = ("rollout", "train")
 #: stdout/stderr redirected by a shell running as the job's uid, so the files are its own
-_REDIRECT = 'exec >>"$1" 2>>"$2"; shift 2; exec "$@"'
-_REDIRECT_ONE = 'exec >>"$1" 2>&1; shift 2; exec "$@"'
 
 
 @dataclass
@@ -325,32 +324,42 @@ class GateOps:
         env = {**base, **env, "WEAVE_NODE_SOCKET": str(self.daemon.config.socket),
                "WEAVE_JOB_ID": job.job_id, "WEAVE_ROLE": role,
                "WEAVE_NODE": self.daemon.config.node_name}
+        # the job's own launcher line meets a shell (the user's, as the user: as sbatch
+        # runs a script's body); weave's own commands stay plain argv
         shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
-        argv = ["/bin/sh", "-c", _REDIRECT if error else _REDIRECT_ONE, "weave-launch",
-                str(output or os.devnull), str(error or ""), shell, "-c", command]
+        argv = [shell, "-c", command]
         ids: dict[str, Any] = {}
+        gid, groups = os.getgid(), list(os.getgroups())
         if os.geteuid() == 0 and job.uid != 0:
             gid = gid_of(job.uid)
-            ids = {"user": job.uid, "group": gid,
-                   "extra_groups": os.getgrouplist(user.pw_name, gid)}
+            groups = os.getgrouplist(user.pw_name, gid)
+            ids = {"user": job.uid, "group": gid, "extra_groups": groups}
         elif os.geteuid() != job.uid:
             raise StateError(f"launch of {job.job_id}: this node daemon runs as uid "
                              f"{os.geteuid()}, it cannot start processes of uid {job.uid}")
-        # what the shell says before its redirection works (an output file it cannot
-        # create): <job dir>/<role>.launch.log, the job's own
-        log_fd = os.open(self.daemon.store.job_dir(job) / f"{role}.launch.log",
-                         os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        # the output files are opened as the job's uid with its groups (never as root):
+        # one it cannot create refuses the launch, naming the file
+        fds: list[int] = []
         try:
-            if os.geteuid() == 0 and job.uid != 0:
-                os.fchown(log_fd, job.uid, gid_of(job.uid))
+            for path in (output or os.devnull, error):
+                if path is not None:
+                    fds.append(open_as(job.uid, str(path), gid, groups))
+        except OSError as exc:
+            for fd in fds:
+                os.close(fd)
+            raise ConfigError(f"launch of {job.job_id}: cannot open its {role} output file "
+                              f"{exc.filename!r} as uid {job.uid}: {exc.strerror}") from None
+        out_fd, err_fd = fds[0], fds[-1]
+        try:
             return subprocess.Popen(argv, cwd=workdir, env=env, stdin=subprocess.DEVNULL,
-                                    stdout=log_fd, stderr=log_fd, start_new_session=True,
+                                    stdout=out_fd, stderr=err_fd, start_new_session=True,
                                     close_fds=True, **ids)
         except OSError as exc:
             raise ConfigError(f"launch of {job.job_id}: cannot start its {role} process "
                               f"in {workdir}: {exc}") from None
         finally:
-            os.close(log_fd)
+            for fd in fds:
+                os.close(fd)
 
     def _reap(self, proc: _Proc) -> None:
         rc = proc.popen.wait()
