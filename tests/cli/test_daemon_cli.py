@@ -13,7 +13,6 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,18 +21,6 @@ from weave_slurm.cli.daemon_cmd import unit_text
 from weave_slurm.cli.errors import run_app
 from weave_slurm.cli.logs import file_handler, setup_logging
 from weave_slurm.cli.main import app as weave_app
-
-
-@pytest.fixture
-def root_logger() -> Iterator[logging.Logger]:
-    root = logging.getLogger()
-    level, handlers = root.level, list(root.handlers)
-    yield root
-    for h in root.handlers:
-        if h not in handlers:
-            root.removeHandler(h)
-            h.close()
-    root.setLevel(level)
 
 
 def test_the_log_file_rotates_by_size_and_keeps_its_backups(

@@ -10,23 +10,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from weave_slurm.cli.logs import setup_logging
-
-
-@pytest.fixture
-def root_logger() -> Iterator[logging.Logger]:
-    root = logging.getLogger()
-    level, handlers = root.level, list(root.handlers)
-    yield root
-    for h in root.handlers:
-        if h not in handlers:
-            root.removeHandler(h)
-    root.setLevel(level)
 
 
 def test_setup_logging_emits_info_with_the_prog(root_logger: logging.Logger,
