@@ -19,14 +19,11 @@ from typing import Any
 import pytest
 
 from tests.harness.waits import wait_for
-from tests.harness.weaved import call, serving
+from tests.harness.weaved import call, idle_on_slurm, serving_on_slurm
 from weave_slurm.cli.errors import run_app
 from weave_slurm.cli.main import app
 from weave_slurm.config.render import job_spec_toml
-from weave_slurm.daemon.driver import DriverKind
 from weave_slurm.daemon.protocol import Op
-from weave_slurm.daemon.service import DaemonConfig
-from weave_slurm.slurm.cli_backend import SlurmCliBackend
 from weave_slurm.slurm.runner import run_command
 
 pytestmark = [pytest.mark.slurm, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
@@ -59,13 +56,9 @@ def test_allocations_are_charged_to_the_sites_account(
     env = dict(slurm_cluster.env)
     instance = f"acct{os.getpid()}"
     (public_dir / "site.toml").write_text(SITE)
-    cfg = DaemonConfig(state_dir=public_dir / "state", backend="slurm", instance=instance,
-                       site_path=public_dir / "site.toml", tick_s=0.3, env=env,
-                       node_command=("sleep", "infinity"), runtime=DriverKind.IDLE,
-                       client_timeout_s=5.0)
-    with serving(cfg, SlurmCliBackend(env=env), prefix=f"weave-g{instance}.") as w:
+    cfg = idle_on_slurm(public_dir / "state", instance, env, public_dir / "site.toml")
+    with serving_on_slurm(cfg) as w:
         sock = w.config.socket
-        wait_for(sock.exists, 30, "weaved's socket")
         job = call(sock, Op.SUBMIT, spec=job_spec_toml("acct"), source="acct.toml")["job"]
         wait_for(lambda: call(sock, Op.STATUS, jobs=[job])["jobs"][0]["state"], 90,
                  f"job {job} running", until=lambda st: st == "RUNNING")

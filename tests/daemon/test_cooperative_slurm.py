@@ -17,13 +17,10 @@ import pytest
 
 from tests.harness.hosts import weaved_dirs
 from tests.harness.waits import settle
-from tests.harness.weaved import call, serving, wait_states
+from tests.harness.weaved import call, rl_on_slurm, serving_on_slurm, wait_states
 from tests.slurm.session_cluster import SessionCluster
-from weave_slurm.daemon.driver import DriverKind
 from weave_slurm.daemon.protocol import Op
-from weave_slurm.daemon.service import DaemonConfig
 from weave_slurm.daemon.submission import build_spec
-from weave_slurm.slurm.cli_backend import SlurmCliBackend
 
 pytestmark = [pytest.mark.slurm, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
 
@@ -55,12 +52,9 @@ def test_cooperative_scripts_run_in_the_groups_allocations(slurm_cluster: Sessio
         script.write_text(SCRIPT.format(name=name, work=work, steps=STEPS,
                                         python=sys.executable, job=JOB))
         specs[name] = (build_spec(script, {}, environ)[0], script, work)
-    cfg = DaemonConfig(state_dir=dirs.state, backend="slurm", instance=instance, tick_s=0.3,
-                       runtime=DriverKind.RL, client_timeout_s=5.0, env=env,
-                       checkpoint_root=dirs.ckpt, path_roots=(shared_tmp,))
-    with serving(cfg, SlurmCliBackend(env=env), prefix=f"weave-g{instance}.") as w:
+    cfg = rl_on_slurm(dirs, instance, env, shared_tmp)
+    with serving_on_slurm(cfg) as w:
         sock = w.config.socket
-        settle(sock.exists, 30, interval_s=0.1)
         ids = {name: call(sock, Op.SUBMIT, spec=text, source=str(path))["job"]
                for name, (text, path, _) in specs.items()}
         groups = settle(lambda: [g for g in call(sock, Op.GROUPS)["groups"]

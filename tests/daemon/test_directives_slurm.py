@@ -11,12 +11,9 @@ from typing import Any
 import pytest
 
 from tests.harness.waits import wait_for
-from tests.harness.weaved import call, serving
-from weave_slurm.daemon.driver import DriverKind
+from tests.harness.weaved import call, idle_on_slurm, serving_on_slurm
 from weave_slurm.daemon.protocol import Op
-from weave_slurm.daemon.service import DaemonConfig
 from weave_slurm.daemon.submission import build_spec
-from weave_slurm.slurm.cli_backend import SlurmCliBackend
 from weave_slurm.slurm.runner import run_command
 
 pytestmark = [pytest.mark.slurm, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
@@ -41,13 +38,9 @@ def test_an_sbatch_account_shows_on_the_groups_allocations(slurm_cluster: Any,
     script.write_text(SCRIPT)
     spec_text, spec = build_spec(script, {})
     assert spec.slurm.account == "physics" and spec.name == "phys-rl"
-    cfg = DaemonConfig(state_dir=public_dir / "state", backend="slurm", instance=instance,
-                       site_path=public_dir / "site.toml", tick_s=0.3, env=env,
-                       node_command=("sleep", "infinity"), runtime=DriverKind.IDLE,
-                       client_timeout_s=5.0)
-    with serving(cfg, SlurmCliBackend(env=env), prefix=f"weave-g{instance}.") as w:
+    cfg = idle_on_slurm(public_dir / "state", instance, env, public_dir / "site.toml")
+    with serving_on_slurm(cfg) as w:
         sock = w.config.socket
-        wait_for(sock.exists, 30, "weaved's socket")
         job = call(sock, Op.SUBMIT, spec=spec_text, source=str(script))["job"]
         row = wait_for(lambda: call(sock, Op.STATUS, jobs=[job])["jobs"][0], 90,
                        f"job {job} running", until=lambda r: r["state"] == "RUNNING")

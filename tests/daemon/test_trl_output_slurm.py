@@ -15,23 +15,20 @@ from typing import Any
 import pytest
 
 from tests.harness.hosts import weaved_dirs
-from tests.harness.waits import settle, wait_for
-from tests.harness.weaved import call, serving
+from tests.harness.waits import wait_for
+from tests.harness.weaved import call, rl_on_slurm, serving_on_slurm
 from tests.slurm.session_cluster import SessionCluster
 from weave_slurm.cli.errors import run_app
 from weave_slurm.cli.main import app as weave_app
 from weave_slurm.cli.sbatch import app as sbatch_app
-from weave_slurm.daemon.driver import DriverKind
 from weave_slurm.daemon.protocol import Op
-from weave_slurm.daemon.service import DaemonConfig
-from weave_slurm.slurm.cli_backend import SlurmCliBackend
 
 pytest.importorskip("trl")
 pytestmark = [pytest.mark.slurm, pytest.mark.torch,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
 
 SPEC = Path(__file__).resolve().parents[2] / "configs" / "jobs" / "trl" / "trl-grpo-tiny.toml"
-STEPS = 3
+STEPS = 8   # enough steps that a status poll sees the job between its first and last
 
 
 def test_weave_sbatch_of_the_trl_example_writes_trls_lines_to_its_output(
@@ -43,12 +40,9 @@ def test_weave_sbatch_of_the_trl_example_writes_trls_lines_to_its_output(
     dirs = weaved_dirs(slurm_cluster.cluster, instance)
     logs = shared_tmp / "logs"
     logs.mkdir(mode=0o755)
-    cfg = DaemonConfig(state_dir=dirs.state, backend="slurm", instance=instance, tick_s=0.3,
-                       runtime=DriverKind.RL, client_timeout_s=5.0, env=env,
-                       checkpoint_root=dirs.ckpt, path_roots=(shared_tmp,))
-    with serving(cfg, SlurmCliBackend(env=env), prefix=f"weave-g{instance}.") as w:
+    cfg = rl_on_slurm(dirs, instance, env, shared_tmp)
+    with serving_on_slurm(cfg) as w:
         sock = w.config.socket
-        settle(sock.exists, 30, interval_s=0.1)
         assert run_app(sbatch_app, "weave-sbatch", [
             str(SPEC), "--iterations", str(STEPS), "--output", f"{logs}/%x-%j.out",
             "--parsable", "--socket", str(sock)]) == 0
@@ -64,7 +58,7 @@ def test_weave_sbatch_of_the_trl_example_writes_trls_lines_to_its_output(
             seen.extend(got)
             return got
 
-        rows = wait_for(status, 150, f"job {job} ended", interval_s=0.5,
+        rows = wait_for(status, 150, f"job {job} ended", interval_s=0.2,
                         until=lambda got: got[0]["state"] in ("COMPLETED", "FAILED"))
         assert rows[0]["state"] == "COMPLETED", (rows, seen[-3:])
         running = {line for line in shown if line.endswith(" RUNNING")}

@@ -94,3 +94,36 @@ def serving(cfg: DaemonConfig, backend: Backend | None = None, *, prefix: str = 
     finally:
         served.stop(join_s)
         release_all(served.weaved.backend, prefix)
+
+
+@contextmanager
+def serving_on_slurm(cfg: DaemonConfig) -> Iterator[Weaved]:
+    """weaved on the session's Slurm cluster (``cfg.env`` names it; the CLI backend), once
+    its socket is there. At the end it is stopped and this instance's
+    allocations released (``weave-g<instance>.``)."""
+    from weave_slurm.slurm.cli_backend import SlurmCliBackend
+
+    with serving(cfg, SlurmCliBackend(env=dict(cfg.env or {})),
+                 prefix=f"weave-g{cfg.instance}.") as w:
+        wait_for(w.config.socket.exists, 30, "weaved's socket", interval_s=0.1)
+        yield w
+
+
+def idle_on_slurm(state_dir: Path, instance: str, env: dict[str, str],
+                  site: Path | None = None) -> DaemonConfig:
+    """A weaved of the idle driver on the session's Slurm cluster: its allocations are
+    real, its node-daemon steps sleep (tests of what weaved asks Slurm for)."""
+    return DaemonConfig(state_dir=state_dir, backend="slurm", instance=instance,
+                        site_path=site, tick_s=0.3, env=env,
+                        node_command=("sleep", "infinity"), runtime=DriverKind.IDLE,
+                        client_timeout_s=5.0)
+
+
+def rl_on_slurm(dirs: Any, instance: str, env: dict[str, str],
+                shared: Path) -> DaemonConfig:
+    """A weaved of the group runtime on the session's Slurm cluster of separate hosts:
+    its state on the login side (``dirs.state``), checkpoints on the shared root, job
+    paths under ``shared``."""
+    return DaemonConfig(state_dir=dirs.state, backend="slurm", instance=instance, tick_s=0.3,
+                        runtime=DriverKind.RL, client_timeout_s=5.0, env=env,
+                        checkpoint_root=dirs.ckpt, path_roots=(shared,))
