@@ -20,7 +20,6 @@ from rich.table import Table
 from weave_slurm.cli.errors import run_app
 from weave_slurm.cli.logs import setup_logging
 from weave_slurm.errors import ConfigError
-from weave_slurm.node.allocation_watch import interval_from, start_watch
 from weave_slurm.node.index import DEFAULT_ROOT
 from weave_slurm.node.protocol import Op
 
@@ -68,10 +67,6 @@ def serve(
         "0, root).")] = None,
     munge_socket: Annotated[str | None, typer.Option(
         envvar="MUNGE_SOCKET", help="munged's socket; default munge's own.")] = None,
-    allocation_watch_s: Annotated[float | None, typer.Option(
-        help="Under Slurm ($SLURM_JOB_ID), ask every N s whether that job still runs and "
-        "exit once Slurm says it ended (0 = never; default "
-        "$WEAVE_NODE_ALLOCATION_WATCH_S, else 30).")] = None,
     verbose: Annotated[bool, typer.Option(
         "--verbose/--quiet", "-v/-q", help="Log at INFO (default), or warnings only.")] = True,
 ) -> None:
@@ -101,13 +96,7 @@ def serve(
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    watch = start_watch(os.environ, interval_from(allocation_watch_s, os.environ),
-                        lambda reason: _stop(signal.SIGTERM, None))
-    try:
-        daemon.serve()
-    finally:
-        if watch is not None:
-            watch.stop()
+    daemon.serve()
 
 
 @node_app.command()
