@@ -94,6 +94,19 @@ def _shrinks(w: Weaved, sock: Path, a: int) -> None:
     assert sorted(x.nodes[0] for x in w.backend.list_allocations("")) == ["h20-0", "h800-0"]
 
 
+def _both_complete(w: Weaved, sock: Path, a: int, b: int) -> None:
+    """The scaled-in job ``b`` completes on the added node with its solo weights; the
+    group shrinks; ``a`` completes on the first node with its solo weights."""
+    rows = wait_states(sock, [b], {"COMPLETED", "FAILED"}, 180, [])
+    assert rows[0]["state"] == "COMPLETED", rows
+    _matches_solo(w, b, 52, SHORT)
+    assert _rollout_nodes(w, b) == {"h20-1"}
+    _shrinks(w, sock, a)
+    rows = wait_states(sock, [a], {"COMPLETED", "FAILED"}, 240, [])
+    assert rows[0]["state"] == "COMPLETED", rows
+    _matches_solo(w, a, 51, LONG)
+
+
 def _drained(w: Weaved, shm: Path, ids: list[int]) -> None:
     settle(lambda: not w.backend.list_allocations(""), 30, interval_s=0.3)
     assert not w.backend.list_allocations("")
@@ -107,14 +120,7 @@ def test_a_scaled_in_job_runs_on_the_added_node_then_the_group_shrinks(
     try:
         w, sock = served.weaved, cfg.socket
         a, b = _scale_in(w, sock)
-        rows = wait_states(sock, [b], {"COMPLETED", "FAILED"}, 180, [])
-        assert rows[0]["state"] == "COMPLETED", rows
-        _matches_solo(w, b, 52, SHORT)
-        assert _rollout_nodes(w, b) == {"h20-1"}
-        _shrinks(w, sock, a)
-        rows = wait_states(sock, [a], {"COMPLETED", "FAILED"}, 240, [])
-        assert rows[0]["state"] == "COMPLETED", rows
-        _matches_solo(w, a, 51, LONG)
+        _both_complete(w, sock, a, b)
         assert _rollout_nodes(w, a) == {"h20-0"}
         live = w.driver.live(a)
         assert live is not None and live["recoveries"] == 0   # never stopped
@@ -133,14 +139,7 @@ def test_scaling_holds_across_a_weaved_restart(cfg: DaemonConfig) -> None:
         assert not served.thread.is_alive()
         served = serve(cfg)   # a fresh weaved on the same state dir
         w = served.weaved
-        rows = wait_states(sock, [b], {"COMPLETED", "FAILED"}, 180, [])
-        assert rows[0]["state"] == "COMPLETED", rows
-        _matches_solo(w, b, 52, SHORT)
-        assert _rollout_nodes(w, b) == {"h20-1"}
-        _shrinks(w, sock, a)
-        rows = wait_states(sock, [a], {"COMPLETED", "FAILED"}, 240, [])
-        assert rows[0]["state"] == "COMPLETED", rows
-        _matches_solo(w, a, 51, LONG)
+        _both_complete(w, sock, a, b)
         for job in (a, b):   # re-attached to their warm state, not started afresh
             live = w.driver.live(job)
             assert live is not None and live["recoveries"] >= 1
