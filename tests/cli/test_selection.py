@@ -98,6 +98,12 @@ def test_status_and_cancel_filters_on_weaved(weaved: Running,  # noqa: F811
         return _ids(capsys.readouterr().out)
 
     assert status("-t", "R") == [a, b, c]
+    # weaved applies the filters: only the rows asked for come back
+    rows = call(sock, Op.STATUS, states=["RUNNING"], names=["ja", "jc"],
+                partitions=["h20"])["jobs"]
+    assert [r["job"] for r in rows] == [a, c]
+    with pytest.raises(ConfigError, match="'states' must be a list of strings"):
+        call(sock, Op.STATUS, states="RUNNING")
     assert status("-t", "PD,CF") == []
     assert status("-n", "jb,jc", "-S", "-i") == [c, b]
     assert status("-p", "h20") == [a, b, c] and status("-p", "elsewhere") == []

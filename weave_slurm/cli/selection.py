@@ -63,6 +63,11 @@ class Selection:
         """Whether an ended state is asked for (weaved lists ended jobs only on ask)."""
         return any(s.final for s in self.states)
 
+    def request(self) -> dict[str, list[str]]:
+        """The filters as the ``status`` op takes them (weaved applies them)."""
+        return {"states": sorted(s.value for s in self.states),
+                "names": sorted(self.names), "partitions": sorted(self.partitions)}
+
     @property
     def empty(self) -> bool:
         return not (self.states or self.partitions or self.names)

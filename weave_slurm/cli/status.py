@@ -194,10 +194,10 @@ def status(
     shown = 0
     while True:
         result = _call(socket_path, Op.STATUS, users=users, jobs=ids,
-                       all=show_all or sel.wants_ended)
+                       all=show_all or sel.wants_ended, **sel.request())
         for warning in result.get("warnings") or []:
             typer.echo(f"weave: warning: {warning}", err=True)
-        rows = sort_rows([j for j in result["jobs"] if sel(j)], sort)
+        rows = sort_rows(result["jobs"], sort)
         if as_json:
             typer.echo(json.dumps(rows, indent=1))
         else:

@@ -50,6 +50,13 @@ def user_name(uid: int) -> str:
         return str(uid)
 
 
+def _str_set(args: dict[str, Any], key: str) -> frozenset[str]:
+    raw = args.get(key) or []
+    if not isinstance(raw, list) or not all(isinstance(x, str) for x in raw):
+        raise ConfigError(f"request field {key!r} must be a list of strings, got {raw!r}")
+    return frozenset(raw)
+
+
 def _int_list(args: dict[str, Any], key: str) -> list[int]:
     raw = args.get(key, [])
     if not isinstance(raw, list) or not all(isinstance(x, int) and not isinstance(x, bool)
@@ -222,18 +229,25 @@ class Api:
         if not isinstance(users, list):
             raise ConfigError(f"status: field 'users' must be a list, got {users!r}")
         show_all = bool(args.get("all"))
+        # squeue's -t / -n / -p, applied here so that only the rows asked for are built
+        states, names, partitions = (_str_set(args, k) for k in ("states", "names",
+                                                                 "partitions"))
         jobs, groups, allocs, models = self._context()
         now = self.now()
         rows = [self._job_view(j, groups, allocs, models, now) for j in jobs.values()
                 if (show_all or ids or not j.state.final)
                 and (not ids or j.job_id in ids) and (not users or j.user in users
-                                                      or str(j.uid) in users)]
+                                                      or str(j.uid) in users)
+                and (not states or j.state.value in states)
+                and (not names or j.name in names)]
         usage = self.store.usage()
         for row in rows:   # the Slurm jobs it runs (or ran) in, and their partitions
             job = jobs[row["job"]]
             held = allocs.get(job.group_id, []) if job.group_id is not None else []
             row["slurm_job_ids"] = slurm_job_ids(job, held, usage.get(job.job_id))
             row["partitions"] = sorted({a.partition for a in held if not a.state.final})
+        if partitions:
+            rows = [r for r in rows if partitions & set(r["partitions"])]
         return {"jobs": rows, "now": now, "warnings": self._warnings(now)}
 
     def _warnings(self, now: float) -> list[str]:
