@@ -35,13 +35,15 @@ def test_long_tail_migration_reaches_weaved_executor(tmp_path: Path) -> None:
     from weave_slurm.daemon.service import DaemonConfig, Weaved
 
     site = tmp_path / "site.toml"
-    site.write_text(MINIMAL + "[runtime]\nlong_tail_migration = true\ntail_fraction = 0.1\n")
+    site.write_text(MINIMAL + "[runtime]\nlong_tail_migration = true\ntail_fraction = 0.1\n"
+                    "plan_from_measurements = false\n")
     assert parse_site(site.read_text()).runtime.long_tail_migration
     w = Weaved(DaemonConfig(state_dir=tmp_path / "state", site_path=site, runtime="rl"))
     try:
         assert isinstance(w.driver, GroupRuntime)
         cfg = w.driver.config.runner
         assert cfg.migrate_tail and cfg.tail_fraction == 0.1
+        assert not w.driver.config.plan_from_measurements
     finally:
         w.store.close()
         w.server.server_close()
@@ -55,6 +57,7 @@ def test_long_tail_migration_reaches_weaved_executor(tmp_path: Path) -> None:
     ("[runtime]\nweight_transfers = 'shm'\n", "unknown key 'runtime.weight_transfers'"),
     ("[runtime]\ntail_fraction = 1.5\n", "'runtime.tail_fraction' = 1.5: must be <= 0.99"),
     ("[runtime]\nlong_tail_migration = 'yes'\n", "runtime.long_tail_migration"),
+    ("[runtime]\nplan_from_measurements = 1\n", "runtime.plan_from_measurements"),
 ])
 def test_bad_runtime_key_is_one_clear_line(text: str, needle: str) -> None:
     with pytest.raises(ConfigError) as err:

@@ -43,10 +43,23 @@ def _submit(sock: Path, name: str, seed: int, iterations: int) -> int:
     return int(call(sock, Op.SUBMIT, spec=spec, source=f"{name}.toml")["job"])
 
 
+#: The default site's pools, planning with the declared profiles only: once the first
+#: job has 3 samples per phase its measured profile (megabytes of state, a budget of a
+#: fraction of a second) would otherwise decide where the second goes, and whether it
+#: has them by then is a race with the reconcile tick.
+SITE = """
+[pools.rollout]
+[pools.train]
+[runtime]
+plan_from_measurements = false
+"""
+
+
 @pytest.fixture
 def cfg() -> Iterator[DaemonConfig]:
     with public_dir("weaved-sc-") as public, shm_dir("weaved-sc-") as shm:
-        yield rl_config(public, shm)
+        (public / "site.toml").write_text(SITE)
+        yield rl_config(public, shm, site_path=public / "site.toml")
 
 
 def _live(w: Weaved, job: int, what: str, until: Any, timeout_s: float = 180) -> Any:
@@ -124,6 +137,8 @@ def test_a_scaled_in_job_runs_on_the_added_node_then_the_group_shrinks(
         assert _rollout_nodes(w, a) == {"h20-0"}
         live = w.driver.live(a)
         assert live is not None and live["recoveries"] == 0   # never stopped
+        row = w.store.job(a)   # 120 iterations measured, none fed back (the site's choice)
+        assert row is not None and row.measured is None
         _drained(w, cfg.shm_root, [a, b])
     finally:
         _stop(served)

@@ -41,7 +41,9 @@ class RuntimeConfig:
     VM); a member killed in its first phase starts again from scratch up to
     ``max_fresh_restarts`` times. A phase is hung after ``phase_deadline_factor`` x the
     longest one measured (the declared one before that), never before
-    ``phase_deadline_floor_s``.
+    ``phase_deadline_floor_s``. Placement plans later decisions with what the runtime
+    measured of a running member (``plan_from_measurements``, docs/placement.md); off,
+    it keeps planning with the profile each job declared.
     """
 
     weight_transfer: WeightTransferKind = WeightTransferKind.AUTO
@@ -56,6 +58,7 @@ class RuntimeConfig:
     max_fresh_restarts: int = 2
     phase_deadline_factor: float = 4.0
     phase_deadline_floor_s: float = 60.0
+    plan_from_measurements: bool = True
 
 
 #: The defaults, for code that builds its own config (the runner, tests, benchmarks).
@@ -83,6 +86,8 @@ def read_runtime(table: TableReader | None) -> RuntimeConfig:
         phase_deadline_factor=table.number("phase_deadline_factor", d.phase_deadline_factor,
                                            ge=1),
         phase_deadline_floor_s=table.number("phase_deadline_floor_s",
-                                            d.phase_deadline_floor_s, gt=0))
+                                            d.phase_deadline_floor_s, gt=0),
+        plan_from_measurements=table.boolean("plan_from_measurements",
+                                             d.plan_from_measurements))
     table.done()
     return runtime

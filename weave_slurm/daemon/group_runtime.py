@@ -92,6 +92,7 @@ class GroupRuntimeConfig:
     # on the replacement from its last checkpoint there (None: it fails instead)
     checkpoint_base: Path | None = None
     runner: RunnerConfig = field(default_factory=RunnerConfig)
+    plan_from_measurements: bool = True   # feed measured profiles back to placement
 
 
 def member_spec(job: JobRow, group: GroupRow, pins: tuple[int, ...] | None = None) -> MemberSpec:
@@ -179,7 +180,7 @@ class GroupRuntime:
                     outcome = self._member_of(runner, group, job, allocs)
                     if outcome is not None:
                         outcomes.append(outcome)
-                    elif job.state is JobState.RUNNING:
+                    elif job.state is JobState.RUNNING and self.config.plan_from_measurements:
                         self._feed_back(store, runner, job)
             self._snapshot(force=True)
         return outcomes

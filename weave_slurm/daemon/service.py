@@ -196,7 +196,8 @@ class Weaved:
         runner = replace(RunnerConfig.from_site(self.site.runtime),
                          munge_socket=self.nodes.s.munge_socket)
         return GroupRuntime(self.nodes.ref, GroupRuntimeConfig(
-            poll_s=cfg.runtime_poll_s, runner=runner, checkpoint_base=base),
+            poll_s=cfg.runtime_poll_s, runner=runner, checkpoint_base=base,
+            plan_from_measurements=self.site.runtime.plan_from_measurements),
             launcher=self.nodes.launch_agent if self.nodes.s.remote else None,
             resolve=self.nodes.resolve if self.nodes.s.remote else None,
             observer=self.metrics.runtime if self.metrics else None)

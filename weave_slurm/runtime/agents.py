@@ -109,11 +109,7 @@ class AgentGroup:
         init = line.split(" ", 1)[1]
         for rank in range(1, len(self.world)):
             self._launch(rank, init)
-        for agent in self._agents.values():
-            line = self._line(agent, deadline, "join the group")
-            if not line.startswith("READY "):
-                raise self._dead(agent, f"said {line!r}, not READY")
-            agent.pid = int(line.split()[1])
+        self._joined(deadline)
         self.request({k: {"op": "ping"} for k in self._agents},
                      max(1.0, deadline - time.monotonic()))
         log.info("sync agents up (%s): %s", init, ", ".join(
@@ -146,6 +142,46 @@ class AgentGroup:
                 if not chunk:
                     raise self._dead(agent, f"exited before it could {what}")
                 agent.buf.extend(chunk)
+        return self._text_line(agent)
+
+    def _joined(self, deadline: float) -> None:
+        """Every agent's READY line. The first agent to exit (an srun to a node Slurm
+        has failed ends at once) fails the start then, not at ``deadline``: the others
+        would only wait for it to join their process group."""
+        waiting: dict[AgentKey, _Agent] = {}
+        for agent in self._agents.values():
+            if b"\n" in agent.buf:
+                self._ready(agent)
+            else:
+                waiting[agent.key] = agent
+        with selectors.DefaultSelector() as sel:
+            for agent in waiting.values():
+                assert agent.proc.stdout is not None
+                sel.register(agent.proc.stdout.fileno(), selectors.EVENT_READ, agent.key)
+            while waiting:
+                events = sel.select(max(0.0, deadline - time.monotonic()))
+                if not events:
+                    raise self._dead(next(iter(waiting.values())), "did not join the group "
+                                     f"within {self.start_timeout_s:.0f} s")
+                for ev, _ in events:
+                    agent = waiting[ev.data]
+                    chunk = os.read(ev.fd, 1 << 16)
+                    if not chunk:
+                        raise self._dead(agent, "exited before it could join the group")
+                    agent.buf.extend(chunk)
+                    if b"\n" in agent.buf:
+                        self._ready(agent)
+                        sel.unregister(ev.fileobj)
+                        del waiting[agent.key]
+
+    def _ready(self, agent: _Agent) -> None:
+        line = self._text_line(agent)
+        if not line.startswith("READY "):
+            raise self._dead(agent, f"said {line!r}, not READY")
+        agent.pid = int(line.split()[1])
+
+    @staticmethod
+    def _text_line(agent: _Agent) -> str:
         line, _, rest = bytes(agent.buf).partition(b"\n")
         agent.buf[:] = rest
         return line.decode(errors="replace").strip()
