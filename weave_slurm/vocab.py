@@ -7,9 +7,24 @@ value (``Pool.ROLLOUT == "rollout"``) where rows, JSON and TOML carry plain stri
 
 from __future__ import annotations
 
-from enum import StrEnum
+from enum import Enum, StrEnum
+from typing import TypeVar
 
 from weave_slurm.errors import ConfigError
+
+_E = TypeVar("_E", bound=Enum)
+
+
+def member_of(cls: type[_E], value: object, message: str) -> _E:
+    """The member of enum ``cls`` whose value is ``value`` (or its string); otherwise a
+    one-line ConfigError: ``message`` with ``{value}`` (its repr) and ``{choices}`` (the
+    valid values, comma-separated) filled in. Every enum a user names in a file or a
+    flag parses through here, each with the words of its own key or flag."""
+    for member in cls:
+        if member.value == value or member.value == str(value):
+            return member
+    raise ConfigError(message.format(value=repr(value),
+                                     choices=", ".join(str(m.value) for m in cls)))
 
 
 class Pool(StrEnum):
@@ -20,11 +35,7 @@ class Pool(StrEnum):
 
     @classmethod
     def parse(cls, value: object, where: str = "pool") -> Pool:
-        try:
-            return cls(str(value))
-        except ValueError:
-            raise ConfigError(f"{where} {value!r} is unknown; valid: "
-                              f"{', '.join(p.value for p in cls)}") from None
+        return member_of(cls, value, where + " {value} is unknown; valid: {choices}")
 
 
 class Phase(StrEnum):
@@ -36,11 +47,7 @@ class Phase(StrEnum):
 
     @classmethod
     def parse(cls, value: object, where: str = "phase") -> Phase:
-        try:
-            return cls(str(value))
-        except ValueError:
-            raise ConfigError(f"{where} {value!r} is unknown; valid: "
-                              f"{', '.join(p.value for p in cls)}") from None
+        return member_of(cls, value, where + " {value} is unknown; valid: {choices}")
 
     @property
     def pool(self) -> Pool:

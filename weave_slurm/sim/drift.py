@@ -16,6 +16,7 @@ import random
 from dataclasses import dataclass
 
 from weave_slurm.errors import ConfigError
+from weave_slurm.vocab import member_of
 
 
 class DriftPattern(enum.StrEnum):
@@ -25,10 +26,7 @@ class DriftPattern(enum.StrEnum):
 
     @classmethod
     def parse(cls, value: str) -> DriftPattern:
-        for member in cls:
-            if member.value == value:
-                return member
-        raise ConfigError(f"--drift {value!r}: valid choices: {', '.join(m.value for m in cls)}")
+        return member_of(cls, value, "--drift {value}: valid choices: {choices}")
 
 
 @dataclass(frozen=True, slots=True)

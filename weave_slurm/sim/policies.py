@@ -28,6 +28,7 @@ from weave_slurm.placement.optimum import MAX_JOBS, optimum
 from weave_slurm.placement.policy import Policy
 from weave_slurm.sim.profiles import DEFAULT_PARAMS_B, JobKind, warm_state_gib
 from weave_slurm.sim.traces import TraceJob
+from weave_slurm.vocab import member_of
 
 #: Policies `weave simulate` knows; ``optimal`` and ``regroup`` re-plan the whole set.
 SIM_POLICIES = ("weave", "weave-online", "isolated", "colocated", "random", "most-idle",
@@ -44,11 +45,7 @@ class Accounting(enum.StrEnum):
 
     @classmethod
     def parse(cls, value: str) -> Accounting:
-        for member in cls:
-            if member.value == value:
-                return member
-        raise ConfigError(f"--accounting {value!r}: valid choices: "
-                          f"{', '.join(m.value for m in cls)}")
+        return member_of(cls, value, "--accounting {value}: valid choices: {choices}")
 
 
 def parse_policies(spec: str) -> tuple[str, ...]:

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-from weave_slurm.errors import ConfigError
+from weave_slurm.vocab import member_of
 
 
 class TraceFormat(enum.Enum):
@@ -29,11 +29,7 @@ class TraceFormat(enum.Enum):
     @classmethod
     def parse(cls, value: str, *, flag: str = "--format") -> TraceFormat:
         """The format named ``value``; a one-line ConfigError listing the choices otherwise."""
-        for member in cls:
-            if member.value == value:
-                return member
-        choices = ", ".join(m.value for m in cls)
-        raise ConfigError(f"{flag}: unknown trace format {value!r}; valid: {choices}")
+        return member_of(cls, value, flag + ": unknown trace format {value}; valid: {choices}")
 
 
 class EventKind(enum.Enum):

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from weave_slurm.errors import ConfigError
+from weave_slurm.vocab import member_of
 
 CLUSTER_NAME = "weave"
 MUNGE_RUN_DIR = Path("/run/weave-munge")
@@ -33,11 +34,8 @@ class HostMode(enum.StrEnum):
 
     @classmethod
     def parse(cls, value: str) -> HostMode:
-        try:
-            return cls(value)
-        except ValueError:
-            raise ConfigError(f"--hosts: {value!r} is not a host mode; choose from "
-                              f"{', '.join(m.value for m in cls)}") from None
+        return member_of(cls, value, "--hosts: {value} is not a host mode; choose from "
+                                     "{choices}")
 
 
 @dataclass(frozen=True)

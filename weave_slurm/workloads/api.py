@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from weave_slurm.config.job import options_dict
 from weave_slurm.errors import ConfigError, StateError, VersionMismatch
+from weave_slurm.vocab import member_of
 from weave_slurm.workloads.trajectories import Trajectories as Trajectories
 from weave_slurm.workloads.trajectories import TrajectoryBatch as TrajectoryBatch
 from weave_slurm.workloads.trajectories import concat_trajectories
@@ -95,11 +96,7 @@ class Role(enum.Enum):
 
     @classmethod
     def parse(cls, value: str) -> Role:
-        try:
-            return cls(value)
-        except ValueError:
-            choices = ", ".join(r.value for r in cls)
-            raise ConfigError(f"role: unknown value {value!r} (valid: {choices})") from None
+        return member_of(cls, value, "role: unknown value {value} (valid: {choices})")
 
 
 @dataclass(frozen=True)

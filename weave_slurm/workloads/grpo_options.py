@@ -23,6 +23,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from weave_slurm.errors import ConfigError
+from weave_slurm.vocab import member_of
 from weave_slurm.workloads.grpo import GrpoHyper
 from weave_slurm.workloads.tasks import NUM_DIGITS, TaskKind
 
@@ -127,9 +128,5 @@ class Sampling(enum.Enum):
 
     @classmethod
     def parse(cls, value: str) -> Sampling:
-        try:
-            return cls(value)
-        except ValueError:
-            choices = ", ".join(s.value for s in cls)
-            raise ConfigError(f"options.sampling: unknown value {value!r} "
-                              f"(valid: {choices})") from None
+        return member_of(cls, value, "options.sampling: unknown value {value} "
+                                     "(valid: {choices})")

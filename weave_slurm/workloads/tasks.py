@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from weave_slurm.errors import ConfigError
+from weave_slurm.vocab import member_of
 
 if TYPE_CHECKING:
     import torch
@@ -36,11 +37,7 @@ class TaskKind(enum.Enum):
 
     @classmethod
     def parse(cls, value: str, key: str = "task") -> TaskKind:
-        try:
-            return cls(value)
-        except ValueError:
-            choices = ", ".join(k.value for k in cls)
-            raise ConfigError(f"{key}: unknown task {value!r} (valid: {choices})") from None
+        return member_of(cls, value, key + ": unknown task {value} (valid: {choices})")
 
 
 @dataclass(frozen=True)
