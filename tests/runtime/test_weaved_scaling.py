@@ -35,6 +35,9 @@ pytestmark = pytest.mark.torch
 #: default site's nodes have 2048 GiB), one fits; their training shares the h800 node.
 BIG_GIB = 1500.0
 LONG, SHORT = 120, 3   # iterations: the first job outlives the scaled-in one
+#: The scaled-in job across a restart: enough iterations that rollouts are left for the
+#: fresh weaved to run (3 may all be done by the time the first one has stopped).
+ACROSS = 12
 
 
 def _submit(sock: Path, name: str, seed: int, iterations: int) -> int:
@@ -67,13 +70,13 @@ def _live(w: Weaved, job: int, what: str, until: Any, timeout_s: float = 180) ->
                     interval_s=0.1, until=lambda live: live is not None and until(live))
 
 
-def _scale_in(w: Weaved, sock: Path) -> tuple[int, int]:
+def _scale_in(w: Weaved, sock: Path, b_iterations: int = SHORT) -> tuple[int, int]:
     """Job a running; b submitted and admitted by rollout scaling into a's group."""
     a = _submit(sock, "first", 51, LONG)
     _live(w, a, "at version 1", lambda live: live["version"] >= 1)
     row = w.store.job(a)
     assert row is not None and row.measured is None   # placement plans with 1500 GiB
-    b = _submit(sock, "scaled", 52, SHORT)
+    b = _submit(sock, "scaled", 52, b_iterations)
     wait_states(sock, [b], {"RUNNING", "FAILED"}, 120, [])
     assert [t.reason for t in w.store.transitions("job", b)][1] \
         == "scale_rollout into group 1"
@@ -107,12 +110,12 @@ def _shrinks(w: Weaved, sock: Path, a: int) -> None:
     assert sorted(x.nodes[0] for x in w.backend.list_allocations("")) == ["h20-0", "h800-0"]
 
 
-def _both_complete(w: Weaved, sock: Path, a: int, b: int) -> None:
+def _both_complete(w: Weaved, sock: Path, a: int, b: int, b_iterations: int = SHORT) -> None:
     """The scaled-in job ``b`` completes on the added node with its solo weights; the
     group shrinks; ``a`` completes on the first node with its solo weights."""
     rows = wait_states(sock, [b], {"COMPLETED", "FAILED"}, 180, [])
     assert rows[0]["state"] == "COMPLETED", rows
-    _matches_solo(w, b, 52, SHORT)
+    _matches_solo(w, b, 52, b_iterations)
     assert _rollout_nodes(w, b) == {"h20-1"}
     _shrinks(w, sock, a)
     rows = wait_states(sock, [a], {"COMPLETED", "FAILED"}, 240, [])
@@ -148,13 +151,15 @@ def test_scaling_holds_across_a_weaved_restart(cfg: DaemonConfig) -> None:
     served = serve(cfg)
     try:
         w, sock = served.weaved, cfg.socket
-        a, b = _scale_in(w, sock)
+        a, b = _scale_in(w, sock, ACROSS)
         _live(w, b, "at version 1 on the added node", lambda live: live["version"] >= 1)
         served.stop()
         assert not served.thread.is_alive()
+        at = w.driver.live(b)
+        assert at is not None and at["version"] < ACROSS, at   # rollouts are left
         served = serve(cfg)   # a fresh weaved on the same state dir
         w = served.weaved
-        _both_complete(w, sock, a, b)
+        _both_complete(w, sock, a, b, ACROSS)
         for job in (a, b):   # re-attached to their warm state, not started afresh
             live = w.driver.live(job)
             assert live is not None and live["recoveries"] >= 1
