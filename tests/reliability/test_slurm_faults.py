@@ -66,6 +66,7 @@ from weave_slurm.daemon.service import DaemonConfig, Weaved
 from weave_slurm.node.segments import weights_digest
 from weave_slurm.runtime.group import MemberSpec
 from weave_slurm.slurm import daemons
+from weave_slurm.slurm.allocation_watch import ENV_INTERVAL
 from weave_slurm.slurm.cli_backend import SlurmCliBackend
 from weave_slurm.slurm.cluster import LocalCluster
 from weave_slurm.slurm.runner import run_command
@@ -122,7 +123,7 @@ class Place:
 def place(slurm_cluster: SessionCluster) -> Iterator[Place]:
     public = Path(tempfile.mkdtemp(prefix="weave-sf-"))
     public.chmod(0o755)
-    env = dict(slurm_cluster.env)
+    env = {**slurm_cluster.env, ENV_INTERVAL: str(WATCH_S)}
     instance = f"sf{os.getpid()}{int(time.time()) % 1000}"
     p = Place(public, weaved_dirs(slurm_cluster.cluster, instance), instance, env,
               SlurmCliBackend(env=env), slurm_cluster.cluster)
@@ -269,35 +270,49 @@ def back_in_service(p: Place, node: str) -> None:
     wait_for(back, 120, f"{node} back in service")
 
 
+#: The node daemons' allocation watch, short here (weaved's steps inherit its env).
+WATCH_S = 5
+#: How long after the link is back the lost allocation's node daemon has to end itself.
+ORPHAN_GONE_S = 90
+
+
 def cut_link(p: Place, node: str) -> Callable[[], None]:
     """The node's host drops off the network (its interface down): slurmctld, weaved
     and the other nodes reach it no more, its processes run on; after SlurmdTimeout
-    Slurm marks it DOWN and ends its jobs. The undo brings the link back and waits
-    until Slurm has the node back, its stale steps killed by its slurmd."""
+    Slurm marks it DOWN and ends its jobs. The undo brings the link back, waits until
+    Slurm has the node back and the lost allocation's node daemon there has ended
+    itself (its allocation watch: B2, F17); what a site's health check would still
+    have to end fails the test (it is ended all the same)."""
     link_down(p.cluster, node)
 
     def undo() -> None:
         link_up(p.cluster, node)
+        up = time.monotonic()
         back_in_service(p, node)
-        end_orphan_steps(p, node)
+        back = time.monotonic() - up
+        settle(lambda: not orphan_steps(p, node)
+               and node_status(p.cluster, node, p.instance) is None,
+               ORPHAN_GONE_S, interval_s=0.5)
+        gone = time.monotonic() - up
+        left = orphan_steps(p, node)
+        ended = end_orphan_steps(p, node)
+        print(f"cut-off {node}: back in service {back:.1f} s after the link came up; "
+              f"stale steps gone {gone:.1f} s after it; left for the health check: "
+              f"{left}", flush=True)
+        assert not ended, (f"{node}: the lost allocation's steps outlived its return by "
+                           f"{ORPHAN_GONE_S} s and had to be killed: {left}")
     return undo
 
 
-def end_orphan_steps(p: Place, node: str) -> list[int]:
-    """What a site's node health check does after an outage: end, on ``node``'s host,
-    the processes of this cluster's jobs that Slurm no longer runs (their pids).
-
-    Slurm takes a host that was cut off back once it answers a ping, and ended its jobs
-    meanwhile, but nobody tells the host: the steps of the lost allocation (its node
-    daemon) run on there. Measured here: neither a resume, ``scontrol reconfigure`` nor
-    a restarted slurmd (which registers with the steps it finds) ended them within a
-    minute (docs/reliability.md, B2)."""
+def orphan_steps(p: Place, node: str) -> dict[int, str]:
+    """On ``node``'s host, the processes of this cluster's jobs that Slurm no longer
+    runs: pid -> command line."""
     running = set(run_command(["squeue", "-h", "-o", "%i"], env=p.env,
                               timeout_s=20).stdout.split())
     net = next(a.split("=", 1)[1] for a in p.cluster.host_argv(node, ["true"])
                if a.startswith("--net="))
     host_ns = os.stat(net).st_ino
-    ended = []
+    found: dict[int, str] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -312,8 +327,25 @@ def end_orphan_steps(p: Place, node: str) -> list[int]:
         if (same_host and job is not None and job not in running
                 and env.get("SLURM_CONF") == p.env["SLURM_CONF"]):
             with contextlib.suppress(OSError):
-                os.kill(int(entry.name), signal.SIGKILL)
-                ended.append(int(entry.name))
+                found[int(entry.name)] = (entry / "cmdline").read_bytes().replace(
+                    b"\0", b" ").decode(errors="replace").strip()
+    return found
+
+
+def end_orphan_steps(p: Place, node: str) -> list[int]:
+    """What a site's node health check does after an outage: end, on ``node``'s host,
+    the processes of this cluster's jobs that Slurm no longer runs (their pids).
+
+    Slurm takes a host that was cut off back once it answers a ping, and ended its jobs
+    meanwhile, but nobody tells the host: before F17 the steps of the lost allocation
+    (its node daemon) ran on there; neither a resume, ``scontrol reconfigure`` nor a
+    restarted slurmd (which registers with the steps it finds) ended them within a
+    minute (docs/reliability.md, B2). Now the node daemon ends itself."""
+    ended = []
+    for pid in orphan_steps(p, node):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+            ended.append(pid)
     return ended
 
 

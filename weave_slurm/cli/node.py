@@ -22,6 +22,7 @@ from weave_slurm.cli.logs import setup_logging
 from weave_slurm.errors import ConfigError
 from weave_slurm.node.index import DEFAULT_ROOT
 from weave_slurm.node.protocol import Op
+from weave_slurm.slurm.allocation_watch import interval_from, start_watch
 
 node_app = typer.Typer(help="The per-node warm-state daemon.", no_args_is_help=True)
 
@@ -67,6 +68,10 @@ def serve(
         "0, root).")] = None,
     munge_socket: Annotated[str | None, typer.Option(
         envvar="MUNGE_SOCKET", help="munged's socket; default munge's own.")] = None,
+    allocation_watch_s: Annotated[float | None, typer.Option(
+        help="Under Slurm ($SLURM_JOB_ID), ask every N s whether that job still runs and "
+        "exit once Slurm says it ended (0 = never; default "
+        "$WEAVE_NODE_ALLOCATION_WATCH_S, else 30).")] = None,
     verbose: Annotated[bool, typer.Option(
         "--verbose/--quiet", "-v/-q", help="Log at INFO (default), or warnings only.")] = True,
 ) -> None:
@@ -96,7 +101,13 @@ def serve(
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    daemon.serve()
+    watch = start_watch(os.environ, interval_from(allocation_watch_s, os.environ),
+                        lambda reason: _stop(signal.SIGTERM, None))
+    try:
+        daemon.serve()
+    finally:
+        if watch is not None:
+            watch.stop()
 
 
 @node_app.command()

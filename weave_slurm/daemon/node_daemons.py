@@ -151,10 +151,12 @@ class NodeDaemons:
                 "--root", f"{self._instanced(self.s.shm_root)}/{{node}}",
                 "--socket", f"{self.socket_dir}/node-{{node}}.sock",
                 "--checkpoint-interval-s", "0", "--checkpoint-root", f"{base}/{{node}}"]
-        if self.s.remote:
+        if self.s.remote:   # its allocation watch: every 30 s or $WEAVE_NODE_ALLOCATION_WATCH_S
             argv += ["--listen-port", "0", "--trusted-uid", str(os.getuid())]
             if self.s.munge_socket:
                 argv += ["--munge-socket", self.s.munge_socket]
+        else:               # the local backend's jobs are no Slurm jobs: no squeue to ask
+            argv += ["--allocation-watch-s", "0"]
         return tuple(argv)
 
     def step(self, group: GroupRow, alloc: AllocRow) -> StepSpec:

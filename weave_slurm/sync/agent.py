@@ -54,6 +54,7 @@ from weave_slurm.node.crc import CRC_KEY, storage_crc32
 from weave_slurm.node.index import DTYPE_ITEMSIZE, JobRef, SegmentIndex
 from weave_slurm.node.protocol import Op
 from weave_slurm.node.segments import AttachedState, SegmentStore, tensor_views
+from weave_slurm.slurm.allocation_watch import interval_from, start_watch
 from weave_slurm.sync.header import SyncMode
 from weave_slurm.sync.ledger import VersionLedger
 from weave_slurm.sync.pieces import crc32_into, is_payload_tag
@@ -376,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["GLOO_SOCKET_IFNAME"] = iface
     if spec.rank == 0:
         _reply_line(control, f"RENDEZVOUS {init}")
+    watch = start_watch(os.environ, interval_from(None, os.environ), _allocation_gone)
     agent = SyncAgent(spec)
     try:
         agent.connect(init)
@@ -384,8 +386,20 @@ def main(argv: list[str] | None = None) -> int:
     except WeaveError as exc:
         print(f"sync agent {spec.rank}: {exc}", file=sys.stderr, flush=True)
         os._exit(1)
+    finally:
+        if watch is not None:
+            watch.stop()
     sys.stderr.flush()
     os._exit(0)  # skip process-group teardown: a dead peer must not hang the exit
+
+
+def _allocation_gone(reason: str) -> None:
+    """The agent's allocation has ended (its host was cut off and came back: Slurm ends
+    nothing there, docs/reliability.md F17); a rank blocked in a collective with peers
+    that are gone would wait for ever, so the process ends now (nothing of it is kept)."""
+    print(f"sync agent exits: its allocation no longer runs ({reason})", file=sys.stderr,
+          flush=True)
+    os._exit(3)
 
 
 def _reply_line(wfile: IO[bytes], text: str) -> None:
