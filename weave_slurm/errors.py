@@ -34,7 +34,13 @@ class InsufficientResources(WeaveError):
 
 class NodeUnavailable(InsufficientResources):
     """A node daemon cannot take work now: it is gone, stopping, or restarting its
-    worker pool. Not the job's fault: retry after a while, or on a replacement node."""
+    worker pool. Not the job's fault: retry after a while, or on a replacement node.
+    ``node``: the node whose daemon it is, where the raiser knows it (a fault then
+    names that node, not the node of the request that ran into it)."""
+
+    def __init__(self, *args: object, node: str | None = None) -> None:
+        super().__init__(*args)
+        self.node = node
 
 
 class NodeGone(NodeUnavailable):

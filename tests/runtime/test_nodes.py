@@ -10,9 +10,10 @@ import pytest
 
 from weave_slurm.errors import NodeGone
 from weave_slurm.node.protocol import Op
+from weave_slurm.runtime.faults import Fault, FaultKind
 from weave_slurm.runtime.group import NodeRef
 from weave_slurm.runtime.nodes import RETRY_AFTER_S, NodeLink
-from weave_slurm.vocab import Pool
+from weave_slurm.vocab import Phase, Pool
 
 
 class FakeClient:
@@ -77,3 +78,16 @@ def test_local_node_is_always_asked() -> None:
         with pytest.raises(NodeGone):
             link.call(node, Op.STATUS)
     assert len(log) == 3
+
+
+def test_the_fault_names_the_node_that_did_not_answer() -> None:
+    """A request made for a run on one node (a sync from the training node) that finds
+    another node's daemon gone (the rollout node) names the gone one."""
+    link, node, _log, _fail, _clock = _link(remote=True)
+    for words in ("timed out", "unreachable"):   # the first failure, then the cached one
+        with pytest.raises(NodeGone, match=words) as err:
+            link.call(node, Op.STATUS)
+        assert err.value.node == "n1"
+        fault = Fault.from_error(err.value, "t0", Phase.TRAIN)
+        assert fault.kind is FaultKind.NODE_GONE and fault.node == "n1"
+        assert fault.words().startswith("node daemon on node n1 stopped answering")

@@ -68,7 +68,10 @@ class Fault:
     @classmethod
     def from_error(cls, exc: WeaveError, node: str | None = None,
                    phase: Phase | None = None, during: str | None = None) -> Fault:
-        """The fault a failed request stands for, by the error's type."""
+        """The fault a failed request stands for, by the error's type; a node daemon
+        that does not answer is named by the error, where it says which one."""
+        if isinstance(exc, NodeUnavailable) and exc.node is not None:
+            node = exc.node
         return cls(error_kind(exc), node, phase, None, str(exc), during)
 
     def words(self) -> str:

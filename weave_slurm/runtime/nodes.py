@@ -79,7 +79,7 @@ class NodeLink:
         down = self._down.get(key)
         if down is not None and self._now() < down[0]:
             raise NodeGone(f"node {node.name} is unreachable (retried in "
-                           f"{down[0] - self._now():.0f} s): {down[1]}")
+                           f"{down[0] - self._now():.0f} s): {down[1]}", node=node.name)
         try:
             reply = dict(self.client(node).call(op, **args))
         except NodeGone as exc:
@@ -88,6 +88,8 @@ class NodeLink:
                 old.close()
             if node.remote:
                 self._down[key] = (self._now() + RETRY_AFTER_S, str(exc))
+            if exc.node is None:
+                exc.node = node.name
             raise
         self._down.pop(key, None)
         return reply
