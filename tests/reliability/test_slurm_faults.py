@@ -63,7 +63,7 @@ from tests.slurm.session_cluster import SessionCluster
 from weave_slurm.daemon.driver import DriverKind
 from weave_slurm.daemon.protocol import Op
 from weave_slurm.daemon.service import DaemonConfig, Weaved
-from weave_slurm.node.segments import weights_digest
+from weave_slurm.node.segments import SEG_SUFFIX, weights_digest
 from weave_slurm.runtime.group import MemberSpec
 from weave_slurm.slurm import daemons
 from weave_slurm.slurm.allocation_watch import ENV_INTERVAL
@@ -286,6 +286,10 @@ def cut_link(p: Place, node: str) -> Callable[[], None]:
     link_down(p.cluster, node)
 
     def undo() -> None:
+        # asked on the host itself (its node-local socket): is the lost allocation's
+        # node daemon still there, or did its slurmstepd end it while the host was cut
+        # off (the step's srun connection broken; seen in 1 of 4 runs)?
+        stale = node_status(p.cluster, node, p.instance) is not None
         link_up(p.cluster, node)
         up = time.monotonic()
         back_in_service(p, node)
@@ -296,11 +300,17 @@ def cut_link(p: Place, node: str) -> Callable[[], None]:
         gone = time.monotonic() - up
         left = orphan_steps(p, node)
         ended = end_orphan_steps(p, node)
-        print(f"cut-off {node}: back in service {back:.1f} s after the link came up; "
-              f"stale steps gone {gone:.1f} s after it; left for the health check: "
-              f"{left}", flush=True)
+        segments = [q for q in shm_paths(p.cluster, node, node_shm(p.instance, node))
+                    if q.endswith(SEG_SUFFIX)]
+        print(f"cut-off {node}: node daemon {'still' if stale else 'no longer'} there at "
+              f"the return; back in service {back:.1f} s after the link came up; stale "
+              f"steps gone {gone:.1f} s after it; left for the health check: {left}; "
+              f"segments left: {len(segments)}", flush=True)
         assert not ended, (f"{node}: the lost allocation's steps outlived its return by "
                            f"{ORPHAN_GONE_S} s and had to be killed: {left}")
+        if stale:   # its allocation watch ended it, and it removed the segments first
+            assert not segments, f"{node}: the lost allocation's warm state is left: " \
+                                 f"{segments}"
     return undo
 
 

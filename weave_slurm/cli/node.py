@@ -11,7 +11,7 @@ import sys
 import threading
 from pathlib import Path
 from types import FrameType
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -19,10 +19,15 @@ from rich.table import Table
 
 from weave_slurm.cli.errors import run_app
 from weave_slurm.cli.logs import setup_logging
-from weave_slurm.errors import ConfigError
+from weave_slurm.errors import ConfigError, WeaveError
 from weave_slurm.node.index import DEFAULT_ROOT
 from weave_slurm.node.protocol import Op
 from weave_slurm.slurm.allocation_watch import interval_from, start_watch
+
+if TYPE_CHECKING:
+    from weave_slurm.node.daemon import NodeDaemon
+
+log = logging.getLogger(__name__)
 
 node_app = typer.Typer(help="The per-node warm-state daemon.", no_args_is_help=True)
 
@@ -101,13 +106,33 @@ def serve(
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
+    def _allocation_gone(reason: str) -> None:
+        _discard_state(daemon)
+        _stop(signal.SIGTERM, None)
+
     watch = start_watch(os.environ, interval_from(allocation_watch_s, os.environ),
-                        lambda reason: _stop(signal.SIGTERM, None))
+                        _allocation_gone)
     try:
         daemon.serve()
     finally:
         if watch is not None:
             watch.stop()
+
+
+def _discard_state(daemon: NodeDaemon) -> None:
+    """Remove every job's segments from this node: its allocation has ended, so weaved
+    re-admits the members elsewhere from their checkpoints (on the shared file system,
+    kept), and nothing here is read again; the host's memory is freed once the workers'
+    mappings go with the shutdown that follows (docs/reliability.md, F17)."""
+    jobs = daemon.store.list_jobs()
+    for job in jobs:
+        try:
+            daemon.store.delete_job(job)
+        except WeaveError as exc:
+            log.warning("node daemon: could not remove job %s's segments: %s",
+                        job.job_id, exc)
+    log.warning("node daemon: removed the segments of %d job(s) of an allocation that no "
+                "longer runs", len(jobs))
 
 
 @node_app.command()

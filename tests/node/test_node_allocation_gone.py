@@ -1,0 +1,27 @@
+"""What ``weave node serve`` does once its allocation watch says the job has ended
+(docs/reliability.md, F17): every job's segments go, since nothing reads them again
+(weaved re-admits the members elsewhere from their checkpoints), and the checkpoints
+on the shared file system stay."""
+
+from __future__ import annotations
+
+import torch
+
+from weave_slurm.cli.node import _discard_state
+from weave_slurm.node.client import NodeClient
+from weave_slurm.node.daemon import NodeDaemon
+from weave_slurm.node.protocol import Op
+
+
+def test_an_ended_allocations_segments_are_removed_and_its_checkpoints_kept(
+        node: NodeDaemon) -> None:
+    with NodeClient(node.config.socket) as c:
+        jobs = [c.register(name) for name in ("j1", "j2")]
+        for job in jobs:
+            c.put_state(job, "weights", {"w": torch.ones(4)}, version=1)
+        c.call(Op.CHECKPOINT, job="j1")
+    assert len(node.store.list_segments()) == 2
+    _discard_state(node)
+    assert node.store.list_jobs() == [] and node.store.used_bytes() == 0
+    assert [node.ckpt.read(p).versions for p in node.ckpt.checkpoints(jobs[0])] == \
+        [{"weights": 1}]
