@@ -135,3 +135,16 @@ def test_weaveds_node_command_turns_the_watch_off_on_the_local_backend(
         assert "--allocation-watch-s" not in argv
     else:
         assert argv[argv.index("--allocation-watch-s") + 1] == "0"
+
+
+def test_ended_now_asks_once_and_calls_nothing() -> None:
+    """What a node daemon stopped by a signal asks: is this the end of its allocation?"""
+    called: list[str] = []
+    for reply, ended in [(FakeReply(stdout="NODE_FAIL\n"), "job 42 is NODE_FAIL"),
+                         (FakeReply(stdout="RUNNING\n"), None),
+                         (FakeReply(hang=True), None)]:
+        fake = runner(reply)
+        watch = AllocationWatch("42", 30, called.append, runner=fake)
+        assert watch.ended_now(timeout_s=0.5) == ended
+        assert fake.argvs() == [SQUEUE] and watch.gone is None
+    assert called == []

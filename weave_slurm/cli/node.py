@@ -22,7 +22,7 @@ from weave_slurm.cli.logs import setup_logging
 from weave_slurm.errors import ConfigError, WeaveError
 from weave_slurm.node.index import DEFAULT_ROOT
 from weave_slurm.node.protocol import Op
-from weave_slurm.slurm.allocation_watch import interval_from, start_watch
+from weave_slurm.slurm.allocation_watch import AllocationWatch, interval_from, start_watch
 
 if TYPE_CHECKING:
     from weave_slurm.node.daemon import NodeDaemon
@@ -101,15 +101,29 @@ def serve(
 
         print(ready_line(_node_name(), int(daemon.door.address[1])), flush=True)
 
+    watch: AllocationWatch | None = None
+    discarded = threading.Event()
+
+    def _shutdown() -> None:
+        # A signal under Slurm: the end of the allocation (a returned host's lost steps
+        # ended by Slurm), or a stop whose state is wanted again? Slurm says which.
+        if watch is not None and not discarded.is_set():
+            reason = watch.ended_now()
+            if reason is not None:
+                log.warning("node daemon stopped after its allocation ended (%s)", reason)
+                _discard_state(daemon)
+        daemon.shutdown()
+
     def _stop(signum: int, frame: FrameType | None) -> None:
-        threading.Thread(target=daemon.shutdown, daemon=True).start()
+        threading.Thread(target=_shutdown, daemon=True).start()
+
+    def _allocation_gone(reason: str) -> None:
+        _discard_state(daemon)
+        discarded.set()
+        _stop(signal.SIGTERM, None)
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    def _allocation_gone(reason: str) -> None:
-        _discard_state(daemon)
-        _stop(signal.SIGTERM, None)
-
     watch = start_watch(os.environ, interval_from(allocation_watch_s, os.environ),
                         _allocation_gone)
     try:

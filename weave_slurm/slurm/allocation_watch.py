@@ -130,6 +130,12 @@ class AllocationWatch:
             self.on_gone(answer.detail)
         return answer
 
+    def ended_now(self, timeout_s: float = 5.0) -> str | None:
+        """Ask once, now (a signal came: is it the end of the allocation?): why it no
+        longer runs if Slurm definitely says so, else None. ``on_gone`` is not called."""
+        answer = ask(self.runner, self.job_id, min(timeout_s, self.timeout_s))
+        return answer.detail if answer.verdict is Verdict.GONE else None
+
     def run(self) -> None:
         while not self._stop.wait(self.interval_s) and self.gone is None:
             try:
