@@ -21,7 +21,7 @@ def test_an_ended_allocations_segments_are_removed_and_its_checkpoints_kept(
             c.put_state(job, "weights", {"w": torch.ones(4)}, version=1)
         c.call(Op.CHECKPOINT, job="j1")
     assert len(node.store.list_segments()) == 2
-    _discard_state(node)
+    _discard_state(node, "job 7 is NODE_FAIL")
     assert node.store.list_jobs() == [] and node.store.used_bytes() == 0
     assert [node.ckpt.read(p).versions for p in node.ckpt.checkpoints(jobs[0])] == \
         [{"weights": 1}]

@@ -288,7 +288,7 @@ def cut_link(p: Place, node: str) -> Callable[[], None]:
     def undo() -> None:
         # asked on the host itself (its node-local socket): is the lost allocation's
         # node daemon still there, or did its slurmstepd end it while the host was cut
-        # off (the step's srun connection broken; seen in 1 of 4 runs)?
+        # off (the step's srun connection broken; seen in 1 of 6 runs)?
         stale = node_status(p.cluster, node, p.instance) is not None
         link_up(p.cluster, node)
         up = time.monotonic()
@@ -308,7 +308,7 @@ def cut_link(p: Place, node: str) -> Callable[[], None]:
               f"segments left: {len(segments)}", flush=True)
         assert not ended, (f"{node}: the lost allocation's steps outlived its return by "
                            f"{ORPHAN_GONE_S} s and had to be killed: {left}")
-        if stale:   # its allocation watch ended it, and it removed the segments first
+        if stale:   # ended once Slurm could say its job ended: segments removed first
             assert not segments, f"{node}: the lost allocation's warm state is left: " \
                                  f"{segments}"
     return undo

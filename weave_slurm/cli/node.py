@@ -102,25 +102,21 @@ def serve(
         print(ready_line(_node_name(), int(daemon.door.address[1])), flush=True)
 
     watch: AllocationWatch | None = None
-    discarded = threading.Event()
 
-    def _shutdown() -> None:
+    def _shutdown(ended: str | None) -> None:
         # A signal under Slurm: the end of the allocation (a returned host's lost steps
         # ended by Slurm), or a stop whose state is wanted again? Slurm says which.
-        if watch is not None and not discarded.is_set():
-            reason = watch.ended_now()
-            if reason is not None:
-                log.warning("node daemon stopped after its allocation ended (%s)", reason)
-                _discard_state(daemon)
+        if ended is None and watch is not None:
+            ended = watch.ended_now()
+        if ended is not None:
+            _discard_state(daemon, ended)
         daemon.shutdown()
 
     def _stop(signum: int, frame: FrameType | None) -> None:
-        threading.Thread(target=_shutdown, daemon=True).start()
+        threading.Thread(target=_shutdown, args=(None,), daemon=True).start()
 
-    def _allocation_gone(reason: str) -> None:
-        _discard_state(daemon)
-        discarded.set()
-        _stop(signal.SIGTERM, None)
+    def _allocation_gone(reason: str) -> None:   # the watch knows: no second question
+        threading.Thread(target=_shutdown, args=(reason,), daemon=True).start()
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
@@ -133,7 +129,7 @@ def serve(
             watch.stop()
 
 
-def _discard_state(daemon: NodeDaemon) -> None:
+def _discard_state(daemon: NodeDaemon, why: str) -> None:
     """Remove every job's segments from this node: its allocation has ended, so weaved
     re-admits the members elsewhere from their checkpoints (on the shared file system,
     kept), and nothing here is read again; the host's memory is freed once the workers'
@@ -145,8 +141,8 @@ def _discard_state(daemon: NodeDaemon) -> None:
         except WeaveError as exc:
             log.warning("node daemon: could not remove job %s's segments: %s",
                         job.job_id, exc)
-    log.warning("node daemon: removed the segments of %d job(s) of an allocation that no "
-                "longer runs", len(jobs))
+    log.warning("node daemon: removed the segments of %d job(s): its allocation no longer "
+                "runs (%s)", len(jobs), why)
 
 
 @node_app.command()
