@@ -15,7 +15,7 @@ import pytest
 from tests.harness.scratch import public_dir, shm_dir
 from tests.harness.specs import job_spec
 from tests.harness.waits import settle, wait_for
-from tests.harness.weaved import call, rl_config, serving, wait_states
+from tests.harness.weaved import call, rl_config, serving, smoke_site, wait_states
 from weave_slurm.cli.errors import run_app
 from weave_slurm.cli.main import app
 from weave_slurm.daemon.protocol import Op
@@ -55,7 +55,7 @@ def sacct(sock: Path, capsys: pytest.CaptureFixture[str], *argv: str) -> str:
 
 def test_sacct_lists_each_member_with_its_share(capsys: pytest.CaptureFixture[str]) -> None:
     with public_dir("weaved-acct-") as public, shm_dir("weaved-acct-") as shm:
-        (public / "site.toml").write_text(SITE)
+        (public / "site.toml").write_text(smoke_site(SITE))
         cfg = rl_config(public, shm, site_path=public / "site.toml")
         with serving(cfg) as w:
             sock = w.config.socket

@@ -147,8 +147,8 @@ def free_port() -> int:
 
 @contextmanager
 def running_fleet(state_dir: Path, group_id: str, shm_prefix: str,
-                rollout_nodes: int = 1, munge_socket: str | None = None
-                ) -> Iterator[NodeFleet]:
+                rollout_nodes: int = 1, munge_socket: str | None = None,
+                train_nodes: int = 1) -> Iterator[NodeFleet]:
     """A started fleet of one group on a LocalBackend in ``state_dir`` (its node
     daemons are local processes), its shm in ``/dev/shm/<shm_prefix>XXXX``; stopped and
     removed at the end. Host memory 0.25 GiB a node: the toy's warm state is small."""
@@ -157,7 +157,8 @@ def running_fleet(state_dir: Path, group_id: str, shm_prefix: str,
     with shm_dir(shm_prefix) as shm:
         fleet = NodeFleet(LocalBackend(state_dir / "backend"),
                           FleetConfig(group_id, shm, state_dir, rollout_nodes=rollout_nodes,
-                                      host_mem_gib=0.25, munge_socket=munge_socket))
+                                      train_nodes=train_nodes, host_mem_gib=0.25,
+                                      munge_socket=munge_socket))
         try:
             fleet.start()
             yield fleet

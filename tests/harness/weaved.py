@@ -3,6 +3,7 @@ its backend, and the calls the tests make on its socket."""
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -50,8 +51,21 @@ def wait_states(sock: Path, ids: list[int], want: set[str], timeout_s: float,
                     until=lambda got: all(r["state"] in want for r in got))
 
 
+def smoke_site(text: str = "") -> str:
+    """A test site's TOML as a CPU smoke site: its partitions declare GPUs its hosts lack,
+    so a member trains as one process (``[runtime] gangs = false``) unless the test says
+    ``gangs`` itself (the gang tests: tests/runtime/test_gang_run.py, test_gang_hosts.py)."""
+    if re.search(r"^gangs\s*=", text, re.M):
+        return text
+    if re.search(r"^\[runtime\]\s*$", text, re.M):
+        return re.sub(r"^\[runtime\]\s*$", "[runtime]\ngangs = false", text, count=1,
+                      flags=re.M)
+    return f"{text.rstrip()}\n\n[runtime]\ngangs = false\n".lstrip()
+
+
 def rl_config(public: Path, shm: Path, **more: Any) -> DaemonConfig:
-    """weaved with the group runtime (real node daemons and workers) on the LocalBackend."""
+    """weaved with the group runtime (real node daemons and workers) on the LocalBackend
+    (without ``site_path``: the built-in site, whose members train as one process)."""
     return DaemonConfig(state_dir=public / "state", tick_s=0.2, shm_root=shm,
                         client_timeout_s=5.0, runtime=DriverKind.RL, **more)
 
@@ -120,10 +134,10 @@ def idle_on_slurm(state_dir: Path, instance: str, env: dict[str, str],
 
 
 def rl_on_slurm(dirs: Any, instance: str, env: dict[str, str],
-                shared: Path) -> DaemonConfig:
+                shared: Path, site: Path | None = None) -> DaemonConfig:
     """A weaved of the group runtime on the session's Slurm cluster of separate hosts:
     its state on the login side (``dirs.state``), checkpoints on the shared root, job
     paths under ``shared``."""
     return DaemonConfig(state_dir=dirs.state, backend="slurm", instance=instance, tick_s=0.3,
                         runtime=DriverKind.RL, client_timeout_s=5.0, env=env,
-                        checkpoint_root=dirs.ckpt, path_roots=(shared,))
+                        checkpoint_root=dirs.ckpt, path_roots=(shared,), site_path=site)

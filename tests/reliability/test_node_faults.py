@@ -26,7 +26,7 @@ from tests.harness.scratch import public_dir, shm_dir
 from tests.harness.solo import run_solo
 from tests.harness.specs import OPTIONS, job_spec
 from tests.harness.waits import wait_for
-from tests.harness.weaved import call, rl_config, serving, wait_states
+from tests.harness.weaved import call, rl_config, serving, smoke_site, wait_states
 from weave_slurm.config.render import job_spec_toml
 from weave_slurm.daemon.protocol import Op
 from weave_slurm.daemon.service import Weaved
@@ -55,7 +55,7 @@ def make_rig(site: str | None = None) -> Iterator[Rig]:
         site_path = None
         if site is not None:
             site_path = public / "site.toml"
-            site_path.write_text(site)
+            site_path.write_text(smoke_site(site))
         cfg = rl_config(public, shm, site_path=site_path)
         try:
             with serving(cfg) as w:

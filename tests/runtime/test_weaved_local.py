@@ -15,7 +15,7 @@ from tests.harness.specs import OPTIONS, job_spec
 from tests.harness.waits import settle, wait_for
 from tests.harness.weaved import call, state_of, wait_states
 from weave_slurm.config.render import job_spec_toml
-from weave_slurm.daemon.layout_view import NOT_YET
+from weave_slurm.daemon.layout_view import RANK0_ONLY
 from weave_slurm.daemon.protocol import Op
 from weave_slurm.daemon.service import Weaved
 from weave_slurm.node.segments import weights_digest
@@ -54,7 +54,7 @@ def test_three_jobs_through_weaved_match_solo(rl_weaved: tuple[Weaved, Path, Pat
         # its layout (8 + 8 GPUs on the default site's 8-GPU nodes) is more than the one
         # process per role that ran, and show job says so (no gangs yet: issue 15, item 2)
         assert shown["layout"]["words"] == "train 1x8 ranks; rollout 1x8 engines x 1 GPU"
-        assert shown["layout"]["runs"] == NOT_YET
+        assert shown["layout"]["runs"] == RANK0_ONLY
     # the group drained: allocations released, node daemons gone, no job state in shm
     settle(lambda: not (w.backend.list_allocations("") or call(sock, Op.GROUPS)["groups"]),
            30, interval_s=0.3)
@@ -123,7 +123,7 @@ def test_a_job_laid_out_over_two_training_nodes_runs_rank_0_on_the_first(
     assert lay["words"] == "train 2x8 ranks; rollout 2x8 engines x 1 GPU"
     assert [n["node"] for n in lay["train"]["nodes"]] == ["h800-0", "h800-1"]
     assert sorted(n["node"] for n in lay["rollout"]["nodes"]) == ["h20-0", "h20-1"]
-    assert lay["runs"] == NOT_YET
+    assert lay["runs"] == RANK0_ONLY
     group = next(r["group"] for r in seen if r["group"] is not None)
     trained_on = {s.node for s in w.driver.spans.get(group, [])  # type: ignore[attr-defined]
                   if s.kind is Phase.TRAIN}

@@ -20,7 +20,15 @@ from tests.harness.scratch import public_dir, shm_dir
 from tests.harness.solo import run_solo
 from tests.harness.specs import OPTIONS
 from tests.harness.waits import settle, wait_for
-from tests.harness.weaved import Served, call, release_all, rl_config, serve, wait_states
+from tests.harness.weaved import (
+    Served,
+    call,
+    release_all,
+    rl_config,
+    serve,
+    smoke_site,
+    wait_states,
+)
 from weave_slurm.config.render import job_spec_toml
 from weave_slurm.daemon.protocol import Op
 from weave_slurm.daemon.service import DaemonConfig, Weaved
@@ -61,7 +69,7 @@ plan_from_measurements = false
 @pytest.fixture
 def cfg() -> Iterator[DaemonConfig]:
     with public_dir("weaved-sc-") as public, shm_dir("weaved-sc-") as shm:
-        (public / "site.toml").write_text(SITE)
+        (public / "site.toml").write_text(smoke_site(SITE))
         yield rl_config(public, shm, site_path=public / "site.toml")
 
 

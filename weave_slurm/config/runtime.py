@@ -43,7 +43,10 @@ class RuntimeConfig:
     longest one measured (the declared one before that), never before
     ``phase_deadline_floor_s``. Placement plans later decisions with what the runtime
     measured of a running member (``plan_from_measurements``, docs/placement.md); off,
-    it keeps planning with the profile each job declared.
+    it keeps planning with the profile each job declared. ``gangs``: a member trains
+    as every rank its layout places (one process per training GPU, one world:
+    docs/job_api.md, "Gangs"); off, as one process on its first training node (a
+    site whose nodes lack the GPUs its partitions declare, e.g. a CPU smoke test).
     """
 
     weight_transfer: WeightTransferKind = WeightTransferKind.AUTO
@@ -59,6 +62,7 @@ class RuntimeConfig:
     phase_deadline_factor: float = 4.0
     phase_deadline_floor_s: float = 60.0
     plan_from_measurements: bool = True
+    gangs: bool = True
 
 
 #: The defaults, for code that builds its own config (the runner, tests, benchmarks).
@@ -88,6 +92,7 @@ def read_runtime(table: TableReader | None) -> RuntimeConfig:
         phase_deadline_floor_s=table.number("phase_deadline_floor_s",
                                             d.phase_deadline_floor_s, gt=0),
         plan_from_measurements=table.boolean("plan_from_measurements",
-                                             d.plan_from_measurements))
+                                             d.plan_from_measurements),
+        gangs=table.boolean("gangs", d.gangs))
     table.done()
     return runtime

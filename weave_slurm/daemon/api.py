@@ -221,7 +221,8 @@ class Api:
                 "time_s": end - job.started_s if job.started_s is not None else 0.0,
                 "nodes": nodes, "reason": reason, "submitted_s": job.submitted_s,
                 "window": job.profile.staleness, "staleness": behind,
-                "layout": layout_row(job, group, allocs, self.phase == HOSTED_PHASE)}
+                "layout": layout_row(job, group, allocs, self.phase == HOSTED_PHASE,
+                                     self.site.runtime.gangs)}
 
     def status(self, args: dict[str, Any]) -> dict[str, Any]:
         ids = set(_int_list(args, "jobs"))

@@ -17,17 +17,24 @@ from weave_slurm.daemon.driver import pool_nodes
 from weave_slurm.daemon.records import AllocRow, GroupRow, JobRow
 from weave_slurm.model.layout import MemberLayout
 
-#: What the group runtime starts of a layout larger than one rank and one engine.
-NOT_YET = ("the runtime starts 1 training process (on the first training node) and 1 "
-           "rollout engine per rollout (on one pin); the layout's other ranks and engines "
-           "are not started until resident gangs exist (issue 15, item 2)")
+#: What the group runtime starts of a layout of several engines: every training rank,
+#: but each rollout as one engine.
+NOT_YET = ("the runtime starts every training rank (one world) but 1 rollout engine per "
+           "rollout (on one pin); the layout's other engines are not started until "
+           "rollout gangs exist (issue 15)")
+#: ... and on a site with ``[runtime] gangs = false``, of a layout larger than one rank.
+RANK0_ONLY = ("the runtime starts 1 training process (on the first training node: the "
+              "site's [runtime] gangs = false) and 1 rollout engine per rollout (on one "
+              "pin); the layout's other ranks and engines are not started")
 
 
 def layout_row(job: JobRow, group: GroupRow | None,
-               allocs: Mapping[int, Sequence[AllocRow]], hosted: bool) -> dict[str, Any] | None:
+               allocs: Mapping[int, Sequence[AllocRow]], hosted: bool,
+               gangs: bool = True) -> dict[str, Any] | None:
     """The job's layout with node names where its group holds them (``allocs``: every
     row of each group, ended ones too: a pin is a slot numbered over all of them; None:
-    a job stored before layouts existed). ``hosted``: weaved's group runtime runs it."""
+    a job stored before layouts existed). ``hosted``: weaved's group runtime runs it;
+    ``gangs``: the site's ``[runtime] gangs`` (every training rank runs)."""
     layout = job.profile.layout
     if layout is None:
         return None
@@ -45,11 +52,14 @@ def layout_row(job: JobRow, group: GroupRow | None,
             or rollout_names
     return {"words": layout.words(), "train": _train(layout, train_names),
             "rollout": _rollout(layout, rollout_names, pins),
-            "runs": NOT_YET if hosted and _larger_than_one(layout) else None}
+            "runs": _runs(layout, gangs) if hosted else None}
 
 
-def _larger_than_one(layout: MemberLayout) -> bool:
-    return layout.train.ranks > 1 or layout.rollout.engines > 1
+def _runs(layout: MemberLayout, gangs: bool) -> str | None:
+    """What of ``layout`` the runtime does not start, in words (None: all of it)."""
+    if not gangs and (layout.train.ranks > 1 or layout.rollout.engines > 1):
+        return RANK0_ONLY
+    return NOT_YET if layout.rollout.engines > 1 else None
 
 
 def _span(r: range) -> list[int]:

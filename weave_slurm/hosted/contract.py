@@ -9,6 +9,8 @@
   its source's CRC32 under :data:`~weave_slurm.node.crc.CRC_KEY` in its index.
 - :class:`PhaseArgs`: the one JSON argument of every phase entry.
 - :func:`rollout_version`: the weights version the rollout of a step must use.
+- :func:`rank_job`: the node-level job of a training gang's rank (its own worker,
+  segments and checkpoints on its node).
 """
 
 from __future__ import annotations
@@ -41,6 +43,20 @@ DEFAULT_TAIL_FRACTION = RUNTIME_DEFAULTS.tail_fraction
 def entry(fn: str) -> str:
     """The ``module:function`` of a phase entry (``init_train``, ``rollout``, ``train``)."""
     return f"{ENTRY_MODULE}:{fn}"
+
+
+def rank_job(job_id: str, rank: int) -> str:
+    """The job id a node daemon knows rank ``rank`` of ``job_id``'s training gang by.
+
+    Rank 0 is the job itself (its ``state``, ``weights`` and batches, as for a single
+    rank); rank ``r >= 1`` is ``<job>.r<r>``, registered on its own node with the job's
+    uid: its own resident worker, its own ``state`` shard and its own checkpoints.
+    """
+    return job_id if rank == 0 else f"{job_id}{RANK_SUFFIX}{rank}"
+
+
+#: What separates a job id from a gang rank's number in :func:`rank_job`.
+RANK_SUFFIX = ".r"
 
 
 def rollout_version(step: int, staleness: int) -> int:
@@ -79,6 +95,15 @@ class PhaseArgs:
     progress: str | None = None         # run id: report progress (long-tail migration)
     tail_fraction: float = DEFAULT_TAIL_FRACTION   # "tail" once remaining <= this x all
     engine_gpus: int = 1                # GPUs per rollout engine (the member's layout)
+    # a training gang (docs/job_api.md, "Gangs"): this rank, its GPU on its node, the
+    # gang's size and where its world meets (``tcp://host:port``, chosen by the runtime;
+    # None for a single rank); the world is formed once per worker and kept
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    init_method: str | None = None
+    world_timeout_s: float = 120.0      # forming the world and each collective
+    job_id: str | None = None           # the job a gang's rank r >= 1 belongs to
 
     def encode(self) -> str:
         return json.dumps({"entry_point": self.entry_point, "seed": self.seed,
@@ -86,7 +111,11 @@ class PhaseArgs:
                            "weights": self.weights, "version": self.version,
                            "traj": self.traj, "step": self.step,
                            "progress": self.progress, "tail_fraction": self.tail_fraction,
-                           "engine_gpus": self.engine_gpus},
+                           "engine_gpus": self.engine_gpus, "rank": self.rank,
+                           "local_rank": self.local_rank, "world_size": self.world_size,
+                           "init_method": self.init_method,
+                           "world_timeout_s": self.world_timeout_s,
+                           "job_id": self.job_id},
                           sort_keys=True)
 
     @classmethod
@@ -95,11 +124,15 @@ class PhaseArgs:
             raise ConfigError(f"{where}: expected one JSON argument, got {len(args)}")
         raw = json.loads(args[0])
         version, step = raw.get("version"), raw.get("step")
-        progress = raw.get("progress")
+        progress, init, job = raw.get("progress"), raw.get("init_method"), raw.get("job_id")
         return cls(str(raw["entry_point"]), int(raw["seed"]), dict(raw["options"]),
                    int(raw.get("staleness", 0)), str(raw.get("weights", WEIGHTS)),
                    None if version is None else int(version), str(raw.get("traj", TRAJ)),
                    None if step is None else int(step),
                    None if progress is None else str(progress),
                    float(raw.get("tail_fraction", DEFAULT_TAIL_FRACTION)),
-                   int(raw.get("engine_gpus", 1)))
+                   int(raw.get("engine_gpus", 1)), int(raw.get("rank", 0)),
+                   int(raw.get("local_rank", 0)), int(raw.get("world_size", 1)),
+                   None if init is None else str(init),
+                   float(raw.get("world_timeout_s", 120.0)),
+                   None if job is None else str(job))

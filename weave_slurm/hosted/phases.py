@@ -25,6 +25,15 @@ when the remaining requests first fall to the threshold; the runner reads it wit
 ``attach_info`` (docs/runtime.md, "Long-tail migration"). Nothing the job computes
 depends on it.
 
+A training gang (``world_size > 1`` in the argument) runs :func:`init_train` and
+:func:`train` on every rank, each in its own resident worker on its own node, under
+its node-level job (:func:`~weave_slurm.hosted.contract.rank_job`): the world is
+joined on the first phase and kept (:mod:`weave_slurm.hosted.world`); each rank puts
+its own shard of the training state as ``state`` on its node (index extra ``gang``:
+``[rank, world_size]``); ``export_weights`` is called on every rank (a collective) and
+rank 0 alone puts ``weights``; only rank 0's node gets the batch, which it hands to
+the others over the world.
+
 The JobRunner is kept in the worker between phases (the worker is resident and
 serves only this job), so a warm phase neither rebuilds the model nor reloads
 state; a fresh worker (after a crash) rebuilds it from the segments. The argument
@@ -47,6 +56,7 @@ from weave_slurm.hosted.contract import (
     WEIGHTS,
     PhaseArgs,
 )
+from weave_slurm.hosted.world import gang_world, share_batch
 from weave_slurm.node.crc import CRC_KEY, storage_crc32
 from weave_slurm.workloads.api import JobContext, JobRunner, Role, Trajectories, TrajectoryBatch
 from weave_slurm.workloads.entry import start_job
@@ -70,9 +80,16 @@ def _runner(ctx: PhaseContext, args: PhaseArgs, role: Role, *, fresh: bool = Fal
     key = (ctx.job.job_id, role)
     if fresh or key not in _RUNNERS:
         engine = args.engine_gpus if role is Role.ROLLOUT else None   # the layout's T
+        gang: dict[str, Any] = {}
+        world = gang_world(args, f"job {ctx.job.job_id}") if role is Role.TRAIN else None
+        if world is not None:
+            gang = {"rank": world.rank, "local_rank": args.local_rank,
+                    "world_size": world.world_size, "device": world.device,
+                    "group": world.group}
+        job_id = args.job_id or ctx.job.job_id    # a gang's rank: the job, not its rank
         _RUNNERS[key] = start_job(args.entry_point,
-                                  JobContext(ctx.job.job_id, role, args.seed, args.options,
-                                             engine_gpus=engine),
+                                  JobContext(job_id, role, args.seed, args.options,
+                                             engine_gpus=engine, **gang),
                                   staleness=args.staleness)
     return _RUNNERS[key]
 
@@ -102,11 +119,19 @@ def init_train(ctx: PhaseContext) -> dict[str, Any]:
     """Build the job at version 0 and put its warm state and weights on this node."""
     args = _args(ctx)
     runner = _runner(ctx, args, Role.TRAIN, fresh=True)
-    state, weights = runner.state_tensors(), runner.export_weights()
+    return _put_train_state(ctx, args, runner, runner.weights_version)
+
+
+def _put_train_state(ctx: PhaseContext, args: PhaseArgs, runner: JobRunner,
+                     version: int) -> dict[str, Any]:
+    """This rank's ``state`` and (rank 0) the ``weights``; their sizes for the profile."""
+    state, weights = runner.state_tensors(), runner.export_weights()   # both ranks: collective
     with _client() as client:
-        client.put_state(ctx.job, STATE, state, runner.weights_version)
-        client.put_state(ctx.job, WEIGHTS, weights, runner.weights_version)
-    return {"version": runner.weights_version, "state_bytes": _nbytes(state),
+        client.put_state(ctx.job, STATE, state, version,
+                         extra={"gang": [args.rank, args.world_size]})
+        if args.rank == 0:
+            client.put_state(ctx.job, WEIGHTS, weights, version)
+    return {"version": version, "state_bytes": _nbytes(state),
             "weights_bytes": _nbytes(weights)}
 
 
@@ -189,27 +214,32 @@ class _Progress:
 def train(ctx: PhaseContext) -> dict[str, Any]:
     """One training step on this node's ``traj``; puts the new ``state`` and ``weights``."""
     args = _args(ctx)
-    state_seg, traj_seg = _segment(ctx, STATE), _segment(ctx, args.traj)
+    state_seg = _segment(ctx, STATE)
     runner = _runner(ctx, args, Role.TRAIN)
     if runner.weights_version != state_seg.index.version:
         runner = _runner(ctx, args, Role.TRAIN, fresh=True)
         runner.load_state(state_seg.tensors)
-    step = traj_seg.index.extra.get("step")
-    if step is not None and int(step) != runner.weights_version:
-        raise VersionMismatch(f"job {ctx.job.job_id}: batch {args.traj!r} is of step {step}, "
-                              f"training is at step {runner.weights_version}")
-    metrics = dict(traj_seg.index.extra.get("metrics", {}))
-    batch = TrajectoryBatch(ctx.job.job_id, traj_seg.index.version,
-                            Trajectories({k: v.clone() for k, v in traj_seg.tensors.items()},
-                                         metrics))
+    job_id = args.job_id or ctx.job.job_id
+    batch = share_batch(gang_world(args, f"job {job_id}"),
+                        _batch(ctx, args, job_id, runner) if args.rank == 0 else None)
     try:
         version = runner.train(batch)
     except BaseException:
         _RUNNERS.pop((ctx.job.job_id, Role.TRAIN), None)     # may be half-updated
         raise
-    state, weights = runner.state_tensors(), runner.export_weights()
-    with _client() as client:
-        client.put_state(ctx.job, STATE, state, version)
-        client.put_state(ctx.job, WEIGHTS, weights, version)
-    return {"version": version, "metrics": {**metrics, **runner.last_train_metrics},
-            "state_bytes": _nbytes(state), "weights_bytes": _nbytes(weights)}
+    out = _put_train_state(ctx, args, runner, version)
+    return {**out, "metrics": {**batch.trajectories.metrics, **runner.last_train_metrics}}
+
+
+def _batch(ctx: PhaseContext, args: PhaseArgs, job_id: str,
+           runner: JobRunner) -> TrajectoryBatch:
+    """The batch in this node's ``traj`` segment (rank 0), checked against the step."""
+    traj_seg = _segment(ctx, args.traj)
+    step = traj_seg.index.extra.get("step")
+    if step is not None and int(step) != runner.weights_version:
+        raise VersionMismatch(f"job {job_id}: batch {args.traj!r} is of step {step}, "
+                              f"training is at step {runner.weights_version}")
+    metrics = dict(traj_seg.index.extra.get("metrics", {}))
+    return TrajectoryBatch(job_id, traj_seg.index.version,
+                           Trajectories({k: v.clone() for k, v in traj_seg.tensors.items()},
+                                        metrics))

@@ -138,10 +138,15 @@ class CheckpointStore:
         return [SegmentIndex.loads((path / f"{n}.json").read_text(), str(path / n))
                 for n in sorted(info.versions)]
 
-    def latest(self, job: JobRef) -> Path:
+    def latest(self, job: JobRef, version: int | None = None) -> Path:
+        """The newest checkpoint of ``job`` (with ``version``: the newest whose ``state``
+        is of that version, e.g. a gang rank's of the version the gang committed)."""
         found = self.checkpoints(job)
+        if version is not None:
+            found = [p for p in found if self.read(p).versions.get("state") == version]
         if not found:
-            raise NoCheckpoint(f"job {job.job_id!r} has no checkpoint under "
+            at = "" if version is None else f" of state version {version}"
+            raise NoCheckpoint(f"job {job.job_id!r} has no checkpoint{at} under "
                                f"{self.job_dir(job)}")
         return found[-1]
 

@@ -430,7 +430,8 @@ class NodeDaemon:
 
     def _restore(self, uid: int, request: Request) -> dict[str, Any]:
         with self.job_state(uid, request) as job:
-            path = self.ckpt.latest(job)
+            version = request.args.get("version")   # a gang rank: the committed one
+            path = self.ckpt.latest(job, None if version is None else int(version))
             indexes = self.ckpt.indexes(path)
             with self.lock:
                 for index in indexes:  # all or nothing: check the whole checkpoint first

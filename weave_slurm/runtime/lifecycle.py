@@ -38,6 +38,7 @@ from weave_slurm.hosted.contract import WEIGHTS_BUFFER, buffer_name, rollout_ver
 from weave_slurm.node.index import JobRef
 from weave_slurm.node.protocol import Op
 from weave_slurm.runtime.faults import Fault, FaultKind
+from weave_slurm.runtime.gang import Gang
 from weave_slurm.runtime.group import TRANSITIONS, GroupLayout, MemberSpec, MemberState, NodeRef
 from weave_slurm.runtime.member import Member, NodeSlots, PhaseRun, RunnerConfig
 from weave_slurm.runtime.moves import Mover
@@ -93,6 +94,9 @@ class Lifecycle:
         member = Member(spec, JobRef(spec.job_id, spec.owner_uid()),
                         self.layout.train[spec.train_node],
                         tuple(self.layout.rollout[p] for p in spec.rollout_pins))
+        # a cooperative job's processes are its own: one gated process per role
+        member.gang = Gang.of(spec, member.job, self.layout.train,
+                              whole=self.config.gangs and spec.launch is None)
         member.history.append((self.clock.now(), MemberState.STARTING, "joined"))
         records = self.config.records_dir
         member.versions = VersionLog(spec.job_id, spec.staleness, None if records is None
@@ -131,6 +135,7 @@ class Lifecycle:
             # running: drop it (worker killed, whatever it had written removed)
             for node in self._nodes(member):
                 self.link.best_effort(node, Op.DROP, job=spec.job_id)
+            self._gang(member).drop(self.link)
         return member
 
     def _move_checkpoint(self, member: Member, resume: Resume) -> bool:
@@ -161,6 +166,7 @@ class Lifecycle:
             self.release(member, run)
         for node in self._nodes(member):   # unregistered there, or the node is gone
             self.link.best_effort(node, Op.DROP, job=job_id)
+        self._gang(member).drop(self.link)
         self.mover.transfer.forget(member.job)
         self.move(member, MemberState.CANCELLED, "left the group")
         self.order.remove(job_id)
@@ -172,11 +178,17 @@ class Lifecycle:
         for node in self._nodes(member):
             self.link.call(node, Op.REGISTER, job=member.spec.job_id, checkpoint_interval_s=0,
                            **owner)
+        self._gang(member).register(self.link, owner)
 
     def release(self, member: Member, run: PhaseRun) -> None:
-        """The member no longer runs ``run``: its node is free."""
+        """The member no longer runs ``run``: its nodes are free."""
         member.runs.pop(run.kind, None)
-        self.slots.free(member.spec.job_id, run.node.name)
+        self.slots.free_run(member.spec.job_id, run)
+
+    @staticmethod
+    def _gang(member: Member) -> Gang:
+        assert member.gang is not None, "a member's gang is set when it joins"
+        return member.gang
 
     @staticmethod
     def _nodes(member: Member) -> tuple[NodeRef, ...]:
@@ -193,7 +205,10 @@ class Lifecycle:
                 self.spans.append(Span(member.spec.job_id, run.kind, run.node.name,
                                        run.node.pool, run.start_s, self.clock.now(),
                                        ok=False))
-                self.link.best_effort(run.node, Op.DEACTIVATE, job=member.spec.job_id)
+                if run.kind is Phase.TRAIN:   # every rank of its gang
+                    self._gang(member).deactivate(self.link)
+                else:
+                    self.link.best_effort(run.node, Op.DEACTIVATE, job=member.spec.job_id)
             self.release(member, run)
         member.deferred.clear()
         member.error = words
@@ -225,6 +240,8 @@ class Lifecycle:
             return self._restart(member)
         member.recoveries += 1
         job_id = member.spec.job_id
+        gang = self._gang(member)
+        gang.stop(self.link)        # a gang is formed again: new workers, a new world
         try:
             self.register(member)   # a restarted node daemon may have lost it
         except WeaveError as exc:
@@ -233,6 +250,7 @@ class Lifecycle:
             self.link.call(member.train_node, Op.RESTORE, job=job_id)
             info = self.link.call(member.train_node, Op.ATTACH_INFO, job=job_id)
             member.version = int(info["segments"][contract.STATE]["index"]["version"])
+            gang.restore_ranks(self.link, member.version)   # rank 0's is the manifest
             self.mover.transfer.forget(member.job)   # versions start over from the checkpoint
             self.restore_weights(member, info)
         except NoCheckpoint as exc:   # not transient: no retry can find one
@@ -273,6 +291,7 @@ class Lifecycle:
                     self._retry_later(member, fault, f"restart of {job_id}: {exc}")
                     return False
                 log.info("drop of %s on %s before its restart: %s", job_id, node.name, exc)
+        self._gang(member).drop(self.link)
         by_node = cause is None and member.fault is not None and member.fault.kind.node_fault
         restarts = member.restarts if by_node else member.restarts + 1
         words = cause or (member.fault.words() if member.fault else member.error or "")

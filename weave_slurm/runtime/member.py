@@ -17,6 +17,7 @@ from weave_slurm.config.runtime import RUNTIME_DEFAULTS, RuntimeConfig
 from weave_slurm.errors import ConfigError
 from weave_slurm.node.index import JobRef
 from weave_slurm.runtime.faults import Fault
+from weave_slurm.runtime.gang import Gang, GangPorts
 from weave_slurm.runtime.group import MemberSpec, MemberState, NodeRef
 from weave_slurm.runtime.ordering import rollout_ready
 from weave_slurm.runtime.staleness import VersionLog
@@ -48,6 +49,8 @@ class RunnerConfig:
     tail_fraction: float = _RT.tail_fraction
     progress_poll_s: float = 0.02      # least time between two reads of a rollout's progress
     munge_socket: str | None = None    # munged's socket for remote node daemons (default: munge's)
+    gang_ports: GangPorts = field(default_factory=GangPorts)   # training gangs' rendezvous
+    gangs: bool = _RT.gangs            # every training rank of a layout (False: rank 0 only)
 
     @classmethod
     def from_site(cls, rt: RuntimeConfig) -> RunnerConfig:
@@ -59,7 +62,8 @@ class RunnerConfig:
                    recovery_backoff_max_s=rt.recovery_backoff_max_s,
                    node_wait_s=rt.node_wait_s, max_fresh_restarts=rt.max_fresh_restarts,
                    transfer=TransferConfig.from_site(rt),
-                   migrate_tail=rt.long_tail_migration, tail_fraction=rt.tail_fraction)
+                   migrate_tail=rt.long_tail_migration, tail_fraction=rt.tail_fraction,
+                   gangs=rt.gangs)
 
     def __post_init__(self) -> None:
         if not isinstance(self.migrate_tail, bool):
@@ -100,6 +104,11 @@ class PhaseRun:
     run_id: str | None = None       # a rollout that reports progress (migration on)
     tail_s: float | None = None     # when it entered its tail (its node was freed)
     progress_at_s: float = 0.0      # when its progress was last read
+    nodes: tuple[NodeRef, ...] = ()  # every node it holds (a training gang's), () = node
+
+    def held(self) -> tuple[NodeRef, ...]:
+        """The nodes this phase holds."""
+        return self.nodes or (self.node,)
 
 
 @dataclass
@@ -134,6 +143,7 @@ class Member:
     # the rollout nodes it moves to at its next phase boundary (the group's plan re-pinned
     # it): no rollout starts until then (``Lifecycle.repin``)
     repin: tuple[NodeRef, ...] | None = None
+    gang: Gang | None = None     # its training ranks (runtime/gang.py), set when it joins
 
     def start_over(self, note: str, restarts: int) -> None:
         """Forget everything learned and every fault: the member starts from scratch
@@ -234,6 +244,11 @@ class NodeSlots:
 
     busy: dict[str, str] = field(default_factory=dict)     # node name -> job id
     tails: dict[str, str] = field(default_factory=dict)    # node name -> job id of its tail
+
+    def free_run(self, job_id: str, run: PhaseRun) -> None:
+        """Every node ``run`` held is free."""
+        for node in run.held():
+            self.free(job_id, node.name)
 
     def free(self, job_id: str, node: str) -> None:
         """The node ``job_id`` held is free (its bulk or its migrated tail)."""

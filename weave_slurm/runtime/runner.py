@@ -53,6 +53,7 @@ from weave_slurm.node.worker import WorkerState
 from weave_slurm.runtime.agents import Launcher
 from weave_slurm.runtime.cooperative import Cooperative
 from weave_slurm.runtime.faults import Fault, FaultKind
+from weave_slurm.runtime.gang import Gang, RankSlot, read_phase
 from weave_slurm.runtime.group import GroupLayout, MemberSpec, MemberState, NodeRef
 from weave_slurm.runtime.lifecycle import Lifecycle
 from weave_slurm.runtime.member import Member, NodeSlots, PhaseRun, RunnerConfig, TailMove
@@ -254,11 +255,22 @@ class GroupRunner:
         ready = set()
         for job_id, m in self.members.items():
             kind = m.wants() if self.coop.ready(m, node) else None
-            if pool is Pool.TRAIN and kind is Phase.TRAIN and m.train_node == node:
+            if pool is Pool.TRAIN and kind is Phase.TRAIN and m.train_node == node \
+                    and self._gang_free(m):    # a gang starts when all its nodes are free
                 ready.add(job_id)
             if pool is Pool.ROLLOUT and kind is Phase.ROLLOUT and node in m.rollout_nodes:
                 ready.add(job_id)
         return ready
+
+    def _gang_free(self, member: Member) -> bool:
+        return member.gang is None or all(n.name not in self.slots.busy
+                                          for n in member.gang.nodes())
+
+    def _ports_taken(self, gang: Gang) -> set[int]:
+        """The rendezvous ports other live worlds of this group hold on ``gang``'s lead."""
+        return {m.gang.port for m in self.members.values()
+                if m.gang is not None and m.gang is not gang and m.gang.port is not None
+                and m.gang.lead.node == gang.lead.node}
 
     def _dispatch(self, nodes: Sequence[NodeRef], pool: Pool) -> bool:
         started = False
@@ -298,15 +310,19 @@ class GroupRunner:
             run_id = f"{member.spec.job_id}.{step}.{self._run_ids}"
             args = dataclasses.replace(args, progress=run_id,
                                        tail_fraction=self.config.tail_fraction)
+        gang = member.gang if kind is Phase.TRAIN and member.gang is not None \
+            else Gang((RankSlot(0, 0, node, member.job),))
         if self.coop.owns(member):   # a grant: its own process waits at the gate
             self.coop.grant(member, node, kind, step)
-        else:
-            self.link.call(node, Op.ACTIVATE, job=member.spec.job_id, phase=kind.value,
-                           entry=contract.entry(fn), args=[args.encode()], **member.spec.code())
+        else:                        # every rank of a training gang at once
+            gang.activate(self.link, self.config.gang_ports, self._ports_taken(gang),
+                          contract.entry(fn), args, member.spec.code(), kind)
         now = self.clock.now()
-        member.runs[kind] = PhaseRun(kind, node, now, now + deadline, init, member.ready_s,
-                                     step, run_id=run_id)
-        self.slots.busy[node.name] = member.spec.job_id
+        run = member.runs[kind] = PhaseRun(kind, node, now, now + deadline, init,
+                                           member.ready_s, step, run_id=run_id,
+                                           nodes=gang.nodes())
+        for held in run.held():
+            self.slots.busy[held.name] = member.spec.job_id
         if kind is Phase.ROLLOUT and member.versions is not None:
             member.versions.produced(step, rollout_version(step, member.staleness),
                                      member.version)
@@ -318,18 +334,11 @@ class GroupRunner:
 
     # -- completion ------------------------------------------------------------------
     def _poll(self, member: Member, run: PhaseRun) -> bool:
-        try:
-            worker = self.link.call(run.node, Op.PHASE,
-                                    job=member.spec.job_id).get("worker") or {}
-        except WeaveError as exc:
-            self.lifecycle.fail(member, Fault.from_error(exc, run.node.name, run.kind))
-            return True
-        state = _worker_state(worker)
-        if state is None:   # e.g. a restarted node daemon: the phase is gone with it
-            self.lifecycle.fail(member, Fault(
-                FaultKind.WORKER_KILLED, run.node.name, run.kind,
-                evidence=f"the node daemon reports no such phase (state "
-                         f"{worker.get('state')!r})"))
+        slots = member.gang.slots if run.kind is Phase.TRAIN and member.gang is not None \
+            else (RankSlot(0, 0, run.node, member.job),)
+        state, worker, fault = read_phase(self.link, slots, run.kind)
+        if fault is not None:
+            self.lifecycle.fail(member, fault)
             return True
         if state is WorkerState.RUNNING:
             if self.clock.now() > run.deadline_s:
@@ -338,11 +347,8 @@ class GroupRunner:
                     evidence=f"ran past its deadline of {run.deadline_s - run.start_s:.1f} s"))
                 return True
             return False
-        if state is not WorkerState.EXITED:
-            self.lifecycle.fail(member, _worker_fault(state, worker, run))
-            return True
         run.ended = True         # the node is free; the member's output is not moved yet
-        self.slots.free(member.spec.job_id, run.node.name)
+        self.slots.free_run(member.spec.job_id, run)
         self._ended.append((member, run, dict(worker.get("result") or {}),
                             (worker.get("t_recv"), worker.get("t_done")), self.clock.now()))
         return True
@@ -417,7 +423,8 @@ class GroupRunner:
         self._sync_weights(member)
         if run.init or member.version % member.spec.checkpoint_every == 0 \
                 or member.version >= member.spec.steps:
-            self.link.call(member.train_node, Op.CHECKPOINT, job=job_id)
+            assert member.gang is not None
+            member.gang.checkpoint(self.link)     # every rank's, rank 0's last
         if run.init:
             member.initialised = True
         else:
@@ -477,23 +484,3 @@ class GroupRunner:
         """The member's trajectory-version log: one record per batch, in step order."""
         log_ = self.lifecycle.member(job_id).versions
         return [] if log_ is None else list(log_.records)
-
-
-def _worker_fault(state: WorkerState, worker: Mapping[str, Any], run: PhaseRun) -> Fault:
-    """A phase whose worker was killed or failed, as a fault (by what the daemon saw)."""
-    rc, error = worker.get("returncode"), worker.get("error")
-    code = None if rc is None else int(rc)
-    if error:
-        kind = FaultKind.WORKER_KILLED if state is WorkerState.KILLED else FaultKind.PHASE_FAILED
-        return Fault(kind, run.node.name, run.kind, code, str(error))
-    killed = state is WorkerState.KILLED and (code is None or code < 0)
-    kind = FaultKind.WORKER_KILLED if killed or (code is not None and code < 0) \
-        else FaultKind.WORKER_EXITED
-    return Fault(kind, run.node.name, run.kind, code)
-
-
-def _worker_state(worker: Mapping[str, Any]) -> WorkerState | None:
-    try:
-        return WorkerState(str(worker.get("state")))
-    except ValueError:
-        return None

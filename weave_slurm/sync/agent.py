@@ -57,6 +57,7 @@ from weave_slurm.node.segments import AttachedState, SegmentStore, tensor_views
 from weave_slurm.slurm.allocation_watch import interval_from, start_watch
 from weave_slurm.sync.header import SyncMode
 from weave_slurm.sync.ledger import VersionLedger
+from weave_slurm.sync.netif import use_interface_towards
 from weave_slurm.sync.pieces import crc32_into, is_payload_tag
 from weave_slurm.sync.subgroup import SubTransport, member_topology
 from weave_slurm.sync.topology import PoolNodes, ShardLayout, build_topology
@@ -69,7 +70,6 @@ log = logging.getLogger(__name__)
 MAX_LINE_BYTES = 16 << 20
 #: Point-to-point segment moves use tags from here (the two-tier sync's are far below).
 P2P_TAG_BASE = 1 << 30
-SIOCGIFADDR = 0x8915
 
 
 @dataclass(frozen=True)
@@ -338,29 +338,6 @@ def rendezvous(init_method: str, rank: int) -> str:
         return f"tcp://{host}:{s.getsockname()[1]}"
 
 
-def interface_towards(host: str) -> str | None:
-    """The name of the interface this host reaches ``host`` through (gloo must use it:
-    in a network namespace its default guess is wrong)."""
-    import fcntl
-    import struct
-
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect((host, 9))
-        except OSError:
-            return None
-        local = s.getsockname()[0]
-        for _, name in socket.if_nameindex():
-            try:
-                raw = fcntl.ioctl(s.fileno(), SIOCGIFADDR,
-                                  struct.pack("256s", name.encode()[:15]))
-            except OSError:
-                continue
-            if socket.inet_ntoa(raw[20:24]) == local:
-                return name
-    return None
-
-
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     spec = AgentSpec.loads(args[0])
@@ -372,9 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     init = rendezvous(spec.init_method, spec.rank)
     host = init.removeprefix("tcp://").rpartition(":")[0]
-    iface = os.environ.get("GLOO_SOCKET_IFNAME") or interface_towards(host)
-    if iface:
-        os.environ["GLOO_SOCKET_IFNAME"] = iface
+    use_interface_towards(host)
     if spec.rank == 0:
         _reply_line(control, f"RENDEZVOUS {init}")
     watch = start_watch(os.environ, interval_from(None, os.environ), _allocation_gone)

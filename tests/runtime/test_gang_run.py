@@ -1,0 +1,177 @@
+"""Training gangs in a group on local node daemons: each rank a resident worker of its
+own node's daemon, one gloo world per member kept across phases.
+
+Three members on 2 training nodes: ``wide`` trains as 2 nodes x 2 ranks, ``pair`` as 1
+node x 2 ranks (on the second node), ``one`` as a single rank (on the first). Each
+must end bit-identical to a solo run of the same layout; a SIGKILL of one rank of
+``wide`` mid-train forms its gang again from its per-rank checkpoints while the
+others go on; a member that leaves leaves no rank process and no segment.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from tests.harness.fleet import NodeFleet, running_fleet
+from tests.harness.processes import node_status
+from tests.harness.solo import run_solo
+from tests.harness.solo_gang import run_solo_gang
+from tests.harness.specs import OPTIONS
+from tests.runtime.helpers import group_weights, leave_all
+from weave_slurm.hosted.contract import rank_job
+from weave_slurm.model.layout import MemberLayout, RolloutLayout, TrainLayout
+from weave_slurm.runtime.faults import FaultKind
+from weave_slurm.runtime.group import MemberSpec, MemberState
+from weave_slurm.runtime.runner import GroupRunner
+from weave_slurm.vocab import Phase
+
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
+
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def gang_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeFleet]:
+    """One rollout node daemon and two training node daemons, local processes."""
+    with running_fleet(tmp_path_factory.mktemp("gang"), "gang", "weave-test-gang-",
+                       train_nodes=2) as fleet:
+        yield fleet
+
+
+def _layout(*ranks_per_node: int) -> MemberLayout:
+    return MemberLayout(TrainLayout(tuple(ranks_per_node)), RolloutLayout(1, (1,)))
+
+
+def _specs(steps: int = STEPS) -> list[MemberSpec]:
+    return [MemberSpec("wide", seed=31, steps=steps, options=OPTIONS, train_nodes=(0, 1),
+                       layout=_layout(2, 2)),
+            MemberSpec("pair", seed=32, steps=steps, options=OPTIONS, train_nodes=(1,),
+                       layout=_layout(2)),
+            MemberSpec("one", seed=33, steps=steps, options=OPTIONS, train_nodes=(0,))]
+
+
+def _same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> list[str]:
+    assert sorted(got) == sorted(want)
+    return [k for k, v in want.items() if not torch.equal(got[k], v)]
+
+
+def _rank_pids(fleet: NodeFleet, job: str) -> dict[str, int]:
+    """``rank job -> pid`` of every resident worker of ``job``'s ranks on the fleet."""
+    out: dict[str, int] = {}
+    assert fleet.layout is not None
+    for ref in (*fleet.layout.train, *fleet.layout.rollout):
+        for row in node_status(ref.socket_path)["jobs"]:
+            name, resident = str(row["job"]), row.get("resident") or {}
+            if (name == job or name.startswith(f"{job}.r")) and resident.get("pid") \
+                    and _alive(int(resident["pid"])):
+                out[f"{ref.name}/{name}"] = int(resident["pid"])
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_gangs_of_three_layouts_match_their_solo_runs(gang_fleet: NodeFleet) -> None:
+    specs = _specs()
+    ex = GroupRunner(gang_fleet.layout, specs)  # type: ignore[arg-type]
+    try:
+        gangs = {s.job_id: ex.members[s.job_id].gang for s in specs}
+        assert {j: g.size for j, g in gangs.items() if g} == {"wide": 4, "pair": 2, "one": 1}
+        ex.run(timeout_s=420)
+        assert [ex.members[s.job_id].state for s in specs] == [MemberState.DONE] * 3
+        for spec in specs:
+            solo = run_solo_gang(spec) if spec.layout else run_solo(spec)
+            assert _same(group_weights(ex, spec.job_id), solo.weights) == [], spec.job_id
+            assert tuple(ex.members[spec.job_id].rewards) == solo.rewards
+        # a gang's result is its own: one rank of the same job ends elsewhere (float
+        # reduction order), so the match above is with the gang, not with rank 0 alone
+        single = run_solo(MemberSpec("wide", seed=31, steps=STEPS, options=OPTIONS))
+        assert _same(group_weights(ex, "wide"), single.weights) != []
+        # each rank keeps its own shard of the state on its own node (a quarter of it)
+        wide = ex.members["wide"].gang
+        assert wide is not None
+        assert [s.node.name for s in wide.slots] == ["h800-0", "h800-0", "h800-1", "h800-1"]
+        nbytes = []
+        for slot in wide.slots:
+            rows = node_status(slot.node.socket_path)["jobs"]
+            row = next(j for j in rows if j["job"] == slot.job.job_id)
+            nbytes.append(row["segments"]["state"]["size_bytes"])
+        assert max(nbytes) <= 1.2 * min(nbytes), nbytes
+        # the world was formed once and kept: every training phase after the first is warm
+        assert wide.formations == 1
+    finally:
+        leave_all(ex, specs)
+    for job in ("wide", "pair", "one"):
+        assert _rank_pids(gang_fleet, job) == {}, job
+    left = [p for p in gang_fleet.config.shm_dir.rglob("*")
+            if p.name in {rank_job(j, r) for j in ("wide", "pair") for r in range(4)}]
+    assert left == []
+
+
+def test_a_killed_rank_forms_its_gang_again_and_the_others_go_on(
+        gang_fleet: NodeFleet) -> None:
+    steps = 4
+    specs = _specs(steps)
+    ex = GroupRunner(gang_fleet.layout, specs)  # type: ignore[arg-type]
+    killed: list[int] = []
+
+    def kill_rank_mid_train(runner: GroupRunner) -> None:
+        m = runner.members["wide"]
+        run = m.runs.get(Phase.TRAIN)
+        if killed or run is None or run.init or m.version < 1:
+            return
+        pids = _rank_pids(gang_fleet, "wide")
+        victim = pids.get("h800-1/wide.r3")
+        if victim is not None:
+            os.kill(victim, signal.SIGKILL)
+            killed.append(victim)
+
+    try:
+        ex.run(timeout_s=600, on_tick=kill_rank_mid_train)
+        assert killed, "rank 3 of wide was never seen training"
+        wide = ex.members["wide"]
+        assert [ex.members[s.job_id].state for s in specs] == [MemberState.DONE] * 3, \
+            [(s.job_id, ex.members[s.job_id].error) for s in specs]
+        assert wide.recoveries >= 1 and wide.fault is not None
+        assert wide.fault.kind in (FaultKind.WORKER_KILLED, FaultKind.PHASE_FAILED)
+        assert wide.gang is not None and wide.gang.formations >= 2   # a new world
+        assert ex.members["pair"].recoveries == ex.members["one"].recoveries == 0
+        for spec in specs:
+            solo = run_solo_gang(spec) if spec.layout else run_solo(spec)
+            assert _same(group_weights(ex, spec.job_id), solo.weights) == [], spec.job_id
+        assert not _alive(killed[0])
+    finally:
+        leave_all(ex, specs)
+    time.sleep(0.5)
+    assert _rank_pids(gang_fleet, "wide") == {}
+
+
+def test_a_gang_rank_state_lives_on_its_own_node(gang_fleet: NodeFleet) -> None:
+    """After init, each of pair's 2 ranks holds its own state shard (about half of a
+    single rank's bytes) on h800-1 under its own node-level job."""
+    specs = _specs(1)[1:2]
+    ex = GroupRunner(gang_fleet.layout, specs)  # type: ignore[arg-type]
+    try:
+        ex.run(timeout_s=300)
+        assert ex.members["pair"].state is MemberState.DONE
+        node = gang_fleet.layout.train[1]  # type: ignore[union-attr]
+        rows = {j["job"]: j for j in node_status(node.socket_path)["jobs"]}
+        sizes = {name: rows[name]["segments"]["state"]["size_bytes"]
+                 for name in ("pair", "pair.r1")}
+        assert all(v > 0 for v in sizes.values()), sizes
+        assert abs(sizes["pair"] - sizes["pair.r1"]) <= 0.1 * sizes["pair"], sizes
+        assert "weights" in rows["pair"]["segments"]            # rank 0 puts the weights
+        assert "weights" not in rows["pair.r1"]["segments"]     # ... rank 1 does not
+    finally:
+        leave_all(ex, specs)
