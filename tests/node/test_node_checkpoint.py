@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from weave_slurm.errors import StateError
+from weave_slurm.errors import NoCheckpoint, StateError
 from weave_slurm.node.checkpoint import CheckpointStore
 from weave_slurm.node.index import JobRef
 from weave_slurm.node.segments import SegmentStore
@@ -102,3 +102,44 @@ def test_adopt_takes_the_newest_checkpoint_of_a_lost_nodes_root(
     assert torch.equal(store.attach_state(job, "weights").tensors["w"], w + 3)
     with pytest.raises(StateError, match="no checkpoint"):   # nothing left to adopt
         new.adopt(lost, job)
+
+
+def test_latest_of_a_version_is_the_newest_checkpoint_of_that_state(
+        shm_root: Path, ckpt_root: Path) -> None:
+    store = SegmentStore(shm_root)
+    ckpt = CheckpointStore(ckpt_root, keep_last=4)
+    job = JobRef("j1", 0)
+    store.put_state(job, "state", {"w": torch.zeros(4)}, version=1)
+    store.put_state(job, "weights", {"w": torch.zeros(4)}, version=1)
+    ckpt.save(store, job)                                        # ckpt-000001: state v1
+    store.update_state(job, "state", {"w": torch.ones(4)}, version=2)
+    ckpt.save(store, job)                                        # ckpt-000002: state v2
+    store.update_state(job, "weights", {"w": torch.ones(4)}, version=5)
+    ckpt.save(store, job)                                        # ckpt-000003: state v2 again
+    store.update_state(job, "state", {"w": torch.full((4,), 3.0)}, version=3)
+    ckpt.save(store, job)                                        # ckpt-000004: state v3
+    names = {v: ckpt.latest(job, version=v).name for v in (1, 2, 3)}
+    assert names == {1: "ckpt-000001", 2: "ckpt-000003", 3: "ckpt-000004"}
+    assert ckpt.latest(job).name == "ckpt-000004"
+    assert ckpt.read(ckpt.latest(job, version=2)).versions == {"state": 2, "weights": 5}
+    restored = ckpt.restore(store, job, ckpt.latest(job, version=1))
+    assert restored.versions == {"state": 1, "weights": 1}
+    assert torch.equal(store.attach_state(job, "state").tensors["w"], torch.zeros(4))
+
+
+def test_latest_of_a_version_it_lacks_is_no_checkpoint_naming_it(
+        shm_root: Path, ckpt_root: Path) -> None:
+    store = SegmentStore(shm_root)
+    ckpt = CheckpointStore(ckpt_root)
+    job = JobRef("j1.r1", 0)
+    store.put_state(job, "weights", {"w": torch.ones(4)}, version=2)
+    ckpt.save(store, job)                       # no ``state`` segment: of no version
+    store.put_state(job, "state", {"w": torch.ones(4)}, version=2)
+    ckpt.save(store, job)
+    assert ckpt.latest(job, version=2).name == "ckpt-000002"
+    with pytest.raises(NoCheckpoint) as err:
+        ckpt.latest(job, version=3)
+    assert str(err.value) == (f"job 'j1.r1' has no checkpoint of state version 3 under "
+                              f"{ckpt.job_dir(job)}")
+    with pytest.raises(NoCheckpoint, match=r"^job 'j9' has no checkpoint of state version 0 "):
+        ckpt.latest(JobRef("j9", 0), version=0)

@@ -76,7 +76,7 @@ def _times(per_node: list[int]) -> str:
 def layout_cell(j: dict[str, Any]) -> str:
     """``16r/2x8,8e/2x4,tp2``: 16 training ranks as 2 nodes x 8, 8 rollout engines as
     2 nodes x 4, each engine over 2 GPUs (tensor parallel); ``-`` if none stored. A
-    trailing ``*``: the runtime starts only rank 0 and one engine of it (``layout.runs``
+    trailing ``*``: the runtime starts only part of it (``layout.runs``
     in ``weave show job``)."""
     lay = j.get("layout")
     if not lay:

@@ -143,8 +143,8 @@ class Gang:
                           entry=fn, args=[ranked.encode()], **code)
                 started.append(slot)
         except WeaveError:
-            if started and self.size > 1:
-                self.stop(link)    # the started ranks would wait for the others
+            if self.size > 1:      # the started ranks would wait for the others (a call
+                self.stop(link)    # that failed may have started its rank too): all stop
             raise
 
     def deactivate(self, link: NodeLink) -> None:
@@ -211,14 +211,18 @@ def read_phase(link: NodeLink, slots: Sequence[RankSlot], kind: Phase
             running = True
         elif state is not WorkerState.EXITED:
             fault = worker_fault(state, worker, slot.node.name, kind)
-            faults.append((1 if fault.kind is not FaultKind.PHASE_FAILED else 2,
-                           state, worker, fault))
+            faults.append((_RANKED.get(fault.kind, 3), state, worker, fault))
         if slot.rank == 0:
             lead = worker
     if faults:
         _, state, worker, fault = min(faults, key=lambda f: f[0])
         return state, worker, fault
     return (WorkerState.RUNNING if running else WorkerState.EXITED), lead, None
+
+
+#: Which rank's fault names a gang's failure: one that could not be read (0), was killed
+#: (1) or exited (2) comes before one whose phase failed, e.g. in a collective with it.
+_RANKED = {FaultKind.WORKER_KILLED: 1, FaultKind.WORKER_EXITED: 2}
 
 
 def _of(slot: RankSlot, size: int) -> str:

@@ -109,7 +109,7 @@ class MemberSpec:
     rollout_pins: tuple[int, ...] = (0,)     # indices into the group's rollout nodes
     train_nodes: tuple[int, ...] = (0,)      # indices into the group's training nodes
     # its ranks on train_nodes and engines on rollout_pins, node for node (None: one
-    # rank, one engine); the runtime runs rank 0 and one engine only (see train_node)
+    # rank, one engine); the runtime runs every rank (runtime/gang.py), one engine
     layout: MemberLayout | None = None
     checkpoint_every: int = 1                # train steps between node checkpoints
     declared: DeclaredProfile = field(default_factory=DeclaredProfile)
@@ -124,10 +124,10 @@ class MemberSpec:
 
     @property
     def train_node(self) -> int:
-        """The training node the runtime runs the member on: rank 0's, the first of
-        ``train_nodes``. Until resident gangs exist (issue 15, item 2) a member trains
-        as one process there and rolls out as one process on one of its pins at a
-        time; the layout's other ranks and engines are not started."""
+        """Rank 0's training node, the first of ``train_nodes``: where the member's
+        batches go and its weights come from (its other ranks: ``runtime/gang.py``).
+        A rollout runs as one process on one of its pins at a time; the layout's
+        other engines are not started."""
         return self.train_nodes[0]
 
     def placed_ranks(self) -> tuple[tuple[int, range], ...]:
