@@ -8,7 +8,7 @@ from weave_slurm.config.job import parse_job
 from weave_slurm.config.render import job_spec_toml
 from weave_slurm.config.site import default_site
 from weave_slurm.daemon.group_runtime import member_spec
-from weave_slurm.daemon.layout_view import NOT_YET, RANK0_ONLY, layout_row
+from weave_slurm.daemon.layout_view import RANK0_ONLY, layout_row
 from weave_slurm.daemon.records import AllocRow, GroupPlan, GroupRow, JobRow, MemberPlan
 from weave_slurm.daemon.states import AllocState, GroupState, JobState
 from weave_slurm.errors import ConfigError
@@ -77,7 +77,7 @@ def test_layout_row_names_the_nodes_of_ranks_and_engines() -> None:
     assert row["rollout"] == {"engines": 8, "engine_gpus": 2, "engines_per_node": [4, 4],
                               "nodes": [{"node": "h20-c", "pin": 2, "engines": [0, 3]},
                                         {"node": "h20-a", "pin": 0, "engines": [4, 7]}]}
-    assert row["runs"] == NOT_YET   # the runtime says what it does not start yet: engines
+    assert row["runs"] is None   # every rank and every engine runs
     no_gangs = layout_row(_job(WIDE), GROUP, ALLOCS, hosted=True, gangs=False)
     assert no_gangs is not None and no_gangs["runs"] == RANK0_ONLY   # ... nor ranks
     ranks_only = layout_row(_job(job_spec_toml("x", rollout_gpus=1, train_gpus=16)), GROUP,

@@ -5,6 +5,9 @@ ranks: each rank a process with its own ``JobRunner`` of the training role (the
 runtime's context: rank, local rank, world size, the world's group); rank 0 also holds
 the rollout role, rolls out with the weights rank 0 exported and hands the batch to
 the others over the world, as a group's rank 0 does (``weave_slurm.hosted.world``).
+A layout of ``E`` rollout engines rolls out as ``E`` rollout runners of the engine
+context (rank ``e`` of ``E``, no group), each its slice, merged in engine order by the
+training runner (``merge_rollouts``), as a group's training step merges them.
 """
 
 from __future__ import annotations
@@ -32,15 +35,19 @@ ctx = JobContext(spec["job"], Role.TRAIN, spec["seed"], spec["options"], rank=ra
 train = start_job(spec["entry"], ctx)
 train.state_tensors()
 weights = train.export_weights()
-roll = start_job(spec["entry"], JobContext(spec["job"], Role.ROLLOUT, spec["seed"],
-                                          spec["options"])) if rank == 0 else None
+E = spec["engines"]
+rolls = [start_job(spec["entry"], JobContext(spec["job"], Role.ROLLOUT, spec["seed"],
+                                            spec["options"], rank=e, world_size=E))
+         for e in range(E)] if rank == 0 else []
 rewards = []
 for _ in range(spec["steps"]):
     box = [None]
     if rank == 0:
-        if roll.weights_version != train.weights_version:
-            roll.import_weights(weights, train.weights_version)
-        box = [roll.rollout(train.weights_version)]
+        for roll in rolls:
+            if roll.weights_version != train.weights_version:
+                roll.import_weights(weights, train.weights_version)
+        parts = [roll.rollout(train.weights_version) for roll in rolls]
+        box = [parts[0] if E == 1 else train.merge_rollouts(parts)]
         rewards.append(float(box[0].metrics.get("reward_mean", float("nan"))))
     dist.broadcast_object_list(box, src=0)
     version = train.train(box[0])
@@ -57,7 +64,8 @@ os._exit(0)
 
 
 def run_solo_gang(spec: MemberSpec, timeout_s: float = 300.0) -> SoloResult:
-    """``spec.steps`` iterations of ``spec``'s training gang (its layout's ranks) alone."""
+    """``spec.steps`` iterations of ``spec``'s training gang (its layout's ranks) and its
+    rollout engines alone."""
     assert spec.layout is not None
     lay = spec.layout.train
     world = lay.ranks
@@ -66,7 +74,8 @@ def run_solo_gang(spec: MemberSpec, timeout_s: float = 300.0) -> SoloResult:
         out = Path(tmp) / "rank0.pt"
         args: dict[str, Any] = {"job": spec.job_id, "seed": spec.seed, "entry": spec.entry_point,
                                 "options": dict(spec.options), "steps": spec.steps,
-                                "init": f"file://{tmp}/store", "local": local, "out": str(out)}
+                                "init": f"file://{tmp}/store", "local": local, "out": str(out),
+                                "engines": spec.layout.rollout.engines}
         import json
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         procs = [subprocess.Popen([sys.executable, "-c", _CHILD, json.dumps(args), str(r),

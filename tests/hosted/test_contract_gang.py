@@ -65,3 +65,18 @@ def test_rank_job(job: str, rank: int, want: str) -> None:
 def test_rank_suffix_is_what_separates_the_rank() -> None:
     assert RANK_SUFFIX == ".r"
     assert rank_job("j", 5).removeprefix("j" + RANK_SUFFIX) == "5"
+
+
+def test_engine_jobs_and_their_slices() -> None:
+    from weave_slurm.hosted.contract import ENGINE_SUFFIX, engine_job, traj_part
+
+    assert [engine_job("12", e) for e in range(3)] == ["12", "12.e1", "12.e2"]
+    assert ENGINE_SUFFIX == ".e"
+    assert traj_part("traj", 0, 1) == "traj"                   # one engine: the batch
+    assert [traj_part("traj.b1", e, 2) for e in range(2)] == ["traj.b1.e0", "traj.b1.e1"]
+
+
+def test_engines_round_trip_and_default_to_one() -> None:
+    args = PhaseArgs("builtin:grpo-toy", 1, {}, engines=3)
+    assert PhaseArgs.decode([args.encode()], "t").engines == 3
+    assert PhaseArgs.decode([PhaseArgs("x", 1, {}).encode()], "t").engines == 1

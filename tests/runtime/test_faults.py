@@ -100,3 +100,28 @@ def test_a_lost_group_plan_keeps_warm_carries_checkpoints_and_restarts_fresh(
     assert plan["1"].readmit == "train node h800-0 lost; re-attached on a new allocation"
     assert "not resumable" in plan["4"].why
     assert plan_detach([carried], [t0], None)["2"].kind is ResumeKind.FAILED  # no shared root
+
+
+def test_a_gang_whose_second_node_was_lost_carries_every_ranks_checkpoint(
+        tmp_path: Path) -> None:
+    """A gang's state lives on all its training nodes: losing rank 2's node (not rank
+    0's) is a lost training node too, and the plan names each rank's old root."""
+    from weave_slurm.model.layout import MemberLayout, RolloutLayout, TrainLayout
+    from weave_slurm.runtime.gang import Gang
+
+    t0, t1 = NodeRef("h800-0", Pool.TRAIN, Path("t0")), NodeRef("h800-1", Pool.TRAIN, Path("t1"))
+    r0 = NodeRef("h20-0", Pool.ROLLOUT, Path("r0"))
+    spec = MemberSpec("g", train_nodes=(0, 1),
+                      layout=MemberLayout(TrainLayout((2, 2)), RolloutLayout(1, (1,))))
+    m = Member(spec, JobRef("g", os.getuid()), t0, (r0,), state=MemberState.READY)
+    m.initialised = True
+    m.gang = Gang.of(spec, m.job, (t0, t1))
+    shm = SegmentStore(tmp_path / "shm")
+    shm.put_state(m.job, "state", {"w": torch.ones(3)}, version=4)
+    CheckpointStore(tmp_path / "ckpt" / "h800-0").save(shm, m.job)
+    plan = plan_detach([m], [t1], tmp_path / "ckpt")["g"]
+    assert plan.kind is ResumeKind.CARRIED and plan.version == 4
+    base = tmp_path / "ckpt"
+    assert plan.rank_roots == (base / "h800-0", base / "h800-1", base / "h800-1")
+    m.gang = Gang.of(spec, m.job, (t0, t1), whole=False)     # one rank: h800-1 is not its
+    assert plan_detach([m], [t1], base)["g"].kind is ResumeKind.WARM

@@ -357,3 +357,38 @@ def test_a_single_rank_reads_as_before() -> None:
     assert read_phase(link, slots, Phase.ROLLOUT)[2] == Fault(
         FaultKind.WORKER_KILLED, "h800-0", Phase.ROLLOUT,
         evidence="the node daemon reports no such phase (state 'gone')")
+
+
+# -- rollout engines -----------------------------------------------------------------------
+def _rollout() -> tuple[NodeRef, NodeRef, NodeRef]:
+    return tuple(NodeRef(f"h20-{i}", Pool.ROLLOUT, Path(f"/run/weave/h20-{i}.sock"),
+                         f"10.0.1.{i}", 7070) for i in range(3))  # type: ignore[return-value]
+
+
+def _engines() -> Gang:
+    spec = MemberSpec("j", rollout_pins=(2, 0), layout=MemberLayout(
+        TrainLayout((1,)), RolloutLayout(1, (2, 1))))
+    return Gang.engines_of(spec, JOB, _rollout())
+
+
+def test_engines_sit_on_their_pins_as_their_own_node_level_jobs() -> None:
+    engines = _engines()
+    assert not engines.collective
+    assert [(s.rank, s.local_rank, s.node.name, s.job) for s in engines.slots] == [
+        (0, 0, "h20-2", JobRef("j", 1000)), (1, 1, "h20-2", JobRef("j.e1", 1000)),
+        (2, 0, "h20-0", JobRef("j.e2", 1000))]
+    assert [n.name for n in engines.nodes()] == ["h20-2", "h20-0"]
+
+
+def test_engines_activate_with_their_place_but_form_no_world() -> None:
+    engines, link = _engines(), FakeLink()
+    engines.activate(link, PORTS, (), "weave_slurm.hosted.phases:rollout", ARGS, {},
+                     Phase.ROLLOUT)
+    got = [(c[1], c[3]["job"], _ranked(c)) for c in link.of(Op.ACTIVATE)]
+    assert [(n, j, a.rank, a.local_rank, a.world_size, a.init_method, a.job_id)
+            for n, j, a in got] == [("h20-2", "j", 0, 0, 3, None, "j"),
+                                    ("h20-2", "j.e1", 1, 1, 3, None, "j"),
+                                    ("h20-0", "j.e2", 2, 0, 3, None, "j")]
+    assert (engines.world, engines.port, engines.formations) == (None, None, 0)
+    engines.stop(link)      # engines hold no world: nothing to drop
+    assert link.of(Op.DROP) == []

@@ -1,11 +1,12 @@
 """Training gangs in a group on local node daemons: each rank a resident worker of its
 own node's daemon, one gloo world per member kept across phases.
 
-Three members on 2 training nodes: ``wide`` trains as 2 nodes x 2 ranks, ``pair`` as 1
-node x 2 ranks (on the second node), ``one`` as a single rank (on the first). Each
-must end bit-identical to a solo run of the same layout; a SIGKILL of one rank of
-``wide`` mid-train forms its gang again from its per-rank checkpoints while the
-others go on; a member that leaves leaves no rank process and no segment.
+Three members on 2 training and 2 rollout nodes: ``wide`` trains as 2 nodes x 2 ranks,
+``pair`` as 1 node x 2 ranks (on the second node), ``duo`` as a single rank (on the
+first) and rolls out as 2 engines, one on each rollout node. Each must end
+bit-identical to a solo run of the same layout; a SIGKILL of one rank of ``wide``
+mid-train forms its gang again from its per-rank checkpoints while the others go on; a
+member that leaves leaves no rank process and no segment.
 """
 
 from __future__ import annotations
@@ -38,14 +39,14 @@ STEPS = 3
 
 @pytest.fixture(scope="module")
 def gang_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeFleet]:
-    """One rollout node daemon and two training node daemons, local processes."""
+    """Two rollout node daemons and two training node daemons, local processes."""
     with running_fleet(tmp_path_factory.mktemp("gang"), "gang", "weave-test-gang-",
-                       train_nodes=2) as fleet:
+                       rollout_nodes=2, train_nodes=2) as fleet:
         yield fleet
 
 
-def _layout(*ranks_per_node: int) -> MemberLayout:
-    return MemberLayout(TrainLayout(tuple(ranks_per_node)), RolloutLayout(1, (1,)))
+def _layout(*ranks_per_node: int, engines: tuple[int, ...] = (1,)) -> MemberLayout:
+    return MemberLayout(TrainLayout(tuple(ranks_per_node)), RolloutLayout(1, engines))
 
 
 def _specs(steps: int = STEPS) -> list[MemberSpec]:
@@ -53,7 +54,8 @@ def _specs(steps: int = STEPS) -> list[MemberSpec]:
                        layout=_layout(2, 2)),
             MemberSpec("pair", seed=32, steps=steps, options=OPTIONS, train_nodes=(1,),
                        layout=_layout(2)),
-            MemberSpec("one", seed=33, steps=steps, options=OPTIONS, train_nodes=(0,))]
+            MemberSpec("duo", seed=33, steps=steps, options={**OPTIONS, "sampling": "per_prompt"},
+                       train_nodes=(0,), rollout_pins=(0, 1), layout=_layout(1, engines=(1, 1)))]
 
 
 def _same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> list[str]:
@@ -87,13 +89,25 @@ def test_gangs_of_three_layouts_match_their_solo_runs(gang_fleet: NodeFleet) -> 
     ex = GroupRunner(gang_fleet.layout, specs)  # type: ignore[arg-type]
     try:
         gangs = {s.job_id: ex.members[s.job_id].gang for s in specs}
-        assert {j: g.size for j, g in gangs.items() if g} == {"wide": 4, "pair": 2, "one": 1}
+        assert {j: g.size for j, g in gangs.items() if g} == {"wide": 4, "pair": 2, "duo": 1}
+        engines = ex.members["duo"].engines
+        assert engines is not None and [(s.node.name, s.job.job_id) for s in engines.slots] \
+            == [("h20-0", "duo"), ("h20-1", "duo.e1")]
+        assert ex.members["wide"].engines is None
         ex.run(timeout_s=420)
         assert [ex.members[s.job_id].state for s in specs] == [MemberState.DONE] * 3
         for spec in specs:
-            solo = run_solo_gang(spec) if spec.layout else run_solo(spec)
+            solo = run_solo_gang(spec)
             assert _same(group_weights(ex, spec.job_id), solo.weights) == [], spec.job_id
             assert tuple(ex.members[spec.job_id].rewards) == solo.rewards
+        # both engines rolled out every step, each on its own node (its node-level job)
+        rolled = {s.node for s in ex.spans if s.job_id == "duo" and s.kind is Phase.ROLLOUT}
+        assert rolled == {"h20-0"}   # a rollout gang's phase is its engine 0's span ...
+        rollout = gang_fleet.layout.rollout  # type: ignore[union-attr]
+        for ref, part in zip(rollout, ("traj.e0", "traj.e1"), strict=True):   # ... each
+            rows = {j["job"]: j for j in node_status(ref.socket_path)["jobs"]}  # put its own
+            assert part in rows["duo"]["segments"], (ref.name, rows["duo"]["segments"])
+        assert "duo.e1" in {j["job"] for j in node_status(rollout[1].socket_path)["jobs"]}
         # a gang's result is its own: one rank of the same job ends elsewhere (float
         # reduction order), so the match above is with the gang, not with rank 0 alone
         single = run_solo(MemberSpec("wide", seed=31, steps=STEPS, options=OPTIONS))
@@ -112,10 +126,11 @@ def test_gangs_of_three_layouts_match_their_solo_runs(gang_fleet: NodeFleet) -> 
         assert wide.formations == 1
     finally:
         leave_all(ex, specs)
-    for job in ("wide", "pair", "one"):
+    for job in ("wide", "pair", "duo"):
         assert _rank_pids(gang_fleet, job) == {}, job
     left = [p for p in gang_fleet.config.shm_dir.rglob("*")
-            if p.name in {rank_job(j, r) for j in ("wide", "pair") for r in range(4)}]
+            if p.name in {rank_job(j, r) for j in ("wide", "pair", "duo") for r in range(4)}
+            | {"duo.e1"}]
     assert left == []
 
 
@@ -146,9 +161,9 @@ def test_a_killed_rank_forms_its_gang_again_and_the_others_go_on(
         assert wide.recoveries >= 1 and wide.fault is not None
         assert wide.fault.kind in (FaultKind.WORKER_KILLED, FaultKind.PHASE_FAILED)
         assert wide.gang is not None and wide.gang.formations >= 2   # a new world
-        assert ex.members["pair"].recoveries == ex.members["one"].recoveries == 0
+        assert ex.members["pair"].recoveries == ex.members["duo"].recoveries == 0
         for spec in specs:
-            solo = run_solo_gang(spec) if spec.layout else run_solo(spec)
+            solo = run_solo_gang(spec)
             assert _same(group_weights(ex, spec.job_id), solo.weights) == [], spec.job_id
         assert not _alive(killed[0])
     finally:

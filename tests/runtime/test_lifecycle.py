@@ -220,3 +220,27 @@ def test_a_move_off_the_table_is_refused() -> None:
     m = runner.join(MemberSpec("a"))
     with pytest.raises(StateError, match="starting -> done is not a valid transition"):
         runner.lifecycle.move(m, MemberState.DONE, "skipping ahead")
+
+
+def test_a_carried_gang_moves_each_ranks_checkpoint_to_its_new_node() -> None:
+    """A gang re-admitted on new training nodes after its old ones were lost: rank 0's
+    checkpoint and rank 1's each come from their own old node's root."""
+    from weave_slurm.model.layout import MemberLayout, RolloutLayout, TrainLayout
+    from weave_slurm.runtime.resume import Resume, ResumeKind
+
+    log: list[tuple[str, Op, str]] = []
+    t2, t3 = Path("/nowhere/t2.sock"), Path("/nowhere/t3.sock")
+    nodes = {R: FakeNode("h20-0", log), t2: FakeNode("h800-2", log), t3: FakeNode("h800-3", log)}
+    layout = GroupLayout((NodeRef("h20-0", Pool.ROLLOUT, R),),
+                         (NodeRef("h800-2", Pool.TRAIN, t2), NodeRef("h800-3", Pool.TRAIN, t3)))
+    runner = GroupRunner(layout, [], clock=FakeClock(), client_factory=lambda p: nodes[p])
+    runner.transfer = FakeTransfer()   # type: ignore[assignment]
+    spec = MemberSpec("g", train_nodes=(0, 1),
+                      layout=MemberLayout(TrainLayout((1, 1)), RolloutLayout(1, (1,))))
+    base = Path("/shared/ckpt")
+    member = runner.adopt(spec, Resume(ResumeKind.CARRIED, "lost", readmit="lost; moved",
+                                       root=base / "h800-0", version=3,
+                                       rank_roots=(base / "h800-1",)))
+    adopts = [(n, j) for n, op, j in log if op is Op.ADOPT]
+    assert adopts == [("h800-2", "g"), ("h800-3", "g.r1")]
+    assert member.state is MemberState.RECOVERING

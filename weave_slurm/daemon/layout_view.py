@@ -4,7 +4,7 @@ The layout (:mod:`weave_slurm.model.layout`) is stored with the job's profile at
 submission; here it is named on the group's nodes: training node ``i`` is the group's
 ``i``-th held training node (those :func:`~weave_slurm.daemon.driver.job_nodes` names),
 rollout node ``i`` the job's ``i``-th pin. ``runs`` says what the group runtime starts
-of it today, where that is less than the layout.
+of it, where that is less than the layout (a site with ``[runtime] gangs = false``).
 """
 
 from __future__ import annotations
@@ -17,12 +17,8 @@ from weave_slurm.daemon.driver import pool_nodes
 from weave_slurm.daemon.records import AllocRow, GroupRow, JobRow
 from weave_slurm.model.layout import MemberLayout
 
-#: What the group runtime starts of a layout of several engines: every training rank,
-#: but each rollout as one engine.
-NOT_YET = ("the runtime starts every training rank (one world) but 1 rollout engine per "
-           "rollout (on one pin); the layout's other engines are not started until "
-           "rollout gangs exist (issue 15)")
-#: ... and on a site with ``[runtime] gangs = false``, of a layout larger than one rank.
+#: What the group runtime starts of a layout larger than one rank and one engine on a
+#: site with ``[runtime] gangs = false`` (it starts all of it otherwise).
 RANK0_ONLY = ("the runtime starts 1 training process (on the first training node: the "
               "site's [runtime] gangs = false) and 1 rollout engine per rollout (on one "
               "pin); the layout's other ranks and engines are not started")
@@ -59,7 +55,7 @@ def _runs(layout: MemberLayout, gangs: bool) -> str | None:
     """What of ``layout`` the runtime does not start, in words (None: all of it)."""
     if not gangs and (layout.train.ranks > 1 or layout.rollout.engines > 1):
         return RANK0_ONLY
-    return NOT_YET if layout.rollout.engines > 1 else None
+    return None
 
 
 def _span(r: range) -> list[int]:

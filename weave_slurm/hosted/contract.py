@@ -57,6 +57,20 @@ def rank_job(job_id: str, rank: int) -> str:
 
 #: What separates a job id from a gang rank's number in :func:`rank_job`.
 RANK_SUFFIX = ".r"
+#: ... and from a rollout engine's number in :func:`engine_job`.
+ENGINE_SUFFIX = ".e"
+
+
+def engine_job(job_id: str, engine: int) -> str:
+    """The job id a rollout node's daemon knows engine ``engine`` of ``job_id`` by
+    (engine 0: the job itself). An engine reads the job's ``weights`` on its node and
+    puts its slice of the batch there as the job's :func:`traj_part`."""
+    return job_id if engine == 0 else f"{job_id}{ENGINE_SUFFIX}{engine}"
+
+
+def traj_part(traj: str, engine: int, engines: int) -> str:
+    """The segment of engine ``engine``'s slice of batch ``traj`` (one engine: ``traj``)."""
+    return traj if engines == 1 else f"{traj}{ENGINE_SUFFIX}{engine}"
 
 
 def rollout_version(step: int, staleness: int) -> int:
@@ -95,15 +109,17 @@ class PhaseArgs:
     progress: str | None = None         # run id: report progress (long-tail migration)
     tail_fraction: float = DEFAULT_TAIL_FRACTION   # "tail" once remaining <= this x all
     engine_gpus: int = 1                # GPUs per rollout engine (the member's layout)
-    # a training gang (docs/job_api.md, "Gangs"): this rank, its GPU on its node, the
-    # gang's size and where its world meets (``tcp://host:port``, chosen by the runtime;
-    # None for a single rank); the world is formed once per worker and kept
+    # a gang (docs/job_api.md, "Gangs"): this rank (a rollout: this engine), its GPU on
+    # its node, the gang's size and where a training gang's world meets
+    # (``tcp://host:port``, chosen by the runtime; None for a single rank and for
+    # engines, which never communicate); the world is formed once per worker and kept
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
     init_method: str | None = None
     world_timeout_s: float = 120.0      # forming the world and each collective
     job_id: str | None = None           # the job a gang's rank r >= 1 belongs to
+    engines: int = 1                    # rollout slices a training step merges
 
     def encode(self) -> str:
         return json.dumps({"entry_point": self.entry_point, "seed": self.seed,
@@ -115,7 +131,7 @@ class PhaseArgs:
                            "local_rank": self.local_rank, "world_size": self.world_size,
                            "init_method": self.init_method,
                            "world_timeout_s": self.world_timeout_s,
-                           "job_id": self.job_id},
+                           "job_id": self.job_id, "engines": self.engines},
                           sort_keys=True)
 
     @classmethod
@@ -135,4 +151,4 @@ class PhaseArgs:
                    int(raw.get("local_rank", 0)), int(raw.get("world_size", 1)),
                    None if init is None else str(init),
                    float(raw.get("world_timeout_s", 120.0)),
-                   None if job is None else str(job))
+                   None if job is None else str(job), int(raw.get("engines", 1)))

@@ -55,9 +55,11 @@ from weave_slurm.hosted.contract import (
     STATE,
     WEIGHTS,
     PhaseArgs,
+    traj_part,
 )
 from weave_slurm.hosted.world import gang_world, share_batch
 from weave_slurm.node.crc import CRC_KEY, storage_crc32
+from weave_slurm.node.index import JobRef
 from weave_slurm.workloads.api import JobContext, JobRunner, Role, Trajectories, TrajectoryBatch
 from weave_slurm.workloads.entry import start_job
 
@@ -86,6 +88,9 @@ def _runner(ctx: PhaseContext, args: PhaseArgs, role: Role, *, fresh: bool = Fal
             gang = {"rank": world.rank, "local_rank": args.local_rank,
                     "world_size": world.world_size, "device": world.device,
                     "group": world.group}
+        elif args.world_size > 1:   # an engine of a rollout gang: no process group
+            gang = {"rank": args.rank, "local_rank": args.local_rank,
+                    "world_size": args.world_size}
         job_id = args.job_id or ctx.job.job_id    # a gang's rank: the job, not its rank
         _RUNNERS[key] = start_job(args.entry_point,
                                   JobContext(job_id, role, args.seed, args.options,
@@ -136,8 +141,17 @@ def _put_train_state(ctx: PhaseContext, args: PhaseArgs, runner: JobRunner,
 
 
 def _weights(ctx: PhaseContext, args: PhaseArgs) -> Any:
-    """The weights segment this rollout must read, checked (version, CRC32)."""
-    seg = _segment(ctx, args.weights)
+    """The weights segment this rollout must read, checked (version, CRC32): its own, or
+    for engine ``r >= 1`` of a rollout gang the job's on this node."""
+    if args.job_id is not None and args.job_id != ctx.job.job_id:
+        with _client() as client:
+            held = client.attach(JobRef(args.job_id, ctx.job.uid))
+        seg = held.get(args.weights)
+        if seg is None:
+            raise StateError(f"job {args.job_id}: engine {args.rank} needs segment "
+                             f"{args.weights!r} of the job on this node (has {sorted(held)})")
+    else:
+        seg = _segment(ctx, args.weights)
     if args.version is not None and seg.index.version != args.version:
         raise VersionMismatch(f"job {ctx.job.job_id}: weights buffer {args.weights!r} holds "
                               f"version {seg.index.version}, the rollout needs "
@@ -174,8 +188,10 @@ def rollout(ctx: PhaseContext) -> dict[str, Any]:
     extra: dict[str, Any] = {"metrics": dict(batch.metrics)}
     if args.step is not None:
         extra["step"] = args.step
-    with _client() as client:
-        client.put_state(ctx.job, args.traj, tensors, version, extra=extra)
+    owner = ctx.job if args.job_id is None else JobRef(args.job_id, ctx.job.uid)
+    with _client() as client:   # an engine's slice: the job's traj part on this node
+        client.put_state(owner, traj_part(args.traj, args.rank, args.world_size), tensors,
+                         version, extra=extra)
     return {"version": version, "metrics": dict(batch.metrics),
             "traj_bytes": _nbytes(tensors)}
 
@@ -233,11 +249,21 @@ def train(ctx: PhaseContext) -> dict[str, Any]:
 
 def _batch(ctx: PhaseContext, args: PhaseArgs, job_id: str,
            runner: JobRunner) -> TrajectoryBatch:
-    """The batch in this node's ``traj`` segment (rank 0), checked against the step."""
-    traj_seg = _segment(ctx, args.traj)
+    """The batch in this node's ``traj`` segment (rank 0), checked against the step; a
+    rollout gang's slices (one segment per engine) merged in engine order."""
+    if args.engines > 1:
+        return runner.merge_rollouts([_part(ctx, args, job_id, runner,
+                                            traj_part(args.traj, e, args.engines))
+                                      for e in range(args.engines)])
+    return _part(ctx, args, job_id, runner, args.traj)
+
+
+def _part(ctx: PhaseContext, args: PhaseArgs, job_id: str, runner: JobRunner,
+          name: str) -> TrajectoryBatch:
+    traj_seg = _segment(ctx, name)
     step = traj_seg.index.extra.get("step")
     if step is not None and int(step) != runner.weights_version:
-        raise VersionMismatch(f"job {job_id}: batch {args.traj!r} is of step {step}, "
+        raise VersionMismatch(f"job {job_id}: batch {name!r} is of step {step}, "
                               f"training is at step {runner.weights_version}")
     metrics = dict(traj_seg.index.extra.get("metrics", {}))
     return TrajectoryBatch(job_id, traj_seg.index.version,

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from weave_slurm.errors import ConfigError, WeaveError
-from weave_slurm.hosted.contract import PhaseArgs, rank_job
+from weave_slurm.hosted.contract import PhaseArgs, engine_job, rank_job
 from weave_slurm.node.index import JobRef
 from weave_slurm.node.protocol import Op
 from weave_slurm.node.worker import WorkerState
@@ -89,6 +89,7 @@ class Gang:
     """The training gang of one member (see module doc)."""
 
     slots: tuple[RankSlot, ...]
+    collective: bool = True           # one world (training); False: engines that never talk
     world: str | None = None          # the rendezvous of the live world (None: none)
     port: int | None = None
     formations: int = 0               # worlds formed so far
@@ -103,6 +104,16 @@ class Gang:
                  for node, ranks in spec.placed_ranks()
                  for local, rank in enumerate(ranks)]
         return cls(tuple(slots))
+
+    @classmethod
+    def engines_of(cls, spec: MemberSpec, job: JobRef, rollout: Sequence[NodeRef]) -> Gang:
+        """The rollout engines ``spec``'s layout places on its pins (``rollout``: the
+        group's rollout nodes), engine ``e`` the node-level job ``engine_job(job, e)``."""
+        slots = [RankSlot(engine, local, rollout[pin],
+                          JobRef(engine_job(job.job_id, engine), job.uid))
+                 for pin, engines in spec.placed_engines()
+                 for local, engine in enumerate(engines)]
+        return cls(tuple(slots), collective=False)
 
     @property
     def size(self) -> int:
@@ -129,7 +140,7 @@ class Gang:
     def activate(self, link: NodeLink, ports: GangPorts, taken: Iterable[int], fn: str,
                  args: PhaseArgs, code: Mapping[str, Any], phase: Phase) -> None:
         """Start ``fn`` on every rank (a new world first when none is live)."""
-        if self.size > 1 and self.world is None:
+        if self.size > 1 and self.collective and self.world is None:
             self.port = ports.pick(self.lead.job.job_id, self.formations, taken)
             self.formations += 1
             self.world = f"tcp://{self.lead.node.address or '127.0.0.1'}:{self.port}"
@@ -156,7 +167,7 @@ class Gang:
         """A gang of several ranks that failed: every rank's worker stopped and its shm
         state dropped (checkpoints kept); its world is gone, the next phase forms a new
         one. A single rank keeps its worker (no world to lose)."""
-        if self.size == 1:
+        if self.size == 1 or not self.collective:
             return
         for slot in self.slots:
             link.best_effort(slot.node, Op.DROP, job=slot.job.job_id, keep_checkpoints=True)

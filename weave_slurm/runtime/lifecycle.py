@@ -95,8 +95,9 @@ class Lifecycle:
                         self.layout.train[spec.train_node],
                         tuple(self.layout.rollout[p] for p in spec.rollout_pins))
         # a cooperative job's processes are its own: one gated process per role
-        member.gang = Gang.of(spec, member.job, self.layout.train,
-                              whole=self.config.gangs and spec.launch is None)
+        whole = self.config.gangs and spec.launch is None
+        member.gang = Gang.of(spec, member.job, self.layout.train, whole=whole)
+        self._engines(member, whole)
         member.history.append((self.clock.now(), MemberState.STARTING, "joined"))
         records = self.config.records_dir
         member.versions = VersionLog(spec.job_id, spec.staleness, None if records is None
@@ -135,7 +136,8 @@ class Lifecycle:
             # running: drop it (worker killed, whatever it had written removed)
             for node in self._nodes(member):
                 self.link.best_effort(node, Op.DROP, job=spec.job_id)
-            self._gang(member).drop(self.link)
+            for gang in self._ranks(member):
+                gang.drop(self.link)
         return member
 
     def _move_checkpoint(self, member: Member, resume: Resume) -> bool:
@@ -143,20 +145,26 @@ class Lifecycle:
         training node; True when it can be restored there."""
         root = resume.root
         assert root is not None
-        if root.name == member.train_node.name:
-            return True   # the same node came back: its checkpoints are where they were
-        job_id = member.spec.job_id
-        try:
-            self.link.call(member.train_node, Op.REGISTER, job=job_id, uid=member.job.uid,
-                           checkpoint_interval_s=0)
-            info = self.link.call(member.train_node, Op.ADOPT, job=job_id,
-                                  from_root=str(root))
-        except (WeaveError, OSError) as exc:
-            log.warning("job %s: its checkpoint under %s could not be moved to %s: %s",
-                        job_id, root, member.train_node.name, exc)
+        gang = self._gang(member)     # a gang's ranks 1.. come with rank 0 (their roots)
+        moves = [(gang.lead, root), *zip(gang.others, resume.rank_roots, strict=False)]
+        if len(moves) < gang.size:
+            log.warning("job %s: no checkpoint roots of its ranks 1.. were kept",
+                        member.spec.job_id)
             return False
-        log.info("job %s: checkpoint %s moved to %s (%s)", job_id, info.get("versions"),
-                 member.train_node.name, info.get("path"))
+        for slot, old in moves:
+            if old.name == slot.node.name:
+                continue   # the same node came back: its checkpoints are where they were
+            try:
+                self.link.call(slot.node, Op.REGISTER, job=slot.job.job_id, uid=slot.job.uid,
+                               checkpoint_interval_s=0)
+                info = self.link.call(slot.node, Op.ADOPT, job=slot.job.job_id,
+                                      from_root=str(old))
+            except (WeaveError, OSError) as exc:
+                log.warning("job %s: its checkpoint under %s could not be moved to %s: %s",
+                            slot.job.job_id, old, slot.node.name, exc)
+                return False
+            log.info("job %s: checkpoint %s moved to %s (%s)", slot.job.job_id,
+                     info.get("versions"), slot.node.name, info.get("path"))
         return True
 
     def leave(self, job_id: str) -> None:
@@ -166,7 +174,8 @@ class Lifecycle:
             self.release(member, run)
         for node in self._nodes(member):   # unregistered there, or the node is gone
             self.link.best_effort(node, Op.DROP, job=job_id)
-        self._gang(member).drop(self.link)
+        for gang in self._ranks(member):
+            gang.drop(self.link)
         self.mover.transfer.forget(member.job)
         self.move(member, MemberState.CANCELLED, "left the group")
         self.order.remove(job_id)
@@ -178,12 +187,22 @@ class Lifecycle:
         for node in self._nodes(member):
             self.link.call(node, Op.REGISTER, job=member.spec.job_id, checkpoint_interval_s=0,
                            **owner)
-        self._gang(member).register(self.link, owner)
+        for gang in self._ranks(member):
+            gang.register(self.link, owner)
 
     def release(self, member: Member, run: PhaseRun) -> None:
         """The member no longer runs ``run``: its nodes are free."""
         member.runs.pop(run.kind, None)
         self.slots.free_run(member.spec.job_id, run)
+
+    def _engines(self, member: Member, whole: bool) -> None:
+        """The member's rollout engines on its pins, when its layout has several."""
+        engines = Gang.engines_of(member.spec, member.job, self.layout.rollout)
+        member.engines = engines if whole and engines.size > 1 else None
+
+    def _ranks(self, member: Member) -> tuple[Gang, ...]:
+        """Its training gang and its rollout engines (their node-level jobs)."""
+        return (self._gang(member), *((member.engines,) if member.engines else ()))
 
     @staticmethod
     def _gang(member: Member) -> Gang:
@@ -207,6 +226,8 @@ class Lifecycle:
                                        ok=False))
                 if run.kind is Phase.TRAIN:   # every rank of its gang
                     self._gang(member).deactivate(self.link)
+                elif member.engines is not None:   # every engine
+                    member.engines.deactivate(self.link)
                 else:
                     self.link.best_effort(run.node, Op.DEACTIVATE, job=member.spec.job_id)
             self.release(member, run)
@@ -291,7 +312,8 @@ class Lifecycle:
                     self._retry_later(member, fault, f"restart of {job_id}: {exc}")
                     return False
                 log.info("drop of %s on %s before its restart: %s", job_id, node.name, exc)
-        self._gang(member).drop(self.link)
+        for gang in self._ranks(member):
+            gang.drop(self.link)
         by_node = cause is None and member.fault is not None and member.fault.kind.node_fault
         restarts = member.restarts if by_node else member.restarts + 1
         words = cause or (member.fault.words() if member.fault else member.error or "")
@@ -390,6 +412,9 @@ class Lifecycle:
         index = {n.name: i for i, n in enumerate(self.layout.rollout)}
         member.repin, member.rollout_nodes = None, new
         member.spec = replace(member.spec, rollout_pins=tuple(index[n.name] for n in new))
+        if member.engines is not None:    # the engines go with the pins
+            member.engines.drop(self.link)
+            self._engines(member, True)
         for node in old:
             if node not in new:   # its rollout state there (its checkpoints are on its
                 self.link.best_effort(node, Op.DROP, job=job_id)   # training node)
@@ -403,6 +428,8 @@ class Lifecycle:
         try:
             for node in added:
                 self.link.call(node, Op.REGISTER, job=job_id, checkpoint_interval_s=0, **owner)
+            if member.engines is not None:
+                member.engines.register(self.link, owner)
             self._copy_rollout_state(member, added)
         except WeaveError as exc:   # recovery restores its checkpoint onto the new nodes
             self.fail(member, Fault.from_error(exc, ",".join(n.name for n in added),

@@ -144,6 +144,7 @@ class Member:
     # it): no rollout starts until then (``Lifecycle.repin``)
     repin: tuple[NodeRef, ...] | None = None
     gang: Gang | None = None     # its training ranks (runtime/gang.py), set when it joins
+    engines: Gang | None = None  # its rollout engines when more than one (None: one)
 
     def start_over(self, note: str, restarts: int) -> None:
         """Forget everything learned and every fault: the member starts from scratch

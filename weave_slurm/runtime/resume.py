@@ -6,9 +6,10 @@ group is active on a new allocation, where ``Lifecycle.adopt`` carries it out:
 
 - its training node survived: re-admitted from its warm state and node checkpoint
   there (``WARM``);
-- its training node was lost, but its newest checkpoint is under that node's root on
-  a file system weaved shares with the nodes: moved to the new training node and
-  re-admitted from it (``CARRIED``);
+- its training node (or a node of its training gang) was lost, but its newest
+  checkpoint is under that node's root on a file system weaved shares with the nodes:
+  moved to the new training node (each gang rank's from its own old node's root to
+  its new node) and re-admitted from it (``CARRIED``);
 - lost during its first phase: nothing learned yet, started again from scratch
   (``FRESH``);
 - otherwise it is not resumable (``FAILED``); a member that had ended already is
@@ -45,6 +46,8 @@ class Resume:
     readmit: str | None = None  # the cause shown once it is re-admitted (WARM, CARRIED)
     note: str | None = None     # FRESH: why it started again from scratch
     root: Path | None = None    # CARRIED: the lost node's checkpoint root
+    # CARRIED, a training gang: the checkpoint roots of its ranks 1.. (in rank order)
+    rank_roots: tuple[Path, ...] = ()
     version: int | None = None  # CARRIED: the version of that checkpoint
 
 
@@ -53,8 +56,14 @@ def plan_detach(members: Sequence[Member], lost: Sequence[NodeRef],
     """Each member's :class:`Resume` after ``lost`` vanished (``checkpoint_base``: the
     shared root holding ``<base>/<node>`` checkpoint roots, None if weaved has none)."""
     names = ", ".join(f"{r.pool.value} node {r.name}" for r in lost)
-    return {m.spec.job_id: _resume(m, names, m.train_node in lost, checkpoint_base)
+    return {m.spec.job_id: _resume(m, names, any(n in lost for n in _train_nodes(m)),
+                                   checkpoint_base)
             for m in members}
+
+
+def _train_nodes(m: Member) -> tuple[NodeRef, ...]:
+    """Where its training state lives: every node of its training gang."""
+    return m.gang.nodes() if m.gang is not None else (m.train_node,)
 
 
 def _resume(m: Member, names: str, train_lost: bool, base: Path | None) -> Resume:
@@ -74,7 +83,9 @@ def _resume(m: Member, names: str, train_lost: bool, base: Path | None) -> Resum
                       f"state; waiting for a new allocation, then re-admitted there from "
                       f"its last checkpoint (v{version}, {root})",
                       readmit=f"{names} lost; re-admitted on a new training node from its "
-                              f"last checkpoint (v{version})", root=root, version=version)
+                              f"last checkpoint (v{version})", root=root, version=version,
+                      rank_roots=tuple(root.parent / s.node.name for s in m.gang.others)
+                      if m.gang is not None else ())
     if not m.initialised:   # nothing learned yet: a fresh join loses nothing
         return Resume(ResumeKind.FRESH,
                       f"its training node {train} was lost during its first phase "

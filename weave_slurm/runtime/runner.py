@@ -256,15 +256,16 @@ class GroupRunner:
         for job_id, m in self.members.items():
             kind = m.wants() if self.coop.ready(m, node) else None
             if pool is Pool.TRAIN and kind is Phase.TRAIN and m.train_node == node \
-                    and self._gang_free(m):    # a gang starts when all its nodes are free
+                    and self._gang_free(m, m.gang):   # a gang starts when all its nodes are free
                 ready.add(job_id)
-            if pool is Pool.ROLLOUT and kind is Phase.ROLLOUT and node in m.rollout_nodes:
+            if pool is Pool.ROLLOUT and kind is Phase.ROLLOUT and node in m.rollout_nodes \
+                    and (m.engines is None or (node == m.engines.lead.node
+                         and self._gang_free(m, m.engines))):   # every engine at once
                 ready.add(job_id)
         return ready
 
-    def _gang_free(self, member: Member) -> bool:
-        return member.gang is None or all(n.name not in self.slots.busy
-                                          for n in member.gang.nodes())
+    def _gang_free(self, member: Member, gang: Gang | None) -> bool:
+        return gang is None or all(n.name not in self.slots.busy for n in gang.nodes())
 
     def _ports_taken(self, gang: Gang) -> set[int]:
         """The rendezvous ports other live worlds of this group hold on ``gang``'s lead."""
@@ -305,13 +306,14 @@ class GroupRunner:
         step = member.rolled if kind is Phase.ROLLOUT else member.version
         args = member.spec.phase_args(kind, step)
         run_id = None
-        if kind is Phase.ROLLOUT and self.config.migrate_tail:
+        if kind is Phase.ROLLOUT and self.config.migrate_tail and member.engines is None:
             self._run_ids += 1
             run_id = f"{member.spec.job_id}.{step}.{self._run_ids}"
             args = dataclasses.replace(args, progress=run_id,
                                        tail_fraction=self.config.tail_fraction)
-        gang = member.gang if kind is Phase.TRAIN and member.gang is not None \
-            else Gang((RankSlot(0, 0, node, member.job),))
+        gang = self._slots_of(member, kind, node)
+        if kind is Phase.TRAIN and member.engines is not None:   # it merges their slices
+            args = dataclasses.replace(args, engines=member.engines.size)
         if self.coop.owns(member):   # a grant: its own process waits at the gate
             self.coop.grant(member, node, kind, step)
         else:                        # every rank of a training gang at once
@@ -333,9 +335,15 @@ class GroupRunner:
                                 else MemberState.TRAIN, where)
 
     # -- completion ------------------------------------------------------------------
+    @staticmethod
+    def _slots_of(member: Member, kind: Phase, node: NodeRef) -> Gang:
+        """Who runs ``member``'s phase of ``kind`` (on ``node``): its training gang, its
+        rollout engines, or one process there."""
+        gang = member.gang if kind is Phase.TRAIN else member.engines
+        return gang if gang is not None else Gang((RankSlot(0, 0, node, member.job),))
+
     def _poll(self, member: Member, run: PhaseRun) -> bool:
-        slots = member.gang.slots if run.kind is Phase.TRAIN and member.gang is not None \
-            else (RankSlot(0, 0, run.node, member.job),)
+        slots = self._slots_of(member, run.kind, run.node).slots
         state, worker, fault = read_phase(self.link, slots, run.kind)
         if fault is not None:
             self.lifecycle.fail(member, fault)
@@ -404,9 +412,13 @@ class GroupRunner:
         name = contract.TRAJ if k == 0 else buffer_name(TRAJ_BUFFER, run.step, k)
         member.rolled = run.step + 1
 
-        def deliver() -> None:
-            self.lifecycle.mover.copy(member, name, run.node, [member.train_node],
-                                      "trajectories")
+        def deliver() -> None:   # each engine's slice from its node (one: the batch)
+            engines = member.engines.slots if member.engines else (
+                RankSlot(0, 0, run.node, member.job),)
+            for slot in engines:
+                self.lifecycle.mover.copy(member, contract.traj_part(name, slot.rank,
+                                                                     len(engines)),
+                                          slot.node, [member.train_node], "trajectories")
             member.delivered = run.step + 1
         self._write(member, member.train_node, deliver)
         member.next_kind = Phase.TRAIN
