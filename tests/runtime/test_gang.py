@@ -392,3 +392,11 @@ def test_engines_activate_with_their_place_but_form_no_world() -> None:
     assert (engines.world, engines.port, engines.formations) == (None, None, 0)
     engines.stop(link)      # engines hold no world: nothing to drop
     assert link.of(Op.DROP) == []
+
+
+def test_a_member_without_a_layout_is_one_rank_and_one_engine_on_many_nodes() -> None:
+    """Pins on two rollout nodes and two training nodes without a layout: one engine
+    (on whichever pin is free) and one rank, not one per node."""
+    spec = MemberSpec("j", rollout_pins=(0, 1), train_nodes=(0, 1))
+    assert Gang.of(spec, JOB, _train()).size == 1
+    assert Gang.engines_of(spec, JOB, _rollout()).size == 1

@@ -130,30 +130,20 @@ class AgentGroup:
 
     def _line(self, agent: _Agent, deadline: float, what: str) -> str:
         """The agent's next line, or SyncError at ``deadline``."""
-        assert agent.proc.stdout is not None
-        fd = agent.proc.stdout.fileno()
-        with selectors.DefaultSelector() as sel:
-            sel.register(fd, selectors.EVENT_READ)
-            while b"\n" not in agent.buf:
-                if not sel.select(max(0.0, deadline - time.monotonic())):
-                    raise self._dead(agent, f"did not {what} within "
-                                     f"{self.start_timeout_s:.0f} s")
-                chunk = os.read(fd, 1 << 16)
-                if not chunk:
-                    raise self._dead(agent, f"exited before it could {what}")
-                agent.buf.extend(chunk)
-        return self._text_line(agent)
+        return self._lines([agent], deadline, what)[agent.key]
 
     def _joined(self, deadline: float) -> None:
-        """Every agent's READY line. The first agent to exit (an srun to a node Slurm
-        has failed ends at once) fails the start then, not at ``deadline``: the others
-        would only wait for it to join their process group."""
-        waiting: dict[AgentKey, _Agent] = {}
-        for agent in self._agents.values():
-            if b"\n" in agent.buf:
-                self._ready(agent)
-            else:
-                waiting[agent.key] = agent
+        """Every agent's READY line (see :meth:`_lines`: the first agent to exit fails
+        the start then; the others would only wait for it to join their group)."""
+        for key, line in self._lines(list(self._agents.values()), deadline,
+                                     "join the group").items():
+            self._ready(self._agents[key], line)
+
+    def _lines(self, agents: list[_Agent], deadline: float, what: str) -> dict[AgentKey, str]:
+        """The next line of each of ``agents``, read as they come. The first agent to
+        exit (an srun to a node Slurm has failed ends at once) fails it then, not at
+        ``deadline``; none by ``deadline`` fails it naming the first still silent."""
+        waiting = {a.key: a for a in agents if b"\n" not in a.buf}
         with selectors.DefaultSelector() as sel:
             for agent in waiting.values():
                 assert agent.proc.stdout is not None
@@ -161,21 +151,20 @@ class AgentGroup:
             while waiting:
                 events = sel.select(max(0.0, deadline - time.monotonic()))
                 if not events:
-                    raise self._dead(next(iter(waiting.values())), "did not join the group "
+                    raise self._dead(next(iter(waiting.values())), f"did not {what} "
                                      f"within {self.start_timeout_s:.0f} s")
                 for ev, _ in events:
                     agent = waiting[ev.data]
                     chunk = os.read(ev.fd, 1 << 16)
                     if not chunk:
-                        raise self._dead(agent, "exited before it could join the group")
+                        raise self._dead(agent, f"exited before it could {what}")
                     agent.buf.extend(chunk)
                     if b"\n" in agent.buf:
-                        self._ready(agent)
                         sel.unregister(ev.fileobj)
                         del waiting[agent.key]
+        return {a.key: self._text_line(a) for a in agents}
 
-    def _ready(self, agent: _Agent) -> None:
-        line = self._text_line(agent)
+    def _ready(self, agent: _Agent, line: str) -> None:
         if not line.startswith("READY "):
             raise self._dead(agent, f"said {line!r}, not READY")
         agent.pid = int(line.split()[1])

@@ -98,7 +98,7 @@ class Gang:
     def of(cls, spec: MemberSpec, job: JobRef, train: Sequence[NodeRef],
            whole: bool = True) -> Gang:
         """Every rank ``spec``'s layout places (``whole``), or rank 0 alone."""
-        if not whole:
+        if not whole or spec.layout is None:   # no layout: one rank, one engine
             return cls((RankSlot(0, 0, train[spec.train_node], job),))
         slots = [RankSlot(rank, local, train[node], JobRef(rank_job(job.job_id, rank), job.uid))
                  for node, ranks in spec.placed_ranks()
@@ -109,6 +109,8 @@ class Gang:
     def engines_of(cls, spec: MemberSpec, job: JobRef, rollout: Sequence[NodeRef]) -> Gang:
         """The rollout engines ``spec``'s layout places on its pins (``rollout``: the
         group's rollout nodes), engine ``e`` the node-level job ``engine_job(job, e)``."""
+        if spec.layout is None:    # one engine, on whichever pin is free
+            return cls((RankSlot(0, 0, rollout[spec.rollout_pins[0]], job),), collective=False)
         slots = [RankSlot(engine, local, rollout[pin],
                           JobRef(engine_job(job.job_id, engine), job.uid))
                  for pin, engines in spec.placed_engines()
