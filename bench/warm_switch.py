@@ -37,6 +37,10 @@ first generated token (rollout) or the end of the first forward of the training 
   does), reads the job's checkpoint written by the node daemon (page cache dropped
   with fsync + posix_fadvise DONTNEED) and loads it, then the same first work.
 
+A gang (``--only gang``): the warm switch of a 2-rank member (``--gang-ranks``)
+against a cold start of the same gang (new workers, process group, model build and
+per-rank checkpoint load), measured by ``bench/gang_switch.py`` in a group.
+
     .venv/bin/python bench/warm_switch.py --sizes 1,4 --json OUT.json
 """
 
@@ -416,11 +420,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="where the cold checkpoint files go (not a tmpfs)")
     parser.add_argument("--drop-all-caches", action="store_true",
                         help="echo 3 > /proc/sys/vm/drop_caches (affects the whole host)")
-    parser.add_argument("--only", choices=("all", "micro", "job"), default="all",
-                        help="micro: the matmul microbench; job: the reference-job switch")
+    parser.add_argument("--only", choices=("all", "micro", "job", "gang"), default="all",
+                        help="micro: the matmul microbench; job: the reference-job switch; "
+                             "gang: a multi-rank member's switch (bench/gang_switch.py)")
+    parser.add_argument("--gang-ranks", type=int, default=2, help="--only gang: its ranks")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(),
                         help="torch threads of the job's workers (warm and cold alike)")
     args = parser.parse_args(argv)
+    if args.only == "gang":
+        from gang_switch import main as gang_main  # bench/ is on sys.path as the script's dir
+
+        return gang_main(["--ranks", str(args.gang_ranks),
+                          *(["--json", str(args.json)] if args.json else [])])
     try:
         sizes = [float(s) for s in args.sizes.split(",") if s]
     except ValueError:

@@ -13,6 +13,7 @@ rank's segment or process.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -71,8 +72,16 @@ def test_gangs_across_hosts_end_with_their_solo_weights(slurm_cluster: SessionCl
                                  rollout_gpus=engines, train_gpus=gpus)
             ids[name] = int(call(cfg.socket, Op.SUBMIT, spec=text, source=name)["job"])
         seen: list[dict[str, object]] = []
-        rows = wait_states(cfg.socket, list(ids.values()), {"COMPLETED", "FAILED"}, 900, seen)
+        pushes = _follow(w, cfg.socket, list(ids.values()), seen)
+        rows = wait_states(cfg.socket, list(ids.values()), {"COMPLETED", "FAILED"}, 60, seen)
         assert [r["state"] for r in rows] == ["COMPLETED"] * 3, rows
+        # wide's weights left from both of its hosts, each its share (a sharded sync)
+        wide_pushes = [r for r in pushes if r.job_id == str(ids["wide"])]
+        assert wide_pushes, pushes
+        for rec in wide_pushes:
+            sent = {k: int(v.get("slow_link_bytes", 0)) for k, v in rec.replies.items()
+                    if k.startswith("train:")}
+            assert len(sent) == 2 and all(b > 0 for b in sent.values()), rec.replies
         for name, job in ids.items():
             seed, _, per_node, engines = JOBS[name]
             spec = MemberSpec(str(job), seed=seed, steps=ITERATIONS, options=PER_PROMPT,
@@ -155,3 +164,105 @@ def test_a_rank_killed_on_its_host_forms_the_gang_again(slurm_cluster: SessionCl
                                         layout=MemberLayout(TrainLayout(per_node),
                                                             RolloutLayout(1, (1,)))))
         assert lives["wide"]["weights_sha256"] == weights_digest(solo.weights)
+
+
+def test_a_cancelled_gang_leaves_no_rank_process_and_no_segment_on_any_host(
+        slurm_cluster: SessionCluster) -> None:
+    """``wide`` (2 hosts x 2 ranks) cancelled mid-run: every rank's resident worker is
+    gone and no host keeps a segment of it, while ``pair`` runs on to its end."""
+    import time
+
+    from weave_slurm.hosted.contract import rank_job
+    from weave_slurm.node.protocol import Op as NodeOp
+    from weave_slurm.runtime.nodes import NodeLink
+
+    instance = f"gc{os.getpid()}"
+    dirs = weaved_dirs(slurm_cluster.cluster, instance)
+    site = dirs.state.parent / f"{instance}-site.toml"
+    site.parent.mkdir(parents=True, exist_ok=True)
+    site.write_text(SITE)
+    cfg = DaemonConfig(state_dir=dirs.state, backend="slurm", instance=instance, tick_s=0.3,
+                       runtime="rl", client_timeout_s=10.0, env=dict(slurm_cluster.env),
+                       checkpoint_root=dirs.ckpt, site_path=site)
+    with serving(cfg, SlurmCliBackend(env=dict(slurm_cluster.env)),
+                 prefix=f"weave-g{instance}.") as w:
+        ids = {}
+        for name, steps in (("wide", 50), ("pair", 3)):
+            seed, gpus, _, _ = JOBS[name]
+            text = job_spec_toml(name, iterations=steps, seed=seed, options=PER_PROMPT,
+                                 rollout_gpus=1, train_gpus=gpus)
+            ids[name] = int(call(cfg.socket, Op.SUBMIT, spec=text, source=name)["job"])
+        wide = str(ids["wide"])
+        pids: dict[str, int] = {}
+        deadline = time.monotonic() + 600
+        while len(pids) < 4 and time.monotonic() < deadline:
+            for runner in list(w.driver.groups.values()):  # type: ignore[attr-defined]
+                m = runner.members.get(wide)
+                if m is None or m.gang is None or m.version < 1:
+                    continue
+                link = NodeLink(None, runner.config.munge_socket)
+                try:
+                    for slot in m.gang.slots:
+                        rows = link.call(slot.node, NodeOp.STATUS)["jobs"]
+                        pid = next(((r["resident"] or {}).get("pid") for r in rows
+                                    if r["job"] == rank_job(wide, slot.rank)), None)
+                        if pid:
+                            pids[slot.job.job_id] = int(pid)
+                finally:
+                    link.close()
+            time.sleep(0.3)
+        assert len(pids) == 4, pids
+
+        def segments(node: str) -> str:    # wide's (and its ranks') files in node's shm
+            root = f"/dev/shm/weave-nodes/{instance}/{node}"
+            return on_host(slurm_cluster.cluster, node, ["sh", "-c",
+                           f"find {root} -mindepth 3 -type f \\( -path '*/{wide}/*' -o "
+                           f"-path '*/{wide}.[re]*/*' \\) 2>/dev/null; true"]).strip()
+        held = segments("h800-1")     # ranks 2 and 3 keep their state shards there
+        assert f"/{wide}.r2/" in held and f"/{wide}.r3/" in held, held
+        assert call(cfg.socket, Op.CANCEL, jobs=[ids["wide"]])["results"][0]["ok"]
+        wait_states(cfg.socket, [ids["wide"]], {"CANCELLED"}, 120, [])
+        for _ in range(100):   # the ranks' workers are stopped by the drop on each node
+            if not any(_alive(p) for p in pids.values()):
+                break
+            time.sleep(0.2)
+        assert [j for j, p in pids.items() if _alive(p)] == []
+        plan = slurm_cluster.cluster.hosts_plan()
+        assert plan is not None
+        for node in (n.name for n in plan.nodes):
+            assert segments(node) == "", node
+        rows = wait_states(cfg.socket, [ids["pair"]], {"COMPLETED", "FAILED"}, 600, [])
+        assert rows[0]["state"] == "COMPLETED", rows
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _follow(w: object, sock: Path, ids: list[int], seen: list[dict[str, object]],
+            timeout_s: float = 900.0) -> list[object]:
+    """Poll until every job of ``ids`` ended; every weights push the group runners
+    recorded on the way (a runner's records go with it when its group drains)."""
+    import time
+
+    found: dict[tuple[str, int], object] = {}
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        for runner in list(w.driver.groups.values()):  # type: ignore[attr-defined]
+            try:
+                recs = list(getattr(runner.transfer, "records", ()))
+            except RuntimeError:      # appended to meanwhile: read it next time
+                continue
+            for r in recs:
+                if r.name == "weights":
+                    found[(r.job_id, r.version)] = r
+        rows = call(sock, Op.STATUS, jobs=ids)["jobs"]
+        seen.extend(rows)
+        if all(r["state"] in ("COMPLETED", "FAILED") for r in rows):
+            break
+        time.sleep(0.3)
+    return list(found.values())

@@ -80,3 +80,8 @@ def test_engines_round_trip_and_default_to_one() -> None:
     args = PhaseArgs("builtin:grpo-toy", 1, {}, engines=3)
     assert PhaseArgs.decode([args.encode()], "t").engines == 3
     assert PhaseArgs.decode([PhaseArgs("x", 1, {}).encode()], "t").engines == 1
+
+
+def test_shard_sync_round_trips_and_defaults_off() -> None:
+    assert PhaseArgs.decode([PhaseArgs("x", 1, {}, shard_sync=True).encode()], "t").shard_sync
+    assert not PhaseArgs.decode([PhaseArgs("x", 1, {}).encode()], "t").shard_sync

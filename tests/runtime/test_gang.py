@@ -400,3 +400,24 @@ def test_a_member_without_a_layout_is_one_rank_and_one_engine_on_many_nodes() ->
     spec = MemberSpec("j", rollout_pins=(0, 1), train_nodes=(0, 1))
     assert Gang.of(spec, JOB, _train()).size == 1
     assert Gang.engines_of(spec, JOB, _rollout()).size == 1
+
+
+def test_weight_senders_are_each_other_nodes_first_rank() -> None:
+    gang = _gang()
+    assert [(n.name, j.job_id) for n, j in gang.weight_senders()] == [("h800-1", "j.r2")]
+    assert _gang(train_nodes=(0, 1), whole=False).weight_senders() == ()
+    one_node = Gang.of(MemberSpec("j", train_nodes=(0,), layout=MemberLayout(
+        TrainLayout((2,)), RolloutLayout(1, (1,)))), JOB, _train())
+    assert one_node.weight_senders() == ()          # one node: rank 0 sends alone
+    assert _engines().weight_senders() == ()        # engines send nothing
+
+
+def test_shard_sync_is_asked_only_of_a_gang_over_several_nodes() -> None:
+    link = FakeLink()
+    _gang().activate(link, PORTS, (), FN, ARGS, CODE, Phase.TRAIN, shard_sync=True)
+    assert {_ranked(c).shard_sync for c in link.of(Op.ACTIVATE)} == {True}
+    link = FakeLink()
+    one_node = Gang.of(MemberSpec("j", train_nodes=(0,), layout=MemberLayout(
+        TrainLayout((2,)), RolloutLayout(1, (1,)))), JOB, _train())
+    one_node.activate(link, PORTS, (), FN, ARGS, CODE, Phase.TRAIN, shard_sync=True)
+    assert {_ranked(c).shard_sync for c in link.of(Op.ACTIVATE)} == {False}

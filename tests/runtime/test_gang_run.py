@@ -190,3 +190,40 @@ def test_a_gang_rank_state_lives_on_its_own_node(gang_fleet: NodeFleet) -> None:
         assert "weights" not in rows["pair.r1"]["segments"]     # ... rank 1 does not
     finally:
         leave_all(ex, specs)
+
+
+def test_a_gang_over_two_nodes_sends_its_weights_from_both(gang_fleet: NodeFleet) -> None:
+    """With the two-tier sync, ``wide``'s weights leave from both of its training nodes
+    (each node's first rank holds them, shared over the gang's world), every sender
+    its own share of the streams; ``wide`` and ``duo`` still end as their solo runs."""
+    from weave_slurm.runtime.member import RunnerConfig
+    from weave_slurm.runtime.transfer import TransferConfig
+    from weave_slurm.runtime.twotier import TwoTierTransfer
+
+    specs = [_specs()[0], _specs()[2]]
+    config = RunnerConfig(transfer=TransferConfig("twotier", mode="delta", timeout_s=30.0))
+    ex = GroupRunner(gang_fleet.layout, specs, config=config)  # type: ignore[arg-type]
+    try:
+        assert isinstance(ex.transfer, TwoTierTransfer)
+        ex.run(timeout_s=420)
+        assert [ex.members[s.job_id].state for s in specs] == [MemberState.DONE] * 2
+        for spec in specs:
+            solo = run_solo_gang(spec)
+            assert _same(group_weights(ex, spec.job_id), solo.weights) == [], spec.job_id
+        pushes = [r for r in ex.transfer.records if r.job_id == "wide" and r.name == "weights"]
+        assert len(pushes) == STEPS + 1      # init and every step
+        for rec in pushes:
+            sent = {k: int(v.get("slow_link_bytes", 0)) for k, v in rec.replies.items()
+                    if k.startswith("train:")}
+            assert sorted(sent) == ["train:h800-0", "train:h800-1"], rec.replies
+            assert all(b > 0 for b in sent.values()), sent     # both nodes sent
+        first = pushes[0]      # a full sync: the two halves make one copy of the weights
+        shares = [int(v["slow_link_bytes"]) for k, v in first.replies.items()
+                  if k.startswith("train:")]
+        assert first.slow_link_bytes == sum(shares) >= first.node_bytes   # 1 rollout node
+        assert min(shares) >= 0.4 * sum(shares), shares
+        duo = [r for r in ex.transfer.records if r.job_id == "duo" and r.name == "weights"]
+        assert duo and all(sorted(k for k in r.replies if k.startswith("train:"))
+                           == ["train:h800-0"] for r in duo)   # one node: one sender
+    finally:
+        leave_all(ex, specs)

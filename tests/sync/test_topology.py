@@ -74,3 +74,12 @@ def test_every_shard_byte_crosses_the_slow_link_exactly_once(
 def test_shard_count_must_match_rollout_ranks() -> None:
     with pytest.raises(ConfigError, match="shard count 3"):
         plan_streams(_topo(2, 2), ShardLayout(1024, 3))
+
+
+def test_a_member_topology_with_two_senders_puts_both_in_the_training_pool() -> None:
+    from weave_slurm.sync.subgroup import member_topology
+
+    topo = member_topology(["h800-0", "h800-1"], ["h20-0"])
+    assert topo.train_ranks == (0, 1) and topo.rollout_ranks == (2,)
+    assert topo.nodes(Pool.TRAIN) == ("h800-0", "h800-1")
+    assert member_topology("h800-0", ["h20-0"]).train_ranks == (0,)   # one node, as before

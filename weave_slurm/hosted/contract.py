@@ -120,6 +120,9 @@ class PhaseArgs:
     world_timeout_s: float = 120.0      # forming the world and each collective
     job_id: str | None = None           # the job a gang's rank r >= 1 belongs to
     engines: int = 1                    # rollout slices a training step merges
+    # a gang over several nodes whose weights go out from every training node (a sharded
+    # two-tier sync): each node's first rank puts the full ``weights`` there too
+    shard_sync: bool = False
 
     def encode(self) -> str:
         return json.dumps({"entry_point": self.entry_point, "seed": self.seed,
@@ -131,7 +134,8 @@ class PhaseArgs:
                            "local_rank": self.local_rank, "world_size": self.world_size,
                            "init_method": self.init_method,
                            "world_timeout_s": self.world_timeout_s,
-                           "job_id": self.job_id, "engines": self.engines},
+                           "job_id": self.job_id, "engines": self.engines,
+                           "shard_sync": self.shard_sync},
                           sort_keys=True)
 
     @classmethod
@@ -151,4 +155,5 @@ class PhaseArgs:
                    int(raw.get("local_rank", 0)), int(raw.get("world_size", 1)),
                    None if init is None else str(init),
                    float(raw.get("world_timeout_s", 120.0)),
-                   None if job is None else str(job), int(raw.get("engines", 1)))
+                   None if job is None else str(job), int(raw.get("engines", 1)),
+                   bool(raw.get("shard_sync", False)))

@@ -57,7 +57,7 @@ from weave_slurm.hosted.contract import (
     PhaseArgs,
     traj_part,
 )
-from weave_slurm.hosted.world import gang_world, share_batch
+from weave_slurm.hosted.world import gang_world, share_batch, share_weights
 from weave_slurm.node.crc import CRC_KEY, storage_crc32
 from weave_slurm.node.index import JobRef
 from weave_slurm.workloads.api import JobContext, JobRunner, Role, Trajectories, TrajectoryBatch
@@ -129,12 +129,15 @@ def init_train(ctx: PhaseContext) -> dict[str, Any]:
 
 def _put_train_state(ctx: PhaseContext, args: PhaseArgs, runner: JobRunner,
                      version: int) -> dict[str, Any]:
-    """This rank's ``state`` and (rank 0) the ``weights``; their sizes for the profile."""
+    """This rank's ``state`` and (rank 0; with ``shard_sync`` every node's first rank)
+    the ``weights``; their sizes for the profile."""
     state, weights = runner.state_tensors(), runner.export_weights()   # both ranks: collective
+    if args.shard_sync:      # every training node sends its part of the weights
+        weights = share_weights(gang_world(args, f"job {args.job_id}"), weights)
     with _client() as client:
         client.put_state(ctx.job, STATE, state, version,
                          extra={"gang": [args.rank, args.world_size]})
-        if args.rank == 0:
+        if args.rank == 0 or (args.shard_sync and args.local_rank == 0):
             client.put_state(ctx.job, WEIGHTS, weights, version)
     return {"version": version, "state_bytes": _nbytes(state),
             "weights_bytes": _nbytes(weights)}

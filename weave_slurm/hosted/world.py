@@ -93,6 +93,26 @@ def gang_world(args: PhaseArgs, where: str) -> World | None:
     return _WORLD
 
 
+def share_weights(world: World | None, weights: dict[str, Any]) -> dict[str, Any]:
+    """Rank 0's full ``weights`` on every rank (a collective: the names, shapes and dtypes
+    once, then one broadcast per tensor over the gang's own fast network), so that each
+    training node can send its part of a sharded weight sync. A single rank keeps its own."""
+    if world is None:
+        return weights
+    import torch
+    import torch.distributed as dist
+
+    meta = share_batch(world, {k: (tuple(v.shape), str(v.dtype).removeprefix("torch."))
+                               for k, v in weights.items()} if world.rank == 0 else None)
+    out: dict[str, Any] = {}
+    for name, (shape, dtype) in meta.items():
+        t = weights[name].contiguous() if world.rank == 0 else \
+            torch.empty(shape, dtype=getattr(torch, dtype), device=world.device)
+        dist.broadcast(t, src=0, group=world.group)
+        out[name] = t
+    return out
+
+
 def share_batch(world: World | None, payload: Any) -> Any:
     """Rank 0's ``payload`` on every rank (a collective; ``payload`` is read on rank 0
     only). A single rank keeps its own."""

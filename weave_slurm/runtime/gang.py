@@ -130,6 +130,16 @@ class Gang:
         """Ranks 1.. (their own node-level jobs)."""
         return self.slots[1:]
 
+    def weight_senders(self) -> tuple[tuple[NodeRef, JobRef], ...]:
+        """Each training node but rank 0's, with its first rank (which holds the full
+        ``weights`` there in a sharded sync: ``PhaseArgs.shard_sync``)."""
+        if not self.collective:
+            return ()
+        first: dict[str, RankSlot] = {}
+        for slot in self.slots:
+            first.setdefault(slot.node.name, slot)
+        return tuple((s.node, s.job) for s in first.values() if s.rank != 0)
+
     def nodes(self) -> tuple[NodeRef, ...]:
         """The gang's training nodes, rank 0's first."""
         out: list[NodeRef] = []
@@ -140,8 +150,10 @@ class Gang:
 
     # -- a phase on every rank -----------------------------------------------------------
     def activate(self, link: NodeLink, ports: GangPorts, taken: Iterable[int], fn: str,
-                 args: PhaseArgs, code: Mapping[str, Any], phase: Phase) -> None:
-        """Start ``fn`` on every rank (a new world first when none is live)."""
+                 args: PhaseArgs, code: Mapping[str, Any], phase: Phase,
+                 shard_sync: bool = False) -> None:
+        """Start ``fn`` on every rank (a new world first when none is live);
+        ``shard_sync``: its weights go out from each of its nodes (see weight_senders)."""
         if self.size > 1 and self.collective and self.world is None:
             self.port = ports.pick(self.lead.job.job_id, self.formations, taken)
             self.formations += 1
@@ -151,7 +163,8 @@ class Gang:
             for slot in self.slots:
                 ranked = args if self.size == 1 else dataclasses.replace(
                     args, rank=slot.rank, local_rank=slot.local_rank, world_size=self.size,
-                    init_method=self.world, job_id=self.lead.job.job_id)
+                    init_method=self.world, job_id=self.lead.job.job_id,
+                    shard_sync=shard_sync and bool(self.weight_senders()))
                 link.call(slot.node, Op.ACTIVATE, job=slot.job.job_id, phase=phase.value,
                           entry=fn, args=[ranked.encode()], **code)
                 started.append(slot)

@@ -32,11 +32,22 @@ class Mover:
         self.transfer, self.profiler, self.spans, self.clock = transfer, profiler, spans, clock
         self.observer = observer or NoObserver()
 
+    @property
+    def shards(self) -> bool:
+        """Does a training gang over several nodes send its weights from each of them?
+        (the two-tier sync; the shared-memory handoff copies from rank 0's node)"""
+        return isinstance(self.transfer, TwoTierTransfer)
+
     def copy(self, member: Member, name: str, src: NodeRef, dsts: Sequence[NodeRef],
-             what: str, as_name: str | None = None) -> None:
-        """Copy segment ``name`` to ``dsts`` (``as_name``: into that checked buffer)."""
+             what: str, as_name: str | None = None, from_gang: bool = False) -> None:
+        """Copy segment ``name`` to ``dsts`` (``as_name``: into that checked buffer;
+        ``from_gang``: the training gang's weights, sent from each of its nodes)."""
         start = self.clock.now()
-        _, moved = self.transfer.copy(src, dsts, member.job, name, as_name)
+        senders = member.gang.weight_senders() if from_gang and member.gang else ()
+        if senders and isinstance(self.transfer, TwoTierTransfer):
+            _, moved = self.transfer.copy(src, dsts, member.job, name, as_name, senders)
+        else:
+            _, moved = self.transfer.copy(src, dsts, member.job, name, as_name)
         end = self.clock.now()
         self.profiler.sync(member.spec.job_id, what, moved)
         self.profiler.phase(member.spec.job_id, Phase.SYNC, end - start)

@@ -318,7 +318,8 @@ class GroupRunner:
             self.coop.grant(member, node, kind, step)
         else:                        # every rank of a training gang at once
             gang.activate(self.link, self.config.gang_ports, self._ports_taken(gang),
-                          contract.entry(fn), args, member.spec.code(), kind)
+                          contract.entry(fn), args, member.spec.code(), kind,
+                          shard_sync=self.lifecycle.mover.shards)
         now = self.clock.now()
         run = member.runs[kind] = PhaseRun(kind, node, now, now + deadline, init,
                                            member.ready_s, step, run_id=run_id,
@@ -463,13 +464,14 @@ class GroupRunner:
         the last ``k + 1`` versions its replayed rollouts need after a restore.
         """
         k, copy = member.staleness, self.lifecycle.mover.copy
-        if k == 0:
-            copy(member, contract.WEIGHTS, member.train_node, member.rollout_nodes, "weights")
+        if k == 0:   # a gang over several nodes: sent from each of them (moves.py)
+            copy(member, contract.WEIGHTS, member.train_node, member.rollout_nodes, "weights",
+                 from_gang=True)
             return
         buf = buffer_name(WEIGHTS_BUFFER, member.version, k)
         for node in (member.train_node, *member.rollout_nodes):
             self._write(member, node, lambda node=node: copy(  # type: ignore[misc]
-                member, contract.WEIGHTS, member.train_node, [node], "weights", buf))
+                member, contract.WEIGHTS, member.train_node, [node], "weights", buf, True))
 
     def _write(self, member: Member, node: NodeRef, write: Callable[[], None]) -> None:
         """Put a segment of ``member`` on ``node`` now, or when its phase there ends.

@@ -7,7 +7,10 @@ segment ``name`` from ``src``:
 
 - to rollout nodes, from a training node: the two-tier sync (stage 1: one sharded copy
   in parallel point-to-point streams over the slow inter-pool link; stage 2: relay
-  inside the rollout pool), version-checked by the rollout agents' ledger;
+  inside the rollout pool), version-checked by the rollout agents' ledger. A training
+  gang over several nodes (``senders``: each other node's first rank, holding the
+  same version) sends from every training node at once, each node its own share of
+  the streams (:func:`~weave_slurm.sync.topology.plan_streams`);
 - to any other node (a rollout's trajectories to its training node): point to point,
   one agent sends, the other takes;
 - onto ``src`` itself under another name (a staleness ring buffer): ``src``'s node
@@ -66,7 +69,8 @@ class TwoTierTransfer:
         self._seq = 0
 
     def copy(self, src: NodeRef, dsts: Sequence[NodeRef], job: JobRef, name: str,
-             as_name: str | None = None) -> tuple[int, int]:
+             as_name: str | None = None,
+             senders: Sequence[tuple[NodeRef, JobRef]] = ()) -> tuple[int, int]:
         synced = [d for d in dsts if src.pool is Pool.TRAIN and d.pool is Pool.ROLLOUT
                   and d != src]
         rest = [d for d in dsts if d not in synced]
@@ -78,7 +82,7 @@ class TwoTierTransfer:
                 v, m = self._copy_one(src, dst, job, name, as_name)
                 version, moved = v, moved + m
         if synced:
-            version, sent = self._push(src, synced, job, name, as_name)
+            version, sent = self._push(src, synced, job, name, as_name, senders)
             moved += sent
         return version, moved
 
@@ -101,17 +105,28 @@ class TwoTierTransfer:
         return int(replies[d]["version"]), int(replies[d]["bytes"])
 
     def _push(self, src: NodeRef, dsts: Sequence[NodeRef], job: JobRef, name: str,
-              as_name: str | None) -> tuple[int, int]:
+              as_name: str | None,
+              senders: Sequence[tuple[NodeRef, JobRef]] = ()) -> tuple[int, int]:
         agents = self._agents()
         start = time.perf_counter()
+        held = [(src, job), *senders]           # every training node that sends
         base: dict[str, Any] = {"job": job.job_id, "uid": job.uid, "name": name,
-                                "src": src.name, "dsts": [d.name for d in dsts],
-                                "crc": as_name is not None}
+                                "src": src.name, "srcs": [n.name for n, _ in held],
+                                "dsts": [d.name for d in dsts], "crc": as_name is not None}
         train = (Pool.TRAIN, src.name)
-        index = dict(agents.request({train: {"op": "prepare", **base}},
-                                    self.config.timeout_s)[train]["index"])
+        prepared = agents.request({(Pool.TRAIN, n.name): {"op": "prepare", **base,
+                                                          "seg_job": j.job_id}
+                                   for n, j in held}, self.config.timeout_s)
+        index = dict(prepared[train]["index"])
         version = base["version"] = int(index["version"])
-        requests: dict[AgentKey, dict[str, Any]] = {train: {"op": "push", **base}}
+        other = {k[1]: r["index"]["version"] for k, r in prepared.items()
+                 if (int(r["index"]["version"]), int(r["index"]["size_bytes"]))
+                 != (version, int(index["size_bytes"]))}
+        if other:
+            raise StateError(f"job {job.job_id}: {name} v{version} on {src.name}, but the "
+                             f"gang's other training nodes hold {other}: not one version")
+        requests: dict[AgentKey, dict[str, Any]] = {(Pool.TRAIN, n.name): {"op": "push", **base}
+                                                    for n, _ in held}
         for d in dsts:
             requests[(Pool.ROLLOUT, d.name)] = {"op": "recv", **base, "index": index,
                                                 "as_name": as_name}
@@ -124,8 +139,9 @@ class TwoTierTransfer:
                 raise StateError(f"job {job.job_id}: {name} v{version} as {as_name} on "
                                  f"{', '.join(bad)} does not match its source's CRC32")
         node_bytes = int(index["size_bytes"]) * len(dsts)
-        self.records.append(SyncRecord(job.job_id, name, version, elapsed,
-                                       int(push.get("slow_link_bytes", 0)), node_bytes,
+        slow = sum(int(replies[(Pool.TRAIN, n.name)].get("slow_link_bytes", 0))
+                   for n, _ in held)      # every sender's share
+        self.records.append(SyncRecord(job.job_id, name, version, elapsed, slow, node_bytes,
                                        {f"{k[0].value}:{k[1]}": v for k, v in replies.items()}))
         return version, node_bytes
 

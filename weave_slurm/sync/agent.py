@@ -130,7 +130,8 @@ class SyncAgent:
         self.ledger = VersionLedger()
         self.mode = SyncMode[spec.mode.upper()]
         self.t: TorchTransport | None = None
-        self._members: dict[tuple[str, str, tuple[str, ...], int, int], _MemberSync] = {}
+        self._members: dict[tuple[str, tuple[str, ...], tuple[str, ...], int, int],
+                            _MemberSync] = {}
         self._prepared: dict[tuple[str, str], AttachedState] = {}
 
     def connect(self, init_method: str) -> None:
@@ -163,20 +164,21 @@ class SyncAgent:
                           "recv, send, take, forget, arm_die, stop")
 
     def _member(self, req: dict[str, Any], size_bytes: int, word_bytes: int) -> _MemberSync:
-        src, dsts = str(req["src"]), tuple(str(d) for d in req["dsts"])
-        key = (str(req["job"]), src, dsts, size_bytes, word_bytes)
+        srcs = tuple(str(s) for s in req.get("srcs") or [req["src"]])   # every sender
+        dsts = tuple(str(d) for d in req["dsts"])
+        key = (str(req["job"]), srcs, dsts, size_bytes, word_bytes)
         found = self._members.get(key)
         if found is not None:
             return found
         assert self.t is not None, "connect() first"
-        topo = member_topology(src, dsts)
-        ranks = [self.global_rank[(Pool.TRAIN.value, src)],
+        topo = member_topology(srcs, dsts)
+        ranks = [*(self.global_rank[(Pool.TRAIN.value, s)] for s in srcs),
                  *(self.global_rank[(Pool.ROLLOUT.value, d)] for d in dsts)]
         sub = _DyingSub(self.t, topo, ranks)
         layout = ShardLayout(size_bytes, len(dsts))
         config = SyncConfig(str(req["job"]), self.mode, chunk_nbytes=self.spec.chunk_nbytes)
         made = _MemberSync(TwoTierSync(sub, topo, layout, word_bytes, config, self.ledger))
-        if sub.rank != 0:
+        if sub.rank not in topo.train_ranks:     # a receiver
             made.buf = torch.zeros(layout.padded_nbytes, dtype=torch.uint8)
         self._members[key] = made
         return made
@@ -186,11 +188,12 @@ class SyncAgent:
         are told is the version that is sent, whatever the node writes meanwhile."""
         job = JobRef(str(req["job"]), int(req["uid"]))
         name = str(req["name"])
-        info = self.node.call(Op.ATTACH_INFO, job=job.job_id)
+        held = JobRef(str(req.get("seg_job") or job.job_id), job.uid)  # a gang rank's node
+        info = self.node.call(Op.ATTACH_INFO, job=held.job_id)
         if name not in info["segments"]:
-            raise StateError(f"job {job.job_id}: node {req['src']} has no segment {name!r} "
+            raise StateError(f"job {held.job_id}: node {req['src']} has no segment {name!r} "
                              f"(has {sorted(info['segments'])})")
-        attached = SegmentStore(Path(info["root"])).attach_state(job, name)
+        attached = SegmentStore(Path(info["root"])).attach_state(held, name)
         self._prepared[(job.job_id, name)] = attached
         return {"index": attached.index.to_json()}
 

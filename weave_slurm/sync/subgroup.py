@@ -27,9 +27,13 @@ from weave_slurm.vocab import Pool
 GATHER_TAG = 1 << 30
 
 
-def member_topology(train_node: str, rollout_nodes: Sequence[str]) -> SyncTopology:
-    """One sync rank on the member's training node, one on each of its rollout nodes."""
-    return build_topology([PoolNodes(Pool.TRAIN, train_node, 1),
+def member_topology(train_nodes: str | Sequence[str],
+                    rollout_nodes: Sequence[str]) -> SyncTopology:
+    """One sync rank on each of the member's training nodes that send (its training
+    node; a gang over several nodes: each of them, rank 0's first), one on each of its
+    rollout nodes."""
+    senders = (train_nodes,) if isinstance(train_nodes, str) else tuple(train_nodes)
+    return build_topology([*(PoolNodes(Pool.TRAIN, n, 1) for n in senders),
                            *(PoolNodes(Pool.ROLLOUT, n, 1) for n in rollout_nodes)])
 
 
