@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness.hosts import on_host, weaved_dirs
+from tests.harness.processes import pid_alive
 from tests.harness.solo_gang import run_solo_gang
 from tests.harness.specs import OPTIONS
 from tests.harness.weaved import call, serving, wait_states
@@ -50,6 +51,17 @@ gpus_per_node = 2
 max_nodes = 2
 """
 
+def _config(slurm_cluster: SessionCluster, instance: str) -> DaemonConfig:
+    """weaved of ``instance`` on the login side, on the 2-GPU-node site."""
+    dirs = weaved_dirs(slurm_cluster.cluster, instance)
+    site = dirs.state.parent / f"{instance}-site.toml"
+    site.parent.mkdir(parents=True, exist_ok=True)
+    site.write_text(SITE)
+    return DaemonConfig(state_dir=dirs.state, backend="slurm", instance=instance, tick_s=0.3,
+                        runtime="rl", client_timeout_s=10.0, env=dict(slurm_cluster.env),
+                        checkpoint_root=dirs.ckpt, site_path=site)
+
+
 #: name -> (seed, training GPUs, ranks per training node, rollout GPUs = engines)
 JOBS = {"wide": (81, 4, (2, 2), 1), "pair": (82, 2, (2,), 1), "duo": (83, 1, (1,), 2)}
 PER_PROMPT = {**OPTIONS, "sampling": "per_prompt"}   # engines need a stream per prompt
@@ -57,13 +69,7 @@ PER_PROMPT = {**OPTIONS, "sampling": "per_prompt"}   # engines need a stream per
 
 def test_gangs_across_hosts_end_with_their_solo_weights(slurm_cluster: SessionCluster) -> None:
     instance = f"gh{os.getpid()}"
-    dirs = weaved_dirs(slurm_cluster.cluster, instance)
-    site = dirs.state.parent / f"{instance}-site.toml"
-    site.parent.mkdir(parents=True, exist_ok=True)
-    site.write_text(SITE)
-    cfg = DaemonConfig(state_dir=dirs.state, backend="slurm", instance=instance, tick_s=0.3,
-                       runtime="rl", client_timeout_s=10.0, env=dict(slurm_cluster.env),
-                       checkpoint_root=dirs.ckpt, site_path=site)
+    cfg = _config(slurm_cluster, instance)
     backend = SlurmCliBackend(env=dict(slurm_cluster.env))
     with serving(cfg, backend, prefix=f"weave-g{instance}.") as w:
         ids = {}
@@ -118,13 +124,7 @@ def test_a_rank_killed_on_its_host_forms_the_gang_again(slurm_cluster: SessionCl
     from weave_slurm.runtime.nodes import NodeLink
 
     instance = f"gk{os.getpid()}"
-    dirs = weaved_dirs(slurm_cluster.cluster, instance)
-    site = dirs.state.parent / f"{instance}-site.toml"
-    site.parent.mkdir(parents=True, exist_ok=True)
-    site.write_text(SITE)
-    cfg = DaemonConfig(state_dir=dirs.state, backend="slurm", instance=instance, tick_s=0.3,
-                       runtime="rl", client_timeout_s=10.0, env=dict(slurm_cluster.env),
-                       checkpoint_root=dirs.ckpt, site_path=site)
+    cfg = _config(slurm_cluster, instance)
     steps = 4
     with serving(cfg, SlurmCliBackend(env=dict(slurm_cluster.env)),
                  prefix=f"weave-g{instance}.") as w:
@@ -177,13 +177,7 @@ def test_a_cancelled_gang_leaves_no_rank_process_and_no_segment_on_any_host(
     from weave_slurm.runtime.nodes import NodeLink
 
     instance = f"gc{os.getpid()}"
-    dirs = weaved_dirs(slurm_cluster.cluster, instance)
-    site = dirs.state.parent / f"{instance}-site.toml"
-    site.parent.mkdir(parents=True, exist_ok=True)
-    site.write_text(SITE)
-    cfg = DaemonConfig(state_dir=dirs.state, backend="slurm", instance=instance, tick_s=0.3,
-                       runtime="rl", client_timeout_s=10.0, env=dict(slurm_cluster.env),
-                       checkpoint_root=dirs.ckpt, site_path=site)
+    cfg = _config(slurm_cluster, instance)
     with serving(cfg, SlurmCliBackend(env=dict(slurm_cluster.env)),
                  prefix=f"weave-g{instance}.") as w:
         ids = {}
@@ -223,24 +217,16 @@ def test_a_cancelled_gang_leaves_no_rank_process_and_no_segment_on_any_host(
         assert call(cfg.socket, Op.CANCEL, jobs=[ids["wide"]])["results"][0]["ok"]
         wait_states(cfg.socket, [ids["wide"]], {"CANCELLED"}, 120, [])
         for _ in range(100):   # the ranks' workers are stopped by the drop on each node
-            if not any(_alive(p) for p in pids.values()):
+            if not any(pid_alive(p) for p in pids.values()):
                 break
             time.sleep(0.2)
-        assert [j for j, p in pids.items() if _alive(p)] == []
+        assert [j for j, p in pids.items() if pid_alive(p)] == []
         plan = slurm_cluster.cluster.hosts_plan()
         assert plan is not None
         for node in (n.name for n in plan.nodes):
             assert segments(node) == "", node
         rows = wait_states(cfg.socket, [ids["pair"]], {"COMPLETED", "FAILED"}, 600, [])
         assert rows[0]["state"] == "COMPLETED", rows
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def _follow(w: object, sock: Path, ids: list[int], seen: list[dict[str, object]],

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from tests.harness.fleet import NodeFleet, running_fleet
-from tests.harness.processes import node_status
+from tests.harness.processes import node_status, pid_alive
 from tests.harness.solo import run_solo
 from tests.harness.solo_gang import run_solo_gang
 from tests.harness.specs import OPTIONS
@@ -71,17 +71,9 @@ def _rank_pids(fleet: NodeFleet, job: str) -> dict[str, int]:
         for row in node_status(ref.socket_path)["jobs"]:
             name, resident = str(row["job"]), row.get("resident") or {}
             if (name == job or name.startswith(f"{job}.r")) and resident.get("pid") \
-                    and _alive(int(resident["pid"])):
+                    and pid_alive(int(resident["pid"])):
                 out[f"{ref.name}/{name}"] = int(resident["pid"])
     return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_gangs_of_three_layouts_match_their_solo_runs(gang_fleet: NodeFleet) -> None:
@@ -165,7 +157,7 @@ def test_a_killed_rank_forms_its_gang_again_and_the_others_go_on(
         for spec in specs:
             solo = run_solo_gang(spec)
             assert _same(group_weights(ex, spec.job_id), solo.weights) == [], spec.job_id
-        assert not _alive(killed[0])
+        assert not pid_alive(killed[0])
     finally:
         leave_all(ex, specs)
     time.sleep(0.5)
