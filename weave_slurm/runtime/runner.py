@@ -427,17 +427,16 @@ class GroupRunner:
             self.lifecycle.move(member, MemberState.READY, f"rollout {run.step} done")
 
     def _finish_train(self, member: Member, run: PhaseRun, result: Mapping[str, Any]) -> None:
-        job_id = member.spec.job_id
-        member.version = int(result["version"])
+        job_id, version = member.spec.job_id, int(result["version"])
         self.profiler.state_bytes(job_id, train=int(result.get("state_bytes", 0)),
                                   rollout=int(result.get("weights_bytes", 0)))
         if not run.init and member.versions is not None:
             member.versions.consumed(run.step, run.step)
-        self._sync_weights(member)
-        if run.init or member.version % member.spec.checkpoint_every == 0 \
-                or member.version >= member.spec.steps:
+        self._sync_weights(member, version)
+        if run.init or version % member.spec.checkpoint_every == 0 or version >= member.spec.steps:
             assert member.gang is not None
             member.gang.checkpoint(self.link)     # every rank's, rank 0's last
+        member.version = version   # shown now: a failed sync/checkpoint re-admits the one before
         if run.init:
             member.initialised = True
         else:
@@ -457,7 +456,7 @@ class GroupRunner:
         else:
             move(member, MemberState.READY, f"train -> v{member.version}")
 
-    def _sync_weights(self, member: Member) -> None:
+    def _sync_weights(self, member: Member, version: int) -> None:
         """The train node's ``weights`` to the rollout nodes (k >= 1: into a checked buffer).
 
         A stale member also keeps the ring on its training node, so a checkpoint holds
@@ -468,7 +467,7 @@ class GroupRunner:
             copy(member, contract.WEIGHTS, member.train_node, member.rollout_nodes, "weights",
                  from_gang=True)
             return
-        buf = buffer_name(WEIGHTS_BUFFER, member.version, k)
+        buf = buffer_name(WEIGHTS_BUFFER, version, k)
         for node in (member.train_node, *member.rollout_nodes):
             self._write(member, node, lambda node=node: copy(  # type: ignore[misc]
                 member, contract.WEIGHTS, member.train_node, [node], "weights", buf, True))
