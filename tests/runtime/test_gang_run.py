@@ -70,10 +70,18 @@ def _rank_pids(fleet: NodeFleet, job: str) -> dict[str, int]:
     for ref in (*fleet.layout.train, *fleet.layout.rollout):
         for row in node_status(ref.socket_path)["jobs"]:
             name, resident = str(row["job"]), row.get("resident") or {}
-            if (name == job or name.startswith(f"{job}.r")) and resident.get("pid") \
+            if (name == job or name.startswith((f"{job}.r", f"{job}.e"))) and resident.get("pid") \
                     and pid_alive(int(resident["pid"])):
                 out[f"{ref.name}/{name}"] = int(resident["pid"])
     return out
+
+
+def _all_gone(pids: dict[str, int], timeout_s: float = 10.0) -> list[str]:
+    """The workers of ``pids`` still alive after ``timeout_s`` (their drop kills them)."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end and any(pid_alive(p) for p in pids.values()):
+        time.sleep(0.1)
+    return [k for k, p in pids.items() if pid_alive(p)]
 
 
 def test_gangs_of_three_layouts_match_their_solo_runs(gang_fleet: NodeFleet) -> None:
@@ -116,8 +124,13 @@ def test_gangs_of_three_layouts_match_their_solo_runs(gang_fleet: NodeFleet) -> 
         assert max(nbytes) <= 1.2 * min(nbytes), nbytes
         # the world was formed once and kept: every training phase after the first is warm
         assert wide.formations == 1
+        running = {k: v for j in ("wide", "pair", "duo")
+                   for k, v in _rank_pids(gang_fleet, j).items()}
+        assert {k.split("/")[1] for k in running} >= {   # every rank's and engine's worker
+            "wide", "wide.r1", "wide.r2", "wide.r3", "pair", "pair.r1", "duo", "duo.e1"}
     finally:
         leave_all(ex, specs)
+    assert _all_gone(running) == []      # leaving stopped them (they were seen above)
     for job in ("wide", "pair", "duo"):
         assert _rank_pids(gang_fleet, job) == {}, job
     left = [p for p in gang_fleet.config.shm_dir.rglob("*")
@@ -158,9 +171,11 @@ def test_a_killed_rank_forms_its_gang_again_and_the_others_go_on(
             solo = run_solo_gang(spec)
             assert _same(group_weights(ex, spec.job_id), solo.weights) == [], spec.job_id
         assert not pid_alive(killed[0])
+        running = _rank_pids(gang_fleet, "wide")     # the re-formed gang's workers
+        assert {k.split("/")[1] for k in running} >= {"wide", "wide.r1", "wide.r2", "wide.r3"}
     finally:
         leave_all(ex, specs)
-    time.sleep(0.5)
+    assert _all_gone(running) == []
     assert _rank_pids(gang_fleet, "wide") == {}
 
 

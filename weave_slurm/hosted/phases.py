@@ -91,12 +91,18 @@ def _runner(ctx: PhaseContext, args: PhaseArgs, role: Role, *, fresh: bool = Fal
         elif args.world_size > 1:   # an engine of a rollout gang: no process group
             gang = {"rank": args.rank, "local_rank": args.local_rank,
                     "world_size": args.world_size}
-        job_id = args.job_id or ctx.job.job_id    # a gang's rank: the job, not its rank
+        job_id = _owner(ctx, args).job_id    # a gang's rank: the job, not its rank
         _RUNNERS[key] = start_job(args.entry_point,
                                   JobContext(job_id, role, args.seed, args.options,
                                              engine_gpus=engine, **gang),
                                   staleness=args.staleness)
     return _RUNNERS[key]
+
+
+def _owner(ctx: PhaseContext, args: PhaseArgs) -> JobRef:
+    """The job whose segments this phase reads and puts on this node: its own, or for a
+    gang's rank / engine ``r >= 1`` (its own node-level job) the job it belongs to."""
+    return ctx.job if args.job_id is None else JobRef(args.job_id, ctx.job.uid)
 
 
 def _client() -> NodeClient:
@@ -146,9 +152,10 @@ def _put_train_state(ctx: PhaseContext, args: PhaseArgs, runner: JobRunner,
 def _weights(ctx: PhaseContext, args: PhaseArgs) -> Any:
     """The weights segment this rollout must read, checked (version, CRC32): its own, or
     for engine ``r >= 1`` of a rollout gang the job's on this node."""
-    if args.job_id is not None and args.job_id != ctx.job.job_id:
+    owner = _owner(ctx, args)
+    if owner != ctx.job:
         with _client() as client:
-            held = client.attach(JobRef(args.job_id, ctx.job.uid))
+            held = client.attach(owner)
         seg = held.get(args.weights)
         if seg is None:
             raise StateError(f"job {args.job_id}: engine {args.rank} needs segment "
@@ -191,10 +198,9 @@ def rollout(ctx: PhaseContext) -> dict[str, Any]:
     extra: dict[str, Any] = {"metrics": dict(batch.metrics)}
     if args.step is not None:
         extra["step"] = args.step
-    owner = ctx.job if args.job_id is None else JobRef(args.job_id, ctx.job.uid)
     with _client() as client:   # an engine's slice: the job's traj part on this node
-        client.put_state(owner, traj_part(args.traj, args.rank, args.world_size), tensors,
-                         version, extra=extra)
+        client.put_state(_owner(ctx, args), traj_part(args.traj, args.rank, args.world_size),
+                         tensors, version, extra=extra)
     return {"version": version, "metrics": dict(batch.metrics),
             "traj_bytes": _nbytes(tensors)}
 
@@ -238,7 +244,7 @@ def train(ctx: PhaseContext) -> dict[str, Any]:
     if runner.weights_version != state_seg.index.version:
         runner = _runner(ctx, args, Role.TRAIN, fresh=True)
         runner.load_state(state_seg.tensors)
-    job_id = args.job_id or ctx.job.job_id
+    job_id = _owner(ctx, args).job_id
     batch = share_batch(gang_world(args, f"job {job_id}"),
                         _batch(ctx, args, job_id, runner) if args.rank == 0 else None)
     try:

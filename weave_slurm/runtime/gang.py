@@ -158,16 +158,14 @@ class Gang:
             self.port = ports.pick(self.lead.job.job_id, self.formations, taken)
             self.formations += 1
             self.world = f"tcp://{self.lead.node.address or '127.0.0.1'}:{self.port}"
-        started: list[RankSlot] = []
+        sharded = shard_sync and bool(self.weight_senders())
         try:
             for slot in self.slots:
                 ranked = args if self.size == 1 else dataclasses.replace(
                     args, rank=slot.rank, local_rank=slot.local_rank, world_size=self.size,
-                    init_method=self.world, job_id=self.lead.job.job_id,
-                    shard_sync=shard_sync and bool(self.weight_senders()))
+                    init_method=self.world, job_id=self.lead.job.job_id, shard_sync=sharded)
                 link.call(slot.node, Op.ACTIVATE, job=slot.job.job_id, phase=phase.value,
                           entry=fn, args=[ranked.encode()], **code)
-                started.append(slot)
         except WeaveError:
             if self.size > 1:      # the started ranks would wait for the others (a call
                 self.stop(link)    # that failed may have started its rank too): all stop

@@ -224,12 +224,7 @@ class Lifecycle:
                 self.spans.append(Span(member.spec.job_id, run.kind, run.node.name,
                                        run.node.pool, run.start_s, self.clock.now(),
                                        ok=False))
-                if run.kind is Phase.TRAIN:   # every rank of its gang
-                    self._gang(member).deactivate(self.link)
-                elif member.engines is not None:   # every engine
-                    member.engines.deactivate(self.link)
-                else:
-                    self.link.best_effort(run.node, Op.DEACTIVATE, job=member.spec.job_id)
+                member.gang_of(run.kind, run.node).deactivate(self.link)   # every rank
             self.release(member, run)
         member.deferred.clear()
         member.error = words

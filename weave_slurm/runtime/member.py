@@ -17,7 +17,7 @@ from weave_slurm.config.runtime import RUNTIME_DEFAULTS, RuntimeConfig
 from weave_slurm.errors import ConfigError
 from weave_slurm.node.index import JobRef
 from weave_slurm.runtime.faults import Fault
-from weave_slurm.runtime.gang import Gang, GangPorts
+from weave_slurm.runtime.gang import Gang, GangPorts, RankSlot
 from weave_slurm.runtime.group import MemberSpec, MemberState, NodeRef
 from weave_slurm.runtime.ordering import rollout_ready
 from weave_slurm.runtime.staleness import VersionLog
@@ -145,6 +145,12 @@ class Member:
     repin: tuple[NodeRef, ...] | None = None
     gang: Gang | None = None     # its training ranks (runtime/gang.py), set when it joins
     engines: Gang | None = None  # its rollout engines when more than one (None: one)
+
+    def gang_of(self, kind: Phase, node: NodeRef) -> Gang:
+        """Who runs its phase of ``kind`` (on ``node``): its training gang, its rollout
+        engines, or its one process there."""
+        gang = self.gang if kind is Phase.TRAIN else self.engines
+        return gang if gang is not None else Gang((RankSlot(0, 0, node, self.job),))
 
     def start_over(self, note: str, restarts: int) -> None:
         """Forget everything learned and every fault: the member starts from scratch

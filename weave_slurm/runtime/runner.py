@@ -53,7 +53,7 @@ from weave_slurm.node.worker import WorkerState
 from weave_slurm.runtime.agents import Launcher
 from weave_slurm.runtime.cooperative import Cooperative
 from weave_slurm.runtime.faults import Fault, FaultKind
-from weave_slurm.runtime.gang import Gang, RankSlot, read_phase
+from weave_slurm.runtime.gang import Gang, read_phase
 from weave_slurm.runtime.group import GroupLayout, MemberSpec, MemberState, NodeRef
 from weave_slurm.runtime.lifecycle import Lifecycle
 from weave_slurm.runtime.member import Member, NodeSlots, PhaseRun, RunnerConfig, TailMove
@@ -311,7 +311,7 @@ class GroupRunner:
             run_id = f"{member.spec.job_id}.{step}.{self._run_ids}"
             args = dataclasses.replace(args, progress=run_id,
                                        tail_fraction=self.config.tail_fraction)
-        gang = self._slots_of(member, kind, node)
+        gang = member.gang_of(kind, node)
         if kind is Phase.TRAIN and member.engines is not None:   # it merges their slices
             args = dataclasses.replace(args, engines=member.engines.size)
         if self.coop.owns(member):   # a grant: its own process waits at the gate
@@ -336,16 +336,9 @@ class GroupRunner:
                                 else MemberState.TRAIN, where)
 
     # -- completion ------------------------------------------------------------------
-    @staticmethod
-    def _slots_of(member: Member, kind: Phase, node: NodeRef) -> Gang:
-        """Who runs ``member``'s phase of ``kind`` (on ``node``): its training gang, its
-        rollout engines, or one process there."""
-        gang = member.gang if kind is Phase.TRAIN else member.engines
-        return gang if gang is not None else Gang((RankSlot(0, 0, node, member.job),))
-
     def _poll(self, member: Member, run: PhaseRun) -> bool:
-        slots = self._slots_of(member, run.kind, run.node).slots
-        state, worker, fault = read_phase(self.link, slots, run.kind)
+        state, worker, fault = read_phase(self.link, member.gang_of(run.kind, run.node).slots,
+                                          run.kind)
         if fault is not None:
             self.lifecycle.fail(member, fault)
             return True
@@ -414,8 +407,7 @@ class GroupRunner:
         member.rolled = run.step + 1
 
         def deliver() -> None:   # each engine's slice from its node (one: the batch)
-            engines = member.engines.slots if member.engines else (
-                RankSlot(0, 0, run.node, member.job),)
+            engines = member.gang_of(Phase.ROLLOUT, run.node).slots
             for slot in engines:
                 self.lifecycle.mover.copy(member, contract.traj_part(name, slot.rank,
                                                                      len(engines)),
