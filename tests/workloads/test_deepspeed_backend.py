@@ -44,6 +44,15 @@ def _single_rank_child(out: str) -> None:
     for r in (a, b):
         r.train(r.rollout(r.weights_version))
     result["continued_a"], result["continued_b"] = a.export_weights(), b.export_weights()
+    job = DeepSpeedGrpoJob()      # the warm switch: offload_states / reload_states
+    c = JobRunner(job, JobContext("ds", Role.TRAIN, SEED, {"zero_stage": 1}))
+    moved = []
+    for _ in range(STEPS):
+        c.train(c.rollout(c.weights_version))
+        moved.append(job.offload_device())
+        result.setdefault("parked_empty", all(t.numel() == 0 for t, _ in job._parked))
+        job.reload_device(None)
+    result["offloaded"], result["offload_bytes"] = c.export_weights(), moved
     torch.save(result, out)
 
 
@@ -84,6 +93,14 @@ def test_warm_state_round_trip_continues_identically(single_rank: dict[str, Any]
     assert "optim.deepspeed_zero" in single_rank["state_keys"]
     assert single_rank["restored_version"] == 2
     assert _max_diff(single_rank["continued_a"], single_rank["continued_b"]) == 0.0
+
+
+def test_offloading_between_steps_learns_the_same(single_rank: dict[str, Any]) -> None:
+    assert _max_diff(single_rank["offloaded"], single_rank["stage1"]) == 0.0
+    assert single_rank["parked_empty"] is True      # the reference left its memory
+    params = sum(v.numel() * v.element_size() for v in single_rank["stage1"].values())
+    assert all(n > 2 * params for n in single_rank["offload_bytes"]), \
+        (single_rank["offload_bytes"], params)      # engine + Adam + reference bytes
 
 
 def test_bad_zero_stage_is_a_config_error() -> None:

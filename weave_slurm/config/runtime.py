@@ -23,6 +23,7 @@ class WeightTransferKind(StrEnum):
 
 #: Sync modes of the two-tier transfer (``weave_slurm.sync.header.SyncMode`` on the wire).
 SYNC_MODES = ("full", "delta")
+DEVICE_SWITCHES = ("auto", "on", "off")
 WEIGHT_TRANSFERS = tuple(k.value for k in WeightTransferKind)
 
 
@@ -47,6 +48,10 @@ class RuntimeConfig:
     as every rank its layout places (one process per training GPU, one world:
     docs/job_api.md, "Gangs"); off, as one process on its first training node (a
     site whose nodes lack the GPUs its partitions declare, e.g. a CPU smoke test).
+    ``device_switch``: when a member's worker moves its device state into the node's
+    shared memory so that another member can use the GPUs (docs/node.md, "Device
+    switch"): ``auto`` for CUDA devices, ``on`` on any device (a CPU test of the
+    switch), ``off`` never (every resident member keeps its GPU memory).
     """
 
     weight_transfer: WeightTransferKind = WeightTransferKind.AUTO
@@ -63,6 +68,7 @@ class RuntimeConfig:
     phase_deadline_floor_s: float = 60.0
     plan_from_measurements: bool = True
     gangs: bool = True
+    device_switch: str = "auto"
 
 
 #: The defaults, for code that builds its own config (the runner, tests, benchmarks).
@@ -93,6 +99,8 @@ def read_runtime(table: TableReader | None) -> RuntimeConfig:
                                             d.phase_deadline_floor_s, gt=0),
         plan_from_measurements=table.boolean("plan_from_measurements",
                                              d.plan_from_measurements),
-        gangs=table.boolean("gangs", d.gangs))
+        gangs=table.boolean("gangs", d.gangs),
+        device_switch=table.string("device_switch", d.device_switch,
+                                   choices=DEVICE_SWITCHES))
     table.done()
     return runtime

@@ -123,6 +123,9 @@ class PhaseArgs:
     # a gang over several nodes whose weights go out from every training node (a sharded
     # two-tier sync): each node's first rank puts the full ``weights`` there too
     shard_sync: bool = False
+    # when the worker moves its device state to the node's shm for another member
+    # (weave_slurm.device.switch.SwitchMode: auto = CUDA devices only, on, off)
+    device_switch: str = "auto"
 
     def encode(self) -> str:
         return json.dumps({"entry_point": self.entry_point, "seed": self.seed,
@@ -135,7 +138,8 @@ class PhaseArgs:
                            "init_method": self.init_method,
                            "world_timeout_s": self.world_timeout_s,
                            "job_id": self.job_id, "engines": self.engines,
-                           "shard_sync": self.shard_sync},
+                           "shard_sync": self.shard_sync,
+                           "device_switch": self.device_switch},
                           sort_keys=True)
 
     @classmethod
@@ -156,4 +160,5 @@ class PhaseArgs:
                    None if init is None else str(init),
                    float(raw.get("world_timeout_s", 120.0)),
                    None if job is None else str(job), int(raw.get("engines", 1)),
-                   bool(raw.get("shard_sync", False)))
+                   bool(raw.get("shard_sync", False)),
+                   str(raw.get("device_switch", "auto")))

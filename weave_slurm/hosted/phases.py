@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from weave_slurm.errors import StateError, VersionMismatch, WeaveError
+from weave_slurm.hosted import switch
 from weave_slurm.hosted.contract import (
     PROGRESS,
     PROGRESS_EVERY_S,
@@ -96,7 +97,38 @@ def _runner(ctx: PhaseContext, args: PhaseArgs, role: Role, *, fresh: bool = Fal
                                   JobContext(job_id, role, args.seed, args.options,
                                              engine_gpus=engine, **gang),
                                   staleness=args.staleness)
+    switch.track(ctx.job.job_id, role, _RUNNERS[key], args.device_switch)
     return _RUNNERS[key]
+
+
+def _switched_in(ctx: PhaseContext, args: PhaseArgs, role: Role, runner: JobRunner,
+                 weights: Any = None) -> tuple[JobRunner, dict[str, Any] | None]:
+    """The runner with its device state back (docs/node.md, "Device switch"); a fresh
+    one when its switched-out state is gone from the node."""
+    switch.phase_begins(ctx.job.job_id, role)
+    try:
+        return runner, switch.switch_in(ctx, role, weights)
+    except StateError as exc:
+        log.warning("%s; building the job again", exc)
+        return _runner(ctx, args, role, fresh=True), None
+
+
+def _drop(ctx: PhaseContext, role: Role) -> None:
+    """Forget a runner that may be half-updated (its phase failed)."""
+    _RUNNERS.pop((ctx.job.job_id, role), None)
+    switch.forget(ctx.job.job_id, role)
+
+
+def _device(ctx: PhaseContext, role: Role, switched: dict[str, Any] | None
+            ) -> dict[str, Any]:
+    """What a phase's result says of the device: the bytes this worker still holds
+    there (the daemon switches it out before another member's phase), its measured
+    peak and switched-out residue (GPU admission), and the switch-in."""
+    out: dict[str, Any] = {"device_held_bytes": switch.held_bytes(ctx.job.job_id),
+                           **switch.figures(ctx.job.job_id, role)}
+    if switched is not None:
+        out["device_switch_in"] = switched
+    return out
 
 
 def _owner(ctx: PhaseContext, args: PhaseArgs) -> JobRef:
@@ -130,7 +162,8 @@ def init_train(ctx: PhaseContext) -> dict[str, Any]:
     """Build the job at version 0 and put its warm state and weights on this node."""
     args = _args(ctx)
     runner = _runner(ctx, args, Role.TRAIN, fresh=True)
-    return _put_train_state(ctx, args, runner, runner.weights_version)
+    return {**_put_train_state(ctx, args, runner, runner.weights_version),
+            **_device(ctx, Role.TRAIN, None)}
 
 
 def _put_train_state(ctx: PhaseContext, args: PhaseArgs, runner: JobRunner,
@@ -181,6 +214,7 @@ def rollout(ctx: PhaseContext) -> dict[str, Any]:
     runner = _runner(ctx, args, Role.ROLLOUT)
     if version < runner.weights_version:   # rolled back to a checkpoint: start afresh
         runner = _runner(ctx, args, Role.ROLLOUT, fresh=True)
+    runner, switched = _switched_in(ctx, args, Role.ROLLOUT, runner, seg.tensors)
     if version != runner.weights_version:
         # zero-copy when the job can borrow: the segment's file is never rewritten
         # (a new version is a new file), so the mapping stays this version's bytes
@@ -192,7 +226,7 @@ def rollout(ctx: PhaseContext) -> dict[str, Any]:
             with _client() as client:
                 batch = runner.rollout(version, _Progress(client, ctx, args, version))
     except BaseException:
-        _RUNNERS.pop((ctx.job.job_id, Role.ROLLOUT), None)   # may be half-updated
+        _drop(ctx, Role.ROLLOUT)
         raise
     tensors = {k: v.contiguous() for k, v in batch.trajectories.tensors.items()}
     extra: dict[str, Any] = {"metrics": dict(batch.metrics)}
@@ -202,7 +236,7 @@ def rollout(ctx: PhaseContext) -> dict[str, Any]:
         client.put_state(_owner(ctx, args), traj_part(args.traj, args.rank, args.world_size),
                          tensors, version, extra=extra)
     return {"version": version, "metrics": dict(batch.metrics),
-            "traj_bytes": _nbytes(tensors)}
+            "traj_bytes": _nbytes(tensors), **_device(ctx, Role.ROLLOUT, switched)}
 
 
 class _Progress:
@@ -240,7 +274,7 @@ def train(ctx: PhaseContext) -> dict[str, Any]:
     """One training step on this node's ``traj``; puts the new ``state`` and ``weights``."""
     args = _args(ctx)
     state_seg = _segment(ctx, STATE)
-    runner = _runner(ctx, args, Role.TRAIN)
+    runner, switched = _switched_in(ctx, args, Role.TRAIN, _runner(ctx, args, Role.TRAIN))
     if runner.weights_version != state_seg.index.version:
         runner = _runner(ctx, args, Role.TRAIN, fresh=True)
         runner.load_state(state_seg.tensors)
@@ -250,10 +284,11 @@ def train(ctx: PhaseContext) -> dict[str, Any]:
     try:
         version = runner.train(batch)
     except BaseException:
-        _RUNNERS.pop((ctx.job.job_id, Role.TRAIN), None)     # may be half-updated
+        _drop(ctx, Role.TRAIN)
         raise
     out = _put_train_state(ctx, args, runner, version)
-    return {**out, "metrics": {**batch.trajectories.metrics, **runner.last_train_metrics}}
+    return {**out, "metrics": {**batch.trajectories.metrics, **runner.last_train_metrics},
+            **_device(ctx, Role.TRAIN, switched)}
 
 
 def _batch(ctx: PhaseContext, args: PhaseArgs, job_id: str,

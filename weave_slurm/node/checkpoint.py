@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from weave_slurm.errors import ConfigError, NoCheckpoint, StateError
-from weave_slurm.node.index import JobRef, SegmentIndex
+from weave_slurm.node.index import JobRef, SegmentIndex, is_scratch
 from weave_slurm.node.segments import SegmentStore, tensor_views
 
 log = logging.getLogger(__name__)
@@ -80,6 +80,8 @@ class CheckpointStore:
             versions: dict[str, int] = {}
             total = 0
             for seg in store.list_segments(job):
+                if is_scratch(seg.name):      # a worker's switched-out device state
+                    continue
                 if seg.problem is not None:
                     log.warning("checkpoint of %s skips torn %s", job.job_id, seg.name)
                     continue

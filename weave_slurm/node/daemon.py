@@ -37,7 +37,7 @@ from weave_slurm.node.autosave import AutosaveTimer, check_interval, run_timer
 from weave_slurm.node.budget import MemoryBudget
 from weave_slurm.node.checkpoint import CheckpointStore
 from weave_slurm.node.gate_ops import GateOps
-from weave_slurm.node.index import DEFAULT_ROOT, JobRef, check_name
+from weave_slurm.node.index import DEFAULT_ROOT, JobRef, check_name, is_scratch
 from weave_slurm.node.pool import ResidentPool
 from weave_slurm.node.protocol import Op, Request
 from weave_slurm.node.registry import JobRecord, JobRegistry
@@ -45,6 +45,8 @@ from weave_slurm.node.segment_ops import SegmentOps
 from weave_slurm.node.segments import SegmentStore
 from weave_slurm.node.staging import StagingArea
 from weave_slurm.node.startup import StartupReport, recover_store
+from weave_slurm.node.status_view import node_status
+from weave_slurm.node.tenancy import DeviceTenancy
 from weave_slurm.node.worker import PhaseWorker, WorkerKind, worker_env
 from weave_slurm.vocab import Phase
 
@@ -108,6 +110,7 @@ class NodeDaemon:
         self._timer: threading.Thread | None = None
         self.segments = SegmentOps(self)
         self.gates = GateOps(self)           # cooperative jobs: the gate, their processes
+        self.tenancy = DeviceTenancy(self, config.socket)   # who holds the GPUs; switching them out
         self.door: RemoteDoor | None = None
         self._life_lock = FileLock(str(config.root / ".daemon.lock"))
         self._node_lock = FileLock(str(config.root / ".lock"))
@@ -119,7 +122,7 @@ class NodeDaemon:
             Op.DIGEST: self.segments.digest, Op.ACTIVATE: self._activate,
             Op.DEACTIVATE: self._deactivate, Op.PHASE: self._phase,
             Op.CHECKPOINT: self._checkpoint, Op.RESTORE: self._restore, Op.DROP: self._drop,
-            Op.STATUS: self._status, Op.ADOPT: self._adopt,
+            Op.STATUS: lambda uid, _: node_status(self, uid), Op.ADOPT: self._adopt,
             Op.GATE: self.gates.gate, Op.LAUNCH: self.gates.launch,
         }
 
@@ -251,7 +254,7 @@ class NodeDaemon:
     def _autosave_one(self, job: JobRef) -> str:
         with self.state_lock(job.job_id):
             versions = {s.name: s.index.version for s in self.store.list_segments(job)
-                        if s.index is not None}
+                        if s.index is not None and not is_scratch(s.name)}
             if not versions:
                 return "empty"
             found = self.ckpt.checkpoints(job)
@@ -375,6 +378,9 @@ class NodeDaemon:
                 raise ConfigError(f"activate of {job.job_id}: {key!r} must be an absolute "
                                   f"path or null, got {value!r}")
         # the job's own python runs as the job's uid (pool, zygotes): no check here
+        tenant = request.args.get("tenant")
+        self.tenancy.make_room(job, tenant if isinstance(tenant, str) else job.job_id,
+                               {**code, "pythonpath": pythonpath})
         act = self.pool.activate(job, phase, {
             "entry": entry, "args": [str(a) for a in args], "env": env,
             "pythonpath": [str(p) for p in pythonpath], "root": str(self.store.root),
@@ -391,7 +397,7 @@ class NodeDaemon:
             raise StateError(f"job {job.job_id!r} already runs phase "
                              f"{current.phase.value!r} (pid {current.pid}); deactivate first")
 
-    def _worker_json(self, job: JobRef) -> dict[str, Any] | None:
+    def worker_json(self, job: JobRef) -> dict[str, Any] | None:
         with self.lock:
             kind = self._last_kind.get(job.job_id)
             worker = self.workers.get(job.job_id)
@@ -412,14 +418,14 @@ class NodeDaemon:
                 return self.gates.cancel(job)
             if kind is WorkerKind.RESIDENT and self.pool is not None:
                 self.pool.cancel(job, self.config.stop_timeout_s)
-                return self._worker_json(job) or {}
+                return self.worker_json(job) or {}
             if worker is None:
                 raise StateError(f"job {job.job_id!r} has no phase worker on this node")
             return dict(worker.stop(self.config.stop_timeout_s).to_json())
 
     def _phase(self, uid: int, request: Request) -> dict[str, Any]:
         job = self.job(uid, request)
-        return {"job": job.job_id, "worker": self._worker_json(job),
+        return {"job": job.job_id, "worker": self.worker_json(job),
                 "gate": self.gates.info(job)}
 
     def _checkpoint(self, uid: int, request: Request) -> dict[str, Any]:
@@ -452,6 +458,7 @@ class NodeDaemon:
             if self.pool is not None:
                 self.pool.drop(job)
             self.gates.drop(job)
+            self.tenancy.forget(job)
             self.autosave.forget(job.job_id)
             self.staging.forget_job(job)
             self.store.delete_job(job)
@@ -478,23 +485,3 @@ class NodeDaemon:
             info = self.ckpt.adopt(CheckpointStore(Path(src)), job)
         log.info("adopted checkpoint of %s from %s: %s", job.job_id, src, info.path)
         return info.to_json()
-
-    def _status(self, uid: int, request: Request) -> dict[str, Any]:
-        with self.lock:
-            registered = [j for j in self.registry.jobs() if uid in (0, j.uid)]
-            memory = self.budget.report().to_json()
-        # the node's totals are public (as sinfo's are); per-job bytes only of one's own
-        mine = {j.job_id for j in registered}
-        per_job = memory["per_job_bytes"]
-        assert isinstance(per_job, dict)
-        memory["per_job_bytes"] = {k: v for k, v in per_job.items() if k in mine}
-        jobs = []
-        for job in registered:
-            segs = {s.name: {"version": None if s.index is None else s.index.version,
-                             "size_bytes": s.size_bytes, "problem": s.problem}
-                    for s in self.store.list_segments(job)}
-            jobs.append({"job": job.job_id, "uid": job.uid, "segments": segs,
-                         "worker": self._worker_json(job),
-                         "resident": None if self.pool is None else self.pool.status(job),
-                         "checkpoint_interval_s": self.autosave.interval_s(job.job_id)})
-        return {"root": str(self.store.root), "memory": memory, "jobs": jobs}

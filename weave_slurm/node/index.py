@@ -36,6 +36,21 @@ DTYPE_ITEMSIZE: dict[str, int] = {
 }
 
 
+#: Segments named ``device.<role>`` hold a resident worker's switched-out device state
+#: (docs/node.md, "Device switch"): scratch only that worker reads back, never
+#: checkpointed, removed when a daemon restarts (its workers are gone).
+SCRATCH_PREFIX = "device."
+SCRATCH_KEY = "scratch"
+
+
+def scratch_name(role: str) -> str:
+    return SCRATCH_PREFIX + role
+
+
+def is_scratch(name: str) -> bool:
+    return name.startswith(SCRATCH_PREFIX)
+
+
 def check_name(kind: str, value: str) -> str:
     """Validate a job id or segment name (it becomes a path component)."""
     if not isinstance(value, str) or not NAME_RE.match(value):

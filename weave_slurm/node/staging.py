@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from weave_slurm.device.hostmem import fill_host
 from weave_slurm.errors import StateError
 from weave_slurm.node.index import JobRef, SegmentIndex
 from weave_slurm.node.segments import STAGE_MARK, SegmentStore, map_file, tensor_views
@@ -167,8 +168,7 @@ def write_staged(seg_path: Path, index_path: Path, index: SegmentIndex,
     finally:
         os.close(fd)
     views = tensor_views(storage, index)
-    for key, src in tensors.items():
-        views[key].copy_(src.detach())
+    fill_host(storage, ((src.detach(), views[key]) for key, src in tensors.items()))
     del views, storage
     fd = os.open(index_path, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
     with os.fdopen(fd, "wb") as out:

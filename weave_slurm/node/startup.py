@@ -11,11 +11,12 @@ Rules (applied under the node lock, before the socket is served):
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from weave_slurm.node.index import JobRef
+from weave_slurm.node.index import JobRef, is_scratch
 from weave_slurm.node.segments import INDEX_SUFFIX, SegmentListing, SegmentStore
 
 log = logging.getLogger(__name__)
@@ -42,10 +43,13 @@ def recover_store(store: SegmentStore, registered: set[JobRef]) -> StartupReport
         names: set[str] = set()
         for seg in store.list_segments(job):
             names.add(seg.name)
+            if seg.problem is None and is_scratch(seg.name):
+                seg = dataclasses.replace(seg, problem="a worker's switched-out device "
+                                          "state (its worker is gone)")
             if seg.problem is None:
                 adopted.append(seg)
                 continue
-            log.warning("removing torn segment %s: %s", seg.seg_path, seg.problem)
+            log.warning("removing segment %s: %s", seg.seg_path, seg.problem)
             store.delete_segment(job, seg.name)
             removed.append(seg.seg_path)
         for orphan in store.job_dir(job).glob(f"*{INDEX_SUFFIX}"):

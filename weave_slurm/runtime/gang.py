@@ -165,7 +165,8 @@ class Gang:
                     args, rank=slot.rank, local_rank=slot.local_rank, world_size=self.size,
                     init_method=self.world, job_id=self.lead.job.job_id, shard_sync=sharded)
                 link.call(slot.node, Op.ACTIVATE, job=slot.job.job_id, phase=phase.value,
-                          entry=fn, args=[ranked.encode()], **code)
+                          entry=fn, args=[ranked.encode()], tenant=self.lead.job.job_id,
+                          **code)
         except WeaveError:
             if self.size > 1:      # the started ranks would wait for the others (a call
                 self.stop(link)    # that failed may have started its rank too): all stop

@@ -51,6 +51,7 @@ class RunnerConfig:
     munge_socket: str | None = None    # munged's socket for remote node daemons (default: munge's)
     gang_ports: GangPorts = field(default_factory=GangPorts)   # training gangs' rendezvous
     gangs: bool = _RT.gangs            # every training rank of a layout (False: rank 0 only)
+    device_switch: str = _RT.device_switch   # device state to shm for another member
 
     @classmethod
     def from_site(cls, rt: RuntimeConfig) -> RunnerConfig:
@@ -63,7 +64,7 @@ class RunnerConfig:
                    node_wait_s=rt.node_wait_s, max_fresh_restarts=rt.max_fresh_restarts,
                    transfer=TransferConfig.from_site(rt),
                    migrate_tail=rt.long_tail_migration, tail_fraction=rt.tail_fraction,
-                   gangs=rt.gangs)
+                   gangs=rt.gangs, device_switch=rt.device_switch)
 
     def __post_init__(self) -> None:
         if not isinstance(self.migrate_tail, bool):

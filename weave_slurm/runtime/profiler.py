@@ -14,7 +14,9 @@ decisions use (the daemon stores it next to the declared one).
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from weave_slurm.model.profile import JobProfile
 from weave_slurm.runtime.group import DeclaredProfile
@@ -28,6 +30,9 @@ class _Series:
     rollout_state_bytes: int = 0
     train_state_bytes: int = 0
     sync_bytes: dict[str, int] = field(default_factory=dict)
+    # per phase kind: the largest device peak and switched-out residue a worker reported
+    device_peak: dict[Phase, int] = field(default_factory=dict)
+    device_resident: dict[Phase, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,11 @@ class MemberProfile:
     slowdown: float | None
     slo: float | None
     drift: tuple[str, ...]
+    # bytes per GPU (hosted phases on a device; 0: none reported)
+    rollout_gpu_peak_bytes: int = 0
+    rollout_gpu_resident_bytes: int = 0
+    train_gpu_peak_bytes: int = 0
+    train_gpu_resident_bytes: int = 0
 
     @property
     def slo_ok(self) -> bool | None:
@@ -60,7 +70,11 @@ class MemberProfile:
                 "train_state_bytes": self.train_state_bytes, "sync_bytes": self.sync_bytes,
                 "solo_iteration_s": self.solo_iteration_s,
                 "group_iteration_s": self.group_iteration_s, "slowdown": self.slowdown,
-                "slo": self.slo, "slo_ok": self.slo_ok, "drift": list(self.drift)}
+                "slo": self.slo, "slo_ok": self.slo_ok, "drift": list(self.drift),
+                "gpu_bytes": {"rollout_peak": self.rollout_gpu_peak_bytes,
+                              "rollout_resident": self.rollout_gpu_resident_bytes,
+                              "train_peak": self.train_gpu_peak_bytes,
+                              "train_resident": self.train_gpu_resident_bytes}}
 
 
 def _median(xs: list[float]) -> float | None:
@@ -98,6 +112,18 @@ class LiveProfiler:
         if train is not None:
             series.train_state_bytes = train
 
+    def device(self, job_id: str, kind: Phase, result: Mapping[str, Any]) -> None:
+        """A phase's device figures (``device_peak_bytes``, ``device_resident_bytes``
+        in a hosted phase's result): the largest seen of each is kept."""
+        series = self._series.get(job_id)
+        if series is None:
+            return
+        for key, table in (("device_peak_bytes", series.device_peak),
+                           ("device_resident_bytes", series.device_resident)):
+            value = result.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                table[kind] = max(table.get(kind, 0), value)
+
     def sync(self, job_id: str, what: str, nbytes: int) -> None:
         bytes_ = self._series[job_id].sync_bytes
         bytes_[what] = bytes_.get(what, 0) + nbytes
@@ -130,7 +156,11 @@ class LiveProfiler:
                 drift.append(f"{name}: measured median {med:.3f} s vs declared {want:.3f} s")
         return MemberProfile(job_id, tuple(roll), tuple(train), tuple(sync),
                              s.rollout_state_bytes, s.train_state_bytes, dict(s.sync_bytes),
-                             solo, group, slowdown, declared.slo, tuple(drift))
+                             solo, group, slowdown, declared.slo, tuple(drift),
+                             s.device_peak.get(Phase.ROLLOUT, 0),
+                             s.device_resident.get(Phase.ROLLOUT, 0),
+                             s.device_peak.get(Phase.TRAIN, 0),
+                             s.device_resident.get(Phase.TRAIN, 0))
 
 
 def planning_profile(current: JobProfile, declared: JobProfile, measured: MemberProfile, *,

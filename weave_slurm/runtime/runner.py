@@ -304,7 +304,8 @@ class GroupRunner:
             self.config.deadline_factor, self.config.deadline_floor_s)
         fn = "init_train" if init else kind.value
         step = member.rolled if kind is Phase.ROLLOUT else member.version
-        args = member.spec.phase_args(kind, step)
+        args = dataclasses.replace(member.spec.phase_args(kind, step),
+                                   device_switch=self.config.device_switch)
         run_id = None
         if kind is Phase.ROLLOUT and self.config.migrate_tail and member.engines is None:
             self._run_ids += 1
@@ -394,6 +395,7 @@ class GroupRunner:
         self.observer.phase_ended(self.spans[-1])
         if not run.init:
             self.profiler.phase(job_id, run.kind, end - run.start_s)
+        self.profiler.device(job_id, run.kind, result)     # GPU admission's figures
         if self.coop.owns(member):
             self.coop.finish(member, run, dict(result))
         elif run.kind is Phase.ROLLOUT:

@@ -124,6 +124,22 @@ def _zero_stage(options: dict[str, Any]) -> int:
     return int(stage)
 
 
+def _engine_bytes(engine: Any) -> int:
+    """What ``offload_states`` moves of an engine, counted (where no device allocator
+    can be asked): its module's parameters and gradients, the optimizer's state
+    tensors and its fp32 partitions."""
+    tensors: list[Any] = []
+    for p in engine.module.parameters():
+        tensors.append(p)
+        if p.grad is not None:
+            tensors.append(p.grad)
+    inner = getattr(engine.optimizer, "optimizer", None)
+    for state in (getattr(inner, "state", {}) or {}).values():
+        tensors.extend(v for v in state.values() if hasattr(v, "element_size"))
+    tensors.extend(getattr(engine.optimizer, "single_partition_of_fp32_groups", []) or [])
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
 def _check_gang_world(ctx: JobContext) -> None:
     """DeepSpeed trains over the default world: a gang must be exactly that world."""
     import torch.distributed as dist
@@ -149,6 +165,7 @@ class DeepSpeedGrpoJob(GrpoToyJob):
         self._engine: Any = None
         self._rank = 0
         self._world = 1
+        self._parked: list[tuple[Tensor, Tensor]] = []   # tensors off the device, by hand
 
     def setup(self, ctx: JobContext) -> None:
         options = dict(ctx.options)
@@ -196,6 +213,39 @@ class DeepSpeedGrpoJob(GrpoToyJob):
         """Drop the engine and clean DeepSpeed's /dev/shm leftovers (the group stays)."""
         self._engine = None
         clean_shm_leftovers()
+
+    # -- the warm switch (OffloadsDevice) ---------------------------------------------
+    def offload_device(self) -> int:
+        """Free the device: the engine's ``offload_states()`` (ZeRO's optimizer states,
+        fp32 master weights, the model's weights and gradients, to page-locked host
+        memory on CUDA), the reference model (or a rollout's own policy) by hand.
+        Returns the host bytes kept meanwhile."""
+        import torch
+
+        from weave_slurm.device.switch import module_tensors
+
+        cuda = self.context.device.startswith("cuda")
+        nbytes = 0
+        if self._engine is not None:
+            before = torch.cuda.memory_allocated() if cuda else 0
+            self._engine.offload_states(pin_memory=cuda)
+            nbytes = (before - torch.cuda.memory_allocated() if cuda
+                      else _engine_bytes(self._engine))
+        module = self._reference if self._engine is not None else (
+            None if self._borrowed else self._policy)
+        tensors = list(module_tensors(module, "m").values()) if module is not None else []
+        self._parked = [(t, t.detach().to("cpu", copy=True).pin_memory() if cuda
+                         else t.detach().clone()) for t in tensors]
+        for t, _ in self._parked:
+            t.data = torch.empty(0, dtype=t.dtype, device=t.device)
+        return nbytes + sum(h.numel() * h.element_size() for _, h in self._parked)
+
+    def reload_device(self, weights: Mapping[str, Tensor] | None) -> None:
+        if self._engine is not None:
+            self._engine.reload_states()
+        for t, host in self._parked:
+            t.data = host.to(t.device, copy=True) if host.device != t.device else host
+        self._parked = []
 
     def _rows(self, start: int, stop: int) -> slice:
         return slice(start + self._rank, stop, self._world)

@@ -393,6 +393,21 @@ class GrpoToyJob:
         load_module(self.policy, tensors, "borrowed weights", assign=True)
         self._borrowed = True
 
+    def device_tensors(self) -> dict[str, Tensor]:
+        """What a warm switch moves off the device (``SwitchesDevice``): the policy (not
+        while it is bound to borrowed shared memory), the reference and Adam's moments.
+        A training gang's FSDP2 shards are not named (they stay where they are)."""
+        from weave_slurm.device.switch import module_tensors, optimizer_tensors
+
+        if self._gang is not None:
+            return {}
+        out = {} if self._borrowed else module_tensors(self.policy, "policy")
+        if self._reference is not None:
+            out.update(module_tensors(self._reference, "reference"))
+        if self._optim is not None:
+            out.update(optimizer_tensors(self._optim, "optim"))
+        return out
+
     def state_tensors(self) -> dict[str, Tensor]:
         """The warm state; a training gang rank's holds its shards (``gang.*`` says which)."""
         import torch

@@ -141,6 +141,8 @@ class VllmGrpoJob(GrpoToyJob):
         self._llm: Any = None
         self._scratch: Path | None = None
         self._engine_args: dict[str, Any] = {}
+        self._sleeps = False          # the engine was started with sleep mode
+        self._asleep = False
 
     def setup(self, ctx: JobContext) -> None:
         options = dict(ctx.options)
@@ -174,7 +176,10 @@ class VllmGrpoJob(GrpoToyJob):
             args["enable_chunked_prefill"] = False
             if not {"kv_cache_memory_bytes", "gpu_memory_utilization"} & set(self._engine_args):
                 args["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+        elif current_platform.is_cuda_alike():
+            args["enable_sleep_mode"] = True   # the warm switch: sleep(level=2) / wake_up
         args.update(self._engine_args)
+        self._sleeps = bool(args.get("enable_sleep_mode"))
         try:
             self.policy.save_pretrained(model_dir)  # type: ignore[operator]
             self._llm = vllm.LLM(model=str(model_dir), skip_tokenizer_init=True,
@@ -256,6 +261,26 @@ class VllmGrpoJob(GrpoToyJob):
         outputs = self._llm.generate(rows, params, use_tqdm=False)
         return [{tok: lp.logprob for tok, lp in out.outputs[0].logprobs[0].items()}
                 for out in outputs]
+
+    # -- the warm switch (OffloadsDevice) -----------------------------------------------
+    def offload_device(self) -> int:
+        """``LLM.sleep(level=2)``: weights and KV cache discarded (the node's ``weights``
+        segment holds them). Sleep mode is CUDA-only: elsewhere nothing is freed."""
+        if self._llm is not None and self._sleeps and not self._asleep:
+            self._llm.sleep(level=2)
+            self._asleep = True
+        return 0
+
+    def reload_device(self, weights: Mapping[str, Tensor] | None) -> None:
+        """``wake_up(tags=["weights"])``, the weights loaded again (the node's segment, or
+        the policy the job holds), then ``wake_up(tags=["kv_cache"])``."""
+        if self._llm is None or not self._asleep:
+            return
+        self._llm.wake_up(tags=["weights"])
+        self._push(weights.items() if weights is not None
+                   else self.policy.state_dict().items())
+        self._llm.wake_up(tags=["kv_cache"])
+        self._asleep = False
 
     # -- weights into the engine -----------------------------------------------------
     def import_weights(self, tensors: Mapping[str, Tensor]) -> None:
