@@ -16,7 +16,7 @@ from tests.harness.waits import wait_for
 from weave_slurm.node.client import NodeClient
 from weave_slurm.node.daemon import NodeDaemon
 from weave_slurm.node.protocol import Op
-from weave_slurm.node.tenancy import PINNED
+from weave_slurm.node.tenancy import PINNED, STAGING
 
 pytestmark = pytest.mark.torch
 
@@ -32,7 +32,7 @@ def nothing(ctx):
 def out(ctx):
     open(os.path.join(os.environ["WEAVE_JOB_DIR"], "..", "..", "out-" + ctx.job.job_id),
          "a").write("x")
-    return {"device_held_bytes": 0, "host_bytes": 8192}
+    return {"device_held_bytes": 0, "host_bytes": 8192, "staging_bytes": 4096}
 
 def fail(ctx):
     raise RuntimeError("cannot free the device")
@@ -78,11 +78,12 @@ def test_another_tenant_is_switched_out_first_and_its_pinned_memory_charged(
         assert _run(c, "a", entry, "hold")["state"] == "exited"   # a back: b goes out
         assert (_outs(shm_root, "a"), _outs(shm_root, "b")) == (1, 1)
         assert resident_node.budget.charged(a, PINNED) == 0     # a's own phase ended it
+        assert resident_node.budget.charged(a, STAGING) == 4096  # its worker keeps that
         assert resident_node.budget.charged(b, PINNED) == 8192
         status = c.call(Op.STATUS)
     assert status["device"]["switched"] == 2
     assert status["device"]["tenants"] == {"a": "a", "b": "b"}
-    assert status["memory"]["per_job_bytes"]["b"] >= 8192
+    assert status["memory"]["per_job_bytes"]["b"] >= 8192 + 4096
 
 
 def test_jobs_of_one_tenant_and_jobs_holding_nothing_are_not_switched(

@@ -106,12 +106,12 @@ class DeviceSwitch:
     """The warm switch of one job instance (one role) in its resident worker."""
 
     def __init__(self, job: object, device: str, mode: SwitchMode,
-                 registry: HostRegistry | None = None) -> None:
+                 registry: HostRegistry | None = None, copier: Copier | None = None) -> None:
         self.job = job
         self.device = device
         self.mode = mode
         self.registry = registry or HostRegistry()
-        self.copier = Copier(device)
+        self.copier = copier or Copier(device)
         self._moved: list[tuple[str, torch.Tensor, torch.Size, torch.dtype]] = []
         self._own_out = False
         self.host_bytes = 0      # held by the job's own offload (pinned, outside shm)

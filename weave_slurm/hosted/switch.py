@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from weave_slurm.device import footprint
-from weave_slurm.device.hostmem import HostRegistry
+from weave_slurm.device.hostmem import Copier, HostRegistry
 from weave_slurm.device.switch import DeviceSwitch, SwitchMode
 from weave_slurm.errors import StateError
 from weave_slurm.node.index import SCRATCH_KEY, scratch_name
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 SWITCH_OUT_ENTRY = "weave_slurm.hosted.switch:switch_out"
 
 _REGISTRY = HostRegistry()
+_COPIERS: dict[str, Copier] = {}     # one staging buffer per device in this worker
 
 
 @dataclass
@@ -65,8 +66,10 @@ def track(job_id: str, role: Role, runner: JobRunner, mode: str) -> DeviceSwitch
     if held is None or held.runner is not runner:
         if held is not None:
             held.release()
+        device = runner.context.device
+        copier = _COPIERS.setdefault(device, Copier(device))
         held = _TRACKED[key] = _Tracked(runner, DeviceSwitch(
-            runner.job, runner.context.device, SwitchMode.parse(mode), _REGISTRY))
+            runner.job, device, SwitchMode.parse(mode), _REGISTRY, copier))
     else:
         held.switch.mode = SwitchMode.parse(mode)
     return held.switch
@@ -163,7 +166,9 @@ def switch_out(ctx: PhaseContext) -> dict[str, Any]:
             fp = footprint.measure(held.switch.device)
             held.resident = 0 if fp is None else fp.held_bytes
     return {"device_held_bytes": held_bytes(ctx.job.job_id), "host_bytes": host,
-            "registered_bytes": _REGISTRY.registered_bytes, "switches": reports}
+            "registered_bytes": _REGISTRY.registered_bytes,
+            "staging_bytes": sum(c.pinned_bytes for c in _COPIERS.values()),
+            "switches": reports}
 
 
 def _put_scratch(ctx: PhaseContext, name: str, tensors: Mapping[str, Tensor]) -> None:

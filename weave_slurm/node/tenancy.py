@@ -12,7 +12,8 @@ A switch-out that fails or does not end within ``timeout_s`` kills that worker (
 state is in the node's segments; the member's next phase rebuilds from them): the
 incoming phase is never refused for another member's fault. The page-locked host
 memory a job's own offload keeps (``host_bytes``: DeepSpeed's ``offload_states``) is
-charged to the node's budget until that job's next phase.
+charged to the node's budget until that job's next phase; a worker's pinned staging
+buffer (``staging_bytes``, only where registering a segment failed) for good.
 """
 
 from __future__ import annotations
@@ -37,8 +38,10 @@ from weave_slurm.node.worker import WorkerState, worker_env
 log = logging.getLogger(__name__)
 
 SWITCH_OUT_ENTRY = "weave_slurm.hosted.switch:switch_out"
-#: the budget's name for a job's page-locked host memory outside its segments
+#: the budget's names for a job's page-locked host memory outside its segments: what
+#: its own offload keeps while it is out, and its worker's staging buffer (kept)
 PINNED = "device.pinned"
+STAGING = "device.staging"
 _POLL_S = 0.002
 
 
@@ -135,9 +138,12 @@ class DeviceTenancy:
                 return
             result = act.result if isinstance(act.result, dict) else {}
             host = int(result.get("host_bytes") or 0)
+            staging = int(result.get("staging_bytes") or 0)
             with d.lock:
                 if host > 0:
                     d.budget.force(ref, PINNED, host)
+                if staging > 0:
+                    d.budget.force(ref, STAGING, staging)
             self.switched += 1
             self.last = {"job": job_id, "for": incoming,
                          "seconds": round(time.monotonic() - start, 6), **result}
