@@ -57,3 +57,20 @@ def test_no_update_within_tolerance_of_the_current_plan() -> None:
     new = planning_profile(DECLARED, DECLARED, drifted)
     assert new is not None and new.rollout_mean_s == pytest.approx(9.0)
     assert planning_profile(new, DECLARED, drifted) is None
+
+
+def test_measured_device_figures_feed_the_plan() -> None:
+    prof = LiveProfiler()
+    prof.track("7", DeclaredProfile(DECLARED.rollout_mean_s, DECLARED.train_mean_s, 1.5))
+    for _ in range(3):
+        prof.phase("7", Phase.ROLLOUT, 5.0)
+        prof.phase("7", Phase.TRAIN, 8.0)
+    prof.device("7", Phase.TRAIN, {"device_peak_bytes": 40 << 30,
+                                   "device_resident_bytes": 2 << 30})
+    prof.device("7", Phase.ROLLOUT, {"device_resident_bytes": 3 << 30})
+    new = planning_profile(DECLARED, DECLARED, prof.snapshot()["7"])
+    assert new is not None     # only the device figures moved
+    assert (new.train_gpu_peak_gib, new.train_gpu_resident_gib) == (40.0, 2.0)
+    # a resident with no peak reported: the peak is at least the resident
+    assert (new.rollout_gpu_peak_gib, new.rollout_gpu_resident_gib) == (3.0, 3.0)
+    assert planning_profile(new, DECLARED, prof.snapshot()["7"]) is None

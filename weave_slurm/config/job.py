@@ -98,7 +98,8 @@ class Durations:
 
 @dataclass(frozen=True, slots=True)
 class MeasuredProfile:
-    """The four quantities an operator records (any subset may be given)."""
+    """The quantities an operator records (any subset may be given); ``*_gpu_*_gib``
+    are per GPU: the peak while the phase runs and what stays resident switched out."""
 
     rollout: Durations | None = None
     train: Durations | None = None
@@ -107,6 +108,10 @@ class MeasuredProfile:
     sync_inter_gib: float | None = None
     sync_intra_gib: float | None = None
     colo_iter_s: float | None = None
+    rollout_gpu_peak_gib: float | None = None
+    rollout_gpu_resident_gib: float | None = None
+    train_gpu_peak_gib: float | None = None
+    train_gpu_resident_gib: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -376,7 +381,17 @@ def _profile(r: TableReader) -> MeasuredProfile:
         sync_inter_gib=r.opt_number("sync_inter_gib", ge=0),
         sync_intra_gib=r.opt_number("sync_intra_gib", ge=0),
         colo_iter_s=r.opt_number("colo_iter_s", gt=0),
+        rollout_gpu_peak_gib=r.opt_number("rollout_gpu_peak_gib", gt=0),
+        rollout_gpu_resident_gib=r.opt_number("rollout_gpu_resident_gib", ge=0),
+        train_gpu_peak_gib=r.opt_number("train_gpu_peak_gib", gt=0),
+        train_gpu_resident_gib=r.opt_number("train_gpu_resident_gib", ge=0),
     )
+    for role, peak, held in (
+            ("rollout", prof.rollout_gpu_peak_gib, prof.rollout_gpu_resident_gib),
+            ("train", prof.train_gpu_peak_gib, prof.train_gpu_resident_gib)):
+        if peak is not None and held is not None and held > peak:
+            raise r.fail(f"{role}_gpu_resident_gib", held, f"must be <= {role}_gpu_peak_gib "
+                         f"({peak:g}): what a member holds switched out is part of its peak")
     r.done()
     return prof
 

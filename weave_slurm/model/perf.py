@@ -28,6 +28,28 @@ WEIGHT_HBM_FRACTION = 0.5
 #: Fraction of HBM usable by the rollout engine (vLLM's gpu_memory_utilization default).
 HBM_UTILIZATION = 0.9
 
+# What a switched-out member still holds on each of its GPUs (GiB), where the spec's
+# [profile] gives no measured figure (docs/model.md "Device memory"). Its process lives
+# on, so its CUDA context stays (torch.cuda.memory_allocated's documentation: less than
+# nvidia-smi shows, because of the context and the caching allocator), so do its NCCL
+# communicators' buffers (NCCL_BUFFSIZE, 4 MiB by default, for each pair of GPUs a
+# channel connects: e.g. 32 ring channels x 2 peers x 4 MiB = 256 MiB for one
+# protocol), and the caching allocator keeps the segments a live block still pins
+# after empty_cache. These are round allowances, not measurements: give measured
+# figures (torch.cuda.mem_get_info after a switch-out) in [profile].
+#: The CUDA context and the CUDA libraries' workspaces.
+CUDA_CONTEXT_GIB = 0.5
+#: NCCL buffers of the member's communicators.
+NCCL_BUFFERS_GIB = 0.25
+#: What the caching allocator does not give back (segments holding a live block).
+ALLOCATOR_CACHE_GIB = 0.25
+#: The three together: a switched-out member's device memory per GPU.
+DEVICE_RESIDENT_GIB = CUDA_CONTEXT_GIB + NCCL_BUFFERS_GIB + ALLOCATOR_CACHE_GIB
+#: Fallback activation bytes per token per billion parameters (checkpointed layer
+#: inputs, ``2 x layers x hidden``), from Qwen2.5 configs: 7B keeps 2 x 28 x 3584 =
+#: 196 KiB/token (26 KiB per billion), 32B 2 x 64 x 5120 = 640 KiB (20 KiB per billion).
+ACT_BYTES_PER_TOKEN_PER_B = 24576.0
+
 
 @dataclass(frozen=True, slots=True)
 class RolloutEstimate:
@@ -113,6 +135,35 @@ def train_state_gib(spec: JobSpec) -> float:
     if spec.algorithm.has_critic:
         total += TRAIN_BYTES_PER_PARAM * n
     return total / GIB
+
+
+def activation_gib(spec: JobSpec) -> float:
+    """Activations of one training micro-batch on one rank, in GiB: with activation
+    checkpointing only every layer's input is kept for the backward pass, 2 bytes x
+    hidden per token and layer (Korthikanti et al. 2022, "Reducing Activation
+    Recomputation in Large Transformer Models": ``2sbhL`` with full recomputation). The
+    micro-batch is one sequence at full length (prompt + ``max_response_tokens``), the
+    smallest a trainer runs: a floor (the recomputed layer and the logits come on top)."""
+    m = spec.model
+    per_token = (BF16_BYTES * m.layers * m.hidden if m.layers and m.hidden
+                 else ACT_BYTES_PER_TOKEN_PER_B * m.params_b)
+    return (spec.rollout.prompt_tokens + spec.rollout.max_response_tokens) * per_token / GIB
+
+
+def train_gpu_peak_gib(spec: JobSpec, ranks: int) -> float:
+    """A training rank's device memory while it trains, in GiB: the training state
+    (:func:`train_state_gib`) sharded over the ``ranks`` (ZeRO-3 / FSDP, as the state
+    per node assumes), one micro-batch's activations and what the process holds anyway
+    (:data:`DEVICE_RESIDENT_GIB`)."""
+    return train_state_gib(spec) / ranks + activation_gib(spec) + DEVICE_RESIDENT_GIB
+
+
+def rollout_gpu_peak_gib(est: RolloutEstimate) -> float:
+    """An engine GPU's device memory while it generates, in GiB: its weight shard and
+    KV cache (:func:`estimate_rollout`: every sequence at full length, capped so that
+    weights + KV cache stay within :data:`HBM_UTILIZATION` of the GPU, vLLM's
+    ``gpu_memory_utilization``) and what the process holds anyway."""
+    return est.state_gib_per_gpu + DEVICE_RESIDENT_GIB
 
 
 def sync_seconds(inter_gib: float, intra_gib: float, net: NetworkConfig) -> float:

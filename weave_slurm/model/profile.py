@@ -41,6 +41,14 @@ class JobProfile:
     # ranks and engines over the nodes above (None: a trace's job, which names no GPUs)
     layout: MemberLayout | None = None
     charge: Charge = NO_CHARGE   # Slurm account and QOS: only equal charges share a group
+    # Device memory per GPU (GiB): the peak while the phase runs on it, and what stays
+    # there once the member is switched out (docs/model.md "Device memory"); 0: not
+    # constrained (a trace's job). colo: both phases on the training GPUs (baseline).
+    rollout_gpu_peak_gib: float = 0.0
+    rollout_gpu_resident_gib: float = 0.0
+    train_gpu_peak_gib: float = 0.0
+    train_gpu_resident_gib: float = 0.0
+    colo_gpu_peak_gib: float = 0.0
 
     # Derived once (placement asks for them millions of times in a long replay).
     solo_s: float = field(init=False, repr=False, compare=False)
@@ -116,17 +124,23 @@ def profile_job(spec: JobSpec, site: SiteConfig, job_id: str | None = None) -> J
     t_state = (meas.train_state_gib if meas.train_state_gib is not None
                else perf.train_state_gib(spec) / layout.train.ranks
                * max(layout.train.ranks_per_node))
+    colo_est = perf.estimate_rollout(spec, tp.gpu, spec.train_gpus, site.model)
     if meas.colo_iter_s is not None:
         colo = meas.colo_iter_s
     else:
-        colo_r = perf.estimate_rollout(spec, tp.gpu, spec.train_gpus, site.model).max_s
-        colo = colo_r + t_max + 2 * site.model.colo_switch_s
+        colo = colo_est.max_s + t_max + 2 * site.model.colo_switch_s
     for role, state, pool in (("rollout", r_state, rp), ("train", t_state, tp)):
         if state > pool.host_mem_gib:
             raise InfeasibleRequest(
                 f"{spec.source}: {role} state of {state:.1f} GiB per node exceeds host_mem_gib="
                 f"{pool.host_mem_gib:g} of pool '{role}' ({pool.partition}); ask for more "
                 f"GPUs per phase ([gpus] {role}) or run on a site with larger nodes")
+    r_gpu = _device(spec, "rollout", meas.rollout_gpu_peak_gib, meas.rollout_gpu_resident_gib,
+                    perf.rollout_gpu_peak_gib(est), site)
+    t_gpu = _device(spec, "train", meas.train_gpu_peak_gib, meas.train_gpu_resident_gib,
+                    perf.train_gpu_peak_gib(spec, layout.train.ranks), site)
+    # one process, phases taking turns on the training GPUs (docs/model.md)
+    colo_gpu = max(t_gpu[0], perf.rollout_gpu_peak_gib(colo_est))
     return JobProfile(
         job_id=job_id or spec.name, slo=spec.slo if spec.slo is not None else site.default_slo,
         rollout_nodes=rollout_nodes, train_nodes=train_nodes,
@@ -135,4 +149,27 @@ def profile_job(spec: JobSpec, site: SiteConfig, job_id: str | None = None) -> J
         rollout_state_gib=r_state, train_state_gib=t_state,
         sync_inter_gib=inter, sync_intra_gib=intra, colo_iter_s=colo, colo_nodes=train_nodes,
         name=spec.name, user=spec.user, staleness=spec.staleness, layout=layout,
-        charge=job_charge(spec, site.slurm))
+        charge=job_charge(spec, site.slurm), rollout_gpu_peak_gib=r_gpu[0],
+        rollout_gpu_resident_gib=r_gpu[1], train_gpu_peak_gib=t_gpu[0],
+        train_gpu_resident_gib=t_gpu[1], colo_gpu_peak_gib=colo_gpu)
+
+
+def _device(spec: JobSpec, role: str, peak: float | None, held: float | None,
+            estimate: float, site: SiteConfig) -> tuple[float, float]:
+    """``(peak, resident)`` per GPU of one role: measured where ``[profile]`` gives them,
+    else the estimates (a resident is never above its peak); InfeasibleRequest if the
+    peak alone does not fit the pool's GPU."""
+    key = f"{role}_gpu_peak_gib"
+    source = "measured" if peak is not None else "estimated"
+    peak = estimate if peak is None else peak
+    held = min(perf.DEVICE_RESIDENT_GIB, peak) if held is None else held
+    peak = max(peak, held)
+    pool = site.rollout if role == "rollout" else site.train
+    if peak > pool.gpu.hbm_gib:
+        more = "GPUs per engine ([gpus] engine)" if role == "rollout" else "training GPUs " \
+            "([gpus] train)"
+        raise InfeasibleRequest(
+            f"{spec.source}: job '{spec.name}': {role} peak {key} = {peak:.1f} GiB per GPU "
+            f"({source}) exceeds hbm_gib={pool.gpu.hbm_gib:g} of the {pool.gpu.name} GPUs of "
+            f"pool '{role}' ({pool.partition}); ask for more {more}")
+    return peak, held

@@ -43,6 +43,7 @@ SWITCH_OUT_ENTRY = "weave_slurm.hosted.switch:switch_out"
 PINNED = "device.pinned"
 STAGING = "device.staging"
 _POLL_S = 0.002
+_LOCK_WAIT_S = 30.0   # a holder's worker lock is held only by short requests
 
 
 class Daemon(Protocol):
@@ -107,7 +108,7 @@ class DeviceTenancy:
                             last.phase.value, incoming)
             return
         lock = d.worker_lock(job_id)
-        if not lock.acquire(timeout=self.timeout_s):
+        if not lock.acquire(timeout=min(self.timeout_s, _LOCK_WAIT_S)):
             log.warning("job %s: its worker is busy; not switched out", job_id)
             return
         start = time.monotonic()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
@@ -24,6 +25,14 @@ class Capacity:
     train_pool_nodes: int
     rates: CostRates
     moves: MoveCost = field(default_factory=MoveCost)  # what moving a running job costs
+    # device memory of one GPU of each pool (GiB; the site's gpu hbm_gib; inf: unchecked)
+    rollout_gpu_mem_gib: float = math.inf
+    train_gpu_mem_gib: float = math.inf
+
+    def fits(self, group: Group) -> bool:
+        """``group.feasible`` under these limits (host memory, device memory, SLOs)."""
+        return group.feasible(self.rollout_mem_gib, self.train_mem_gib,
+                              self.rollout_gpu_mem_gib, self.train_gpu_mem_gib)
 
     @classmethod
     def from_site(cls, site: SiteConfig, max_group_size: int | None = None) -> Capacity:
@@ -32,7 +41,9 @@ class Capacity:
             max_rollout_nodes_per_group=site.limits.max_rollout_nodes_per_group,
             rollout_mem_gib=site.rollout.host_mem_gib, train_mem_gib=site.train.host_mem_gib,
             rollout_pool_nodes=site.rollout.max_nodes, train_pool_nodes=site.train.max_nodes,
-            rates=CostRates.from_site(site), moves=MoveCost.from_site(site))
+            rates=CostRates.from_site(site), moves=MoveCost.from_site(site),
+            rollout_gpu_mem_gib=site.rollout.gpu.hbm_gib,
+            train_gpu_mem_gib=site.train.gpu.hbm_gib)
 
 
 @dataclass(frozen=True)
@@ -136,8 +147,7 @@ def _evacuate(group: Group, node: int, cap: Capacity) -> Group | None:
             pins = tuple(target if p == node else p for p in m.rollout_pins)
             trial = members.copy()
             trial[i] = Member(m.job, pins)
-            if replace_members(group, tuple(trial)).feasible(cap.rollout_mem_gib,
-                                                             cap.train_mem_gib):
+            if cap.fits(replace_members(group, tuple(trial))):
                 members = trial
                 placed = True
                 break

@@ -16,6 +16,7 @@ order. This keeps a decision close to linear in the number of active groups.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -41,6 +42,15 @@ def refuse_if_never_fits(job: JobProfile, cap: Capacity,
     if job.train_state_gib > cap.train_mem_gib:
         reasons.append(f"training state {job.train_state_gib:.1f} GiB per node exceeds the "
                        f"training nodes' host memory ({cap.train_mem_gib:g} GiB)")
+    for what, peak, gpu_mem, pool in (
+            ("rollout", 0.0 if colocated else job.rollout_gpu_peak_gib,
+             cap.rollout_gpu_mem_gib, "rollout"),
+            ("training", job.colo_gpu_peak_gib if colocated else job.train_gpu_peak_gib,
+             cap.train_gpu_mem_gib, "training")):
+        if peak > gpu_mem:
+            reasons.append(f"{what} peak {peak:.1f} GiB per GPU"
+                           f"{' (co-located)' if colocated else ''} exceeds the {pool} GPUs' "
+                           f"memory ({gpu_mem:g} GiB)")
     if not colocated and job.rollout_nodes > cap.rollout_pool_nodes:
         reasons.append(f"needs {job.rollout_nodes} rollout nodes, the pool has "
                        f"{cap.rollout_pool_nodes}")
@@ -65,7 +75,7 @@ def new_group_placement(state: ClusterState, job: JobProfile) -> Placement | Non
 def capacity_refusal(state: ClusterState, job: JobProfile) -> Refusal:
     cap = state.capacity
     return Refusal(job.job_id, (
-        f"no existing group can take it within every member's SLO and host memory, and a "
+        f"no existing group can take it within every member's SLO, host and GPU memory, and a "
         f"new group needs {job.rollout_nodes} rollout + {job.train_nodes} training nodes "
         f"while {cap.rollout_pool_nodes - state.rollout_nodes_used} rollout and "
         f"{cap.train_pool_nodes - state.train_nodes_used} training nodes are free",), retry=True)
@@ -123,6 +133,11 @@ def may_fit(group: Group, job: JobProfile, cap: Capacity, free_t: int) -> bool:
         return False
     if group.train_mem_gib + job.train_state_gib > cap.train_mem_gib + _EPS:
         return False
+    if job.train_gpu_peak_gib:   # every member trains on node 0: its GPU 0 takes them all
+        held, extra = group.train_gpu_parts
+        extra = max(extra, job.train_gpu_peak_gib - job.train_gpu_resident_gib)
+        if held + job.train_gpu_resident_gib + extra > cap.train_gpu_mem_gib + _EPS:
+            return False
     # last: most groups fail a cheaper test first; one account and QOS per group
     return max(0, job.train_nodes - group.train_nodes) <= free_t and may_share(group, job)
 
@@ -151,11 +166,25 @@ def _direct_pins(group: Group, job: JobProfile, cap: Capacity) -> Iterator[tuple
     ok = [n for n in range(group.rollout_nodes)
           if load[n] + job.rollout_max_s <= min(nb[n], job.budget_s) + _EPS
           and mem[n] + job.rollout_state_gib <= cap.rollout_mem_gib + _EPS]
+    if job.rollout_gpu_peak_gib and cap.rollout_gpu_mem_gib < math.inf:
+        ok = [n for n in ok if _gpu_fits(group, job, n, cap.rollout_gpu_mem_gib)]
     if job.rollout_nodes == 1:
         for n in ok:
             yield (n,)
     elif len(ok) >= job.rollout_nodes:
         yield tuple(sorted(sorted(ok, key=lambda n: (load[n], n))[: job.rollout_nodes]))
+
+
+def _gpu_fits(group: Group, job: JobProfile, node: int, gpu_mem_gib: float) -> bool:
+    """Whether rollout node ``node``'s GPUs still fit with ``job`` pinned there too."""
+    held = job.rollout_gpu_resident_gib
+    extra = job.rollout_gpu_peak_gib - held
+    for m in group.members:
+        if node in m.rollout_pins:
+            j = m.job
+            held += j.rollout_gpu_resident_gib
+            extra = max(extra, j.rollout_gpu_peak_gib - j.rollout_gpu_resident_gib)
+    return held + extra <= gpu_mem_gib + _EPS
 
 
 def _with_member(group: Group, job: JobProfile, pins: tuple[int, ...], rollout_nodes: int,
@@ -168,7 +197,7 @@ def _with_member(group: Group, job: JobProfile, pins: tuple[int, ...], rollout_n
     for pos in positions:
         members = (*group.members[:pos], member, *group.members[pos:])
         trial = Group(group.group_id, members, rollout_nodes, train_nodes)
-        if trial.feasible(cap.rollout_mem_gib, cap.train_mem_gib):
+        if cap.fits(trial):
             return trial
     return None
 

@@ -9,6 +9,7 @@ members' tuple order is the cyclic round-robin order on every node.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
@@ -39,6 +40,9 @@ class GroupSchedule:
     train_busy: float
     rollout_mem_gib: tuple[float, ...]  # per rollout node
     train_mem_gib: tuple[float, ...]  # per training node
+    # device memory per GPU of each node in its peak case (Group.rollout_gpu_used_gib)
+    rollout_gpu_mem_gib: tuple[float, ...] = ()
+    train_gpu_mem_gib: tuple[float, ...] = ()
 
     @property
     def max_slowdown(self) -> float:
@@ -95,6 +99,53 @@ class Group:
         return tuple(mem)
 
     @cached_property
+    def rollout_gpu_used_gib(self) -> tuple[float, ...]:
+        """Per rollout node, a GPU's device memory in its peak case: what every member
+        pinned there holds switched out, plus the largest active excess over it (the
+        engines of a node start at GPU 0, so every member pinned there shares GPU 0)."""
+        held = [0.0] * self.rollout_nodes
+        extra = [0.0] * self.rollout_nodes
+        for m in self.members:
+            j = m.job
+            r, x = j.rollout_gpu_resident_gib, j.rollout_gpu_peak_gib - j.rollout_gpu_resident_gib
+            for node in m.rollout_pins:
+                held[node] += r
+                if x > extra[node]:
+                    extra[node] = x
+        return tuple(h + x for h, x in zip(held, extra, strict=True))
+
+    @cached_property
+    def train_gpu_used_gib(self) -> tuple[float, ...]:
+        """Per training node, the same for the members training there (node ``i``: those
+        with more than ``i`` training nodes; local rank 0 is GPU 0 on every node). The
+        co-located baseline's one member: its ``colo_gpu_peak_gib`` on every node."""
+        if self.colocated:
+            return (self.members[0].job.colo_gpu_peak_gib,) * self.train_nodes
+        held = [0.0] * self.train_nodes
+        extra = [0.0] * self.train_nodes
+        for m in self.members:
+            j = m.job
+            r, x = j.train_gpu_resident_gib, j.train_gpu_peak_gib - j.train_gpu_resident_gib
+            for node in range(j.train_nodes):
+                held[node] += r
+                if x > extra[node]:
+                    extra[node] = x
+        return tuple(h + x for h, x in zip(held, extra, strict=True))
+
+    @cached_property
+    def train_gpu_parts(self) -> tuple[float, float]:
+        """``(resident sum, largest active excess)`` on training node 0, which every
+        member trains on (the busiest GPU: placement's O(1) prune adds a newcomer to it)."""
+        if self.colocated:
+            return 0.0, self.members[0].job.colo_gpu_peak_gib
+        held = extra = 0.0
+        for m in self.members:
+            j = m.job
+            held += j.train_gpu_resident_gib
+            extra = max(extra, j.train_gpu_peak_gib - j.train_gpu_resident_gib)
+        return held, extra
+
+    @cached_property
     def node_min_budget_s(self) -> tuple[float, ...]:
         """Smallest member budget among the members pinned to each rollout node."""
         out = [float("inf")] * self.rollout_nodes
@@ -110,11 +161,21 @@ class Group:
             return self.members[0].job.colo_iter_s
         return period(self.members)
 
-    def feasible(self, rollout_mem_gib: float, train_mem_gib: float) -> bool:
-        """Every member within its SLO and every node within its host memory."""
+    def feasible(self, rollout_mem_gib: float, train_mem_gib: float,
+                 rollout_gpu_mem_gib: float = math.inf,
+                 train_gpu_mem_gib: float = math.inf) -> bool:
+        """Every member within its SLO, every node within its host memory and every GPU
+        within its device memory (``*_gpu_mem_gib``: per GPU; inf: not checked)."""
         if any(x > rollout_mem_gib + _EPS for x in self.rollout_mem_used_gib):
             return False
         if self.train_mem_gib > train_mem_gib + _EPS:
+            return False
+        if train_gpu_mem_gib < math.inf:
+            held, extra = self.train_gpu_parts
+            if held + extra > train_gpu_mem_gib + _EPS:
+                return False
+        if rollout_gpu_mem_gib < math.inf and \
+                any(x > rollout_gpu_mem_gib + _EPS for x in self.rollout_gpu_used_gib):
             return False
         p = self.period_s
         return all(p <= m.job.budget_s * (1 + _EPS) + _EPS for m in self.members)
@@ -156,7 +217,8 @@ def evaluate(group: Group) -> GroupSchedule:
         slowdowns=tuple(p / m.job.solo_s for m in members),
         rollout_busy=r_busy / (pe * group.rollout_nodes) if pe > 0 and group.rollout_nodes else 0.0,
         train_busy=t_busy / (pe * group.train_nodes) if pe > 0 and group.train_nodes else 0.0,
-        rollout_mem_gib=tuple(r_mem), train_mem_gib=tuple(t_mem))
+        rollout_mem_gib=tuple(r_mem), train_mem_gib=tuple(t_mem),
+        rollout_gpu_mem_gib=group.rollout_gpu_used_gib, train_gpu_mem_gib=group.train_gpu_used_gib)
 
 
 def _evaluate_colocated(group: Group) -> GroupSchedule:
@@ -166,7 +228,8 @@ def _evaluate_colocated(group: Group) -> GroupSchedule:
     return GroupSchedule(
         period_s=j.colo_iter_s, expected_period_s=j.colo_iter_s,
         slowdowns=(j.colo_iter_s / j.solo_s,), rollout_busy=0.0, train_busy=1.0,
-        rollout_mem_gib=(), train_mem_gib=(j.train_state_gib,) * group.train_nodes)
+        rollout_mem_gib=(), train_mem_gib=(j.train_state_gib,) * group.train_nodes,
+        train_gpu_mem_gib=group.train_gpu_used_gib)
 
 
 def with_profile(group: Group, job: JobProfile) -> Group:

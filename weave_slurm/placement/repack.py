@@ -78,6 +78,6 @@ def _best_group(jobs: tuple[JobProfile, ...], cap: Capacity,
             order = (0, *rest)
             group = Group(group_id, tuple(Member(jobs[i], pins[i]) for i in order),
                           rollout_nodes, train_nodes)
-            if group.feasible(cap.rollout_mem_gib, cap.train_mem_gib):
+            if cap.fits(group):
                 return group
     return None

@@ -63,7 +63,11 @@ def _policy_summary(site: SiteConfig, cap: Capacity, jobs: Sequence[JobProfile],
             "rollout_mean_s": _r(job.rollout_mean_s, 1), "train_s": _r(job.train_max_s, 1),
             "sync_s": _r(job.sync_s, 2), "rollout_nodes": job.rollout_nodes,
             "train_nodes": job.train_nodes, "rollout_state_gib": _r(job.rollout_state_gib, 1),
-            "train_state_gib": _r(job.train_state_gib, 1)})
+            "train_state_gib": _r(job.train_state_gib, 1),
+            "gpu_gib": {"rollout_peak": _r(job.rollout_gpu_peak_gib, 2),
+                        "rollout_resident": _r(job.rollout_gpu_resident_gib, 2),
+                        "train_peak": _r(job.train_gpu_peak_gib, 2),
+                        "train_resident": _r(job.train_gpu_resident_gib, 2)}})
     groups_out = []
     for g in state.groups:
         s = g.schedule
@@ -76,6 +80,9 @@ def _policy_summary(site: SiteConfig, cap: Capacity, jobs: Sequence[JobProfile],
             "train_bubble": _r(1 - s.train_busy),
             "rollout_mem_gib": [_r(x, 1) for x in s.rollout_mem_gib],
             "train_mem_gib": [_r(x, 1) for x in s.train_mem_gib],
+            # per GPU of each node, in its peak case (switched-out residents + one active)
+            "rollout_gpu_mem_gib": [_r(x, 2) for x in s.rollout_gpu_mem_gib],
+            "train_gpu_mem_gib": [_r(x, 2) for x in s.train_gpu_mem_gib],
             "cost_per_hour": _r(cap.rates.rate(g.rollout_nodes, g.train_nodes), 2)})
     r_nodes, t_nodes = state.rollout_nodes_used, state.train_nodes_used
     cost = state.cost_per_hour

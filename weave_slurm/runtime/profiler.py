@@ -191,9 +191,16 @@ def planning_profile(current: JobProfile, declared: JobProfile, measured: Member
     gib = float(1 << 30)
     roll_gib = measured.rollout_state_bytes / gib or current.rollout_state_gib
     train_gib = measured.train_state_bytes / gib or current.train_state_gib
+    # device figures per GPU as the workers measured them (a resident within its peak)
+    r_peak = measured.rollout_gpu_peak_bytes / gib or current.rollout_gpu_peak_gib
+    r_held = measured.rollout_gpu_resident_bytes / gib or current.rollout_gpu_resident_gib
+    t_peak = measured.train_gpu_peak_bytes / gib or current.train_gpu_peak_gib
+    t_held = measured.train_gpu_resident_bytes / gib or current.train_gpu_resident_gib
     new = replace(current, rollout_mean_s=roll_mean, rollout_max_s=roll_max,
                   train_mean_s=train_mean, train_max_s=train_max, sync_s=sync,
-                  rollout_state_gib=roll_gib, train_state_gib=train_gib)
+                  rollout_state_gib=roll_gib, train_state_gib=train_gib,
+                  rollout_gpu_peak_gib=max(r_peak, r_held), rollout_gpu_resident_gib=r_held,
+                  train_gpu_peak_gib=max(t_peak, t_held), train_gpu_resident_gib=t_held)
 
     def moved(a: float, b: float) -> bool:
         return abs(a - b) > tolerance * max(abs(b), 1e-9)
@@ -202,5 +209,9 @@ def planning_profile(current: JobProfile, declared: JobProfile, measured: Member
              (new.rollout_mean_s, current.rollout_mean_s),
              (new.train_mean_s, current.train_mean_s), (new.sync_s, current.sync_s),
              (new.rollout_state_gib, current.rollout_state_gib),
-             (new.train_state_gib, current.train_state_gib))
+             (new.train_state_gib, current.train_state_gib),
+             (new.rollout_gpu_peak_gib, current.rollout_gpu_peak_gib),
+             (new.rollout_gpu_resident_gib, current.rollout_gpu_resident_gib),
+             (new.train_gpu_peak_gib, current.train_gpu_peak_gib),
+             (new.train_gpu_resident_gib, current.train_gpu_resident_gib))
     return new if any(moved(a, b) for a, b in pairs) else None
