@@ -301,3 +301,13 @@ def test_close_stops_the_engine_and_removes_its_files(rollout: JobRunner) -> Non
     _, alive = psutil.wait_procs(engine_procs, timeout=30)
     assert not alive, f"engine processes left: {[p.pid for p in alive]}"
     assert not scratch.exists()
+
+
+def test_the_sleep_level_is_ours_and_checked() -> None:
+    from weave_slurm.workloads.vllm_backend import _sleep_level
+
+    args = engine_args({"engine": {"sleep_level": 1, "enforce_eager": True}})
+    assert _sleep_level(args) == 1 and args == {"enforce_eager": True}   # not vLLM's
+    assert _sleep_level({}) == 2
+    with pytest.raises(ConfigError, match=r"sleep_level: 3 \(valid: 1, 2\)"):
+        _sleep_level({"sleep_level": 3})

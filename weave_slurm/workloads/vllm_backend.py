@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _ENGINE_KEYS = ("gpu_memory_utilization", "kv_cache_memory_bytes", "enforce_eager",
-                "dtype", "tensor_parallel_size")
+                "dtype", "tensor_parallel_size", "sleep_level")
 #: KV cache of the engine on a CPU host when neither ``kv_cache_memory_bytes`` nor
 #: ``gpu_memory_utilization`` is given: vLLM's CPU default reserves 92 % of host memory.
 CPU_KV_CACHE_BYTES = 256 << 20
@@ -122,12 +122,21 @@ def engine_args(options: dict[str, Any], engine_gpus: int | None = None) -> dict
     return out
 
 
+def _sleep_level(args: dict[str, Any]) -> int:
+    """``sleep_level`` of the engine table (ours, not vLLM's: popped), 1 or 2."""
+    level = args.pop("sleep_level", 2)
+    if level not in (1, 2) or isinstance(level, bool):
+        raise ConfigError(f"options.engine.sleep_level: {level!r} (valid: 1, 2)")
+    return int(level)
+
+
 class VllmGrpoJob(GrpoToyJob):
     """:class:`GrpoToyJob` whose rollout runs on a vLLM engine.
 
     Extra option: ``engine`` (``[options.engine]``, formerly ``vllm``: a table of engine
     arguments; allowed keys ``gpu_memory_utilization``, ``kv_cache_memory_bytes``,
-    ``enforce_eager``, ``dtype``, ``tensor_parallel_size``). A rollout gang of ``E``
+    ``enforce_eager``, ``dtype``, ``tensor_parallel_size``, and ours, ``sleep_level``: how
+    the warm switch puts the engine to sleep on CUDA, 1 or 2). A rollout gang of ``E``
     engines is ``E`` instances (context ``world_size`` ``E``, ``rank`` the engine), each
     an engine of ``tensor_parallel_size`` GPUs generating its share of the prompts.
     Call :meth:`close` to stop the engine's processes.
@@ -142,11 +151,13 @@ class VllmGrpoJob(GrpoToyJob):
         self._scratch: Path | None = None
         self._engine_args: dict[str, Any] = {}
         self._sleeps = False          # the engine was started with sleep mode
+        self._sleep_level = 2         # 2: weights dropped (the node's segment has them)
         self._asleep = False
 
     def setup(self, ctx: JobContext) -> None:
         options = dict(ctx.options)
         self._engine_args = engine_args(options, ctx.engine_gpus)
+        self._sleep_level = _sleep_level(self._engine_args)
         if options.get("response_len_max", 0) != 0:
             raise ConfigError(f"options.response_len_max: builtin:grpo-toy-vllm generates "
                               f"fixed-length responses only (valid: 0), got "
@@ -264,11 +275,16 @@ class VllmGrpoJob(GrpoToyJob):
 
     # -- the warm switch (OffloadsDevice) -----------------------------------------------
     def offload_device(self) -> int:
-        """``LLM.sleep(level=2)``: weights and KV cache discarded (the node's ``weights``
-        segment holds them). Sleep mode is CUDA-only: elsewhere nothing is freed."""
-        if self._llm is not None and self._sleeps and not self._asleep:
-            self._llm.sleep(level=2)
-            self._asleep = True
+        """``LLM.sleep(level)`` (``[options.engine] sleep_level``, default 2: weights and
+        KV cache discarded, the node's ``weights`` segment holds them; 1: the weights
+        kept in vLLM's pinned host memory, whose bytes are returned). Sleep mode is
+        CUDA-only: elsewhere nothing is freed."""
+        if self._llm is None or not self._sleeps or self._asleep:
+            return 0
+        self._llm.sleep(level=self._sleep_level)
+        self._asleep = True
+        if self._sleep_level == 1:   # vLLM keeps the weights in pinned host memory
+            return sum(t.numel() * t.element_size() for t in self.policy.parameters())
         return 0
 
     def reload_device(self, weights: Mapping[str, Tensor] | None) -> None:
@@ -277,8 +293,9 @@ class VllmGrpoJob(GrpoToyJob):
         if self._llm is None or not self._asleep:
             return
         self._llm.wake_up(tags=["weights"])
-        self._push(weights.items() if weights is not None
-                   else self.policy.state_dict().items())
+        if self._sleep_level == 2:      # level 1 woke with its own host copy
+            self._push(weights.items() if weights is not None
+                       else self.policy.state_dict().items())
         self._llm.wake_up(tags=["kv_cache"])
         self._asleep = False
 
