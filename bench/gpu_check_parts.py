@@ -120,12 +120,9 @@ def seg_file(directory: Path, tag: str, nbytes: int) -> Iterator[Path]:
 
 
 def drop_cache(path: Path) -> str:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+    from bench.warm_switch import fadvise_drop
+
+    fadvise_drop(path)
     return "fsync+fadvise(DONTNEED)"
 
 

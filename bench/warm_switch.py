@@ -186,13 +186,18 @@ def _drop_cache(path: Path, all_caches: bool) -> str:
             return "drop_caches"
         except OSError:
             pass
+    fadvise_drop(path)
+    return "fadvise"
+
+
+def fadvise_drop(path: Path) -> None:
+    """Write ``path`` out and ask the kernel to forget its cached pages."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
-    return "fadvise"
 
 
 def bench_size(size_gib: float, shm_parent: Path, disk_dir: Path,
