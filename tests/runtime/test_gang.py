@@ -172,7 +172,7 @@ def test_activate_starts_every_rank_in_one_world() -> None:
     for rank, call in enumerate(calls):
         assert {k: v for k, v in call[3].items() if k != "args"} == {
             "job": "j" if rank == 0 else f"j.r{rank}", "phase": "train", "entry": FN,
-            "workdir": "/jobs/j"}
+            "workdir": "/jobs/j", "tenant": "j"}   # one device tenant: the member
         got = _ranked(call)
         assert (got.rank, got.local_rank, got.world_size, got.init_method, got.job_id) == (
             rank, rank % 2, 4, world, "j")

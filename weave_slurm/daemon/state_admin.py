@@ -20,7 +20,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from weave_slurm.daemon.store import SCHEMA_VERSION, Store
+from weave_slurm.daemon.store import SCHEMA_VERSION, Store, one_line
 from weave_slurm.errors import ConfigError, StateError
 
 DB_NAME = "weaved.db"
@@ -81,7 +81,8 @@ def backup(state_dir: Path, out: Path, *, force: bool = False) -> Backup:
             src.backup(dst)
             check = dst.execute("PRAGMA quick_check").fetchone()[0]
             if check != "ok":
-                raise StateError(f"the copy of {str(db)!r} fails quick_check ({check})")
+                raise StateError(f"the copy of {str(db)!r} fails quick_check "
+                                 f"({one_line(check)})")
         version = schema_version(tmp)
         os.replace(tmp, out)
     finally:

@@ -106,6 +106,11 @@ def _parse_state(kind: type[State], value: str) -> State:
     return state_of(StepRunState, value)
 
 
+
+def one_line(check: str) -> str:
+    """SQLite's quick_check report (several problems: several lines) on one line."""
+    return " ".join(str(check).split())
+
 class Store:
     """One SQLite file; thread-safe (one connection behind a lock)."""
 
@@ -131,7 +136,8 @@ class Store:
         # file we refuse must be left exactly as it was found
         check = db.execute("PRAGMA quick_check").fetchone()[0]
         if check != "ok":
-            raise StateError(f"state database {str(self.path)!r} fails quick_check ({check}); "
+            raise StateError(f"state database {str(self.path)!r} fails quick_check "
+                             f"({one_line(check)}); "
                              "restore a backup or move it away to start afresh")
         tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         if not tables:
