@@ -25,6 +25,8 @@ class GateNode:
         self.log, self.name = log, name
         self.waiting: dict[str, dict[str, int]] = {}
         self.state: dict[str, str] = {}
+        self.procs: dict[str, dict[str, Any]] = {}    # job -> role -> {"returncode": rc}
+        self.then: dict[str, tuple[str, dict[str, Any]]] = {}  # after the next read: state, procs
 
     def call(self, op: Op, **args: Any) -> dict[str, Any]:
         job = str(args.get("job", ""))
@@ -33,16 +35,20 @@ class GateNode:
             self.state[job] = "running"
             self.waiting.get(job, {}).pop(str(args.get("phase")), None)
         if op is Op.PHASE:
-            return {"worker": {"state": self.state.get(job, "running"),
-                               "result": {"metrics": {"reward_mean": 0.5}}},
-                    "gate": {"waiting": dict(self.waiting.get(job, {})), "procs": {}}}
+            reply = {"worker": {"state": self.state.get(job, "running"),
+                                "result": {"metrics": {"reward_mean": 0.5}}},
+                     "gate": {"waiting": dict(self.waiting.get(job, {})),
+                              "procs": dict(self.procs.get(job, {}))}}
+            if job in self.then:     # the process moves on between two reads
+                self.state[job], self.procs[job] = self.then.pop(job)
+            return reply
         return {}
 
     def close(self) -> None:
         pass
 
 
-def _setup() -> tuple[GroupRunner, dict[str, GateNode], list[Any], VirtualClock]:
+def _setup(steps: int = 2) -> tuple[GroupRunner, dict[str, GateNode], list[Any], VirtualClock]:
     log: list[tuple[str, Op, dict[str, Any]]] = []
     paths = {"h20-0": Path("/nowhere/r0.sock"), "h20-1": Path("/nowhere/r1.sock"),
              "h800-0": Path("/nowhere/t.sock")}
@@ -52,7 +58,7 @@ def _setup() -> tuple[GroupRunner, dict[str, GateNode], list[Any], VirtualClock]
                           NodeRef("h20-1", Pool.ROLLOUT, paths["h20-1"])),
                          (NodeRef("h800-0", Pool.TRAIN, paths["h800-0"]),))
     clock = VirtualClock()
-    runner = GroupRunner(layout, [MemberSpec("c", steps=2, launch=PLAN)], clock=clock,
+    runner = GroupRunner(layout, [MemberSpec("c", steps=steps, launch=PLAN)], clock=clock,
                          client_factory=lambda p: by_path[p])
     return runner, nodes, log, clock
 
@@ -108,3 +114,28 @@ def test_a_repin_leaves_a_cooperative_member_where_its_process_runs() -> None:
     clock.sleep(0.05)
     runner.tick()
     assert [n for n, _ in _ops(log, Op.ACTIVATE)] == ["h20-0"]
+
+
+def test_a_process_that_ends_right_after_its_last_phase_does_not_fail_it() -> None:
+    """Its last rollout's grant ended and its process exited (status 0) before the
+    runner read that end: the member goes on to train, it is not failed."""
+    runner, nodes, _, clock = _setup(steps=1)
+    runner.tick()
+    member = runner.members["c"]
+    nodes["h800-0"].waiting["c"] = {"train": 0}
+    nodes["h20-0"].waiting["c"] = {"rollout": 0}
+    clock.sleep(0.05)
+    runner.tick()
+    assert member.state is MemberState.ROLLOUT
+    # between the runner's read of its phase and the next read: left its block, ended
+    nodes["h20-0"].then["c"] = ("exited", {"rollout": {"returncode": 0}})
+    for _ in range(3):
+        clock.sleep(0.05)
+        runner.tick()
+    assert member.fault is None and member.state is not MemberState.FAILED, member.error
+    nodes["h800-0"].state["c"] = "exited"
+    nodes["h800-0"].procs["c"] = {"train": {"returncode": 0}}
+    for _ in range(3):
+        clock.sleep(0.05)
+        runner.tick()
+    assert member.version == 1 and member.state is MemberState.DONE, member.error

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from weave_slurm.clock import Clock
 from weave_slurm.errors import VersionMismatch, WeaveError
 from weave_slurm.node.protocol import Op
+from weave_slurm.node.worker import WorkerState
 from weave_slurm.runtime.faults import Fault, FaultKind
 from weave_slurm.runtime.group import MemberState, NodeRef
 from weave_slurm.runtime.lifecycle import Lifecycle
@@ -107,6 +108,7 @@ class _Seen:
     at_s: float = float("-inf")
     waiting: dict[Phase, int] = field(default_factory=dict)
     exited: dict[str, int] = field(default_factory=dict)     # role -> exit status
+    left: set[Phase] = field(default_factory=set)   # its last grant ended (left its block)
 
 
 class Cooperative:
@@ -229,6 +231,10 @@ class Cooperative:
             reply = self.link.call(self.node_of(member, phase), Op.PHASE,
                                    job=member.spec.job_id)
             gate = dict(reply.get("gate") or {})
+            if dict(reply.get("worker") or {}).get("state") == WorkerState.EXITED.value:
+                seen.left.add(phase)
+            else:
+                seen.left.discard(phase)
             version = dict(gate.get("waiting") or {}).get(phase.value)
             if isinstance(version, int):
                 seen.waiting[phase] = version
@@ -260,7 +266,10 @@ class Cooperative:
             return False
         for role, rc in seen.exited.items():
             phase = PHASE_OF[role]
-            holding = phase in member.runs and not member.runs[phase].ended
+            # a process that left its phase's block and then ended (its last phase:
+            # the runner reads that grant's end next) does not hold it
+            holding = phase in member.runs and not member.runs[phase].ended \
+                and phase not in seen.left
             if rc != 0 or holding:
                 self.lc.fail(member, Fault(
                     FaultKind.WORKER_EXITED, self.node_of(member, phase).name, phase, rc,
