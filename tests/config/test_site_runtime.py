@@ -71,3 +71,14 @@ def test_transfer_config_in_code_is_checked_too() -> None:
         TransferConfig("ib")
     with pytest.raises(ConfigError, match="sync_mode 'x': valid: full, delta"):
         TransferConfig("twotier", mode="x")
+
+
+def test_device_switch_is_read_and_checked() -> None:
+    from weave_slurm.runtime.member import RunnerConfig
+
+    assert parse_site(MINIMAL).runtime.device_switch == "auto"
+    site = parse_site(MINIMAL + "[runtime]\ndevice_switch = 'off'\n")
+    assert RunnerConfig.from_site(site.runtime).device_switch == "off"
+    with pytest.raises(ConfigError,
+                       match=r"runtime.device_switch. = .gpu.: valid choices: auto, off, on"):
+        parse_site(MINIMAL + "[runtime]\ndevice_switch = 'gpu'\n")
