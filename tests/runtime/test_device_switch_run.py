@@ -119,8 +119,8 @@ def test_engines_that_sleep_are_woken_with_the_nodes_weights(fleet: NodeFleet,
         device = node_status(rollout.socket_path)["device"]
         assert int(device["switched"]) - r0 >= 2 * STEPS - 1, device
         out = device["last"]["switches"][0]
-        assert out["role"] == "rollout" and out["host_bytes"] == (0 if level == 2
-                                                                  else out["moved_bytes"])
+        assert out["role"] == "rollout"     # level 1 keeps the weights on the host
+        assert (out["host_bytes"] > 0) if level == 1 else (out["host_bytes"] == 0), out
         # the member switched out last on the training node: its offload is charged
         status = node_status(train.socket_path)
         held = status["device"]["last"]

@@ -3,9 +3,10 @@
 Per GPU, a member that is switched out still holds its CUDA context, NCCL's buffers
 and whatever the caching allocator keeps; the member that runs holds its peak. A
 worker measures both on a CUDA device: the allocator's ``memory_reserved`` and its
-peak since the phase began, ``mem_get_info`` for the device as a whole, and, where
-NVML answers (``pynvml``), the bytes the driver accounts to this process (context and
-NCCL included). On a CPU device there is nothing to measure (``None``).
+peak since the phase began and, where NVML answers (``pynvml``), the bytes the driver
+accounts to this process (context and NCCL included). ``mem_get_info`` counts every
+process on the GPU, so it cannot give one member's figure. On a CPU device there is
+nothing to measure (``None``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -24,24 +24,14 @@ from weave_slurm.device.hostmem import is_cuda
 class Footprint:
     """One device's figures for this process, in bytes."""
 
-    allocated_bytes: int
     reserved_bytes: int
     peak_reserved_bytes: int
-    free_bytes: int
-    total_bytes: int
     process_bytes: int | None     # NVML: everything the driver accounts to this pid
 
     @property
     def held_bytes(self) -> int:
         """The best figure of what this process holds: NVML's, else the allocator's."""
         return self.process_bytes if self.process_bytes is not None else self.reserved_bytes
-
-    def to_json(self) -> dict[str, Any]:
-        return {"allocated_bytes": self.allocated_bytes,
-                "reserved_bytes": self.reserved_bytes,
-                "peak_reserved_bytes": self.peak_reserved_bytes,
-                "free_bytes": self.free_bytes, "total_bytes": self.total_bytes,
-                "process_bytes": self.process_bytes}
 
 
 def _initialized() -> bool:
@@ -59,9 +49,7 @@ def measure(device: str) -> Footprint | None:
     if not is_cuda(device) or not _initialized():
         return None
     i = _index(device)
-    free, total = torch.cuda.mem_get_info(i)
-    return Footprint(torch.cuda.memory_allocated(i), torch.cuda.memory_reserved(i),
-                     torch.cuda.max_memory_reserved(i), int(free), int(total),
+    return Footprint(torch.cuda.memory_reserved(i), torch.cuda.max_memory_reserved(i),
                      nvml_process_bytes(i))
 
 

@@ -66,9 +66,6 @@ class HostRegistry:
     def registered_bytes(self) -> int:
         return sum(r.nbytes for r in self._ranges.values())
 
-    def is_registered(self, storage: torch.UntypedStorage) -> bool:
-        return storage.data_ptr() in self._ranges
-
     def register(self, storage: torch.UntypedStorage) -> bool:
         ptr, nbytes = storage.data_ptr(), storage.nbytes()
         if ptr in self._ranges:

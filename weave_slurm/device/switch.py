@@ -33,6 +33,7 @@ import torch
 
 from weave_slurm.device.hostmem import Copier, HostRegistry, is_cuda
 from weave_slurm.errors import StateError
+from weave_slurm.node.segments import dtype_name
 from weave_slurm.vocab import member_of
 from weave_slurm.workloads.api import OffloadsDevice, SwitchesDevice
 
@@ -115,6 +116,7 @@ class DeviceSwitch:
         self._moved: list[tuple[str, torch.Tensor, torch.Size, torch.dtype]] = []
         self._own_out = False
         self.host_bytes = 0      # held by the job's own offload (pinned, outside shm)
+        self._pinned: torch.UntypedStorage | None = None   # its registered host mapping
 
     @property
     def active(self) -> bool:
@@ -156,8 +158,7 @@ class DeviceSwitch:
         return out
 
     def layout(self, tensors: Mapping[str, torch.Tensor]) -> Layout:
-        return [(k, str(t.dtype).removeprefix("torch."), tuple(t.shape))
-                for k, t in tensors.items()]
+        return [(k, dtype_name(t.dtype), tuple(t.shape)) for k, t in tensors.items()]
 
     def held_bytes(self) -> int:
         """Device bytes the job's tensors hold now (0 once switched out)."""
@@ -168,13 +169,23 @@ class DeviceSwitch:
         return sum(t.numel() * t.element_size() for t in self.tensors().values())
 
     def _pin(self, storage: torch.UntypedStorage | None) -> tuple[bool, float]:
-        """Register the host side (CUDA devices only); whether it is pinned, and the
-        seconds that took (not counted in the copy's)."""
+        """Register the host side (CUDA devices only) and keep it registered; a new
+        mapping (the segment was replaced) releases the old. Whether it is pinned, and
+        the seconds that took (not counted in the copy's)."""
         if storage is None or not is_cuda(self.device):
             return False, 0.0
+        if self._pinned is not None and self._pinned.data_ptr() != storage.data_ptr():
+            self.release()
         start = time.perf_counter()
         pinned = self.registry.register(storage)
+        self._pinned = storage if pinned else None
         return pinned, time.perf_counter() - start
+
+    def release(self) -> None:
+        """Unpin its host mapping (replaced, or the instance is gone)."""
+        if self._pinned is not None:
+            self.registry.unregister(self._pinned)
+            self._pinned = None
 
     # -- out --------------------------------------------------------------------------
     def out(self, tensors: Mapping[str, torch.Tensor], views: Mapping[str, torch.Tensor],

@@ -43,9 +43,7 @@ is one JSON string (:class:`~weave_slurm.hosted.contract.PhaseArgs`).
 from __future__ import annotations
 
 import logging
-import os
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from weave_slurm.errors import StateError, VersionMismatch, WeaveError
@@ -140,10 +138,7 @@ def _owner(ctx: PhaseContext, args: PhaseArgs) -> JobRef:
 def _client() -> NodeClient:
     from weave_slurm.node.client import NodeClient
 
-    socket_path = os.environ.get("WEAVE_NODE_SOCKET")
-    if not socket_path:
-        raise StateError("WEAVE_NODE_SOCKET is not set: phases run under a node daemon")
-    return NodeClient(Path(socket_path))
+    return NodeClient.from_env()
 
 
 def _segment(ctx: PhaseContext, name: str) -> Any:

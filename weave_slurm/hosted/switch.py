@@ -17,10 +17,8 @@ Checkpoints skip scratch segments (:func:`~weave_slurm.node.index.is_scratch`).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from weave_slurm.device import footprint
@@ -31,12 +29,9 @@ from weave_slurm.node.index import SCRATCH_KEY, scratch_name
 from weave_slurm.workloads.api import JobRunner, Role
 
 if TYPE_CHECKING:
-    from torch import Tensor, UntypedStorage
+    from torch import Tensor
 
     from weave_slurm.node.resident import PhaseContext
-
-#: what the node daemon activates to switch a job's worker out
-SWITCH_OUT_ENTRY = "weave_slurm.hosted.switch:switch_out"
 
 _REGISTRY = HostRegistry()
 _COPIERS: dict[str, Copier] = {}     # one staging buffer per device in this worker
@@ -46,14 +41,7 @@ _COPIERS: dict[str, Copier] = {}     # one staging buffer per device in this wor
 class _Tracked:
     runner: JobRunner
     switch: DeviceSwitch
-    scratch: UntypedStorage | None = None    # the mapping registered for its switches
     resident: int | None = None     # device bytes it kept after its last switch-out
-
-    def release(self) -> None:
-        """Unpin its scratch mapping (replaced, or the instance is gone)."""
-        if self.scratch is not None:
-            _REGISTRY.unregister(self.scratch)
-            self.scratch = None
 
 
 _TRACKED: dict[tuple[str, Role], _Tracked] = {}
@@ -65,7 +53,7 @@ def track(job_id: str, role: Role, runner: JobRunner, mode: str) -> DeviceSwitch
     held = _TRACKED.get(key)
     if held is None or held.runner is not runner:
         if held is not None:
-            held.release()
+            held.switch.release()
         device = runner.context.device
         copier = _COPIERS.setdefault(device, Copier(device))
         held = _TRACKED[key] = _Tracked(runner, DeviceSwitch(
@@ -78,7 +66,7 @@ def track(job_id: str, role: Role, runner: JobRunner, mode: str) -> DeviceSwitch
 def forget(job_id: str, role: Role) -> None:
     held = _TRACKED.pop((job_id, role), None)
     if held is not None:
-        held.release()
+        held.switch.release()
 
 
 def phase_begins(job_id: str, role: Role) -> None:
@@ -97,9 +85,11 @@ def figures(job_id: str, role: Role) -> dict[str, int]:
     if held is None or not held.switch.active:
         return {}
     fp = footprint.measure(held.switch.device)
-    peak = held.switch.held_bytes() if fp is None else max(fp.peak_reserved_bytes,
-                                                          fp.held_bytes)
-    out = {"device_peak_bytes": peak}
+    out: dict[str, int] = {}
+    if fp is not None:
+        out["device_peak_bytes"] = max(fp.peak_reserved_bytes, fp.held_bytes)
+    elif not held.switch.own:      # no allocator to ask: the tensors' own bytes
+        out["device_peak_bytes"] = held.switch.held_bytes()
     if held.resident is not None:
         out["device_resident_bytes"] = held.resident
     return out
@@ -124,16 +114,7 @@ def switch_in(ctx: PhaseContext, role: Role,
     if seg is None:
         raise StateError(f"job {ctx.job.job_id}: its switched-out {role.value} state "
                          f"(segment {scratch_name(role.value)!r}) is gone from this node")
-    _pin(held, seg.storage)
     return sw.into(seg.tensors, seg.storage).to_json()
-
-
-def _pin(held: _Tracked, storage: UntypedStorage) -> None:
-    """Keep one mapping of the instance's scratch registered: a new one (the segment
-    was replaced) releases the old."""
-    if held.scratch is not None and held.scratch.data_ptr() != storage.data_ptr():
-        held.release()
-    held.scratch = storage
 
 
 def switch_out(ctx: PhaseContext) -> dict[str, Any]:
@@ -154,11 +135,10 @@ def switch_out(ctx: PhaseContext) -> dict[str, Any]:
         seg = ctx.state.get(name)
         if seg is None or [(e.name, e.dtype, tuple(e.shape)) for e in seg.index.tensors] \
                 != sw.layout(tensors):
-            held.release()
+            sw.release()                        # its old mapping, if any, is replaced
             _put_scratch(ctx, name, tensors)   # the first time: an ordinary put
             report = sw.out(tensors, {}, None, copied=True)
         else:
-            _pin(held, seg.storage)
             report = sw.out(tensors, seg.tensors, seg.storage)
         reports.append({"role": role.value, "segment": name, **report.to_json()})
     for (job_id, _), held in _TRACKED.items():   # what each keeps there while out
@@ -174,8 +154,5 @@ def switch_out(ctx: PhaseContext) -> dict[str, Any]:
 def _put_scratch(ctx: PhaseContext, name: str, tensors: Mapping[str, Tensor]) -> None:
     from weave_slurm.node.client import NodeClient
 
-    socket_path = os.environ.get("WEAVE_NODE_SOCKET")
-    if not socket_path:
-        raise StateError("WEAVE_NODE_SOCKET is not set: phases run under a node daemon")
-    with NodeClient(Path(socket_path)) as client:
+    with NodeClient.from_env() as client:
         client.put_state(ctx.job, name, tensors, 0, extra={SCRATCH_KEY: True})

@@ -9,6 +9,7 @@ commit it (see ``staging``).
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -33,6 +34,14 @@ class NodeClient(LineClient):
 
     def __init__(self, socket_path: Path, timeout_s: float = 120.0) -> None:
         super().__init__(socket_path, timeout_s)
+
+    @classmethod
+    def from_env(cls) -> NodeClient:
+        """The node daemon a phase runs under (``WEAVE_NODE_SOCKET``, set by the daemon)."""
+        socket_path = os.environ.get("WEAVE_NODE_SOCKET")
+        if not socket_path:
+            raise StateError("WEAVE_NODE_SOCKET is not set: phases run under a node daemon")
+        return cls(Path(socket_path))
 
     def call(self, op: Op, **args: Any) -> dict[str, Any]:
         """Send one request; return its result or raise the error it names."""

@@ -47,7 +47,7 @@ from weave_slurm.node.staging import StagingArea
 from weave_slurm.node.startup import StartupReport, recover_store
 from weave_slurm.node.status_view import node_status
 from weave_slurm.node.tenancy import DeviceTenancy
-from weave_slurm.node.worker import PhaseWorker, WorkerKind, worker_env
+from weave_slurm.node.worker import PhaseWorker, WorkerKind, job_segments, worker_env
 from weave_slurm.vocab import Phase
 
 if TYPE_CHECKING:
@@ -345,8 +345,7 @@ class NodeDaemon:
             raise ConfigError(f"activate of {job.job_id}: 'env' must be an object")
         with self.worker_lock(job.job_id):
             self._refuse_if_running(job)
-            segments = {s.name: s.seg_path for s in self.store.list_segments(job)
-                        if s.index is not None}
+            segments = job_segments(self.store, job)
             env = worker_env(self.store, job, phase, self.config.socket, segments)
             env = {**{str(k): str(v) for k, v in extra.items()}, **env}
             if request.args.get("entry") is not None:

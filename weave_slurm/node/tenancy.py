@@ -3,8 +3,8 @@
 Every resident activation names its **tenant** (the member it serves: a gang's ranks
 and engines on one node share their job's tenant). Before a phase of one tenant
 starts, :meth:`DeviceTenancy.make_room` runs the switch-out entry
-(:data:`~weave_slurm.hosted.switch.SWITCH_OUT_ENTRY`) in the resident worker of every
-job of another tenant whose last phase reported device memory held
+(:data:`SWITCH_OUT_ENTRY`: :func:`weave_slurm.hosted.switch.switch_out`) in the
+resident worker of every job of another tenant whose last phase reported device memory held
 (``device_held_bytes`` in its result) and waits for it, so that the incoming phase
 finds the GPUs free. The same tenant running again moves nothing.
 
@@ -30,10 +30,10 @@ from typing import Any, Protocol
 from weave_slurm.errors import WeaveError
 from weave_slurm.node.budget import MemoryBudget
 from weave_slurm.node.index import JobRef
-from weave_slurm.node.pool import ResidentPool
+from weave_slurm.node.pool import ResidentPool, ResidentState
 from weave_slurm.node.registry import JobRegistry
 from weave_slurm.node.segments import SegmentStore
-from weave_slurm.node.worker import WorkerState, worker_env
+from weave_slurm.node.worker import WorkerState, job_segments, worker_env
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ class DeviceTenancy:
             return
         ref = record.job
         last = pool.last(ref)
-        alive = (pool.status(ref) or {}).get("worker_state") == "idle"
+        alive = (pool.status(ref) or {}).get("worker_state") == ResidentState.IDLE.value
         if last is None or not alive or not _holds(last.result) \
                 or last.state is not WorkerState.EXITED:
             if last is not None and last.state is WorkerState.RUNNING:
@@ -113,8 +113,7 @@ class DeviceTenancy:
             return
         start = time.monotonic()
         try:
-            segments = {s.name: s.seg_path for s in d.store.list_segments(ref)
-                        if s.index is not None}
+            segments = job_segments(d.store, ref)
             env = worker_env(d.store, ref, last.phase, self.socket_path, segments)
             try:
                 act = pool.activate(ref, last.phase, {

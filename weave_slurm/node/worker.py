@@ -66,6 +66,11 @@ class WorkerStatus:
                 "started_s": self.started_s, "log_path": self.log_path}
 
 
+def job_segments(store: SegmentStore, job: JobRef) -> dict[str, Path]:
+    """The job's segments an activation hands its worker: those with an index."""
+    return {s.name: s.seg_path for s in store.list_segments(job) if s.index is not None}
+
+
 def worker_env(store: SegmentStore, job: JobRef, phase: Phase, socket_path: Path,
                segments: Mapping[str, Path]) -> dict[str, str]:
     return {
