@@ -58,6 +58,14 @@ def test_member_spec_of_a_job_stored_before_layouts_is_one_rank() -> None:
     assert spec.placed_ranks() == ((0, range(1)),)
 
 
+def test_member_spec_takes_the_turns_placement_planned() -> None:
+    assert member_spec(_job(WIDE), GROUP).turns == 1
+    spec = member_spec(_job(job_spec_toml("x"), profile=simple_profile("9", 4.0, 6.0, 2.0)),
+                       GroupRow(1, "1", GroupState.ACTIVE, GroupPlan(
+                           3, 1, (MemberPlan(9, (1,), 3),)), 0.0, ""))
+    assert spec.turns == 3 and spec.rollout_pins == (1,)
+
+
 def test_a_layout_that_does_not_match_the_nodes_is_refused() -> None:
     spec = member_spec(_job(WIDE), GroupRow(1, "1", GroupState.ACTIVE, GroupPlan(
         3, 2, (MemberPlan(9, (0,)),)), 0.0, ""))

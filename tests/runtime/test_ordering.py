@@ -1,9 +1,9 @@
-"""The pure decisions: cyclic work-conserving order, hung-phase deadlines, profiling."""
+"""The pure decisions: cyclic order (of turns), hung-phase deadlines, profiling."""
 
 from __future__ import annotations
 
 from weave_slurm.runtime.group import DeclaredProfile
-from weave_slurm.runtime.ordering import next_member, phase_deadline_s
+from weave_slurm.runtime.ordering import next_member, next_slot, phase_deadline_s, turn_slots
 from weave_slurm.runtime.profiler import LiveProfiler
 from weave_slurm.vocab import Phase
 
@@ -19,6 +19,28 @@ def test_work_conserving_skips_a_member_that_is_not_ready() -> None:
     assert next_member(["a", "b", "c"], "a", {"c", "a"}) == "c"
     assert next_member(["a", "b", "c"], "a", set()) is None
     assert next_member([], None, {"a"}) is None
+
+
+def test_a_member_with_several_turns_appears_that_often_spread_over_the_cycle() -> None:
+    assert turn_slots(["a", "b"], [1, 1]) == ("a", "b")
+    assert turn_slots(["a", "b"], [1, 2]) == ("b", "a", "b")
+    assert turn_slots(["a", "b", "c"], [1, 3, 1]) == ("b", "a", "b", "c", "b")
+    # work-conserving over the places: the next ready member after the last place
+    slots = ("b", "a", "b")
+    assert next_slot(slots, 0, {"a", "b"}) == 1
+    assert next_slot(slots, 1, {"a", "b"}) == 2
+    assert next_slot(slots, 2, {"a", "b"}) == 0
+    assert next_slot(slots, 0, {"b"}) == 2
+    assert next_slot(slots, 7, {"a"}) == 1          # a stale place starts at the head
+
+
+def test_in_turn_order_a_pool_waits_for_the_next_turns_member() -> None:
+    slots = ("b", "a", "b")
+    # a's turn is next and a is cycling: b is ready but the pool waits for a
+    assert next_slot(slots, 0, {"b"}, cycling={"a", "b"}) is None
+    assert next_slot(slots, 0, {"a", "b"}, cycling={"a", "b"}) == 1
+    # a member not cycling (recovering, done) is passed over
+    assert next_slot(slots, 0, {"b"}, cycling={"b"}) == 2
 
 
 def test_deadline_from_measured_then_declared_with_floor() -> None:

@@ -5,6 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from weave_slurm.errors import ConfigError
 from weave_slurm.node.protocol import Op
 from weave_slurm.runtime.group import GroupLayout, MemberSpec, MemberState, NodeRef
 from weave_slurm.runtime.runner import GroupRunner, RunnerConfig
@@ -82,3 +85,28 @@ def test_leave_drops_the_member_on_every_node() -> None:
         {("h20-0", Op.DROP), ("h800-0", Op.DROP)}
     assert ex.members["a"].state is MemberState.CANCELLED
     assert ex.finished
+
+
+def test_members_taking_turns_train_in_turn_order() -> None:
+    log: list[tuple[str, Op, str]] = []
+    paths = (Path("/nowhere/r0.sock"), Path("/nowhere/r1.sock"), Path("/nowhere/t.sock"))
+    nodes = {p: FakeNode(log, p.stem) for p in paths}
+    layout = GroupLayout((NodeRef("h20-0", Pool.ROLLOUT, paths[0]),
+                          NodeRef("h20-1", Pool.ROLLOUT, paths[1])),
+                         (NodeRef("h800-0", Pool.TRAIN, paths[2]),))
+    plain = GroupRunner(layout, [MemberSpec("a", rollout_pins=(0,)),
+                                 MemberSpec("b", rollout_pins=(1,))], clock=FakeClock(),
+                        client_factory=lambda p: nodes[p])
+    assert plain.lifecycle.turn_order == ("a", "b") and plain.lifecycle.cycling() is None
+    ex = GroupRunner(layout, [MemberSpec("a", rollout_pins=(0,)),
+                              MemberSpec("b", rollout_pins=(1,), turns=2)], clock=FakeClock(),
+                     client_factory=lambda p: nodes[p])
+    assert ex.lifecycle.turn_order == ("b", "a", "b")
+    assert ex.lifecycle.cycling() == set()        # both still starting: nobody waited for
+    for job in ("a", "b"):
+        ex.members[job].state = MemberState.READY
+    assert ex.lifecycle.cycling() == {"a", "b"}
+    ex.lifecycle.set_turns("b", 1)                 # a re-plan gave b one turn again
+    assert ex.lifecycle.turn_order == ("a", "b") and ex.lifecycle.cycling() is None
+    with pytest.raises(ConfigError, match=r"turns=0; valid: 1\.\.16"):
+        ex.lifecycle.set_turns("b", 0)

@@ -120,7 +120,7 @@ def test_trace_generate_round_trips(tmp_path: Path) -> None:
 def test_a_moved_job_keeps_the_progress_it_made_before_the_move() -> None:
     # Every re-plan moves jobs between groups; without a pause (no restart, a link so
     # fast the copy takes no time) each job's work must be exactly the sum over its
-    # segments of time / period.
+    # segments of time x turns / period.
     trace = load_trace(SMALL)
     opts = ReplayOptions(accounting=Accounting.CONSISTENT, migration_s=0.0)
     cap = replace(_cap(), moves=MoveCost(1e15, 1e15, restart_s=0.0, repin_restart_s=0.0))
@@ -130,6 +130,6 @@ def test_a_moved_job_keeps_the_progress_it_made_before_the_move() -> None:
     for seg in res.segments:
         for m in seg.group.members:
             progress[m.job.job_id] = progress.get(m.job.job_id, 0.0) + (
-                seg.end_s - seg.start_s) / seg.group.schedule.expected_period_s
+                seg.end_s - seg.start_s) * m.turns / seg.group.schedule.expected_period_s
     for job_id, done in progress.items():
         assert done == pytest.approx(res.runs[job_id].work, rel=1e-9)

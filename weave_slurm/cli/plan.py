@@ -61,12 +61,13 @@ def plan(
 def render(s: dict[str, Any], console: Console) -> None:
     cur = s["currency"]
     jobs = Table(title=f"Jobs ({s['policy']} placement on site '{s['site']}')")
-    for col in ("JOB", "USER", "GROUP", "ADMISSION", "SOLO s", "SLOWDOWN/SLO", "R/T NODES"):
-        jobs.add_column(col, justify="right" if col.endswith(("s", "SLO")) else "left")
+    for col in ("JOB", "USER", "GROUP", "ADMISSION", "SOLO s", "TURNS", "SLOWDOWN/SLO",
+                "R/T NODES"):
+        jobs.add_column(col, justify="right" if col.endswith(("s", "SLO", "TURNS")) else "left")
     for j in s["jobs"]:
         mark = "" if j["within_slo"] else " [red]VIOLATED[/red]"
         jobs.add_row(j["job"], j["user"], str(j["group"]), j["admission"], f"{j['solo_s']:.0f}",
-                     f"{j['slowdown']:.2f}/{j['slo']:.2f}{mark}",
+                     str(j["turns"]), f"{j['slowdown']:.2f}/{j['slo']:.2f}{mark}",
                      f"{j['rollout_nodes']}/{j['train_nodes']}")
     console.print(jobs)
     groups = Table(title="Groups")

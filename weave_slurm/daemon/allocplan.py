@@ -119,7 +119,7 @@ def normalized(plan: GroupPlan, allocs: Sequence[AllocRow]) -> GroupPlan:
     if all(old == new for old, new in remap.items()):
         return plan
     return GroupPlan(plan.rollout_nodes, plan.train_nodes, tuple(
-        MemberPlan(m.job_id, tuple(remap.get(p, p) for p in m.rollout_pins))
+        MemberPlan(m.job_id, tuple(remap.get(p, p) for p in m.rollout_pins), m.turns)
         for m in plan.members))
 
 

@@ -103,9 +103,9 @@ def member_spec(job: JobRow, group: GroupRow, pins: tuple[int, ...] | None = Non
     training nodes are the group's first ``layout.train.nodes`` training nodes (those
     ``driver.job_nodes`` names), its engines sit on its pins in order."""
     spec = parse_job(job.spec, job.source)
+    planned = next((m for m in group.plan.members if m.job_id == job.job_id), None)
     if pins is None:
-        pins = next((m.rollout_pins for m in group.plan.members if m.job_id == job.job_id),
-                    (0,))
+        pins = planned.rollout_pins if planned is not None else (0,)
     layout = job.profile.layout   # None: stored by a weaved before layouts (one rank)
     train = tuple(range(layout.train.nodes if layout is not None else 1))
     files = _files(job, spec)
@@ -114,6 +114,7 @@ def member_spec(job: JobRow, group: GroupRow, pins: tuple[int, ...] | None = Non
                       staleness=spec.staleness, uid=job.uid, workdir=spec.workdir,
                       python=spec.python, pythonpath=spec.pythonpath,
                       output=files[0], error=files[1], rollout_pins=tuple(pins) or (0,),
+                      turns=planned.turns if planned is not None else 1,
                       train_nodes=train, layout=layout,
                       launch=plan_for(spec, str(job.job_id), job.uid),
                       declared=DeclaredProfile(job.profile.rollout_mean_s or None,
@@ -232,6 +233,8 @@ class GroupRuntime:
             current = member.repin if member.repin is not None else member.rollout_nodes
             if tuple(runner.layout.rollout[p] for p in pins) != current:
                 runner.repin(str(m.job_id), pins)
+            if member.spec.turns != m.turns:
+                runner.lifecycle.set_turns(str(m.job_id), m.turns)
         keep, used = {n for _, n in target}, runner.nodes_in_use()
         idle = [r.name for r in runner.layout.rollout if r.name not in keep | used]
         if idle and len(idle) < len(runner.layout.rollout):

@@ -38,8 +38,8 @@ def plan_of(group: Group, before: GroupPlan | None = None,
     group), its node indices named as slots (see module doc)."""
     slot = _slots_for(group, before, allocs)
     plan = GroupPlan(group.rollout_nodes, group.train_nodes,
-                     tuple(MemberPlan(int(m.job.job_id), tuple(slot[p] for p in m.rollout_pins))
-                           for m in group.members))
+                     tuple(MemberPlan(int(m.job.job_id), tuple(slot[p] for p in m.rollout_pins),
+                                      m.turns) for m in group.members))
     return allocplan.normalized(plan, allocs)
 
 
@@ -80,7 +80,7 @@ def group_model(row: GroupRow, jobs: Mapping[int, JobRow],
     ``allocs``: its allocation rows (without them it sees the pinned nodes only)."""
     index = {s: i for i, s in enumerate(node_slots(row.plan, allocs))}
     members = tuple(Member(jobs[m.job_id].plan_profile.with_id(str(m.job_id)),
-                           tuple(index[p] for p in m.rollout_pins))
+                           tuple(index[p] for p in m.rollout_pins), m.turns)
                     for m in row.plan.members
                     if m.job_id in jobs and jobs[m.job_id].state.value in _LIVE)
     if not members:

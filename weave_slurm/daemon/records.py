@@ -61,6 +61,7 @@ class JobRow:
 class MemberPlan:
     job_id: int
     rollout_pins: tuple[int, ...]
+    turns: int = 1   # iterations per meta-iteration (placement.group.Member.turns)
 
 
 @dataclass(frozen=True)
@@ -73,14 +74,16 @@ class GroupPlan:
 
     def to_json(self) -> str:
         return json.dumps({"rollout_nodes": self.rollout_nodes, "train_nodes": self.train_nodes,
-                           "members": [{"job": m.job_id, "pins": list(m.rollout_pins)}
+                           "members": [{"job": m.job_id, "pins": list(m.rollout_pins),
+                                        **({"turns": m.turns} if m.turns != 1 else {})}
                                        for m in self.members]})
 
     @classmethod
     def from_json(cls, text: str) -> GroupPlan:
         raw: dict[str, Any] = json.loads(text)
         return cls(int(raw["rollout_nodes"]), int(raw["train_nodes"]),
-                   tuple(MemberPlan(int(m["job"]), tuple(int(p) for p in m["pins"]))
+                   tuple(MemberPlan(int(m["job"]), tuple(int(p) for p in m["pins"]),
+                                    int(m.get("turns", 1)))
                          for m in raw["members"]))
 
     @property

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from weave_slurm.model.profile import JobProfile
 from weave_slurm.placement.cluster import ClusterState, apply
 from weave_slurm.placement.decision import Decision, Placement, Refusal
+from weave_slurm.placement.engine import WeavePolicy
 from weave_slurm.placement.policy import Policy
 
 Ordering = Callable[[JobProfile], tuple[float, str]]
@@ -49,11 +50,19 @@ def _place(policy: Policy, state: ClusterState,
     return state, decisions
 
 
+def together(policy: Policy) -> Policy:
+    """The policy for jobs placed together: weave's lets joins take turns
+    (:meth:`~weave_slurm.placement.engine.WeavePolicy.together`); others as they are."""
+    return policy.together() if isinstance(policy, WeavePolicy) else policy
+
+
 def batch_outcomes(policy: Policy, state: ClusterState, jobs: Sequence[JobProfile],
                    ordered: bool = True) -> list[BatchResult]:
     """One outcome per order of the portfolio (only the arrival order if not ``ordered``),
     in the portfolio's order; decisions in the order of ``jobs``."""
     orderings = ORDERINGS if ordered and len(jobs) > 1 else (None,)
+    if len(jobs) > 1:
+        policy = together(policy)
     out = []
     for key in orderings:
         order = list(jobs) if key is None else sorted(jobs, key=key)

@@ -107,7 +107,10 @@ def replace_members(group: Group, members: tuple[Member, ...]) -> Group:
     """A group with new members, releasing rollout nodes nobody is pinned to."""
     used = sorted({p for m in members for p in m.rollout_pins})
     remap = {old: new for new, old in enumerate(used)}
-    members = tuple(Member(m.job, tuple(remap[p] for p in m.rollout_pins)) for m in members)
+    # Turns relative to each other: a member left alone takes one turn again.
+    common = math.gcd(*(m.turns for m in members)) if members else 1
+    members = tuple(Member(m.job, tuple(remap[p] for p in m.rollout_pins),
+                           m.turns // common) for m in members)
     return Group(group.group_id, members, rollout_nodes=len(used),
                  train_nodes=max(m.job.train_nodes for m in members),
                  colocated=group.colocated)
@@ -146,7 +149,7 @@ def _evacuate(group: Group, node: int, cap: Capacity) -> Group | None:
                 continue
             pins = tuple(target if p == node else p for p in m.rollout_pins)
             trial = members.copy()
-            trial[i] = Member(m.job, pins)
+            trial[i] = Member(m.job, pins, m.turns)
             if cap.fits(replace_members(group, tuple(trial))):
                 members = trial
                 placed = True

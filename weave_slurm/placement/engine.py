@@ -24,8 +24,8 @@ from weave_slurm.model.profile import JobProfile
 from weave_slurm.placement.cluster import Capacity, ClusterState
 from weave_slurm.placement.constraints import may_share
 from weave_slurm.placement.decision import Admission, Decision, Placement, Refusal
-from weave_slurm.placement.group import Group, Member, solo_group
-from weave_slurm.placement.repack import best_group
+from weave_slurm.placement.group import Group, Member, solo_group, turns_for
+from weave_slurm.placement.repack import best_group, turn_sets
 
 _EPS = 1e-9
 #: Largest group (after the arrival) that placement may re-pin from scratch.
@@ -122,11 +122,15 @@ def _repacked(group: Group, job: JobProfile, cap: Capacity, free_r: int,
     return Placement(job.job_id, kind, g, cap.rates.rate(added_r, added_t), added_r, added_t)
 
 
-def may_fit(group: Group, job: JobProfile, cap: Capacity, free_t: int) -> bool:
-    """Necessary conditions for ``job`` to join ``group``, O(1) per group."""
+def may_fit(group: Group, job: JobProfile, cap: Capacity, free_t: int,
+            turns: bool = False) -> bool:
+    """Necessary conditions for ``job`` to join ``group``, O(1) per group (``turns``:
+    it may take several, :func:`turn_options`)."""
     if group.colocated or group.size >= cap.max_group_size:
         return False
-    budget = min(group.min_budget_s, job.budget_s)
+    # with one turn its own budget binds too; with more, only the members' do
+    budget = group.min_budget_s if max(turn_options(group, job, turns)) > 1 \
+        else min(group.min_budget_s, job.budget_s)
     if job.solo_s > group.min_budget_s + _EPS:
         return False
     if group.train_load_s + job.train_max_s > budget + _EPS:
@@ -140,6 +144,13 @@ def may_fit(group: Group, job: JobProfile, cap: Capacity, free_t: int) -> bool:
             return False
     # last: most groups fail a cheaper test first; one account and QOS per group
     return max(0, job.train_nodes - group.train_nodes) <= free_t and may_share(group, job)
+
+
+def turn_options(group: Group, job: JobProfile, turns: bool = True) -> tuple[int, ...]:
+    """The turns ``job`` may take joining ``group``: as many of its iterations as fit in
+    the group's cycle (when ``turns``), or one."""
+    k = turns_for(group.cycle_s, job) if turns else 1
+    return (k, 1) if k > 1 else (1,)
 
 
 def _placements_in(group: Group, job: JobProfile, cap: Capacity,
@@ -160,11 +171,13 @@ def _placements_in(group: Group, job: JobProfile, cap: Capacity,
                             t_cost + cap.rates.rate(m, 0), m, added_t)
 
 
-def _direct_pins(group: Group, job: JobProfile, cap: Capacity) -> Iterator[tuple[int, ...]]:
-    """Existing rollout nodes the job could share, filtered by load and memory."""
+def _direct_pins(group: Group, job: JobProfile, cap: Capacity,
+                 turns: int = 1) -> Iterator[tuple[int, ...]]:
+    """Existing rollout nodes the job (taking ``turns``) could share, filtered by load
+    and memory."""
     load, mem, nb = group.rollout_load_s, group.rollout_mem_used_gib, group.node_min_budget_s
     ok = [n for n in range(group.rollout_nodes)
-          if load[n] + job.rollout_max_s <= min(nb[n], job.budget_s) + _EPS
+          if load[n] + turns * job.rollout_max_s <= min(nb[n], turns * job.budget_s) + _EPS
           and mem[n] + job.rollout_state_gib <= cap.rollout_mem_gib + _EPS]
     if job.rollout_gpu_peak_gib and cap.rollout_gpu_mem_gib < math.inf:
         ok = [n for n in ok if _gpu_fits(group, job, n, cap.rollout_gpu_mem_gib)]
@@ -188,9 +201,10 @@ def _gpu_fits(group: Group, job: JobProfile, node: int, gpu_mem_gib: float) -> b
 
 
 def _with_member(group: Group, job: JobProfile, pins: tuple[int, ...], rollout_nodes: int,
-                 cap: Capacity) -> Group | None:
-    """The group with ``job`` added at the first cyclic position that keeps it feasible."""
-    member = Member(job, pins)
+                 cap: Capacity, turns: int = 1) -> Group | None:
+    """The group with ``job`` (taking ``turns``) added at the first cyclic position that
+    keeps it feasible."""
+    member = Member(job, pins, turns)
     train_nodes = max(group.train_nodes, job.train_nodes)
     shared = any(p < group.rollout_nodes for p in pins)
     positions = range(group.size, -1, -1) if shared else (group.size,)
@@ -202,10 +216,23 @@ def _with_member(group: Group, job: JobProfile, pins: tuple[int, ...], rollout_n
     return None
 
 
-def _lower_bound_period(group: Group, job: JobProfile, shared_load_s: float) -> float:
-    """A cheap lower bound on the period after adding ``job`` (adding never shortens it)."""
-    return max(group.schedule.period_s, group.train_load_s + job.train_max_s, job.solo_s,
-               shared_load_s)
+def _lower_bound_period(group: Group, job: JobProfile, shared_load_s: float,
+                        turns: int = 1) -> float:
+    """A cheap lower bound on the period after adding ``job`` taking ``turns`` (adding
+    never shortens it)."""
+    return max(group.schedule.period_s, group.train_load_s + turns * job.train_max_s,
+               turns * job.solo_s, shared_load_s)
+
+
+def _repinned_slack_bound(jobs: tuple[JobProfile, ...], turns: tuple[int, ...],
+                          rollout_nodes: int) -> float:
+    """An upper bound on the tightest slack of ``jobs`` re-pinned from scratch with these
+    turns on ``rollout_nodes``: the period is at least the training load, every member's
+    own turns and the rollout work spread over the nodes."""
+    pairs = tuple(zip(turns, jobs, strict=True))
+    bound = max(sum(k * j.train_max_s for k, j in pairs), max(k * j.solo_s for k, j in pairs),
+                sum(k * j.rollout_max_s * j.rollout_nodes for k, j in pairs) / rollout_nodes)
+    return _slack(min(k * j.budget_s for k, j in pairs), bound)
 
 
 def _slack(budget_s: float, period_s: float) -> float:
@@ -226,12 +253,23 @@ class WeavePolicy:
     in that order and the search stops (branch and bound) once no remaining bound can
     beat the best exact slack found; the exact cyclic schedule is computed only for
     the candidates examined.
+
+    With ``join_turns`` a newcomer may also join taking several turns per meta-iteration
+    (:func:`turn_options`): :meth:`together` is the policy for jobs placed together (a
+    batch, a re-placement), where the order portfolio sees the set; a lone arrival joins
+    with one turn and gets turns only when its group is re-pinned from scratch
+    (docs/placement.md, "Turns").
     """
 
     name = "weave"
 
-    def __init__(self, repack: bool = True) -> None:
+    def __init__(self, repack: bool = True, join_turns: bool = False) -> None:
         self.repack = repack
+        self.join_turns = join_turns
+
+    def together(self) -> WeavePolicy:
+        """The policy for jobs placed together: joins may take turns."""
+        return self if self.join_turns else WeavePolicy(self.repack, join_turns=True)
 
     def place(self, state: ClusterState, job: JobProfile) -> Decision:
         cap = state.capacity
@@ -240,7 +278,7 @@ class WeavePolicy:
             return never
         free_r = cap.rollout_pool_nodes - state.rollout_nodes_used
         free_t = cap.train_pool_nodes - state.train_nodes_used
-        groups = [g for g in state.groups if may_fit(g, job, cap, free_t)]
+        groups = [g for g in state.groups if may_fit(g, job, cap, free_t, self.join_turns)]
         tiers = ((self._direct, self._repack), (self._scale, self._repack_scaled))
         for tier in tiers:
             found = _most_slack([c for make in tier for c in make(groups, job, cap, free_r)])
@@ -249,8 +287,7 @@ class WeavePolicy:
         fresh = new_group_placement(state, job)
         return fresh if fresh is not None else capacity_refusal(state, job)
 
-    @staticmethod
-    def _direct(groups: list[Group], job: JobProfile, cap: Capacity,
+    def _direct(self, groups: list[Group], job: JobProfile, cap: Capacity,
                 free_r: int) -> list[_Candidate]:
         out = []
         for g in groups:
@@ -258,20 +295,21 @@ class WeavePolicy:
                 continue
             load = g.rollout_load_s
             added_t = max(0, job.train_nodes - g.train_nodes)
-            for pins in _direct_pins(g, job, cap):
-                shared = max(load[p] for p in pins) + job.rollout_max_s
-                bound = _lower_bound_period(g, job, shared)
+            for turns, pins in ((k, p) for k in turn_options(g, job, self.join_turns)
+                                for p in _direct_pins(g, job, cap, k)):
+                shared = max(load[p] for p in pins) + turns * job.rollout_max_s
+                bound = _lower_bound_period(g, job, shared, turns)
 
                 def build(g: Group = g, pins: tuple[int, ...] = pins,
-                          added_t: int = added_t) -> Placement | None:
-                    placed = _with_member(g, job, pins, g.rollout_nodes, cap)
+                          added_t: int = added_t, turns: int = turns) -> Placement | None:
+                    placed = _with_member(g, job, pins, g.rollout_nodes, cap, turns)
                     if placed is None:
                         return None
                     return Placement(job.job_id, Admission.DIRECT, placed,
                                      cap.rates.rate(0, added_t), 0, added_t)
 
-                out.append(_Candidate(_slack(min(g.min_budget_s, job.budget_s), bound),
-                                      g.group_id, pins, build))
+                out.append(_Candidate(_slack(min(g.min_budget_s, turns * job.budget_s),
+                                             bound), g.group_id, (turns, *pins), build))
         return out
 
     def _repack(self, groups: list[Group], job: JobProfile, cap: Capacity,
@@ -288,24 +326,22 @@ class WeavePolicy:
                 continue
             # Re-pinning may shorten the current period, so the bound omits it; the
             # rollout work must still fit on the nodes the re-pinned group may use.
-            rollout_work = sum(g.rollout_load_s) + job.rollout_max_s * job.rollout_nodes
-            bound = max(g.train_load_s + job.train_max_s, job.solo_s,
-                        max(m.job.solo_s for m in g.members),
-                        rollout_work / (g.rollout_nodes + added))
+            # (with any of the turns re-pinning may give them)
+            jobs = (*(m.job for m in g.members), job)
+            slack = max(_repinned_slack_bound(jobs, turns, g.rollout_nodes + added)
+                        for turns in turn_sets(jobs))
 
             def build(g: Group = g) -> Placement | None:
                 return _repacked(g, job, cap, free_r, added)
 
-            out.append(_Candidate(_slack(min(g.min_budget_s, job.budget_s), bound),
-                                  g.group_id, (), build, expensive=True))
+            out.append(_Candidate(slack, g.group_id, (), build, expensive=True))
         return out
 
     def _repack_scaled(self, groups: list[Group], job: JobProfile, cap: Capacity,
                        free_r: int) -> list[_Candidate]:
         return self._repack(groups, job, cap, free_r, added=job.rollout_nodes)
 
-    @staticmethod
-    def _scale(groups: list[Group], job: JobProfile, cap: Capacity,
+    def _scale(self, groups: list[Group], job: JobProfile, cap: Capacity,
                free_r: int) -> list[_Candidate]:
         m = job.rollout_nodes
         if m > free_r:
@@ -314,19 +350,20 @@ class WeavePolicy:
         for g in groups:
             if g.rollout_nodes + m > cap.max_rollout_nodes_per_group:
                 continue
-            bound = _lower_bound_period(g, job, 0.0)
+            for turns in turn_options(g, job, self.join_turns):
+                bound = _lower_bound_period(g, job, 0.0, turns)
 
-            def build(g: Group = g) -> Placement | None:
-                pins = tuple(range(g.rollout_nodes, g.rollout_nodes + m))
-                placed = _with_member(g, job, pins, g.rollout_nodes + m, cap)
-                if placed is None:
-                    return None
-                added_t = max(0, job.train_nodes - g.train_nodes)
-                return Placement(job.job_id, Admission.SCALE_ROLLOUT, placed,
-                                 cap.rates.rate(m, added_t), m, added_t)
+                def build(g: Group = g, turns: int = turns) -> Placement | None:
+                    pins = tuple(range(g.rollout_nodes, g.rollout_nodes + m))
+                    placed = _with_member(g, job, pins, g.rollout_nodes + m, cap, turns)
+                    if placed is None:
+                        return None
+                    added_t = max(0, job.train_nodes - g.train_nodes)
+                    return Placement(job.job_id, Admission.SCALE_ROLLOUT, placed,
+                                     cap.rates.rate(m, added_t), m, added_t)
 
-            out.append(_Candidate(_slack(min(g.min_budget_s, job.budget_s), bound),
-                                  g.group_id, (), build))
+                out.append(_Candidate(_slack(min(g.min_budget_s, turns * job.budget_s),
+                                             bound), g.group_id, (turns,), build))
         return out
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
 from weave_slurm.model.profile import JobProfile
-from weave_slurm.placement.cyclic import cyclic_period
+from weave_slurm.placement.cyclic import MAX_TURNS, cyclic_period
 
 _EPS = 1e-9
 
@@ -23,6 +23,10 @@ _EPS = 1e-9
 class Member:
     job: JobProfile
     rollout_pins: tuple[int, ...]
+    # Iterations per meta-iteration: a job several times shorter than the group's
+    # longest takes that many turns (placement/cyclic.py slot_order), so jobs of unlike
+    # lengths share nodes without the short one waiting a long cycle per step.
+    turns: int = 1
 
     @property
     def train_pins(self) -> tuple[int, ...]:
@@ -70,8 +74,19 @@ class Group:
         return evaluate(self)
 
     @cached_property
+    def turns(self) -> tuple[int, ...]:
+        """Iterations each member runs per meta-iteration (:attr:`Member.turns`)."""
+        return tuple(m.turns for m in self.members)
+
+    @cached_property
+    def cycle_s(self) -> float:
+        """The longest member's share of a meta-iteration run alone: max of turns x solo
+        iteration (a lower bound on the period)."""
+        return max((m.turns * m.job.solo_s for m in self.members), default=0.0)
+
+    @cached_property
     def train_load_s(self) -> float:
-        return sum(m.job.train_max_s for m in self.members)
+        return sum(m.turns * m.job.train_max_s for m in self.members)
 
     @cached_property
     def train_mem_gib(self) -> float:
@@ -80,14 +95,15 @@ class Group:
 
     @cached_property
     def min_budget_s(self) -> float:
-        return min((m.job.budget_s for m in self.members), default=float("inf"))
+        """The longest period every member's SLO allows: min of turns x budget."""
+        return min((m.turns * m.job.budget_s for m in self.members), default=float("inf"))
 
     @cached_property
     def rollout_load_s(self) -> tuple[float, ...]:
         load = [0.0] * self.rollout_nodes
         for m in self.members:
             for node in m.rollout_pins:
-                load[node] += m.job.rollout_max_s
+                load[node] += m.turns * m.job.rollout_max_s
         return tuple(load)
 
     @cached_property
@@ -147,11 +163,12 @@ class Group:
 
     @cached_property
     def node_min_budget_s(self) -> tuple[float, ...]:
-        """Smallest member budget among the members pinned to each rollout node."""
+        """Smallest member budget (turns x budget) among the members pinned to each
+        rollout node."""
         out = [float("inf")] * self.rollout_nodes
         for m in self.members:
             for node in m.rollout_pins:
-                out[node] = min(out[node], m.job.budget_s)
+                out[node] = min(out[node], m.turns * m.job.budget_s)
         return tuple(out)
 
     @cached_property
@@ -177,8 +194,33 @@ class Group:
         if rollout_gpu_mem_gib < math.inf and \
                 any(x > rollout_gpu_mem_gib + _EPS for x in self.rollout_gpu_used_gib):
             return False
+        if not self.turns_apart:
+            return False
         p = self.period_s
-        return all(p <= m.job.budget_s * (1 + _EPS) + _EPS for m in self.members)
+        return p <= self.min_budget_s * (1 + _EPS) + _EPS
+
+    @cached_property
+    def turns_apart(self) -> bool:
+        """Whether every member taking several turns has its rollout nodes to itself: the
+        runtime's training nodes keep to the turn order, but its rollout nodes serve
+        whoever is ready (work-conserving), so only a rollout node's sole member is sure
+        to take its turns there as planned."""
+        if all(m.turns == 1 for m in self.members):
+            return True
+        load = [0] * self.rollout_nodes
+        for m in self.members:
+            for node in m.rollout_pins:
+                load[node] += 1
+        return all(load[node] == 1 for m in self.members if m.turns > 1
+                   for node in m.rollout_pins)
+
+
+def turns_for(cycle_s: float, job: JobProfile) -> int:
+    """How many turns ``job`` takes in a meta-iteration of about ``cycle_s``: as many of
+    its solo iterations as fit (at least one)."""
+    if job.solo_s <= 0:
+        return 1
+    return max(1, min(MAX_TURNS, math.floor(cycle_s / job.solo_s + 1e-9)))
 
 
 @lru_cache(maxsize=1 << 16)
@@ -186,6 +228,7 @@ def period(members: tuple[Member, ...], expected: bool = False) -> float:
     """Cyclic period of members in this order (memoised: placement, re-plans and the
     replay ask for the same member tuples many times)."""
     jobs = [m.job for m in members]
+    turns = [m.turns for m in members]
     return cyclic_period(
         [j.rollout_mean_s if expected else j.rollout_max_s for j in jobs],
         [j.train_mean_s if expected else j.train_max_s for j in jobs],
@@ -193,6 +236,7 @@ def period(members: tuple[Member, ...], expected: bool = False) -> float:
         [m.rollout_pins for m in members],
         [m.train_pins for m in members],
         staleness=[j.staleness for j in jobs] if any(j.staleness for j in jobs) else None,
+        turns=turns if any(k > 1 for k in turns) else None,
     )
 
 
@@ -206,15 +250,16 @@ def evaluate(group: Group) -> GroupSchedule:
     t_mem = [0.0] * group.train_nodes
     r_busy = t_busy = 0.0
     for m in members:
+        k = m.turns
         for node in m.rollout_pins:
             r_mem[node] += m.job.rollout_state_gib
         for node in m.train_pins:
             t_mem[node] += m.job.train_state_gib
-        r_busy += m.job.rollout_mean_s * len(m.rollout_pins)
-        t_busy += m.job.train_mean_s * len(m.train_pins)
+        r_busy += k * m.job.rollout_mean_s * len(m.rollout_pins)
+        t_busy += k * m.job.train_mean_s * len(m.train_pins)
     return GroupSchedule(
         period_s=p, expected_period_s=pe,
-        slowdowns=tuple(p / m.job.solo_s for m in members),
+        slowdowns=tuple(p / (m.turns * m.job.solo_s) for m in members),
         rollout_busy=r_busy / (pe * group.rollout_nodes) if pe > 0 and group.rollout_nodes else 0.0,
         train_busy=t_busy / (pe * group.train_nodes) if pe > 0 and group.train_nodes else 0.0,
         rollout_mem_gib=tuple(r_mem), train_mem_gib=tuple(t_mem),
@@ -235,8 +280,8 @@ def _evaluate_colocated(group: Group) -> GroupSchedule:
 def with_profile(group: Group, job: JobProfile) -> Group:
     """The group with the member of ``job.job_id`` planning with this profile (same pins
     and order), e.g. once its phase times were measured."""
-    members = tuple(Member(job if m.job.job_id == job.job_id else m.job, m.rollout_pins)
-                    for m in group.members)
+    members = tuple(Member(job if m.job.job_id == job.job_id else m.job, m.rollout_pins,
+                           m.turns) for m in group.members)
     return Group(group.group_id, members, group.rollout_nodes, group.train_nodes,
                  group.colocated)
 

@@ -42,7 +42,7 @@ def member_work_rate(member: Member, group: Group, cap: Capacity) -> float:
     j = member.job
     busy = (j.rollout_mean_s * len(member.rollout_pins) * cap.rates.rollout_node_hour
             + j.train_mean_s * len(member.train_pins) * cap.rates.train_node_hour)
-    return busy / period
+    return member.turns * busy / period
 
 
 def work_rate(state: ClusterState) -> float:

@@ -14,7 +14,7 @@ from functools import cache, lru_cache
 from weave_slurm.model.profile import JobProfile
 from weave_slurm.placement.cluster import Capacity
 from weave_slurm.placement.constraints import one_charge
-from weave_slurm.placement.group import Group, Member
+from weave_slurm.placement.group import Group, Member, turns_for
 
 
 def pinnings(needs: Sequence[int]) -> Iterator[tuple[tuple[int, ...], ...]]:
@@ -49,11 +49,12 @@ def best_group(jobs: Sequence[JobProfile], cap: Capacity, group_id: int = 0,
                max_rollout_nodes: int | None = None) -> Group | None:
     """The cheapest feasible configuration of one group holding exactly ``jobs``.
 
-    Every pinning of the members onto rollout nodes and every cyclic order up to
-    rotation; pinnings are tried in order of rollout node count, so the first feasible
-    one is the cheapest; ``max_rollout_nodes`` stops the search early. Memoised on
-    (jobs, capacity, limit): re-plans ask for the same groups again and again. None
-    when there is none, or when the jobs' charges differ (``constraints.one_charge``).
+    Every pinning of the members onto rollout nodes, each of :func:`turn_sets` and
+    every cyclic order up to rotation; pinnings are tried in order of rollout node
+    count, so the first feasible one is the cheapest; ``max_rollout_nodes`` stops the
+    search early. Memoised on (jobs, capacity, limit): re-plans ask for the same groups
+    again and again. None when there is none, or when the jobs' charges differ
+    (``constraints.one_charge``).
     """
     if not one_charge(jobs):   # one account and QOS per group (placement/constraints.py)
         return None
@@ -63,6 +64,15 @@ def best_group(jobs: Sequence[JobProfile], cap: Capacity, group_id: int = 0,
                                               g.train_nodes))
 
 
+def turn_sets(jobs: Sequence[JobProfile]) -> tuple[tuple[int, ...], ...]:
+    """The turns a group of exactly ``jobs`` is planned with, in order of preference:
+    each job as many turns as fit in the longest one's iteration, then one each."""
+    ones = (1,) * len(jobs)
+    longest = max((j.solo_s for j in jobs), default=0.0)
+    fitted = tuple(turns_for(longest, j) for j in jobs)
+    return (fitted, ones) if fitted != ones else (ones,)
+
+
 @lru_cache(maxsize=1 << 15)
 def _best_group(jobs: tuple[JobProfile, ...], cap: Capacity,
                 max_rollout_nodes: int | None) -> Group | None:
@@ -70,14 +80,16 @@ def _best_group(jobs: tuple[JobProfile, ...], cap: Capacity,
     n = len(jobs)
     train_nodes = max(j.train_nodes for j in jobs)
     limit = cap.max_rollout_nodes_per_group if max_rollout_nodes is None else max_rollout_nodes
+    sets = turn_sets(jobs)
     for pins in _pinnings_by_nodes(tuple(j.rollout_nodes for j in jobs)):
         rollout_nodes = 1 + max(p for member in pins for p in member)
         if rollout_nodes > limit and n > 1:
             break
-        for rest in itertools.permutations(range(1, n)):
-            order = (0, *rest)
-            group = Group(group_id, tuple(Member(jobs[i], pins[i]) for i in order),
-                          rollout_nodes, train_nodes)
-            if cap.fits(group):
-                return group
+        for turns in sets:
+            for rest in itertools.permutations(range(1, n)):
+                order = (0, *rest)
+                group = Group(group_id, tuple(Member(jobs[i], pins[i], turns[i])
+                                              for i in order), rollout_nodes, train_nodes)
+                if cap.fits(group):
+                    return group
     return None

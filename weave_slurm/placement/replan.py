@@ -86,11 +86,12 @@ def slo_allows(after: ClusterState, charged: Mapping[str, float],
     """Every paused job can absorb its pause in its slack before it ends."""
     for job_id, pause_s in charged.items():
         g = after.by_id[after.job_group[job_id]]
-        job = next(m.job for m in g.members if m.job.job_id == job_id)
+        member = next(m for m in g.members if m.job.job_id == job_id)
+        k, job = member.turns, member.job
         left = _remaining(job_id, remaining_s)
         if left <= 0:
             return False
-        if g.period_s * (1 + pause_s / left) > job.budget_s * (1 + _EPS) + _EPS:
+        if g.period_s / k * (1 + pause_s / left) > job.budget_s * (1 + _EPS) + _EPS:
             return False
     return True
 

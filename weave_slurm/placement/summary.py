@@ -53,11 +53,14 @@ def _policy_summary(site: SiteConfig, cap: Capacity, jobs: Sequence[JobProfile],
         assert isinstance(decision, Placement)
         group = state.by_id[state.job_group[job.job_id]]
         sched = group.schedule
-        slowdown = sched.period_s / job.solo_s
-        progress += job.solo_mean_s / sched.expected_period_s if sched.expected_period_s else 0
+        at = group.job_ids.index(job.job_id)
+        slowdown = sched.slowdowns[at]
+        if sched.expected_period_s:
+            progress += group.members[at].turns * job.solo_mean_s / sched.expected_period_s
         jobs_out.append({
             "job": job.job_id, "name": job.name, "user": job.user, "group": group.group_id,
             "admission": decision.admission.value, "slo": _r(job.slo, 3),
+            "turns": group.members[at].turns,
             "slowdown": _r(slowdown), "within_slo": slowdown <= job.slo + 1e-9,
             "solo_s": _r(job.solo_s, 1), "rollout_max_s": _r(job.rollout_max_s, 1),
             "rollout_mean_s": _r(job.rollout_mean_s, 1), "train_s": _r(job.train_max_s, 1),

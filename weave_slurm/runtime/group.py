@@ -24,6 +24,7 @@ from weave_slurm.hosted.contract import (
     rollout_version,
 )
 from weave_slurm.model.layout import MemberLayout
+from weave_slurm.placement.cyclic import MAX_TURNS
 from weave_slurm.runtime.launch_plan import LaunchPlan
 from weave_slurm.vocab import Phase, Pool
 
@@ -114,6 +115,7 @@ class MemberSpec:
     checkpoint_every: int = 1                # train steps between node checkpoints
     declared: DeclaredProfile = field(default_factory=DeclaredProfile)
     staleness: int = 0                       # window k: rollout m uses version max(0, m - k)
+    turns: int = 1                           # its steps per round of the cyclic order
     uid: int | None = None                   # owner: workers, shm, checkpoints (None: ours)
     workdir: str | None = None               # the job's own code (docs/job_api.md) ...
     python: str | None = None                # ... None / (): the node's defaults
@@ -185,6 +187,10 @@ class MemberSpec:
                 or not 0 <= self.staleness <= MAX_STALENESS:
             raise ConfigError(f"{where}: staleness={self.staleness!r}; valid: 0..{MAX_STALENESS} "
                               "(0 = strictly on-policy)")
+        if isinstance(self.turns, bool) or not isinstance(self.turns, int) \
+                or not 1 <= self.turns <= MAX_TURNS:
+            raise ConfigError(f"{where}: turns={self.turns!r}; valid: 1..{MAX_TURNS} "
+                              "(steps per round of the group's cyclic order)")
         if not self.rollout_pins:
             raise ConfigError(f"{where}: rollout_pins is empty; pin at least one node")
         bad = [p for p in self.rollout_pins if not 0 <= p < rollout_nodes]

@@ -43,6 +43,7 @@ from weave_slurm.runtime.group import TRANSITIONS, GroupLayout, MemberSpec, Memb
 from weave_slurm.runtime.member import Member, NodeSlots, PhaseRun, RunnerConfig
 from weave_slurm.runtime.moves import Mover
 from weave_slurm.runtime.nodes import NodeLink
+from weave_slurm.runtime.ordering import turn_slots
 from weave_slurm.runtime.profiler import LiveProfiler
 from weave_slurm.runtime.resume import Resume, ResumeKind, plan_detach
 from weave_slurm.runtime.staleness import VersionLog
@@ -50,6 +51,8 @@ from weave_slurm.runtime.timeline import Span
 from weave_slurm.vocab import Phase
 
 log = logging.getLogger(__name__)
+#: States of a member taking part in the cycle (one in any other is passed over).
+_CYCLING = frozenset({MemberState.READY, MemberState.ROLLOUT, MemberState.TRAIN})
 
 _ENDED = (MemberState.DONE, MemberState.FAILED, MemberState.CANCELLED)
 
@@ -77,6 +80,26 @@ class Lifecycle:
             member.ready_s = self.clock.now()
         for listener in self.listeners:
             listener(member, why)
+
+    @property
+    def turn_order(self) -> tuple[str, ...]:
+        """The cyclic order of the members' turns (runtime/ordering.turn_slots)."""
+        return turn_slots(self.order, [self.members[j].spec.turns for j in self.order])
+
+    def cycling(self) -> set[str] | None:
+        """When members take turns, training keeps to the turn order placement planned:
+        the members taking part in the cycle (a training node waits for the next turn's
+        member among them, passing over the others). None: work-conserving."""
+        if all(m.spec.turns == 1 for m in self.members.values()):
+            return None
+        return {j for j, m in self.members.items() if m.state in _CYCLING}
+
+    def set_turns(self, job_id: str, turns: int) -> None:
+        """A member's steps per round, as placement re-planned them."""
+        member = self.member(job_id)
+        spec = replace(member.spec, turns=turns)
+        spec.validate(len(self.layout.rollout), len(self.layout.train))
+        member.spec = spec
 
     def member(self, job_id: str) -> Member:
         if job_id not in self.members:

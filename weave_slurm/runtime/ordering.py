@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from weave_slurm.hosted.contract import rollout_version
+from weave_slurm.placement.cyclic import slot_order
 
 
 def next_member(order: Sequence[str], last_served: str | None,
@@ -23,15 +24,38 @@ def next_member(order: Sequence[str], last_served: str | None,
     (None: start at the head); ``ready`` the members whose next phase runs on this
     pool and may start now.
     """
-    if not order:
-        return None
-    start = 0
-    if last_served is not None and last_served in order:
-        start = (list(order).index(last_served) + 1) % len(order)
-    for i in range(len(order)):
-        member = order[(start + i) % len(order)]
+    last = list(order).index(last_served) \
+        if last_served is not None and last_served in order else None
+    slot = next_slot(order, last, ready)
+    return None if slot is None else order[slot]
+
+
+def turn_slots(order: Sequence[str], turns: Sequence[int]) -> tuple[str, ...]:
+    """The cyclic order of turns: member ``order[i]`` appears ``turns[i]`` times, spread
+    over the cycle as placement plans it (:func:`~weave_slurm.placement.cyclic.
+    slot_order`); with one turn each, ``order`` itself."""
+    return tuple(order[i] for i in slot_order(turns))
+
+
+def next_slot(slots: Sequence[str], last: int | None, ready: frozenset[str] | set[str],
+              cycling: frozenset[str] | set[str] | None = None) -> int | None:
+    """The place in ``slots`` (:func:`turn_slots`) a free pool serves next, counting
+    cyclically from the place after ``last`` (the one it served last; None or out of
+    range: from the head); None when it serves nobody now.
+
+    Work-conserving (``cycling`` None): the first ready member. In turn order
+    (``cycling``: the members taking part in the cycle now): the first place whose
+    member is cycling, served if it is ready; otherwise the pool waits for it, as the
+    plan does (members not cycling, e.g. recovering or done, are passed over).
+    """
+    n = len(slots)
+    start = 0 if last is None or not 0 <= last < n else (last + 1) % n
+    for i in range(n):
+        member = slots[(start + i) % n]
         if member in ready:
-            return member
+            return (start + i) % n
+        if cycling is not None and member in cycling:
+            return None
     return None
 
 

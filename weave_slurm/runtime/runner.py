@@ -6,7 +6,8 @@ trajectories rollout node -> training node; train: weights training node -> ever
 rollout node the member is pinned to, then a node checkpoint), failed or hung phases
 send their member to recovery (:mod:`~weave_slurm.runtime.lifecycle`, which owns
 every member's state), and every free node starts the next ready member in
-cyclic order (:func:`~weave_slurm.runtime.ordering.next_member`). The on-policy
+cyclic order of the members' turns (:func:`~weave_slurm.runtime.ordering.next_slot`;
+when members take turns, training nodes keep to that order). The on-policy
 barrier holds end to end: a member has at most one phase in flight, its rollout runs
 on the weights segment of its latest version, and its training step is handed only
 its own ``traj`` segment, which ``JobRunner.train`` refuses unless it is of the
@@ -59,7 +60,7 @@ from weave_slurm.runtime.lifecycle import Lifecycle
 from weave_slurm.runtime.member import Member, NodeSlots, PhaseRun, RunnerConfig, TailMove
 from weave_slurm.runtime.moves import Mover, make_transfer
 from weave_slurm.runtime.nodes import NodeLink, Resolver
-from weave_slurm.runtime.ordering import next_member, phase_deadline_s
+from weave_slurm.runtime.ordering import next_slot, phase_deadline_s
 from weave_slurm.runtime.profiler import LiveProfiler
 from weave_slurm.runtime.resume import Resume
 from weave_slurm.runtime.staleness import BatchRecord
@@ -103,7 +104,7 @@ class GroupRunner:
                                    clock=self.clock, config=self.config, spans=self.spans)
         self.coop = Cooperative(self.lifecycle, self.clock)   # members with their own processes
         self.tail_moves: list[TailMove] = []
-        self._last_served: dict[str, str] = {}
+        self._last_served: dict[str, int] = {}   # node -> its last place in the turns
         self._run_ids = 0
         self._ended: list[_Ended] = []
         for spec in members:
@@ -275,14 +276,19 @@ class GroupRunner:
 
     def _dispatch(self, nodes: Sequence[NodeRef], pool: Pool) -> bool:
         started = False
+        turns = self.lifecycle.turn_order
+        cycling = self.lifecycle.cycling() if pool is Pool.TRAIN else None
         for node in nodes:
             if node.name in self.slots.busy:
                 continue
-            job_id = next_member(self.order, self._last_served.get(node.name),
-                                 self._ready_on(node, pool))
-            if job_id is None:
+            order = turns if cycling is None else \
+                tuple(j for j in turns if self.members[j].train_node == node)
+            slot = next_slot(order, self._last_served.get(node.name),
+                             self._ready_on(node, pool), cycling)
+            if slot is None:
                 continue
-            self._last_served[node.name] = job_id
+            self._last_served[node.name] = slot
+            job_id = order[slot]
             member = self.members[job_id]
             try:
                 self._start(member, node)

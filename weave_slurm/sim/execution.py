@@ -2,12 +2,13 @@
 
 Runs a group's members on :class:`weave_slurm.sim.events.Simulator`. Which member a
 free node serves next is decided by the live runtime's own ordering,
-:func:`weave_slurm.runtime.ordering.next_member`: the first member pinned to the node,
-counting cyclically from the one after the member it served last, whose next phase is
-ready (work-conserving: a node never waits for a member that is not ready while another
-is). Member ``i``'s rollout ``k`` is ready only after its training ``k-1`` and its
-weight sync (on-policy barrier), and training ``k`` consumes exactly the trajectories of
-rollout ``k``.
+:func:`weave_slurm.runtime.ordering.next_slot`: the first member pinned to the node,
+counting cyclically over the members' turns from the place after the one it served last,
+whose next phase is ready (work-conserving: a node never waits for a member that is not
+ready while another is), except that in a group whose members take turns the training
+nodes keep to the turn order, waiting for the next turn's member, as planned. Member
+``i``'s rollout ``k`` is ready only after its training ``k-1`` and its weight sync
+(on-policy barrier), and training ``k`` consumes exactly the trajectories of rollout ``k``.
 
 A phase that spans several nodes (a member pinned to two rollout nodes, or training on
 two) is a gang. A gang a node picks joins a first-come-first-served queue, and the
@@ -39,7 +40,7 @@ from dataclasses import dataclass, field
 
 from weave_slurm.errors import StateError
 from weave_slurm.placement.group import Group
-from weave_slurm.runtime.ordering import next_member
+from weave_slurm.runtime.ordering import next_slot, turn_slots
 from weave_slurm.sim.events import Simulator
 from weave_slurm.vocab import Phase, Pool
 
@@ -125,8 +126,8 @@ class ExecutionResult:
 @dataclass(slots=True)
 class _Node:
     members: tuple[int, ...]  # the members pinned here, in cyclic order
-    order: tuple[str, ...]  # their job ids (what ``next_member`` orders)
-    last: str | None = None  # the member it served last (``next_member``'s last_served)
+    order: tuple[str, ...]  # their turns' job ids in cyclic order (``next_slot``'s slots)
+    last: int | None = None  # the place in ``order`` it served last
     held: int | None = None  # the gang this idle node is held for
     busy: bool = False
     tails: int = 0  # migrated tails still running on this node
@@ -170,7 +171,8 @@ class GroupExecution:
 
     def _node(self, pool: Pool, node: int) -> _Node:
         members = tuple(i for i, pins in enumerate(self.pins[pool]) if node in pins)
-        return _Node(members, tuple(self.ids[i] for i in members))
+        slots = turn_slots(self.ids, self.group.turns)
+        return _Node(members, tuple(j for j in slots if self.index[j] in members))
 
     def _check_memory(self, rollout_mem_gib: float, train_mem_gib: float) -> None:
         s = self.group.schedule
@@ -213,18 +215,20 @@ class GroupExecution:
         self._serve(Pool.TRAIN)
 
     def _serve(self, pool: Pool) -> None:
-        """Let every free node of ``pool`` serve whom ``next_member`` decides."""
+        """Let every free node of ``pool`` serve whom ``next_slot`` decides (training in
+        turn order when members take turns, as the runtime does)."""
         nodes, all_pins = (self.rnodes if pool is Pool.ROLLOUT else self.tnodes), self.pins[pool]
         flags = self.ready if pool is Pool.ROLLOUT else self.waiting_train
         gangs = self.gangs[pool]
+        cycling = set(self.ids) if pool is Pool.TRAIN and max(self.group.turns) > 1 else None
         for n, node in enumerate(nodes):
             if node.busy or node.held is not None:
                 continue
             ready = {self.ids[i] for i in node.members if flags[i]}
-            pick = next_member(node.order, node.last, ready) if ready else None
-            if pick is None:
+            slot = next_slot(node.order, node.last, ready, cycling) if ready else None
+            if slot is None:
                 continue
-            i = self.index[pick]
+            i = self.index[node.order[slot]]
             if len(all_pins[i]) > 1:
                 # Gangs queue first come, first served: this node is held for the
                 # earliest waiting one that needs it (the one it picked joins the queue).
@@ -237,7 +241,8 @@ class GroupExecution:
                 if i in gangs:
                     gangs.remove(i)
                 for p in pins:
-                    nodes[p].held, nodes[p].last = None, self.ids[i]
+                    nodes[p].held = None
+                    nodes[p].last = _next_place(nodes[p], self.ids[i])
                 if pool is Pool.ROLLOUT:
                     self._start_rollout(i)
                 else:
@@ -328,6 +333,13 @@ class GroupExecution:
         self._dispatch()
 
 
+def _next_place(node: _Node, job_id: str) -> int:
+    """The place of ``job_id``'s next turn on ``node``, counting on from its last."""
+    n = len(node.order)
+    start = 0 if node.last is None else node.last + 1
+    return next((start + k) % n for k in range(n) if node.order[(start + k) % n] == job_id)
+
+
 def migration_speedup(group: Group, model: RolloutModel, meta_iterations: int = 50,
                       seed: int = 0) -> float:
     """Throughput with long-tail migration over throughput without (same draws)."""
@@ -355,7 +367,7 @@ def measured_mean_iteration_s(segments: list[tuple[Group, float]], job_id: str,
     cache = {} if cache is None else cache
     for group, seconds in segments:
         key = (group.colocated, group.rollout_nodes, group.train_nodes,
-               tuple((m.job, m.rollout_pins) for m in group.members))
+               tuple((m.job, m.rollout_pins, m.turns) for m in group.members))
         res = cache.get(key)
         if res is None:
             res = GroupExecution(group, keep_records=False).run(meta_iterations=window)

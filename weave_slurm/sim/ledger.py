@@ -69,8 +69,9 @@ class Ledger:
             return
         member = next(m for m in group.members if m.job.job_id == job_id)
         j = member.job
-        self.busy_s["rollout"] -= j.rollout_mean_s * len(member.rollout_pins) * pause_s / period
-        self.busy_s["train"] -= j.train_mean_s * len(member.train_pins) * pause_s / period
+        share = member.turns * pause_s / period
+        self.busy_s["rollout"] -= j.rollout_mean_s * len(member.rollout_pins) * share
+        self.busy_s["train"] -= j.train_mean_s * len(member.train_pins) * share
 
     def record(self, state: ClusterState, now: float, rate: float) -> None:
         r, t = state.rollout_nodes_used, state.train_nodes_used

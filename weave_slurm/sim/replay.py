@@ -412,15 +412,17 @@ class Replay:
             sched = group.schedule
         else:
             sched = Group(group.group_id, tuple(Member(self.runs[m.job.job_id].actual,
-                                                       m.rollout_pins) for m in group.members),
+                                                       m.rollout_pins, m.turns)
+                                                for m in group.members),
                           group.rollout_nodes, group.train_nodes, group.colocated).schedule
         period = sched.expected_period_s
         for m in group.members:
+            k = m.turns
             run = self.runs[m.job.job_id]
             run.settle(now)
             run.group_id = group.group_id
-            run.rate = 1.0 / period if period > 0 else 0.0
-            run.slowdown = period / run.actual.solo_mean_s
+            run.rate = k / period if period > 0 else 0.0
+            run.slowdown = period / (k * run.actual.solo_mean_s)
             run.max_slowdown = max(run.max_slowdown, run.slowdown)
             run.violated = run.slowdown > run.actual.slo + _EPS
             run.ever_violated = run.ever_violated or run.violated
