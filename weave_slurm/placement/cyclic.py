@@ -1,11 +1,12 @@
 """The period of a cyclic phase schedule (pure).
 
-A group's members run one rollout and one training phase each per meta-iteration.
-Every node serves the phases of the members pinned to it in a fixed cyclic order; a
-member's rollout of meta-iteration k starts only after its own training of k-1 and
-its weight sync (the on-policy barrier). Start times then follow a max-plus linear
-recurrence, which becomes periodic after a short transient; the period of that
-regime is the meta-iteration period, i.e. every member's steady-state iteration time.
+A group's members run one rollout and one training phase each per meta-iteration (a
+member with ``turns`` k runs k of each, :func:`slot_order`). Every node serves the
+phases of the members pinned to it in a fixed cyclic order; a member's rollout starts
+only after its own previous training and its weight sync (the on-policy barrier).
+Start times then follow a max-plus linear recurrence, which becomes periodic after a
+short transient; the period of that regime is the meta-iteration period, i.e. every
+member's steady-state time for its turns.
 
 We run the recurrence and stop as soon as the whole state (every member's last
 training end and every node's last busy time) repeats up to a constant shift: from

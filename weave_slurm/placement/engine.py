@@ -171,13 +171,11 @@ def _placements_in(group: Group, job: JobProfile, cap: Capacity,
                             t_cost + cap.rates.rate(m, 0), m, added_t)
 
 
-def _direct_pins(group: Group, job: JobProfile, cap: Capacity,
-                 turns: int = 1) -> Iterator[tuple[int, ...]]:
-    """Existing rollout nodes the job (taking ``turns``) could share, filtered by load
-    and memory."""
+def _direct_pins(group: Group, job: JobProfile, cap: Capacity) -> Iterator[tuple[int, ...]]:
+    """Existing rollout nodes the job could share, filtered by load and memory."""
     load, mem, nb = group.rollout_load_s, group.rollout_mem_used_gib, group.node_min_budget_s
     ok = [n for n in range(group.rollout_nodes)
-          if load[n] + turns * job.rollout_max_s <= min(nb[n], turns * job.budget_s) + _EPS
+          if load[n] + job.rollout_max_s <= min(nb[n], job.budget_s) + _EPS
           and mem[n] + job.rollout_state_gib <= cap.rollout_mem_gib + _EPS]
     if job.rollout_gpu_peak_gib and cap.rollout_gpu_mem_gib < math.inf:
         ok = [n for n in ok if _gpu_fits(group, job, n, cap.rollout_gpu_mem_gib)]
@@ -287,7 +285,8 @@ class WeavePolicy:
         fresh = new_group_placement(state, job)
         return fresh if fresh is not None else capacity_refusal(state, job)
 
-    def _direct(self, groups: list[Group], job: JobProfile, cap: Capacity,
+    @staticmethod
+    def _direct(groups: list[Group], job: JobProfile, cap: Capacity,
                 free_r: int) -> list[_Candidate]:
         out = []
         for g in groups:
@@ -295,21 +294,22 @@ class WeavePolicy:
                 continue
             load = g.rollout_load_s
             added_t = max(0, job.train_nodes - g.train_nodes)
-            for turns, pins in ((k, p) for k in turn_options(g, job, self.join_turns)
-                                for p in _direct_pins(g, job, cap, k)):
-                shared = max(load[p] for p in pins) + turns * job.rollout_max_s
-                bound = _lower_bound_period(g, job, shared, turns)
+            # one turn: a member taking turns has its rollout nodes to itself
+            # (Group.turns_apart), and every node of a group has a member already
+            for pins in _direct_pins(g, job, cap):
+                shared = max(load[p] for p in pins) + job.rollout_max_s
+                bound = _lower_bound_period(g, job, shared)
 
                 def build(g: Group = g, pins: tuple[int, ...] = pins,
-                          added_t: int = added_t, turns: int = turns) -> Placement | None:
-                    placed = _with_member(g, job, pins, g.rollout_nodes, cap, turns)
+                          added_t: int = added_t) -> Placement | None:
+                    placed = _with_member(g, job, pins, g.rollout_nodes, cap)
                     if placed is None:
                         return None
                     return Placement(job.job_id, Admission.DIRECT, placed,
                                      cap.rates.rate(0, added_t), 0, added_t)
 
-                out.append(_Candidate(_slack(min(g.min_budget_s, turns * job.budget_s),
-                                             bound), g.group_id, (turns, *pins), build))
+                out.append(_Candidate(_slack(min(g.min_budget_s, job.budget_s), bound),
+                                      g.group_id, pins, build))
         return out
 
     def _repack(self, groups: list[Group], job: JobProfile, cap: Capacity,

@@ -73,6 +73,26 @@ def turn_sets(jobs: Sequence[JobProfile]) -> tuple[tuple[int, ...], ...]:
     return (fitted, ones) if fitted != ones else (ones,)
 
 
+def _may_fit(jobs: Sequence[JobProfile], pins: Sequence[tuple[int, ...]],
+             turns: Sequence[int], rollout_nodes: int) -> bool:
+    """Necessary conditions, whatever the cyclic order, for ``jobs`` pinned so with these
+    turns to meet every SLO: the period is at least the training load, each member's own
+    turns and each rollout node's load; a member taking turns has its nodes to itself
+    (``Group.turns_apart``)."""
+    budget = min(k * j.budget_s for k, j in zip(turns, jobs, strict=True))
+    if sum(k * j.train_max_s for k, j in zip(turns, jobs, strict=True)) > budget * (1 + 1e-9) \
+            or max(k * j.solo_s for k, j in zip(turns, jobs, strict=True)) > budget * (1 + 1e-9):
+        return False
+    load, users = [0.0] * rollout_nodes, [0] * rollout_nodes
+    for k, j, ps in zip(turns, jobs, pins, strict=True):
+        for p in ps:
+            load[p] += k * j.rollout_max_s
+            users[p] += 1
+    if max(load) > budget * (1 + 1e-9):
+        return False
+    return all(users[p] == 1 for k, ps in zip(turns, pins, strict=True) if k > 1 for p in ps)
+
+
 @lru_cache(maxsize=1 << 15)
 def _best_group(jobs: tuple[JobProfile, ...], cap: Capacity,
                 max_rollout_nodes: int | None) -> Group | None:
@@ -86,6 +106,8 @@ def _best_group(jobs: tuple[JobProfile, ...], cap: Capacity,
         if rollout_nodes > limit and n > 1:
             break
         for turns in sets:
+            if not _may_fit(jobs, pins, turns, rollout_nodes):
+                continue   # no cyclic order can: skip them all
             for rest in itertools.permutations(range(1, n)):
                 order = (0, *rest)
                 group = Group(group_id, tuple(Member(jobs[i], pins[i], turns[i])
