@@ -276,10 +276,16 @@ class WeavePolicy:
             return never
         free_r = cap.rollout_pool_nodes - state.rollout_nodes_used
         free_t = cap.train_pool_nodes - state.train_nodes_used
-        groups = [g for g in state.groups if may_fit(g, job, cap, free_t, self.join_turns)]
+        groups = [g for g in state.groups if may_fit(g, job, cap, free_t)]
+        # groups only a newcomer taking turns may join: rollout scaling with turns
+        turning = [g for g in state.groups if self.join_turns and not may_fit(
+            g, job, cap, free_t) and may_fit(g, job, cap, free_t, True)]
         tiers = ((self._direct, self._repack), (self._scale, self._repack_scaled))
-        for tier in tiers:
-            found = _most_slack([c for make in tier for c in make(groups, job, cap, free_r)])
+        for k, tier in enumerate(tiers):
+            cands = [c for make in tier for c in make(groups, job, cap, free_r)]
+            if k and turning:
+                cands += self._scale(turning, job, cap, free_r)
+            found = _most_slack(cands)
             if found is not None:
                 return found
         fresh = new_group_placement(state, job)

@@ -68,7 +68,10 @@ def turn_sets(jobs: Sequence[JobProfile]) -> tuple[tuple[int, ...], ...]:
     """The turns a group of exactly ``jobs`` is planned with, in order of preference:
     each job as many turns as fit in the longest one's iteration, then one each."""
     ones = (1,) * len(jobs)
-    longest = max((j.solo_s for j in jobs), default=0.0)
+    solos = [j.solo_s for j in jobs]
+    if not solos or max(solos) < 2 * min(solos):   # no job fits twice in another's
+        return (ones,)
+    longest = max(solos)
     fitted = tuple(turns_for(longest, j) for j in jobs)
     return (fitted, ones) if fitted != ones else (ones,)
 
