@@ -108,12 +108,13 @@ def group_placements(state: ClusterState, job: JobProfile,
 
 
 def _repacked(group: Group, job: JobProfile, cap: Capacity, free_r: int,
-              max_added: int) -> Placement | None:
-    """``group`` re-pinned from scratch around ``job`` on at most ``max_added`` new nodes."""
+              max_added: int, turns: bool = False) -> Placement | None:
+    """``group`` re-pinned from scratch around ``job`` on at most ``max_added`` new nodes
+    (``turns``: members may take several)."""
     limit = group.rollout_nodes + max_added
     limit = min(limit, group.rollout_nodes + free_r, cap.max_rollout_nodes_per_group)
     jobs = [m.job for m in group.members] + [job]
-    g = best_group(jobs, cap, group.group_id, max_rollout_nodes=limit)
+    g = best_group(jobs, cap, group.group_id, max_rollout_nodes=limit, turns=turns)
     if g is None:
         return None
     added_r = g.rollout_nodes - group.rollout_nodes
@@ -253,9 +254,9 @@ class WeavePolicy:
     the candidates examined.
 
     With ``join_turns`` a newcomer may also join taking several turns per meta-iteration
-    (:func:`turn_options`): :meth:`together` is the policy for jobs placed together (a
-    batch, a re-placement), where the order portfolio sees the set; a lone arrival joins
-    with one turn and gets turns only when its group is re-pinned from scratch
+    (:func:`turn_options`) and a re-pinned group may give its members turns:
+    :meth:`together` is the policy for jobs placed together (a batch, a re-placement, a
+    re-plan), where the order portfolio sees the set; a lone arrival takes one turn
     (docs/placement.md, "Turns").
     """
 
@@ -334,11 +335,12 @@ class WeavePolicy:
             # rollout work must still fit on the nodes the re-pinned group may use.
             # (with any of the turns re-pinning may give them)
             jobs = (*(m.job for m in g.members), job)
+            sets = turn_sets(jobs) if self.join_turns else ((1,) * len(jobs),)
             slack = max(_repinned_slack_bound(jobs, turns, g.rollout_nodes + added)
-                        for turns in turn_sets(jobs))
+                        for turns in sets)
 
             def build(g: Group = g) -> Placement | None:
-                return _repacked(g, job, cap, free_r, added)
+                return _repacked(g, job, cap, free_r, added, self.join_turns)
 
             out.append(_Candidate(slack, g.group_id, (), build, expensive=True))
         return out

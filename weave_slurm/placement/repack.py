@@ -46,10 +46,11 @@ def _pinnings_by_nodes(needs: tuple[int, ...]) -> tuple[tuple[tuple[int, ...], .
 
 
 def best_group(jobs: Sequence[JobProfile], cap: Capacity, group_id: int = 0,
-               max_rollout_nodes: int | None = None) -> Group | None:
+               max_rollout_nodes: int | None = None, turns: bool = True) -> Group | None:
     """The cheapest feasible configuration of one group holding exactly ``jobs``.
 
-    Every pinning of the members onto rollout nodes, each of :func:`turn_sets` and
+    Every pinning of the members onto rollout nodes, each of :func:`turn_sets` (one turn
+    each without ``turns``) and
     every cyclic order up to rotation; pinnings are tried in order of rollout node
     count, so the first feasible one is the cheapest; ``max_rollout_nodes`` stops the
     search early. Memoised on (jobs, capacity, limit): re-plans ask for the same groups
@@ -58,7 +59,7 @@ def best_group(jobs: Sequence[JobProfile], cap: Capacity, group_id: int = 0,
     """
     if not one_charge(jobs):   # one account and QOS per group (placement/constraints.py)
         return None
-    g = _best_group(tuple(jobs), cap, max_rollout_nodes)
+    g = _best_group(tuple(jobs), cap, max_rollout_nodes, turns)
     return None if g is None else (g if g.group_id == group_id
                                    else Group(group_id, g.members, g.rollout_nodes,
                                               g.train_nodes))
@@ -98,22 +99,22 @@ def _may_fit(jobs: Sequence[JobProfile], pins: Sequence[tuple[int, ...]],
 
 @lru_cache(maxsize=1 << 15)
 def _best_group(jobs: tuple[JobProfile, ...], cap: Capacity,
-                max_rollout_nodes: int | None) -> Group | None:
+                max_rollout_nodes: int | None, turns: bool) -> Group | None:
     group_id = 0
     n = len(jobs)
     train_nodes = max(j.train_nodes for j in jobs)
     limit = cap.max_rollout_nodes_per_group if max_rollout_nodes is None else max_rollout_nodes
-    sets = turn_sets(jobs)
+    sets = turn_sets(jobs) if turns else ((1,) * n,)
     for pins in _pinnings_by_nodes(tuple(j.rollout_nodes for j in jobs)):
         rollout_nodes = 1 + max(p for member in pins for p in member)
         if rollout_nodes > limit and n > 1:
             break
-        for turns in sets:
-            if not _may_fit(jobs, pins, turns, rollout_nodes):
+        for each in sets:
+            if not _may_fit(jobs, pins, each, rollout_nodes):
                 continue   # no cyclic order can: skip them all
             for rest in itertools.permutations(range(1, n)):
                 order = (0, *rest)
-                group = Group(group_id, tuple(Member(jobs[i], pins[i], turns[i])
+                group = Group(group_id, tuple(Member(jobs[i], pins[i], each[i])
                                               for i in order), rollout_nodes, train_nodes)
                 if cap.fits(group):
                     return group
