@@ -45,13 +45,14 @@ def cyclic_period(
     index order, which is the cyclic round-robin. ``staleness[i] = k`` lets member
     ``i``'s rollout of meta-iteration ``m`` use the weights trained in ``m - 1 - k``
     (0, the default, is the strict on-policy barrier). ``turns[i] = k`` lets
-    member ``i`` run ``k`` iterations per meta-iteration (see :func:`slot_order`).
+    member ``i`` run ``k`` iterations per meta-iteration (see :func:`slot_order`); given
+    at all, the recurrence runs over the slots (callers pass None for one turn each).
     """
     n = len(rollout_s)
     if n == 0:
         return 0.0
     lag = [0] * n if staleness is None else list(staleness)
-    if turns is not None and any(k > 1 for k in turns):
+    if turns is not None:
         if rollout_order is not None or train_order is not None:
             raise ValueError("explicit node orders and turns do not combine")
         # one meta-iteration: each slot's rollout followed by its training

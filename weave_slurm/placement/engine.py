@@ -24,7 +24,7 @@ from weave_slurm.model.profile import JobProfile
 from weave_slurm.placement.cluster import Capacity, ClusterState
 from weave_slurm.placement.constraints import may_share
 from weave_slurm.placement.decision import Admission, Decision, Placement, Refusal
-from weave_slurm.placement.group import Group, Member, solo_group, turns_for
+from weave_slurm.placement.group import Group, Member, period_floor_s, solo_group, turns_for
 from weave_slurm.placement.repack import best_group, turn_sets
 
 _EPS = 1e-9
@@ -229,7 +229,7 @@ def _repinned_slack_bound(jobs: tuple[JobProfile, ...], turns: tuple[int, ...],
     turns on ``rollout_nodes``: the period is at least the training load, every member's
     own turns and the rollout work spread over the nodes."""
     pairs = tuple(zip(turns, jobs, strict=True))
-    bound = max(sum(k * j.train_max_s for k, j in pairs), max(k * j.solo_s for k, j in pairs),
+    bound = max(period_floor_s(jobs, turns),
                 sum(k * j.rollout_max_s * j.rollout_nodes for k, j in pairs) / rollout_nodes)
     return _slack(min(k * j.budget_s for k, j in pairs), bound)
 
@@ -277,15 +277,18 @@ class WeavePolicy:
             return never
         free_r = cap.rollout_pool_nodes - state.rollout_nodes_used
         free_t = cap.train_pool_nodes - state.train_nodes_used
-        groups = [g for g in state.groups if may_fit(g, job, cap, free_t)]
-        # groups only a newcomer taking turns may join: rollout scaling with turns
-        turning = [g for g in state.groups if self.join_turns and not may_fit(
-            g, job, cap, free_t) and may_fit(g, job, cap, free_t, True)]
+        groups: list[Group] = []
+        turning: list[Group] = []   # groups only a newcomer taking turns may join
+        for g in state.groups:
+            if may_fit(g, job, cap, free_t):
+                groups.append(g)
+            elif self.join_turns and may_fit(g, job, cap, free_t, True):
+                turning.append(g)
         tiers = ((self._direct, self._repack), (self._scale, self._repack_scaled))
         for k, tier in enumerate(tiers):
             cands = [c for make in tier for c in make(groups, job, cap, free_r)]
-            if k and turning:
-                cands += self._scale(turning, job, cap, free_r)
+            if k and turning:   # rollout scaling, taking turns (one turn cannot fit)
+                cands += self._scale(turning, job, cap, free_r, several=True)
             found = _most_slack(cands)
             if found is not None:
                 return found
@@ -350,7 +353,8 @@ class WeavePolicy:
         return self._repack(groups, job, cap, free_r, added=job.rollout_nodes)
 
     def _scale(self, groups: list[Group], job: JobProfile, cap: Capacity,
-               free_r: int) -> list[_Candidate]:
+               free_r: int, several: bool = False) -> list[_Candidate]:
+        """Rollout scaling into each group (``several``: only taking several turns)."""
         m = job.rollout_nodes
         if m > free_r:
             return []
@@ -358,7 +362,8 @@ class WeavePolicy:
         for g in groups:
             if g.rollout_nodes + m > cap.max_rollout_nodes_per_group:
                 continue
-            for turns in turn_options(g, job, self.join_turns):
+            options = turn_options(g, job, self.join_turns)
+            for turns in (k for k in options if k > 1 or not several):
                 bound = _lower_bound_period(g, job, 0.0, turns)
 
                 def build(g: Group = g, turns: int = turns) -> Placement | None:

@@ -10,6 +10,7 @@ members' tuple order is the cyclic round-robin order on every node.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
@@ -201,18 +202,32 @@ class Group:
 
     @cached_property
     def turns_apart(self) -> bool:
-        """Whether every member taking several turns has its rollout nodes to itself: the
-        runtime's training nodes keep to the turn order, but its rollout nodes serve
-        whoever is ready (work-conserving), so only a rollout node's sole member is sure
-        to take its turns there as planned."""
-        if all(m.turns == 1 for m in self.members):
-            return True
-        load = [0] * self.rollout_nodes
-        for m in self.members:
-            for node in m.rollout_pins:
-                load[node] += 1
-        return all(load[node] == 1 for m in self.members if m.turns > 1
-                   for node in m.rollout_pins)
+        """:func:`turns_apart` of this group's pins and turns."""
+        return turns_apart([m.rollout_pins for m in self.members], self.turns,
+                           self.rollout_nodes)
+
+
+def turns_apart(pins: Sequence[Sequence[int]], turns: Sequence[int],
+                rollout_nodes: int) -> bool:
+    """Whether every member taking several turns has its rollout nodes to itself: the
+    runtime's training nodes keep to the turn order, but its rollout nodes serve whoever
+    is ready (work-conserving), so only a rollout node's sole member is sure to take its
+    turns there as planned."""
+    if all(k == 1 for k in turns):
+        return True
+    users = [0] * rollout_nodes
+    for ps in pins:
+        for node in ps:
+            users[node] += 1
+    return all(users[node] == 1 for k, ps in zip(turns, pins, strict=True) if k > 1
+               for node in ps)
+
+
+def period_floor_s(jobs: Sequence[JobProfile], turns: Sequence[int]) -> float:
+    """A lower bound on the period of ``jobs`` with these turns, whatever their pins and
+    order (the admission bound): the training node's load and each member's own turns."""
+    pairs = tuple(zip(turns, jobs, strict=True))
+    return max(sum(k * j.train_max_s for k, j in pairs), max(k * j.solo_s for k, j in pairs))
 
 
 def turns_for(cycle_s: float, job: JobProfile) -> int:

@@ -14,7 +14,7 @@ from functools import cache, lru_cache
 from weave_slurm.model.profile import JobProfile
 from weave_slurm.placement.cluster import Capacity
 from weave_slurm.placement.constraints import one_charge
-from weave_slurm.placement.group import Group, Member, turns_for
+from weave_slurm.placement.group import Group, Member, period_floor_s, turns_apart, turns_for
 
 
 def pinnings(needs: Sequence[int]) -> Iterator[tuple[tuple[int, ...], ...]]:
@@ -77,24 +77,19 @@ def turn_sets(jobs: Sequence[JobProfile]) -> tuple[tuple[int, ...], ...]:
     return (fitted, ones) if fitted != ones else (ones,)
 
 
-def _may_fit(jobs: Sequence[JobProfile], pins: Sequence[tuple[int, ...]],
-             turns: Sequence[int], rollout_nodes: int) -> bool:
+def _could_meet_slos(jobs: Sequence[JobProfile], pins: Sequence[tuple[int, ...]],
+                     turns: Sequence[int], rollout_nodes: int) -> bool:
     """Necessary conditions, whatever the cyclic order, for ``jobs`` pinned so with these
-    turns to meet every SLO: the period is at least the training load, each member's own
-    turns and each rollout node's load; a member taking turns has its nodes to itself
-    (``Group.turns_apart``)."""
-    budget = min(k * j.budget_s for k, j in zip(turns, jobs, strict=True))
-    if sum(k * j.train_max_s for k, j in zip(turns, jobs, strict=True)) > budget * (1 + 1e-9) \
-            or max(k * j.solo_s for k, j in zip(turns, jobs, strict=True)) > budget * (1 + 1e-9):
+    turns to meet every SLO: the period is at least :func:`period_floor_s` and each
+    rollout node's load; a member taking turns has its nodes to itself (``turns_apart``)."""
+    budget = min(k * j.budget_s for k, j in zip(turns, jobs, strict=True)) * (1 + 1e-9)
+    if period_floor_s(jobs, turns) > budget:
         return False
-    load, users = [0.0] * rollout_nodes, [0] * rollout_nodes
+    load = [0.0] * rollout_nodes
     for k, j, ps in zip(turns, jobs, pins, strict=True):
         for p in ps:
             load[p] += k * j.rollout_max_s
-            users[p] += 1
-    if max(load) > budget * (1 + 1e-9):
-        return False
-    return all(users[p] == 1 for k, ps in zip(turns, pins, strict=True) if k > 1 for p in ps)
+    return max(load) <= budget and turns_apart(pins, turns, rollout_nodes)
 
 
 @lru_cache(maxsize=1 << 15)
@@ -110,7 +105,7 @@ def _best_group(jobs: tuple[JobProfile, ...], cap: Capacity,
         if rollout_nodes > limit and n > 1:
             break
         for each in sets:
-            if not _may_fit(jobs, pins, each, rollout_nodes):
+            if not _could_meet_slos(jobs, pins, each, rollout_nodes):
                 continue   # no cyclic order can: skip them all
             for rest in itertools.permutations(range(1, n)):
                 order = (0, *rest)

@@ -15,7 +15,7 @@ two) is a gang. A gang a node picks joins a first-come-first-served queue, and t
 node is *held*, idle, for the earliest queued gang that needs it; a gang starts once
 all its nodes are held for it. So two gangs never hold nodes the other waits for, and
 every queued gang starts within one cyclic turn of each of its nodes. A single-node
-pick is always served as ``next_member`` decides.
+pick is always served as ``next_slot`` decides.
 
 Rollouts are stochastic and long-tailed (:class:`RolloutModel`): admission planned with
 the max-token bound, a drawn rollout ends earlier and the next phase starts at once
