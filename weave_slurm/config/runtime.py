@@ -52,6 +52,11 @@ class RuntimeConfig:
     shared memory so that another member can use the GPUs (docs/node.md, "Device
     switch"): ``auto`` for CUDA devices, ``on`` on any device (a CPU test of the
     switch), ``off`` never (every resident member keeps its GPU memory).
+    Re-planning running jobs (docs/daemon.md): every ``replan_interval_s`` (0: never)
+    the members of the ``replan_groups`` least efficient groups are placed again, and
+    after a departure (``consolidate``) the members left behind; a re-plan is taken only
+    when it pays once its moves are charged, and needs node checkpoints on a file system
+    weaved shares with the nodes.
     """
 
     weight_transfer: WeightTransferKind = WeightTransferKind.AUTO
@@ -69,6 +74,9 @@ class RuntimeConfig:
     plan_from_measurements: bool = True
     gangs: bool = True
     device_switch: str = "auto"
+    replan_interval_s: float = 3600.0
+    replan_groups: int = 8
+    consolidate: bool = True
 
 
 #: The defaults, for code that builds its own config (the runner, tests, benchmarks).
@@ -101,6 +109,9 @@ def read_runtime(table: TableReader | None) -> RuntimeConfig:
                                              d.plan_from_measurements),
         gangs=table.boolean("gangs", d.gangs),
         device_switch=table.string("device_switch", d.device_switch,
-                                   choices=DEVICE_SWITCHES))
+                                   choices=DEVICE_SWITCHES),
+        replan_interval_s=table.number("replan_interval_s", d.replan_interval_s, ge=0),
+        replan_groups=table.integer("replan_groups", d.replan_groups, ge=1),
+        consolidate=table.boolean("consolidate", d.consolidate))
     table.done()
     return runtime

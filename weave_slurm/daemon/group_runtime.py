@@ -51,6 +51,7 @@ from typing import Any
 from weave_slurm.config.job import JobSpec, parse_job
 from weave_slurm.daemon import allocplan
 from weave_slurm.daemon.driver import JobOutcome, JobStep, pool_nodes
+from weave_slurm.daemon.handoff import Handoffs
 from weave_slurm.daemon.job_output import hosted_paths
 from weave_slurm.daemon.records import AllocRow, GroupRow, JobRow
 from weave_slurm.daemon.runtime_view import member_row, outcome_words
@@ -153,6 +154,8 @@ class GroupRuntime:
         self._waits: dict[int, str] = {}        # group -> why its node daemons are not used
         self._waiting_jobs: dict[int, str] = {}  # job -> the same, for its status
         self._snap_at = 0.0
+        self.moves = Handoffs(self.groups, self._resume, self._waiting_jobs,
+                              self.config.checkpoint_base)
 
     # -- the Driver seam -------------------------------------------------------------
     def job_steps(self, job: JobRow, group: GroupRow,
@@ -177,8 +180,14 @@ class GroupRuntime:
                 if runner is None:
                     continue
                 self._follow(runner, group, allocs)
+            self.moves.hand_off(store, lambda job: self._placed(store, job))
+            for group in live_groups.values():
+                runner = self.groups.get(group.group_id)
+                if runner is None:
+                    continue
+                allocs = store.allocs(group.group_id, live_only=False)
                 for job in store.jobs(group_id=group.group_id):
-                    outcome = self._member_of(runner, group, job, allocs)
+                    outcome = self._member_of(runner, group, job, allocs, store)
                     if outcome is not None:
                         outcomes.append(outcome)
                     elif job.state is JobState.RUNNING and self.config.plan_from_measurements:
@@ -263,6 +272,12 @@ class GroupRuntime:
         log.info("group %s: runtime extended to rollout node(s) %s", group.group_id,
                  ", ".join(r.name for r in refs))
 
+    def _placed(self, store: Store, job: JobRow) -> bool:
+        """Whether the moving job's pinned nodes are in its new group's runner."""
+        group, runner = store.group(job.group_id or 0), self.groups.get(job.group_id or 0)
+        return group is not None and runner is not None and self._pins(
+            runner, group, job.job_id, store.allocs(group.group_id, live_only=False)) is not None
+
     @staticmethod
     def _pins(runner: GroupRunner, group: GroupRow, job_id: int,
               allocs: Sequence[AllocRow]) -> tuple[int, ...] | None:
@@ -335,7 +350,7 @@ class GroupRuntime:
                                    (group.plan.job_ids if jobs is None else jobs)})
 
     def _member_of(self, runner: GroupRunner, group: GroupRow, job: JobRow,
-                   allocs: Sequence[AllocRow]) -> JobOutcome | None:
+                   allocs: Sequence[AllocRow], store: Store) -> JobOutcome | None:
         key = str(job.job_id)
         member = runner.members.get(key)
         if job.state is JobState.RUNNING:
@@ -343,15 +358,22 @@ class GroupRuntime:
                 pins = self._pins(runner, group, job.job_id, allocs)
                 if pins is None:
                     return None   # its rollout nodes join the runtime first (_follow)
+                moving = job.moving_from is not None and job.moving_from != group.group_id
+                if moving and not self.moves.ready(store, job):
+                    return None   # it finishes its step in flight in its old group first
+                resume = self._resume.pop(job.job_id, None)
+                if resume is not None and resume.kind is ResumeKind.FAILED:
+                    return JobOutcome(job.job_id, JobState.FAILED, resume.why)
                 try:
-                    runner.adopt(member_spec(job, group, pins),
-                                 self._resume.pop(job.job_id, None))
+                    runner.adopt(member_spec(job, group, pins), resume)
                 except WeaveError as exc:
                     return JobOutcome(job.job_id, JobState.FAILED, f"cannot join: {exc}")
                 self._waiting_jobs.pop(job.job_id, None)
                 log.info("job %s joined group %s%s", job.job_id, group.group_id,
                          " (re-attached to its warm state)"
                          if runner.members[key].state is MemberState.RECOVERING else "")
+                if moving:
+                    self.moves.moved_in(store, job, group.group_id)
                 return None
             if member.state in (MemberState.DONE, MemberState.FAILED):
                 return self._ended(runner, job.job_id, member)

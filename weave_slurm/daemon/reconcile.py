@@ -28,6 +28,7 @@ from weave_slurm.daemon.faults import FaultPoint, crossing
 from weave_slurm.daemon.job_output import JobOutputs, Opener
 from weave_slurm.daemon.job_terms import JobTerms
 from weave_slurm.daemon.records import AllocRow, GroupPlan, GroupRow, JobRow, StepRow
+from weave_slurm.daemon.replanning import ReplanConfig, Replanner
 from weave_slurm.daemon.retries import NodeDaemonRetries, in_words
 from weave_slurm.daemon.states import AllocState, GroupState, JobState, StepRunState
 from weave_slurm.daemon.store import Store
@@ -71,7 +72,7 @@ class Reconciler:
                  instance: str = "", node_step: NodeStepFactory | None = None,
                  immediate_s: int = 10, site: SiteConfig | None = None,
                  on_placement: Callable[[float], None] | None = None,
-                 open_output: Opener = open_as) -> None:
+                 open_output: Opener = open_as, replan: ReplanConfig | None = None) -> None:
         self.store, self.backend, self.capacity = store, backend, capacity
         self.pools, self.driver, self.clock = pools, driver, clock
         self.instance = instance
@@ -91,6 +92,9 @@ class Reconciler:
             charge=site.slurm, terms=self.terms)
         self.usage = UsageMeter(store, CostRates.from_site(site), driver)
         self.outputs = JobOutputs(store, self.terms, driver.live, open_output)   # -o, -e
+        # re-planning running jobs (daemon/replanning.py): only where jobs can be moved
+        self.replanner = None if replan is None else Replanner(
+            store, capacity, self.policy, instance, replan, driver.live, clock.now())
         self.ticks = 0
         # since when reading the world (squeue) fails, and the last error in words
         self.world_error: tuple[float, str] | None = None
@@ -113,6 +117,7 @@ class Reconciler:
                     lambda: self._end_overdue(now),
                     lambda: self._finish_cancelled(now),
                     lambda: self._place_pending(now),
+                    lambda: self.replanner.tick(now) if self.replanner else None,
                     lambda: self.allocations.ensure(now),
                     lambda: self.allocations.return_surplus(now),
                     lambda: self._launch_node_daemons(world, now),
@@ -292,6 +297,8 @@ class Reconciler:
         if plan is None and group.state is not GroupState.DRAINING:
             self.store.transition("group", group.group_id, GroupState.DRAINING,
                                   f"its last member (job {job.job_id}) left", now)
+        elif plan is not None and self.replanner is not None:
+            self.replanner.left(group.group_id)
 
     def _end_overdue(self, now: float) -> None:
         """End the RUNNING jobs that reached their own time limit (``#SBATCH --time``)."""

@@ -50,6 +50,7 @@ class JobRow:
     started_s: float | None
     ended_s: float | None
     measured: JobProfile | None = None  # the runtime's live numbers, once it has enough
+    moving_from: int | None = None  # a re-plan moves it from this group (None: not moving)
 
     @property
     def plan_profile(self) -> JobProfile:

@@ -17,7 +17,8 @@ from weave_slurm.runtime.runner import GroupRunner
 PHASE_WORDS = {MemberState.STARTING: "init", MemberState.READY: "idle",
                MemberState.ROLLOUT: "rollout", MemberState.TRAIN: "train",
                MemberState.RECOVERING: "recover", MemberState.DONE: "done",
-               MemberState.FAILED: "failed", MemberState.CANCELLED: "left"}
+               MemberState.FAILED: "failed", MemberState.CANCELLED: "left",
+               MemberState.MOVED: "moving"}
 
 
 def member_row(runner: GroupRunner, m: Member) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from weave_slurm.daemon.driver import Driver, DriverKind, IdleDriver
 from weave_slurm.daemon.group_runtime import GroupRuntime, GroupRuntimeConfig
 from weave_slurm.daemon.node_daemons import NodeDaemons, NodeDaemonSettings
 from weave_slurm.daemon.reconcile import PoolRequest, Reconciler
+from weave_slurm.daemon.replanning import ReplanConfig
 from weave_slurm.daemon.server import ApiServer
 from weave_slurm.daemon.store import Store
 from weave_slurm.errors import ConfigError, StateError, WeaveError
@@ -160,7 +161,8 @@ class Weaved:
         self.reconciler = Reconciler(self.store, self.backend, self.capacity, pools,
                                      self.driver, self.clock, site=self.site, instance=cfg.instance,
                                      node_step=self.nodes.step, immediate_s=cfg.immediate_s,
-                                     on_placement=self.metrics.placed if self.metrics else None)
+                                     on_placement=self.metrics.placed if self.metrics else None,
+                                     replan=self._replan_config())
         self.api = Api(self.store, self.site, self.capacity, self.clock.now,
                        admin_uids=cfg.admin_uids, path_roots=cfg.path_roots,
                        wake=self._wake.set,
@@ -176,6 +178,20 @@ class Weaved:
             if self.metrics is not None:
                 self.metrics.close()
             raise
+
+    def _replan_config(self) -> ReplanConfig | None:
+        """Re-planning running jobs, where weaved can move them (daemon/replanning.py):
+        its group runtime, with node checkpoints on a file system it shares."""
+        rt = self.site.runtime
+        if not isinstance(self.driver, GroupRuntime) or self.driver.config.checkpoint_base \
+                is None or (rt.replan_interval_s == 0 and not rt.consolidate):
+            log.info("weaved: running jobs are not re-planned (%s)",
+                     "switched off in [runtime]" if isinstance(self.driver, GroupRuntime)
+                     and self.driver.config.checkpoint_base is not None
+                     else "moving a job needs weaved's group runtime and node checkpoints "
+                          "on a shared file system")
+            return None
+        return ReplanConfig(rt.replan_interval_s, rt.replan_groups, rt.consolidate)
 
     def _runners(self) -> dict[int, GroupRunner]:
         """The group runners running now (for the metrics' bubbles)."""

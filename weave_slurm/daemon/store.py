@@ -43,7 +43,7 @@ from weave_slurm.daemon.states import (
 from weave_slurm.errors import StateError
 from weave_slurm.model.profile import JobProfile
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 #: version -> statements that bring a file of that version to the next one
 _MIGRATIONS: dict[str, tuple[str, ...]] = {
     # 2: the runtime's measured planning profile of a job (NULL until measured)
@@ -53,6 +53,8 @@ _MIGRATIONS: dict[str, tuple[str, ...]] = {
           "ALTER TABLE allocations ADD COLUMN qos TEXT",
           "ALTER TABLE allocations ADD COLUMN time_limit_min INTEGER",
           *usage_sql.statements()),
+    # 4: the group a job is being moved from by a re-plan (NULL: not moving)
+    "3": ("ALTER TABLE jobs ADD COLUMN moving_from INTEGER",),
 }
 
 _SCHEMA = """
@@ -61,7 +63,7 @@ CREATE TABLE jobs (
   job_id INTEGER PRIMARY KEY AUTOINCREMENT, uid INTEGER NOT NULL, user TEXT NOT NULL,
   name TEXT NOT NULL, spec TEXT NOT NULL, source TEXT NOT NULL, profile TEXT NOT NULL,
   measured TEXT, state TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '', group_id INTEGER,
-  submitted_s REAL NOT NULL, started_s REAL, ended_s REAL);
+  submitted_s REAL NOT NULL, started_s REAL, ended_s REAL, moving_from INTEGER);
 CREATE INDEX jobs_state ON jobs(state);
 CREATE TABLE groups (
   group_id INTEGER PRIMARY KEY, label TEXT NOT NULL UNIQUE, state TEXT NOT NULL,
@@ -90,7 +92,7 @@ _ENTITIES: dict[str, tuple[str, str, type[State]]] = {
     "alloc": ("allocations", "key", AllocState),
     "step": ("steps", "key", StepRunState),
 }
-_FIELDS = {"jobs": {"reason", "group_id", "started_s", "ended_s"},
+_FIELDS = {"jobs": {"reason", "group_id", "started_s", "ended_s", "moving_from"},
            "groups": {"reason", "plan"},
            "allocations": {"reason", "alloc_id", "nodes", "updated_s"},
            "steps": {"reason", "launcher_pid", "updated_s"}}
@@ -283,7 +285,8 @@ class Store:
                       profile_from_json(r["profile"]), state_of(JobState, r["state"]),
                       r["reason"], r["group_id"], r["submitted_s"], r["started_s"],
                       r["ended_s"],
-                      profile_from_json(r["measured"]) if r["measured"] else None)
+                      profile_from_json(r["measured"]) if r["measured"] else None,
+                      r["moving_from"])
 
     def set_measured(self, job_id: int, profile: JobProfile) -> None:
         """Record the runtime's measured planning profile of a job (state unchanged)."""
@@ -428,6 +431,37 @@ class Store:
 
     # -- placement (one transaction) ---------------------------------------------------
 
+    def commit_moves(self, groups: Sequence[tuple[int, str, GroupPlan, bool]],
+                     moves: Sequence[tuple[int, int, int, str]], now: float) -> None:
+        """Write a re-plan atomically: new/changed group plans (as for
+        :meth:`commit_placement`) and each moved RUNNING job's new group, with the group
+        it is moving from (``moves``: job id, from group, to group, reason)."""
+        with self._tx() as db:
+            self._write_plans(db, groups, now)
+            for job_id, src, dst, reason in moves:
+                if db.execute("UPDATE jobs SET group_id=?, moving_from=?, reason=? "
+                              "WHERE job_id=? AND state=? AND group_id=?",
+                              (dst, src, reason, job_id, JobState.RUNNING.value,
+                               src)).rowcount != 1:
+                    raise StateError(f"job {job_id} is no longer RUNNING in group {src}; "
+                                     "the re-plan is dropped")
+                db.execute("INSERT INTO transitions (ts, entity, key, src, dst, reason) "
+                           "VALUES (?, ?, ?, ?, ?, ?)", (now, "job", str(job_id),
+                                                        JobState.RUNNING.value,
+                                                        JobState.RUNNING.value, reason))
+
+    def _write_plans(self, db: sqlite3.Connection,
+                     groups: Sequence[tuple[int, str, GroupPlan, bool]], now: float) -> None:
+        for gid, label, plan, is_new in groups:
+            if is_new:
+                db.execute("INSERT INTO groups (group_id, label, state, plan, created_s) "
+                           "VALUES (?, ?, ?, ?, ?)",
+                           (gid, label, GroupState.FORMING.value, plan.to_json(), now))
+                self._log(db, now, "group", gid, None, GroupState.FORMING,
+                          f"new group for job(s) {list(plan.job_ids)}")
+            else:
+                db.execute("UPDATE groups SET plan=? WHERE group_id=?", (plan.to_json(), gid))
+
     def commit_placement(self, groups: Sequence[tuple[int, str, GroupPlan, bool]],
                          placed: Sequence[tuple[int, int, str]], now: float) -> None:
         """Write new/changed group plans and move jobs PENDING -> PLACED, atomically.
@@ -435,15 +469,7 @@ class Store:
         ``groups``: (group id, label, plan, is_new); ``placed``: (job id, group id, reason).
         """
         with self._tx() as db:
-            for gid, label, plan, is_new in groups:
-                if is_new:
-                    db.execute("INSERT INTO groups (group_id, label, state, plan, created_s) "
-                               "VALUES (?, ?, ?, ?, ?)",
-                               (gid, label, GroupState.FORMING.value, plan.to_json(), now))
-                    self._log(db, now, "group", gid, None, GroupState.FORMING,
-                              f"new group for job(s) {list(plan.job_ids)}")
-                else:
-                    db.execute("UPDATE groups SET plan=? WHERE group_id=?", (plan.to_json(), gid))
+            self._write_plans(db, groups, now)
             for job_id, gid, reason in placed:
                 row = db.execute("SELECT state FROM jobs WHERE job_id=?", (job_id,)).fetchone()
                 src = state_of(JobState, row[0])

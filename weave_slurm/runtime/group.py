@@ -40,19 +40,24 @@ class MemberState(enum.Enum):
     DONE = "done"                # reached its step count
     FAILED = "failed"            # gave up (recovery attempts exhausted)
     CANCELLED = "cancelled"      # left the group; its processes and state are gone
+    MOVED = "moved"              # handed off to another group at a step boundary (a
+                                 # re-plan): checkpointed, it runs nothing here any more
 
 
 #: Allowed transitions, one comment per edge.
 TRANSITIONS: dict[MemberState, frozenset[MemberState]] = {
     # state put on the nodes -> waits for the rollout pool; cancel before it ran; its
     # first phase failed for good; killed (or its node lost) in its first phase, so it
-    # will start again from scratch; adopted with warm state a previous weaved left
+    # will start again from scratch; adopted with warm state a previous weaved left;
+    # a re-plan moved it before it ran (nothing learned: it starts afresh there)
     MemberState.STARTING: frozenset({MemberState.READY, MemberState.CANCELLED,
-                                     MemberState.FAILED, MemberState.RECOVERING}),
+                                     MemberState.FAILED, MemberState.RECOVERING,
+                                     MemberState.MOVED}),
     # the pool picked it for rollout or training; it reached its steps; its phase
-    # could not be started (node gone); it left
+    # could not be started (node gone); it left; a re-plan moved it to another group
     MemberState.READY: frozenset({MemberState.ROLLOUT, MemberState.TRAIN, MemberState.DONE,
-                                  MemberState.RECOVERING, MemberState.CANCELLED}),
+                                  MemberState.RECOVERING, MemberState.CANCELLED,
+                                  MemberState.MOVED}),
     # rollout ended (trajectories moved) or failed or was cancelled; a stale member
     # (staleness >= 1) started its training while this rollout runs
     MemberState.ROLLOUT: frozenset({MemberState.READY, MemberState.TRAIN,
@@ -68,6 +73,8 @@ TRANSITIONS: dict[MemberState, frozenset[MemberState]] = {
     MemberState.DONE: frozenset({MemberState.CANCELLED}),
     MemberState.FAILED: frozenset({MemberState.CANCELLED}),
     MemberState.CANCELLED: frozenset(),
+    # the group it moved to adopted its checkpoint: it leaves this one
+    MemberState.MOVED: frozenset({MemberState.CANCELLED}),
 }
 
 

@@ -45,7 +45,7 @@ from weave_slurm.runtime.moves import Mover
 from weave_slurm.runtime.nodes import NodeLink
 from weave_slurm.runtime.ordering import turn_slots
 from weave_slurm.runtime.profiler import LiveProfiler
-from weave_slurm.runtime.resume import Resume, ResumeKind, plan_detach
+from weave_slurm.runtime.resume import Resume, ResumeKind, handoff_resume, plan_detach
 from weave_slurm.runtime.staleness import VersionLog
 from weave_slurm.runtime.timeline import Span
 from weave_slurm.vocab import Phase
@@ -380,6 +380,33 @@ class Lifecycle:
         on the group's next runner (:mod:`weave_slurm.runtime.resume`). Nothing is
         dropped: members whose training node survived keep their warm state there."""
         return plan_detach([self.members[k] for k in self.order], lost, checkpoint_base)
+
+    def hand_off(self, job_id: str) -> None:
+        """A re-plan moves the member to another group: it finishes the step it has
+        rolled out, starts nothing more, and is handed off at that boundary."""
+        member = self.member(job_id)
+        if member.state not in (*_ENDED, MemberState.MOVED) and not member.handoff:
+            member.handoff = True
+            log.info("job %s: moving to another group once its step in flight ends", job_id)
+
+    def hand_offs(self, checkpoint_base: Path | None, source: str) -> dict[str, Resume]:
+        """The members handed off now (nothing in flight): checkpointed, MOVED, and how
+        each goes on in its new group (``resume.handoff_resume``)."""
+        out = {}
+        for member in self.members.values():
+            if not member.handoff or member.runs or member.deferred or member.wants() \
+                    or member.state not in (MemberState.READY, MemberState.STARTING):
+                continue
+            if member.initialised:
+                try:   # its newest step checkpointed (checkpoint_every may have skipped it)
+                    self._gang(member).checkpoint(self.link)
+                except WeaveError as exc:   # its newest earlier checkpoint goes instead
+                    log.warning("job %s: checkpoint before its move: %s",
+                                member.spec.job_id, exc)
+            resume = handoff_resume(member, checkpoint_base, source)
+            self.move(member, MemberState.MOVED, resume.why)
+            out[member.spec.job_id] = resume
+        return out
 
     @property
     def finished(self) -> bool:

@@ -144,6 +144,9 @@ class Member:
     # the rollout nodes it moves to at its next phase boundary (the group's plan re-pinned
     # it): no rollout starts until then (``Lifecycle.repin``)
     repin: tuple[NodeRef, ...] | None = None
+    # a re-plan moves it to another group: it trains what it has rolled out, starts no
+    # rollout, and is handed off once nothing is in flight (``Lifecycle.hand_offs``)
+    handoff: bool = False
     gang: Gang | None = None     # its training ranks (runtime/gang.py), set when it joins
     engines: Gang | None = None  # its rollout engines when more than one (None: one)
 
@@ -234,12 +237,12 @@ class Member:
                               MemberState.ROLLOUT, MemberState.TRAIN):
             return None
         if not self.initialised:
-            return Phase.TRAIN if not self.runs else None
+            return Phase.TRAIN if not self.runs and not self.handoff else None
         if Phase.TRAIN not in self.runs and self.version < self.spec.steps \
                 and self.delivered > self.version:
             return Phase.TRAIN
         if Phase.ROLLOUT not in self.runs and (self.staleness > 0 or not self.runs) \
-                and self.repin is None \
+                and self.repin is None and not self.handoff \
                 and rollout_ready(self.rolled, self.version, self.staleness, self.spec.steps):
             return Phase.ROLLOUT
         return None

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from weave_slurm.errors import WeaveError
 from weave_slurm.hosted import contract
+from weave_slurm.node.index import JobRef
 from weave_slurm.runtime.group import MemberState, NodeRef
 from weave_slurm.runtime.member import Member
 
@@ -99,18 +100,48 @@ def _resume(m: Member, names: str, train_lost: bool, base: Path | None) -> Resum
                   "Slurm); not resumable")
 
 
+def handoff_resume(m: Member, base: Path | None, source: str) -> Resume:
+    """How a member a re-plan moves out of ``source`` (words: "group 3") goes on in its
+    new group: from its newest checkpoint under its training node's root, which the new
+    training node adopts (``CARRIED``); nothing learned yet: afresh (``FRESH``)."""
+    if not m.initialised:
+        return Resume(ResumeKind.FRESH, f"moving from {source} (a re-plan) before its "
+                                        "first step; it starts there")
+    carry = carried_checkpoint(m, base)
+    if carry is None:
+        return Resume(ResumeKind.FAILED,
+                      f"a re-plan moved it from {source}, but no checkpoint of it is under "
+                      f"its training node's root on a shared file system "
+                      f"({base / m.train_node.name if base else 'none configured'}); "
+                      "not resumable")
+    root, version = carry
+    return Resume(ResumeKind.CARRIED,
+                  f"moving from {source} (a re-plan) with its checkpoint v{version}; "
+                  "re-admitted in its new group once that adopts it",
+                  readmit=f"moved from {source} by a re-plan; re-admitted from its "
+                          f"checkpoint v{version}", root=root, version=version,
+                  rank_roots=tuple(root.parent / s.node.name for s in m.gang.others)
+                  if m.gang is not None else ())
+
+
 def carried_checkpoint(m: Member, base: Path | None) -> tuple[Path, int] | None:
     """(checkpoint root, version) of the member's newest checkpoint on its lost
     training node, when weaved can see that node's root (None: no such checkpoint)."""
-    from weave_slurm.node.checkpoint import CheckpointStore
-
     if base is None:
         return None
     root = base / m.train_node.name
+    version = checkpoint_version(root, m.job)
+    return (root, version) if version is not None else None
+
+
+def checkpoint_version(root: Path, job: JobRef) -> int | None:
+    """The version of ``job``'s newest checkpoint under the node checkpoint root
+    ``root`` (None: none readable there)."""
+    from weave_slurm.node.checkpoint import CheckpointStore
+
     try:
         store = CheckpointStore(root)
-        info = store.read(store.latest(m.job))
+        info = store.read(store.latest(job))
     except (WeaveError, OSError):
         return None
-    version = info.versions.get(contract.STATE)
-    return (root, version) if version is not None else None
+    return info.versions.get(contract.STATE)

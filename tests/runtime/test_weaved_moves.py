@@ -1,0 +1,121 @@
+"""A running job moved to another group by weaved's re-planning, on the LocalBackend with
+real node daemons (daemon/replanning.py, daemon/handoff.py).
+
+Groups hold at most two jobs here. ``a`` and ``c`` are placed together; ``b`` arrives
+while both run and gets a group of its own. Once ``b`` has trained a few steps ``c`` is
+cancelled: ``a`` is alone in its group and ``b`` in another, so consolidation puts them
+in one group (one group's nodes less, the move charged). The runtime hands the moved
+job off at its step boundary with its checkpoint, the other group adopts it, and the
+emptied group drains. The moved job never starts over: it ends with its solo weights,
+as does the other, which never stops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.harness.scratch import public_dir, shm_dir
+from tests.harness.solo import run_solo
+from tests.harness.specs import OPTIONS
+from tests.harness.waits import settle, wait_for
+from tests.harness.weaved import call, release_all, rl_config, serve, smoke_site, wait_states
+from weave_slurm.config.render import job_spec_toml
+from weave_slurm.daemon.protocol import Op
+from weave_slurm.daemon.records import JobRow
+from weave_slurm.daemon.service import DaemonConfig, Weaved
+from weave_slurm.daemon.states import GroupState
+from weave_slurm.node.segments import weights_digest
+from weave_slurm.runtime.group import MemberSpec
+from weave_slurm.vocab import Phase
+
+pytestmark = pytest.mark.torch
+
+LONG = 60   # iterations of a and b; c runs until it is cancelled
+
+SITE = """
+[pools.rollout]
+[pools.train]
+[limits]
+max_group_size = 2
+[runtime]
+plan_from_measurements = false
+replan_interval_s = 0
+"""
+
+
+@pytest.fixture
+def cfg() -> Iterator[DaemonConfig]:
+    with public_dir("weaved-mv-") as public, shm_dir("weaved-mv-") as shm:
+        (public / "site.toml").write_text(smoke_site(SITE))
+        yield rl_config(public, shm, site_path=public / "site.toml")
+
+
+def _submit(sock: Path, name: str, seed: int, iterations: int) -> int:
+    spec = job_spec_toml(name, iterations=iterations, seed=seed, options=OPTIONS)
+    return int(call(sock, Op.SUBMIT, spec=spec, source=f"{name}.toml")["job"])
+
+
+def _nodes(w: Weaved, gid: int, job: int) -> set[str]:
+    spans = getattr(w.driver, "spans", {}).get(gid, [])
+    return {s.node for s in spans if s.job_id == str(job) and s.ok
+            and s.kind in (Phase.ROLLOUT, Phase.TRAIN)}
+
+
+def test_consolidation_moves_a_running_job_which_ends_as_if_alone(cfg: DaemonConfig) -> None:
+    served = serve(cfg)
+    try:
+        w, sock = served.weaved, cfg.socket
+        a, c = _submit(sock, "a", 61, LONG), _submit(sock, "c", 63, 10 * LONG)
+        wait_for(lambda: w.driver.live(a), 120, "a at version 1", interval_s=0.1,
+                 until=lambda live: live is not None and live["version"] >= 1)
+        b = _submit(sock, "b", 62, LONG)
+        wait_states(sock, [b], {"RUNNING"}, 120, [])
+        assert [_row(w, j).group_id for j in (a, c, b)] == [1, 1, 2]
+        wait_for(lambda: w.driver.live(b), 120, "b at version 3", interval_s=0.1,
+                 until=lambda live: live is not None and live["version"] >= 3)
+        assert call(sock, Op.CANCEL, jobs=[c])["results"][0]["ok"]
+        # consolidation puts a and b in one group: whichever keeps its group's id
+        # (placement's relabelling) stays, the other moves
+        settle(lambda: (_row(w, a), _row(w, b)), 120, interval_s=0.1,
+               until=lambda rows: rows[0].group_id == rows[1].group_id
+               and rows[0].moving_from is None and rows[1].moving_from is None)
+        gid = _row(w, a).group_id
+        assert gid == _row(w, b).group_id
+        mover, stayer = (a, b) if gid == 2 else (b, a)
+        src = 3 - gid
+        reasons = [t.reason for t in w.store.transitions("job", mover)]
+        assert any(r.startswith(f"moving from group {src} to group {gid}: consolidation "
+                                "after a departure costs") for r in reasons), reasons
+        assert _row(w, mover).reason == f"moved from group {src} to group {gid} by a re-plan"
+        emptied = settle(lambda: w.store.group(src), 60, interval_s=0.2,
+                         until=lambda g: g is not None and g.state is GroupState.RELEASED)
+        assert emptied is not None and emptied.state is GroupState.RELEASED
+        assert "a re-plan moved its members to other groups" in \
+            [t.reason for t in w.store.transitions("group", src)]
+        rows = wait_states(sock, [a, b], {"COMPLETED", "FAILED"}, 300, [])
+        assert [r["state"] for r in rows] == ["COMPLETED", "COMPLETED"], rows
+        for job, seed in ((a, 61), (b, 62)):
+            done = w.driver.live(job)
+            assert done is not None and done["version"] == LONG
+            solo = run_solo(MemberSpec(str(job), seed=seed, steps=LONG, options=OPTIONS))
+            assert done["weights_sha256"] == weights_digest(solo.weights), f"job {job}"
+        # the mover ran on both groups' nodes, re-admitted once from its checkpoint
+        # (never from scratch); the other stayed on its own and never stopped
+        assert _nodes(w, src, mover) and _nodes(w, gid, mover)
+        moved, stayed = w.driver.live(mover), w.driver.live(stayer)
+        assert moved is not None and moved["recoveries"] == 1, moved
+        at = int(moved["event"].rsplit("checkpoint v", 1)[1].split()[0])
+        assert 3 <= at < LONG, moved["event"]   # moved mid-run, from its newest step
+        assert stayed is not None and stayed["recoveries"] == 0 and not _nodes(w, src, stayer)
+    finally:
+        served.stop()
+        release_all(served.weaved.backend)
+
+
+def _row(w: Weaved, job: int) -> JobRow:
+    row = w.store.job(job)
+    assert row is not None
+    return row

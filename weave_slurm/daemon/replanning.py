@@ -1,0 +1,172 @@
+"""Re-planning running jobs inside weaved, charged as the simulator charges it
+(docs/daemon.md, "Re-planning running jobs"; the decisions: placement/replan.py).
+
+Two triggers, as in ``weave simulate``'s ``weave`` policy:
+
+- **consolidation**: a job left a group; the members left behind are placed again into
+  the rest of the cluster (``placement.consolidate.consolidation``);
+- **the periodic re-plan**: every ``[runtime] replan_interval_s``, the members of the
+  ``replan_groups`` least efficient groups placed again together
+  (``placement.replan.replace_jobs`` over ``worst_groups``).
+
+A proposal is taken only when it pays once its moves are charged (each moved job's
+warm state over the site's links plus a restart, over the time it has left: its
+remaining iterations at its planned rate; SLOs kept with the pause absorbed). Only
+RUNNING jobs that weaved's runtime hosts (their phases run in its workers) in ACTIVE
+groups are moved, never while an earlier move is unfinished, and only where moves are
+possible: weaved's group runtime with node checkpoints on a file system it shares with
+the nodes. The accepted plan is committed at once (:meth:`Store.commit_moves`); the group
+runtime carries each move out at the job's step boundary (:mod:`~weave_slurm.daemon.handoff`),
+and a group left without members drains once nothing moves out of it any more.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from weave_slurm.config.job import parse_job
+from weave_slurm.daemon import membership
+from weave_slurm.daemon.records import AllocRow, GroupPlan, GroupRow, JobRow
+from weave_slurm.daemon.states import GroupState, JobState
+from weave_slurm.daemon.store import Store
+from weave_slurm.errors import StateError, WeaveError
+from weave_slurm.placement import Capacity, ClusterState, WeavePolicy
+from weave_slurm.placement.consolidate import consolidation
+from weave_slurm.placement.replan import Replan, replace_jobs, worst_groups
+
+log = logging.getLogger(__name__)
+
+_LIVE_JOB = (JobState.PLACED, JobState.RUNNING, JobState.CANCELLING)
+
+
+@dataclass(frozen=True)
+class ReplanConfig:
+    interval_s: float = 3600.0   # the periodic re-plan (0: never; departures still consolidate)
+    groups: int = 8              # how many of the least efficient groups it re-places
+    consolidate: bool = True     # after a departure, its group's members placed again
+
+
+class Replanner:
+    """Proposes, charges and commits re-plans; the group runtime moves the jobs."""
+
+    def __init__(self, store: Store, capacity: Capacity, policy: WeavePolicy,
+                 instance: str, config: ReplanConfig,
+                 live: Callable[[int], dict[str, Any] | None], start_s: float) -> None:
+        self.store, self.capacity, self.policy = store, capacity, policy
+        self.instance, self.config, self.live = instance, config, live
+        self.last_s = start_s
+        self.departed: set[int] = set()   # groups a job left since the last look
+
+    def left(self, group_id: int) -> None:
+        """A job left group ``group_id`` (consolidation looks at it next tick)."""
+        if self.config.consolidate:
+            self.departed.add(group_id)
+
+    def tick(self, now: float) -> None:
+        self.settle(now)
+        departed, self.departed = self.departed, set()
+        periodic = self.config.interval_s > 0 and now - self.last_s >= self.config.interval_s
+        if not departed and not periodic:
+            return
+        if any(j.moving_from is not None for j in self.store.jobs([JobState.RUNNING])):
+            self.departed |= departed   # one re-plan at a time: the next tick looks again
+            return
+        groups, allocs, before, movable = self._view()
+        remaining = self._remaining(before)
+        for gid in sorted(departed):
+            shrunk = before.by_id.get(gid)
+            if shrunk is not None and set(shrunk.job_ids) <= movable and self._take(
+                    consolidation(self.policy, before, gid, remaining), before, groups,
+                    allocs, now, "consolidation after a departure"):
+                return
+        if periodic:
+            self.last_s = now
+            picked = [g for g in worst_groups(before, len(before.groups))
+                      if set(g.job_ids) <= movable][:self.config.groups]
+            ids = [j for g in picked for j in g.job_ids]
+            if len(ids) >= 2:
+                self._take(replace_jobs(self.policy, before, ids, remaining), before, groups,
+                           allocs, now, f"re-plan of the {len(picked)} least efficient groups")
+
+    def settle(self, now: float) -> None:
+        """Drain each active group a re-plan emptied once no job moves out of it."""
+        moving = {j.moving_from for j in self.store.jobs([JobState.RUNNING])}
+        for group in self.store.groups():
+            if group.state is GroupState.ACTIVE and not group.plan.members \
+                    and group.group_id not in moving \
+                    and not self.store.jobs(_LIVE_JOB, group_id=group.group_id):
+                self.store.transition("group", group.group_id, GroupState.DRAINING,
+                                      "a re-plan moved its members to other groups", now)
+
+    def _view(self) -> tuple[list[GroupRow], dict[int, list[AllocRow]], ClusterState, set[str]]:
+        groups = self.store.groups()
+        allocs: dict[int, list[AllocRow]] = {}
+        for a in self.store.allocs(live_only=False):
+            allocs.setdefault(a.group_id, []).append(a)
+        jobs = self.store.jobs(_LIVE_JOB)
+        state = membership.cluster_state(self.capacity, groups, jobs,
+                                         self.store.next_group_id(), allocs)
+        active = {g.group_id for g in groups if g.state is GroupState.ACTIVE}
+        movable = {str(j.job_id) for j in jobs if j.state is JobState.RUNNING
+                   and j.group_id in active and _hosted(j)}
+        return groups, allocs, state, movable
+
+    def _remaining(self, state: ClusterState) -> dict[str, float]:
+        """Seconds each running job still needs: its iterations left at its planned
+        rate (its version as the runtime shows it)."""
+        out = {}
+        for g in state.groups:
+            for m in g.members:
+                row = self.store.job(int(m.job.job_id))
+                live = self.live(int(m.job.job_id)) or {}
+                if row is None:
+                    continue
+                left = parse_job(row.spec, row.source).iterations - int(live.get("version") or 0)
+                out[m.job.job_id] = max(left, 0) * g.schedule.expected_period_s / m.turns
+        return out
+
+    def _take(self, plan: Replan | None, before: ClusterState, groups: Sequence[GroupRow],
+              allocs: Mapping[int, Sequence[AllocRow]], now: float, what: str) -> bool:
+        """Commit an accepted proposal (None: nothing pays); True if committed."""
+        if plan is None:
+            log.info("%s: no proposal pays once its moves are charged", what)
+            return False
+        after = plan.state
+        writes = membership.plan_writes(before, after, groups, allocs, self.instance)
+        rows = {g.group_id: g for g in groups}
+        for gid in sorted(set(before.by_id) - set(after.by_id)):   # emptied: drains later
+            row = rows[gid]
+            writes.append((gid, row.label, GroupPlan(row.plan.rollout_nodes,
+                                                     row.plan.train_nodes, ()), False))
+        b = plan.books
+        gain = 100 * (1 - b.efficiency_after / b.efficiency_before)
+        moves = []
+        for job_id, gid in sorted(after.job_group.items()):
+            src = before.job_group.get(job_id)
+            if src is not None and src != gid:
+                pause = plan.pauses.get(job_id, 0.0)
+                moves.append((int(job_id), src, gid,
+                              f"moving from group {src} to group {gid}: {what} costs "
+                              f"{gain:.1f}% less per unit of work, its move charged "
+                              f"{pause:.0f} s"))
+        try:
+            self.store.commit_moves(writes, moves, now)
+        except StateError as exc:   # a job ended meanwhile: the next trigger looks again
+            log.info("re-plan dropped: %s", exc)
+            return False
+        log.info("%s: %d job(s) moved (%s), %d group plan(s) written; %.1f%% less per "
+                 "unit of work", what, len(moves), ", ".join(str(m[0]) for m in moves),
+                 len(writes), gain)
+        return True
+
+
+def _hosted(job: JobRow) -> bool:
+    """Whether weaved's runtime runs the job's phases (a cooperative job's own
+    processes hold its nodes: it cannot be handed off at a step boundary)."""
+    try:
+        return parse_job(job.spec, job.source).launch is None
+    except WeaveError:   # a spec this weaved cannot read is not moved
+        return False
