@@ -181,6 +181,8 @@ class GroupRuntime:
                     continue
                 self._follow(runner, group, allocs)
             self.moves.hand_off(store, lambda job: self._placed(store, job))
+            for job_id, runner, member in self.moves.ended():   # ended before its hand-off
+                outcomes.append(self._ended(runner, job_id, member))
             for group in live_groups.values():
                 runner = self.groups.get(group.group_id)
                 if runner is None:

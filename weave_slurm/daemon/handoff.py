@@ -34,6 +34,7 @@ from weave_slurm.errors import WeaveError
 from weave_slurm.node.index import JobRef
 from weave_slurm.node.protocol import Op
 from weave_slurm.runtime.group import MemberState
+from weave_slurm.runtime.member import Member
 from weave_slurm.runtime.resume import Resume, ResumeKind, checkpoint_version
 from weave_slurm.runtime.runner import GroupRunner
 
@@ -49,6 +50,7 @@ class Handoffs:
                  waiting: dict[int, str], checkpoint_base: Path | None) -> None:
         self.groups, self.resume, self.waiting = groups, resume, waiting
         self.checkpoint_base = checkpoint_base
+        self.ending: set[int] = set()   # ended before their hand-off (reported once)
 
     def hand_off(self, store: Store, placed: Callable[[JobRow], bool]) -> None:
         """Start each move whose new group can take the job now (``placed``: its pinned
@@ -75,9 +77,20 @@ class Handoffs:
                 self.resume[int(key)] = resume
                 log.info("job %s: handed off by group %s (%s)", key, gid, resume.kind.value)
 
+    def ended(self) -> list[tuple[int, GroupRunner, Member]]:
+        """Members that reached their last step (or gave up) while their hand-off was
+        pending: their old group reports them (job id, its runner, the member)."""
+        out = [(int(key), runner, m) for runner in self.groups.values()
+               for key, m in runner.members.items()
+               if m.handoff and m.state in (MemberState.DONE, MemberState.FAILED)]
+        self.ending.update(job_id for job_id, _, _ in out)
+        return out
+
     def ready(self, store: Store, job: JobRow) -> bool:
         """Whether the moving ``job``'s new group may adopt it now: its old group handed
         it off, or no runner holds it any more (weaved restarted meanwhile)."""
+        if job.job_id in self.ending:   # it ended in its old group: not adopted
+            return False
         if job.job_id in self.resume:
             return True
         old = self.groups.get(job.moving_from or 0)

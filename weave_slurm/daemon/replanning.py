@@ -13,7 +13,8 @@ A proposal is taken only when it pays once its moves are charged (each moved job
 warm state over the site's links plus a restart, over the time it has left: its
 remaining iterations at its planned rate; SLOs kept with the pause absorbed). Only
 RUNNING jobs that weaved's runtime hosts (their phases run in its workers) in ACTIVE
-groups are moved, never while an earlier move is unfinished, and only where moves are
+groups are moved, only into ACTIVE groups on the nodes they already hold (a move never
+waits for an allocation), never while an earlier move is unfinished, and only where moves are
 possible: weaved's group runtime with node checkpoints on a file system it shares with
 the nodes. The accepted plan is committed at once (:meth:`Store.commit_moves`); the group
 runtime carries each move out at the job's step boundary (:mod:`~weave_slurm.daemon.handoff`),
@@ -27,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from weave_slurm.config.job import parse_job
+from weave_slurm.config.job import JobSpec, parse_job
 from weave_slurm.daemon import membership
 from weave_slurm.daemon.records import AllocRow, GroupPlan, GroupRow, JobRow
 from weave_slurm.daemon.states import GroupState, JobState
@@ -80,7 +81,7 @@ class Replanner:
             shrunk = before.by_id.get(gid)
             if shrunk is not None and set(shrunk.job_ids) <= movable and self._take(
                     consolidation(self.policy, before, gid, remaining), before, groups,
-                    allocs, now, "consolidation after a departure"):
+                    allocs, movable, now, "consolidation after a departure"):
                 return
         if periodic:
             self.last_s = now
@@ -89,7 +90,8 @@ class Replanner:
             ids = [j for g in picked for j in g.job_ids]
             if len(ids) >= 2:
                 self._take(replace_jobs(self.policy, before, ids, remaining), before, groups,
-                           allocs, now, f"re-plan of the {len(picked)} least efficient groups")
+                           allocs, movable, now,
+                           f"re-plan of the {len(picked)} least efficient groups")
 
     def settle(self, now: float) -> None:
         """Drain each active group a re-plan emptied once no job moves out of it."""
@@ -121,20 +123,34 @@ class Replanner:
         for g in state.groups:
             for m in g.members:
                 row = self.store.job(int(m.job.job_id))
+                spec = _spec(row) if row is not None else None
+                if spec is None:
+                    continue   # not known: placement assumes its default horizon
                 live = self.live(int(m.job.job_id)) or {}
-                if row is None:
-                    continue
-                left = parse_job(row.spec, row.source).iterations - int(live.get("version") or 0)
+                left = spec.iterations - int(live.get("version") or 0)
                 out[m.job.job_id] = max(left, 0) * g.schedule.expected_period_s / m.turns
         return out
 
     def _take(self, plan: Replan | None, before: ClusterState, groups: Sequence[GroupRow],
-              allocs: Mapping[int, Sequence[AllocRow]], now: float, what: str) -> bool:
+              allocs: Mapping[int, Sequence[AllocRow]], movable: set[str], now: float,
+              what: str) -> bool:
         """Commit an accepted proposal (None: nothing pays); True if committed."""
         if plan is None:
             log.info("%s: no proposal pays once its moves are charged", what)
             return False
         after = plan.state
+        moved = {j for j, gid in after.job_group.items()
+                 if before.job_group.get(j) not in (None, gid)}
+        if not moved <= movable:   # placement's relabelling moved another job instead
+            log.info("%s: not taken, it moves job(s) %s, which weaved cannot move now", what,
+                     ", ".join(sorted(moved - movable)))
+            return False
+        grows = _grows(before, after, {g.group_id for g in groups
+                                       if g.state is GroupState.ACTIVE})
+        if grows:
+            log.info("%s: not taken, it needs nodes weaved does not hold yet (group(s) %s)",
+                     what, ", ".join(map(str, grows)))
+            return False
         writes = membership.plan_writes(before, after, groups, allocs, self.instance)
         rows = {g.group_id: g for g in groups}
         for gid in sorted(set(before.by_id) - set(after.by_id)):   # emptied: drains later
@@ -163,10 +179,29 @@ class Replanner:
         return True
 
 
+def _grows(before: ClusterState, after: ClusterState, active: set[int]) -> list[int]:
+    """The groups a job would move into that are not active or need more nodes than
+    they hold: a move waits for no allocation (one that is never granted would leave
+    the job waiting between two groups)."""
+    out = []
+    for g in after.groups:
+        old = before.by_id.get(g.group_id)
+        joins = any(before.job_group.get(j) not in (None, g.group_id) for j in g.job_ids)
+        if joins and (old is None or g.group_id not in active
+                      or g.rollout_nodes > old.rollout_nodes or g.train_nodes > old.train_nodes):
+            out.append(g.group_id)
+    return out
+
+
+def _spec(job: JobRow) -> JobSpec | None:
+    try:
+        return parse_job(job.spec, job.source)
+    except WeaveError:   # a spec this weaved cannot read: its job is not moved
+        return None
+
+
 def _hosted(job: JobRow) -> bool:
     """Whether weaved's runtime runs the job's phases (a cooperative job's own
     processes hold its nodes: it cannot be handed off at a step boundary)."""
-    try:
-        return parse_job(job.spec, job.source).launch is None
-    except WeaveError:   # a spec this weaved cannot read is not moved
-        return False
+    spec = _spec(job)
+    return spec is not None and spec.launch is None

@@ -1,0 +1,128 @@
+"""weaved's re-planning decisions over a real store (daemon/replanning.py): what it
+commits, when it refuses, and when an emptied group drains. The runtime's side of a
+move (hand-off, adoption) is tests/runtime/test_weaved_moves.py."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from weave_slurm.config.render import job_spec_toml
+from weave_slurm.daemon.records import GroupPlan, MemberPlan
+from weave_slurm.daemon.replanning import ReplanConfig, Replanner
+from weave_slurm.daemon.states import GroupState, JobState
+from weave_slurm.daemon.store import Store
+from weave_slurm.model.cost import CostRates
+from weave_slurm.model.profile import simple_profile
+from weave_slurm.placement import Capacity, WeavePolicy
+
+T0 = 1_000.0
+CAP = Capacity(max_group_size=2, max_rollout_nodes_per_group=8, rollout_mem_gib=2048,
+               train_mem_gib=2048, rollout_pool_nodes=8, train_pool_nodes=8,
+               rates=CostRates(rollout_node_hour=14.8, train_node_hour=42.2))
+SPEC = job_spec_toml("{name}", iterations=100)
+COOP = SPEC + '\n[launch]\nscript = "python train.py"\n'
+
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    s = Store(tmp_path / "weaved.db")
+    yield s
+    s.close()
+
+
+def _running(store: Store, name: str, gid: int, spec: str = SPEC) -> int:
+    job = store.add_job(uid=1000, user="alice", name=name, spec=spec.replace("{name}", name),
+                        source=f"{name}.toml", now=T0,
+                        profile=simple_profile(name, 10, 10, 3.0))
+    store.commit_placement([], [(job, gid, "placed")], T0)
+    store.transition("job", job, JobState.RUNNING, "started", T0)
+    return job
+
+
+def _group(store: Store, gid: int, jobs: list[int], state: GroupState = GroupState.ACTIVE
+           ) -> None:
+    plan = GroupPlan(1, 1, tuple(MemberPlan(j, (0,)) for j in jobs))
+    if store.group(gid) is None:
+        store.add_group(gid, str(gid), plan, T0, "test")
+    else:
+        store.update("group", gid, plan=plan.to_json())
+    if state is GroupState.ACTIVE:
+        store.transition("group", gid, GroupState.ACTIVE, "held", T0)
+
+
+def _two_lone_jobs(store: Store, second: GroupState = GroupState.ACTIVE,
+                   spec: str = SPEC) -> tuple[int, int]:
+    _group(store, 1, [], GroupState.FORMING)
+    _group(store, 2, [], GroupState.FORMING)
+    a, b = _running(store, "a", 1, spec), _running(store, "b", 2, spec)
+    _group(store, 1, [a])
+    _group(store, 2, [b], second)
+    return a, b
+
+
+def _replanner(store: Store, **live: Any) -> Replanner:
+    return Replanner(store, CAP, WeavePolicy(), "",
+                     ReplanConfig(interval_s=600.0), lambda job: live.get(str(job)), T0)
+
+
+def test_a_paying_consolidation_is_committed_and_the_emptied_group_drains_after(
+        store: Store) -> None:
+    a, b = _two_lone_jobs(store)
+    r = _replanner(store)
+    r.left(1)
+    r.tick(T0 + 1)
+    rows = {j: store.job(j) for j in (a, b)}
+    moved = [j for j, row in rows.items() if row is not None and row.moving_from is not None]
+    assert len(moved) == 1
+    row = rows[moved[0]]
+    assert row is not None and row.group_id == 3 - row.moving_from   # type: ignore[operator]
+    assert row.reason.startswith(f"moving from group {row.moving_from} to group "
+                                 f"{row.group_id}: consolidation after a departure costs")
+    emptied = store.group(row.moving_from or 0)
+    assert emptied is not None and not emptied.plan.members
+    assert emptied.state is GroupState.ACTIVE   # its node holds the checkpoint to move
+    r.tick(T0 + 2)
+    assert store.group(row.moving_from or 0).state is GroupState.ACTIVE   # type: ignore[union-attr]
+    store.update("job", row.job_id, moving_from=None)   # the runtime carried it out
+    r.tick(T0 + 3)
+    drained = store.group(emptied.group_id)
+    assert drained is not None and drained.state is GroupState.DRAINING
+    assert store.transitions("group", emptied.group_id)[-1].reason \
+        == "a re-plan moved its members to other groups"
+
+
+def test_nothing_is_moved_into_a_group_that_is_not_active_yet(store: Store) -> None:
+    _two_lone_jobs(store, second=GroupState.FORMING)
+    r = _replanner(store)
+    r.left(1)
+    r.tick(T0 + 1)
+    assert all(j.moving_from is None for j in store.jobs())
+    assert [g.group_id for g in store.groups() if g.plan.members] == [1, 2]
+
+
+def test_a_cooperative_job_is_never_moved(store: Store) -> None:
+    _two_lone_jobs(store, spec=COOP)
+    r = _replanner(store)
+    r.left(1)
+    r.left(2)
+    r.tick(T0 + 1)
+    assert all(j.moving_from is None for j in store.jobs())
+
+
+def test_the_periodic_replan_waits_for_its_interval_and_for_moves_in_flight(
+        store: Store) -> None:
+    a, b = _two_lone_jobs(store)
+    r = _replanner(store)
+    r.tick(T0 + 599)
+    assert all(j.moving_from is None for j in store.jobs())
+    store.update("job", a, moving_from=7)   # an earlier move not carried out yet
+    r.tick(T0 + 601)
+    assert store.job(b).moving_from is None   # type: ignore[union-attr]
+    store.update("job", a, moving_from=None)
+    r.tick(T0 + 1202)
+    assert sum(j.moving_from is not None for j in store.jobs()) == 1
