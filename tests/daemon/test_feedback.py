@@ -73,7 +73,8 @@ def test_a_version_1_database_is_migrated_in_place(tmp_path: Path) -> None:
     for stmt in ("ALTER TABLE jobs DROP COLUMN measured", "DROP TABLE usage",
                  "DROP TABLE usage_marks", "ALTER TABLE allocations DROP COLUMN account",
                  "ALTER TABLE allocations DROP COLUMN qos",
-                 "ALTER TABLE allocations DROP COLUMN time_limit_min"):   # 2 and 3 added
+                 "ALTER TABLE allocations DROP COLUMN time_limit_min",
+                 "ALTER TABLE jobs DROP COLUMN moving_from"):   # 2, 3 and 4 added
         con.execute(stmt)
     con.execute("UPDATE meta SET value='1' WHERE key='schema_version'")
     con.commit()
@@ -84,4 +85,4 @@ def test_a_version_1_database_is_migrated_in_place(tmp_path: Path) -> None:
     store.set_measured(job, simple_profile("a", 12, 10, 1.5))
     assert store.job(job).measured is not None  # type: ignore[union-attr]
     con = sqlite3.connect(db)
-    assert con.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("3",)
+    assert con.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("4",)

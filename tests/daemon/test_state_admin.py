@@ -90,7 +90,7 @@ def test_backup_refusals_are_one_line(tmp_path: Path) -> None:
 
 def _old_file(state: Path) -> Path:
     """What a weaved of schema 2 left behind (the usage tables and charge columns of 3
-    not there yet)."""
+    and the move column of 4 not there yet)."""
     _store(state).close()
     db = state / "weaved.db"
     con = sqlite3.connect(db)
@@ -98,6 +98,7 @@ def _old_file(state: Path) -> Path:
                  "ALTER TABLE allocations DROP COLUMN account",
                  "ALTER TABLE allocations DROP COLUMN qos",
                  "ALTER TABLE allocations DROP COLUMN time_limit_min",
+                 "ALTER TABLE jobs DROP COLUMN moving_from",
                  "UPDATE meta SET value='2' WHERE key='schema_version'"):
         con.execute(stmt)
     con.commit()

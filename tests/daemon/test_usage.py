@@ -163,6 +163,7 @@ def test_a_version_2_file_is_migrated_in_place(tmp_path: Path) -> None:
                  "ALTER TABLE allocations DROP COLUMN account",
                  "ALTER TABLE allocations DROP COLUMN qos",
                  "ALTER TABLE allocations DROP COLUMN time_limit_min",
+                 "ALTER TABLE jobs DROP COLUMN moving_from",
                  "UPDATE meta SET value='2' WHERE key='schema_version'"):
         db.execute(stmt)
     db.commit()
@@ -177,7 +178,7 @@ def test_a_version_2_file_is_migrated_in_place(tmp_path: Path) -> None:
     assert (row.account, row.qos, row.time_limit_min) == ("rl", "high", 30)
     version = sqlite3.connect(path).execute(
         "SELECT value FROM meta WHERE key='schema_version'").fetchone()[0]
-    assert version == "3"
+    assert version == "4"
 
 
 def test_sacct_shows_a_user_only_their_own_jobs(store: Store) -> None:
