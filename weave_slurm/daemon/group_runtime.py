@@ -43,7 +43,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -172,22 +172,22 @@ class GroupRuntime:
                 self._close(gid)
             for gid in [g for g in self.groups if g in live_groups]:
                 outcomes += self._detach_if_lost(gid, store.allocs(gid))
+            rows = {gid: store.allocs(gid, live_only=False) for gid in live_groups}
             for group in live_groups.values():
-                allocs = store.allocs(group.group_id, live_only=False)
+                allocs = rows[group.group_id]
                 if group.state is GroupState.ACTIVE and group.group_id not in self.groups:
                     self._build(group, allocs)
                 runner = self.groups.get(group.group_id)
-                if runner is None:
-                    continue
-                self._follow(runner, group, allocs)
-            self.moves.hand_off(store, lambda job: self._placed(store, job))
+                if runner is not None:
+                    self._follow(runner, group, allocs)
+            self.moves.hand_off(store, lambda job: self._placed(live_groups, rows, job))
             for job_id, runner, member in self.moves.ended():   # ended before its hand-off
                 outcomes.append(self._ended(runner, job_id, member))
             for group in live_groups.values():
                 runner = self.groups.get(group.group_id)
                 if runner is None:
                     continue
-                allocs = store.allocs(group.group_id, live_only=False)
+                allocs = rows[group.group_id]
                 for job in store.jobs(group_id=group.group_id):
                     outcome = self._member_of(runner, group, job, allocs, store)
                     if outcome is not None:
@@ -274,11 +274,13 @@ class GroupRuntime:
         log.info("group %s: runtime extended to rollout node(s) %s", group.group_id,
                  ", ".join(r.name for r in refs))
 
-    def _placed(self, store: Store, job: JobRow) -> bool:
+    def _placed(self, groups: Mapping[int, GroupRow], allocs: Mapping[int, Sequence[AllocRow]],
+                job: JobRow) -> bool:
         """Whether the moving job's pinned nodes are in its new group's runner."""
-        group, runner = store.group(job.group_id or 0), self.groups.get(job.group_id or 0)
-        return group is not None and runner is not None and self._pins(
-            runner, group, job.job_id, store.allocs(group.group_id, live_only=False)) is not None
+        gid = job.group_id or 0
+        group, runner = groups.get(gid), self.groups.get(gid)
+        return group is not None and runner is not None and \
+            self._pins(runner, group, job.job_id, allocs[gid]) is not None
 
     @staticmethod
     def _pins(runner: GroupRunner, group: GroupRow, job_id: int,

@@ -139,14 +139,15 @@ class Replanner:
             log.info("%s: no proposal pays once its moves are charged", what)
             return False
         after = plan.state
-        moved = {j for j, gid in after.job_group.items()
-                 if before.job_group.get(j) not in (None, gid)}
-        if not moved <= movable:   # placement's relabelling moved another job instead
+        moved = {j: (src, after.job_group[j]) for j, src in before.job_group.items()
+                 if after.job_group.get(j) not in (None, src)}   # job -> (from, to)
+        if not set(moved) <= movable:   # placement's relabelling moved another job instead
             log.info("%s: not taken, it moves job(s) %s, which weaved cannot move now", what,
-                     ", ".join(sorted(moved - movable)))
+                     ", ".join(sorted(set(moved) - movable)))
             return False
         grows = _grows(before, after, {g.group_id for g in groups
-                                       if g.state is GroupState.ACTIVE})
+                                       if g.state is GroupState.ACTIVE},
+                       {to for _, to in moved.values()})
         if grows:
             log.info("%s: not taken, it needs nodes weaved does not hold yet (group(s) %s)",
                      what, ", ".join(map(str, grows)))
@@ -159,15 +160,10 @@ class Replanner:
                                                      row.plan.train_nodes, ()), False))
         b = plan.books
         gain = 100 * (1 - b.efficiency_after / b.efficiency_before)
-        moves = []
-        for job_id, gid in sorted(after.job_group.items()):
-            src = before.job_group.get(job_id)
-            if src is not None and src != gid:
-                pause = plan.pauses.get(job_id, 0.0)
-                moves.append((int(job_id), src, gid,
-                              f"moving from group {src} to group {gid}: {what} costs "
-                              f"{gain:.1f}% less per unit of work, its move charged "
-                              f"{pause:.0f} s"))
+        moves = [(int(job_id), src, gid,
+                  f"moving from group {src} to group {gid}: {what} costs {gain:.1f}% less "
+                  f"per unit of work, its move charged {plan.pauses.get(job_id, 0.0):.0f} s")
+                 for job_id, (src, gid) in sorted(moved.items())]
         try:
             self.store.commit_moves(writes, moves, now)
         except StateError as exc:   # a job ended meanwhile: the next trigger looks again
@@ -179,17 +175,17 @@ class Replanner:
         return True
 
 
-def _grows(before: ClusterState, after: ClusterState, active: set[int]) -> list[int]:
-    """The groups a job would move into that are not active or need more nodes than
-    they hold: a move waits for no allocation (one that is never granted would leave
-    the job waiting between two groups)."""
+def _grows(before: ClusterState, after: ClusterState, active: set[int],
+           targets: set[int]) -> list[int]:
+    """The groups jobs would move into (``targets``) that are not active or need more
+    nodes than they hold: a move waits for no allocation (one that is never granted
+    would leave the job waiting between two groups)."""
     out = []
-    for g in after.groups:
-        old = before.by_id.get(g.group_id)
-        joins = any(before.job_group.get(j) not in (None, g.group_id) for j in g.job_ids)
-        if joins and (old is None or g.group_id not in active
-                      or g.rollout_nodes > old.rollout_nodes or g.train_nodes > old.train_nodes):
-            out.append(g.group_id)
+    for gid in sorted(targets):
+        g, old = after.by_id[gid], before.by_id.get(gid)
+        if old is None or gid not in active or g.rollout_nodes > old.rollout_nodes \
+                or g.train_nodes > old.train_nodes:
+            out.append(gid)
     return out
 
 

@@ -445,10 +445,7 @@ class Store:
                                src)).rowcount != 1:
                     raise StateError(f"job {job_id} is no longer RUNNING in group {src}; "
                                      "the re-plan is dropped")
-                db.execute("INSERT INTO transitions (ts, entity, key, src, dst, reason) "
-                           "VALUES (?, ?, ?, ?, ?, ?)", (now, "job", str(job_id),
-                                                        JobState.RUNNING.value,
-                                                        JobState.RUNNING.value, reason))
+                self._log(db, now, "job", job_id, JobState.RUNNING, JobState.RUNNING, reason)
 
     def _write_plans(self, db: sqlite3.Connection,
                      groups: Sequence[tuple[int, str, GroupPlan, bool]], now: float) -> None:
