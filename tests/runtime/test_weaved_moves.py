@@ -27,6 +27,7 @@ from weave_slurm.daemon.protocol import Op
 from weave_slurm.daemon.records import JobRow
 from weave_slurm.daemon.service import DaemonConfig, Weaved
 from weave_slurm.daemon.states import GroupState
+from weave_slurm.daemon.store import Store
 from weave_slurm.node.segments import weights_digest
 from weave_slurm.runtime.group import MemberSpec
 from weave_slurm.vocab import Phase
@@ -110,6 +111,57 @@ def test_consolidation_moves_a_running_job_which_ends_as_if_alone(cfg: DaemonCon
         at = int(moved["event"].rsplit("checkpoint v", 1)[1].split()[0])
         assert 3 <= at < LONG, moved["event"]   # moved mid-run, from its newest step
         assert stayed is not None and stayed["recoveries"] == 0 and not _nodes(w, src, stayer)
+    finally:
+        served.stop()
+        release_all(served.weaved.backend)
+
+
+def test_a_weaved_restart_mid_move_adopts_the_job_from_its_newest_checkpoint(
+        cfg: DaemonConfig) -> None:
+    """weaved stops once a move is committed and before the new group has adopted the
+    job: the restarted weaved finds no runner holding it, so the new group adopts it from
+    the newest checkpoint under its old group's training node, the old group drops what
+    it kept of it, and it still ends with its solo weights."""
+    served = serve(cfg)
+    try:
+        w, sock = served.weaved, cfg.socket
+        a, c = _submit(sock, "a", 71, LONG), _submit(sock, "c", 73, 10 * LONG)
+        wait_for(lambda: w.driver.live(a), 120, "a at version 1", interval_s=0.1,
+                 until=lambda live: live is not None and live["version"] >= 1)
+        b = _submit(sock, "b", 72, LONG)
+        wait_states(sock, [b], {"RUNNING"}, 120, [])
+        wait_for(lambda: w.driver.live(b), 120, "b at version 3", interval_s=0.1,
+                 until=lambda live: live is not None and live["version"] >= 3)
+        assert call(sock, Op.CANCEL, jobs=[c])["results"][0]["ok"]
+        moving = wait_for(lambda: [j for j in (a, b) if _row(w, j).moving_from], 120,
+                          "a committed move", interval_s=0.02)
+        served.stop()
+        assert not served.thread.is_alive()
+        (mover,) = moving
+        store = Store(cfg.state_dir / "weaved.db")   # as the stopped weaved left it
+        row = store.job(mover)
+        store.close()
+        assert row is not None and row.moving_from is not None, "the move ended first"
+        src, gid = row.moving_from, row.group_id
+        served = serve(cfg)   # a fresh weaved on the same state dir
+        w = served.weaved
+        rows = wait_states(sock, [a, b], {"COMPLETED", "FAILED"}, 300, [])
+        assert [r["state"] for r in rows] == ["COMPLETED", "COMPLETED"], rows
+        for job, seed in ((a, 71), (b, 72)):
+            done = w.driver.live(job)
+            assert done is not None and done["version"] == LONG
+            solo = run_solo(MemberSpec(str(job), seed=seed, steps=LONG, options=OPTIONS))
+            assert done["weights_sha256"] == weights_digest(solo.weights), f"job {job}"
+        moved = w.driver.live(mover)   # adopted from its old training node's checkpoint
+        assert moved is not None and moved["recoveries"] == 1, moved
+        assert f"moved from group {src} by a re-plan; re-admitted from checkpoint v" in \
+            str(moved["event"]), moved
+        at = int(moved["event"].rsplit("checkpoint v", 1)[1].split()[0])
+        assert 3 <= at < LONG, moved["event"]
+        assert _nodes(w, gid, mover)   # it ran on in its new group, after the restart
+        emptied = settle(lambda: w.store.group(src), 60, interval_s=0.2,
+                         until=lambda g: g is not None and g.state is GroupState.RELEASED)
+        assert emptied is not None and emptied.state is GroupState.RELEASED
     finally:
         served.stop()
         release_all(served.weaved.backend)

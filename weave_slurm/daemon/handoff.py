@@ -35,7 +35,7 @@ from weave_slurm.node.index import JobRef
 from weave_slurm.node.protocol import Op
 from weave_slurm.runtime.group import MemberState
 from weave_slurm.runtime.member import Member
-from weave_slurm.runtime.resume import Resume, ResumeKind, checkpoint_version
+from weave_slurm.runtime.resume import Resume, ResumeKind, checkpoint_version, moved_with
 from weave_slurm.runtime.runner import GroupRunner
 
 log = logging.getLogger(__name__)
@@ -112,10 +112,7 @@ class Handoffs:
                           "found there, so it starts afresh",
                           note=f"moved from {src} without a checkpoint; restarted from "
                                "scratch")
-        return Resume(ResumeKind.CARRIED, f"moving from {src} with its checkpoint "
-                      f"v{version}", readmit=f"moved from {src} by a re-plan; re-admitted "
-                      f"from its checkpoint v{version}", root=base / nodes[0],
-                      version=version, rank_roots=tuple(base / n for n in nodes[1:]))
+        return moved_with(src, base / nodes[0], version, tuple(base / n for n in nodes[1:]))
 
     def moved_in(self, store: Store, job: JobRow, group_id: int) -> None:
         """The new group adopted ``job``: its old group lets it go, the move is done."""

@@ -85,8 +85,7 @@ def _resume(m: Member, names: str, train_lost: bool, base: Path | None) -> Resum
                       f"its last checkpoint (v{version}, {root})",
                       readmit=f"{names} lost; re-admitted on a new training node from its "
                               f"last checkpoint (v{version})", root=root, version=version,
-                      rank_roots=tuple(root.parent / s.node.name for s in m.gang.others)
-                      if m.gang is not None else ())
+                      rank_roots=_rank_roots(m, root))
     if not m.initialised:   # nothing learned yet: a fresh join loses nothing
         return Resume(ResumeKind.FRESH,
                       f"its training node {train} was lost during its first phase "
@@ -115,13 +114,23 @@ def handoff_resume(m: Member, base: Path | None, source: str) -> Resume:
                       f"({base / m.train_node.name if base else 'none configured'}); "
                       "not resumable")
     root, version = carry
+    return moved_with(source, root, version, _rank_roots(m, root))
+
+
+def moved_with(source: str, root: Path, version: int,
+               rank_roots: tuple[Path, ...] = ()) -> Resume:
+    """A member a re-plan moves out of ``source`` with its checkpoint ``version`` under
+    ``root`` (its training node's; ``rank_roots``: its other ranks')."""
     return Resume(ResumeKind.CARRIED,
                   f"moving from {source} (a re-plan) with its checkpoint v{version}; "
                   "re-admitted in its new group once that adopts it",
-                  readmit=f"moved from {source} by a re-plan; re-admitted from its "
-                          f"checkpoint v{version}", root=root, version=version,
-                  rank_roots=tuple(root.parent / s.node.name for s in m.gang.others)
-                  if m.gang is not None else ())
+                  readmit=f"moved from {source} by a re-plan", root=root, version=version,
+                  rank_roots=rank_roots)
+
+
+def _rank_roots(m: Member, root: Path) -> tuple[Path, ...]:
+    """The checkpoint roots of its training gang's ranks 1.., beside rank 0's ``root``."""
+    return tuple(root.parent / s.node.name for s in m.gang.others) if m.gang else ()
 
 
 def carried_checkpoint(m: Member, base: Path | None) -> tuple[Path, int] | None:
