@@ -13,24 +13,16 @@ as does the other, which never stops.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
+from tests.harness.moves import checkpoint_at, consolidating, ended_as_solo, nodes, row
 from tests.harness.scratch import public_dir, shm_dir
-from tests.harness.solo import run_solo
-from tests.harness.specs import OPTIONS
 from tests.harness.waits import settle, wait_for
-from tests.harness.weaved import call, release_all, rl_config, serve, smoke_site, wait_states
-from weave_slurm.config.render import job_spec_toml
-from weave_slurm.daemon.protocol import Op
-from weave_slurm.daemon.records import JobRow
-from weave_slurm.daemon.service import DaemonConfig, Weaved
+from tests.harness.weaved import release_all, rl_config, serve, smoke_site
+from weave_slurm.daemon.service import DaemonConfig
 from weave_slurm.daemon.states import GroupState
 from weave_slurm.daemon.store import Store
-from weave_slurm.node.segments import weights_digest
-from weave_slurm.runtime.group import MemberSpec
-from weave_slurm.vocab import Phase
 
 pytestmark = pytest.mark.torch
 
@@ -54,63 +46,38 @@ def cfg() -> Iterator[DaemonConfig]:
         yield rl_config(public, shm, site_path=public / "site.toml")
 
 
-def _submit(sock: Path, name: str, seed: int, iterations: int) -> int:
-    spec = job_spec_toml(name, iterations=iterations, seed=seed, options=OPTIONS)
-    return int(call(sock, Op.SUBMIT, spec=spec, source=f"{name}.toml")["job"])
-
-
-def _nodes(w: Weaved, gid: int, job: int) -> set[str]:
-    spans = getattr(w.driver, "spans", {}).get(gid, [])
-    return {s.node for s in spans if s.job_id == str(job) and s.ok
-            and s.kind in (Phase.ROLLOUT, Phase.TRAIN)}
-
-
 def test_consolidation_moves_a_running_job_which_ends_as_if_alone(cfg: DaemonConfig) -> None:
     served = serve(cfg)
     try:
         w, sock = served.weaved, cfg.socket
-        a, c = _submit(sock, "a", 61, LONG), _submit(sock, "c", 63, 10 * LONG)
-        wait_for(lambda: w.driver.live(a), 120, "a at version 1", interval_s=0.1,
-                 until=lambda live: live is not None and live["version"] >= 1)
-        b = _submit(sock, "b", 62, LONG)
-        wait_states(sock, [b], {"RUNNING"}, 120, [])
-        assert [_row(w, j).group_id for j in (a, c, b)] == [1, 1, 2]
-        wait_for(lambda: w.driver.live(b), 120, "b at version 3", interval_s=0.1,
-                 until=lambda live: live is not None and live["version"] >= 3)
-        assert call(sock, Op.CANCEL, jobs=[c])["results"][0]["ok"]
+        a, b = consolidating(w, sock, (61, 62, 63), LONG, 3, 120)
         # consolidation puts a and b in one group: whichever keeps its group's id
         # (placement's relabelling) stays, the other moves
-        settle(lambda: (_row(w, a), _row(w, b)), 120, interval_s=0.1,
+        settle(lambda: (row(w, a), row(w, b)), 120, interval_s=0.1,
                until=lambda rows: rows[0].group_id == rows[1].group_id
                and rows[0].moving_from is None and rows[1].moving_from is None)
-        gid = _row(w, a).group_id
-        assert gid == _row(w, b).group_id
+        gid = row(w, a).group_id
+        assert gid == row(w, b).group_id
         mover, stayer = (a, b) if gid == 2 else (b, a)
         src = 3 - gid
         reasons = [t.reason for t in w.store.transitions("job", mover)]
         assert any(r.startswith(f"moving from group {src} to group {gid}: consolidation "
                                 "after a departure costs") for r in reasons), reasons
-        assert _row(w, mover).reason == f"moved from group {src} to group {gid} by a re-plan"
+        assert row(w, mover).reason == f"moved from group {src} to group {gid} by a re-plan"
         emptied = settle(lambda: w.store.group(src), 60, interval_s=0.2,
                          until=lambda g: g is not None and g.state is GroupState.RELEASED)
         assert emptied is not None and emptied.state is GroupState.RELEASED
         assert "a re-plan moved its members to other groups" in \
             [t.reason for t in w.store.transitions("group", src)]
-        rows = wait_states(sock, [a, b], {"COMPLETED", "FAILED"}, 300, [])
-        assert [r["state"] for r in rows] == ["COMPLETED", "COMPLETED"], rows
-        for job, seed in ((a, 61), (b, 62)):
-            done = w.driver.live(job)
-            assert done is not None and done["version"] == LONG
-            solo = run_solo(MemberSpec(str(job), seed=seed, steps=LONG, options=OPTIONS))
-            assert done["weights_sha256"] == weights_digest(solo.weights), f"job {job}"
+        ended_as_solo(w, sock, {a: 61, b: 62}, LONG, 300)
         # the mover ran on both groups' nodes, re-admitted once from its checkpoint
         # (never from scratch); the other stayed on its own and never stopped
-        assert _nodes(w, src, mover) and _nodes(w, gid, mover)
+        assert nodes(w, src, mover) and nodes(w, gid, mover)
         moved, stayed = w.driver.live(mover), w.driver.live(stayer)
         assert moved is not None and moved["recoveries"] == 1, moved
-        at = int(moved["event"].rsplit("checkpoint v", 1)[1].split()[0])
+        at = checkpoint_at(moved)
         assert 3 <= at < LONG, moved["event"]   # moved mid-run, from its newest step
-        assert stayed is not None and stayed["recoveries"] == 0 and not _nodes(w, src, stayer)
+        assert stayed is not None and stayed["recoveries"] == 0 and not nodes(w, src, stayer)
     finally:
         served.stop()
         release_all(served.weaved.backend)
@@ -125,49 +92,30 @@ def test_a_weaved_restart_mid_move_adopts_the_job_from_its_newest_checkpoint(
     served = serve(cfg)
     try:
         w, sock = served.weaved, cfg.socket
-        a, c = _submit(sock, "a", 71, LONG), _submit(sock, "c", 73, 10 * LONG)
-        wait_for(lambda: w.driver.live(a), 120, "a at version 1", interval_s=0.1,
-                 until=lambda live: live is not None and live["version"] >= 1)
-        b = _submit(sock, "b", 72, LONG)
-        wait_states(sock, [b], {"RUNNING"}, 120, [])
-        wait_for(lambda: w.driver.live(b), 120, "b at version 3", interval_s=0.1,
-                 until=lambda live: live is not None and live["version"] >= 3)
-        assert call(sock, Op.CANCEL, jobs=[c])["results"][0]["ok"]
-        moving = wait_for(lambda: [j for j in (a, b) if _row(w, j).moving_from], 120,
+        a, b = consolidating(w, sock, (71, 72, 73), LONG, 3, 120)
+        moving = wait_for(lambda: [j for j in (a, b) if row(w, j).moving_from], 120,
                           "a committed move", interval_s=0.02)
         served.stop()
         assert not served.thread.is_alive()
         (mover,) = moving
         store = Store(cfg.state_dir / "weaved.db")   # as the stopped weaved left it
-        row = store.job(mover)
+        kept = store.job(mover)
         store.close()
-        assert row is not None and row.moving_from is not None, "the move ended first"
-        src, gid = row.moving_from, row.group_id
+        assert kept is not None and kept.moving_from is not None, "the move ended first"
+        src, gid = kept.moving_from, kept.group_id
         served = serve(cfg)   # a fresh weaved on the same state dir
         w = served.weaved
-        rows = wait_states(sock, [a, b], {"COMPLETED", "FAILED"}, 300, [])
-        assert [r["state"] for r in rows] == ["COMPLETED", "COMPLETED"], rows
-        for job, seed in ((a, 71), (b, 72)):
-            done = w.driver.live(job)
-            assert done is not None and done["version"] == LONG
-            solo = run_solo(MemberSpec(str(job), seed=seed, steps=LONG, options=OPTIONS))
-            assert done["weights_sha256"] == weights_digest(solo.weights), f"job {job}"
+        ended_as_solo(w, sock, {a: 71, b: 72}, LONG, 300)
         moved = w.driver.live(mover)   # adopted from its old training node's checkpoint
         assert moved is not None and moved["recoveries"] == 1, moved
         assert f"moved from group {src} by a re-plan; re-admitted from checkpoint v" in \
             str(moved["event"]), moved
-        at = int(moved["event"].rsplit("checkpoint v", 1)[1].split()[0])
+        at = checkpoint_at(moved)
         assert 3 <= at < LONG, moved["event"]
-        assert _nodes(w, gid, mover)   # it ran on in its new group, after the restart
+        assert nodes(w, gid, mover)   # it ran on in its new group, after the restart
         emptied = settle(lambda: w.store.group(src), 60, interval_s=0.2,
                          until=lambda g: g is not None and g.state is GroupState.RELEASED)
         assert emptied is not None and emptied.state is GroupState.RELEASED
     finally:
         served.stop()
         release_all(served.weaved.backend)
-
-
-def _row(w: Weaved, job: int) -> JobRow:
-    row = w.store.job(job)
-    assert row is not None
-    return row
