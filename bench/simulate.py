@@ -38,8 +38,8 @@ from weave_slurm.sim.replay import Replay, ReplayOptions, replay_policies
 from weave_slurm.sim.report import build_report
 
 GPUS = {"rollout": 8, "train": 8}
-ALL_BUT_OPTIMAL = ("weave", "weave-online", "isolated", "colocated", "random", "most-idle",
-                   "regroup")
+ALL_BUT_OPTIMAL = ("weave", "weave-online", "weave-live", "isolated", "colocated", "random",
+                   "most-idle", "regroup")
 FIELDS = ("reference_units", "cost_per_hour", "slo_attainment", "slo_violations",
           "life_slo_violations", "admissions_pct", "ratios", "migrations", "repins", "pause_h",
           "slo_check", "bound", "cost_over_bound", "bubble", "iterations")
@@ -51,6 +51,10 @@ STEPS: tuple[tuple[str, dict[str, bool]], ...] = (
     ("+ hourly re-plan (weave)", {"consolidate": True, "replace_recent": True,
                                   "replan": True}),
     ("hourly re-plan alone", {"replan": True}),
+    # as weaved takes them: every move onto nodes its group holds (weave-live)
+    ("consolidation + hourly re-plan", {"consolidate": True, "replan": True}),
+    ("... moves onto held nodes only (weave-live)", {"consolidate": True, "replan": True,
+                                                     "held_nodes_only": True}),
 )
 GENERATED_SEEDS = (11, 12, 13)
 
@@ -105,10 +109,12 @@ def generated() -> dict[str, Any]:
     for seed in GENERATED_SEEDS:
         trace = generate_trace(GeneratorConfig(n_jobs=200, seed=seed))
         for acc in Accounting:
-            res = replay_policies(trace, _cap(5), ("weave", "weave-online", "isolated",
-                                                   "colocated"), ReplayOptions(accounting=acc))
+            res = replay_policies(trace, _cap(5), ("weave", "weave-online", "weave-live",
+                                                   "isolated", "colocated"),
+                                  ReplayOptions(accounting=acc))
             rep = build_report(res, GPUS)["policies"]
-            out[f"seed{seed}_{acc.value}"] = {n: _row(rep[n]) for n in ("weave", "weave-online")}
+            out[f"seed{seed}_{acc.value}"] = {n: _row(rep[n]) for n in ("weave", "weave-online",
+                                                                        "weave-live")}
     return out
 
 

@@ -21,6 +21,7 @@ from weave_slurm.placement.replan import (
     MAX_HORIZON_S,
     Replan,
     horizon,
+    needs_nodes,
     regroup_all,
     replace_jobs,
     replan_worst,
@@ -134,3 +135,24 @@ def test_with_profile_replans_one_member_on_its_measured_times_in_place() -> Non
     assert [m.rollout_pins for m in h.members] == [(0,), (0,)]
     assert (h.group_id, h.rollout_nodes, h.train_nodes) == (3, 1, 1)
     assert h.schedule.period_s > g.schedule.period_s
+
+
+def test_needs_nodes_names_the_groups_a_move_enters_that_are_new_or_grow() -> None:
+    a, b, c = (simple_profile(j, 100, 100, 2.0) for j in "abc")
+    cap = capacity(max_group_size=4)
+    before = ClusterState(cap, (Group(1, (Member(a, (0,)), Member(c, (0,))), 1, 1),
+                                Group(2, (Member(b, (0,)),), 1, 1)), 3)
+    onto_held = ClusterState(cap, (Group(1, (Member(a, (0,)), Member(b, (0,)),
+                                             Member(c, (0,))), 1, 1),), 3)
+    grown = ClusterState(cap, (Group(1, (Member(a, (0,)), Member(b, (1,)),
+                                         Member(c, (0,))), 2, 1),), 3)
+    formed = ClusterState(cap, (Group(1, (Member(a, (0,)),), 1, 1),
+                                Group(2, (Member(b, (0,)),), 1, 1),
+                                Group(3, (Member(c, (0,)),), 1, 1)), 4)
+    shrunk = ClusterState(cap, (Group(1, (Member(a, (0,)),), 1, 1),
+                                Group(2, (Member(b, (0,)), Member(c, (0,))), 1, 1)), 3)
+    assert needs_nodes(before, onto_held) == []
+    assert needs_nodes(before, grown) == [1]
+    assert needs_nodes(before, formed) == [3]   # c moves into a group formed for it
+    assert needs_nodes(before, shrunk) == []    # c joins b on the nodes b's group holds
+    assert needs_nodes(before, before) == []

@@ -36,7 +36,7 @@ from weave_slurm.daemon.store import Store
 from weave_slurm.errors import StateError, WeaveError
 from weave_slurm.placement import Capacity, ClusterState, WeavePolicy
 from weave_slurm.placement.consolidate import consolidation
-from weave_slurm.placement.replan import Replan, replace_jobs, worst_groups
+from weave_slurm.placement.replan import Replan, needs_nodes, replace_jobs, worst_groups
 
 log = logging.getLogger(__name__)
 
@@ -177,16 +177,10 @@ class Replanner:
 
 def _grows(before: ClusterState, after: ClusterState, active: set[int],
            targets: set[int]) -> list[int]:
-    """The groups jobs would move into (``targets``) that are not active or need more
-    nodes than they hold: a move waits for no allocation (one that is never granted
-    would leave the job waiting between two groups)."""
-    out = []
-    for gid in sorted(targets):
-        g, old = after.by_id[gid], before.by_id.get(gid)
-        if old is None or gid not in active or g.rollout_nodes > old.rollout_nodes \
-                or g.train_nodes > old.train_nodes:
-            out.append(gid)
-    return out
+    """The groups jobs would move into (``targets``) that are not active or need nodes
+    they do not hold: a move waits for no allocation (one that is never granted would
+    leave the job waiting between two groups)."""
+    return sorted(set(needs_nodes(before, after)) | (targets - active))
 
 
 def _spec(job: JobRow) -> JobSpec | None:

@@ -65,6 +65,21 @@ class Replan:
         return tuple(sorted(self.pauses))
 
 
+def needs_nodes(before: ClusterState, after: ClusterState) -> list[int]:
+    """The groups a job moves into (``before`` -> ``after``) that are new or hold more
+    nodes after than before: what a runtime that moves jobs only onto nodes it already
+    holds cannot carry out (weaved: a move never waits for an allocation)."""
+    targets = {gid for job, gid in after.job_group.items()
+               if before.job_group.get(job) not in (None, gid)}
+    out = []
+    for gid in sorted(targets):
+        g, old = after.by_id[gid], before.by_id.get(gid)
+        if old is None or g.rollout_nodes > old.rollout_nodes \
+                or g.train_nodes > old.train_nodes:
+            out.append(gid)
+    return out
+
+
 def _remaining(job_id: str, remaining_s: Mapping[str, float] | None) -> float:
     value = None if remaining_s is None else remaining_s.get(job_id)
     return DEFAULT_HORIZON_S if value is None or not math.isfinite(value) else max(value, 0.0)

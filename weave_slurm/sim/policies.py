@@ -31,8 +31,8 @@ from weave_slurm.sim.traces import TraceJob
 from weave_slurm.vocab import member_of
 
 #: Policies `weave simulate` knows; ``optimal`` and ``regroup`` re-plan the whole set.
-SIM_POLICIES = ("weave", "weave-online", "isolated", "colocated", "random", "most-idle",
-                "optimal", "regroup")
+SIM_POLICIES = ("weave", "weave-online", "weave-live", "isolated", "colocated", "random",
+                "most-idle", "optimal", "regroup")
 #: Policies whose cost does not depend on grouping (every job on its own nodes).
 SOLO_POLICIES = ("isolated", "colocated")
 
@@ -157,6 +157,10 @@ class SimPolicy:
     consolidate: bool = False  # charged consolidation after a departure
     replace_recent: bool = False  # recent arrivals re-placed together, charged
     replan: bool = False  # periodic charged re-plan of every group
+    # re-plans taken only where every move goes onto nodes already held, as weaved
+    # takes them (``weave-live``: consolidation and the periodic re-plan, no re-placement
+    # of recent arrivals; docs/daemon.md "Re-planning running jobs")
+    held_nodes_only: bool = False
     regroup: bool = False
     optimal: bool = False
 
@@ -164,10 +168,12 @@ class SimPolicy:
     def make(cls, name: str, seed: int = 0) -> SimPolicy:
         if name not in SIM_POLICIES:
             raise ConfigError(f"unknown policy {name!r}; valid choices: {', '.join(SIM_POLICIES)}")
-        base = {"weave-online": "weave", "optimal": "weave", "regroup": "weave"}.get(name, name)
-        weave = name == "weave"
-        return cls(name, make_policy(base, seed), consolidate=weave, replace_recent=weave,
-                   replan=weave, regroup=name == "regroup", optimal=name == "optimal")
+        base = {"weave-online": "weave", "weave-live": "weave", "optimal": "weave",
+                "regroup": "weave"}.get(name, name)
+        weave, live = name == "weave", name == "weave-live"
+        return cls(name, make_policy(base, seed), consolidate=weave or live,
+                   replace_recent=weave, replan=weave or live, held_nodes_only=live,
+                   regroup=name == "regroup", optimal=name == "optimal")
 
 
 def optimum_rate(jobs: Sequence[JobProfile], cap: Capacity) -> float | None:
