@@ -51,7 +51,8 @@ STEPS: tuple[tuple[str, dict[str, bool]], ...] = (
     ("+ hourly re-plan (weave)", {"consolidate": True, "replace_recent": True,
                                   "replan": True}),
     ("hourly re-plan alone", {"replan": True}),
-    # as weaved takes them: every move onto nodes its group holds (weave-live)
+    # weave without re-placing recent arrivals, then also only moves onto nodes the
+    # new group holds, as weaved takes re-plans (the weave-live policy)
     ("consolidation + hourly re-plan", {"consolidate": True, "replan": True}),
     ("... moves onto held nodes only (weave-live)", {"consolidate": True, "replan": True,
                                                      "held_nodes_only": True}),

@@ -87,8 +87,8 @@ def test_a_weaved_restart_mid_move_adopts_the_job_from_its_newest_checkpoint(
         cfg: DaemonConfig) -> None:
     """weaved stops once a move is committed and before the new group has adopted the
     job: the restarted weaved finds no runner holding it, so the new group adopts it from
-    the newest checkpoint under its old group's training node, the old group drops what
-    it kept of it, and it still ends with its solo weights."""
+    the newest checkpoint under its old group's training node, and it still ends with
+    its solo weights."""
     served = serve(cfg)
     try:
         w, sock = served.weaved, cfg.socket

@@ -145,9 +145,11 @@ class Replanner:
             log.info("%s: not taken, it moves job(s) %s, which weaved cannot move now", what,
                      ", ".join(sorted(set(moved) - movable)))
             return False
-        grows = _grows(before, after, {g.group_id for g in groups
-                                       if g.state is GroupState.ACTIVE},
-                       {to for _, to in moved.values()})
+        # a move waits for no allocation (one never granted would leave the job waiting
+        # between two groups): every group a job enters must be active and hold its nodes
+        active = {g.group_id for g in groups if g.state is GroupState.ACTIVE}
+        grows = sorted(set(needs_nodes(before, after)) | ({to for _, to in moved.values()}
+                                                           - active))
         if grows:
             log.info("%s: not taken, it needs nodes weaved does not hold yet (group(s) %s)",
                      what, ", ".join(map(str, grows)))
@@ -173,14 +175,6 @@ class Replanner:
                  "unit of work", what, len(moves), ", ".join(str(m[0]) for m in moves),
                  len(writes), gain)
         return True
-
-
-def _grows(before: ClusterState, after: ClusterState, active: set[int],
-           targets: set[int]) -> list[int]:
-    """The groups jobs would move into (``targets``) that are not active or need nodes
-    they do not hold: a move waits for no allocation (one that is never granted would
-    leave the job waiting between two groups)."""
-    return sorted(set(needs_nodes(before, after)) | (targets - active))
 
 
 def _spec(job: JobRow) -> JobSpec | None:

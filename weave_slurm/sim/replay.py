@@ -244,12 +244,11 @@ class Replay:
         return {j: self.runs[j].remaining_s(self.sim.now) for j in self.state.job_group}
 
     def _take(self, plan: Replan | None) -> None:
-        if plan is not None and self.policy.held_nodes_only \
-                and needs_nodes(self.state, plan.state):
-            return   # weaved would not take it: a move would wait for an allocation
-        if plan is not None:
-            self.result.replans += 1
-            self._transition(plan.state, plan.pauses)
+        if plan is None or (self.policy.held_nodes_only
+                            and needs_nodes(self.state, plan.state)):
+            return   # none, or weaved would not take it: a move would wait for nodes
+        self.result.replans += 1
+        self._transition(plan.state, plan.pauses)
 
     def _transition_charged(self, new: ClusterState) -> None:
         """A re-plan taken whatever it costs (the regroup baseline, an SLO-driven re-plan
