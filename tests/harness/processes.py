@@ -21,10 +21,11 @@ def pid_alive(pid: int) -> bool:
     """True if ``pid`` exists and is not a zombie (a zombie is dead too)."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+        # the process may be reaped between the two looks: ESRCH or ENOENT then
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except (ProcessLookupError, FileNotFoundError):
         return False
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().split(")")[-1].split()[0] != "Z"
+    return state != "Z"
 
 
 def node_status(sock: Path) -> dict[str, Any]:
