@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from tests.harness.processes import pid_alive
 from tests.harness.scratch import public_dir
 from tests.harness.waits import wait_for
 from weave_slurm import gate
@@ -188,9 +189,7 @@ def test_drop_stops_the_jobs_processes(node: Any) -> None:
                 command="trap '' TERM; sleep 60")["pid"]   # ignores SIGTERM: SIGKILL ends it
     assert _call(sock, Op.PHASE, job="c6")["gate"]["procs"]["train"]["returncode"] is None
     _call(sock, Op.DROP, job="c6")
-    wait_for(lambda: not Path(f"/proc/{pid}").exists() or
-             Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z", 15,
-             f"process {pid} gone after the drop")
+    wait_for(lambda: not pid_alive(pid), 15, f"process {pid} gone after the drop")
 
 
 def test_a_cooperative_job_has_no_resident_worker(resident_node: Any) -> None:

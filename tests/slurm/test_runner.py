@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.harness.processes import pid_alive
+from tests.harness.waits import settle
 from weave_slurm.errors import ExternalCommandError
-from weave_slurm.slurm import daemons
 from weave_slurm.slurm.fake_runner import FakeReply, FakeRunner, UnexpectedCommand
 from weave_slurm.slurm.runner import SlurmCommandError, SubprocessRunner, run_command
 
@@ -45,15 +45,8 @@ def test_hung_command_is_killed_with_its_children() -> None:
     assert err.timed_out and err.returncode is None
     assert "timed out after 0.5 s" in str(err)
     child = int(err.stdout.split()[0])
-    deadline = time.monotonic() + 5
-    while daemons.start_ticks(child) is not None and time.monotonic() < deadline:
-        stat = Path(f"/proc/{child}/stat").read_text(errors="replace") \
-            if Path(f"/proc/{child}").exists() else ""
-        if ") Z" in stat:
-            break
-        time.sleep(0.05)
-    stat = Path(f"/proc/{child}/stat").read_text() if Path(f"/proc/{child}").exists() else ""
-    assert stat == "" or ") Z" in stat, "the hung command's child survived the kill"
+    assert not settle(lambda: pid_alive(child), 5, until=lambda alive: not alive), \
+        "the hung command's child survived the kill"
 
 
 def test_missing_program_is_an_error_not_an_oserror() -> None:
