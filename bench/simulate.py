@@ -51,11 +51,12 @@ STEPS: tuple[tuple[str, dict[str, bool]], ...] = (
     ("+ hourly re-plan (weave)", {"consolidate": True, "replace_recent": True,
                                   "replan": True}),
     ("hourly re-plan alone", {"replan": True}),
-    # weave without re-placing recent arrivals, then also only moves onto nodes the
-    # new group holds, as weaved takes re-plans (the weave-live policy)
+    # weave without re-placing recent arrivals, then also only the moves weaved can
+    # carry out (onto held nodes, or waiting for nodes where the old group's plan stays
+    # the one the job runs: the weave-live policy)
     ("consolidation + hourly re-plan", {"consolidate": True, "replan": True}),
-    ("... moves onto held nodes only (weave-live)", {"consolidate": True, "replan": True,
-                                                     "held_nodes_only": True}),
+    ("... moves weaved carries out (weave-live)", {"consolidate": True, "replan": True,
+                                                   "weaved_moves": True}),
 )
 GENERATED_SEEDS = (11, 12, 13)
 

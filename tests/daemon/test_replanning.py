@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from weave_slurm.config.render import job_spec_toml
+from weave_slurm.daemon import allocplan, membership
 from weave_slurm.daemon.records import GroupPlan, MemberPlan
 from weave_slurm.daemon.replanning import ReplanConfig, Replanner
 from weave_slurm.daemon.states import GroupState, JobState
@@ -35,10 +36,12 @@ def store(tmp_path: Path) -> Iterator[Store]:
     s.close()
 
 
-def _running(store: Store, name: str, gid: int, spec: str = SPEC) -> int:
+def _running(store: Store, name: str, gid: int, spec: str = SPEC,
+             rollout_s: float = 10.0) -> int:
     job = store.add_job(uid=1000, user="alice", name=name, spec=spec.replace("{name}", name),
                         source=f"{name}.toml", now=T0,
-                        profile=simple_profile(name, 10, 10, 3.0))
+                        profile=simple_profile(name, rollout_s, 10, 3.0 if rollout_s <= 10
+                                               else 1.5))
     store.commit_placement([], [(job, gid, "placed")], T0)
     store.transition("job", job, JobState.RUNNING, "started", T0)
     return job
@@ -56,18 +59,21 @@ def _group(store: Store, gid: int, jobs: list[int], state: GroupState = GroupSta
 
 
 def _two_lone_jobs(store: Store, second: GroupState = GroupState.ACTIVE,
-                   spec: str = SPEC) -> tuple[int, int]:
+                   spec: str = SPEC, rollout_s: float = 10.0) -> tuple[int, int]:
+    """Jobs a and b alone in groups 1 and 2 (with ``rollout_s`` = 100 they cannot share
+    a rollout node, only the training node)."""
     _group(store, 1, [], GroupState.FORMING)
     _group(store, 2, [], GroupState.FORMING)
-    a, b = _running(store, "a", 1, spec), _running(store, "b", 2, spec)
+    a, b = (_running(store, "a", 1, spec, rollout_s), _running(store, "b", 2, spec, rollout_s))
     _group(store, 1, [a])
     _group(store, 2, [b], second)
     return a, b
 
 
-def _replanner(store: Store, **live: Any) -> Replanner:
+def _replanner(store: Store, wait_s: float = 900.0, **live: Any) -> Replanner:
     return Replanner(store, CAP, WeavePolicy(), "",
-                     ReplanConfig(interval_s=600.0), lambda job: live.get(str(job)), T0)
+                     ReplanConfig(interval_s=600.0, wait_s=wait_s),
+                     lambda job: live.get(str(job)), T0)
 
 
 def test_a_paying_consolidation_is_committed_and_the_emptied_group_drains_after(
@@ -96,13 +102,31 @@ def test_a_paying_consolidation_is_committed_and_the_emptied_group_drains_after(
         == "a re-plan moved its members to other groups"
 
 
-def test_nothing_is_moved_into_a_group_that_is_not_active_yet(store: Store) -> None:
-    _two_lone_jobs(store, second=GroupState.FORMING)
-    r = _replanner(store)
+def test_a_move_into_a_group_that_grows_waits_keeping_its_place(store: Store) -> None:
+    """A move that needs nodes weaved does not hold yet (a joins b's group on a new
+    rollout node, freeing its own training node) is committed as a waiting move: the job
+    keeps its place in its old group's plan (it runs there meanwhile), and that group is
+    closed to newcomers; with move_wait_s = 0 it is not taken at all."""
+    a, b = _two_lone_jobs(store, rollout_s=100.0)
+    r = _replanner(store, wait_s=0.0)
     r.left(1)
     r.tick(T0 + 1)
     assert all(j.moving_from is None for j in store.jobs())
-    assert [g.group_id for g in store.groups() if g.plan.members] == [1, 2]
+    r = _replanner(store)
+    r.left(1)
+    r.tick(T0 + 2)
+    (row,) = [j for j in store.jobs() if j.moving_from is not None]   # a or b
+    src, dst = row.moving_from or 0, row.group_id or 0
+    assert {src, dst} == {1, 2}
+    old, new = store.group(src), store.group(dst)
+    assert old is not None and new is not None
+    assert old.plan.job_ids == (row.job_id,) and sorted(new.plan.job_ids) == sorted((a, b))
+    assert len(allocplan.pinned(new.plan)) == 2   # on a node its new group asks for
+    state = membership.cluster_state(CAP, store.groups(), store.jobs(), 3)
+    assert state.closed == {src} and state.job_group[str(row.job_id)] == dst
+    assert src not in state.by_id   # its place there is not a member placement sees
+    r.tick(T0 + 3)
+    assert store.group(src).state is GroupState.ACTIVE   # type: ignore[union-attr]
 
 
 def test_a_cooperative_job_is_never_moved(store: Store) -> None:

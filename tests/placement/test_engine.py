@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -93,6 +94,20 @@ def test_direct_packing_is_preferred_and_fills_idle_slots() -> None:
     assert isinstance(d, Placement)
     assert d.admission is Admission.DIRECT and d.cost_delta_per_hour == 0
     assert d.group.schedule.max_slowdown <= 1.3
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_no_policy_places_a_job_into_a_closed_group(name: str) -> None:
+    """ClusterState.closed: a group a move waits to leave takes no newcomer (its nodes
+    still count as used)."""
+    cap = capacity()
+    a = simple_profile("a", rollout_s=300, train_s=60, slo=1.3)
+    b = simple_profile("b", rollout_s=60, train_s=250, slo=1.3)
+    state = apply(ClusterState(cap), WeavePolicy().place(ClusterState(cap), a))  # type: ignore[arg-type]
+    closed = replace(state, closed=frozenset({state.groups[0].group_id}))
+    d = make_policy(name, 1).place(closed, b)
+    assert isinstance(d, Placement) and d.group.group_id != state.groups[0].group_id
+    assert d.admission is Admission.NEW_GROUP or name == "colocated"
 
 
 def test_rollout_scaling_when_rollout_node_is_saturated() -> None:

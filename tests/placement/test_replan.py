@@ -26,6 +26,7 @@ from weave_slurm.placement.replan import (
     replace_jobs,
     replan_worst,
     slo_allows,
+    waiting_moves,
 )
 
 from .conftest import capacity, job_lists
@@ -156,3 +157,50 @@ def test_needs_nodes_names_the_groups_a_move_enters_that_are_new_or_grow() -> No
     assert needs_nodes(before, formed) == [3]   # c moves into a group formed for it
     assert needs_nodes(before, shrunk) == []    # c joins b on the nodes b's group holds
     assert needs_nodes(before, before) == []
+
+
+def test_a_move_may_wait_for_nodes_only_where_its_old_group_keeps_its_plan() -> None:
+    """waiting_moves: the jobs whose move needs nodes, or None where the group such a
+    move leaves would change meanwhile (a job enters it, or the members it keeps move)."""
+    a, b, c, d = (simple_profile(j, 100, 100, 2.0) for j in "abcd")
+    cap = capacity(max_group_size=4)
+    before = ClusterState(cap, (Group(1, (Member(a, (0,)), Member(c, (1,))), 2, 1),
+                                Group(2, (Member(b, (0,)),), 1, 1),
+                                Group(4, (Member(d, (0,)),), 1, 1)), 5)
+    # c leaves group 1 for a new group 3; a stays on its node: c's move waits
+    formed = ClusterState(cap, (Group(1, (Member(a, (0,)),), 1, 1),
+                                Group(2, (Member(b, (0,)),), 1, 1),
+                                Group(3, (Member(c, (0,)),), 1, 1),
+                                Group(4, (Member(d, (0,)),), 1, 1)), 5)
+    assert waiting_moves(before, formed) == {"c"}
+    # onto held nodes only: nothing waits, whatever the old groups become
+    onto_held = ClusterState(cap, (Group(1, (Member(a, (0,)), Member(c, (1,))), 2, 1),
+                                   Group(2, (Member(b, (0,)), Member(d, (0,))), 1, 1)), 5)
+    assert waiting_moves(before, onto_held) == frozenset()
+    # the group c waits to leave takes d meanwhile: refused
+    entered = ClusterState(cap, (Group(1, (Member(a, (0,)), Member(d, (0,))), 1, 1),
+                                 Group(2, (Member(b, (0,)),), 1, 1),
+                                 Group(3, (Member(c, (0,)),), 1, 1)), 5)
+    assert waiting_moves(before, entered) is None
+    # the members the group keeps change: a takes two turns, or a and e come to share
+    # a node, while c still runs beside them: refused
+    more_turns = ClusterState(cap, (Group(1, (Member(a, (0,), 2),), 1, 1),
+                                    Group(2, (Member(b, (0,)),), 1, 1),
+                                    Group(3, (Member(c, (0,)),), 1, 1),
+                                    Group(4, (Member(d, (0,)),), 1, 1)), 5)
+    assert waiting_moves(before, more_turns) is None
+    e = simple_profile("e", 100, 100, 2.0)
+    three = ClusterState(cap, (Group(1, (Member(a, (0,)), Member(e, (1,)),
+                                         Member(c, (2,))), 3, 1),), 2)
+    shared = ClusterState(cap, (Group(1, (Member(a, (0,)), Member(e, (0,))), 1, 1),
+                                Group(2, (Member(c, (0,)),), 1, 1)), 3)
+    apart = ClusterState(cap, (Group(1, (Member(e, (0,)), Member(a, (1,))), 2, 1),
+                               Group(2, (Member(c, (0,)),), 1, 1)), 3)
+    assert waiting_moves(three, shared) is None
+    assert waiting_moves(three, apart) == {"c"}   # renumbered and reordered: the same
+    # a group the runtime names (not active yet) makes a move onto it wait too
+    assert waiting_moves(before, onto_held, {2}) == {"d"}
+    # a whole group moving into a grown one: its old group is simply gone
+    grown = ClusterState(cap, (Group(1, (Member(a, (0,)), Member(c, (1,))), 2, 1),
+                               Group(2, (Member(b, (0,)), Member(d, (1,))), 2, 1)), 5)
+    assert waiting_moves(before, grown) == {"d"}

@@ -13,6 +13,7 @@ as does the other, which never stops.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -20,9 +21,12 @@ from tests.harness.moves import checkpoint_at, consolidating, ended_as_solo, nod
 from tests.harness.scratch import public_dir, shm_dir
 from tests.harness.waits import settle, wait_for
 from tests.harness.weaved import release_all, rl_config, serve, smoke_site
-from weave_slurm.daemon.service import DaemonConfig
+from weave_slurm.daemon.service import DaemonConfig, Weaved
 from weave_slurm.daemon.states import GroupState
 from weave_slurm.daemon.store import Store
+from weave_slurm.slurm.backend import AllocationRequest, ResourceSpec
+from weave_slurm.slurm.cluster_config import parse_layout
+from weave_slurm.slurm.local_backend import LocalBackend
 
 pytestmark = pytest.mark.torch
 
@@ -116,6 +120,93 @@ def test_a_weaved_restart_mid_move_adopts_the_job_from_its_newest_checkpoint(
         emptied = settle(lambda: w.store.group(src), 60, interval_s=0.2,
                          until=lambda g: g is not None and g.state is GroupState.RELEASED)
         assert emptied is not None and emptied.state is GroupState.RELEASED
+    finally:
+        served.stop()
+        release_all(served.weaved.backend)
+
+
+def _growing_move(w: Weaved, sock: Path, seeds: tuple[int, int, int]
+                  ) -> tuple[int, int, int, int, int]:
+    """The scene where a and b cannot share a rollout node (100 s rollouts, SLO 1.5),
+    only a training node, and c (10 s, SLO 10) shares a's: c is cancelled and
+    consolidation commits a move into a group that must grow. (a, b, the mover, the
+    group it leaves, the group it joins.)"""
+    slow = {"rollout_s": 100.0, "slo": 1.5}
+    a, b = consolidating(w, sock, seeds, LONG, 3, 120, declared={
+        "a": slow, "b": slow, "c": {"rollout_s": 10.0, "slo": 10.0}})
+    (mover,) = wait_for(lambda: [j for j in (a, b) if row(w, j).moving_from], 120,
+                        "a committed move", interval_s=0.02)
+    src, gid = row(w, mover).moving_from, row(w, mover).group_id
+    assert src is not None and gid is not None
+    return a, b, mover, src, gid
+
+
+def test_a_move_into_a_group_that_grows_waits_for_its_new_node_then_moves(
+        cfg: DaemonConfig) -> None:
+    """a and b cannot share a rollout node (100 s rollouts, SLO 1.5), only a training
+    node; c (10 s, SLO 10) shares a's. Once c is cancelled consolidation moves a or b
+    into the other's group, on a rollout node that group must first ask for (the local
+    cluster has a third h20 node). The move waits for that allocation while the job runs
+    on in its old group, where it keeps its place, then goes on as any other: the job is
+    handed off onto the new node and still ends with its solo weights."""
+    served = serve(cfg, LocalBackend(cfg.state_dir / "local", parse_layout("h20=3,h800=2")))
+    try:
+        w, sock = served.weaved, cfg.socket
+        a, b, mover, src, gid = _growing_move(w, sock, (81, 82, 83))
+        kept = w.store.group(src)   # the mover keeps its place until it has moved
+        assert kept is not None and mover in kept.plan.job_ids
+        settle(lambda: row(w, mover), 120, interval_s=0.1,
+               until=lambda r: r.moving_from is None)
+        assert row(w, mover).reason == f"moved from group {src} to group {gid} by a re-plan"
+        grown = [a for a in w.store.allocs(gid, live_only=False) if a.role == "rollout"]
+        assert len(grown) == 2, grown   # the node the move asked for
+        ended_as_solo(w, sock, {a: 81, b: 82}, LONG, 300)
+        assert set(grown[1].nodes) <= nodes(w, gid, mover)   # it ran there
+        moved = w.driver.live(mover)
+        assert moved is not None and moved["recoveries"] == 1, moved
+        assert 3 <= checkpoint_at(moved) < LONG, moved["event"]
+        emptied = settle(lambda: w.store.group(src), 60, interval_s=0.2,
+                         until=lambda g: g is not None and g.state is GroupState.RELEASED)
+        assert emptied is not None and emptied.state is GroupState.RELEASED
+        assert not emptied.plan.members   # the place went once the job had moved in
+    finally:
+        served.stop()
+        release_all(served.weaved.backend)
+
+
+def test_a_move_whose_node_is_never_granted_is_withdrawn_and_the_job_runs_on(
+        cfg: DaemonConfig) -> None:
+    """As above, but another instance's allocation holds the third h20 node, so the
+    node the move asks for is not granted: after ``move_wait_s`` the move is withdrawn,
+    the job runs on in its old group (never handed off, never restarted) and ends with
+    its solo weights; the allocation its new group asked for is given up."""
+    assert cfg.site_path is not None
+    cfg.site_path.write_text(smoke_site(SITE + "move_wait_s = 5\n"))
+    backend = LocalBackend(cfg.state_dir / "local", parse_layout("h20=3,h800=2"))
+    h20 = next(p for p in backend.layout.pools if p.partition == "h20")
+    other = backend.allocate(AllocationRequest(   # a whole h20 node, not weaved's
+        "1", "h20-0", (ResourceSpec("h20", 1, gpus_per_node=h20.gpus_per_node),),
+        instance="someone_else"))
+    served = serve(cfg, backend)
+    try:
+        w, sock = served.weaved, cfg.socket
+        a, b, mover, src, gid = _growing_move(w, sock, (91, 92, 93))
+        back = settle(lambda: row(w, mover), 60, interval_s=0.1,
+                      until=lambda r: r.moving_from is None)
+        assert (back.group_id, back.moving_from) == (src, None)
+        assert back.reason == (f"its move to group {gid} was withdrawn: the nodes it needs "
+                               f"there were not held within 5 s ([runtime] move_wait_s); "
+                               f"it runs on in group {src}")
+        assert mover not in w.store.group(gid).plan.job_ids   # type: ignore[union-attr]
+        asked = settle(lambda: [x for x in w.store.allocs(gid, live_only=False)
+                                if x.role == "rollout"], 30, interval_s=0.1,
+                       until=lambda rows: len(rows) == 2 and rows[1].state.final)
+        assert len(asked) == 2 and asked[1].state.final and not asked[1].nodes, asked
+        ended_as_solo(w, sock, {a: 91, b: 92}, LONG, 300)
+        stayed = w.driver.live(mover)
+        assert stayed is not None and stayed["recoveries"] == 0, stayed
+        assert not nodes(w, gid, mover)   # it never ran in the group it was to join
+        assert other.alloc_id in {x.alloc_id for x in backend.list_allocations("")}
     finally:
         served.stop()
         release_all(served.weaved.backend)

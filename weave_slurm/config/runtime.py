@@ -56,7 +56,9 @@ class RuntimeConfig:
     the members of the ``replan_groups`` least efficient groups are placed again, and
     after a departure (``consolidate``) the members left behind; a re-plan is taken only
     when it pays once its moves are charged, and needs node checkpoints on a file system
-    weaved shares with the nodes.
+    weaved shares with the nodes. A move into a group that is new or grows waits for
+    its nodes while the job runs on where it is, at most ``move_wait_s`` (0: such moves
+    are not taken); then it is withdrawn and the job stays.
     """
 
     weight_transfer: WeightTransferKind = WeightTransferKind.AUTO
@@ -77,6 +79,7 @@ class RuntimeConfig:
     replan_interval_s: float = 3600.0
     replan_groups: int = 8
     consolidate: bool = True
+    move_wait_s: float = 900.0
 
 
 #: The defaults, for code that builds its own config (the runner, tests, benchmarks).
@@ -112,6 +115,7 @@ def read_runtime(table: TableReader | None) -> RuntimeConfig:
                                    choices=DEVICE_SWITCHES),
         replan_interval_s=table.number("replan_interval_s", d.replan_interval_s, ge=0),
         replan_groups=table.integer("replan_groups", d.replan_groups, ge=1),
-        consolidate=table.boolean("consolidate", d.consolidate))
+        consolidate=table.boolean("consolidate", d.consolidate),
+        move_wait_s=table.number("move_wait_s", d.move_wait_s, ge=0))
     table.done()
     return runtime

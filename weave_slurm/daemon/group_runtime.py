@@ -40,6 +40,7 @@ resident workers on the node daemons weaved launched for its group's allocations
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -94,6 +95,8 @@ class GroupRuntimeConfig:
     checkpoint_base: Path | None = None
     runner: RunnerConfig = field(default_factory=RunnerConfig)
     plan_from_measurements: bool = True   # feed measured profiles back to placement
+    # a move waiting for its nodes in its new group is withdrawn after this long
+    move_wait_s: float = 900.0
 
 
 def member_spec(job: JobRow, group: GroupRow, pins: tuple[int, ...] | None = None) -> MemberSpec:
@@ -155,7 +158,7 @@ class GroupRuntime:
         self._waiting_jobs: dict[int, str] = {}  # job -> the same, for its status
         self._snap_at = 0.0
         self.moves = Handoffs(self.groups, self._resume, self._waiting_jobs,
-                              self.config.checkpoint_base)
+                              self.config.checkpoint_base, self.config.move_wait_s)
 
     # -- the Driver seam -------------------------------------------------------------
     def job_steps(self, job: JobRow, group: GroupRow,
@@ -180,15 +183,17 @@ class GroupRuntime:
                 runner = self.groups.get(group.group_id)
                 if runner is not None:
                     self._follow(runner, group, allocs)
-            self.moves.hand_off(store, lambda job: self._placed(live_groups, rows, job))
-            for job_id, runner, member in self.moves.ended():   # ended before its hand-off
+            placed = functools.partial(self._placed, live_groups, rows)
+            self.moves.hand_off(store, placed, now)
+            for job_id, runner, member in self.moves.ended(store):   # ended while moving
                 outcomes.append(self._ended(runner, job_id, member))
             for group in live_groups.values():
                 runner = self.groups.get(group.group_id)
                 if runner is None:
                     continue
                 allocs = rows[group.group_id]
-                for job in store.jobs(group_id=group.group_id):
+                for job in self.moves.waiting_out(store, group.group_id, runner, placed) \
+                        + store.jobs(group_id=group.group_id):   # (its waiting movers too)
                     outcome = self._member_of(runner, group, job, allocs, store)
                     if outcome is not None:
                         outcomes.append(outcome)

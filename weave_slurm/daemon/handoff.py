@@ -18,19 +18,27 @@ After a weaved restart between 1 and 3 no runner holds the member any more: the 
 group adopts it from the newest checkpoint under its old training node's root, which
 the old group keeps while a move out of it is unfinished (the reconcile loop drains
 no such group).
+
+A move into a group that is new or grows waits at step 1 for the new nodes while the job
+runs on in its old group, where it kept its place (docs/daemon.md, "Moves that wait for
+nodes"). Once the move has waited ``move_wait_s`` (counted from when this weaved first
+saw it waiting) it is withdrawn: the job is the old group's member again, the new group
+drops it (one left empty before it became active drains) and its reason says why. A job
+that ends while it waits is reported by its old group, which lets its place go.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 
 from weave_slurm.daemon.driver import pool_nodes
 from weave_slurm.daemon.records import JobRow
-from weave_slurm.daemon.states import JobState
+from weave_slurm.daemon.states import AllocState, GroupState, JobState
 from weave_slurm.daemon.store import Store
-from weave_slurm.errors import WeaveError
+from weave_slurm.errors import StateError, WeaveError
 from weave_slurm.node.index import JobRef
 from weave_slurm.node.protocol import Op
 from weave_slurm.runtime.group import MemberState
@@ -41,33 +49,44 @@ from weave_slurm.runtime.runner import GroupRunner
 log = logging.getLogger(__name__)
 
 _OUT = (MemberState.MOVED, MemberState.CANCELLED)
+_ENDED = (JobState.CANCELLED, JobState.COMPLETED, JobState.FAILED)
 
 
 class Handoffs:
     """The group runtime's moves in flight (its runners and resumes, shared)."""
 
     def __init__(self, groups: Mapping[int, GroupRunner], resume: dict[int, Resume],
-                 waiting: dict[int, str], checkpoint_base: Path | None) -> None:
+                 waiting: dict[int, str], checkpoint_base: Path | None,
+                 wait_s: float = 900.0) -> None:
         self.groups, self.resume, self.waiting = groups, resume, waiting
         self.checkpoint_base = checkpoint_base
+        self.wait_s = wait_s
         self.ending: set[int] = set()   # ended before their hand-off (reported once)
+        self.since: dict[int, float] = {}   # job -> when its move was first seen waiting
 
-    def hand_off(self, store: Store, placed: Callable[[JobRow], bool]) -> None:
+    def hand_off(self, store: Store, placed: Callable[[JobRow], bool], now: float) -> None:
         """Start each move whose new group can take the job now (``placed``: its pinned
-        nodes are in the new group's runner), and hand off the members at their step
-        boundary."""
-        for job in store.jobs([JobState.RUNNING]):
+        nodes are in the new group's runner), withdraw those that waited too long, and
+        hand off the members at their step boundary."""
+        for job in store.jobs([JobState.RUNNING], moving=True):
             if job.moving_from is None or job.moving_from == job.group_id:
                 continue
             old = self.groups.get(job.moving_from)
             member = old.members.get(str(job.job_id)) if old is not None else None
-            if member is None or member.state in _OUT or member.handoff:
+            if member is not None and (member.state in _OUT or member.handoff):
                 continue
             if job.group_id not in self.groups or not placed(job):
+                since = self.since.setdefault(job.job_id, now)
+                if now - since >= self.wait_s:
+                    self._withdraw(store, job, now)
+                    continue
                 self.waiting[job.job_id] = (f"moving from group {job.moving_from} to group "
-                                            f"{job.group_id}: waiting for its nodes there")
+                                            f"{job.group_id}: waiting for its nodes there"
+                                            f"{_why_not_held(store, job.group_id or 0)}")
                 continue
-            assert old is not None
+            self.since.pop(job.job_id, None)
+            if old is None or member is None:
+                continue   # no runner holds it (weaved restarted): the new group adopts it
             old.lifecycle.hand_off(str(job.job_id))
             self.waiting[job.job_id] = (f"moving from group {job.moving_from} to group "
                                         f"{job.group_id}: finishing its step in flight")
@@ -77,14 +96,75 @@ class Handoffs:
                 self.resume[int(key)] = resume
                 log.info("job %s: handed off by group %s (%s)", key, gid, resume.kind.value)
 
-    def ended(self) -> list[tuple[int, GroupRunner, Member]]:
-        """Members that reached their last step (or gave up) while their hand-off was
-        pending: their old group reports them (job id, its runner, the member)."""
+    def waiting_out(self, store: Store, group_id: int, runner: GroupRunner,
+                    placed: Callable[[JobRow], bool]) -> list[JobRow]:
+        """The jobs whose move out of ``group_id`` waits for nodes and that ``runner`` does
+        not hold (weaved restarted meanwhile), as rows of that group: it runs them on
+        until their new group can take them (``placed``) or the move is withdrawn."""
+        return [replace(job, group_id=group_id, moving_from=None)
+                for job in store.jobs([JobState.RUNNING], moving=True)
+                if job.moving_from == group_id and job.group_id != group_id
+                and str(job.job_id) not in runner.members and job.job_id not in self.resume
+                and not placed(job)]
+
+    def _withdraw(self, store: Store, job: JobRow, now: float) -> None:
+        """Take the move back: the job stays in its old group (module doc)."""
+        src, dst = job.moving_from or 0, job.group_id or 0
+        group = store.group(dst)
+        plan = group.plan.without({job.job_id}) if group is not None else None
+        why = (f"its move to group {dst} was withdrawn: the nodes it needs there were not "
+               f"held within {self.wait_s:g} s ([runtime] move_wait_s); it runs on in group "
+               f"{src}")
+        try:
+            if plan is not None:
+                store.withdraw_move(job.job_id, src, dst, plan, why, now)
+        except StateError as exc:
+            log.info("job %s: %s", job.job_id, exc)
+            return
+        self.since.pop(job.job_id, None)
+        self.waiting.pop(job.job_id, None)
+        log.info("job %s: %s", job.job_id, why)
+        if group is not None and plan is not None and not plan.members \
+                and group.state is GroupState.FORMING:
+            store.transition("group", dst, GroupState.DRAINING,
+                             f"the move of its only member (job {job.job_id}) was withdrawn",
+                             now)
+
+    def ended(self, store: Store) -> list[tuple[int, GroupRunner, Member]]:
+        """Members that reached their last step (or gave up) while their move was
+        pending: their old group reports them (job id, its runner, the member), and
+        their place in its plan goes. A job that ended (cancelled) while it was moving is
+        let go by its old group."""
+        moving = {j.job_id for j in store.jobs([JobState.RUNNING], moving=True)
+                  if j.moving_from != j.group_id}
         out = [(int(key), runner, m) for runner in self.groups.values()
                for key, m in runner.members.items()
-               if m.handoff and m.state in (MemberState.DONE, MemberState.FAILED)]
+               if (m.handoff or int(key) in moving)
+               and m.state in (MemberState.DONE, MemberState.FAILED)]
         self.ending.update(job_id for job_id, _, _ in out)
+        for job in store.jobs(_ENDED, moving=True):
+            self._let_go(store, job)
         return out
+
+    def _let_go(self, store: Store, job: JobRow, reason: str | None = None) -> bool:
+        """Its old group lets ``job`` go (its member, its place in the plan) and the move
+        is over; True if that group's runner held it."""
+        src, key = job.moving_from or 0, str(job.job_id)
+        old = self.groups.get(src)
+        held = old is not None and key in old.members \
+            and old.members[key].state is not MemberState.CANCELLED
+        if held:
+            assert old is not None
+            try:
+                old.leave(key)
+            except WeaveError as exc:
+                log.warning("job %s: leaving group %s: %s", key, src, exc)
+        self.since.pop(job.job_id, None)
+        self.waiting.pop(job.job_id, None)
+        _drop_place(store, src, job.job_id)
+        store.update("job", job.job_id, moving_from=None,
+                     **({} if reason is None else {"reason": reason}))
+        return held
 
     def ready(self, store: Store, job: JobRow) -> bool:
         """Whether the moving ``job``'s new group may adopt it now: its old group handed
@@ -119,16 +199,22 @@ class Handoffs:
         src = job.moving_from
         old = self.groups.get(src or 0)
         key = str(job.job_id)
-        if old is not None and key in old.members \
-                and old.members[key].state is not MemberState.CANCELLED:
-            try:
-                old.leave(key)
-            except WeaveError as exc:
-                log.warning("job %s: leaving group %s after its move: %s", key, src, exc)
-        elif old is not None:   # weaved restarted mid-move: what it left on the old nodes
+        if not self._let_go(store, job, f"moved from group {src} to group {group_id} by a "
+                                        "re-plan") and old is not None:
+            # weaved restarted mid-move: what it left on the old nodes
             for node in (*old.layout.train, *old.layout.rollout):
                 old.link.best_effort(node, Op.DROP, job=key)
-        self.waiting.pop(job.job_id, None)
-        store.update("job", job.job_id, moving_from=None,
-                     reason=f"moved from group {src} to group {group_id} by a re-plan")
         log.info("job %s: moved from group %s to group %s", key, src, group_id)
+
+
+def _drop_place(store: Store, group_id: int, job_id: int) -> None:
+    """The old group's plan without the place a moved (or ended) job kept in it."""
+    group = store.group(group_id)
+    if group is not None and job_id in group.plan.job_ids:
+        store.update("group", group_id, plan=group.plan.without({job_id}).to_json())
+
+
+def _why_not_held(store: Store, group_id: int) -> str:
+    """``" (<reason>)"`` of the group's first allocation not held yet, else empty."""
+    rows = [a for a in store.allocs(group_id) if a.state is not AllocState.HELD]
+    return f" ({rows[0].reason})" if rows and rows[0].reason else ""

@@ -8,6 +8,13 @@ and every pinned one); :func:`plan_of` names placement's indices as slots again.
 renumbering of a group's nodes is the same placement decision, so each index is given
 the slot most of its members were already pinned to: a re-pin from scratch or a
 compaction after a departure moves only the members placement really moved.
+
+**Kept places.** A job whose move out of a group waits for nodes in its new group
+(:func:`~weave_slurm.placement.replan.waiting_moves`) keeps its entry in its old group's
+plan until it has moved in or the move is withdrawn: it runs there meanwhile, so its
+pins keep its nodes held. Placement does not see it there (its row names the new group),
+and the old group is *closed*: no job joins it and no departure re-pins its members
+while the job may still come back to its place.
 """
 
 from __future__ import annotations
@@ -82,7 +89,8 @@ def group_model(row: GroupRow, jobs: Mapping[int, JobRow],
     members = tuple(Member(jobs[m.job_id].plan_profile.with_id(str(m.job_id)),
                            tuple(index[p] for p in m.rollout_pins), m.turns)
                     for m in row.plan.members
-                    if m.job_id in jobs and jobs[m.job_id].state.value in _LIVE)
+                    if m.job_id in jobs and jobs[m.job_id].state.value in _LIVE
+                    and jobs[m.job_id].group_id == row.group_id)
     if not members:
         return None
     return Group(row.group_id, members, len(index), row.plan.train_nodes)
@@ -93,9 +101,19 @@ def cluster_state(capacity: Capacity, groups: Sequence[GroupRow], jobs: Sequence
     """The ClusterState placement decides over, rebuilt from the store."""
     by_id = {j.job_id: j for j in jobs}
     rows = allocs or {}
-    models = [group_model(g, by_id, rows.get(g.group_id, ())) for g in groups
-              if g.state.value in ("FORMING", "ACTIVE")]
-    return ClusterState(capacity, tuple(m for m in models if m is not None), next_group_id)
+    shown = [g for g in groups if g.state.value in ("FORMING", "ACTIVE")]
+    models = [group_model(g, by_id, rows.get(g.group_id, ())) for g in shown]
+    closed = frozenset(g.group_id for g in shown if kept_places(g, by_id))
+    return ClusterState(capacity, tuple(m for m in models if m is not None), next_group_id,
+                        closed)
+
+
+def kept_places(row: GroupRow, jobs: Mapping[int, JobRow]) -> set[int]:
+    """The jobs that keep their place in ``row``'s plan while they move out of it (their
+    live row names another group; see module doc)."""
+    return {m.job_id for m in row.plan.members
+            if (j := jobs.get(m.job_id)) is not None and j.state.value in _LIVE
+            and j.group_id != row.group_id}
 
 
 def plan_writes(before: ClusterState, after: ClusterState, groups: Sequence[GroupRow],
@@ -121,7 +139,12 @@ def plan_without(capacity: Capacity, group: GroupRow, jobs: Sequence[JobRow],
                  allocs: Sequence[AllocRow] = ()) -> GroupPlan | None:
     """The group's plan once job ``job_id`` has left it (placement's ``depart``: the
     cyclic order re-packed, unpinned nodes dropped, the group compacted); None if no
-    live member is left."""
+    live member is left. A group some job keeps its place in only loses the job: the
+    others stay where they are (see module doc)."""
+    kept = kept_places(group, {j.job_id: j for j in jobs})
+    if kept:
+        left = group.plan.without({job_id})
+        return left if left.members else None
     state = cluster_state(capacity, [group], jobs, next_group_id, {group.group_id: allocs})
     model = state.by_id.get(group.group_id)
     after = depart(state, str(job_id)) if model and str(job_id) in model.job_ids else state

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Collection, Iterable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -90,6 +91,15 @@ class GroupPlan:
     @property
     def job_ids(self) -> tuple[int, ...]:
         return tuple(m.job_id for m in self.members)
+
+    def without(self, job_ids: Collection[int]) -> GroupPlan:
+        """The plan with those members taken out and the others where they are."""
+        return GroupPlan(self.rollout_nodes, self.train_nodes,
+                         tuple(m for m in self.members if m.job_id not in job_ids))
+
+    def plus(self, members: Iterable[MemberPlan]) -> GroupPlan:
+        """The plan with ``members`` added after its own."""
+        return GroupPlan(self.rollout_nodes, self.train_nodes, (*self.members, *members))
 
 
 @dataclass(frozen=True)

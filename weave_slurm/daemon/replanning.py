@@ -13,10 +13,13 @@ A proposal is taken only when it pays once its moves are charged (each moved job
 warm state over the site's links plus a restart, over the time it has left: its
 remaining iterations at its planned rate; SLOs kept with the pause absorbed). Only
 RUNNING jobs that weaved's runtime hosts (their phases run in its workers) in ACTIVE
-groups are moved, only into ACTIVE groups on the nodes they already hold (a move never
-waits for an allocation), never while an earlier move is unfinished, and only where moves are
+groups are moved, never while an earlier move is unfinished, and only where moves are
 possible: weaved's group runtime with node checkpoints on a file system it shares with
-the nodes. The accepted plan is committed at once (:meth:`Store.commit_moves`); the group
+the nodes. A move into a group that is new, grows or is not active yet waits for its
+nodes while the job runs on in its old group, where it keeps its place; it is taken only
+where that group just loses its moving jobs (``placement.replan.waiting_moves``), and
+withdrawn if the nodes are not held within ``wait_s`` (docs/daemon.md, "Moves that wait
+for nodes"). The accepted plan is committed at once (:meth:`Store.commit_moves`); the group
 runtime carries each move out at the job's step boundary (:mod:`~weave_slurm.daemon.handoff`),
 and a group left without members drains once nothing moves out of it any more.
 """
@@ -36,7 +39,13 @@ from weave_slurm.daemon.store import Store
 from weave_slurm.errors import StateError, WeaveError
 from weave_slurm.placement import Capacity, ClusterState, WeavePolicy
 from weave_slurm.placement.consolidate import consolidation
-from weave_slurm.placement.replan import Replan, needs_nodes, replace_jobs, worst_groups
+from weave_slurm.placement.replan import (
+    Replan,
+    needs_nodes,
+    replace_jobs,
+    waiting_moves,
+    worst_groups,
+)
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +57,7 @@ class ReplanConfig:
     interval_s: float = 3600.0   # the periodic re-plan (0: never; departures still consolidate)
     groups: int = 8              # how many of the least efficient groups it re-places
     consolidate: bool = True     # after a departure, its group's members placed again
+    wait_s: float = 900.0        # a move may wait this long for its nodes (0: none waits)
 
 
 class Replanner:
@@ -145,14 +155,16 @@ class Replanner:
             log.info("%s: not taken, it moves job(s) %s, which weaved cannot move now", what,
                      ", ".join(sorted(set(moved) - movable)))
             return False
-        # a move waits for no allocation (one never granted would leave the job waiting
-        # between two groups): every group a job enters must be active and hold its nodes
+        # a move into a group that is new, grows or is not active yet waits for its nodes
+        # while the job runs on in its old group, whose plan must stay the one it runs
         active = {g.group_id for g in groups if g.state is GroupState.ACTIVE}
-        grows = sorted(set(needs_nodes(before, after)) | ({to for _, to in moved.values()}
-                                                           - active))
-        if grows:
-            log.info("%s: not taken, it needs nodes weaved does not hold yet (group(s) %s)",
-                     what, ", ".join(map(str, grows)))
+        waiting = waiting_moves(before, after, {to for _, to in moved.values()} - active)
+        if waiting is None or (waiting and self.config.wait_s <= 0):
+            log.info("%s: not taken, it needs nodes weaved does not hold yet (group(s) %s) "
+                     "and %s", what, ", ".join(map(str, sorted(set(needs_nodes(
+                         before, after)) | ({to for _, to in moved.values()} - active)))),
+                     "[runtime] move_wait_s = 0" if waiting else
+                     "a group such a move leaves would change meanwhile")
             return False
         writes = membership.plan_writes(before, after, groups, allocs, self.instance)
         rows = {g.group_id: g for g in groups}
@@ -160,6 +172,7 @@ class Replanner:
             row = rows[gid]
             writes.append((gid, row.label, GroupPlan(row.plan.rollout_nodes,
                                                      row.plan.train_nodes, ()), False))
+        writes = [_keep_places(w, rows, moved, waiting) for w in writes]
         b = plan.books
         gain = 100 * (1 - b.efficiency_after / b.efficiency_before)
         moves = [(int(job_id), src, gid,
@@ -175,6 +188,19 @@ class Replanner:
                  "unit of work", what, len(moves), ", ".join(str(m[0]) for m in moves),
                  len(writes), gain)
         return True
+
+
+def _keep_places(write: tuple[int, str, GroupPlan, bool], rows: Mapping[int, GroupRow],
+                 moved: Mapping[str, tuple[int, int]], waiting: frozenset[str],
+                 ) -> tuple[int, str, GroupPlan, bool]:
+    """A group's written plan with the places its waiting movers keep in it: their
+    entries as they were (docs/daemon.md, "Moves that wait for nodes")."""
+    gid, label, plan, is_new = write
+    mine = {int(j) for j in waiting if moved[j][0] == gid}
+    if not mine:
+        return write
+    kept = [m for m in rows[gid].plan.members if m.job_id in mine]
+    return gid, label, plan.plus(kept), is_new
 
 
 def _spec(job: JobRow) -> JobSpec | None:

@@ -191,7 +191,8 @@ class Weaved:
                      else "moving a job needs weaved's group runtime and node checkpoints "
                           "on a shared file system")
             return None
-        return ReplanConfig(rt.replan_interval_s, rt.replan_groups, rt.consolidate)
+        return ReplanConfig(rt.replan_interval_s, rt.replan_groups, rt.consolidate,
+                            rt.move_wait_s)
 
     def _runners(self) -> dict[int, GroupRunner]:
         """The group runners running now (for the metrics' bubbles)."""
@@ -213,7 +214,8 @@ class Weaved:
                          munge_socket=self.nodes.s.munge_socket)
         return GroupRuntime(self.nodes.ref, GroupRuntimeConfig(
             poll_s=cfg.runtime_poll_s, runner=runner, checkpoint_base=base,
-            plan_from_measurements=self.site.runtime.plan_from_measurements),
+            plan_from_measurements=self.site.runtime.plan_from_measurements,
+            move_wait_s=self.site.runtime.move_wait_s),
             launcher=self.nodes.launch_agent if self.nodes.s.remote else None,
             resolve=self.nodes.resolve if self.nodes.s.remote else None,
             observer=self.metrics.runtime if self.metrics else None)

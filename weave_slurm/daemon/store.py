@@ -300,8 +300,12 @@ class Store:
         return self._job(rows[0]) if rows else None
 
     def jobs(self, states: Sequence[JobState] | None = None,
-             group_id: int | None = None) -> list[JobRow]:
+             group_id: int | None = None, moving: bool = False) -> list[JobRow]:
+        """Jobs in ``states`` (None: any), of ``group_id``; ``moving``: only those a
+        re-plan is moving (``moving_from`` set)."""
         sql, args = "SELECT * FROM jobs WHERE 1=1", list[Any]()
+        if moving:
+            sql += " AND moving_from IS NOT NULL"
         if states is not None:
             sql += f" AND state IN ({','.join('?' * len(states))})"
             args += [s.value for s in states]
@@ -446,6 +450,20 @@ class Store:
                     raise StateError(f"job {job_id} is no longer RUNNING in group {src}; "
                                      "the re-plan is dropped")
                 self._log(db, now, "job", job_id, JobState.RUNNING, JobState.RUNNING, reason)
+
+    def withdraw_move(self, job_id: int, src: int, dst: int, dst_plan: GroupPlan,
+                      reason: str, now: float) -> None:
+        """Take back a move that has not started: the RUNNING job belongs to ``src``
+        again (it kept its place there) and ``dst`` gets ``dst_plan``, atomically."""
+        with self._tx() as db:
+            if db.execute("UPDATE jobs SET group_id=?, moving_from=NULL, reason=? "
+                          "WHERE job_id=? AND state=? AND group_id=? AND moving_from=?",
+                          (src, reason, job_id, JobState.RUNNING.value, dst,
+                           src)).rowcount != 1:
+                raise StateError(f"job {job_id} is no longer moving from group {src} to "
+                                 f"group {dst}; nothing to withdraw")
+            db.execute("UPDATE groups SET plan=? WHERE group_id=?", (dst_plan.to_json(), dst))
+            self._log(db, now, "job", job_id, JobState.RUNNING, JobState.RUNNING, reason)
 
     def _write_plans(self, db: sqlite3.Connection,
                      groups: Sequence[tuple[int, str, GroupPlan, bool]], now: float) -> None:

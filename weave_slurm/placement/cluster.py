@@ -51,6 +51,15 @@ class ClusterState:
     capacity: Capacity
     groups: tuple[Group, ...] = ()
     next_group_id: int = 1
+    # groups no job may join now (weaved: a move out of them waits for nodes elsewhere,
+    # so they run a plan placement does not see whole); their nodes still count as used
+    closed: frozenset[int] = frozenset()
+
+    def open_groups(self) -> tuple[Group, ...]:
+        """The groups a job may join."""
+        if not self.closed:
+            return self.groups
+        return tuple(g for g in self.groups if g.group_id not in self.closed)
 
     @cached_property
     def by_id(self) -> dict[int, Group]:

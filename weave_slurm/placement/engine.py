@@ -91,7 +91,7 @@ def group_placements(state: ClusterState, job: JobProfile,
     cap = state.capacity
     free_r = cap.rollout_pool_nodes - state.rollout_nodes_used
     free_t = cap.train_pool_nodes - state.train_nodes_used
-    for group in state.groups:
+    for group in state.open_groups():
         if not may_fit(group, job, cap, free_t):
             continue
         fewest = None
@@ -279,7 +279,7 @@ class WeavePolicy:
         free_t = cap.train_pool_nodes - state.train_nodes_used
         groups: list[Group] = []
         turning: list[Group] = []   # groups only a newcomer taking turns may join
-        for g in state.groups:
+        for g in state.open_groups():
             if may_fit(g, job, cap, free_t):
                 groups.append(g)
             elif self.join_turns and may_fit(g, job, cap, free_t, True):

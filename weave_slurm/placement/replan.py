@@ -80,6 +80,51 @@ def needs_nodes(before: ClusterState, after: ClusterState) -> list[int]:
     return out
 
 
+def waiting_moves(before: ClusterState, after: ClusterState,
+                  waiting_into: Collection[int] | None = None) -> frozenset[str] | None:
+    """The jobs of ``before`` -> ``after`` whose move waits for nodes, or None when one of
+    them cannot wait safely.
+
+    A move waits when its new group is new or grows (:func:`needs_nodes`; a runtime may
+    name more, ``waiting_into``: e.g. groups still forming). Until the nodes come, the
+    job runs on in its old group, so that group's plan must stay the one it runs: a group
+    a waiting move leaves may only lose its moving jobs (none enters it), the members it
+    keeps stay on the same rollout nodes with the same turns, and it keeps its training
+    nodes. Then the job can also go back where it was if the nodes never come.
+    """
+    grows = set(needs_nodes(before, after)) | set(waiting_into or ())
+    moved = {j: (src, after.job_group.get(j)) for j, src in before.job_group.items()
+             if after.job_group.get(j) not in (None, src)}
+    waiting = frozenset(j for j, (_, dst) in moved.items() if dst in grows)
+    entered = {dst for _, dst in moved.values()}
+    for src in {moved[j][0] for j in waiting}:
+        leaving = {j for j, (s, _) in moved.items() if s == src}
+        if src in entered or not _kept(before.by_id[src], after.by_id.get(src), leaving):
+            return None
+    return waiting
+
+
+def _kept(old: Group, new: Group | None, leaving: Collection[str]) -> bool:
+    """Whether ``new`` is ``old`` without the ``leaving`` jobs, every other member on the
+    same nodes (renumbered consistently) with the same turns, no training node added."""
+    rest = [m for m in old.members if m.job.job_id not in leaving]
+    if new is None:
+        return not rest
+    if new.train_nodes > old.train_nodes or \
+            sorted(m.job.job_id for m in rest) != sorted(new.job_ids):
+        return False
+    now = {m.job.job_id: m for m in new.members}
+    renumber: dict[int, int] = {}
+    for m in rest:
+        n = now[m.job.job_id]
+        if n.turns != m.turns or len(n.rollout_pins) != len(m.rollout_pins):
+            return False
+        for a, b in zip(m.rollout_pins, n.rollout_pins, strict=True):
+            if renumber.setdefault(a, b) != b:
+                return False
+    return len(set(renumber.values())) == len(renumber)
+
+
 def _remaining(job_id: str, remaining_s: Mapping[str, float] | None) -> float:
     value = None if remaining_s is None else remaining_s.get(job_id)
     return DEFAULT_HORIZON_S if value is None or not math.isfinite(value) else max(value, 0.0)

@@ -157,10 +157,12 @@ class SimPolicy:
     consolidate: bool = False  # charged consolidation after a departure
     replace_recent: bool = False  # recent arrivals re-placed together, charged
     replan: bool = False  # periodic charged re-plan of every group
-    # re-plans taken only where every move goes onto nodes already held, as weaved
-    # takes them (``weave-live``: consolidation and the periodic re-plan, no re-placement
-    # of recent arrivals; docs/daemon.md "Re-planning running jobs")
-    held_nodes_only: bool = False
+    # re-plans taken only where weaved can carry every move out: onto nodes the new
+    # group holds, or waiting for them while the old group's plan stays the one the job
+    # runs (placement.replan.waiting_moves); ``weave-live``: consolidation and the
+    # periodic re-plan, no re-placement of recent arrivals (docs/daemon.md
+    # "Re-planning running jobs")
+    weaved_moves: bool = False
     regroup: bool = False
     optimal: bool = False
 
@@ -172,7 +174,7 @@ class SimPolicy:
                 "regroup": "weave"}.get(name, name)
         weave, live = name == "weave", name == "weave-live"
         return cls(name, make_policy(base, seed), consolidate=weave or live,
-                   replace_recent=weave, replan=weave or live, held_nodes_only=live,
+                   replace_recent=weave, replan=weave or live, weaved_moves=live,
                    regroup=name == "regroup", optimal=name == "optimal")
 
 

@@ -1,0 +1,153 @@
+"""Moves in flight (daemon/handoff.py) over a real store: a move that waits for its
+nodes, its withdrawal once it waited ``move_wait_s``, and a job that ends while it waits.
+The runners are small stand-ins (what Handoffs asks of a GroupRunner); the runtime's
+side of a real move is tests/runtime/test_weaved_moves.py."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from weave_slurm.daemon import membership
+from weave_slurm.daemon.handoff import Handoffs
+from weave_slurm.daemon.records import GroupPlan, MemberPlan
+from weave_slurm.daemon.states import GroupState, JobState
+from weave_slurm.daemon.store import Store
+from weave_slurm.runtime.group import MemberState
+
+from .test_replanning import CAP, T0, _replanner, _two_lone_jobs
+
+WAIT_S = 600.0
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    s = Store(tmp_path / "weaved.db")
+    yield s
+    s.close()
+
+
+@dataclass
+class _Lifecycle:
+    handed: list[str] = field(default_factory=list)
+
+    def hand_off(self, key: str) -> None:
+        self.handed.append(key)
+
+    def hand_offs(self, base: Path | None, label: str) -> dict[str, Any]:
+        return {}
+
+
+@dataclass
+class _Runner:
+    members: dict[str, Any]
+    lifecycle: _Lifecycle = field(default_factory=_Lifecycle)
+    left: list[str] = field(default_factory=list)
+
+    def leave(self, key: str) -> None:
+        self.left.append(key)
+        self.members.pop(key)
+
+
+def _waiting_move(store: Store) -> tuple[int, int, int, _Runner, Handoffs]:
+    """A committed move that needs nodes (test_replanning's growing group): job, its old
+    group, its new group, the old group's runner and the moves in flight."""
+    _two_lone_jobs(store, rollout_s=100.0)
+    r = _replanner(store)
+    r.left(1)
+    r.tick(T0 + 1)
+    (row,) = store.jobs(moving=True)
+    src, dst = row.moving_from or 0, row.group_id or 0
+    runner = _Runner({str(row.job_id): SimpleNamespace(state=MemberState.READY,
+                                                       handoff=False)})
+    moves = Handoffs({src: runner, dst: _Runner({})}, {}, {}, None,   # type: ignore[dict-item]
+                     WAIT_S)
+    return row.job_id, src, dst, runner, moves
+
+
+def test_a_move_waits_for_its_nodes_then_is_withdrawn(store: Store) -> None:
+    job, src, dst, runner, moves = _waiting_move(store)
+    moves.hand_off(store, lambda j: False, T0 + 10)
+    assert moves.waiting[job].startswith(f"moving from group {src} to group {dst}: "
+                                         "waiting for its nodes there")
+    moves.hand_off(store, lambda j: False, T0 + 10 + WAIT_S - 1)
+    assert store.job(job).moving_from == src   # type: ignore[union-attr]
+    moves.hand_off(store, lambda j: False, T0 + 10 + WAIT_S)
+    row = store.job(job)
+    assert row is not None and (row.group_id, row.moving_from) == (src, None)
+    assert row.reason == (f"its move to group {dst} was withdrawn: the nodes it needs there "
+                          f"were not held within 600 s ([runtime] move_wait_s); it runs on "
+                          f"in group {src}")
+    assert job not in store.group(dst).plan.job_ids   # type: ignore[union-attr]
+    assert store.group(src).plan.job_ids == (job,)   # type: ignore[union-attr]
+    assert job not in moves.waiting and not runner.lifecycle.handed and not runner.left
+    state = membership.cluster_state(CAP, store.groups(), store.jobs(), 3)
+    assert not state.closed and state.job_group[str(job)] == src
+
+
+def test_a_move_whose_nodes_come_is_handed_off_and_its_place_goes_once_moved(
+        store: Store) -> None:
+    job, src, dst, runner, moves = _waiting_move(store)
+    moves.hand_off(store, lambda j: False, T0 + 10)
+    moves.hand_off(store, lambda j: True, T0 + 20)
+    assert runner.lifecycle.handed == [str(job)] and job not in moves.since
+    runner.members[str(job)].state = MemberState.MOVED
+    row = store.job(job)
+    assert row is not None
+    moves.moved_in(store, row, dst)
+    assert job not in store.group(src).plan.job_ids   # type: ignore[union-attr]
+    assert store.job(job).moving_from is None   # type: ignore[union-attr]
+
+
+def test_a_move_into_a_new_group_withdrawn_drains_that_group(store: Store) -> None:
+    a, _ = _two_lone_jobs(store, rollout_s=100.0)
+    place = GroupPlan(1, 1, (MemberPlan(a, (0,)),))
+    store.commit_moves([(3, "3", place, True), (1, "1", place, False)],
+                       [(a, 1, 3, "moving from group 1 to group 3")], T0 + 1)
+    runner = _Runner({str(a): SimpleNamespace(state=MemberState.READY, handoff=False)})
+    moves = Handoffs({1: runner}, {}, {}, None, WAIT_S)   # type: ignore[dict-item]
+    moves.hand_off(store, lambda j: False, T0 + 2)
+    moves.hand_off(store, lambda j: False, T0 + 2 + WAIT_S)
+    assert store.job(a).group_id == 1   # type: ignore[union-attr]
+    new = store.group(3)
+    assert new is not None and new.state is GroupState.DRAINING and not new.plan.members
+    assert store.transitions("group", 3)[-1].reason \
+        == f"the move of its only member (job {a}) was withdrawn"
+
+
+def test_a_job_that_ends_while_its_move_waits_is_let_go_by_its_old_group(
+        store: Store) -> None:
+    job, src, _, runner, moves = _waiting_move(store)
+    moves.hand_off(store, lambda j: False, T0 + 10)
+    runner.members[str(job)].state = MemberState.DONE   # its last step, in its old group
+    assert [(j, id(r)) for j, r, _ in moves.ended(store)] == [(job, id(runner))]
+    store.transition("job", job, JobState.COMPLETED, "done", T0 + 11)   # weaved reports it
+    moves.ended(store)
+    assert runner.left == [str(job)]
+    assert job not in store.group(src).plan.job_ids   # type: ignore[union-attr]
+    assert store.job(job).moving_from is None   # type: ignore[union-attr]
+    assert not store.jobs(moving=True)
+
+
+def test_after_a_restart_a_waiting_job_runs_in_its_old_group_until_withdrawn(
+        store: Store) -> None:
+    """A fresh weaved's runners hold no member yet: the old group re-attaches the job
+    whose move waits (waiting_out) unless its new group can take it now, and the wait
+    still ends in a withdrawal."""
+    job, src, dst, _, _ = _waiting_move(store)
+    moves = Handoffs({src: _Runner({}), dst: _Runner({})}, {}, {}, None,   # type: ignore[dict-item]
+                     WAIT_S)
+    old = moves.groups[src]
+    rows = moves.waiting_out(store, src, old, lambda j: False)
+    assert [(r.job_id, r.group_id, r.moving_from) for r in rows] == [(job, src, None)]
+    assert moves.waiting_out(store, src, old, lambda j: True) == []   # adopted there
+    assert moves.waiting_out(store, dst, moves.groups[dst], lambda j: False) == []
+    moves.hand_off(store, lambda j: False, T0 + 10)
+    moves.hand_off(store, lambda j: False, T0 + 10 + WAIT_S)
+    row = store.job(job)
+    assert row is not None and (row.group_id, row.moving_from) == (src, None)
