@@ -125,9 +125,10 @@ def test_a_job_that_ends_while_its_move_waits_is_let_go_by_its_old_group(
     job, src, _, runner, moves = _waiting_move(store)
     moves.hand_off(store, lambda j: False, T0 + 10)
     runner.members[str(job)].state = MemberState.DONE   # its last step, in its old group
-    assert [(j, id(r)) for j, r, _ in moves.ended(store)] == [(job, id(runner))]
+    ended = moves.ended(store, moves.movers(store))
+    assert [(j, id(r)) for j, r, _ in ended] == [(job, id(runner))]
     store.transition("job", job, JobState.COMPLETED, "done", T0 + 11)   # weaved reports it
-    moves.ended(store)
+    moves.ended(store, moves.movers(store))
     assert runner.left == [str(job)]
     assert job not in store.group(src).plan.job_ids   # type: ignore[union-attr]
     assert store.job(job).moving_from is None   # type: ignore[union-attr]
@@ -143,10 +144,10 @@ def test_after_a_restart_a_waiting_job_runs_in_its_old_group_until_withdrawn(
     moves = Handoffs({src: _Runner({}), dst: _Runner({})}, {}, {}, None,   # type: ignore[dict-item]
                      WAIT_S)
     old = moves.groups[src]
-    rows = moves.waiting_out(store, src, old, lambda j: False)
+    rows = moves.waiting_out(moves.movers(store), src, old, lambda j: False)
     assert [(r.job_id, r.group_id, r.moving_from) for r in rows] == [(job, src, None)]
-    assert moves.waiting_out(store, src, old, lambda j: True) == []   # adopted there
-    assert moves.waiting_out(store, dst, moves.groups[dst], lambda j: False) == []
+    assert moves.waiting_out(moves.movers(store), src, old, lambda j: True) == []   # adopted there
+    assert moves.waiting_out(moves.movers(store), dst, moves.groups[dst], lambda j: False) == []
     moves.hand_off(store, lambda j: False, T0 + 10)
     moves.hand_off(store, lambda j: False, T0 + 10 + WAIT_S)
     row = store.job(job)

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from weave_slurm.config.job import JobSpec, parse_job
+from weave_slurm.config.runtime import RUNTIME_DEFAULTS
 from weave_slurm.daemon import allocplan
 from weave_slurm.daemon.driver import JobOutcome, JobStep, pool_nodes
 from weave_slurm.daemon.handoff import Handoffs
@@ -96,7 +97,7 @@ class GroupRuntimeConfig:
     runner: RunnerConfig = field(default_factory=RunnerConfig)
     plan_from_measurements: bool = True   # feed measured profiles back to placement
     # a move waiting for its nodes in its new group is withdrawn after this long
-    move_wait_s: float = 900.0
+    move_wait_s: float = RUNTIME_DEFAULTS.move_wait_s
 
 
 def member_spec(job: JobRow, group: GroupRow, pins: tuple[int, ...] | None = None) -> MemberSpec:
@@ -185,14 +186,15 @@ class GroupRuntime:
                     self._follow(runner, group, allocs)
             placed = functools.partial(self._placed, live_groups, rows)
             self.moves.hand_off(store, placed, now)
-            for job_id, runner, member in self.moves.ended(store):   # ended while moving
+            movers = self.moves.movers(store)   # after hand_off: it may withdraw some
+            for job_id, runner, member in self.moves.ended(store, movers):   # while moving
                 outcomes.append(self._ended(runner, job_id, member))
             for group in live_groups.values():
                 runner = self.groups.get(group.group_id)
                 if runner is None:
                     continue
                 allocs = rows[group.group_id]
-                for job in self.moves.waiting_out(store, group.group_id, runner, placed) \
+                for job in self.moves.waiting_out(movers, group.group_id, runner, placed) \
                         + store.jobs(group_id=group.group_id):   # (its waiting movers too)
                     outcome = self._member_of(runner, group, job, allocs, store)
                     if outcome is not None:

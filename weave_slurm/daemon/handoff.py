@@ -57,7 +57,7 @@ class Handoffs:
 
     def __init__(self, groups: Mapping[int, GroupRunner], resume: dict[int, Resume],
                  waiting: dict[int, str], checkpoint_base: Path | None,
-                 wait_s: float = 900.0) -> None:
+                 wait_s: float) -> None:
         self.groups, self.resume, self.waiting = groups, resume, waiting
         self.checkpoint_base = checkpoint_base
         self.wait_s = wait_s
@@ -68,7 +68,7 @@ class Handoffs:
         """Start each move whose new group can take the job now (``placed``: its pinned
         nodes are in the new group's runner), withdraw those that waited too long, and
         hand off the members at their step boundary."""
-        for job in store.jobs([JobState.RUNNING], moving=True):
+        for job in self.movers(store):
             if job.moving_from is None or job.moving_from == job.group_id:
                 continue
             old = self.groups.get(job.moving_from)
@@ -96,13 +96,18 @@ class Handoffs:
                 self.resume[int(key)] = resume
                 log.info("job %s: handed off by group %s (%s)", key, gid, resume.kind.value)
 
-    def waiting_out(self, store: Store, group_id: int, runner: GroupRunner,
+    @staticmethod
+    def movers(store: Store) -> list[JobRow]:
+        """The RUNNING jobs a re-plan is moving."""
+        return store.jobs([JobState.RUNNING], moving=True)
+
+    def waiting_out(self, movers: list[JobRow], group_id: int, runner: GroupRunner,
                     placed: Callable[[JobRow], bool]) -> list[JobRow]:
-        """The jobs whose move out of ``group_id`` waits for nodes and that ``runner`` does
-        not hold (weaved restarted meanwhile), as rows of that group: it runs them on
-        until their new group can take them (``placed``) or the move is withdrawn."""
-        return [replace(job, group_id=group_id, moving_from=None)
-                for job in store.jobs([JobState.RUNNING], moving=True)
+        """Of ``movers``, the jobs whose move out of ``group_id`` waits for nodes and that
+        ``runner`` does not hold (weaved restarted meanwhile), as rows of that group: it
+        runs them on until their new group can take them (``placed``) or the move is
+        withdrawn."""
+        return [replace(job, group_id=group_id, moving_from=None) for job in movers
                 if job.moving_from == group_id and job.group_id != group_id
                 and str(job.job_id) not in runner.members and job.job_id not in self.resume
                 and not placed(job)]
@@ -111,32 +116,31 @@ class Handoffs:
         """Take the move back: the job stays in its old group (module doc)."""
         src, dst = job.moving_from or 0, job.group_id or 0
         group = store.group(dst)
-        plan = group.plan.without({job.job_id}) if group is not None else None
+        if group is None:
+            return
+        plan = group.plan.without({job.job_id})
         why = (f"its move to group {dst} was withdrawn: the nodes it needs there were not "
                f"held within {self.wait_s:g} s ([runtime] move_wait_s); it runs on in group "
                f"{src}")
         try:
-            if plan is not None:
-                store.withdraw_move(job.job_id, src, dst, plan, why, now)
+            store.withdraw_move(job.job_id, src, dst, plan, why, now)
         except StateError as exc:
             log.info("job %s: %s", job.job_id, exc)
             return
         self.since.pop(job.job_id, None)
         self.waiting.pop(job.job_id, None)
         log.info("job %s: %s", job.job_id, why)
-        if group is not None and plan is not None and not plan.members \
-                and group.state is GroupState.FORMING:
+        if not plan.members and group.state is GroupState.FORMING:
             store.transition("group", dst, GroupState.DRAINING,
                              f"the move of its only member (job {job.job_id}) was withdrawn",
                              now)
 
-    def ended(self, store: Store) -> list[tuple[int, GroupRunner, Member]]:
+    def ended(self, store: Store, movers: list[JobRow]) -> list[tuple[int, GroupRunner, Member]]:
         """Members that reached their last step (or gave up) while their move was
         pending: their old group reports them (job id, its runner, the member), and
         their place in its plan goes. A job that ended (cancelled) while it was moving is
         let go by its old group."""
-        moving = {j.job_id for j in store.jobs([JobState.RUNNING], moving=True)
-                  if j.moving_from != j.group_id}
+        moving = {j.job_id for j in movers if j.moving_from != j.group_id}
         out = [(int(key), runner, m) for runner in self.groups.values()
                for key, m in runner.members.items()
                if (m.handoff or int(key) in moving)

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from weave_slurm.config.job import JobSpec, parse_job
+from weave_slurm.config.runtime import RUNTIME_DEFAULTS
 from weave_slurm.daemon import membership
 from weave_slurm.daemon.records import AllocRow, GroupPlan, GroupRow, JobRow
 from weave_slurm.daemon.states import GroupState, JobState
@@ -57,7 +58,7 @@ class ReplanConfig:
     interval_s: float = 3600.0   # the periodic re-plan (0: never; departures still consolidate)
     groups: int = 8              # how many of the least efficient groups it re-places
     consolidate: bool = True     # after a departure, its group's members placed again
-    wait_s: float = 900.0        # a move may wait this long for its nodes (0: none waits)
+    wait_s: float = RUNTIME_DEFAULTS.move_wait_s   # a move may wait this long for nodes
 
 
 class Replanner:
@@ -158,13 +159,14 @@ class Replanner:
         # a move into a group that is new, grows or is not active yet waits for its nodes
         # while the job runs on in its old group, whose plan must stay the one it runs
         active = {g.group_id for g in groups if g.state is GroupState.ACTIVE}
-        waiting = waiting_moves(before, after, {to for _, to in moved.values()} - active)
+        forming = {to for _, to in moved.values()} - active
+        waiting = waiting_moves(before, after, forming)
         if waiting is None or (waiting and self.config.wait_s <= 0):
+            why = "[runtime] move_wait_s = 0" if waiting else \
+                "a group such a move leaves would change meanwhile"
+            grows = sorted(set(needs_nodes(before, after)) | forming)
             log.info("%s: not taken, it needs nodes weaved does not hold yet (group(s) %s) "
-                     "and %s", what, ", ".join(map(str, sorted(set(needs_nodes(
-                         before, after)) | ({to for _, to in moved.values()} - active)))),
-                     "[runtime] move_wait_s = 0" if waiting else
-                     "a group such a move leaves would change meanwhile")
+                     "and %s", what, ", ".join(map(str, grows)), why)
             return False
         writes = membership.plan_writes(before, after, groups, allocs, self.instance)
         rows = {g.group_id: g for g in groups}
