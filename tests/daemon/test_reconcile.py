@@ -413,6 +413,25 @@ def test_a_released_allocation_still_ending_in_slurm_is_not_cancelled_again(rig:
 # -- 3. an allocation that vanished ------------------------------------------------------
 
 
+def test_an_allocation_slurm_is_ending_unasked_is_lost_at_once(rig: Rig) -> None:
+    """Killed on a failed node, a job stays COMPLETING in Slurm until the node answers
+    again (minutes, or never for a host cut off): weaved must not wait for it to leave
+    squeue before it asks for a replacement."""
+    job = _running(rig)
+    rig.slurm.jobs[11]["job_state"] = "COMPLETING"
+    rig.tick(at=T0 + 10)
+    why = "rollout allocation 11 (node(s) h20-0) was ended by Slurm, not released by weaved"
+    lost, train, new = rig.alloc_rows()
+    assert rig.reasons("alloc", lost.key)[-1] == ("HELD", "LOST", why)
+    assert train.state is AllocState.HELD
+    assert (new.role, new.state, new.alloc_id) == ("rollout", AllocState.HELD, "13")
+    fresh = rig.store.job(job)
+    assert fresh is not None and fresh.reason.startswith(f"{why}; asking for a new")
+    rig.tick(at=T0 + 11)     # still listed as ending: neither adopted nor an orphan
+    assert ("scancel", "11") not in rig.argvs("scancel")
+    assert [a.alloc_id for a in rig.store.allocs()] == ["12", "13"]
+
+
 def test_a_vanished_allocation_is_lost_and_its_group_asks_for_a_replacement(rig: Rig) -> None:
     job = _running(rig)
     rig.slurm.vanish("11")

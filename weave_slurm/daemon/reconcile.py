@@ -39,6 +39,7 @@ from weave_slurm.node.open_as import open_as
 from weave_slurm.placement import Capacity, Placement, Refusal, WeavePolicy, place_batch
 from weave_slurm.slurm.backend import (
     Allocation,
+    AllocationState,
     Backend,
     StepHandle,
     StepSpec,
@@ -62,6 +63,13 @@ class World:
 
 
 NodeStepFactory = Callable[[GroupRow, AllocRow], StepSpec]
+
+
+def _still_held(world: World, alloc_id: str | None) -> bool:
+    """Whether Slurm still runs (or has not yet started) allocation ``alloc_id``: listed,
+    and not being ended."""
+    a = world.allocations.get(alloc_id or "")
+    return a is not None and a.state is not AllocationState.ENDING
 
 
 class Reconciler:
@@ -153,7 +161,8 @@ class Reconciler:
             if row.state is AllocState.ALLOCATING:  # a crash between intent and result
                 name = self.allocations.request(group, row).job_name
                 found = [a for a in world.allocations.values()
-                         if a.name == name and a.alloc_id not in claimed]
+                         if a.name == name and a.alloc_id not in claimed
+                         and a.state is not AllocationState.ENDING]
                 if found:
                     claimed.add(found[0].alloc_id)
                     self.allocations.held(row, found[0], now,
@@ -161,9 +170,14 @@ class Reconciler:
                 else:
                     self.store.transition("alloc", row.key, AllocState.WANTED,
                                           "not in Slurm after a restart; ask again", now)
-            elif row.state is AllocState.HELD and row.alloc_id not in world.allocations:
+            elif row.state is AllocState.HELD and not _still_held(world, row.alloc_id):
+                # ending in Slurm without weaved's release: killed on a failed node (it
+                # stays COMPLETING until that node answers again), timed out, scancelled
+                ending = row.alloc_id in world.allocations
                 why = (f"{row.role} allocation {row.alloc_id} (node(s) "
-                       f"{','.join(row.nodes) or '?'}) vanished from Slurm")
+                       f"{','.join(row.nodes) or '?'}) "
+                       + ("was ended by Slurm, not released by weaved" if ending
+                          else "vanished from Slurm"))
                 self.store.transition("alloc", row.key, AllocState.LOST, why, now)
                 for job in self.store.jobs([JobState.RUNNING, JobState.PLACED],
                                            group_id=row.group_id):
@@ -174,8 +188,9 @@ class Reconciler:
         gone = {a.alloc_id for a in self.store.allocs(live_only=False)
                 if a.alloc_id and a.state is AllocState.RELEASED}
         for alloc_id, a in world.allocations.items():
-            if alloc_id in gone and alloc_id not in claimed:
-                log.debug("allocation %s is ending in Slurm (released)", alloc_id)
+            if alloc_id not in claimed and (alloc_id in gone
+                                            or a.state is AllocationState.ENDING):
+                log.debug("allocation %s is ending in Slurm", alloc_id)
             elif alloc_id not in claimed:
                 log.warning("releasing orphan allocation %s (%s, ours: uid and instance "
                             "%s): no group in the store", alloc_id, a.name, self.tag)
