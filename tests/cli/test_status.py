@@ -122,3 +122,16 @@ def test_layout_cell_and_lines_without_a_stored_layout() -> None:
     assert layout_lines(lay) == ["layout=w", "layout.train=a:ranks=0-4 ?:ranks=5-8",
                                  "layout.rollout=r:engines=0 gpus_per_engine=4",
                                  "layout.runs=only rank 0"]
+
+
+def test_groups_marks_a_job_moving_out_and_in(monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    def group(gid: int, members: list[int], out: list[int], in_: list[int]) -> dict:
+        return {"group": gid, "state": "ACTIVE", "members": members, "moving_out": out,
+                "moving_in": in_, "rollout_nodes": 1, "train_nodes": 1, "period_s": None,
+                "rollout_bubble": None, "train_bubble": None, "allocations": []}
+    answer = {"groups": [group(1, [3, 5], [3], []), group(2, [4], [], [3])]}
+    monkeypatch.setattr("weave_slurm.cli.status._call", lambda *a, **k: answer)
+    assert run_app(_app(), "weave", ["groups"]) == 0
+    rows = [line.split()[:3] for line in capsys.readouterr().out.splitlines()[1:]]
+    assert rows == [["1", "ACTIVE", "3>,5"], ["2", "ACTIVE", "4,>3"]]

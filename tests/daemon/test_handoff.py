@@ -152,3 +152,24 @@ def test_after_a_restart_a_waiting_job_runs_in_its_old_group_until_withdrawn(
     moves.hand_off(store, lambda j: False, T0 + 10 + WAIT_S)
     row = store.job(job)
     assert row is not None and (row.group_id, row.moving_from) == (src, None)
+
+
+def test_weave_groups_lists_a_waiting_job_once_as_a_member_moving_out_then_in(
+        store: Store) -> None:
+    """While it waits the job runs in its old group: a member there, moving out; in its
+    new group's plan it is only moving in. Once withdrawn it is its old group's again."""
+    from weave_slurm.config.site import default_site
+    from weave_slurm.daemon.api import Api
+
+    job, src, dst, _runner, moves = _waiting_move(store)
+    api = Api(store, default_site(), CAP, lambda: T0 + 10)
+    views = {g["group"]: g for g in api.groups()["groups"]}
+    assert (views[src]["members"], views[src]["moving_out"], views[src]["moving_in"]) == \
+        ([job], [job], [])
+    assert job not in views[dst]["members"] and views[dst]["moving_in"] == [job]
+    assert views[dst]["moving_out"] == []
+    moves.hand_off(store, lambda j: False, T0 + 10)
+    moves.hand_off(store, lambda j: False, T0 + 10 + WAIT_S)   # withdrawn
+    views = {g["group"]: g for g in api.groups()["groups"]}
+    assert (views[src]["members"], views[src]["moving_out"]) == ([job], [])
+    assert all(job not in v["members"] + v["moving_in"] for g, v in views.items() if g != src)

@@ -235,8 +235,11 @@ def groups(
     for g in result["groups"]:
         allocs = ",".join(f"{a['id'] or '?'}({a['partition']}:{a['state'].lower()})"
                           for a in g["allocations"]) or "-"
+        members = ",".join([*(f"{j}>" if j in g.get("moving_out", []) else str(j)
+                              for j in g["members"]),
+                            *(f">{j}" for j in g.get("moving_in", []))]) or "-"
         lines.append(
-            f"{g['group']:>5} {g['state']:>8} {','.join(map(str, g['members'])) or '-':<16} "
+            f"{g['group']:>5} {g['state']:>8} {members:<16} "
             f"{g['rollout_nodes']:>3} {g['train_nodes']:>4} "
             f"{_num(g['period_s'], '.0f'):>8} {_num(g['rollout_bubble'], '.0%'):>7} "
             f"{_num(g['train_bubble'], '.0%'):>8} {allocs}")

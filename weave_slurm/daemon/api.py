@@ -260,11 +260,19 @@ class Api:
         return [f"weaved cannot read Slurm's state for {now - since:.0f} s ({why}); job "
                 "states may be stale, weaved keeps trying every tick"]
 
-    def _group_view(self, g: GroupRow, allocs: list[AllocRow],
-                    model: Group | None) -> dict[str, Any]:
+    def _group_view(self, g: GroupRow, allocs: list[AllocRow], model: Group | None,
+                    jobs: dict[int, JobRow]) -> dict[str, Any]:
         sched = model.schedule if model is not None else None
+        # a job a re-plan moves has a place in both plans until it has moved: it runs in
+        # the group it is moving from (a member there, moving out), not yet in its new one
+        coming = [j for j in g.plan.job_ids if j in jobs and jobs[j].group_id == g.group_id
+                  and jobs[j].moving_from not in (None, g.group_id)]
+        going = [j for j in g.plan.job_ids if j in jobs and jobs[j].moving_from == g.group_id
+                 and jobs[j].group_id != g.group_id]
         return {"group": g.group_id, "label": g.label, "state": g.state.value,
-                "members": list(g.plan.job_ids), "rollout_nodes": g.plan.rollout_nodes,
+                "members": [j for j in g.plan.job_ids if j not in coming],
+                "moving_in": coming, "moving_out": going,
+                "rollout_nodes": g.plan.rollout_nodes,
                 "train_nodes": g.plan.train_nodes,
                 "period_s": sched.period_s if sched else None,
                 "rollout_bubble": 1.0 - sched.rollout_busy if sched else None,
@@ -276,9 +284,9 @@ class Api:
                 "created_s": g.created_s}
 
     def groups(self) -> dict[str, Any]:
-        _jobs, groups, allocs, models = self._context()
+        jobs, groups, allocs, models = self._context()
         return {"groups": [self._group_view(g, [a for a in allocs.get(gid, [])
-                                                if not a.state.final], models.get(gid))
+                                                if not a.state.final], models.get(gid), jobs)
                            for gid, g in groups.items() if not g.state.final]}
 
     def show(self, uid: int, kind: object, ident: object) -> dict[str, Any]:
@@ -291,7 +299,7 @@ class Api:
             g = groups.get(ident)
             if g is None:
                 raise ConfigError(f"Invalid group id specified: {ident}")
-            view = self._group_view(g, allocs.get(ident, []), models.get(ident))
+            view = self._group_view(g, allocs.get(ident, []), models.get(ident), jobs)
             view["transitions"] = [asdict(t) for t in self.store.transitions("group", ident)]
             return view
         job = jobs.get(ident)
