@@ -4,7 +4,9 @@ move (hand-off, adoption) is tests/runtime/test_weaved_moves.py."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +129,22 @@ def test_a_move_into_a_group_that_grows_waits_keeping_its_place(store: Store) ->
     assert src not in state.by_id   # its place there is not a member placement sees
     r.tick(T0 + 3)
     assert store.group(src).state is GroupState.ACTIVE   # type: ignore[union-attr]
+
+
+def test_a_move_that_needs_the_node_its_old_group_holds_is_not_taken(
+        store: Store, caplog: pytest.LogCaptureFixture) -> None:
+    """The same move on a site whose h20 pool has two nodes, both held (one by each
+    group): the node it needs is free only once the job has left, so it could only be
+    withdrawn; it is not taken, and the log says why."""
+    _two_lone_jobs(store, rollout_s=100.0)
+    r = Replanner(store, replace(CAP, rollout_pool_nodes=2), WeavePolicy(), "",
+                  ReplanConfig(interval_s=600.0), lambda job: None, T0)
+    r.left(1)
+    with caplog.at_level(logging.INFO, logger="weave_slurm.daemon.replanning"):
+        r.tick(T0 + 1)
+    assert all(j.moving_from is None for j in store.jobs())
+    assert "the pools lack them while its old group holds its own: 1 rollout node(s) " \
+        "where 0 are free" in caplog.text
 
 
 def test_a_cooperative_job_is_never_moved(store: Store) -> None:

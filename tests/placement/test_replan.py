@@ -25,8 +25,10 @@ from weave_slurm.placement.replan import (
     regroup_all,
     replace_jobs,
     replan_worst,
+    short_of_nodes,
     slo_allows,
     waiting_moves,
+    weaved_takes,
 )
 
 from .conftest import capacity, job_lists
@@ -157,6 +159,27 @@ def test_needs_nodes_names_the_groups_a_move_enters_that_are_new_or_grow() -> No
     assert needs_nodes(before, formed) == [3]   # c moves into a group formed for it
     assert needs_nodes(before, shrunk) == []    # c joins b on the nodes b's group holds
     assert needs_nodes(before, before) == []
+
+
+def test_a_waiting_move_needs_free_nodes_besides_those_its_old_group_holds() -> None:
+    """short_of_nodes / weaved_takes: c's move into a new group needs a rollout and a
+    training node while group 1 still holds its own (c runs there until it has moved)."""
+    a, b, c = (simple_profile(j, 100, 100, 2.0) for j in "abc")
+
+    def states(pool: int) -> tuple[ClusterState, ClusterState]:
+        cap = replace(capacity(max_group_size=4), rollout_pool_nodes=pool,
+                      train_pool_nodes=pool)
+        before = ClusterState(cap, (Group(1, (Member(a, (0,)), Member(c, (1,))), 2, 1),
+                                    Group(2, (Member(b, (0,)),), 1, 1)), 3)
+        after = ClusterState(cap, (Group(1, (Member(a, (0,)),), 1, 1),
+                                   Group(2, (Member(b, (0,)),), 1, 1),
+                                   Group(3, (Member(c, (0,)),), 1, 1)), 4)
+        return before, after
+    before, after = states(pool=4)   # one rollout and two training nodes free
+    assert short_of_nodes(before, after, [3]) is None and weaved_takes(before, after)
+    before, after = states(pool=3)   # every rollout node held, one training node free
+    assert short_of_nodes(before, after, [3]) == "1 rollout node(s) where 0 are free"
+    assert waiting_moves(before, after) == {"c"} and not weaved_takes(before, after)
 
 
 def test_a_move_may_wait_for_nodes_only_where_its_old_group_keeps_its_plan() -> None:

@@ -44,6 +44,7 @@ from weave_slurm.placement.replan import (
     Replan,
     needs_nodes,
     replace_jobs,
+    short_of_nodes,
     waiting_moves,
     worst_groups,
 )
@@ -161,10 +162,12 @@ class Replanner:
         active = {g.group_id for g in groups if g.state is GroupState.ACTIVE}
         forming = {to for _, to in moved.values()} - active
         waiting = waiting_moves(before, after, forming)
-        if waiting is None or (waiting and self.config.wait_s <= 0):
-            why = "[runtime] move_wait_s = 0" if waiting else \
-                "a group such a move leaves would change meanwhile"
-            grows = sorted(set(needs_nodes(before, after)) | forming)
+        grows = sorted(set(needs_nodes(before, after)) | forming)
+        short = short_of_nodes(before, after, grows) if waiting else None
+        if waiting is None or (waiting and self.config.wait_s <= 0) or short:
+            why = ("a group such a move leaves would change meanwhile" if waiting is None
+                   else f"the pools lack them while its old group holds its own: {short}"
+                   if short else "[runtime] move_wait_s = 0")
             log.info("%s: not taken, it needs nodes weaved does not hold yet (group(s) %s) "
                      "and %s", what, ", ".join(map(str, grows)), why)
             return False

@@ -104,6 +104,36 @@ def waiting_moves(before: ClusterState, after: ClusterState,
     return waiting
 
 
+def weaved_takes(before: ClusterState, after: ClusterState) -> bool:
+    """Whether weaved carries out the re-plan ``before`` -> ``after``: every move that
+    waits for nodes can wait safely (:func:`waiting_moves`) and the pools have those
+    nodes free meanwhile (:func:`short_of_nodes`)."""
+    waiting = waiting_moves(before, after)
+    return waiting is not None and not (waiting and short_of_nodes(
+        before, after, needs_nodes(before, after)))
+
+
+def short_of_nodes(before: ClusterState, after: ClusterState,
+                   grows: Collection[int]) -> str | None:
+    """What the groups in ``grows`` lack to hold their nodes of ``after`` while the groups
+    of ``before`` still hold theirs (the jobs moving out run on there until they have
+    moved), in words; None when the pools have them free. A move that needs the nodes
+    its own old group holds could only ever be withdrawn."""
+    cap = before.capacity
+    need_r = need_t = 0
+    for gid in grows:
+        g, old = after.by_id.get(gid), before.by_id.get(gid)
+        if g is None:
+            continue
+        need_r += max(0, g.rollout_nodes - (old.rollout_nodes if old else 0))
+        need_t += max(0, g.train_nodes - (old.train_nodes if old else 0))
+    free_r = max(0, cap.rollout_pool_nodes - before.rollout_nodes_used)
+    free_t = max(0, cap.train_pool_nodes - before.train_nodes_used)
+    short = [f"{n} {pool} node(s) where {free} are free" for n, free, pool in
+             ((need_r, free_r, "rollout"), (need_t, free_t, "training")) if n > free]
+    return "; ".join(short) or None
+
+
 def _kept(old: Group, new: Group | None, leaving: Collection[str]) -> bool:
     """Whether ``new`` is ``old`` without the ``leaving`` jobs, every other member on the
     same nodes (renumbered consistently) with the same turns, no training node added."""
