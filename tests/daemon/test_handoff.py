@@ -75,9 +75,9 @@ def test_a_move_waits_for_its_nodes_then_is_withdrawn(store: Store) -> None:
     moves.hand_off(store, lambda j: False, T0 + 10)
     assert moves.waiting[job].startswith(f"moving from group {src} to group {dst}: "
                                          "waiting for its nodes there")
-    moves.hand_off(store, lambda j: False, T0 + 10 + WAIT_S - 1)
+    moves.hand_off(store, lambda j: False, T0 + 1 + WAIT_S - 1)   # committed at T0 + 1
     assert store.job(job).moving_from == src   # type: ignore[union-attr]
-    moves.hand_off(store, lambda j: False, T0 + 10 + WAIT_S)
+    moves.hand_off(store, lambda j: False, T0 + 1 + WAIT_S)
     row = store.job(job)
     assert row is not None and (row.group_id, row.moving_from) == (src, None)
     assert row.reason == (f"its move to group {dst} was withdrawn: the nodes it needs there "
@@ -139,7 +139,8 @@ def test_after_a_restart_a_waiting_job_runs_in_its_old_group_until_withdrawn(
         store: Store) -> None:
     """A fresh weaved's runners hold no member yet: the old group re-attaches the job
     whose move waits (waiting_out) unless its new group can take it now, and the wait
-    still ends in a withdrawal."""
+    still ends in a withdrawal, move_wait_s after the move was committed (not after the
+    restart)."""
     job, src, dst, _, _ = _waiting_move(store)
     moves = Handoffs({src: _Runner({}), dst: _Runner({})}, {}, {}, None,   # type: ignore[dict-item]
                      WAIT_S)
@@ -148,8 +149,9 @@ def test_after_a_restart_a_waiting_job_runs_in_its_old_group_until_withdrawn(
     assert [(r.job_id, r.group_id, r.moving_from) for r in rows] == [(job, src, None)]
     assert moves.waiting_out(moves.movers(store), src, old, lambda j: True) == []   # adopted there
     assert moves.waiting_out(moves.movers(store), dst, moves.groups[dst], lambda j: False) == []
-    moves.hand_off(store, lambda j: False, T0 + 10)
-    moves.hand_off(store, lambda j: False, T0 + 10 + WAIT_S)
+    moves.hand_off(store, lambda j: False, T0 + WAIT_S)   # first seen by this weaved
+    assert store.job(job).moving_from == src   # type: ignore[union-attr]
+    moves.hand_off(store, lambda j: False, T0 + 1 + WAIT_S)
     row = store.job(job)
     assert row is not None and (row.group_id, row.moving_from) == (src, None)
 

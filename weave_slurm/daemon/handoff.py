@@ -62,7 +62,7 @@ class Handoffs:
         self.checkpoint_base = checkpoint_base
         self.wait_s = wait_s
         self.ending: set[int] = set()   # ended before their hand-off (reported once)
-        self.since: dict[int, float] = {}   # job -> when its move was first seen waiting
+        self.since: dict[int, float] = {}   # job -> when its move was committed
 
     def hand_off(self, store: Store, placed: Callable[[JobRow], bool], now: float) -> None:
         """Start each move whose new group can take the job now (``placed``: its pinned
@@ -76,8 +76,9 @@ class Handoffs:
             if member is not None and (member.state in _OUT or member.handoff):
                 continue
             if job.group_id not in self.groups or not placed(job):
-                since = self.since.setdefault(job.job_id, now)
-                if now - since >= self.wait_s:
+                if job.job_id not in self.since:   # a restart does not restart the clock
+                    self.since[job.job_id] = _committed_s(store, job.job_id, now)
+                if now - self.since[job.job_id] >= self.wait_s:
                     self._withdraw(store, job, now)
                     continue
                 self.waiting[job.job_id] = (f"moving from group {job.moving_from} to group "
@@ -222,3 +223,11 @@ def _why_not_held(store: Store, group_id: int) -> str:
     """``" (<reason>)"`` of the group's first allocation not held yet, else empty."""
     rows = [a for a in store.allocs(group_id) if a.state is not AllocState.HELD]
     return f" ({rows[0].reason})" if rows and rows[0].reason else ""
+
+
+def _committed_s(store: Store, job_id: int, now: float) -> float:
+    """When the move of ``job_id`` was committed: its last logged transition
+    (``commit_moves`` logs one; a RUNNING job logs none until it ends), or ``now`` if the
+    log has none."""
+    rows = store.transitions("job", job_id)
+    return min(rows[-1].ts, now) if rows else now
