@@ -28,7 +28,7 @@ from weave_slurm.placement.replan import (
     short_of_nodes,
     slo_allows,
     waiting_moves,
-    weaved_takes,
+    waiting_refusal,
 )
 
 from .conftest import capacity, job_lists
@@ -162,7 +162,7 @@ def test_needs_nodes_names_the_groups_a_move_enters_that_are_new_or_grow() -> No
 
 
 def test_a_waiting_move_needs_free_nodes_besides_those_its_old_group_holds() -> None:
-    """short_of_nodes / weaved_takes: c's move into a new group needs a rollout and a
+    """short_of_nodes / waiting_refusal: c's move into a new group needs a rollout and a
     training node while group 1 still holds its own (c runs there until it has moved)."""
     a, b, c = (simple_profile(j, 100, 100, 2.0) for j in "abc")
 
@@ -176,10 +176,13 @@ def test_a_waiting_move_needs_free_nodes_besides_those_its_old_group_holds() -> 
                                    Group(3, (Member(c, (0,)),), 1, 1)), 4)
         return before, after
     before, after = states(pool=4)   # one rollout and two training nodes free
-    assert short_of_nodes(before, after, [3]) is None and weaved_takes(before, after)
+    assert short_of_nodes(before, after, [3]) is None
+    assert waiting_refusal(before, after) is None
     before, after = states(pool=3)   # every rollout node held, one training node free
     assert short_of_nodes(before, after, [3]) == "1 rollout node(s) where 0 are free"
-    assert waiting_moves(before, after) == {"c"} and not weaved_takes(before, after)
+    assert waiting_moves(before, after) == {"c"}
+    assert waiting_refusal(before, after) == ("the pools lack them while its old group holds "
+                                             "its own: 1 rollout node(s) where 0 are free")
 
 
 def test_a_move_may_wait_for_nodes_only_where_its_old_group_keeps_its_plan() -> None:

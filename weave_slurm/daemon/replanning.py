@@ -44,8 +44,8 @@ from weave_slurm.placement.replan import (
     Replan,
     needs_nodes,
     replace_jobs,
-    short_of_nodes,
     waiting_moves,
+    waiting_refusal,
     worst_groups,
 )
 
@@ -161,13 +161,12 @@ class Replanner:
         # while the job runs on in its old group, whose plan must stay the one it runs
         active = {g.group_id for g in groups if g.state is GroupState.ACTIVE}
         forming = {to for _, to in moved.values()} - active
-        waiting = waiting_moves(before, after, forming)
-        grows = sorted(set(needs_nodes(before, after)) | forming)
-        short = short_of_nodes(before, after, grows) if waiting else None
-        if waiting is None or (waiting and self.config.wait_s <= 0) or short:
-            why = ("a group such a move leaves would change meanwhile" if waiting is None
-                   else f"the pools lack them while its old group holds its own: {short}"
-                   if short else "[runtime] move_wait_s = 0")
+        why = waiting_refusal(before, after, forming)
+        waiting = waiting_moves(before, after, forming) or frozenset()
+        if why is None and waiting and self.config.wait_s <= 0:
+            why = "[runtime] move_wait_s = 0"
+        if why is not None:
+            grows = sorted(set(needs_nodes(before, after)) | forming)
             log.info("%s: not taken, it needs nodes weaved does not hold yet (group(s) %s) "
                      "and %s", what, ", ".join(map(str, grows)), why)
             return False

@@ -104,13 +104,19 @@ def waiting_moves(before: ClusterState, after: ClusterState,
     return waiting
 
 
-def weaved_takes(before: ClusterState, after: ClusterState) -> bool:
-    """Whether weaved carries out the re-plan ``before`` -> ``after``: every move that
-    waits for nodes can wait safely (:func:`waiting_moves`) and the pools have those
-    nodes free meanwhile (:func:`short_of_nodes`)."""
-    waiting = waiting_moves(before, after)
-    return waiting is not None and not (waiting and short_of_nodes(
-        before, after, needs_nodes(before, after)))
+def waiting_refusal(before: ClusterState, after: ClusterState,
+                    waiting_into: Collection[int] = ()) -> str | None:
+    """Why weaved cannot carry out the moves of ``before`` -> ``after`` that wait for
+    nodes, in words; None when it can: every one can wait safely (:func:`waiting_moves`)
+    and the pools have those nodes free meanwhile (:func:`short_of_nodes`)."""
+    waiting = waiting_moves(before, after, waiting_into)
+    if waiting is None:
+        return "a group such a move leaves would change meanwhile"
+    if not waiting:
+        return None
+    short = short_of_nodes(before, after, {*needs_nodes(before, after), *waiting_into})
+    return None if short is None else \
+        f"the pools lack them while its old group holds its own: {short}"
 
 
 def short_of_nodes(before: ClusterState, after: ClusterState,
@@ -122,9 +128,7 @@ def short_of_nodes(before: ClusterState, after: ClusterState,
     cap = before.capacity
     need_r = need_t = 0
     for gid in grows:
-        g, old = after.by_id.get(gid), before.by_id.get(gid)
-        if g is None:
-            continue
+        g, old = after.by_id[gid], before.by_id.get(gid)
         need_r += max(0, g.rollout_nodes - (old.rollout_nodes if old else 0))
         need_t += max(0, g.train_nodes - (old.train_nodes if old else 0))
     free_r = max(0, cap.rollout_pool_nodes - before.rollout_nodes_used)

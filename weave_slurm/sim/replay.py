@@ -28,7 +28,7 @@ from weave_slurm.placement.consolidate import consolidation, regrouped
 from weave_slurm.placement.decision import Placement, Refusal
 from weave_slurm.placement.group import Group, Member, with_profile
 from weave_slurm.placement.moves import pauses, relabel
-from weave_slurm.placement.replan import Replan, replace_jobs, replan_worst, weaved_takes
+from weave_slurm.placement.replan import Replan, replace_jobs, replan_worst, waiting_refusal
 from weave_slurm.sim.bound import trace_bound
 from weave_slurm.sim.drift import DriftModel
 from weave_slurm.sim.events import Simulator
@@ -244,8 +244,8 @@ class Replay:
         return {j: self.runs[j].remaining_s(self.sim.now) for j in self.state.job_group}
 
     def _take(self, plan: Replan | None) -> None:
-        if plan is None or (self.policy.weaved_moves and not weaved_takes(self.state,
-                                                                          plan.state)):
+        if plan is None or (self.policy.weaved_moves
+                            and waiting_refusal(self.state, plan.state) is not None):
             return   # none, or weaved would not take it: a move could not wait safely
         self.result.replans += 1
         self._transition(plan.state, plan.pauses)
