@@ -20,7 +20,7 @@ from weave_slurm.daemon.states import GroupState, JobState
 from weave_slurm.daemon.store import Store
 from weave_slurm.runtime.group import MemberState
 
-from .test_replanning import CAP, T0, _replanner, _two_lone_jobs
+from .test_replanning import CAP, T0, _replanner, _two_lone_jobs, _waiting_out_of_three
 
 WAIT_S = 600.0
 
@@ -104,16 +104,22 @@ def test_a_move_whose_nodes_come_is_handed_off_and_its_place_goes_once_moved(
     assert store.job(job).moving_from is None   # type: ignore[union-attr]
 
 
+def _withdrawn(store: Store, job: int, src: int) -> None:
+    """The move of ``job`` (committed at T0 + 1, its old group's runner holding it)
+    waits for nodes that never come and is withdrawn: it is ``src``'s again."""
+    runner = _Runner({str(job): SimpleNamespace(state=MemberState.READY, handoff=False)})
+    moves = Handoffs({src: runner}, {}, {}, None, WAIT_S)   # type: ignore[dict-item]
+    moves.hand_off(store, lambda j: False, T0 + 2)
+    moves.hand_off(store, lambda j: False, T0 + 1 + WAIT_S)
+    assert store.job(job).group_id == src   # type: ignore[union-attr]
+
+
 def test_a_move_into_a_new_group_withdrawn_drains_that_group(store: Store) -> None:
     a, _ = _two_lone_jobs(store, rollout_s=100.0)
     place = GroupPlan(1, 1, (MemberPlan(a, (0,)),))
     store.commit_moves([(3, "3", place, True), (1, "1", place, False)],
                        [(a, 1, 3, "moving from group 1 to group 3")], T0 + 1)
-    runner = _Runner({str(a): SimpleNamespace(state=MemberState.READY, handoff=False)})
-    moves = Handoffs({1: runner}, {}, {}, None, WAIT_S)   # type: ignore[dict-item]
-    moves.hand_off(store, lambda j: False, T0 + 2)
-    moves.hand_off(store, lambda j: False, T0 + 2 + WAIT_S)
-    assert store.job(a).group_id == 1   # type: ignore[union-attr]
+    _withdrawn(store, a, 1)
     new = store.group(3)
     assert new is not None and new.state is GroupState.DRAINING and not new.plan.members
     assert store.transitions("group", 3)[-1].reason \
@@ -175,3 +181,31 @@ def test_weave_groups_lists_a_waiting_job_once_as_a_member_moving_out_then_in(
     views = {g["group"]: g for g in api.groups()["groups"]}
     assert (views[src]["members"], views[src]["moving_out"]) == ([job], [])
     assert all(job not in v["members"] + v["moving_in"] for g, v in views.items() if g != src)
+
+
+def test_the_group_a_waiting_job_leaves_takes_its_new_plan_once_it_is_out(
+        store: Store) -> None:
+    """c's old group re-pins a and e onto one node only when c has moved in; had c's
+    move been withdrawn, the group would keep its plan as it is (next test)."""
+    a, e, c, _ = _waiting_out_of_three(store)
+    runner = _Runner({str(c): SimpleNamespace(state=MemberState.READY, handoff=False)})
+    moves = Handoffs({1: runner, 3: _Runner({})}, {}, {}, None,   # type: ignore[dict-item]
+                     WAIT_S)
+    moves.hand_off(store, lambda j: True, T0 + 2)
+    runner.members[str(c)].state = MemberState.MOVED
+    moves.moved_in(store, store.job(c), 3)   # type: ignore[arg-type]
+    old = store.group(1)
+    assert old is not None and old.plan.then is None
+    assert sorted(old.plan.job_ids) == sorted((a, e)) and old.plan.rollout_nodes == 1
+    assert len({p for m in old.plan.members for p in m.rollout_pins}) == 1
+
+
+def test_a_withdrawn_move_leaves_its_old_group_as_it_was(store: Store) -> None:
+    a, e, c, _ = _waiting_out_of_three(store)
+    _withdrawn(store, c, 1)
+    old = store.group(1)
+    assert old is not None and old.plan.then is None
+    assert [(m.job_id, m.rollout_pins) for m in old.plan.members] == \
+        [(a, (0,)), (e, (1,)), (c, (2,))]
+    store.transition("job", a, JobState.COMPLETED, "done", T0 + 700)   # later departures
+    assert store.group(1).plan.without({a}).job_ids == (e, c)   # type: ignore[union-attr]

@@ -8,6 +8,7 @@ import logging
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -20,7 +21,8 @@ from weave_slurm.daemon.states import GroupState, JobState
 from weave_slurm.daemon.store import Store
 from weave_slurm.model.cost import CostRates
 from weave_slurm.model.profile import simple_profile
-from weave_slurm.placement import Capacity, WeavePolicy
+from weave_slurm.placement import Capacity, ClusterState, Group, Member, WeavePolicy
+from weave_slurm.placement.replan import Replan
 
 T0 = 1_000.0
 CAP = Capacity(max_group_size=2, max_rollout_nodes_per_group=8, rollout_mem_gib=2048,
@@ -168,3 +170,52 @@ def test_the_periodic_replan_waits_for_its_interval_and_for_moves_in_flight(
     store.update("job", a, moving_from=None)
     r.tick(T0 + 1202)
     assert sum(j.moving_from is not None for j in store.jobs()) == 1
+
+
+def _waiting_out_of_three(store: Store) -> tuple[int, int, int, Replanner]:
+    """Jobs a, e and c on a rollout node each in active group 1 (groups of 3), b alone in
+    group 2; a re-plan moves c into a new group 3 (it waits for its nodes there) and
+    puts a and e on one node of group 1. Returns a, e, c and the replanner."""
+    cap = replace(CAP, max_group_size=3)
+    _group(store, 1, [], GroupState.FORMING)
+    _group(store, 2, [], GroupState.FORMING)
+    a, e, c = (_running(store, n, 1) for n in "aec")
+    b = _running(store, "b", 2)
+    store.update("group", 1, plan=GroupPlan(3, 1, tuple(
+        MemberPlan(j, (i,)) for i, j in enumerate((a, e, c)))).to_json())
+    store.transition("group", 1, GroupState.ACTIVE, "held", T0)
+    _group(store, 2, [b])
+    r = Replanner(store, cap, WeavePolicy(), "", ReplanConfig(interval_s=600.0),
+                  lambda job: None, T0)
+    groups, allocs, before, movable = r._view()
+    one, two = before.by_id[1], before.by_id[2]
+    by = {m.job.job_id: m for m in one.members}
+    after = ClusterState(cap, (
+        Group(1, (Member(by[str(a)].job, (0,)), Member(by[str(e)].job, (0,))), 1, 1), two,
+        Group(3, (Member(by[str(c)].job, (0,)),), 1, 1)), 4)
+    plan = Replan(after, {str(c): 30.0},
+                  SimpleNamespace(efficiency_after=0.5, efficiency_before=1.0))  # type: ignore[arg-type]
+    assert r._take(plan, before, groups, allocs, movable, T0 + 1, "a test re-plan")
+    return a, e, c, r
+
+
+def test_a_waiting_move_out_of_a_group_that_re_pins_the_others_defers_its_new_plan(
+        store: Store) -> None:
+    """The group c waits to leave runs its plan as it is meanwhile (c keeps its place,
+    a and e stay on their nodes) and holds the plan the re-plan gave it (a and e on one
+    node) until c is out."""
+    a, e, c, _ = _waiting_out_of_three(store)
+    row = store.job(c)
+    assert row is not None and (row.group_id, row.moving_from) == (3, 1)
+    old = store.group(1)
+    assert old is not None
+    assert [(m.job_id, m.rollout_pins) for m in old.plan.members] == \
+        [(a, (0,)), (e, (1,)), (c, (2,))]
+    then = old.plan.then
+    assert then is not None and sorted(then.job_ids) == sorted((a, e))
+    assert len(allocplan.pinned(then)) == 1 and then.rollout_nodes == 1
+    assert GroupPlan.from_json(old.plan.to_json()) == old.plan   # stored as it is
+    state = membership.cluster_state(replace(CAP, max_group_size=3), store.groups(),
+                                     store.jobs(), 4)
+    assert state.closed == {1}
+    assert [m.rollout_pins for m in state.by_id[1].members] == [(0,), (1,)]

@@ -185,9 +185,11 @@ def test_a_waiting_move_needs_free_nodes_besides_those_its_old_group_holds() -> 
                                              "its own: 1 rollout node(s) where 0 are free")
 
 
-def test_a_move_may_wait_for_nodes_only_where_its_old_group_keeps_its_plan() -> None:
+def test_a_move_may_wait_for_nodes_only_where_its_old_group_needs_nothing_new() -> None:
     """waiting_moves: the jobs whose move needs nodes, or None where the group such a
-    move leaves would change meanwhile (a job enters it, or the members it keeps move)."""
+    move leaves would take a job or need a node it does not hold; its other members may
+    be re-pinned on its nodes or take other turns (it takes that plan once the waiting
+    job is out)."""
     a, b, c, d = (simple_profile(j, 100, 100, 2.0) for j in "abcd")
     cap = capacity(max_group_size=4)
     before = ClusterState(cap, (Group(1, (Member(a, (0,)), Member(c, (1,))), 2, 1),
@@ -208,13 +210,13 @@ def test_a_move_may_wait_for_nodes_only_where_its_old_group_keeps_its_plan() -> 
                                  Group(2, (Member(b, (0,)),), 1, 1),
                                  Group(3, (Member(c, (0,)),), 1, 1)), 5)
     assert waiting_moves(before, entered) is None
-    # the members the group keeps change: a takes two turns, or a and e come to share
-    # a node, while c still runs beside them: refused
+    # the members the group keeps change once c is out: a takes two turns, or a and e
+    # come to share a node: c's move waits all the same
     more_turns = ClusterState(cap, (Group(1, (Member(a, (0,), 2),), 1, 1),
                                     Group(2, (Member(b, (0,)),), 1, 1),
                                     Group(3, (Member(c, (0,)),), 1, 1),
                                     Group(4, (Member(d, (0,)),), 1, 1)), 5)
-    assert waiting_moves(before, more_turns) is None
+    assert waiting_moves(before, more_turns) == {"c"}
     e = simple_profile("e", 100, 100, 2.0)
     three = ClusterState(cap, (Group(1, (Member(a, (0,)), Member(e, (1,)),
                                          Member(c, (2,))), 3, 1),), 2)
@@ -222,8 +224,15 @@ def test_a_move_may_wait_for_nodes_only_where_its_old_group_keeps_its_plan() -> 
                                 Group(2, (Member(c, (0,)),), 1, 1)), 3)
     apart = ClusterState(cap, (Group(1, (Member(e, (0,)), Member(a, (1,))), 2, 1),
                                Group(2, (Member(c, (0,)),), 1, 1)), 3)
-    assert waiting_moves(three, shared) is None
-    assert waiting_moves(three, apart) == {"c"}   # renumbered and reordered: the same
+    assert waiting_moves(three, shared) == {"c"}
+    assert waiting_moves(three, apart) == {"c"}
+    # ... but not where its new plan needs a node or a training node it does not hold
+    wider = ClusterState(cap, (Group(1, (Member(a, (0, 1)), Member(e, (2, 3))), 4, 1),
+                               Group(2, (Member(c, (0,)),), 1, 1)), 3)
+    assert waiting_moves(three, wider) is None
+    trains = ClusterState(cap, (Group(1, (Member(a, (0,)), Member(e, (1,))), 2, 2),
+                                Group(2, (Member(c, (0,)),), 1, 1)), 3)
+    assert waiting_moves(three, trains) is None
     # a group the runtime names (not active yet) makes a move onto it wait too
     assert waiting_moves(before, onto_held, {2}) == {"d"}
     # a whole group moving into a grown one: its old group is simply gone

@@ -118,14 +118,20 @@ def normalized(plan: GroupPlan, allocs: Sequence[AllocRow]) -> GroupPlan:
     remap = {old: total + i for i, old in enumerate(moving)}
     if all(old == new for old, new in remap.items()):
         return plan
+    return _remapped(plan, remap)
+
+
+def _remapped(plan: GroupPlan, remap: dict[int, int]) -> GroupPlan:
+    """``plan`` (and the plan it takes next) with its pins renamed by ``remap``."""
     return GroupPlan(plan.rollout_nodes, plan.train_nodes, tuple(
         MemberPlan(m.job_id, tuple(remap.get(p, p) for p in m.rollout_pins), m.turns)
-        for m in plan.members))
+        for m in plan.members), None if plan.then is None else _remapped(plan.then, remap))
 
 
 def surplus(plan: GroupPlan, allocs: Sequence[AllocRow]) -> list[AllocRow]:
-    """Live rollout rows none of whose slots is pinned (in key order)."""
-    used = pinned(plan)
+    """Live rollout rows none of whose slots is pinned, now or in the plan it takes next
+    (in key order)."""
+    used = pinned(plan) | (pinned(plan.then) if plan.then is not None else set())
     rows: dict[int, tuple[AllocRow, bool]] = {}
     for s in rollout_slots(allocs):
         if s.live:

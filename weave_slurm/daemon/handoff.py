@@ -21,10 +21,12 @@ no such group).
 
 A move into a group that is new or grows waits at step 1 for the new nodes while the job
 runs on in its old group, where it kept its place (docs/daemon.md, "Moves that wait for
-nodes"). Once the move has waited ``move_wait_s`` (counted from when this weaved first
-saw it waiting) it is withdrawn: the job is the old group's member again, the new group
-drops it (one left empty before it became active drains) and its reason says why. A job
-that ends while it waits is reported by its old group, which lets its place go.
+nodes"); once its place goes, the old group takes the plan the re-plan gave it
+(``GroupPlan.then``, applied by ``GroupPlan.without``). Once the move has waited
+``move_wait_s`` (counted from its commit) it is withdrawn: the job is the old group's
+member again, the old group keeps its plan as it is, the new group drops it (one left
+empty before it became active drains) and its reason says why. A job that ends while it
+waits is reported by its old group, which lets its place go.
 """
 
 from __future__ import annotations
@@ -123,8 +125,10 @@ class Handoffs:
         why = (f"its move to group {dst} was withdrawn: the nodes it needs there were not "
                f"held within {self.wait_s:g} s ([runtime] move_wait_s); it runs on in group "
                f"{src}")
+        old = store.group(src)   # its new plan assumed the job would leave: dropped
+        src_plan = old.plan.deferring(None) if old is not None and old.plan.then else None
         try:
-            store.withdraw_move(job.job_id, src, dst, plan, why, now)
+            store.withdraw_move(job.job_id, src, dst, plan, why, now, src_plan)
         except StateError as exc:
             log.info("job %s: %s", job.job_id, exc)
             return

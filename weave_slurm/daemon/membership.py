@@ -12,9 +12,11 @@ compaction after a departure moves only the members placement really moved.
 **Kept places.** A job whose move out of a group waits for nodes in its new group
 (:func:`~weave_slurm.placement.replan.waiting_moves`) keeps its entry in its old group's
 plan until it has moved in or the move is withdrawn: it runs there meanwhile, so its
-pins keep its nodes held. Placement does not see it there (its row names the new group),
-and the old group is *closed*: no job joins it and no departure re-pins its members
-while the job may still come back to its place.
+pins keep its nodes held, and the group runs that plan as it is; the plan the re-plan
+gave the group waits in it (``GroupPlan.then``) until no such job is left. Placement
+does not see the job there (its row names the new group), and the old group is
+*closed*: no job joins it and no departure re-pins its members while the job may still
+come back to its place.
 """
 
 from __future__ import annotations

@@ -68,38 +68,64 @@ class MemberPlan:
 
 @dataclass(frozen=True)
 class GroupPlan:
-    """What placement decided for a group: node counts and members in cyclic order."""
+    """What placement decided for a group: node counts and members in cyclic order.
+
+    ``then``: the plan the group takes once the jobs that keep a place in it while their
+    move out of it waits have left (every member not in ``then``); it is applied by
+    :meth:`without` (docs/daemon.md, "Moves that wait for nodes")."""
 
     rollout_nodes: int
     train_nodes: int
     members: tuple[MemberPlan, ...]
+    then: GroupPlan | None = None
 
     def to_json(self) -> str:
-        return json.dumps({"rollout_nodes": self.rollout_nodes, "train_nodes": self.train_nodes,
-                           "members": [{"job": m.job_id, "pins": list(m.rollout_pins),
-                                        **({"turns": m.turns} if m.turns != 1 else {})}
-                                       for m in self.members]})
+        return json.dumps(self._raw())
+
+    def _raw(self) -> dict[str, Any]:
+        raw: dict[str, Any] = {
+            "rollout_nodes": self.rollout_nodes, "train_nodes": self.train_nodes,
+            "members": [{"job": m.job_id, "pins": list(m.rollout_pins),
+                         **({"turns": m.turns} if m.turns != 1 else {})}
+                        for m in self.members]}
+        if self.then is not None:
+            raw["then"] = self.then._raw()
+        return raw
 
     @classmethod
     def from_json(cls, text: str) -> GroupPlan:
-        raw: dict[str, Any] = json.loads(text)
+        return cls._of(json.loads(text))
+
+    @classmethod
+    def _of(cls, raw: dict[str, Any]) -> GroupPlan:
+        then = raw.get("then")
         return cls(int(raw["rollout_nodes"]), int(raw["train_nodes"]),
                    tuple(MemberPlan(int(m["job"]), tuple(int(p) for p in m["pins"]),
                                     int(m.get("turns", 1)))
-                         for m in raw["members"]))
+                         for m in raw["members"]),
+                   None if then is None else cls._of(then))
 
     @property
     def job_ids(self) -> tuple[int, ...]:
         return tuple(m.job_id for m in self.members)
 
     def without(self, job_ids: Collection[int]) -> GroupPlan:
-        """The plan with those members taken out and the others where they are."""
-        return GroupPlan(self.rollout_nodes, self.train_nodes,
-                         tuple(m for m in self.members if m.job_id not in job_ids))
+        """The plan with those members taken out and the others where they are; once
+        only members of ``then`` are left, ``then`` (with those of them still here)."""
+        left = tuple(m for m in self.members if m.job_id not in job_ids)
+        if self.then is not None and {m.job_id for m in left} <= set(self.then.job_ids):
+            here = {m.job_id for m in left}
+            return self.then.without(set(self.then.job_ids) - here)
+        return GroupPlan(self.rollout_nodes, self.train_nodes, left, self.then)
 
     def plus(self, members: Iterable[MemberPlan]) -> GroupPlan:
         """The plan with ``members`` added after its own."""
-        return GroupPlan(self.rollout_nodes, self.train_nodes, (*self.members, *members))
+        return GroupPlan(self.rollout_nodes, self.train_nodes, (*self.members, *members),
+                         self.then)
+
+    def deferring(self, then: GroupPlan | None) -> GroupPlan:
+        """The plan with ``then`` as the one it takes once its movers are out."""
+        return GroupPlan(self.rollout_nodes, self.train_nodes, self.members, then)
 
 
 @dataclass(frozen=True)

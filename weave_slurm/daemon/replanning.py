@@ -16,8 +16,9 @@ RUNNING jobs that weaved's runtime hosts (their phases run in its workers) in AC
 groups are moved, never while an earlier move is unfinished, and only where moves are
 possible: weaved's group runtime with node checkpoints on a file system it shares with
 the nodes. A move into a group that is new, grows or is not active yet waits for its
-nodes while the job runs on in its old group, where it keeps its place; it is taken only
-where that group just loses its moving jobs (``placement.replan.waiting_moves``), and
+nodes while the job runs on in its old group, where it keeps its place and which takes
+its new plan once the job is out; it is taken only where no job enters that group and
+its new plan needs no node it does not hold (``placement.replan.waiting_moves``), and
 withdrawn if the nodes are not held within ``wait_s`` (docs/daemon.md, "Moves that wait
 for nodes"). The accepted plan is committed at once (:meth:`Store.commit_moves`); the group
 runtime carries each move out at the job's step boundary (:mod:`~weave_slurm.daemon.handoff`),
@@ -158,7 +159,7 @@ class Replanner:
                      ", ".join(sorted(set(moved) - movable)))
             return False
         # a move into a group that is new, grows or is not active yet waits for its nodes
-        # while the job runs on in its old group, whose plan must stay the one it runs
+        # while the job runs on in its old group, which keeps its plan until it is out
         active = {g.group_id for g in groups if g.state is GroupState.ACTIVE}
         forming = {to for _, to in moved.values()} - active
         why = waiting_refusal(before, after, forming)
@@ -176,7 +177,7 @@ class Replanner:
             row = rows[gid]
             writes.append((gid, row.label, GroupPlan(row.plan.rollout_nodes,
                                                      row.plan.train_nodes, ()), False))
-        writes = [_keep_places(w, rows, moved, waiting) for w in writes]
+        writes = [_deferred(w, rows, moved, waiting) for w in writes]
         b = plan.books
         gain = 100 * (1 - b.efficiency_after / b.efficiency_before)
         moves = [(int(job_id), src, gid,
@@ -194,17 +195,18 @@ class Replanner:
         return True
 
 
-def _keep_places(write: tuple[int, str, GroupPlan, bool], rows: Mapping[int, GroupRow],
-                 moved: Mapping[str, tuple[int, int]], waiting: frozenset[str],
-                 ) -> tuple[int, str, GroupPlan, bool]:
-    """A group's written plan with the places its waiting movers keep in it: their
-    entries as they were (docs/daemon.md, "Moves that wait for nodes")."""
+def _deferred(write: tuple[int, str, GroupPlan, bool], rows: Mapping[int, GroupRow],
+              moved: Mapping[str, tuple[int, int]], waiting: frozenset[str],
+              ) -> tuple[int, str, GroupPlan, bool]:
+    """A group's written plan where waiting movers leave it: its plan as it runs, without
+    the jobs that leave it at once (so each waiting mover keeps its place), taking the
+    new plan once the waiting movers are out (``GroupPlan.then``; docs/daemon.md, "Moves
+    that wait for nodes")."""
     gid, label, plan, is_new = write
-    mine = {int(j) for j in waiting if moved[j][0] == gid}
-    if not mine:
+    if not any(moved[j][0] == gid for j in waiting):
         return write
-    kept = [m for m in rows[gid].plan.members if m.job_id in mine]
-    return gid, label, plan.plus(kept), is_new
+    now_out = {int(j) for j, (src, _) in moved.items() if src == gid and j not in waiting}
+    return gid, label, rows[gid].plan.without(now_out).deferring(plan), is_new
 
 
 def _spec(job: JobRow) -> JobSpec | None:

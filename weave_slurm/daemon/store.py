@@ -452,9 +452,10 @@ class Store:
                 self._log(db, now, "job", job_id, JobState.RUNNING, JobState.RUNNING, reason)
 
     def withdraw_move(self, job_id: int, src: int, dst: int, dst_plan: GroupPlan,
-                      reason: str, now: float) -> None:
+                      reason: str, now: float, src_plan: GroupPlan | None = None) -> None:
         """Take back a move that has not started: the RUNNING job belongs to ``src``
-        again (it kept its place there) and ``dst`` gets ``dst_plan``, atomically."""
+        again (it kept its place there), ``dst`` gets ``dst_plan`` and ``src``
+        ``src_plan`` (None: its plan as it is), atomically."""
         with self._tx() as db:
             if db.execute("UPDATE jobs SET group_id=?, moving_from=NULL, reason=? "
                           "WHERE job_id=? AND state=? AND group_id=? AND moving_from=?",
@@ -463,6 +464,9 @@ class Store:
                 raise StateError(f"job {job_id} is no longer moving from group {src} to "
                                  f"group {dst}; nothing to withdraw")
             db.execute("UPDATE groups SET plan=? WHERE group_id=?", (dst_plan.to_json(), dst))
+            if src_plan is not None:
+                db.execute("UPDATE groups SET plan=? WHERE group_id=?",
+                           (src_plan.to_json(), src))
             self._log(db, now, "job", job_id, JobState.RUNNING, JobState.RUNNING, reason)
 
     def _write_plans(self, db: sqlite3.Connection,

@@ -87,10 +87,11 @@ def waiting_moves(before: ClusterState, after: ClusterState,
 
     A move waits when its new group is new or grows (:func:`needs_nodes`; a runtime may
     name more, ``waiting_into``: e.g. groups still forming). Until the nodes come, the
-    job runs on in its old group, so that group's plan must stay the one it runs: a group
-    a waiting move leaves may only lose its moving jobs (none enters it), the members it
-    keeps stay on the same rollout nodes with the same turns, and it keeps its training
-    nodes. Then the job can also go back where it was if the nodes never come.
+    job runs on in its old group, which runs its plan as it is meanwhile and takes its
+    new one once its waiting jobs are out: so no job may enter a group a waiting move
+    leaves, and its new plan needs no node it does not hold (its other members may be
+    re-pinned on them or take other turns). Then the job can also go back where it was
+    if the nodes never come.
     """
     grows = set(needs_nodes(before, after)) | set(waiting_into or ())
     moved = {j: (src, after.job_group.get(j)) for j, src in before.job_group.items()
@@ -139,24 +140,14 @@ def short_of_nodes(before: ClusterState, after: ClusterState,
 
 
 def _kept(old: Group, new: Group | None, leaving: Collection[str]) -> bool:
-    """Whether ``new`` is ``old`` without the ``leaving`` jobs, every other member on the
-    same nodes (renumbered consistently) with the same turns, no training node added."""
-    rest = [m for m in old.members if m.job.job_id not in leaving]
+    """Whether ``new`` keeps ``old``'s other members without the ``leaving`` jobs: none
+    enters, and it needs no node ``old`` does not hold (its members may be re-pinned
+    on them, or take other turns, once the leavers are out)."""
+    rest = sorted(m.job.job_id for m in old.members if m.job.job_id not in leaving)
     if new is None:
         return not rest
-    if new.train_nodes > old.train_nodes or \
-            sorted(m.job.job_id for m in rest) != sorted(new.job_ids):
-        return False
-    now = {m.job.job_id: m for m in new.members}
-    renumber: dict[int, int] = {}
-    for m in rest:
-        n = now[m.job.job_id]
-        if n.turns != m.turns or len(n.rollout_pins) != len(m.rollout_pins):
-            return False
-        for a, b in zip(m.rollout_pins, n.rollout_pins, strict=True):
-            if renumber.setdefault(a, b) != b:
-                return False
-    return len(set(renumber.values())) == len(renumber)
+    return rest == sorted(new.job_ids) and new.rollout_nodes <= old.rollout_nodes \
+        and new.train_nodes <= old.train_nodes
 
 
 def _remaining(job_id: str, remaining_s: Mapping[str, float] | None) -> float:

@@ -1,0 +1,49 @@
+"""The store's plan values (daemon/records.py): a plan that waits for its movers to
+leave (``GroupPlan.then``), as stored and as members leave."""
+
+from __future__ import annotations
+
+from weave_slurm.daemon import allocplan
+from weave_slurm.daemon.records import AllocRow, GroupPlan, MemberPlan
+from weave_slurm.daemon.states import AllocState
+
+NOW = GroupPlan(3, 1, (MemberPlan(1, (0,)), MemberPlan(2, (1,)), MemberPlan(3, (2,), 2)))
+NEXT = GroupPlan(1, 1, (MemberPlan(1, (1,)), MemberPlan(2, (1,), 2)))
+
+
+def test_a_plan_with_the_plan_it_takes_next_is_stored_as_it_is() -> None:
+    plan = NOW.deferring(NEXT)
+    assert GroupPlan.from_json(plan.to_json()) == plan
+    assert GroupPlan.from_json(NOW.to_json()).then is None   # older rows: no next plan
+    assert plan.plus([MemberPlan(4, (0,))]).then == NEXT
+
+
+def test_the_next_plan_is_taken_once_only_its_members_are_left() -> None:
+    plan = NOW.deferring(NEXT)
+    kept = plan.without({2})   # a member of both ends first: job 3 still keeps its place
+    assert kept.job_ids == (1, 3) and kept.then == NEXT
+    assert kept.without({3}) == GroupPlan(1, 1, (MemberPlan(1, (1,)),))   # without job 2
+    assert plan.without({3}) == NEXT
+    assert plan.deferring(None).without({3}).job_ids == (1, 2)   # withdrawn: as it was
+
+
+def _row(key: int, nodes: tuple[str, ...], state: AllocState) -> AllocRow:
+    return AllocRow(key, 1, "rollout", f"h20-{key}", "h20", len(nodes), 8, "h20", 2, state,
+                    str(key), nodes, "")
+
+
+def test_a_lost_node_renames_the_next_plan_as_the_plan() -> None:
+    """normalized: a retired slot pinned now and next moves to the same future slot, and
+    a row only the next plan pins is not surplus."""
+    plan = NOW.deferring(NEXT)
+    rows = [_row(1, ("n0",), AllocState.HELD), _row(2, ("n1",), AllocState.LOST),
+            _row(3, ("n2",), AllocState.HELD)]
+    fixed = allocplan.normalized(plan, rows)
+    assert [m.rollout_pins for m in fixed.members] == [(0,), (3,), (2,)]
+    assert fixed.then is not None and [m.rollout_pins for m in fixed.then.members] \
+        == [(3,), (3,)]
+    assert allocplan.normalized(fixed, rows) == fixed
+    spare = [*rows, _row(4, ("n3",), AllocState.HELD)]
+    later = GroupPlan(3, 1, (MemberPlan(1, (0,)),)).deferring(
+        GroupPlan(1, 1, (MemberPlan(1, (3,)),)))   # row 4 holds slot 3
+    assert [r.key for r in allocplan.surplus(later, spare)] == [3]
