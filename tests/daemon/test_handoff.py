@@ -187,7 +187,7 @@ def test_the_group_a_waiting_job_leaves_takes_its_new_plan_once_it_is_out(
         store: Store) -> None:
     """c's old group re-pins a and e onto one node only when c has moved in; had c's
     move been withdrawn, the group would keep its plan as it is (next test)."""
-    a, e, c, _ = _waiting_out_of_three(store)
+    a, e, c, _, _ = _waiting_out_of_three(store)
     runner = _Runner({str(c): SimpleNamespace(state=MemberState.READY, handoff=False)})
     moves = Handoffs({1: runner, 3: _Runner({})}, {}, {}, None,   # type: ignore[dict-item]
                      WAIT_S)
@@ -201,7 +201,7 @@ def test_the_group_a_waiting_job_leaves_takes_its_new_plan_once_it_is_out(
 
 
 def test_a_withdrawn_move_leaves_its_old_group_as_it_was(store: Store) -> None:
-    a, e, c, _ = _waiting_out_of_three(store)
+    a, e, c, _, _ = _waiting_out_of_three(store)
     _withdrawn(store, c, 1)
     old = store.group(1)
     assert old is not None and old.plan.then is None
@@ -209,3 +209,60 @@ def test_a_withdrawn_move_leaves_its_old_group_as_it_was(store: Store) -> None:
         [(a, (0,)), (e, (1,)), (c, (2,))]
     store.transition("job", a, JobState.COMPLETED, "done", T0 + 700)   # later departures
     assert store.group(1).plan.without({a}).job_ids == (e, c)   # type: ignore[union-attr]
+
+
+def test_a_move_that_waits_for_its_new_groups_plan_goes_once_the_leaver_is_out(
+        store: Store) -> None:
+    """d's move into group 1 waits (its REASON says for whom) until c has moved out; then
+    group 1 has d in its plan, d is handed off from group 4, and group 4 takes its own
+    new plan (empty) once d has moved in."""
+    a, e, c, d, _ = _waiting_out_of_three(store, entrant=True)
+    one = _Runner({str(c): SimpleNamespace(state=MemberState.READY, handoff=False)})
+    four = _Runner({str(d): SimpleNamespace(state=MemberState.READY, handoff=False)})
+    moves = Handoffs({1: one, 3: _Runner({}), 4: four}, {}, {}, None,   # type: ignore[dict-item]
+                     WAIT_S)
+
+    def placed(job: Any) -> bool:   # c's new nodes are held; d's are once it is in plan
+        return job.job_id == c or job.job_id in store.group(1).plan.job_ids  # type: ignore[union-attr]
+
+    from weave_slurm.config.site import default_site
+    from weave_slurm.daemon.api import Api
+
+    views = {g["group"]: g for g in Api(store, default_site(), CAP,
+                                        lambda: T0 + 2).groups()["groups"]}
+    assert (views[1]["members"], views[1]["moving_out"], views[1]["moving_in"]) == \
+        ([a, e, c], [c], [d])
+    assert (views[4]["members"], views[4]["moving_out"]) == ([d], [d])
+    moves.hand_off(store, placed, T0 + 2)
+    assert moves.waiting[d] == ("moving from group 4 to group 1: waiting for job(s) "
+                                f"{c} to move out of group 1 first")
+    assert four.lifecycle.handed == [] and one.lifecycle.handed == [str(c)]
+    one.members[str(c)].state = MemberState.MOVED
+    moves.moved_in(store, store.job(c), 3)   # type: ignore[arg-type]
+    assert sorted(store.group(1).plan.job_ids) == sorted((a, e, d))   # type: ignore[union-attr]
+    moves.hand_off(store, placed, T0 + 3)
+    assert four.lifecycle.handed == [str(d)]
+    four.members[str(d)].state = MemberState.MOVED
+    moves.moved_in(store, store.job(d), 1)   # type: ignore[arg-type]
+    left = store.group(4)
+    assert left is not None and not left.plan.members and left.plan.then is None
+    assert not store.jobs(moving=True)
+
+
+def test_withdrawn_chained_moves_leave_both_old_groups_as_they_were(store: Store) -> None:
+    a, e, c, d, _ = _waiting_out_of_three(store, entrant=True)
+    moves = Handoffs({1: _Runner({str(c): SimpleNamespace(state=MemberState.READY,
+                                                          handoff=False)}),
+                      4: _Runner({str(d): SimpleNamespace(state=MemberState.READY,
+                                                          handoff=False)})},
+                     {}, {}, None, WAIT_S)   # type: ignore[dict-item]
+    moves.hand_off(store, lambda j: False, T0 + 2)
+    moves.hand_off(store, lambda j: False, T0 + 1 + WAIT_S)
+    assert (store.job(c).group_id, store.job(d).group_id) == (1, 4)   # type: ignore[union-attr]
+    one, four = store.group(1), store.group(4)
+    assert one is not None and four is not None
+    assert one.plan == GroupPlan(3, 1, tuple(MemberPlan(j, (i,)) for i, j in enumerate((a, e, c))))
+    assert four.plan.job_ids == (d,) and four.plan.then is None
+    assert store.job(d).reason == (   # type: ignore[union-attr]
+        "its move to group 1 was withdrawn: the moves out of group 1 it waited for were not "
+        "done within 600 s ([runtime] move_wait_s); it runs on in group 4")

@@ -21,10 +21,23 @@ def test_a_plan_with_the_plan_it_takes_next_is_stored_as_it_is() -> None:
 def test_the_next_plan_is_taken_once_only_its_members_are_left() -> None:
     plan = NOW.deferring(NEXT)
     kept = plan.without({2})   # a member of both ends first: job 3 still keeps its place
-    assert kept.job_ids == (1, 3) and kept.then == NEXT
-    assert kept.without({3}) == GroupPlan(1, 1, (MemberPlan(1, (1,)),))   # without job 2
+    only_1 = GroupPlan(1, 1, (MemberPlan(1, (1,)),))
+    assert kept.job_ids == (1, 3) and kept.then == only_1   # gone from both
+    assert kept.without({3}) == only_1
     assert plan.without({3}) == NEXT
     assert plan.deferring(None).without({3}).job_ids == (1, 2)   # withdrawn: as it was
+
+
+def test_a_job_entering_with_the_next_plan_is_in_it_only() -> None:
+    """Job 4's move into the group waits for its next plan: it is not a member now, it
+    is one once job 3 is out, and a withdrawal of its move takes it out of ``then``."""
+    nxt = NEXT.plus([MemberPlan(4, (1,))])
+    plan = NOW.deferring(nxt)
+    assert plan.job_ids == (1, 2, 3) and plan.next_ids == (4,)
+    assert plan.without({3}) == nxt
+    withdrawn = plan.without({4})
+    assert withdrawn.job_ids == (1, 2, 3) and withdrawn.then == NEXT
+    assert NOW.next_ids == ()
 
 
 def _row(key: int, nodes: tuple[str, ...], state: AllocState) -> AllocRow:

@@ -172,31 +172,36 @@ def test_the_periodic_replan_waits_for_its_interval_and_for_moves_in_flight(
     assert sum(j.moving_from is not None for j in store.jobs()) == 1
 
 
-def _waiting_out_of_three(store: Store) -> tuple[int, int, int, Replanner]:
+def _waiting_out_of_three(store: Store, entrant: bool = False
+                          ) -> tuple[int, int, int, int, Replanner]:
     """Jobs a, e and c on a rollout node each in active group 1 (groups of 3), b alone in
-    group 2; a re-plan moves c into a new group 3 (it waits for its nodes there) and
-    puts a and e on one node of group 1. Returns a, e, c and the replanner."""
+    group 2, d alone in group 4; a re-plan moves c into a new group 3 (it waits for its
+    nodes there) and puts a and e on one node of group 1 (``entrant``: d joins them
+    there, its move waiting for group 1's new plan). Returns a, e, c, d and the
+    replanner."""
     cap = replace(CAP, max_group_size=3)
-    _group(store, 1, [], GroupState.FORMING)
-    _group(store, 2, [], GroupState.FORMING)
+    for gid in (1, 2, 4):
+        _group(store, gid, [], GroupState.FORMING)
     a, e, c = (_running(store, n, 1) for n in "aec")
-    b = _running(store, "b", 2)
+    b, d = _running(store, "b", 2), _running(store, "d", 4)
     store.update("group", 1, plan=GroupPlan(3, 1, tuple(
         MemberPlan(j, (i,)) for i, j in enumerate((a, e, c)))).to_json())
     store.transition("group", 1, GroupState.ACTIVE, "held", T0)
     _group(store, 2, [b])
+    _group(store, 4, [d])
     r = Replanner(store, cap, WeavePolicy(), "", ReplanConfig(interval_s=600.0),
                   lambda job: None, T0)
     groups, allocs, before, movable = r._view()
-    one, two = before.by_id[1], before.by_id[2]
-    by = {m.job.job_id: m for m in one.members}
+    by = {m.job.job_id: m for g in before.groups for m in g.members}
+    kept = (Member(by[str(a)].job, (0,)), Member(by[str(e)].job, (0,)))
     after = ClusterState(cap, (
-        Group(1, (Member(by[str(a)].job, (0,)), Member(by[str(e)].job, (0,))), 1, 1), two,
-        Group(3, (Member(by[str(c)].job, (0,)),), 1, 1)), 4)
-    plan = Replan(after, {str(c): 30.0},
+        Group(1, (*kept, *((Member(by[str(d)].job, (0,)),) if entrant else ())), 1, 1),
+        before.by_id[2], Group(3, (Member(by[str(c)].job, (0,)),), 1, 1),
+        *(() if entrant else (before.by_id[4],))), 5)
+    plan = Replan(after, {str(c): 30.0, **({str(d): 30.0} if entrant else {})},
                   SimpleNamespace(efficiency_after=0.5, efficiency_before=1.0))  # type: ignore[arg-type]
     assert r._take(plan, before, groups, allocs, movable, T0 + 1, "a test re-plan")
-    return a, e, c, r
+    return a, e, c, d, r
 
 
 def test_a_waiting_move_out_of_a_group_that_re_pins_the_others_defers_its_new_plan(
@@ -204,7 +209,7 @@ def test_a_waiting_move_out_of_a_group_that_re_pins_the_others_defers_its_new_pl
     """The group c waits to leave runs its plan as it is meanwhile (c keeps its place,
     a and e stay on their nodes) and holds the plan the re-plan gave it (a and e on one
     node) until c is out."""
-    a, e, c, _ = _waiting_out_of_three(store)
+    a, e, c, _, _ = _waiting_out_of_three(store)
     row = store.job(c)
     assert row is not None and (row.group_id, row.moving_from) == (3, 1)
     old = store.group(1)
@@ -219,3 +224,22 @@ def test_a_waiting_move_out_of_a_group_that_re_pins_the_others_defers_its_new_pl
                                      store.jobs(), 4)
     assert state.closed == {1}
     assert [m.rollout_pins for m in state.by_id[1].members] == [(0,), (1,)]
+
+
+def test_a_move_into_a_group_that_waits_for_its_leaver_waits_for_its_new_plan(
+        store: Store) -> None:
+    """d's move into group 1 waits for group 1's new plan (c out first): d is in that
+    plan only, keeps its place in group 4 (which runs on as it is) and group 1 lists it
+    as moving in."""
+    a, e, c, d, _ = _waiting_out_of_three(store, entrant=True)
+    one, four = store.group(1), store.group(4)
+    assert one is not None and four is not None
+    assert one.plan.job_ids == (a, e, c) and one.plan.next_ids == (d,)
+    assert one.plan.leaving_ids == (c,)
+    assert four.plan.job_ids == (d,) and four.plan.then is not None \
+        and not four.plan.then.members
+    row = store.job(d)
+    assert row is not None and (row.group_id, row.moving_from) == (1, 4)
+    state = membership.cluster_state(replace(CAP, max_group_size=3), store.groups(),
+                                     store.jobs(), 5)
+    assert state.closed == {1, 4}

@@ -20,6 +20,7 @@ from weave_slurm.placement.replan import (
     DEFAULT_HORIZON_S,
     MAX_HORIZON_S,
     Replan,
+    deferring,
     horizon,
     needs_nodes,
     regroup_all,
@@ -205,11 +206,19 @@ def test_a_move_may_wait_for_nodes_only_where_its_old_group_needs_nothing_new() 
     onto_held = ClusterState(cap, (Group(1, (Member(a, (0,)), Member(c, (1,))), 2, 1),
                                    Group(2, (Member(b, (0,)), Member(d, (0,))), 1, 1)), 5)
     assert waiting_moves(before, onto_held) == frozenset()
-    # the group c waits to leave takes d meanwhile: refused
+    # the group c waits to leave takes d: d's move waits for that (a chain of waits)
     entered = ClusterState(cap, (Group(1, (Member(a, (0,)), Member(d, (0,))), 1, 1),
                                  Group(2, (Member(b, (0,)),), 1, 1),
                                  Group(3, (Member(c, (0,)),), 1, 1)), 5)
-    assert waiting_moves(before, entered) is None
+    assert waiting_moves(before, entered) == {"c", "d"}
+    assert deferring(before, entered, {"c", "d"}) == {1, 4}
+    # ... but not where two groups would wait for each other: a waits to go to group 2,
+    # which waits for b, who waits for group 1, which waits for c's new group
+    swapped = ClusterState(cap, (Group(1, (Member(b, (0,)),), 1, 1),
+                                 Group(2, (Member(a, (0,)),), 1, 1),
+                                 Group(3, (Member(c, (0,)),), 1, 1),
+                                 Group(4, (Member(d, (0,)),), 1, 1)), 5)
+    assert waiting_moves(before, swapped) is None
     # the members the group keeps change once c is out: a takes two turns, or a and e
     # come to share a node: c's move waits all the same
     more_turns = ClusterState(cap, (Group(1, (Member(a, (0,), 2),), 1, 1),

@@ -265,7 +265,8 @@ class Api:
         sched = model.schedule if model is not None else None
         # a job a re-plan moves has a place in both plans until it has moved: it runs in
         # the group it is moving from (a member there, moving out), not yet in its new one
-        coming = [j for j in g.plan.job_ids if j in jobs and jobs[j].group_id == g.group_id
+        coming = [j for j in (*g.plan.job_ids, *g.plan.next_ids) if j in jobs
+                  and jobs[j].group_id == g.group_id
                   and jobs[j].moving_from not in (None, g.group_id)]
         going = [j for j in g.plan.job_ids if j in jobs and jobs[j].moving_from == g.group_id
                  and jobs[j].group_id != g.group_id]

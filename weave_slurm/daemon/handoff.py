@@ -84,8 +84,7 @@ class Handoffs:
                     self._withdraw(store, job, now)
                     continue
                 self.waiting[job.job_id] = (f"moving from group {job.moving_from} to group "
-                                            f"{job.group_id}: waiting for its nodes there"
-                                            f"{_why_not_held(store, job.group_id or 0)}")
+                                            f"{job.group_id}: {_waits_for(store, job)}")
                 continue
             self.since.pop(job.job_id, None)
             if old is None or member is None:
@@ -122,9 +121,12 @@ class Handoffs:
         if group is None:
             return
         plan = group.plan.without({job.job_id})
-        why = (f"its move to group {dst} was withdrawn: the nodes it needs there were not "
-               f"held within {self.wait_s:g} s ([runtime] move_wait_s); it runs on in group "
-               f"{src}")
+        # in its new group's plan as it is: it waited for nodes; else for that group's
+        # next plan (which a withdrawal of the move it waited for may have dropped)
+        waited = "the nodes it needs there were not held" if job.job_id in \
+            group.plan.job_ids else f"the moves out of group {dst} it waited for were not done"
+        why = (f"its move to group {dst} was withdrawn: {waited} within {self.wait_s:g} s "
+               f"([runtime] move_wait_s); it runs on in group {src}")
         old = store.group(src)   # its new plan assumed the job would leave: dropped
         src_plan = old.plan.deferring(None) if old is not None and old.plan.then else None
         try:
@@ -221,6 +223,16 @@ def _drop_place(store: Store, group_id: int, job_id: int) -> None:
     group = store.group(group_id)
     if group is not None and job_id in group.plan.job_ids:
         store.update("group", group_id, plan=group.plan.without({job_id}).to_json())
+
+
+def _waits_for(store: Store, job: JobRow) -> str:
+    """What a waiting move waits for, in words: its new group's nodes, or (its move
+    waits for that group's new plan) the jobs still to move out of that group."""
+    group = store.group(job.group_id or 0)
+    if group is not None and job.job_id in group.plan.next_ids:
+        out = ", ".join(map(str, group.plan.leaving_ids))
+        return f"waiting for job(s) {out} to move out of group {group.group_id} first"
+    return f"waiting for its nodes there{_why_not_held(store, job.group_id or 0)}"
 
 
 def _why_not_held(store: Store, group_id: int) -> str:

@@ -302,7 +302,8 @@ class Reconciler:
 
     def _leave_group(self, job: JobRow, now: float) -> None:
         group = self.store.group(job.group_id or 0)
-        if group is None or group.state.final or job.job_id not in group.plan.job_ids:
+        if group is None or group.state.final or (job.job_id not in group.plan.job_ids
+                                                  and job.job_id not in group.plan.next_ids):
             return
         plan = membership.plan_without(self.capacity, group, self.store.jobs(_LIVE_JOB),
                                        self.store.next_group_id(), job.job_id,

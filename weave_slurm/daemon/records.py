@@ -71,8 +71,9 @@ class GroupPlan:
     """What placement decided for a group: node counts and members in cyclic order.
 
     ``then``: the plan the group takes once the jobs that keep a place in it while their
-    move out of it waits have left (every member not in ``then``); it is applied by
-    :meth:`without` (docs/daemon.md, "Moves that wait for nodes")."""
+    move out of it waits have left (every member not in ``then``); jobs whose move into
+    the group waits for it are in ``then`` only. :meth:`without` applies it
+    (docs/daemon.md, "Moves that wait for nodes")."""
 
     rollout_nodes: int
     train_nodes: int
@@ -110,13 +111,24 @@ class GroupPlan:
         return tuple(m.job_id for m in self.members)
 
     def without(self, job_ids: Collection[int]) -> GroupPlan:
-        """The plan with those members taken out and the others where they are; once
-        only members of ``then`` are left, ``then`` (with those of them still here)."""
+        """The plan with those members taken out (of ``then`` too) and the others where
+        they are; once only members of ``then`` are left, ``then``."""
         left = tuple(m for m in self.members if m.job_id not in job_ids)
-        if self.then is not None and {m.job_id for m in left} <= set(self.then.job_ids):
-            here = {m.job_id for m in left}
-            return self.then.without(set(self.then.job_ids) - here)
-        return GroupPlan(self.rollout_nodes, self.train_nodes, left, self.then)
+        then = None if self.then is None else self.then.without(job_ids)
+        if then is not None and {m.job_id for m in left} <= set(then.job_ids):
+            return then
+        return GroupPlan(self.rollout_nodes, self.train_nodes, left, then)
+
+    @property
+    def leaving_ids(self) -> tuple[int, ...]:
+        """Members not in ``then``: the group takes it once they are out."""
+        return tuple(j for j in self.job_ids if self.then and j not in self.then.job_ids)
+
+    @property
+    def next_ids(self) -> tuple[int, ...]:
+        """Jobs that join the group only with ``then`` (their moves wait for it)."""
+        return tuple(j for j in (self.then.job_ids if self.then else ())
+                     if j not in self.job_ids)
 
     def plus(self, members: Iterable[MemberPlan]) -> GroupPlan:
         """The plan with ``members`` added after its own."""

@@ -17,8 +17,9 @@ groups are moved, never while an earlier move is unfinished, and only where move
 possible: weaved's group runtime with node checkpoints on a file system it shares with
 the nodes. A move into a group that is new, grows or is not active yet waits for its
 nodes while the job runs on in its old group, where it keeps its place and which takes
-its new plan once the job is out; it is taken only where no job enters that group and
-its new plan needs no node it does not hold (``placement.replan.waiting_moves``), and
+its new plan once the job is out (a move into that group waits for that plan); it is
+taken only where that group's new plan needs no node it does not hold and no group
+waits for itself (``placement.replan.waiting_moves``), and
 withdrawn if the nodes are not held within ``wait_s`` (docs/daemon.md, "Moves that wait
 for nodes"). The accepted plan is committed at once (:meth:`Store.commit_moves`); the group
 runtime carries each move out at the job's step boundary (:mod:`~weave_slurm.daemon.handoff`),
@@ -200,8 +201,8 @@ def _deferred(write: tuple[int, str, GroupPlan, bool], rows: Mapping[int, GroupR
               ) -> tuple[int, str, GroupPlan, bool]:
     """A group's written plan where waiting movers leave it: its plan as it runs, without
     the jobs that leave it at once (so each waiting mover keeps its place), taking the
-    new plan once the waiting movers are out (``GroupPlan.then``; docs/daemon.md, "Moves
-    that wait for nodes")."""
+    new plan, with the jobs whose move into it waits for that, once the waiting movers
+    are out (``GroupPlan.then``; docs/daemon.md, "Moves that wait for nodes")."""
     gid, label, plan, is_new = write
     if not any(moved[j][0] == gid for j in waiting):
         return write

@@ -82,27 +82,64 @@ def needs_nodes(before: ClusterState, after: ClusterState) -> list[int]:
 
 def waiting_moves(before: ClusterState, after: ClusterState,
                   waiting_into: Collection[int] | None = None) -> frozenset[str] | None:
-    """The jobs of ``before`` -> ``after`` whose move waits for nodes, or None when one of
-    them cannot wait safely.
+    """The jobs of ``before`` -> ``after`` whose move waits, or None when one of them
+    cannot wait safely.
 
     A move waits when its new group is new or grows (:func:`needs_nodes`; a runtime may
     name more, ``waiting_into``: e.g. groups still forming). Until the nodes come, the
     job runs on in its old group, which runs its plan as it is meanwhile and takes its
-    new one once its waiting jobs are out: so no job may enter a group a waiting move
-    leaves, and its new plan needs no node it does not hold (its other members may be
-    re-pinned on them or take other turns). Then the job can also go back where it was
-    if the nodes never come.
+    new one once its waiting jobs are out (:func:`deferring`). A move into such a group
+    waits too, for that new plan. So a group a waiting move leaves may need no node it
+    does not hold in its new plan (its members may be re-pinned on them or take other
+    turns, and jobs may enter it), and no group may wait, through such chains, for
+    itself. Then every job can also go back where it was if its move is withdrawn.
     """
     grows = set(needs_nodes(before, after)) | set(waiting_into or ())
-    moved = {j: (src, after.job_group.get(j)) for j, src in before.job_group.items()
-             if after.job_group.get(j) not in (None, src)}
-    waiting = frozenset(j for j, (_, dst) in moved.items() if dst in grows)
-    entered = {dst for _, dst in moved.values()}
-    for src in {moved[j][0] for j in waiting}:
+    moved = _moved(before, after)
+    waiting = {j for j, (_, dst) in moved.items() if dst in grows}
+    while True:   # a move into a group that waits for its leavers waits too
+        more = {j for j, (_, dst) in moved.items()
+                if dst in {moved[w][0] for w in waiting}} - waiting
+        if not more:
+            break
+        waiting |= more
+    held = {moved[j][0] for j in waiting}
+    for src in held:
         leaving = {j for j, (s, _) in moved.items() if s == src}
-        if src in entered or not _kept(before.by_id[src], after.by_id.get(src), leaving):
+        entering = {j for j, (_, d) in moved.items() if d == src}
+        if not _kept(before.by_id[src], after.by_id.get(src), leaving, entering):
             return None
-    return waiting
+    waits_on = {src: {moved[j][1] for j in waiting if moved[j][0] == src} & held
+                for src in held}
+    return frozenset(waiting) if not _cyclic(waits_on) else None
+
+
+def deferring(before: ClusterState, after: ClusterState,
+              waiting: Collection[str]) -> set[int]:
+    """The groups that run their plan as it is until their ``waiting`` movers are out."""
+    moved = _moved(before, after)
+    return {moved[j][0] for j in waiting}
+
+
+def _moved(before: ClusterState, after: ClusterState) -> dict[str, tuple[int, int]]:
+    """Each job that changes group: (from, to)."""
+    return {j: (src, dst) for j, src in before.job_group.items()
+            if (dst := after.job_group.get(j)) is not None and dst != src}
+
+
+def _cyclic(edges: Mapping[int, Collection[int]]) -> bool:
+    """Whether the graph has a cycle (depth-first, colouring)."""
+    state: dict[int, int] = {}
+
+    def visit(n: int) -> bool:
+        state[n] = 1
+        for m in edges.get(n, ()):
+            if state.get(m) == 1 or (m not in state and visit(m)):
+                return True
+        state[n] = 2
+        return False
+
+    return any(n not in state and visit(n) for n in edges)
 
 
 def waiting_refusal(before: ClusterState, after: ClusterState,
@@ -139,11 +176,13 @@ def short_of_nodes(before: ClusterState, after: ClusterState,
     return "; ".join(short) or None
 
 
-def _kept(old: Group, new: Group | None, leaving: Collection[str]) -> bool:
-    """Whether ``new`` keeps ``old``'s other members without the ``leaving`` jobs: none
-    enters, and it needs no node ``old`` does not hold (its members may be re-pinned
-    on them, or take other turns, once the leavers are out)."""
-    rest = sorted(m.job.job_id for m in old.members if m.job.job_id not in leaving)
+def _kept(old: Group, new: Group | None, leaving: Collection[str],
+          entering: Collection[str] = ()) -> bool:
+    """Whether ``new`` is ``old``'s other members without the ``leaving`` jobs and with
+    the ``entering`` ones, on no node ``old`` does not hold (its members may be re-pinned
+    on them, or take other turns)."""
+    rest = sorted([*(m.job.job_id for m in old.members if m.job.job_id not in leaving),
+                   *entering])
     if new is None:
         return not rest
     return rest == sorted(new.job_ids) and new.rollout_nodes <= old.rollout_nodes \
