@@ -364,12 +364,14 @@ class GroupRuntime:
                    allocs: Sequence[AllocRow], store: Store) -> JobOutcome | None:
         key = str(job.job_id)
         member = runner.members.get(key)
+        moving = job.moving_from is not None and job.moving_from != group.group_id
+        if moving and member is not None and member.state is MemberState.CANCELLED:
+            member = None   # it left this group earlier and a re-plan moves it back
         if job.state is JobState.RUNNING:
             if member is None:
                 pins = self._pins(runner, group, job.job_id, allocs)
                 if pins is None:
                     return None   # its rollout nodes join the runtime first (_follow)
-                moving = job.moving_from is not None and job.moving_from != group.group_id
                 if moving and not self.moves.ready(store, job):
                     return None   # it finishes its step in flight in its old group first
                 resume = self._resume.pop(job.job_id, None)

@@ -15,8 +15,9 @@ plan until it has moved in or the move is withdrawn: it runs there meanwhile, so
 pins keep its nodes held, and the group runs that plan as it is; the plan the re-plan
 gave the group waits in it (``GroupPlan.then``) until no such job is left. Placement
 does not see the job there (its row names the new group), and the old group is
-*closed*: no job joins it and no departure re-pins its members while the job may still
-come back to its place.
+*closed*: no arrival joins it (only jobs whose moves wait for its next plan, listed in
+that plan alone) and no departure re-pins its members while the job may still come
+back to its place.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ and a group left without members drains once nothing moves out of it any more.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +44,7 @@ from weave_slurm.placement import Capacity, ClusterState, WeavePolicy
 from weave_slurm.placement.consolidate import consolidation
 from weave_slurm.placement.replan import (
     Replan,
+    deferring,
     needs_nodes,
     replace_jobs,
     waiting_moves,
@@ -178,7 +179,8 @@ class Replanner:
             row = rows[gid]
             writes.append((gid, row.label, GroupPlan(row.plan.rollout_nodes,
                                                      row.plan.train_nodes, ()), False))
-        writes = [_deferred(w, rows, moved, waiting) for w in writes]
+        held = deferring(before, after, waiting)
+        writes = [_deferred(w, rows, moved, held, waiting) for w in writes]
         b = plan.books
         gain = 100 * (1 - b.efficiency_after / b.efficiency_before)
         moves = [(int(job_id), src, gid,
@@ -197,14 +199,14 @@ class Replanner:
 
 
 def _deferred(write: tuple[int, str, GroupPlan, bool], rows: Mapping[int, GroupRow],
-              moved: Mapping[str, tuple[int, int]], waiting: frozenset[str],
-              ) -> tuple[int, str, GroupPlan, bool]:
+              moved: Mapping[str, tuple[int, int]], held: Collection[int],
+              waiting: frozenset[str]) -> tuple[int, str, GroupPlan, bool]:
     """A group's written plan where waiting movers leave it: its plan as it runs, without
     the jobs that leave it at once (so each waiting mover keeps its place), taking the
     new plan, with the jobs whose move into it waits for that, once the waiting movers
     are out (``GroupPlan.then``; docs/daemon.md, "Moves that wait for nodes")."""
     gid, label, plan, is_new = write
-    if not any(moved[j][0] == gid for j in waiting):
+    if gid not in held:
         return write
     now_out = {int(j) for j, (src, _) in moved.items() if src == gid and j not in waiting}
     return gid, label, rows[gid].plan.without(now_out).deferring(plan), is_new

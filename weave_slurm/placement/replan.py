@@ -98,13 +98,12 @@ def waiting_moves(before: ClusterState, after: ClusterState,
     moved = _moved(before, after)
     waiting = {j for j, (_, dst) in moved.items() if dst in grows}
     while True:   # a move into a group that waits for its leavers waits too
-        more = {j for j, (_, dst) in moved.items()
-                if dst in {moved[w][0] for w in waiting}} - waiting
+        held = _sources(moved, waiting)
+        more = {j for j, (_, dst) in moved.items() if dst in held} - waiting
         if not more:
             break
         waiting |= more
-    held = {moved[j][0] for j in waiting}
-    for src in held:
+    for src in held:   # the groups that wait for their leavers
         leaving = {j for j, (s, _) in moved.items() if s == src}
         entering = {j for j, (_, d) in moved.items() if d == src}
         if not _kept(before.by_id[src], after.by_id.get(src), leaving, entering):
@@ -117,8 +116,11 @@ def waiting_moves(before: ClusterState, after: ClusterState,
 def deferring(before: ClusterState, after: ClusterState,
               waiting: Collection[str]) -> set[int]:
     """The groups that run their plan as it is until their ``waiting`` movers are out."""
-    moved = _moved(before, after)
-    return {moved[j][0] for j in waiting}
+    return _sources(_moved(before, after), waiting)
+
+
+def _sources(moved: Mapping[str, tuple[int, int]], jobs: Collection[str]) -> set[int]:
+    return {moved[j][0] for j in jobs}
 
 
 def _moved(before: ClusterState, after: ClusterState) -> dict[str, tuple[int, int]]:
@@ -149,7 +151,8 @@ def waiting_refusal(before: ClusterState, after: ClusterState,
     and the pools have those nodes free meanwhile (:func:`short_of_nodes`)."""
     waiting = waiting_moves(before, after, waiting_into)
     if waiting is None:
-        return "a group such a move leaves would change meanwhile"
+        return ("a group such a move leaves would need nodes it does not hold, or groups "
+                "would wait for each other's moves")
     if not waiting:
         return None
     short = short_of_nodes(before, after, {*needs_nodes(before, after), *waiting_into})
