@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -254,7 +255,7 @@ def test_the_group_a_move_waits_to_leave_re_pins_its_members_once_it_is_out(
             for m in one.plan.members if m.job_id != c))
         new = w.store.next_group_id()
         w.store.commit_moves(
-            [(1, one.label, one.plan.deferring(then), False),
+            [(1, one.label, replace(one.plan, then=then), False),
              (new, str(new), GroupPlan(1, 1, (MemberPlan(c, (0,)),)), True)],
             [(c, 1, new, f"moving from group 1 to group {new}: a test re-plan")], time.time())
         kept = w.store.group(1)

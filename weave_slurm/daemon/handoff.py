@@ -128,7 +128,7 @@ class Handoffs:
         why = (f"its move to group {dst} was withdrawn: {waited} within {self.wait_s:g} s "
                f"([runtime] move_wait_s); it runs on in group {src}")
         old = store.group(src)   # its new plan assumed the job would leave: dropped
-        src_plan = old.plan.deferring(None) if old is not None and old.plan.then else None
+        src_plan = replace(old.plan, then=None) if old is not None and old.plan.then else None
         try:
             store.withdraw_move(job.job_id, src, dst, plan, why, now, src_plan)
         except StateError as exc:

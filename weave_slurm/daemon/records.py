@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Iterable
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -129,15 +129,6 @@ class GroupPlan:
         """Jobs that join the group only with ``then`` (their moves wait for it)."""
         return tuple(j for j in (self.then.job_ids if self.then else ())
                      if j not in self.job_ids)
-
-    def plus(self, members: Iterable[MemberPlan]) -> GroupPlan:
-        """The plan with ``members`` added after its own."""
-        return GroupPlan(self.rollout_nodes, self.train_nodes, (*self.members, *members),
-                         self.then)
-
-    def deferring(self, then: GroupPlan | None) -> GroupPlan:
-        """The plan with ``then`` as the one it takes once its movers are out."""
-        return GroupPlan(self.rollout_nodes, self.train_nodes, self.members, then)
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from weave_slurm.config.job import JobSpec, parse_job
@@ -45,6 +45,7 @@ from weave_slurm.placement.consolidate import consolidation
 from weave_slurm.placement.replan import (
     Replan,
     deferring,
+    moved_jobs,
     needs_nodes,
     replace_jobs,
     waiting_moves,
@@ -154,8 +155,7 @@ class Replanner:
             log.info("%s: no proposal pays once its moves are charged", what)
             return False
         after = plan.state
-        moved = {j: (src, after.job_group[j]) for j, src in before.job_group.items()
-                 if after.job_group.get(j) not in (None, src)}   # job -> (from, to)
+        moved = moved_jobs(before, after)   # job -> (from, to)
         if not set(moved) <= movable:   # placement's relabelling moved another job instead
             log.info("%s: not taken, it moves job(s) %s, which weaved cannot move now", what,
                      ", ".join(sorted(set(moved) - movable)))
@@ -209,7 +209,7 @@ def _deferred(write: tuple[int, str, GroupPlan, bool], rows: Mapping[int, GroupR
     if gid not in held:
         return write
     now_out = {int(j) for j, (src, _) in moved.items() if src == gid and j not in waiting}
-    return gid, label, rows[gid].plan.without(now_out).deferring(plan), is_new
+    return gid, label, replace(rows[gid].plan.without(now_out), then=plan), is_new
 
 
 def _spec(job: JobRow) -> JobSpec | None:

@@ -95,7 +95,7 @@ def waiting_moves(before: ClusterState, after: ClusterState,
     itself. Then every job can also go back where it was if its move is withdrawn.
     """
     grows = set(needs_nodes(before, after)) | set(waiting_into or ())
-    moved = _moved(before, after)
+    moved = moved_jobs(before, after)
     waiting = {j for j, (_, dst) in moved.items() if dst in grows}
     while True:   # a move into a group that waits for its leavers waits too
         held = _sources(moved, waiting)
@@ -116,15 +116,15 @@ def waiting_moves(before: ClusterState, after: ClusterState,
 def deferring(before: ClusterState, after: ClusterState,
               waiting: Collection[str]) -> set[int]:
     """The groups that run their plan as it is until their ``waiting`` movers are out."""
-    return _sources(_moved(before, after), waiting)
+    return _sources(moved_jobs(before, after), waiting)
 
 
 def _sources(moved: Mapping[str, tuple[int, int]], jobs: Collection[str]) -> set[int]:
     return {moved[j][0] for j in jobs}
 
 
-def _moved(before: ClusterState, after: ClusterState) -> dict[str, tuple[int, int]]:
-    """Each job that changes group: (from, to)."""
+def moved_jobs(before: ClusterState, after: ClusterState) -> dict[str, tuple[int, int]]:
+    """Each job that changes group from ``before`` to ``after``: (from, to)."""
     return {j: (src, dst) for j, src in before.job_group.items()
             if (dst := after.job_group.get(j)) is not None and dst != src}
 
