@@ -266,3 +266,53 @@ def test_withdrawn_chained_moves_leave_both_old_groups_as_they_were(store: Store
     assert store.job(d).reason == (   # type: ignore[union-attr]
         "its move to group 1 was withdrawn: the moves out of group 1 it waited for were not "
         "done within 600 s ([runtime] move_wait_s); it runs on in group 4")
+
+
+def test_a_chained_move_is_not_withdrawn_while_the_move_it_waits_for_comes_through(
+        store: Store) -> None:
+    """c's nodes come just before the deadline and c finishes its step in flight after
+    it: d, whose move waits for group 1's next plan, is not withdrawn meanwhile; once c
+    is out and group 1 takes that plan, d's clock starts afresh and d is handed off."""
+    _, _, c, d, _ = _waiting_out_of_three(store, entrant=True)
+    one = _Runner({str(c): SimpleNamespace(state=MemberState.READY, handoff=False)})
+    four = _Runner({str(d): SimpleNamespace(state=MemberState.READY, handoff=False)})
+    moves = Handoffs({1: one, 3: _Runner({}), 4: four}, {}, {}, None,   # type: ignore[dict-item]
+                     WAIT_S)
+    nodes_for_c = False
+
+    def placed(job: Any) -> bool:
+        if job.job_id == c:
+            return nodes_for_c
+        return job.job_id in store.group(1).plan.job_ids   # type: ignore[union-attr]
+
+    moves.hand_off(store, placed, T0 + 2)
+    nodes_for_c = True
+    moves.hand_off(store, placed, T0 + WAIT_S)   # just before c's deadline (T0 + 1 + WAIT_S)
+    assert one.lifecycle.handed == [str(c)]
+    one.members[str(c)].handoff = True   # its step in flight, past the deadline
+    moves.hand_off(store, lambda j: False, T0 + 1 + WAIT_S + 60)
+    assert (store.job(d).group_id, store.job(d).moving_from) == (1, 4)   # type: ignore[union-attr]
+    assert moves.waiting[d].endswith(f"waiting for job(s) {c} to move out of group 1 first")
+    one.members[str(c)].state = MemberState.MOVED
+    moves.moved_in(store, store.job(c), 3)   # type: ignore[arg-type]
+    moves.hand_off(store, lambda j: False, T0 + 1 + WAIT_S + 61)   # the plan is taken:
+    assert store.job(d).moving_from == 4   # type: ignore[union-attr]   # a fresh clock
+    moves.hand_off(store, placed, T0 + 1 + WAIT_S + 62)
+    assert four.lifecycle.handed == [str(d)]
+
+
+def test_a_chained_move_is_withdrawn_with_the_move_it_waits_for(store: Store) -> None:
+    """Even when d's own tick comes first: d has no clock of its own, c's withdrawal drops
+    group 1's next plan and d is withdrawn in the same tick."""
+    _, _, c, d, _ = _waiting_out_of_three(store, entrant=True)
+    moves = Handoffs({1: _Runner({str(c): SimpleNamespace(state=MemberState.READY,
+                                                          handoff=False)}),
+                      4: _Runner({str(d): SimpleNamespace(state=MemberState.READY,
+                                                          handoff=False)})},
+                     {}, {}, None, WAIT_S)   # type: ignore[dict-item]
+    moves.since[d] = T0 - WAIT_S   # d's clock, were it its own, would have run out long ago
+    moves.hand_off(store, lambda j: False, T0 + 2)
+    assert store.job(d).moving_from == 4   # type: ignore[union-attr]
+    moves.hand_off(store, lambda j: False, T0 + 1 + WAIT_S)
+    assert (store.job(c).group_id, store.job(d).group_id) == (1, 4)   # type: ignore[union-attr]
+    assert store.job(d).moving_from is None   # type: ignore[union-attr]

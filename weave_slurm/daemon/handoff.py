@@ -25,8 +25,10 @@ nodes"); once its place goes, the old group takes the plan the re-plan gave it
 (``GroupPlan.then``, applied by ``GroupPlan.without``). Once the move has waited
 ``move_wait_s`` (counted from its commit) it is withdrawn: the job is the old group's
 member again, the old group keeps its plan as it is, the new group drops it (one left
-empty before it became active drains) and its reason says why. A job that ends while it
-waits is reported by its old group, which lets its place go.
+empty before it became active drains) and its reason says why. A move that waits for its
+new group's next plan (a chain) has no clock of its own meanwhile: it is withdrawn with
+the move it waits for, and its clock starts once that plan is taken. A job that ends
+while it waits is reported by its old group, which lets its place go.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ class Handoffs:
         self.wait_s = wait_s
         self.ending: set[int] = set()   # ended before their hand-off (reported once)
         self.since: dict[int, float] = {}   # job -> when its move was committed
+        self.chained: set[int] = set()   # moves seen waiting for their group's next plan
 
     def hand_off(self, store: Store, placed: Callable[[JobRow], bool], now: float) -> None:
         """Start each move whose new group can take the job now (``placed``: its pinned
@@ -78,15 +81,20 @@ class Handoffs:
             if member is not None and (member.state in _OUT or member.handoff):
                 continue
             if job.group_id not in self.groups or not placed(job):
+                chained = self._chained(store, job, now)
+                if chained is None:   # the move it waited for was withdrawn: so is it
+                    self._withdraw(store, job, now)
+                    continue
                 if job.job_id not in self.since:   # a restart does not restart the clock
                     self.since[job.job_id] = _committed_s(store, job.job_id, now)
-                if now - self.since[job.job_id] >= self.wait_s:
+                if not chained and now - self.since[job.job_id] >= self.wait_s:
                     self._withdraw(store, job, now)
                     continue
                 self.waiting[job.job_id] = (f"moving from group {job.moving_from} to group "
                                             f"{job.group_id}: {_waits_for(store, job)}")
                 continue
             self.since.pop(job.job_id, None)
+            self.chained.discard(job.job_id)
             if old is None or member is None:
                 continue   # no runner holds it (weaved restarted): the new group adopts it
             old.lifecycle.hand_off(str(job.job_id))
@@ -97,6 +105,23 @@ class Handoffs:
                                                           f"group {gid}").items():
                 self.resume[int(key)] = resume
                 log.info("job %s: handed off by group %s (%s)", key, gid, resume.kind.value)
+
+    def _chained(self, store: Store, job: JobRow, now: float) -> bool | None:
+        """Whether ``job``'s move waits for its new group's next plan (in which alone it
+        is listed): it then has no clock of its own, the moves it waits for decide (their
+        withdrawal drops that plan; once it is taken the job's clock starts afresh, so a
+        move that came through just before its deadline does not strand it). None: it is
+        in neither plan any more (the move it waited for was withdrawn)."""
+        group = store.group(job.group_id or 0)
+        if group is None or job.job_id in group.plan.job_ids:
+            if job.job_id in self.chained:   # the plan it waited for is taken
+                self.chained.discard(job.job_id)
+                self.since[job.job_id] = now
+            return False
+        if job.job_id in group.plan.next_ids:
+            self.chained.add(job.job_id)
+            return True
+        return None
 
     @staticmethod
     def movers(store: Store) -> list[JobRow]:
@@ -135,6 +160,7 @@ class Handoffs:
             log.info("job %s: %s", job.job_id, exc)
             return
         self.since.pop(job.job_id, None)
+        self.chained.discard(job.job_id)
         self.waiting.pop(job.job_id, None)
         log.info("job %s: %s", job.job_id, why)
         if not plan.members and group.state is GroupState.FORMING:
@@ -171,6 +197,7 @@ class Handoffs:
             except WeaveError as exc:
                 log.warning("job %s: leaving group %s: %s", key, src, exc)
         self.since.pop(job.job_id, None)
+        self.chained.discard(job.job_id)
         self.waiting.pop(job.job_id, None)
         _drop_place(store, src, job.job_id)
         store.update("job", job.job_id, moving_from=None,
