@@ -16,21 +16,17 @@ and no host keeps a segment of any of them.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from tests.harness.hosts import hosts_cluster, on_host, weaved_dirs
-from tests.harness.moves import at, ended_as_solo, nodes, row, submit
-from tests.harness.waits import settle, wait_for
-from tests.harness.weaved import serving, wait_states
-from weave_slurm.daemon import allocplan
+from tests.harness.moves import ended_as_solo, nodes, repinning
+from tests.harness.waits import wait_for
+from tests.harness.weaved import serving
 from weave_slurm.daemon.driver import DriverKind
 from weave_slurm.daemon.membership import group_label
-from weave_slurm.daemon.records import GroupPlan, MemberPlan
 from weave_slurm.daemon.service import DaemonConfig
 from weave_slurm.slurm.cli_backend import SlurmCliBackend
 from weave_slurm.slurm.cluster import LocalCluster
@@ -80,40 +76,16 @@ def test_the_group_a_move_waits_to_leave_re_pins_a_member_onto_another_host(
     with serving(cfg, SlurmCliBackend(env=env), prefix=f"weave-g{instance}.") as w:
         sock = cfg.socket
         wait_for(sock.exists, 30, "weaved's socket", interval_s=0.1)
-        slow = {"rollout_s": 100.0, "slo": 1.5}
-        a = submit(sock, "a", 81, LONG, **slow)
-        e = submit(sock, "e", 82, LONG, rollout_s=10.0, slo=10.0)
-        c = submit(sock, "c", 83, C_LONG, **slow)
-        wait_states(sock, [a, e, c], {"RUNNING"}, 240, [])
-        at(w, c, 2, 240)
-        one = w.store.group(1)
-        assert one is not None and sorted(one.plan.job_ids) == sorted((a, e, c)), one
-        pins = {m.job_id: m.rollout_pins for m in one.plan.members}
-        assert pins[a] == pins[e] != pins[c], pins
-        held = allocplan.held_nodes(w.store.allocs(1, live_only=False))
-        e_host, c_host = held[pins[e][0]][1], held[pins[c][0]][1]
-        assert e_host != c_host and {e_host, c_host} <= {"h20-0", "h20-1", "h20-2"}
-        then = GroupPlan(one.plan.rollout_nodes, 1, tuple(
-            MemberPlan(m.job_id, pins[c] if m.job_id == e else m.rollout_pins, m.turns)
-            for m in one.plan.members if m.job_id != c))
-        new = w.store.next_group_id()
-        w.store.commit_moves(
-            [(1, one.label, replace(one.plan, then=then), False),
-             (new, group_label(instance, new), GroupPlan(1, 1, (MemberPlan(c, (0,)),)), True)],
-            [(c, 1, new, f"moving from group 1 to group {new}: a test re-plan")], time.time())
-        kept = w.store.group(1)
-        assert kept is not None and kept.plan.job_ids == one.plan.job_ids   # as it runs
-        settle(lambda: row(w, c), 300, interval_s=0.2, until=lambda r: r.moving_from is None)
-        assert row(w, c).reason == f"moved from group 1 to group {new} by a re-plan"
-        taken = w.store.group(1)
-        assert taken is not None and taken.plan.then is None
-        assert {m.job_id: m.rollout_pins for m in taken.plan.members} == {a: pins[a],
-                                                                         e: pins[c]}
+        done = repinning(w, sock, (81, 82, 83), (LONG, C_LONG),
+                         lambda gid: group_label(instance, gid), 300)
+        a, e, c, new = done.a, done.e, done.c, done.new
+        assert done.e_node != done.c_node
+        assert {done.e_node, done.c_node} <= {"h20-0", "h20-1", "h20-2"}
         ended_as_solo(w, sock, {a: 81, e: 82}, LONG, 480)
         ended_as_solo(w, sock, {c: 83}, C_LONG, 480)
         # e rolled out on its first host, then on c's: another host, reached through
         # its node daemon there; c trained on group 1's h800 host, then on its own
-        assert {e_host, c_host} <= nodes(w, 1, e), nodes(w, 1, e)
+        assert {done.e_node, done.c_node} <= nodes(w, 1, e), nodes(w, 1, e)
         assert not nodes(w, 1, c) & nodes(w, new, c), (nodes(w, 1, c), nodes(w, new, c))
         repinned, moved = w.driver.live(e), w.driver.live(c)
         assert repinned is not None and repinned["recoveries"] == 0, repinned

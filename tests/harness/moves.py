@@ -3,20 +3,24 @@ tests/daemon/test_moves_hosts.py on the cluster of separate hosts): in groups of
 most two, ``a`` and ``c`` share a group and ``b`` gets its own; once ``b`` has trained
 ``b_version`` steps ``c`` is cancelled, so consolidation moves ``a`` or ``b`` into the
 other's group (onto its nodes, or onto a node it must ask for first where ``a`` and ``b``
-cannot share one)."""
+cannot share one). :func:`repinning` sets the scene of the re-pinning move (the
+``re_pin`` tests of the same files)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tests.harness.solo import run_solo
 from tests.harness.specs import OPTIONS
-from tests.harness.waits import wait_for
+from tests.harness.waits import settle, wait_for
 from tests.harness.weaved import call, wait_states
 from weave_slurm.config.render import job_spec_toml
+from weave_slurm.daemon import allocplan
 from weave_slurm.daemon.protocol import Op
-from weave_slurm.daemon.records import JobRow
+from weave_slurm.daemon.records import GroupPlan, JobRow, MemberPlan
 from weave_slurm.daemon.service import Weaved
 from weave_slurm.node.segments import weights_digest
 from weave_slurm.runtime.group import MemberSpec
@@ -85,3 +89,57 @@ def ended_as_solo(w: Weaved, sock: Path, seeds: dict[int, int], iterations: int,
 def checkpoint_at(live: dict[str, object]) -> int:
     """The checkpoint version a moved job was re-admitted from (its event's words)."""
     return int(str(live["event"]).rsplit("checkpoint v", 1)[1].split()[0])
+
+
+@dataclass(frozen=True)
+class Repinned:
+    """The re-pinning move done: the jobs, c's new group and the nodes e and c rolled
+    out on in group 1 before it."""
+
+    a: int
+    e: int
+    c: int
+    new: int
+    e_node: str
+    c_node: str
+
+
+def repinning(w: Weaved, sock: Path, seeds: tuple[int, int, int],
+              iterations: tuple[int, int], label: Callable[[int], str],
+              timeout_s: float) -> Repinned:
+    """Groups of three: a (100 s rollouts, SLO 1.5) and e (10 s, SLO 10) share a rollout
+    node, c (100 s, SLO 1.5) has its own (``iterations``: of a and e, of c). Once c has
+    trained 2 steps a re-plan is committed as weaved's replanner commits one
+    (``GroupPlan.then``): c into a new group (``label``: its backend label from its id),
+    whose nodes it waits for, and e re-pinned onto c's node once c is out. Group 1 runs
+    its plan as it is meanwhile; returns once c has moved and group 1 took its plan."""
+    slow = {"rollout_s": 100.0, "slo": 1.5}
+    a = submit(sock, "a", seeds[0], iterations[0], **slow)
+    e = submit(sock, "e", seeds[1], iterations[0], rollout_s=10.0, slo=10.0)
+    c = submit(sock, "c", seeds[2], iterations[1], **slow)
+    wait_states(sock, [a, e, c], {"RUNNING"}, timeout_s, [])
+    at(w, c, 2, timeout_s)
+    one = w.store.group(1)
+    assert one is not None and sorted(one.plan.job_ids) == sorted((a, e, c)), one
+    pins = {m.job_id: m.rollout_pins for m in one.plan.members}
+    assert pins[a] == pins[e] != pins[c], pins
+    held = allocplan.held_nodes(w.store.allocs(1, live_only=False))
+    e_node, c_node = held[pins[e][0]][1], held[pins[c][0]][1]
+    then = GroupPlan(one.plan.rollout_nodes, 1, tuple(
+        MemberPlan(m.job_id, pins[c] if m.job_id == e else m.rollout_pins, m.turns)
+        for m in one.plan.members if m.job_id != c))
+    new = w.store.next_group_id()
+    w.store.commit_moves(
+        [(1, one.label, replace(one.plan, then=then), False),
+         (new, label(new), GroupPlan(1, 1, (MemberPlan(c, (0,)),)), True)],
+        [(c, 1, new, f"moving from group 1 to group {new}: a test re-plan")], time.time())
+    kept = w.store.group(1)
+    assert kept is not None and kept.plan.job_ids == one.plan.job_ids   # as it runs
+    settle(lambda: row(w, c), timeout_s, interval_s=0.1,
+           until=lambda r: r.moving_from is None)
+    assert row(w, c).reason == f"moved from group 1 to group {new} by a re-plan"
+    taken = w.store.group(1)
+    assert taken is not None and taken.plan.then is None
+    assert {m.job_id: m.rollout_pins for m in taken.plan.members} == {a: pins[a],
+                                                                     e: pins[c]}
+    return Repinned(a, e, c, new, e_node, c_node)

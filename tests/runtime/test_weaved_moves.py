@@ -12,27 +12,22 @@ as does the other, which never stops.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from tests.harness.moves import (
-    at,
     checkpoint_at,
     consolidating,
     ended_as_solo,
     nodes,
+    repinning,
     row,
-    submit,
 )
 from tests.harness.scratch import public_dir, shm_dir
 from tests.harness.waits import settle, wait_for
-from tests.harness.weaved import release_all, rl_config, serve, smoke_site, wait_states
-from weave_slurm.daemon import allocplan
-from weave_slurm.daemon.records import GroupPlan, MemberPlan
+from tests.harness.weaved import release_all, rl_config, serve, smoke_site
 from weave_slurm.daemon.service import DaemonConfig, Weaved
 from weave_slurm.daemon.states import GroupState
 from weave_slurm.daemon.store import Store
@@ -240,36 +235,11 @@ def test_the_group_a_move_waits_to_leave_re_pins_its_members_once_it_is_out(
     served = serve(cfg, LocalBackend(cfg.state_dir / "local", parse_layout("h20=3,h800=2")))
     try:
         w, sock = served.weaved, cfg.socket
-        slow = {"rollout_s": 100.0, "slo": 1.5}
-        a = submit(sock, "a", 71, 2 * LONG, **slow)
-        e = submit(sock, "e", 72, 2 * LONG, rollout_s=10.0, slo=10.0)
-        c = submit(sock, "c", 73, 3 * LONG, **slow)
-        wait_states(sock, [a, e, c], {"RUNNING"}, 120, [])
-        at(w, c, 2, 120)
-        one = w.store.group(1)
-        assert one is not None and sorted(one.plan.job_ids) == sorted((a, e, c)), one
-        pins = {m.job_id: m.rollout_pins for m in one.plan.members}
-        assert pins[a] == pins[e] != pins[c], pins
-        then = GroupPlan(one.plan.rollout_nodes, 1, tuple(
-            MemberPlan(m.job_id, pins[c] if m.job_id == e else m.rollout_pins, m.turns)
-            for m in one.plan.members if m.job_id != c))
-        new = w.store.next_group_id()
-        w.store.commit_moves(
-            [(1, one.label, replace(one.plan, then=then), False),
-             (new, str(new), GroupPlan(1, 1, (MemberPlan(c, (0,)),)), True)],
-            [(c, 1, new, f"moving from group 1 to group {new}: a test re-plan")], time.time())
-        kept = w.store.group(1)
-        assert kept is not None and kept.plan.job_ids == one.plan.job_ids   # as it runs
-        settle(lambda: row(w, c), 180, interval_s=0.1, until=lambda r: r.moving_from is None)
-        assert row(w, c).reason == f"moved from group 1 to group {new} by a re-plan"
-        taken = w.store.group(1)
-        assert taken is not None and taken.plan.then is None
-        assert {m.job_id: m.rollout_pins for m in taken.plan.members} == {a: pins[a],
-                                                                         e: pins[c]}
-        c_node = allocplan.held_nodes(w.store.allocs(1, live_only=False))[pins[c][0]][1]
+        done = repinning(w, sock, (71, 72, 73), (2 * LONG, 3 * LONG), str, 180)
+        a, e, c = done.a, done.e, done.c
         ended_as_solo(w, sock, {a: 71, e: 72}, 2 * LONG, 300)
         ended_as_solo(w, sock, {c: 73}, 3 * LONG, 300)
-        assert c_node in nodes(w, 1, e)   # e rolled out on c's old node once c was out
+        assert done.c_node in nodes(w, 1, e)   # e rolled out on c's old node once c was out
         repinned = w.driver.live(e)
         assert repinned is not None and repinned["recoveries"] == 0, repinned
     finally:

@@ -67,7 +67,6 @@ class Handoffs:
         self.wait_s = wait_s
         self.ending: set[int] = set()   # ended before their hand-off (reported once)
         self.since: dict[int, float] = {}   # job -> when its move was committed
-        self.chained: set[int] = set()   # moves seen waiting for their group's next plan
 
     def hand_off(self, store: Store, placed: Callable[[JobRow], bool], now: float) -> None:
         """Start each move whose new group can take the job now (``placed``: its pinned
@@ -81,20 +80,21 @@ class Handoffs:
             if member is not None and (member.state in _OUT or member.handoff):
                 continue
             if job.group_id not in self.groups or not placed(job):
-                chained = self._chained(store, job, now)
+                chained = _waits_for_plan(store, job)
                 if chained is None:   # the move it waited for was withdrawn: so is it
                     self._withdraw(store, job, now)
                     continue
-                if job.job_id not in self.since:   # a restart does not restart the clock
+                if chained:   # no clock of its own: it starts once that plan is taken
+                    self.since[job.job_id] = now
+                elif job.job_id not in self.since:   # a restart does not restart it
                     self.since[job.job_id] = _committed_s(store, job.job_id, now)
-                if not chained and now - self.since[job.job_id] >= self.wait_s:
+                if now - self.since[job.job_id] >= self.wait_s:
                     self._withdraw(store, job, now)
                     continue
                 self.waiting[job.job_id] = (f"moving from group {job.moving_from} to group "
                                             f"{job.group_id}: {_waits_for(store, job)}")
                 continue
             self.since.pop(job.job_id, None)
-            self.chained.discard(job.job_id)
             if old is None or member is None:
                 continue   # no runner holds it (weaved restarted): the new group adopts it
             old.lifecycle.hand_off(str(job.job_id))
@@ -105,23 +105,6 @@ class Handoffs:
                                                           f"group {gid}").items():
                 self.resume[int(key)] = resume
                 log.info("job %s: handed off by group %s (%s)", key, gid, resume.kind.value)
-
-    def _chained(self, store: Store, job: JobRow, now: float) -> bool | None:
-        """Whether ``job``'s move waits for its new group's next plan (in which alone it
-        is listed): it then has no clock of its own, the moves it waits for decide (their
-        withdrawal drops that plan; once it is taken the job's clock starts afresh, so a
-        move that came through just before its deadline does not strand it). None: it is
-        in neither plan any more (the move it waited for was withdrawn)."""
-        group = store.group(job.group_id or 0)
-        if group is None or job.job_id in group.plan.job_ids:
-            if job.job_id in self.chained:   # the plan it waited for is taken
-                self.chained.discard(job.job_id)
-                self.since[job.job_id] = now
-            return False
-        if job.job_id in group.plan.next_ids:
-            self.chained.add(job.job_id)
-            return True
-        return None
 
     @staticmethod
     def movers(store: Store) -> list[JobRow]:
@@ -160,7 +143,6 @@ class Handoffs:
             log.info("job %s: %s", job.job_id, exc)
             return
         self.since.pop(job.job_id, None)
-        self.chained.discard(job.job_id)
         self.waiting.pop(job.job_id, None)
         log.info("job %s: %s", job.job_id, why)
         if not plan.members and group.state is GroupState.FORMING:
@@ -197,7 +179,6 @@ class Handoffs:
             except WeaveError as exc:
                 log.warning("job %s: leaving group %s: %s", key, src, exc)
         self.since.pop(job.job_id, None)
-        self.chained.discard(job.job_id)
         self.waiting.pop(job.job_id, None)
         _drop_place(store, src, job.job_id)
         store.update("job", job.job_id, moving_from=None,
@@ -250,6 +231,16 @@ def _drop_place(store: Store, group_id: int, job_id: int) -> None:
     group = store.group(group_id)
     if group is not None and job_id in group.plan.job_ids:
         store.update("group", group_id, plan=group.plan.without({job_id}).to_json())
+
+
+def _waits_for_plan(store: Store, job: JobRow) -> bool | None:
+    """Whether ``job``'s move waits for its new group's next plan, in which alone it is
+    listed (a chain: the moves it waits for decide, their withdrawal drops that plan).
+    None: it is in neither plan any more (the move it waited for was withdrawn)."""
+    group = store.group(job.group_id or 0)
+    if group is None or job.job_id in group.plan.job_ids:
+        return False
+    return True if job.job_id in group.plan.next_ids else None
 
 
 def _waits_for(store: Store, job: JobRow) -> str:
