@@ -30,6 +30,7 @@ from tests.harness.weaved import call, rl_config, serving, smoke_site, wait_stat
 from weave_slurm.config.render import job_spec_toml
 from weave_slurm.daemon.protocol import Op
 from weave_slurm.daemon.service import Weaved
+from weave_slurm.errors import NodeGone
 from weave_slurm.node.segments import weights_digest
 from weave_slurm.runtime.group import MemberSpec
 
@@ -77,12 +78,21 @@ def busy_worker(rig: Rig, job: int, min_version: int) -> tuple[int, str, str]:
         if live is None or live["version"] < min_version:
             return None
         for sock in rig.nodes_dir.glob("node-*.sock"):
-            for j in node_status(sock)["jobs"]:
+            for j in statuses(sock):
                 act = j.get("worker") or {}
                 if j["job"] == str(job) and act.get("state") == "running" and act.get("pid"):
                     return int(act["pid"]), sock.name[5:-5], str(act.get("phase"))
         return None
     return wait_for(find, 180, f"job {job} running a phase at v>={min_version}")  # type: ignore[return-value]
+
+
+def statuses(sock: Path) -> list[dict[str, Any]]:
+    """The jobs the node daemon at ``sock`` reports; none where it does not answer
+    (the probe polls again; a daemon that really failed shows in the jobs' recoveries)."""
+    try:
+        return list(node_status(sock)["jobs"])
+    except NodeGone:
+        return []
 
 
 def node_daemon_pid(sock: Path) -> int:
@@ -142,7 +152,7 @@ def kill_mid_phase(rig: Rig, job: int, min_version: int, tries: int = 3) -> tupl
             live = rig.weaved.driver.live(job) or {}
             if live.get("recoveries", 0) >= 1:
                 return "killed"
-            for j in node_status(rig.nodes_dir / f"node-{node}.sock")["jobs"]:
+            for j in statuses(rig.nodes_dir / f"node-{node}.sock"):
                 act = j.get("worker") or {}
                 if j["job"] != str(job):
                     continue
