@@ -77,3 +77,28 @@ def test_state_beyond_host_memory_is_infeasible() -> None:
     small = dataclasses.replace(site, train=dataclasses.replace(site.train, host_mem_gib=64))
     with pytest.raises(InfeasibleRequest, match="host_mem_gib=64 of pool 'train'"):
         profile_job(parse_job(spec(params=7), "big.toml"), small)
+
+
+def test_a_profile_knows_its_rollout_width() -> None:
+    site = default_site()
+    p = profile_job(parse_job(spec(params=7, tokens=8192, rgpus=4)), site)
+    assert p.rollout_gpus == 4 and p.base_gpus(8) == 4
+    assert p.rollout_replica_gpus == p.layout.rollout.engine_gpus  # type: ignore[union-attr]
+    # every response decodes 8,192 tokens, each step reading 14 GB of weights
+    bw = site.rollout.gpu.hbm_tbps * 1e12 * site.model.decode_bw_efficiency
+    assert p.rollout_floor_s == pytest.approx(
+        8192 * 7e9 * 2 / (p.rollout_replica_gpus * bw))
+    assert p.width_factor(4, 8) == 1.0
+    assert p.width_factor(8, 8) == pytest.approx(max(0.5, p.rollout_floor_s / p.rollout_max_s))
+    assert p.width_factor(2, 8) == 2.0
+
+
+def test_rollout_width_is_linear_down_to_the_weights_floor() -> None:
+    assert perf.width_factor(8, 16) == 0.5
+    assert perf.width_factor(8, 4) == 2.0
+    assert perf.width_factor(8, 64, floor_fraction=0.3) == 0.3
+    assert perf.width_factor(8, 4, floor_fraction=0.3) == 2.0
+    with pytest.raises(ValueError, match="rollout width 0 GPUs"):
+        perf.width_factor(8, 0)
+    h20 = default_site().rollout.gpu
+    assert [perf.replica_gpus(b, h20) for b in (7, 14, 32, 72)] == [1, 1, 2, 4]

@@ -13,6 +13,7 @@ from rich.progress import Progress
 from weave_slurm.config.site import SiteConfig, load_site
 from weave_slurm.errors import ConfigError
 from weave_slurm.placement.cluster import Capacity
+from weave_slurm.placement.pooled import RolloutSharing
 from weave_slurm.sim.accounting import reference_site
 from weave_slurm.sim.drift import DriftModel, DriftPattern
 from weave_slurm.sim.execution import GroupExecution, RolloutModel
@@ -64,6 +65,10 @@ def simulate(
     staleness_mix: Annotated[str, typer.Option(
         "--staleness-mix", help="FRACTION:K: that fraction of jobs (drawn per job) declares "
         "staleness K, e.g. 0.3:1.")] = "0:1",
+    rollout: Annotated[str, typer.Option(
+        "--rollout", help="How weave's groups hold their rollout side: pinned (whole "
+        "nodes, as weaved runs them) or pooled (GPUs every member's rollout spans in "
+        "turn; docs/placement.md).")] = "pinned",
     verify: Annotated[bool, typer.Option(help="Event-level SLO check of grouped policies.")
                       ] = True,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the report here.")
@@ -74,6 +79,10 @@ def simulate(
     site_cfg = load_site(site) if site is not None else reference_site()
     names = parse_policies(policy)
     acc = Accounting.parse(accounting)
+    pooled = RolloutSharing.parse(rollout) is RolloutSharing.POOLED
+    if pooled and "weave-live" in names:
+        raise ConfigError("--rollout pooled with --policy weave-live: weaved runs groups "
+                          "pinned to whole rollout nodes; drop one of them")
     if not 0 < rollout_mean <= 1:
         raise ConfigError(f"--rollout-mean {rollout_mean!r}: expected a fraction in (0, 1]")
     tr = load_trace(trace, fmt=fmt, slo=SloDistribution.parse(slo_dist, flag="--slo-dist"),
@@ -87,14 +96,14 @@ def simulate(
         staleness=StalenessMix.parse(staleness_mix, seed),
         failures=FailureModel(failure_rate, seed=seed) if failure_rate > 0 else None,
         drift=DriftModel(DriftPattern.parse(drift), seed=seed) if drift else None)
-    cap = Capacity.from_site(site_cfg, max_group_size)
+    cap = Capacity.from_site(site_cfg, max_group_size, pooled=pooled)
     results = _run(tr, cap, names, options)
     gpus = {"rollout": site_cfg.rollout.gpus_per_node, "train": site_cfg.train.gpus_per_node}
     grouped = tuple(n for n in names if n not in ("isolated", "colocated"))
     report = build_report(results, gpus, grouped if verify else ())
     report["trace"] = {"source": tr.source, "jobs": len(tr.jobs), "span_h": tr.end_s / 3600}
     report["site"] = {"name": site_cfg.name, "currency": site_cfg.currency,
-                      "max_group_size": cap.max_group_size}
+                      "max_group_size": cap.max_group_size, "rollout": rollout}
     render(report["policies"], site_cfg.currency, Console())
     if json_out is not None:
         _write_json(json_out, report)

@@ -35,7 +35,7 @@ from weave_slurm.daemon.usage_view import sacct, slurm_job_ids
 from weave_slurm.errors import ConfigError, InfeasibleRequest, StateError, WeaveError
 from weave_slurm.model.profile import profile_job
 from weave_slurm.placement import Capacity, Group
-from weave_slurm.placement.engine import refuse_if_never_fits
+from weave_slurm.placement.fit import refuse_if_never_fits
 
 MAX_SPEC_BYTES = 64 * 1024
 #: The driver phase of weaved's group runtime (``GroupRuntime.phase``): its jobs run in

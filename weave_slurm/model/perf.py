@@ -109,6 +109,39 @@ def estimate_rollout(spec: JobSpec, gpu: GpuSpec, gpus: int, mc: ModelConfig,
     return RolloutEstimate(decode + prefill, tp, waves, state_per_gpu)
 
 
+def replica_gpus(params_b: float, gpu: GpuSpec, most: int = 64) -> int:
+    """GPUs of one rollout engine replica when nothing says: the smallest power of two
+    whose HBM holds the weights in at most :data:`WEIGHT_HBM_FRACTION` of it (the rule
+    :func:`estimate_rollout` and the layout use)."""
+    tp, w = 1, weights_gib(params_b)
+    while w / tp > WEIGHT_HBM_FRACTION * gpu.hbm_gib and tp < most:
+        tp *= 2
+    return tp
+
+
+def decode_floor_s(params_b: float, max_tokens: int, replica_gpus: int, gpu: GpuSpec,
+                   mc: ModelConfig) -> float:
+    """The shortest an admission-bound rollout can take on any number of GPUs: every
+    response decodes ``max_tokens`` tokens one step at a time, and each step reads the
+    replica's weights from HBM at least once, however few sequences each replica holds
+    (more GPUs only spread the sequences, the KV-cache reads and the FLOPs)."""
+    bw = replica_gpus * gpu.hbm_tbps * 1e12 * mc.decode_bw_efficiency
+    return max_tokens * weights_gib(params_b) * GIB / bw
+
+
+def width_factor(base_gpus: int, gpus: int, floor_fraction: float = 0.0) -> float:
+    """A rollout's time on ``gpus`` GPUs over its time on ``base_gpus`` (docs/model.md
+    "Rollout width"): the same batch spread over ``gpus / base_gpus`` times the engine
+    replicas takes that much less time, because a decode step's cost grows with the
+    sequences a replica holds (their KV-cache reads and FLOPs), down to the
+    weights-bound floor (``floor_fraction`` of the time on ``base_gpus``,
+    :func:`decode_floor_s`); on fewer GPUs the sequences take as much longer (more per
+    step, or more waves where the KV cache holds fewer)."""
+    if gpus <= 0 or base_gpus <= 0:
+        raise ValueError(f"rollout width {gpus} GPUs (base {base_gpus}): expected > 0")
+    return max(base_gpus / gpus, min(floor_fraction, 1.0))
+
+
 def train_flops(spec: JobSpec) -> float:
     """FLOPs of one training step: actor update plus the forward passes RL needs."""
     n = spec.model.params_b * 1e9

@@ -49,6 +49,13 @@ class JobProfile:
     train_gpu_peak_gib: float = 0.0
     train_gpu_resident_gib: float = 0.0
     colo_gpu_peak_gib: float = 0.0
+    # Its rollout's width (docs/model.md "Rollout width"): the GPUs its rollout times
+    # are for (0: its rollout nodes, whole), the GPUs of one engine replica (a width is
+    # a multiple of it) and the weights-bound floor of an admission-bound rollout on
+    # any number of GPUs (0: none known). Only a pooled group changes its width.
+    rollout_gpus: int = 0
+    rollout_replica_gpus: int = 1
+    rollout_floor_s: float = 0.0
 
     # Derived once (placement asks for them millions of times in a long replay).
     solo_s: float = field(init=False, repr=False, compare=False)
@@ -66,6 +73,16 @@ class JobProfile:
 
     def with_id(self, job_id: str) -> JobProfile:
         return replace(self, job_id=job_id)
+
+    def base_gpus(self, gpus_per_node: int) -> int:
+        """The GPUs its rollout times are for."""
+        return self.rollout_gpus or self.rollout_nodes * gpus_per_node
+
+    def width_factor(self, gpus: int, gpus_per_node: int) -> float:
+        """Its rollout's time on ``gpus`` GPUs over its rollout times
+        (:func:`weave_slurm.model.perf.width_factor`)."""
+        floor = self.rollout_floor_s / self.rollout_max_s if self.rollout_max_s > 0 else 0.0
+        return perf.width_factor(self.base_gpus(gpus_per_node), gpus, floor)
 
 
 def solo_period(rollout_s: float, train_s: float, sync_s: float, staleness: int = 0) -> float:
@@ -151,7 +168,11 @@ def profile_job(spec: JobSpec, site: SiteConfig, job_id: str | None = None) -> J
         name=spec.name, user=spec.user, staleness=spec.staleness, layout=layout,
         charge=job_charge(spec, site.slurm), rollout_gpu_peak_gib=r_gpu[0],
         rollout_gpu_resident_gib=r_gpu[1], train_gpu_peak_gib=t_gpu[0],
-        train_gpu_resident_gib=t_gpu[1], colo_gpu_peak_gib=colo_gpu)
+        train_gpu_resident_gib=t_gpu[1], colo_gpu_peak_gib=colo_gpu,
+        rollout_gpus=spec.rollout_gpus, rollout_replica_gpus=layout.rollout.engine_gpus,
+        rollout_floor_s=perf.decode_floor_s(spec.model.params_b,
+                                            spec.rollout.max_response_tokens,
+                                            layout.rollout.engine_gpus, rp.gpu, site.model))
 
 
 def _device(spec: JobSpec, role: str, peak: float | None, held: float | None,

@@ -9,10 +9,9 @@ from weave_slurm.errors import ConfigError
 from weave_slurm.model.profile import JobProfile
 from weave_slurm.placement.cluster import ClusterState
 from weave_slurm.placement.decision import Admission, Decision, Placement
-from weave_slurm.placement.engine import (
-    WeavePolicy,
+from weave_slurm.placement.engine import WeavePolicy, group_placements
+from weave_slurm.placement.fit import (
     capacity_refusal,
-    group_placements,
     new_group_placement,
     refuse_if_never_fits,
 )

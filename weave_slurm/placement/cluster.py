@@ -11,6 +11,7 @@ from weave_slurm.errors import StateError
 from weave_slurm.model.cost import CostRates, MoveCost
 from weave_slurm.placement.decision import Placement
 from weave_slurm.placement.group import Group, Member
+from weave_slurm.placement.pooled import narrowed
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +29,10 @@ class Capacity:
     # device memory of one GPU of each pool (GiB; the site's gpu hbm_gib; inf: unchecked)
     rollout_gpu_mem_gib: float = math.inf
     train_gpu_mem_gib: float = math.inf
+    # weave's groups pool their rollout side in GPUs (docs/placement.md "Pooled
+    # rollout"); rollout node counts above stay in nodes
+    rollout_pooled: bool = False
+    rollout_gpus_per_node: int = 8
 
     def fits(self, group: Group) -> bool:
         """``group.feasible`` under these limits (host memory, device memory, SLOs)."""
@@ -35,8 +40,10 @@ class Capacity:
                               self.rollout_gpu_mem_gib, self.train_gpu_mem_gib)
 
     @classmethod
-    def from_site(cls, site: SiteConfig, max_group_size: int | None = None) -> Capacity:
+    def from_site(cls, site: SiteConfig, max_group_size: int | None = None,
+                  pooled: bool = False) -> Capacity:
         return cls(
+            rollout_pooled=pooled, rollout_gpus_per_node=site.rollout.gpus_per_node,
             max_group_size=max_group_size or site.limits.max_group_size,
             max_rollout_nodes_per_group=site.limits.max_rollout_nodes_per_group,
             rollout_mem_gib=site.rollout.host_mem_gib, train_mem_gib=site.train.host_mem_gib,
@@ -70,8 +77,9 @@ class ClusterState:
         return {jid: g.group_id for g in self.groups for jid in g.job_ids}
 
     @cached_property
-    def rollout_nodes_used(self) -> int:
-        return sum(g.rollout_nodes for g in self.groups)
+    def rollout_nodes_used(self) -> float:
+        """Rollout nodes held (a pooled group's GPUs count as the nodes' share they are)."""
+        return sum(g.rollout_held_nodes for g in self.groups)
 
     @cached_property
     def train_nodes_used(self) -> int:
@@ -120,9 +128,8 @@ def replace_members(group: Group, members: tuple[Member, ...]) -> Group:
     common = math.gcd(*(m.turns for m in members)) if members else 1
     members = tuple(Member(m.job, tuple(remap[p] for p in m.rollout_pins),
                            m.turns // common) for m in members)
-    return Group(group.group_id, members, rollout_nodes=len(used),
-                 train_nodes=max(m.job.train_nodes for m in members),
-                 colocated=group.colocated)
+    return replace(group, members=members, rollout_nodes=len(used),
+                   train_nodes=max(m.job.train_nodes for m in members))
 
 
 def compact(group: Group, cap: Capacity) -> Group:
@@ -133,6 +140,8 @@ def compact(group: Group, cap: Capacity) -> Group:
     """
     if group.colocated:
         return group
+    if group.pooled:   # its pool narrows to the fewest GPUs the others' SLOs allow
+        return narrowed(group, cap) or group
     best = group
     improved = True
     while improved and best.rollout_nodes > 1:

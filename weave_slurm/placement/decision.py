@@ -23,7 +23,7 @@ class Placement:
     admission: Admission
     group: Group  # the group as it will be after the arrival
     cost_delta_per_hour: float
-    added_rollout_nodes: int
+    added_rollout_nodes: float  # a pooled group's GPUs in node shares
     added_train_nodes: int
 
     @property

@@ -22,63 +22,21 @@ from dataclasses import dataclass
 
 from weave_slurm.model.profile import JobProfile
 from weave_slurm.placement.cluster import Capacity, ClusterState
-from weave_slurm.placement.constraints import may_share
-from weave_slurm.placement.decision import Admission, Decision, Placement, Refusal
-from weave_slurm.placement.group import Group, Member, period_floor_s, solo_group, turns_for
+from weave_slurm.placement.decision import Admission, Decision, Placement
+from weave_slurm.placement.fit import (
+    capacity_refusal,
+    may_fit,
+    new_group_placement,
+    refuse_if_never_fits,
+    turn_options,
+)
+from weave_slurm.placement.group import Group, Member, period_floor_s
+from weave_slurm.placement.pooled_placement import place_pooled
 from weave_slurm.placement.repack import best_group, turn_sets
 
 _EPS = 1e-9
 #: Largest group (after the arrival) that placement may re-pin from scratch.
 REPACK_MAX_MEMBERS = 4
-
-
-def refuse_if_never_fits(job: JobProfile, cap: Capacity,
-                         colocated: bool = False) -> Refusal | None:
-    """A refusal if ``job`` can never run on these pools (``colocated``: on h800 only)."""
-    reasons = []
-    if not colocated and job.rollout_state_gib > cap.rollout_mem_gib:
-        reasons.append(f"rollout state {job.rollout_state_gib:.1f} GiB per node exceeds the "
-                       f"rollout nodes' host memory ({cap.rollout_mem_gib:g} GiB)")
-    if job.train_state_gib > cap.train_mem_gib:
-        reasons.append(f"training state {job.train_state_gib:.1f} GiB per node exceeds the "
-                       f"training nodes' host memory ({cap.train_mem_gib:g} GiB)")
-    for what, peak, gpu_mem, pool in (
-            ("rollout", 0.0 if colocated else job.rollout_gpu_peak_gib,
-             cap.rollout_gpu_mem_gib, "rollout"),
-            ("training", job.colo_gpu_peak_gib if colocated else job.train_gpu_peak_gib,
-             cap.train_gpu_mem_gib, "training")):
-        if peak > gpu_mem:
-            reasons.append(f"{what} peak {peak:.1f} GiB per GPU"
-                           f"{' (co-located)' if colocated else ''} exceeds the {pool} GPUs' "
-                           f"memory ({gpu_mem:g} GiB)")
-    if not colocated and job.rollout_nodes > cap.rollout_pool_nodes:
-        reasons.append(f"needs {job.rollout_nodes} rollout nodes, the pool has "
-                       f"{cap.rollout_pool_nodes}")
-    train_nodes = (job.colo_nodes or job.train_nodes) if colocated else job.train_nodes
-    if train_nodes > cap.train_pool_nodes:
-        reasons.append(f"needs {train_nodes} training nodes, the pool has "
-                       f"{cap.train_pool_nodes}")
-    return Refusal(job.job_id, tuple(reasons), retry=False) if reasons else None
-
-
-def new_group_placement(state: ClusterState, job: JobProfile) -> Placement | None:
-    cap = state.capacity
-    if (state.rollout_nodes_used + job.rollout_nodes > cap.rollout_pool_nodes
-            or state.train_nodes_used + job.train_nodes > cap.train_pool_nodes):
-        return None
-    group = solo_group(state.next_group_id, job)
-    return Placement(job.job_id, Admission.NEW_GROUP, group,
-                     cap.rates.rate(job.rollout_nodes, job.train_nodes),
-                     job.rollout_nodes, job.train_nodes)
-
-
-def capacity_refusal(state: ClusterState, job: JobProfile) -> Refusal:
-    cap = state.capacity
-    return Refusal(job.job_id, (
-        f"no existing group can take it within every member's SLO, host and GPU memory, and a "
-        f"new group needs {job.rollout_nodes} rollout + {job.train_nodes} training nodes "
-        f"while {cap.rollout_pool_nodes - state.rollout_nodes_used} rollout and "
-        f"{cap.train_pool_nodes - state.train_nodes_used} training nodes are free",), retry=True)
 
 
 def group_placements(state: ClusterState, job: JobProfile,
@@ -96,7 +54,7 @@ def group_placements(state: ClusterState, job: JobProfile,
             continue
         fewest = None
         for cand in _placements_in(group, job, cap, free_r):
-            added = cand.added_rollout_nodes
+            added = round(cand.added_rollout_nodes)   # whole nodes here
             fewest = added if fewest is None else min(fewest, added)
             yield cand
         if repack and group.size < REPACK_MAX_MEMBERS and fewest != 0:
@@ -107,12 +65,12 @@ def group_placements(state: ClusterState, job: JobProfile,
                 yield repacked
 
 
-def _repacked(group: Group, job: JobProfile, cap: Capacity, free_r: int,
+def _repacked(group: Group, job: JobProfile, cap: Capacity, free_r: float,
               max_added: int, turns: bool = False) -> Placement | None:
     """``group`` re-pinned from scratch around ``job`` on at most ``max_added`` new nodes
     (``turns``: members may take several)."""
-    limit = group.rollout_nodes + max_added
-    limit = min(limit, group.rollout_nodes + free_r, cap.max_rollout_nodes_per_group)
+    limit = min(group.rollout_nodes + max_added, group.rollout_nodes + math.floor(free_r),
+                cap.max_rollout_nodes_per_group)
     jobs = [m.job for m in group.members] + [job]
     g = best_group(jobs, cap, group.group_id, max_rollout_nodes=limit, turns=turns)
     if g is None:
@@ -123,39 +81,8 @@ def _repacked(group: Group, job: JobProfile, cap: Capacity, free_r: int,
     return Placement(job.job_id, kind, g, cap.rates.rate(added_r, added_t), added_r, added_t)
 
 
-def may_fit(group: Group, job: JobProfile, cap: Capacity, free_t: int,
-            turns: bool = False) -> bool:
-    """Necessary conditions for ``job`` to join ``group``, O(1) per group (``turns``:
-    it may take several, :func:`turn_options`)."""
-    if group.colocated or group.size >= cap.max_group_size:
-        return False
-    # with one turn its own budget binds too; with more, only the members' do
-    budget = group.min_budget_s if max(turn_options(group, job, turns)) > 1 \
-        else min(group.min_budget_s, job.budget_s)
-    if job.solo_s > group.min_budget_s + _EPS:
-        return False
-    if group.train_load_s + job.train_max_s > budget + _EPS:
-        return False
-    if group.train_mem_gib + job.train_state_gib > cap.train_mem_gib + _EPS:
-        return False
-    if job.train_gpu_peak_gib:   # every member trains on node 0: its GPU 0 takes them all
-        held, extra = group.train_gpu_parts
-        extra = max(extra, job.train_gpu_peak_gib - job.train_gpu_resident_gib)
-        if held + job.train_gpu_resident_gib + extra > cap.train_gpu_mem_gib + _EPS:
-            return False
-    # last: most groups fail a cheaper test first; one account and QOS per group
-    return max(0, job.train_nodes - group.train_nodes) <= free_t and may_share(group, job)
-
-
-def turn_options(group: Group, job: JobProfile, turns: bool = True) -> tuple[int, ...]:
-    """The turns ``job`` may take joining ``group``: as many of its iterations as fit in
-    the group's cycle (when ``turns``), or one."""
-    k = turns_for(group.cycle_s, job) if turns else 1
-    return (k, 1) if k > 1 else (1,)
-
-
 def _placements_in(group: Group, job: JobProfile, cap: Capacity,
-                   free_r: int) -> Iterator[Placement]:
+                   free_r: float) -> Iterator[Placement]:
     m = job.rollout_nodes
     added_t = max(0, job.train_nodes - group.train_nodes)
     t_cost = cap.rates.rate(0, added_t)
@@ -275,6 +202,8 @@ class WeavePolicy:
         never = refuse_if_never_fits(job, cap)
         if never is not None:
             return never
+        if cap.rollout_pooled:
+            return place_pooled(state, job, self.join_turns)
         free_r = cap.rollout_pool_nodes - state.rollout_nodes_used
         free_t = cap.train_pool_nodes - state.train_nodes_used
         groups: list[Group] = []
@@ -297,7 +226,7 @@ class WeavePolicy:
 
     @staticmethod
     def _direct(groups: list[Group], job: JobProfile, cap: Capacity,
-                free_r: int) -> list[_Candidate]:
+                free_r: float) -> list[_Candidate]:
         out = []
         for g in groups:
             if job.rollout_nodes > g.rollout_nodes:
@@ -323,7 +252,7 @@ class WeavePolicy:
         return out
 
     def _repack(self, groups: list[Group], job: JobProfile, cap: Capacity,
-                free_r: int, added: int = 0) -> list[_Candidate]:
+                free_r: float, added: int = 0) -> list[_Candidate]:
         """Re-pin a small group from scratch around the newcomer on at most
         ``added`` new rollout nodes."""
         if not self.repack or added > free_r:
@@ -349,11 +278,11 @@ class WeavePolicy:
         return out
 
     def _repack_scaled(self, groups: list[Group], job: JobProfile, cap: Capacity,
-                       free_r: int) -> list[_Candidate]:
+                       free_r: float) -> list[_Candidate]:
         return self._repack(groups, job, cap, free_r, added=job.rollout_nodes)
 
     def _scale(self, groups: list[Group], job: JobProfile, cap: Capacity,
-               free_r: int, several: bool = False) -> list[_Candidate]:
+               free_r: float, several: bool = False) -> list[_Candidate]:
         """Rollout scaling into each group (``several``: only taking several turns)."""
         m = job.rollout_nodes
         if m > free_r:

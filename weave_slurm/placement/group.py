@@ -5,13 +5,19 @@ is pinned to ``job.rollout_nodes`` of the rollout nodes (several members may sha
 rollout node and then take turns) and trains on the first ``job.train_nodes``
 training nodes, so training is serialised across members, as in the reference. The
 members' tuple order is the cyclic round-robin order on every node.
+
+A *pooled* group (``pool_gpus`` > 0, docs/placement.md "Pooled rollout") holds its
+rollout side as ``pool_gpus`` GPUs instead of whole nodes: every member's rollout
+spans all of them, one member at a time in the cyclic (turn) order, so its rollout
+takes its time times ``job.width_factor(pool_gpus)``. In the schedule the pool is one
+rollout "node" (``rollout_nodes`` 1, every member pinned to it).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property, lru_cache
 
 from weave_slurm.model.profile import JobProfile
@@ -61,6 +67,36 @@ class Group:
     rollout_nodes: int
     train_nodes: int
     colocated: bool = False  # the co-located baseline: both phases on training nodes
+    pool_gpus: int = 0  # > 0: a pooled group's rollout GPUs (module doc)
+    gpus_per_node: int = 8  # of the rollout pool (what a pooled group's GPUs are worth)
+
+    @property
+    def pooled(self) -> bool:
+        return self.pool_gpus > 0
+
+    @cached_property
+    def rollout_held_nodes(self) -> float:
+        """Rollout nodes' worth the group holds (and pays): a pooled group's GPUs in
+        nodes."""
+        return self.pool_gpus / self.gpus_per_node if self.pooled else self.rollout_nodes
+
+    @cached_property
+    def rollout_factors(self) -> tuple[float, ...] | None:
+        """Each member's rollout time over its profile's at the pool's width (pooled
+        groups; None: every member at its own width)."""
+        if not self.pooled:
+            return None
+        return tuple(m.job.width_factor(self.pool_gpus, self.gpus_per_node)
+                     for m in self.members)
+
+    def rollout_busy_node_s(self, index: int, expected: bool = True) -> float:
+        """Rollout node-seconds one iteration of member ``index`` keeps busy here."""
+        m = self.members[index]
+        j = m.job
+        r = j.rollout_mean_s if expected else j.rollout_max_s
+        if self.rollout_factors is None:
+            return r * len(m.rollout_pins)
+        return r * self.rollout_factors[index] * self.rollout_held_nodes
 
     @property
     def size(self) -> int:
@@ -102,17 +138,24 @@ class Group:
     @cached_property
     def rollout_load_s(self) -> tuple[float, ...]:
         load = [0.0] * self.rollout_nodes
-        for m in self.members:
+        factors = self.rollout_factors or (1.0,) * self.size
+        for m, f in zip(self.members, factors, strict=True):
             for node in m.rollout_pins:
-                load[node] += m.turns * m.job.rollout_max_s
+                load[node] += m.turns * m.job.rollout_max_s * f
         return tuple(load)
 
     @cached_property
     def rollout_mem_used_gib(self) -> tuple[float, ...]:
+        """Host memory used on each rollout node; a pooled group's per whole node of its
+        GPUs (every member holds its share on each of them: its state per GPU)."""
         mem = [0.0] * self.rollout_nodes
+        gpn = self.gpus_per_node
         for m in self.members:
+            j = m.job
+            state = j.rollout_state_gib * gpn / min(j.base_gpus(gpn), gpn) if self.pooled \
+                else j.rollout_state_gib
             for node in m.rollout_pins:
-                mem[node] += m.job.rollout_state_gib
+                mem[node] += state
         return tuple(mem)
 
     @cached_property
@@ -177,7 +220,7 @@ class Group:
         """Meta-iteration period under the admission bound (what feasibility needs)."""
         if self.colocated:
             return self.members[0].job.colo_iter_s
-        return period(self.members)
+        return period(self.members, factors=self.rollout_factors)
 
     def feasible(self, rollout_mem_gib: float, train_mem_gib: float,
                  rollout_gpu_mem_gib: float = math.inf,
@@ -195,7 +238,7 @@ class Group:
         if rollout_gpu_mem_gib < math.inf and \
                 any(x > rollout_gpu_mem_gib + _EPS for x in self.rollout_gpu_used_gib):
             return False
-        if not self.turns_apart:
+        if not self.pooled and not self.turns_apart:   # a pool keeps to the turn order
             return False
         p = self.period_s
         return p <= self.min_budget_s * (1 + _EPS) + _EPS
@@ -239,13 +282,17 @@ def turns_for(cycle_s: float, job: JobProfile) -> int:
 
 
 @lru_cache(maxsize=1 << 16)
-def period(members: tuple[Member, ...], expected: bool = False) -> float:
+def period(members: tuple[Member, ...], expected: bool = False,
+           factors: tuple[float, ...] | None = None) -> float:
     """Cyclic period of members in this order (memoised: placement, re-plans and the
-    replay ask for the same member tuples many times)."""
+    replay ask for the same member tuples many times); ``factors``: each member's
+    rollout time over its profile's (a pooled group's width)."""
     jobs = [m.job for m in members]
     turns = [m.turns for m in members]
+    scale = factors or (1.0,) * len(members)
     return cyclic_period(
-        [j.rollout_mean_s if expected else j.rollout_max_s for j in jobs],
+        [(j.rollout_mean_s if expected else j.rollout_max_s) * f
+         for j, f in zip(jobs, scale, strict=True)],
         [j.train_mean_s if expected else j.train_max_s for j in jobs],
         [j.sync_s for j in jobs],
         [m.rollout_pins for m in members],
@@ -260,24 +307,22 @@ def evaluate(group: Group) -> GroupSchedule:
         return _evaluate_colocated(group)
     members = group.members
     p = group.period_s
-    pe = period(members, expected=True)
-    r_mem = [0.0] * group.rollout_nodes
+    pe = period(members, expected=True, factors=group.rollout_factors)
     t_mem = [0.0] * group.train_nodes
     r_busy = t_busy = 0.0
-    for m in members:
+    for i, m in enumerate(members):
         k = m.turns
-        for node in m.rollout_pins:
-            r_mem[node] += m.job.rollout_state_gib
         for node in m.train_pins:
             t_mem[node] += m.job.train_state_gib
-        r_busy += k * m.job.rollout_mean_s * len(m.rollout_pins)
+        r_busy += k * group.rollout_busy_node_s(i)
         t_busy += k * m.job.train_mean_s * len(m.train_pins)
+    held = group.rollout_held_nodes
     return GroupSchedule(
         period_s=p, expected_period_s=pe,
         slowdowns=tuple(p / (m.turns * m.job.solo_s) for m in members),
-        rollout_busy=r_busy / (pe * group.rollout_nodes) if pe > 0 and group.rollout_nodes else 0.0,
+        rollout_busy=r_busy / (pe * held) if pe > 0 and held else 0.0,
         train_busy=t_busy / (pe * group.train_nodes) if pe > 0 and group.train_nodes else 0.0,
-        rollout_mem_gib=tuple(r_mem), train_mem_gib=tuple(t_mem),
+        rollout_mem_gib=group.rollout_mem_used_gib, train_mem_gib=tuple(t_mem),
         rollout_gpu_mem_gib=group.rollout_gpu_used_gib, train_gpu_mem_gib=group.train_gpu_used_gib)
 
 
@@ -297,8 +342,7 @@ def with_profile(group: Group, job: JobProfile) -> Group:
     and order), e.g. once its phase times were measured."""
     members = tuple(Member(job if m.job.job_id == job.job_id else m.job, m.rollout_pins,
                            m.turns) for m in group.members)
-    return Group(group.group_id, members, group.rollout_nodes, group.train_nodes,
-                 group.colocated)
+    return replace(group, members=members)
 
 
 def solo_group(group_id: int, job: JobProfile) -> Group:

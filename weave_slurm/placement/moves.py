@@ -9,7 +9,9 @@ questions decide whether to take it:
    keeps its id and its nodes. A job then *moves* when its group id changes (its warm
    state goes to another group's nodes) and is *re-pinned* when it stays but shares its
    rollout nodes with other staying members than before (its rollout state goes to
-   another node of the group; both members of a changed pair are charged).
+   another node of the group; both members of a changed pair are charged; in a pooled
+   group, every member when the pool's width changes: its engines start again on the
+   new set of GPUs).
 2. **What it costs.** :func:`pauses`: the pause of each moved job, from its warm state's
    bytes over the site's links plus a restart (:class:`~weave_slurm.model.cost.MoveCost`).
    During its pause a job makes no progress while its group's nodes stay paid.
@@ -39,8 +41,8 @@ def member_work_rate(member: Member, group: Group, cap: Capacity) -> float:
     period = group.schedule.expected_period_s
     if period <= 0 or group.colocated:
         return 0.0
-    j = member.job
-    busy = (j.rollout_mean_s * len(member.rollout_pins) * cap.rates.rollout_node_hour
+    j = member.job   # its own shape's busy time, as the bound prices it (any width)
+    busy = (j.rollout_mean_s * j.rollout_nodes * cap.rates.rollout_node_hour
             + j.train_mean_s * len(member.train_pins) * cap.rates.train_node_hour)
     return member.turns * busy / period
 
@@ -124,7 +126,8 @@ def pauses(before: ClusterState, after: ClusterState,
             if job_id not in stayers:
                 out[job_id] = cost.move_s(m.job.rollout_state_gib, m.job.train_state_gib)
             elif old is not None and not g.colocated and (
-                    _sharers(old, job_id, stayers) != _sharers(g, job_id, stayers)):
+                    _sharers(old, job_id, stayers) != _sharers(g, job_id, stayers)
+                    or old.pool_gpus != g.pool_gpus):   # a pool of another width
                 out[job_id] = cost.repin_s(m.job.rollout_state_gib)
     return out
 

@@ -10,7 +10,7 @@ hourly rate of the groups' nodes. Exponential: meant for up to ~10 jobs.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 
 from weave_slurm.errors import InfeasibleRequest
@@ -51,7 +51,7 @@ def optimum(jobs: Sequence[JobProfile], cap: Capacity) -> Optimum:
             if group_mask.bit_count() <= k:
                 g = group_of(group_mask)
                 if g is not None:
-                    cost = cap.rates.rate(g.rollout_nodes, g.train_nodes)
+                    cost = cap.rates.rate(g.rollout_held_nodes, g.train_nodes)
                     tail_cost, tail = solve(mask ^ group_mask)
                     if cost + tail_cost < best[0]:
                         best = (cost + tail_cost, (group_mask, *tail))
@@ -67,5 +67,5 @@ def optimum(jobs: Sequence[JobProfile], cap: Capacity) -> Optimum:
     for gid, mask in enumerate(masks, start=1):
         g = group_of(mask)
         assert g is not None  # solve() only returns masks with a feasible group
-        groups.append(Group(gid, g.members, g.rollout_nodes, g.train_nodes))
+        groups.append(replace(g, group_id=gid))
     return Optimum(cost, tuple(groups))

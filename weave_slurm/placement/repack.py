@@ -8,13 +8,16 @@ rollout state between two nodes of the same group over the fast intra-pool fabri
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from functools import cache, lru_cache
 
 from weave_slurm.model.profile import JobProfile
 from weave_slurm.placement.cluster import Capacity
 from weave_slurm.placement.constraints import one_charge
 from weave_slurm.placement.group import Group, Member, period_floor_s, turns_apart, turns_for
+from weave_slurm.placement.pooled import fewest_gpus, max_pool_gpus
 
 
 def pinnings(needs: Sequence[int]) -> Iterator[tuple[tuple[int, ...], ...]]:
@@ -59,10 +62,10 @@ def best_group(jobs: Sequence[JobProfile], cap: Capacity, group_id: int = 0,
     """
     if not one_charge(jobs):   # one account and QOS per group (placement/constraints.py)
         return None
-    g = _best_group(tuple(jobs), cap, max_rollout_nodes, turns)
+    best = _best_pooled if cap.rollout_pooled else _best_group
+    g = best(tuple(jobs), cap, max_rollout_nodes, turns)
     return None if g is None else (g if g.group_id == group_id
-                                   else Group(group_id, g.members, g.rollout_nodes,
-                                              g.train_nodes))
+                                   else replace(g, group_id=group_id))
 
 
 def turn_sets(jobs: Sequence[JobProfile]) -> tuple[tuple[int, ...], ...]:
@@ -114,3 +117,21 @@ def _best_group(jobs: tuple[JobProfile, ...], cap: Capacity,
                 if cap.fits(group):
                     return group
     return None
+
+
+@lru_cache(maxsize=1 << 15)
+def _best_pooled(jobs: tuple[JobProfile, ...], cap: Capacity,
+                 max_rollout_nodes: float | None, turns: bool) -> Group | None:
+    """The pooled group of exactly ``jobs`` on the fewest GPUs (every cyclic order up to
+    rotation, each of :func:`turn_sets`; ties: the first found)."""
+    limit = cap.max_rollout_nodes_per_group if max_rollout_nodes is None else max_rollout_nodes
+    hi = min(max_pool_gpus(cap), math.floor(limit * cap.rollout_gpus_per_node + 1e-9))
+    best: Group | None = None
+    n = len(jobs)
+    for each in (turn_sets(jobs) if turns else ((1,) * n,)):
+        for rest in itertools.permutations(range(1, n)):
+            members = [Member(jobs[i], (0,), each[i]) for i in (0, *rest)]
+            found = fewest_gpus(0, members, cap, 1, hi if best is None else best.pool_gpus - 1)
+            if found is not None:
+                best = found
+    return best

@@ -74,7 +74,7 @@ def needs_nodes(before: ClusterState, after: ClusterState) -> list[int]:
     out = []
     for gid in sorted(targets):
         g, old = after.by_id[gid], before.by_id.get(gid)
-        if old is None or g.rollout_nodes > old.rollout_nodes \
+        if old is None or g.rollout_held_nodes > old.rollout_held_nodes \
                 or g.train_nodes > old.train_nodes:
             out.append(gid)
     return out
@@ -167,14 +167,15 @@ def short_of_nodes(before: ClusterState, after: ClusterState,
     moved), in words; None when the pools have them free. A move that needs the nodes
     its own old group holds could only ever be withdrawn."""
     cap = before.capacity
-    need_r = need_t = 0
+    need_r: float = 0.0
+    need_t = 0
     for gid in grows:
         g, old = after.by_id[gid], before.by_id.get(gid)
-        need_r += max(0, g.rollout_nodes - (old.rollout_nodes if old else 0))
+        need_r += max(0, g.rollout_held_nodes - (old.rollout_held_nodes if old else 0))
         need_t += max(0, g.train_nodes - (old.train_nodes if old else 0))
     free_r = max(0, cap.rollout_pool_nodes - before.rollout_nodes_used)
     free_t = max(0, cap.train_pool_nodes - before.train_nodes_used)
-    short = [f"{n} {pool} node(s) where {free} are free" for n, free, pool in
+    short = [f"{n:g} {pool} node(s) where {free:g} are free" for n, free, pool in
              ((need_r, free_r, "rollout"), (need_t, free_t, "training")) if n > free]
     return "; ".join(short) or None
 
@@ -188,7 +189,7 @@ def _kept(old: Group, new: Group | None, leaving: Collection[str],
                    *entering])
     if new is None:
         return not rest
-    return rest == sorted(new.job_ids) and new.rollout_nodes <= old.rollout_nodes \
+    return rest == sorted(new.job_ids) and new.rollout_held_nodes <= old.rollout_held_nodes \
         and new.train_nodes <= old.train_nodes
 
 
@@ -268,7 +269,7 @@ def _local_view(state: ClusterState, gids: Collection[int]) -> ClusterState:
     cap = state.capacity
     others = [g for g in state.groups if g.group_id not in gids]
     small = replace(cap, rollout_pool_nodes=cap.rollout_pool_nodes
-                    - sum(g.rollout_nodes for g in others),
+                    - math.ceil(sum(g.rollout_held_nodes for g in others) - _EPS),
                     train_pool_nodes=cap.train_pool_nodes - sum(g.train_nodes for g in others))
     return ClusterState(small, tuple(g for g in state.groups if g.group_id in gids),
                         state.next_group_id)
@@ -289,7 +290,7 @@ def worst_groups(state: ClusterState, count: int) -> list[Group]:
 
     def key(g: Group) -> tuple[float, int]:
         work = sum(member_work_rate(m, g, cap) for m in g.members)
-        cost = cap.rates.rate(g.rollout_nodes, g.train_nodes)
+        cost = cap.rates.rate(g.rollout_held_nodes, g.train_nodes)
         return (-(cost / work) if work > 0 else -math.inf, g.group_id)
 
     return sorted((g for g in state.groups if not g.colocated), key=key)[:count]

@@ -6,7 +6,8 @@ free node serves next is decided by the live runtime's own ordering,
 counting cyclically over the members' turns from the place after the one it served last,
 whose next phase is ready (work-conserving: a node never waits for a member that is not
 ready while another is), except that in a group whose members take turns the training
-nodes keep to the turn order, waiting for the next turn's member, as planned. Member
+nodes (and a pooled group's rollout pool) keep to the turn order, waiting for the next
+turn's member, as planned. Member
 ``i``'s rollout ``k`` is ready only after its training ``k-1`` and its weight sync
 (on-policy barrier), and training ``k`` consumes exactly the trajectories of rollout ``k``.
 
@@ -152,6 +153,7 @@ class GroupExecution:
         self.n = len(members)
         self.ids = [m.job.job_id for m in members]
         self.index = {job_id: i for i, job_id in enumerate(self.ids)}
+        self.width = group.rollout_factors or (1.0,) * self.n   # a pool's width
         self.pins = {Pool.ROLLOUT: [m.rollout_pins for m in members],
                      Pool.TRAIN: [m.train_pins for m in members]}
         self.rnodes = [self._node(Pool.ROLLOUT, r) for r in range(group.rollout_nodes)]
@@ -220,7 +222,9 @@ class GroupExecution:
         nodes, all_pins = (self.rnodes if pool is Pool.ROLLOUT else self.tnodes), self.pins[pool]
         flags = self.ready if pool is Pool.ROLLOUT else self.waiting_train
         gangs = self.gangs[pool]
-        cycling = set(self.ids) if pool is Pool.TRAIN and max(self.group.turns) > 1 else None
+        # a pooled group's rollout pool keeps to the turn order too (group.py)
+        ordered = pool is Pool.TRAIN or self.group.pooled
+        cycling = set(self.ids) if ordered and max(self.group.turns) > 1 else None
         for n, node in enumerate(nodes):
             if node.busy or node.held is not None:
                 continue
@@ -255,7 +259,7 @@ class GroupExecution:
             raise StateError(f"job {m.job.job_id}: rollout {self.iters[i]} would start with "
                              f"weights v{self.synced[i]} while the trainer holds "
                              f"v{self.version[i]}")
-        dur = m.job.rollout_max_s * self.model.draw(self.rng)
+        dur = m.job.rollout_max_s * self.model.draw(self.rng) * self.width[i]
         # A rollout overlapping a migrated tail runs on the rest of the node's GPUs.
         share = 1.0 - self.model.tail_gpu_share
         overlap = max((self.rnodes[p].tail_until_s - now for p in m.rollout_pins), default=0.0)

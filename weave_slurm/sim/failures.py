@@ -36,7 +36,7 @@ class FailureModel:
             raise ConfigError(f"checkpoint_every_iterations {self.checkpoint_every_iterations!r}:"
                               f" expected an integer >= 1")
 
-    def next_failure_in_s(self, rng: random.Random, nodes_in_use: int) -> float:
+    def next_failure_in_s(self, rng: random.Random, nodes_in_use: float) -> float:
         """Seconds to the next failure (inf when nothing is held or the rate is 0)."""
         rate_per_s = self.rate_per_node_hour * nodes_in_use / SECONDS_PER_HOUR
         return rng.expovariate(rate_per_s) if rate_per_s > 0 else math.inf

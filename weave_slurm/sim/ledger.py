@@ -28,11 +28,11 @@ class Ledger:
     record_segments: bool = True
     node_s: dict[str, float] = field(default_factory=lambda: {"rollout": 0.0, "train": 0.0})
     busy_s: dict[str, float] = field(default_factory=lambda: {"rollout": 0.0, "train": 0.0})
-    peak: dict[str, int] = field(default_factory=lambda: {"rollout": 0, "train": 0})
+    peak: dict[str, float] = field(default_factory=lambda: {"rollout": 0, "train": 0})
     cost: float = 0.0
     reference_units: float = 0.0
     busy_nodes: list[float] = field(default_factory=lambda: [0.0, 0.0])
-    series: list[tuple[float, int, int, float]] = field(default_factory=list)
+    series: list[tuple[float, float, int, float]] = field(default_factory=list)
     seg_start: dict[int, float] = field(default_factory=dict)
 
     def advance(self, state: ClusterState, now: float, rates: CostRates,
@@ -67,11 +67,11 @@ class Ledger:
         period = group.schedule.expected_period_s
         if period <= 0 or group.colocated:
             return
-        member = next(m for m in group.members if m.job.job_id == job_id)
-        j = member.job
+        i = group.job_ids.index(job_id)
+        member = group.members[i]
         share = member.turns * pause_s / period
-        self.busy_s["rollout"] -= j.rollout_mean_s * len(member.rollout_pins) * share
-        self.busy_s["train"] -= j.train_mean_s * len(member.train_pins) * share
+        self.busy_s["rollout"] -= group.rollout_busy_node_s(i) * share
+        self.busy_s["train"] -= member.job.train_mean_s * len(member.train_pins) * share
 
     def record(self, state: ClusterState, now: float, rate: float) -> None:
         r, t = state.rollout_nodes_used, state.train_nodes_used
@@ -98,5 +98,5 @@ class Ledger:
     def _count_busy(self, group: Group | None, sign: float) -> None:
         if group is not None:
             s = group.schedule
-            self.busy_nodes[0] += sign * s.rollout_busy * group.rollout_nodes
+            self.busy_nodes[0] += sign * s.rollout_busy * group.rollout_held_nodes
             self.busy_nodes[1] += sign * s.train_busy * group.train_nodes

@@ -84,8 +84,8 @@ class ReplayResult:
     busy_node_s: dict[str, float]
     cost: float  # site currency
     reference_units: float  # h800-node-seconds at 1 / (1/3)
-    peak_nodes: dict[str, int]
-    series: list[tuple[float, int, int, float]]  # (t, rollout nodes, train nodes, cost/h)
+    peak_nodes: dict[str, float]  # a pooled group's rollout GPUs count as node shares
+    series: list[tuple[float, float, int, float]]  # (t, rollout nodes, train nodes, cost/h)
     runs: dict[str, JobRun]
     admissions: dict[str, int]
     placement_s: list[float]

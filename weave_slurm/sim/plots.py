@@ -27,7 +27,7 @@ def _pyplot() -> Any:
     return plt
 
 
-def _steps(series: list[tuple[float, int, int, float]], col: int, start_s: float
+def _steps(series: list[tuple[float, float, int, float]], col: int, start_s: float
            ) -> tuple[list[float], list[float]]:
     xs = [(row[0] - start_s) / HOUR_S for row in series]
     ys = [float(row[col]) for row in series]

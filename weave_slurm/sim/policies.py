@@ -20,7 +20,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from weave_slurm.config.site import DEFAULT_GPUS, ModelConfig
 from weave_slurm.errors import ConfigError
+from weave_slurm.model.perf import decode_floor_s, replica_gpus
 from weave_slurm.model.profile import JobProfile, simple_profile
 from weave_slurm.placement.baselines import make_policy
 from weave_slurm.placement.cluster import Capacity
@@ -105,13 +107,32 @@ def job_profile(job: TraceJob, policy: str, accounting: Accounting,
     rollout_gib, train_gib = job_state_gib(job)
     colo_r = job.t_rollout_colo_s if job.t_rollout_colo_s is not None else job.t_rollout_s
     colo_t = job.t_train_colo_s if job.t_train_colo_s is not None else job.t_train_s
-    return simple_profile(
+    p = simple_profile(
         job.job_id, job.t_rollout_s, job.t_train_s, job.slo,
         rollout_nodes=2 if two else 1, train_nodes=train_nodes,
         rollout_mean_s=job.t_rollout_s * rollout_mean_fraction,
         colo_iter_s=colo_r * rollout_mean_fraction + colo_t, colo_nodes=2 if two else 1,
         staleness=staleness, rollout_state_gib=rollout_gib,
         train_state_gib=train_gib / train_nodes)
+    replica, floor_s = job_width(job)
+    return replace(p, rollout_replica_gpus=replica, rollout_floor_s=floor_s)
+
+
+def job_width(job: TraceJob) -> tuple[int, float]:
+    """What a pooled group needs of a trace job's rollout width (docs/model.md "Rollout
+    width"): the GPUs of its engine replica and its weights-bound floor in seconds, from
+    its model size and maximum response length on the reference site's H20s (no kind:
+    one GPU, no floor)."""
+    if job.kind is None:
+        return 1, 0.0
+    try:
+        kind = JobKind.parse(job.kind)
+    except ConfigError:
+        return 1, 0.0
+    gpu = DEFAULT_GPUS["h20"]
+    tp = replica_gpus(kind.model_params_b, gpu)
+    return tp, decode_floor_s(kind.model_params_b, kind.max_response_tokens, tp, gpu,
+                              ModelConfig())
 
 
 def job_state_gib(job: TraceJob) -> tuple[float, float]:
@@ -165,6 +186,7 @@ class SimPolicy:
     weaved_moves: bool = False
     regroup: bool = False
     optimal: bool = False
+    pooling: bool = False  # places with weave's policy, so may pool rollout GPUs
 
     @classmethod
     def make(cls, name: str, seed: int = 0) -> SimPolicy:
@@ -175,7 +197,8 @@ class SimPolicy:
         weave, live = name == "weave", name == "weave-live"
         return cls(name, make_policy(base, seed), consolidate=weave or live,
                    replace_recent=weave, replan=weave or live, weaved_moves=live,
-                   regroup=name == "regroup", optimal=name == "optimal")
+                   regroup=name == "regroup", optimal=name == "optimal",
+                   pooling=base == "weave" and not live)
 
 
 def optimum_rate(jobs: Sequence[JobProfile], cap: Capacity) -> float | None:

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
+from weave_slurm.errors import ConfigError
 from weave_slurm.model.cost import DEFAULT_MOVE_RESTART_S
 from weave_slurm.model.profile import JobProfile
 from weave_slurm.placement.admission import place_batch
@@ -83,6 +84,12 @@ class Replay:
         self.trace = trace
         self.policy = policy
         self.opt = options or ReplayOptions()
+        if capacity.rollout_pooled and not policy.pooling:
+            if policy.weaved_moves:
+                raise ConfigError(f"policy {policy.name}: weaved runs groups pinned to whole "
+                                  "rollout nodes; --rollout pooled applies to weave, "
+                                  "weave-online, optimal and regroup")
+            capacity = replace(capacity, rollout_pooled=False)   # baselines: whole nodes
         self.cap = capacity = replace(capacity, moves=replace(
             capacity.moves, restart_s=self.opt.migration_s))
         self.sim = Simulator()
@@ -193,7 +200,9 @@ class Replay:
             else:
                 self.result.refusals += 1
                 self.pending.append(p.job_id)
-        self._transition(state)
+        # running members an admission re-pins (a small group re-pinned around the
+        # newcomer, a pool that changes width) pay their pause as any re-pin does
+        self._transition(state, pauses(self.state, state, [p.job_id for p in profiles]))
 
     def _on_departure(self, job_id: str) -> None:
         run = self.runs.get(job_id)
@@ -413,10 +422,9 @@ class Replay:
                                                              strict=True)):
             sched = group.schedule
         else:
-            sched = Group(group.group_id, tuple(Member(self.runs[m.job.job_id].actual,
-                                                       m.rollout_pins, m.turns)
-                                                for m in group.members),
-                          group.rollout_nodes, group.train_nodes, group.colocated).schedule
+            sched = replace(group, members=tuple(Member(self.runs[m.job.job_id].actual,
+                                                        m.rollout_pins, m.turns)
+                                                 for m in group.members)).schedule
         period = sched.expected_period_s
         for m in group.members:
             k = m.turns

@@ -1,0 +1,83 @@
+"""Replays with pooled rollout (``weave simulate --rollout pooled``): weave's groups hold
+GPUs of the rollout pool that every member's rollout spans in turn; the baselines keep
+their whole nodes; weaved's own policy (``weave-live``) is refused."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from weave_slurm.cli.errors import run_app
+from weave_slurm.cli.main import app
+from weave_slurm.errors import ConfigError
+from weave_slurm.placement.cluster import Capacity
+from weave_slurm.sim.accounting import reference_site
+from weave_slurm.sim.generate import GeneratorConfig, generate_trace
+from weave_slurm.sim.policies import Accounting
+from weave_slurm.sim.replay import ReplayOptions, replay_policies
+from weave_slurm.sim.report import build_report
+
+GPUS = {"rollout": 8, "train": 8}
+OPTS = ReplayOptions(accounting=Accounting.CONSISTENT)
+
+
+@pytest.fixture(scope="module")
+def trace():  # type: ignore[no-untyped-def]
+    return generate_trace(GeneratorConfig(n_jobs=30, seed=4))
+
+
+def test_pooled_groups_deliver_every_jobs_work_within_its_slo(trace) -> None:  # type: ignore[no-untyped-def]
+    cap = Capacity.from_site(reference_site(), 5, pooled=True)
+    pols = ("weave", "weave-online", "isolated", "colocated")
+    res = replay_policies(trace, cap, pols, OPTS)
+    pinned = replay_policies(trace, replace(cap, rollout_pooled=False), ("isolated",), OPTS)
+    rep = build_report(res, GPUS, ("weave", "weave-online"))["policies"]
+    # the baselines keep their whole nodes: the same books as in a pinned run
+    assert res["isolated"].cost == pytest.approx(pinned["isolated"].cost)
+    assert not any(s.group.pooled for s in res["isolated"].segments)
+    for name in ("weave", "weave-online"):
+        r, s = res[name], rep[name]
+        assert all(seg.group.pooled for seg in r.segments)
+        assert s["slo_violations"] == 0 and s["life_slo_violations"] == 0
+        # every job does all its work, at no less than the zero-bubble bound's cost
+        for run in r.runs.values():
+            assert run.done == pytest.approx(run.work, rel=1e-6), run.job.job_id
+        assert s["cost_over_bound"]["total"] >= 1 - 1e-9
+        for pool in ("rollout", "train"):
+            assert 0 <= s["bubble"][pool] < 1
+        # the schedule the replay planned is the one the runtime's ordering gives
+        assert s["slo_check"]["steady"]["worst_ratio"] <= 1.0 + 1e-6
+        assert math.isclose(r.peak_nodes["rollout"] * 8, s["peak_gpus"]["rollout"],
+                            abs_tol=0.5)
+    assert rep["weave"]["ratios"]["vs_isolated"] > 1
+
+
+def test_weaved_policy_is_refused_with_pooled_rollout(trace) -> None:  # type: ignore[no-untyped-def]
+    cap = Capacity.from_site(reference_site(), 5, pooled=True)
+    with pytest.raises(ConfigError, match="weave-live: weaved runs groups pinned"):
+        replay_policies(trace, cap, ("weave-live",), OPTS)
+
+
+def test_simulate_takes_rollout_pooled(tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    src = tmp_path / "t.toml"
+    assert run_app(app, "weave", ["trace", "generate", str(src), "--jobs", "12"]) == 0
+    out = tmp_path / "r.json"
+    assert run_app(app, "weave", ["simulate", str(src), "--rollout", "pooled", "--policy",
+                                  "weave-online,isolated", "--accounting", "consistent",
+                                  "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["site"]["rollout"] == "pooled"
+    assert doc["policies"]["weave-online"]["slo_violations"] == 0
+    capsys.readouterr()
+    assert run_app(app, "weave", ["simulate", str(src), "--rollout", "bogus"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "--rollout 'bogus'" in err and "pinned, pooled" in err
+    assert run_app(app, "weave", ["simulate", str(src), "--rollout", "pooled",
+                                  "--policy", "weave-live"]) == 2
+    assert "weave-live" in capsys.readouterr().err

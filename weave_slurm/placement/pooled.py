@@ -1,0 +1,148 @@
+"""Pooled groups: a rollout side of GPUs that every member's rollout spans (pure).
+
+docs/placement.md "Pooled rollout". A pinned group holds whole rollout nodes and pins
+each member to some of them, so a group whose members need 1.2 nodes of rollout per
+period holds two (and leaves 40% of them idle) or stretches its period to fit one. A
+pooled group holds ``pool_gpus`` GPUs of the rollout pool (on as many nodes as they
+take; the other GPUs of a node may belong to other groups) and runs every member's
+rollout over all of them, one member at a time in the cyclic turn order: the member's
+batch is spread over ``pool_gpus / replica`` engine replicas, so its rollout takes
+``job.width_factor(pool_gpus)`` of its time (:func:`weave_slurm.model.perf.width_factor`).
+The group's width is a multiple of every member's replica (:func:`step_gpus`) and the
+fewest GPUs that keep every member within its SLO (:func:`fewest_gpus`): feasibility
+only grows with the width (every rollout gets shorter, nothing else changes), so a
+bisection finds it.
+
+Host memory: each member keeps its warm state per GPU on every GPU of the pool, so a
+node of the pool holds every member's state per node (``Group.rollout_mem_used_gib``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+from weave_slurm.model.profile import JobProfile
+from weave_slurm.placement.group import Group, Member
+from weave_slurm.vocab import member_of
+
+if TYPE_CHECKING:   # cluster.py imports this module (its departures narrow a pool)
+    from weave_slurm.placement.cluster import Capacity
+
+_EPS = 1e-9
+
+
+class RolloutSharing(StrEnum):
+    """How weave's groups hold their rollout side (``weave simulate --rollout``)."""
+
+    PINNED = "pinned"   # whole nodes, each member pinned to some (what weaved runs)
+    POOLED = "pooled"   # GPUs every member's rollout spans in turn (this module)
+
+    @classmethod
+    def parse(cls, value: str, flag: str = "--rollout") -> RolloutSharing:
+        return member_of(cls, value, flag + " {value}: valid choices: {choices}")
+
+
+def step_gpus(jobs: Sequence[JobProfile]) -> int:
+    """The width a pool grows by: a multiple of every member's engine replica."""
+    return math.lcm(*(max(1, j.rollout_replica_gpus) for j in jobs)) if jobs else 1
+
+
+def pooled_group(group_id: int, members: Sequence[Member], pool_gpus: int,
+                 gpus_per_node: int) -> Group:
+    """The pooled group of ``members`` (in this cyclic order, with their turns) on
+    ``pool_gpus`` GPUs; every member is pinned to the one pool."""
+    ms = tuple(Member(m.job, (0,), m.turns) for m in members)
+    return Group(group_id, ms, 1, max(m.job.train_nodes for m in ms),
+                 pool_gpus=pool_gpus, gpus_per_node=gpus_per_node)
+
+
+def solo_pooled(group_id: int, job: JobProfile, gpus_per_node: int) -> Group:
+    """A job alone in a pool of its own width (its replica's multiple at or above)."""
+    step = step_gpus((job,))
+    gpus = step * math.ceil(job.base_gpus(gpus_per_node) / step)
+    return pooled_group(group_id, (Member(job, (0,)),), gpus, gpus_per_node)
+
+
+def least_gpus(members: Sequence[Member], gpus_per_node: int) -> int:
+    """A lower bound on a feasible width: the rollouts of a meta-iteration, spread
+    linearly, fit in the tightest budget (the floors only lengthen them)."""
+    budget = min(m.turns * m.job.budget_s for m in members)
+    work = sum(m.turns * m.job.rollout_max_s * m.job.base_gpus(gpus_per_node)
+               for m in members)
+    return max(1, math.ceil(work / budget - _EPS)) if budget > 0 else 1
+
+
+def fewest_gpus(group_id: int, members: Sequence[Member], cap: Capacity,
+                lo: int, hi: int) -> Group | None:
+    """The pooled group of ``members`` on the fewest GPUs in [``lo``, ``hi``] (multiples
+    of :func:`step_gpus`) under which it is feasible; None if not even on ``hi``."""
+    gpn = cap.rollout_gpus_per_node
+    step = step_gpus([m.job for m in members])
+    lo = max(step * math.ceil(max(lo, least_gpus(members, gpn)) / step), step)
+    hi = step * (hi // step)
+    if hi < lo:
+        return None
+    best = pooled_group(group_id, members, hi, gpn)
+    if not cap.fits(best):
+        return None
+    a, b = lo // step, hi // step   # feasible at b; find the least such
+    while a < b:
+        mid = (a + b) // 2
+        trial = pooled_group(group_id, members, mid * step, gpn)
+        if cap.fits(trial):
+            b, best = mid, trial
+        else:
+            a = mid + 1
+    return best   # the trial at b (the invariant of the bisection)
+
+
+def cost_per_work(group: Group, cap: Capacity) -> float:
+    """The group's cost per hour times its expected period: for given members (their
+    work per meta-iteration fixed) what a width changes of its cost per unit of work."""
+    rate = cap.rates.rate(group.rollout_held_nodes, group.train_nodes)
+    return rate * group.schedule.expected_period_s
+
+
+def efficient_width(group_id: int, members: Sequence[Member], cap: Capacity,
+                    lo: int, hi: int) -> Group | None:
+    """The pooled group of ``members`` on the width in [``lo``, ``hi``] that delivers
+    their work cheapest (:func:`cost_per_work`), among the feasible ones; None if none.
+
+    The fewest GPUs stretch the period up to the tightest SLO and leave the training
+    node idle; past the width at which the training node binds, GPUs only cost. So the
+    candidates are the fewest feasible width, the width at which the period stops
+    falling (a bisection: the period only falls with the width) and three between them.
+    """
+    narrow = fewest_gpus(group_id, members, cap, lo, hi)
+    if narrow is None:
+        return None
+    gpn, step = cap.rollout_gpus_per_node, step_gpus([m.job for m in members])
+    widest = pooled_group(group_id, members, step * (hi // step), gpn)
+    floor_s = widest.schedule.expected_period_s * (1 + 1e-9)
+    a, b = narrow.pool_gpus // step, widest.pool_gpus // step
+    while a < b:   # the least width whose period is the widest's
+        mid = (a + b) // 2
+        if pooled_group(group_id, members, mid * step, gpn).schedule.expected_period_s \
+                <= floor_s:
+            b = mid
+        else:
+            a = mid + 1
+    first, last = narrow.pool_gpus // step, b
+    widths = sorted({first, last, *(first + (last - first) * k // 4 for k in (1, 2, 3))})
+    groups = [narrow if w == first else pooled_group(group_id, members, w * step, gpn)
+              for w in widths]
+    return min(groups, key=lambda g: (cost_per_work(g, cap), g.pool_gpus))
+
+
+def narrowed(group: Group, cap: Capacity) -> Group | None:
+    """``group`` after a departure: on the width no wider than it holds that delivers
+    the others' work cheapest (:func:`efficient_width`)."""
+    return efficient_width(group.group_id, group.members, cap, 1, group.pool_gpus)
+
+
+def max_pool_gpus(cap: Capacity) -> int:
+    """The most GPUs one pooled group may hold (the site's rollout nodes per group)."""
+    return cap.max_rollout_nodes_per_group * cap.rollout_gpus_per_node

@@ -1,0 +1,115 @@
+"""Where an arrival goes when weave's groups pool their rollout side (pure).
+
+Pooled groups (:mod:`weave_slurm.placement.pooled`) have no rollout pins to choose,
+only a width, so the tiers of :class:`~weave_slurm.placement.engine.WeavePolicy`
+(direct packing, rollout scaling, a new group) become one comparison. Each group the
+job may join (:func:`~weave_slurm.placement.fit.may_fit`) is tried with the newcomer at
+every cyclic position (and, where the policy lets joins take turns, with its turns);
+the order that needs the fewest GPUs is kept, on the width that delivers the group's
+work cheapest (:func:`~weave_slurm.placement.pooled.efficient_width`: the pool may
+widen, as rollout scaling, or not, as direct packing). Against these stands a pool of
+its own, on its cheapest width too. The winner leaves the cluster's cost per unit of
+work lowest (its cost per hour over the busy-time value its members deliver per hour,
+as the zero-bubble bound prices it: the consistent accounting's measure); ties go to
+the most relative slack of the tightest member (worst fit, as for pinned groups), then
+to the lowest group id, a new group last.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+from weave_slurm.model.profile import JobProfile
+from weave_slurm.placement.cluster import Capacity, ClusterState
+from weave_slurm.placement.decision import Admission, Decision, Placement
+from weave_slurm.placement.fit import capacity_refusal, may_fit, turn_options
+from weave_slurm.placement.group import Group, Member
+from weave_slurm.placement.moves import member_work_rate, work_rate
+from weave_slurm.placement.pooled import (
+    efficient_width,
+    fewest_gpus,
+    max_pool_gpus,
+)
+
+_EPS = 1e-9
+
+
+def place_pooled(state: ClusterState, job: JobProfile, join_turns: bool) -> Decision:
+    """Place ``job`` among pooled groups (a job that can never fit is refused by the
+    caller first)."""
+    cap = state.capacity
+    free_t = cap.train_pool_nodes - state.train_nodes_used
+    free_gpus = math.floor((cap.rollout_pool_nodes - state.rollout_nodes_used)
+                           * cap.rollout_gpus_per_node + _EPS)
+    cost, work = state.cost_per_hour, work_rate(state)
+    best: tuple[tuple[float, float, float], Placement] | None = None
+    candidates = [_joined(g, job, cap, join_turns, free_gpus) for g in state.open_groups()
+                  if g.pooled and may_fit(g, job, cap, free_t, join_turns)]
+    fresh = _fresh(state, job, free_gpus)
+    for old, placed in [c for c in candidates if c is not None] + \
+            ([(None, fresh)] if fresh is not None else []):
+        before = 0.0 if old is None else _group_work(old, cap)
+        after = (cost + placed.cost_delta_per_hour) / max(
+            work + _group_work(placed.group, cap) - before, _EPS)
+        key = (round(after, 12), -_slack(placed.group),
+               math.inf if old is None else old.group_id)
+        if best is None or key < best[0]:
+            best = (key, placed)
+    return best[1] if best is not None else capacity_refusal(state, job)
+
+
+def _group_work(group: Group, cap: Capacity) -> float:
+    return sum(member_work_rate(m, group, cap) for m in group.members)
+
+
+def _orders(group: Group, job: JobProfile, join_turns: bool
+            ) -> Iterator[tuple[Member, ...]]:
+    """The group's members with ``job`` at each cyclic position, with each of its turn
+    options."""
+    for turns in turn_options(group, job, join_turns):
+        member = Member(job, (0,), turns)
+        for pos in range(group.size, -1, -1):
+            yield (*group.members[:pos], member, *group.members[pos:])
+
+
+def _slack(group: Group) -> float:
+    return 1.0 - group.schedule.period_s / group.min_budget_s
+
+
+def _joined(g: Group, job: JobProfile, cap: Capacity, join_turns: bool,
+            free_gpus: int) -> tuple[Group, Placement] | None:
+    """``job`` in pooled group ``g`` (module doc), or None where it cannot join."""
+    hi = min(max_pool_gpus(cap), g.pool_gpus + free_gpus)
+    best: tuple[tuple[int, float], tuple[Member, ...]] | None = None
+    for members in _orders(g, job, join_turns):
+        found = fewest_gpus(g.group_id, members, cap, 1, hi if best is None else best[0][0])
+        if found is not None:
+            key = (found.pool_gpus, -_slack(found))
+            if best is None or key < best[0]:
+                best = (key, members)
+    if best is None:
+        return None
+    new = efficient_width(g.group_id, best[1], cap, 1, hi)
+    if new is None:
+        return None
+    added_r = (new.pool_gpus - g.pool_gpus) / cap.rollout_gpus_per_node
+    added_t = max(0, new.train_nodes - g.train_nodes)
+    kind = Admission.SCALE_ROLLOUT if added_r > 0 else Admission.DIRECT
+    return g, Placement(job.job_id, kind, new, cap.rates.rate(added_r, added_t),
+                        added_r, added_t)
+
+
+def _fresh(state: ClusterState, job: JobProfile, free_gpus: int) -> Placement | None:
+    """A pool of its own, on the width that delivers its work cheapest: a lone job's
+    training node waits for its rollout, so GPUs that shorten it may pay."""
+    cap = state.capacity
+    if state.train_nodes_used + job.train_nodes > cap.train_pool_nodes:
+        return None
+    group = efficient_width(state.next_group_id, (Member(job, (0,)),), cap, 1,
+                            min(max_pool_gpus(cap), free_gpus))
+    if group is None:
+        return None
+    nodes = group.rollout_held_nodes
+    return Placement(job.job_id, Admission.NEW_GROUP, group,
+                     cap.rates.rate(nodes, job.train_nodes), nodes, job.train_nodes)
