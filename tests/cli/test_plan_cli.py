@@ -45,6 +45,22 @@ def test_plan_weave_beats_isolated_per_job_hour() -> None:
     assert s["pools"]["rollout"]["gpus"] < s["baselines"]["isolated"]["pools"]["rollout"]["gpus"]
 
 
+def test_plan_pools_rollout_gpus_of_weaves_groups_only(tmp_path: Path) -> None:
+    out = tmp_path / "plan.json"
+    assert run_app(app, "weave", ["plan", "--site", SITE, "--rollout", "pooled", "--out",
+                                  str(out), *JOBS]) == 0
+    s = json.loads(out.read_text())
+    assert all(j["within_slo"] for j in s["jobs"])
+    assert s["groups"] and all(g["pool_gpus"] > 0 for g in s["groups"])
+    for g in s["groups"]:   # a pool's GPUs are the share of nodes it holds and pays
+        assert g["rollout_nodes"] == pytest.approx(g["pool_gpus"] / 8)
+    gpus = sum(g["pool_gpus"] for g in s["groups"])
+    assert s["pools"]["rollout"]["gpus"] == gpus
+    # the baselines keep their whole nodes: the same as in a plan of pinned groups
+    pinned = weave("plan", "--site", SITE, "--json", *JOBS)
+    assert s["baselines"] == json.loads(pinned.stdout)["baselines"]
+
+
 def test_plan_table_output() -> None:
     proc = weave("plan", *JOBS)
     assert proc.returncode == 0, proc.stderr
@@ -54,6 +70,8 @@ def test_plan_table_output() -> None:
 @pytest.mark.parametrize(("args", "needle"), [
     (["plan", "missing.toml"], "missing.toml: file not found"),
     (["plan", "--policy", "fastest", JOBS[0]], "--policy 'fastest': valid choices"),
+    (["plan", "--rollout", "shared", JOBS[0]], "--rollout 'shared': valid choices: pinned, "
+                                               "pooled"),
     (["config", "check", "nope.toml"], "nope.toml: file not found"),
     (["plan", JOBS[0], JOBS[0]], "job names must be unique"),
 ])

@@ -15,6 +15,7 @@ from weave_slurm.config.site import SiteConfig, default_site, load_site
 from weave_slurm.errors import ConfigError
 from weave_slurm.model.profile import profile_job
 from weave_slurm.placement.baselines import POLICIES
+from weave_slurm.placement.pooled import RolloutSharing
 from weave_slurm.placement.summary import plan_summary
 
 PLAN_POLICIES = ("weave", "isolated", "colocated")
@@ -30,6 +31,10 @@ def plan(
     policy: Annotated[str, typer.Option(help="weave, isolated or colocated.")] = "weave",
     max_group_size: Annotated[int | None, typer.Option(min=1, help="Override the site's "
                                                        "limits.max_group_size.")] = None,
+    rollout: Annotated[str, typer.Option(
+        "--rollout", help="weave's groups: pinned (whole rollout nodes, as weaved runs them) "
+        "or pooled (rollout GPUs every member spans in turn; docs/placement.md).")
+                       ] = "pinned",
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
     out: Annotated[Path | None, typer.Option("--out", help="Also write the JSON here.")] = None,
 ) -> None:
@@ -38,6 +43,7 @@ def plan(
         sim_only = ", ".join(sorted(set(POLICIES) - set(PLAN_POLICIES)))
         raise ConfigError(f"--policy '{policy}': valid choices: {', '.join(PLAN_POLICIES)}"
                           f" (the simulator also has: {sim_only})")
+    pooled = RolloutSharing.parse(rollout) is RolloutSharing.POOLED
     site_cfg = load_site_or_default(site)
     specs = [load_job(p) for p in jobs]
     seen: dict[str, str] = {}
@@ -48,7 +54,7 @@ def plan(
                               f"{seen[spec.name]}; job names must be unique in one plan")
         seen[spec.name] = spec.source
         profiles.append(profile_job(spec, site_cfg))
-    summary = plan_summary(site_cfg, profiles, policy, max_group_size)
+    summary = plan_summary(site_cfg, profiles, policy, max_group_size, pooled)
     text = json.dumps(summary, indent=2, sort_keys=True)
     if out is not None:
         out.write_text(text + "\n", encoding="utf-8")
@@ -76,7 +82,8 @@ def render(s: dict[str, Any], console: Console) -> None:
         groups.add_column(col)
     for g in s["groups"]:
         rb = "-" if g["rollout_bubble"] is None else f"{g['rollout_bubble']:.0%}"
-        groups.add_row(str(g["group"]), ",".join(g["members"]), str(g["rollout_nodes"]),
+        pool = f" ({g['pool_gpus']} GPUs)" if g.get("pool_gpus") else ""
+        groups.add_row(str(g["group"]), ",".join(g["members"]), f"{g['rollout_nodes']:g}{pool}",
                        str(g["train_nodes"]), f"{g['period_s']:.0f}", rb,
                        f"{g['train_bubble']:.0%}", f"{g['cost_per_hour']:.2f}")
     console.print(groups)

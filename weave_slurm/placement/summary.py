@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from weave_slurm.config.site import SiteConfig
@@ -19,11 +20,18 @@ def _r(x: float, nd: int = 4) -> float:
     return round(float(x), nd)
 
 
+def _nodes(x: float) -> float:
+    """Nodes held: whole (an int) unless pooled GPUs make a share of one."""
+    return x if isinstance(x, int) else _r(x, 3)
+
+
 def plan_summary(site: SiteConfig, jobs: Sequence[JobProfile], policy: str = "weave",
-                 max_group_size: int | None = None) -> dict[str, Any]:
-    """Place ``jobs`` as one batch with ``policy`` and compare with the baselines."""
+                 max_group_size: int | None = None, pooled: bool = False) -> dict[str, Any]:
+    """Place ``jobs`` as one batch with ``policy`` and compare with the baselines
+    (``pooled``: weave's groups pool their rollout GPUs; the baselines keep whole nodes)."""
     cap = Capacity.from_site(site, max_group_size)
-    main = _policy_summary(site, cap, jobs, policy)
+    main = _policy_summary(site, replace(cap, rollout_pooled=pooled and policy == "weave"),
+                           jobs, policy)
     baselines = {name: _policy_summary(site, cap, jobs, name)
                  for name in BASELINES if name != policy}
     main["baselines"] = {
@@ -76,7 +84,8 @@ def _policy_summary(site: SiteConfig, cap: Capacity, jobs: Sequence[JobProfile],
         s = g.schedule
         groups_out.append({
             "group": g.group_id, "members": list(g.job_ids), "colocated": g.colocated,
-            "rollout_nodes": g.rollout_nodes, "train_nodes": g.train_nodes,
+            "rollout_nodes": _nodes(g.rollout_held_nodes), "train_nodes": g.train_nodes,
+            "pool_gpus": g.pool_gpus,   # a pooled group's rollout GPUs (0: whole nodes)
             "rollout_pins": {m.job.job_id: list(m.rollout_pins) for m in g.members},
             "period_s": _r(s.period_s, 1), "expected_period_s": _r(s.expected_period_s, 1),
             "rollout_bubble": _r(1 - s.rollout_busy) if g.rollout_nodes else None,
@@ -86,7 +95,7 @@ def _policy_summary(site: SiteConfig, cap: Capacity, jobs: Sequence[JobProfile],
             # per GPU of each node, in its peak case (switched-out residents + one active)
             "rollout_gpu_mem_gib": [_r(x, 2) for x in s.rollout_gpu_mem_gib],
             "train_gpu_mem_gib": [_r(x, 2) for x in s.train_gpu_mem_gib],
-            "cost_per_hour": _r(cap.rates.rate(g.rollout_nodes, g.train_nodes), 2)})
+            "cost_per_hour": _r(cap.rates.rate(g.rollout_held_nodes, g.train_nodes), 2)})
     r_nodes, t_nodes = state.rollout_nodes_used, state.train_nodes_used
     cost = state.cost_per_hour
     return {
@@ -94,8 +103,8 @@ def _policy_summary(site: SiteConfig, cap: Capacity, jobs: Sequence[JobProfile],
         "jobs": jobs_out, "groups": groups_out, "refused": refused,
         "groups_count": len(state.groups),
         "pools": {
-            "rollout": {"partition": site.rollout.partition, "nodes": r_nodes,
-                        "gpus": r_nodes * site.rollout.gpus_per_node,
+            "rollout": {"partition": site.rollout.partition, "nodes": _nodes(r_nodes),
+                        "gpus": round(r_nodes * site.rollout.gpus_per_node),
                         "bubble": _pool_bubble(state, rollout=True)},
             "train": {"partition": site.train.partition, "nodes": t_nodes,
                       "gpus": t_nodes * site.train.gpus_per_node,
@@ -109,7 +118,7 @@ def _policy_summary(site: SiteConfig, cap: Capacity, jobs: Sequence[JobProfile],
 def _pool_bubble(state: ClusterState, rollout: bool) -> float | None:
     busy = total = 0.0
     for g in state.groups:
-        nodes = g.rollout_nodes if rollout else g.train_nodes
+        nodes = g.rollout_held_nodes if rollout else g.train_nodes
         frac = g.schedule.rollout_busy if rollout else g.schedule.train_busy
         busy += frac * nodes
         total += nodes
