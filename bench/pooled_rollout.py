@@ -10,7 +10,7 @@
 2. **Sensitivity** (wild, consistent accounting), because pooled groups lean on the
    model of a rollout's width (docs/model.md "Rollout width"): the speed-up of a rollout
    on more GPUs than its own taken as the square root of the model's (half as
-   effective) and as none at all, and host memory of 1,536 GiB per node (the paper's
+   effective) and as none at all, and host memory of 1,024 GiB per node (the paper's
    1-2 TB; the reference site does not limit it), each for pinned and pooled groups.
    The variants patch ``model.perf.width_factor`` for one replay: experiments, not
    features.
@@ -111,8 +111,8 @@ def sensitivity(cap: Capacity) -> dict[str, Any]:
     for kind in ("sqrt", "none"):
         with widening(kind):
             out[f"widening_{kind}"] = _replays(wild, cap, Accounting.CONSISTENT, ("weave",))
-    small = replace(cap, rollout_mem_gib=1536.0, train_mem_gib=1536.0)
-    out["host_mem_1536_gib"] = _replays(wild, small, Accounting.CONSISTENT, ("weave",))
+    small = replace(cap, rollout_mem_gib=1024.0, train_mem_gib=1024.0)
+    out["host_mem_1024_gib"] = _replays(wild, small, Accounting.CONSISTENT, ("weave",))
     return out
 
 

@@ -29,7 +29,9 @@ from weave_slurm.placement.moves import member_work_rate, work_rate
 from weave_slurm.placement.pooled import (
     efficient_width,
     fewest_gpus,
+    least_gpus,
     max_pool_gpus,
+    step_gpus,
 )
 
 _EPS = 1e-9
@@ -37,26 +39,64 @@ _EPS = 1e-9
 
 def place_pooled(state: ClusterState, job: JobProfile, join_turns: bool) -> Decision:
     """Place ``job`` among pooled groups (a job that can never fit is refused by the
-    caller first)."""
+    caller first). Groups are examined in order of a lower bound on the cluster's cost
+    per unit of work with the job in them (:func:`_bound`, O(members)), and the search
+    stops once no remaining bound can beat the best exact outcome (branch and bound)."""
     cap = state.capacity
     free_t = cap.train_pool_nodes - state.train_nodes_used
     free_gpus = math.floor((cap.rollout_pool_nodes - state.rollout_nodes_used)
                            * cap.rollout_gpus_per_node + _EPS)
     cost, work = state.cost_per_hour, work_rate(state)
-    best: tuple[tuple[float, float, float], Placement] | None = None
-    candidates = [_joined(g, job, cap, join_turns, free_gpus) for g in state.open_groups()
-                  if g.pooled and may_fit(g, job, cap, free_t, join_turns)]
-    fresh = _fresh(state, job, free_gpus)
-    for old, placed in [c for c in candidates if c is not None] + \
-            ([(None, fresh)] if fresh is not None else []):
+
+    def ratio(old: Group | None, placed: Placement) -> float:
         before = 0.0 if old is None else _group_work(old, cap)
-        after = (cost + placed.cost_delta_per_hour) / max(
+        return (cost + placed.cost_delta_per_hour) / max(
             work + _group_work(placed.group, cap) - before, _EPS)
-        key = (round(after, 12), -_slack(placed.group),
-               math.inf if old is None else old.group_id)
+
+    best: tuple[tuple[float, float, float], Placement] | None = None
+    fresh = _fresh(state, job, free_gpus)
+    if fresh is not None:
+        best = ((round(ratio(None, fresh), 12), -_slack(fresh.group), math.inf), fresh)
+    groups = [(_bound(g, job, cap, cost, work, join_turns), g) for g in state.open_groups()
+              if g.pooled and may_fit(g, job, cap, free_t, join_turns)]
+    groups.sort(key=lambda bg: (bg[0], bg[1].group_id))
+    for bound, g in groups:
+        if best is not None and bound > best[0][0] + 1e-9:
+            break   # sorted: no group left can do better
+        joined = _joined(g, job, cap, join_turns, free_gpus)
+        if joined is None:
+            continue
+        key = (round(ratio(g, joined), 12), -_slack(joined.group), float(g.group_id))
         if best is None or key < best[0]:
-            best = (key, placed)
+            best = (key, joined)
     return best[1] if best is not None else capacity_refusal(state, job)
+
+
+def _bound(g: Group, job: JobProfile, cap: Capacity, cost: float, work: float,
+           join_turns: bool) -> float:
+    """A lower bound on the cluster's cost per unit of work with ``job`` in ``g``: the
+    joined pool costs at least its training nodes and the fewest GPUs its rollouts could
+    fit the tightest budget on (``least_gpus``), and delivers at most its members' value
+    over the longest of its serialised training and its rollouts at their floors."""
+    rr, rt = cap.rates.rollout_node_hour, cap.rates.train_node_hour
+    old_rate = cap.rates.rate(g.rollout_held_nodes, g.train_nodes)
+    best = math.inf
+    for turns in turn_options(g, job, join_turns):
+        members = (*g.members, Member(job, (0,), turns))
+        train_s = sum(m.turns * m.job.train_mean_s for m in members)
+        floor_s = sum(m.turns * m.job.rollout_mean_s * min(
+            1.0, m.job.rollout_floor_s / m.job.rollout_max_s if m.job.rollout_max_s else 0.0)
+            for m in members)
+        value = sum(m.turns * (m.job.rollout_mean_s * m.job.rollout_nodes * rr
+                               + m.job.train_mean_s * m.job.train_nodes * rt)
+                    for m in members)
+        gpus = max(step_gpus([m.job for m in members]),
+                   least_gpus(members, cap.rollout_gpus_per_node))
+        rate = cap.rates.rate(gpus / cap.rollout_gpus_per_node,
+                              max(g.train_nodes, job.train_nodes))
+        gained = value / max(train_s, floor_s, _EPS) - _group_work(g, cap)
+        best = min(best, (cost + rate - old_rate) / max(work + gained, _EPS))
+    return best
 
 
 def _group_work(group: Group, cap: Capacity) -> float:
@@ -78,7 +118,7 @@ def _slack(group: Group) -> float:
 
 
 def _joined(g: Group, job: JobProfile, cap: Capacity, join_turns: bool,
-            free_gpus: int) -> tuple[Group, Placement] | None:
+            free_gpus: int) -> Placement | None:
     """``job`` in pooled group ``g`` (module doc), or None where it cannot join."""
     hi = min(max_pool_gpus(cap), g.pool_gpus + free_gpus)
     best: tuple[tuple[int, float], tuple[Member, ...]] | None = None
@@ -96,8 +136,8 @@ def _joined(g: Group, job: JobProfile, cap: Capacity, join_turns: bool,
     added_r = (new.pool_gpus - g.pool_gpus) / cap.rollout_gpus_per_node
     added_t = max(0, new.train_nodes - g.train_nodes)
     kind = Admission.SCALE_ROLLOUT if added_r > 0 else Admission.DIRECT
-    return g, Placement(job.job_id, kind, new, cap.rates.rate(added_r, added_t),
-                        added_r, added_t)
+    return Placement(job.job_id, kind, new, cap.rates.rate(added_r, added_t), added_r,
+                     added_t)
 
 
 def _fresh(state: ClusterState, job: JobProfile, free_gpus: int) -> Placement | None:
