@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,8 +15,12 @@ import pytest
 from weave_slurm.cli.errors import run_app
 from weave_slurm.cli.main import app
 from weave_slurm.errors import ConfigError
+from weave_slurm.model.profile import simple_profile
 from weave_slurm.placement.cluster import Capacity
+from weave_slurm.placement.group import Member
+from weave_slurm.placement.pooled import pooled_group
 from weave_slurm.sim.accounting import reference_site
+from weave_slurm.sim.failures import pick_failure
 from weave_slurm.sim.generate import GeneratorConfig, generate_trace
 from weave_slurm.sim.policies import Accounting
 from weave_slurm.sim.replay import ReplayOptions, replay_policies
@@ -81,3 +86,14 @@ def test_simulate_takes_rollout_pooled(tmp_path: Path,
     assert run_app(app, "weave", ["simulate", str(src), "--rollout", "pooled",
                                   "--policy", "weave-live"]) == 2
     assert "weave-live" in capsys.readouterr().err
+
+
+def test_a_failed_node_of_a_pool_hits_every_member() -> None:
+    jobs = [simple_profile(j, 100.0, 80.0, 2.0) for j in ("a", "b")]
+    g = pooled_group(1, tuple(Member(j, (0,)) for j in jobs), 12, 8)   # 1.5 nodes
+    rng = random.Random(3)
+    hits = [pick_failure((g,), rng) for _ in range(400)]
+    rollout = [h for h in hits if h is not None and h.pool == "rollout"]
+    assert rollout and all(h.jobs == ("a", "b") for h in rollout)
+    # 1.5 rollout nodes' worth against 1 training node
+    assert 0.5 < len(rollout) / len(hits) < 0.7

@@ -56,17 +56,21 @@ class NodeFailure:
 
 
 def pick_failure(groups: tuple[Group, ...], rng: random.Random) -> NodeFailure | None:
-    """A uniformly random node among those the groups hold, and the jobs on it."""
-    total = sum(g.rollout_nodes + g.train_nodes for g in groups)
-    if total == 0:
+    """A uniformly random node among those the groups hold, and the jobs on it (a pooled
+    group's rollout GPUs count as the share of nodes they are, and a failure among them
+    hits every member: each member's rollout spans them all)."""
+    total = sum(g.rollout_held_nodes + g.train_nodes for g in groups)
+    if total <= 0:
         return None
-    pick = rng.randrange(total)
+    # whole nodes: an integer draw (as before pools; the same failures for a seed)
+    pick: float = rng.randrange(total) if isinstance(total, int) else rng.random() * total
     for g in groups:
         if pick < g.train_nodes:
-            return NodeFailure(g.group_id, "train", pick, g.job_ids)
+            return NodeFailure(g.group_id, "train", int(pick), g.job_ids)
         pick -= g.train_nodes
-        if pick < g.rollout_nodes:
-            hit = tuple(m.job.job_id for m in g.members if pick in m.rollout_pins)
-            return NodeFailure(g.group_id, "rollout", pick, hit)
-        pick -= g.rollout_nodes
+        if pick < g.rollout_held_nodes:
+            node = 0 if g.pooled else int(pick)
+            hit = tuple(m.job.job_id for m in g.members if node in m.rollout_pins)
+            return NodeFailure(g.group_id, "rollout", node, hit)
+        pick -= g.rollout_held_nodes
     return None
