@@ -187,3 +187,19 @@ def test_a_batch_re_plans_into_pools_and_the_optimum_uses_them() -> None:
     assert g is not None and g.pooled and g.group_id == 7
     assert cap.fits(g)
     assert fewest_gpus(7, g.members, cap, 1, 64).pool_gpus == g.pool_gpus  # type: ignore[union-attr]
+
+
+def test_a_job_whose_rollout_does_not_widen_keeps_to_pinned_groups() -> None:
+    cap = pooled_cap()
+    policy = WeavePolicy()
+    fixed = replace(simple_profile("fixed", 133.8, 112.8, 2.0), rollout_floor_s=133.8)
+    state = ClusterState(cap)
+    d = policy.place(state, fixed)
+    assert isinstance(d, Placement) and not d.group.pooled
+    assert d.group.rollout_nodes == 1 and d.group.members[0].rollout_pins == (0,)
+    state = apply(state, d)
+    d2 = policy.place(state, seven_b("a"))   # a job that widens: a pool of its own
+    assert isinstance(d2, Placement) and d2.group.pooled and d2.group.group_id == 2
+    state = apply(state, d2)
+    d3 = policy.place(state, replace(fixed, job_id="fixed2"))   # never into the pool
+    assert isinstance(d3, Placement) and not d3.group.pooled

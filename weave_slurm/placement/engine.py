@@ -31,6 +31,7 @@ from weave_slurm.placement.fit import (
     turn_options,
 )
 from weave_slurm.placement.group import Group, Member, period_floor_s
+from weave_slurm.placement.pooled import widens
 from weave_slurm.placement.pooled_placement import place_pooled
 from weave_slurm.placement.repack import best_group, turn_sets
 
@@ -72,7 +73,8 @@ def _repacked(group: Group, job: JobProfile, cap: Capacity, free_r: float,
     limit = min(group.rollout_nodes + max_added, group.rollout_nodes + math.floor(free_r),
                 cap.max_rollout_nodes_per_group)
     jobs = [m.job for m in group.members] + [job]
-    g = best_group(jobs, cap, group.group_id, max_rollout_nodes=limit, turns=turns)
+    g = best_group(jobs, cap, group.group_id, max_rollout_nodes=limit, turns=turns,
+                   pooled=False)
     if g is None:
         return None
     added_r = g.rollout_nodes - group.rollout_nodes
@@ -202,13 +204,20 @@ class WeavePolicy:
         never = refuse_if_never_fits(job, cap)
         if never is not None:
             return never
-        if cap.rollout_pooled:
+        if cap.rollout_pooled and widens(job):   # pools pay only through width
             return place_pooled(state, job, self.join_turns)
+        return self._pinned(state, job)
+
+    def _pinned(self, state: ClusterState, job: JobProfile) -> Decision:
+        """The tiers above over the node-pinned groups."""
+        cap = state.capacity
         free_r = cap.rollout_pool_nodes - state.rollout_nodes_used
         free_t = cap.train_pool_nodes - state.train_nodes_used
         groups: list[Group] = []
         turning: list[Group] = []   # groups only a newcomer taking turns may join
         for g in state.open_groups():
+            if g.pooled:
+                continue
             if may_fit(g, job, cap, free_t):
                 groups.append(g)
             elif self.join_turns and may_fit(g, job, cap, free_t, True):

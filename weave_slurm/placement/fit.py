@@ -13,7 +13,6 @@ from weave_slurm.placement.cluster import Capacity, ClusterState
 from weave_slurm.placement.constraints import may_share
 from weave_slurm.placement.decision import Admission, Placement, Refusal
 from weave_slurm.placement.group import Group, solo_group, turns_for
-from weave_slurm.placement.pooled import solo_pooled
 
 _EPS = 1e-9
 
@@ -52,11 +51,10 @@ def new_group_placement(state: ClusterState, job: JobProfile) -> Placement | Non
     if (state.rollout_nodes_used + job.rollout_nodes > cap.rollout_pool_nodes
             or state.train_nodes_used + job.train_nodes > cap.train_pool_nodes):
         return None
-    group = (solo_pooled(state.next_group_id, job, cap.rollout_gpus_per_node)
-             if cap.rollout_pooled else solo_group(state.next_group_id, job))
-    nodes = group.rollout_held_nodes
+    group = solo_group(state.next_group_id, job)
     return Placement(job.job_id, Admission.NEW_GROUP, group,
-                     cap.rates.rate(nodes, job.train_nodes), nodes, job.train_nodes)
+                     cap.rates.rate(job.rollout_nodes, job.train_nodes),
+                     job.rollout_nodes, job.train_nodes)
 
 
 def capacity_refusal(state: ClusterState, job: JobProfile) -> Refusal:

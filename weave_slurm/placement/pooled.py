@@ -45,6 +45,13 @@ class RolloutSharing(StrEnum):
         return member_of(cls, value, flag + " {value}: valid choices: {choices}")
 
 
+def widens(job: JobProfile) -> bool:
+    """Whether ``job``'s rollout gets shorter on more GPUs than its own (its floor is
+    below its rollout time): a pool pays only through width, so only such jobs are
+    pooled; the others go to node-pinned groups (a trace job whose model is unknown)."""
+    return job.rollout_floor_s < job.rollout_max_s * (1 - 1e-9)
+
+
 def step_gpus(jobs: Sequence[JobProfile]) -> int:
     """The width a pool grows by: a multiple of every member's engine replica."""
     return math.lcm(*(max(1, j.rollout_replica_gpus) for j in jobs)) if jobs else 1

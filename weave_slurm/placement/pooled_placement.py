@@ -49,9 +49,7 @@ def place_pooled(state: ClusterState, job: JobProfile, join_turns: bool) -> Deci
     cost, work = state.cost_per_hour, work_rate(state)
 
     def ratio(old: Group | None, placed: Placement) -> float:
-        before = 0.0 if old is None else _group_work(old, cap)
-        return (cost + placed.cost_delta_per_hour) / max(
-            work + _group_work(placed.group, cap) - before, _EPS)
+        return cost_per_work_after(state, placed, work, old)
 
     best: tuple[tuple[float, float, float], Placement] | None = None
     fresh = _fresh(state, job, free_gpus)
@@ -97,6 +95,21 @@ def _bound(g: Group, job: JobProfile, cap: Capacity, cost: float, work: float,
         gained = value / max(train_s, floor_s, _EPS) - _group_work(g, cap)
         best = min(best, (cost + rate - old_rate) / max(work + gained, _EPS))
     return best
+
+
+def cost_per_work_after(state: ClusterState, placed: Placement, work: float | None = None,
+                        old: Group | None = None) -> float:
+    """The cluster's cost per unit of work once ``placed`` is applied (``work``: the
+    state's :func:`~weave_slurm.placement.moves.work_rate`, ``old``: the group it
+    changes, when the caller has them)."""
+    cap = state.capacity
+    if work is None:
+        work = work_rate(state)
+    if old is None:
+        old = state.by_id.get(placed.group.group_id)
+    before = 0.0 if old is None else _group_work(old, cap)
+    return (state.cost_per_hour + placed.cost_delta_per_hour) / max(
+        work + _group_work(placed.group, cap) - before, _EPS)
 
 
 def _group_work(group: Group, cap: Capacity) -> float:

@@ -49,7 +49,8 @@ def _pinnings_by_nodes(needs: tuple[int, ...]) -> tuple[tuple[tuple[int, ...], .
 
 
 def best_group(jobs: Sequence[JobProfile], cap: Capacity, group_id: int = 0,
-               max_rollout_nodes: int | None = None, turns: bool = True) -> Group | None:
+               max_rollout_nodes: int | None = None, turns: bool = True,
+               pooled: bool | None = None) -> Group | None:
     """The cheapest feasible configuration of one group holding exactly ``jobs``.
 
     Every pinning of the members onto rollout nodes, each of :func:`turn_sets` (one turn
@@ -58,14 +59,23 @@ def best_group(jobs: Sequence[JobProfile], cap: Capacity, group_id: int = 0,
     count, so the first feasible one is the cheapest; ``max_rollout_nodes`` stops the
     search early. Memoised on (jobs, capacity, limit): re-plans ask for the same groups
     again and again. None when there is none, or when the jobs' charges differ
-    (``constraints.one_charge``).
+    (``constraints.one_charge``). Where groups may pool their rollout GPUs (``pooled``;
+    default: the capacity's), the pooled group on the fewest GPUs wins where it is
+    cheaper per hour (placement/pooled.py).
     """
     if not one_charge(jobs):   # one account and QOS per group (placement/constraints.py)
         return None
-    best = _best_pooled if cap.rollout_pooled else _best_group
-    g = best(tuple(jobs), cap, max_rollout_nodes, turns)
+    g = _best_group(tuple(jobs), cap, max_rollout_nodes, turns)
+    if cap.rollout_pooled if pooled is None else pooled:   # or a pool, where cheaper
+        p = _best_pooled(tuple(jobs), cap, max_rollout_nodes, turns)
+        if p is not None and (g is None or _rate(p, cap) < _rate(g, cap) * (1 - 1e-9)):
+            g = p
     return None if g is None else (g if g.group_id == group_id
                                    else replace(g, group_id=group_id))
+
+
+def _rate(g: Group, cap: Capacity) -> float:
+    return cap.rates.rate(g.rollout_held_nodes, g.train_nodes)
 
 
 def turn_sets(jobs: Sequence[JobProfile]) -> tuple[tuple[int, ...], ...]:

@@ -14,6 +14,7 @@ Everything that *decides* is in :mod:`weave_slurm.placement`; this module only a
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import hashlib
 import math
@@ -115,20 +116,22 @@ def job_profile(job: TraceJob, policy: str, accounting: Accounting,
         staleness=staleness, rollout_state_gib=rollout_gib,
         train_state_gib=train_gib / train_nodes)
     replica, floor_s = job_width(job)
-    return replace(p, rollout_replica_gpus=replica, rollout_floor_s=floor_s)
+    return replace(p, rollout_replica_gpus=replica,
+                   rollout_floor_s=p.rollout_max_s if floor_s is None else floor_s)
 
 
-def job_width(job: TraceJob) -> tuple[int, float]:
+def job_width(job: TraceJob) -> tuple[int, float | None]:
     """What a pooled group needs of a trace job's rollout width (docs/model.md "Rollout
     width"): the GPUs of its engine replica and its weights-bound floor in seconds, from
-    its model size and maximum response length on the reference site's H20s (no kind:
-    one GPU, no floor)."""
-    if job.kind is None:
-        return 1, 0.0
-    try:
-        kind = JobKind.parse(job.kind)
-    except ConfigError:
-        return 1, 0.0
+    its model size and maximum response length on the reference site's H20s. A job that
+    names no kind (bare Philly traces) has no model to scale: one GPU a replica and None,
+    no speed-up on more GPUs than its own."""
+    kind = None
+    if job.kind is not None:
+        with contextlib.suppress(ConfigError):
+            kind = JobKind.parse(job.kind)
+    if kind is None:
+        return 1, None
     gpu = DEFAULT_GPUS["h20"]
     tp = replica_gpus(kind.model_params_b, gpu)
     return tp, decode_floor_s(kind.model_params_b, kind.max_response_tokens, tp, gpu,
