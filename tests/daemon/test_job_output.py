@@ -66,6 +66,22 @@ def test_without_error_everything_is_in_output_and_steps_are_written(
                          "event: recovered from node checkpoint"]
 
 
+def test_a_step_taken_in_the_tick_a_job_ends_is_written_before_its_end(
+        rig: Rig, tmp_path: Path) -> None:  # noqa: F811
+    rig.rec.outputs.opener = _plain
+    live: dict[str, Any] = {"version": 0, "iterations": 500, "reward": None, "event": None,
+                            "error": None}
+    rig.rec.outputs.live = lambda job_id: dict(live)
+    job = _submit(rig.store, "a", f'time_limit_min = 1\noutput = "{tmp_path}/o"')
+    rig.tick()
+    live.update(version=1, reward=0.25)   # its first step, then its time is up
+    rig.tick(at=rig.clock.now() + 61)
+    assert _job_state(rig.store, job) is JobState.FAILED
+    lines = [line.split(": ", 1)[1] for line in (tmp_path / "o").read_text().splitlines()]
+    assert lines[-2:][0] == "step 1/500 reward 0.2500"
+    assert lines[-1].startswith("FAILED: reached its time limit (1 min")
+
+
 def test_a_restarted_weaved_writes_no_line_twice(rig: Rig, tmp_path: Path) -> None:  # noqa: F811
     rig.rec.outputs.opener = _plain
     job = _submit(rig.store, "a", f'output = "{tmp_path}/o"')

@@ -119,12 +119,21 @@ class JobOutputs:
         return state
 
     def _write(self, job: JobRow, state: _Log, now: float) -> None:
+        if job.state.final:   # what it did before it ended, then how it ended
+            self._progress(job, state, now)
         rows = self.store.transitions("job", job.job_id)
         for row in rows[state.written:]:
             what = f"{row.dst}" + (f": {row.reason}" if row.reason else "")
             self._line(job, state, row.ts, what, failure=row.dst in _FAILED)
         state.written = len(rows)
-        live = self.live(job.job_id) if job.state is JobState.RUNNING else None
+        if job.state is JobState.RUNNING:
+            self._progress(job, state, now)
+
+    def _progress(self, job: JobRow, state: _Log, now: float) -> None:
+        """The steps the runtime reported since the last tick, and what it said; for a
+        job that ended in this tick, up to its end (a step it took just before it is
+        written too)."""
+        live = self.live(job.job_id)
         if live is None:
             return
         version = live.get("version")
