@@ -47,14 +47,21 @@ def test_output_gets_each_state_change_and_error_the_failures(
     assert _job_state(rig.store, quiet) is JobState.RUNNING
 
 
+def _reporting(rig: Rig, iterations: int, terms: str) -> tuple[dict[str, Any], int]:  # noqa: F811
+    """A job submitted with ``terms`` and ticked once; the runtime's report of it, to
+    update (its version, reward, event)."""
+    rig.rec.outputs.opener = _plain
+    live: dict[str, Any] = {"version": 0, "iterations": iterations, "reward": None,
+                            "event": None, "error": None}
+    rig.rec.outputs.live = lambda job_id: dict(live)
+    job = _submit(rig.store, "a", terms)
+    rig.tick()
+    return live, job
+
+
 def test_without_error_everything_is_in_output_and_steps_are_written(
         rig: Rig, tmp_path: Path) -> None:  # noqa: F811
-    rig.rec.outputs.opener = _plain
-    live: dict[str, Any] = {"version": 0, "iterations": 3, "reward": None, "event": None,
-                            "error": None}
-    rig.rec.outputs.live = lambda job_id: dict(live)
-    job = _submit(rig.store, "a", f'output = "{tmp_path}/%x.%j.log"')
-    rig.tick()
+    live, job = _reporting(rig, 3, f'output = "{tmp_path}/%x.%j.log"')
     live.update(version=1, reward=0.25)
     rig.tick(at=rig.clock.now() + 1)
     rig.tick(at=rig.clock.now() + 1)   # the same step is not written twice
@@ -68,12 +75,7 @@ def test_without_error_everything_is_in_output_and_steps_are_written(
 
 def test_a_step_taken_in_the_tick_a_job_ends_is_written_before_its_end(
         rig: Rig, tmp_path: Path) -> None:  # noqa: F811
-    rig.rec.outputs.opener = _plain
-    live: dict[str, Any] = {"version": 0, "iterations": 500, "reward": None, "event": None,
-                            "error": None}
-    rig.rec.outputs.live = lambda job_id: dict(live)
-    job = _submit(rig.store, "a", f'time_limit_min = 1\noutput = "{tmp_path}/o"')
-    rig.tick()
+    live, job = _reporting(rig, 500, f'time_limit_min = 1\noutput = "{tmp_path}/o"')
     live.update(version=1, reward=0.25)   # its first step, then its time is up
     rig.tick(at=rig.clock.now() + 61)
     assert _job_state(rig.store, job) is JobState.FAILED
