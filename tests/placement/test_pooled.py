@@ -21,7 +21,6 @@ from weave_slurm.placement.pooled import (
     efficient_width,
     fewest_gpus,
     pooled_group,
-    solo_pooled,
     step_gpus,
 )
 from weave_slurm.placement.repack import best_group
@@ -125,7 +124,8 @@ def test_arrivals_share_pools_on_their_cheapest_widths_and_departures_narrow_the
     # alone, its training node waits for its rollout: GPUs that shorten it pay
     g = first.group
     assert g.pooled and g.pool_gpus > 8
-    assert cost_per_work(g, cap) < cost_per_work(solo_pooled(1, seven_b("a"), GPN), cap)
+    own = pooled_group(1, members(seven_b("a")), 8, GPN)   # its own 8 GPUs
+    assert cost_per_work(g, cap) < cost_per_work(own, cap)
     assert first.cost_delta_per_hour == pytest.approx(1.0 + g.pool_gpus / 24)
     state = apply(state, first)
     second = policy.place(state, seven_b("b"))
@@ -161,7 +161,7 @@ def test_a_pool_grows_by_whole_engine_replicas() -> None:
     cap = pooled_cap()
     big = replace(simple_profile("big", 267.6, 271.3, 2.0, rollout_nodes=2),
                   rollout_replica_gpus=2, rollout_floor_s=109.2)
-    assert solo_pooled(1, big, GPN).pool_gpus == 16
+    assert step_gpus([big, seven_b("a")]) == 2
     g = efficient_width(1, members(big, seven_b("a")), cap, 1, 64)
     assert g is not None and g.pool_gpus % 2 == 0
     odd = pooled_group(1, members(seven_b("b")), 9, GPN)

@@ -89,11 +89,11 @@ class Group:
         return tuple(m.job.width_factor(self.pool_gpus, self.gpus_per_node)
                      for m in self.members)
 
-    def rollout_busy_node_s(self, index: int, expected: bool = True) -> float:
-        """Rollout node-seconds one iteration of member ``index`` keeps busy here."""
+    def rollout_busy_node_s(self, index: int) -> float:
+        """Rollout node-seconds one iteration of member ``index`` keeps busy here
+        (expected durations)."""
         m = self.members[index]
-        j = m.job
-        r = j.rollout_mean_s if expected else j.rollout_max_s
+        r = m.job.rollout_mean_s
         if self.rollout_factors is None:
             return r * len(m.rollout_pins)
         return r * self.rollout_factors[index] * self.rollout_held_nodes

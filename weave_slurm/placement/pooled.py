@@ -66,13 +66,6 @@ def pooled_group(group_id: int, members: Sequence[Member], pool_gpus: int,
                  pool_gpus=pool_gpus, gpus_per_node=gpus_per_node)
 
 
-def solo_pooled(group_id: int, job: JobProfile, gpus_per_node: int) -> Group:
-    """A job alone in a pool of its own width (its replica's multiple at or above)."""
-    step = step_gpus((job,))
-    gpus = step * math.ceil(job.base_gpus(gpus_per_node) / step)
-    return pooled_group(group_id, (Member(job, (0,)),), gpus, gpus_per_node)
-
-
 def least_gpus(members: Sequence[Member], gpus_per_node: int) -> int:
     """A lower bound on a feasible width: the rollouts of a meta-iteration, spread
     linearly, fit in the tightest budget (the floors only lengthen them)."""
