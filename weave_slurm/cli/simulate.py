@@ -21,7 +21,7 @@ from weave_slurm.sim.failures import FailureModel
 from weave_slurm.sim.generate import GeneratorConfig, generate_trace
 from weave_slurm.sim.loader import load_trace, save_trace
 from weave_slurm.sim.plots import plot_all
-from weave_slurm.sim.policies import Accounting, StalenessMix, parse_policies
+from weave_slurm.sim.policies import Accounting, StalenessMix, parse_policies, refuse_pooled
 from weave_slurm.sim.profiles import load_profile_table
 from weave_slurm.sim.replay import ReplayOptions, ReplayResult, replay_policies
 from weave_slurm.sim.report import build_report, render
@@ -80,9 +80,8 @@ def simulate(
     names = parse_policies(policy)
     acc = Accounting.parse(accounting)
     pooled = RolloutSharing.parse(rollout) is RolloutSharing.POOLED
-    if pooled and "weave-live" in names:
-        raise ConfigError("--rollout pooled with --policy weave-live: weaved runs groups "
-                          "pinned to whole rollout nodes; drop one of them")
+    if pooled:
+        refuse_pooled(names)   # before any replay runs
     if not 0 < rollout_mean <= 1:
         raise ConfigError(f"--rollout-mean {rollout_mean!r}: expected a fraction in (0, 1]")
     tr = load_trace(trace, fmt=fmt, slo=SloDistribution.parse(slo_dist, flag="--slo-dist"),

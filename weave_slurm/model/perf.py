@@ -86,9 +86,7 @@ def estimate_rollout(spec: JobSpec, gpu: GpuSpec, gpus: int, mc: ModelConfig,
     w_bytes = weights_gib(spec.model.params_b) * GIB
     hbm = gpu.hbm_gib * GIB
     if tp is None:
-        tp = 1
-        while w_bytes / tp > WEIGHT_HBM_FRACTION * hbm and tp < gpus:
-            tp *= 2
+        tp = replica_gpus(spec.model.params_b, gpu, most=gpus)
     tp = min(tp, gpus)
     replicas = max(1, gpus // tp)
     seqs = math.ceil(spec.rollout.sequences / replicas)

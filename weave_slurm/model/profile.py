@@ -78,11 +78,17 @@ class JobProfile:
         """The GPUs its rollout times are for."""
         return self.rollout_gpus or self.rollout_nodes * gpus_per_node
 
+    @property
+    def rollout_floor_fraction(self) -> float:
+        """Its weights-bound floor over its rollout time (at most 1: no width helps)."""
+        return min(1.0, self.rollout_floor_s / self.rollout_max_s) \
+            if self.rollout_max_s > 0 else 0.0
+
     def width_factor(self, gpus: int, gpus_per_node: int) -> float:
         """Its rollout's time on ``gpus`` GPUs over its rollout times
         (:func:`weave_slurm.model.perf.width_factor`)."""
-        floor = self.rollout_floor_s / self.rollout_max_s if self.rollout_max_s > 0 else 0.0
-        return perf.width_factor(self.base_gpus(gpus_per_node), gpus, floor)
+        return perf.width_factor(self.base_gpus(gpus_per_node), gpus,
+                                 self.rollout_floor_fraction)
 
 
 def solo_period(rollout_s: float, train_s: float, sync_s: float, staleness: int = 0) -> float:

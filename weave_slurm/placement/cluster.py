@@ -34,6 +34,10 @@ class Capacity:
     rollout_pooled: bool = False
     rollout_gpus_per_node: int = 8
 
+    def rate_of(self, group: Group) -> float:
+        """What ``group``'s nodes cost per hour (a pool's GPUs as the nodes' share)."""
+        return self.rates.rate(group.rollout_held_nodes, group.train_nodes)
+
     def fits(self, group: Group) -> bool:
         """``group.feasible`` under these limits (host memory, device memory, SLOs)."""
         return group.feasible(self.rollout_mem_gib, self.train_mem_gib,

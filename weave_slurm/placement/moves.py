@@ -36,20 +36,30 @@ _EPS = 1e-9
 SECONDS_PER_HOUR = 3600.0
 
 
+def member_value(member: Member, cap: Capacity) -> float:
+    """Busy-time value of one meta-iteration of a member (its turns), at its own shape's
+    busy node-time whatever its group's width, as the bound prices it (currency x s/h)."""
+    j = member.job
+    return member.turns * (j.rollout_mean_s * j.rollout_nodes * cap.rates.rollout_node_hour
+                           + j.train_mean_s * j.train_nodes * cap.rates.train_node_hour)
+
+
 def member_work_rate(member: Member, group: Group, cap: Capacity) -> float:
     """Busy-time value a member delivers per hour in its group (currency per hour)."""
     period = group.schedule.expected_period_s
     if period <= 0 or group.colocated:
         return 0.0
-    j = member.job   # its own shape's busy time, as the bound prices it (any width)
-    busy = (j.rollout_mean_s * j.rollout_nodes * cap.rates.rollout_node_hour
-            + j.train_mean_s * len(member.train_pins) * cap.rates.train_node_hour)
-    return member.turns * busy / period
+    return member_value(member, cap) / period
+
+
+def group_work_rate(group: Group, cap: Capacity) -> float:
+    """Busy-time value a group's members deliver per hour."""
+    return sum(member_work_rate(m, group, cap) for m in group.members)
 
 
 def work_rate(state: ClusterState) -> float:
     """Busy-time value of all members per hour: what the pools would cost with no bubble."""
-    return sum(member_work_rate(m, g, state.capacity) for g in state.groups for m in g.members)
+    return sum(group_work_rate(g, state.capacity) for g in state.groups)
 
 
 def changed_groups(before: ClusterState, after: ClusterState
@@ -167,8 +177,8 @@ def books(before: ClusterState, after: ClusterState, charged: Mapping[str, float
         lost += member_work_rate(member, g, cap) * pause_s / SECONDS_PER_HOUR
     w0 = work_rate(before) if work_before is None else work_before
     gone, new = changed_groups(before, after)
-    w1 = w0 + sum(member_work_rate(m, g, cap) for g in new for m in g.members) - sum(
-        member_work_rate(m, g, cap) for g in gone for m in g.members)
+    w1 = w0 + sum(group_work_rate(g, cap) for g in new) - sum(
+        group_work_rate(g, cap) for g in gone)
     return MoveBooks(before.cost_per_hour, after.cost_per_hour, w0, w1, lost, horizon_s)
 
 

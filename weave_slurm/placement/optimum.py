@@ -51,7 +51,7 @@ def optimum(jobs: Sequence[JobProfile], cap: Capacity) -> Optimum:
             if group_mask.bit_count() <= k:
                 g = group_of(group_mask)
                 if g is not None:
-                    cost = cap.rates.rate(g.rollout_held_nodes, g.train_nodes)
+                    cost = cap.rate_of(g)
                     tail_cost, tail = solve(mask ^ group_mask)
                     if cost + tail_cost < best[0]:
                         best = (cost + tail_cost, (group_mask, *tail))

@@ -49,7 +49,7 @@ def widens(job: JobProfile) -> bool:
     """Whether ``job``'s rollout gets shorter on more GPUs than its own (its floor is
     below its rollout time): a pool pays only through width, so only such jobs are
     pooled; the others go to node-pinned groups (a trace job whose model is unknown)."""
-    return job.rollout_floor_s < job.rollout_max_s * (1 - 1e-9)
+    return job.rollout_floor_fraction < 1 - 1e-9
 
 
 def step_gpus(jobs: Sequence[JobProfile]) -> int:
@@ -102,12 +102,11 @@ def fewest_gpus(group_id: int, members: Sequence[Member], cap: Capacity,
 def cost_per_work(group: Group, cap: Capacity) -> float:
     """The group's cost per hour times its expected period: for given members (their
     work per meta-iteration fixed) what a width changes of its cost per unit of work."""
-    rate = cap.rates.rate(group.rollout_held_nodes, group.train_nodes)
-    return rate * group.schedule.expected_period_s
+    return cap.rate_of(group) * group.schedule.expected_period_s
 
 
 def efficient_width(group_id: int, members: Sequence[Member], cap: Capacity,
-                    lo: int, hi: int) -> Group | None:
+                    lo: int, hi: int, narrow: Group | None = None) -> Group | None:
     """The pooled group of ``members`` on the width in [``lo``, ``hi``] that delivers
     their work cheapest (:func:`cost_per_work`), among the feasible ones; None if none.
 
@@ -115,8 +114,10 @@ def efficient_width(group_id: int, members: Sequence[Member], cap: Capacity,
     node idle; past the width at which the training node binds, GPUs only cost. So the
     candidates are the fewest feasible width, the width at which the period stops
     falling (a bisection: the period only falls with the width) and three between them.
+    ``narrow``: the fewest feasible width in [``lo``, ``hi``], where the caller found it.
     """
-    narrow = fewest_gpus(group_id, members, cap, lo, hi)
+    if narrow is None:
+        narrow = fewest_gpus(group_id, members, cap, lo, hi)
     if narrow is None:
         return None
     gpn, step = cap.rollout_gpus_per_node, step_gpus([m.job for m in members])

@@ -25,7 +25,7 @@ from weave_slurm.placement.cluster import Capacity, ClusterState
 from weave_slurm.placement.decision import Admission, Decision, Placement
 from weave_slurm.placement.fit import capacity_refusal, may_fit, turn_options
 from weave_slurm.placement.group import Group, Member
-from weave_slurm.placement.moves import member_work_rate, work_rate
+from weave_slurm.placement.moves import group_work_rate, member_value, work_rate
 from weave_slurm.placement.pooled import (
     efficient_width,
     fewest_gpus,
@@ -49,7 +49,10 @@ def place_pooled(state: ClusterState, job: JobProfile, join_turns: bool) -> Deci
     cost, work = state.cost_per_hour, work_rate(state)
 
     def ratio(old: Group | None, placed: Placement) -> float:
-        return cost_per_work_after(state, placed, work, old)
+        """The cluster's cost per unit of work once ``placed`` replaces ``old``."""
+        before = 0.0 if old is None else group_work_rate(old, cap)
+        return (cost + placed.cost_delta_per_hour) / max(
+            work + group_work_rate(placed.group, cap) - before, _EPS)
 
     best: tuple[tuple[float, float, float], Placement] | None = None
     fresh = _fresh(state, job, free_gpus)
@@ -76,44 +79,23 @@ def _bound(g: Group, job: JobProfile, cap: Capacity, cost: float, work: float,
     joined pool costs at least its training nodes and the fewest GPUs its rollouts could
     fit the tightest budget on (``least_gpus``), and delivers at most its members' value
     over the longest of its serialised training and its rollouts at their floors."""
-    rr, rt = cap.rates.rollout_node_hour, cap.rates.train_node_hour
-    old_rate = cap.rates.rate(g.rollout_held_nodes, g.train_nodes)
+    old_rate, old_work = cap.rate_of(g), group_work_rate(g, cap)
     best = math.inf
     for turns in turn_options(g, job, join_turns):
         members = (*g.members, Member(job, (0,), turns))
         train_s = sum(m.turns * m.job.train_mean_s for m in members)
-        floor_s = sum(m.turns * m.job.rollout_mean_s * min(
-            1.0, m.job.rollout_floor_s / m.job.rollout_max_s if m.job.rollout_max_s else 0.0)
-            for m in members)
-        value = sum(m.turns * (m.job.rollout_mean_s * m.job.rollout_nodes * rr
-                               + m.job.train_mean_s * m.job.train_nodes * rt)
-                    for m in members)
+        floor_s = sum(m.turns * m.job.rollout_mean_s * m.job.rollout_floor_fraction
+                      for m in members)
+        value = sum(member_value(m, cap) for m in members)
         gpus = max(step_gpus([m.job for m in members]),
                    least_gpus(members, cap.rollout_gpus_per_node))
         rate = cap.rates.rate(gpus / cap.rollout_gpus_per_node,
                               max(g.train_nodes, job.train_nodes))
-        gained = value / max(train_s, floor_s, _EPS) - _group_work(g, cap)
+        gained = value / max(train_s, floor_s, _EPS) - old_work
         best = min(best, (cost + rate - old_rate) / max(work + gained, _EPS))
     return best
 
 
-def cost_per_work_after(state: ClusterState, placed: Placement, work: float | None = None,
-                        old: Group | None = None) -> float:
-    """The cluster's cost per unit of work once ``placed`` is applied (``work``: the
-    state's :func:`~weave_slurm.placement.moves.work_rate`, ``old``: the group it
-    changes, when the caller has them)."""
-    cap = state.capacity
-    if work is None:
-        work = work_rate(state)
-    if old is None:
-        old = state.by_id.get(placed.group.group_id)
-    before = 0.0 if old is None else _group_work(old, cap)
-    return (state.cost_per_hour + placed.cost_delta_per_hour) / max(
-        work + _group_work(placed.group, cap) - before, _EPS)
-
-
-def _group_work(group: Group, cap: Capacity) -> float:
-    return sum(member_work_rate(m, group, cap) for m in group.members)
 
 
 def _orders(group: Group, job: JobProfile, join_turns: bool
@@ -134,16 +116,16 @@ def _joined(g: Group, job: JobProfile, cap: Capacity, join_turns: bool,
             free_gpus: int) -> Placement | None:
     """``job`` in pooled group ``g`` (module doc), or None where it cannot join."""
     hi = min(max_pool_gpus(cap), g.pool_gpus + free_gpus)
-    best: tuple[tuple[int, float], tuple[Member, ...]] | None = None
+    best: tuple[tuple[int, float], Group] | None = None
     for members in _orders(g, job, join_turns):
         found = fewest_gpus(g.group_id, members, cap, 1, hi if best is None else best[0][0])
         if found is not None:
             key = (found.pool_gpus, -_slack(found))
             if best is None or key < best[0]:
-                best = (key, members)
+                best = (key, found)
     if best is None:
         return None
-    new = efficient_width(g.group_id, best[1], cap, 1, hi)
+    new = efficient_width(g.group_id, best[1].members, cap, 1, hi, narrow=best[1])
     if new is None:
         return None
     added_r = (new.pool_gpus - g.pool_gpus) / cap.rollout_gpus_per_node

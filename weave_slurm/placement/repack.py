@@ -68,14 +68,10 @@ def best_group(jobs: Sequence[JobProfile], cap: Capacity, group_id: int = 0,
     g = _best_group(tuple(jobs), cap, max_rollout_nodes, turns)
     if cap.rollout_pooled if pooled is None else pooled:   # or a pool, where cheaper
         p = _best_pooled(tuple(jobs), cap, max_rollout_nodes, turns)
-        if p is not None and (g is None or _rate(p, cap) < _rate(g, cap) * (1 - 1e-9)):
+        if p is not None and (g is None or cap.rate_of(p) < cap.rate_of(g) * (1 - 1e-9)):
             g = p
     return None if g is None else (g if g.group_id == group_id
                                    else replace(g, group_id=group_id))
-
-
-def _rate(g: Group, cap: Capacity) -> float:
-    return cap.rates.rate(g.rollout_held_nodes, g.train_nodes)
 
 
 def turn_sets(jobs: Sequence[JobProfile]) -> tuple[tuple[int, ...], ...]:

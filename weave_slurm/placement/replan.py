@@ -37,7 +37,7 @@ from weave_slurm.placement.group import Group
 from weave_slurm.placement.moves import (
     MoveBooks,
     books,
-    member_work_rate,
+    group_work_rate,
     pauses,
     pays,
     relabel,
@@ -289,8 +289,8 @@ def worst_groups(state: ClusterState, count: int) -> list[Group]:
     cap = state.capacity
 
     def key(g: Group) -> tuple[float, int]:
-        work = sum(member_work_rate(m, g, cap) for m in g.members)
-        cost = cap.rates.rate(g.rollout_held_nodes, g.train_nodes)
+        work = group_work_rate(g, cap)
+        cost = cap.rate_of(g)
         return (-(cost / work) if work > 0 else -math.inf, g.group_id)
 
     return sorted((g for g in state.groups if not g.colocated), key=key)[:count]

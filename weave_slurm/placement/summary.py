@@ -95,7 +95,7 @@ def _policy_summary(site: SiteConfig, cap: Capacity, jobs: Sequence[JobProfile],
             # per GPU of each node, in its peak case (switched-out residents + one active)
             "rollout_gpu_mem_gib": [_r(x, 2) for x in s.rollout_gpu_mem_gib],
             "train_gpu_mem_gib": [_r(x, 2) for x in s.train_gpu_mem_gib],
-            "cost_per_hour": _r(cap.rates.rate(g.rollout_held_nodes, g.train_nodes), 2)})
+            "cost_per_hour": _r(cap.rate_of(g), 2)})
     r_nodes, t_nodes = state.rollout_nodes_used, state.train_nodes_used
     cost = state.cost_per_hour
     return {

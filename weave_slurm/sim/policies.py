@@ -204,6 +204,16 @@ class SimPolicy:
                    pooling=base == "weave" and not live)
 
 
+def refuse_pooled(names: Sequence[str]) -> None:
+    """ConfigError where ``--rollout pooled`` meets a policy that runs as weaved does
+    (``weave-live``): weaved runs groups pinned to whole rollout nodes."""
+    live = [n for n in names if n == "weave-live"]
+    if live:
+        raise ConfigError(f"--rollout pooled with --policy {live[0]}: weaved runs groups "
+                          "pinned to whole rollout nodes; pooled rollout applies to weave, "
+                          "weave-online, optimal and regroup")
+
+
 def optimum_rate(jobs: Sequence[JobProfile], cap: Capacity) -> float | None:
     """Cost per hour of the exact optimum grouping, or None when the set is too large."""
     if not jobs:

@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
-from weave_slurm.errors import ConfigError
 from weave_slurm.model.cost import DEFAULT_MOVE_RESTART_S
 from weave_slurm.model.profile import JobProfile
 from weave_slurm.placement.admission import place_batch
@@ -43,6 +42,7 @@ from weave_slurm.sim.policies import (
     job_profile,
     job_work,
     optimum_rate,
+    refuse_pooled,
     scale_profile,
 )
 from weave_slurm.sim.traces import EventKind, Trace, TraceJob
@@ -85,10 +85,7 @@ class Replay:
         self.policy = policy
         self.opt = options or ReplayOptions()
         if capacity.rollout_pooled and not policy.pooling:
-            if policy.weaved_moves:
-                raise ConfigError(f"policy {policy.name}: weaved runs groups pinned to whole "
-                                  "rollout nodes; --rollout pooled applies to weave, "
-                                  "weave-online, optimal and regroup")
+            refuse_pooled([policy.name])
             capacity = replace(capacity, rollout_pooled=False)   # baselines: whole nodes
         self.cap = capacity = replace(capacity, moves=replace(
             capacity.moves, restart_s=self.opt.migration_s))
