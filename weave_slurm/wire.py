@@ -13,6 +13,7 @@ import contextlib
 import json
 import socket
 import struct
+import time
 from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
@@ -22,6 +23,11 @@ from weave_slurm import errors
 from weave_slurm.errors import ConfigError, StateError, WeaveError
 
 OpT = TypeVar("OpT", bound=StrEnum)
+
+#: Connections a server's listening socket queues before it accepts them. socketserver's
+#: default of 5 makes a connect() with a timeout fail at once with EAGAIN on a Unix socket
+#: as soon as a few clients arrive together (the ranks of a member, a burst of submissions).
+BACKLOG = 256
 
 
 class LineTooLong(ConfigError):
@@ -92,10 +98,15 @@ def ok(result: Mapping[str, Any]) -> bytes:
     return encode({"ok": True, "result": result})
 
 
-def fail(exc: WeaveError) -> bytes:
+def failed(exc: WeaveError) -> dict[str, Any]:
+    """The reply that names ``exc`` (its first line: replies are one line each)."""
     text = str(exc)
-    return encode({"ok": False, "error": type(exc).__name__,
-                   "message": text.splitlines()[0] if text else type(exc).__name__})
+    return {"ok": False, "error": type(exc).__name__,
+            "message": text.splitlines()[0] if text else type(exc).__name__}
+
+
+def fail(exc: WeaveError) -> bytes:
+    return encode(failed(exc))
 
 
 def raise_for(reply: Mapping[str, Any],
@@ -111,6 +122,22 @@ def raise_for(reply: Mapping[str, Any],
             cls is errors.ExternalCommandError:
         cls = WeaveError
     raise cls(str(reply.get("message")))
+
+
+def _connect(sock: socket.socket, path: str, timeout_s: float) -> None:
+    """Connect within ``timeout_s``. A Unix socket whose accept queue is full answers
+    EAGAIN at once where a blocking connect would wait: the server is busy, not gone."""
+    deadline = time.monotonic() + timeout_s
+    pause = 0.005
+    while True:
+        try:
+            sock.connect(path)
+            return
+        except BlockingIOError:
+            if time.monotonic() + pause > deadline:
+                raise
+            time.sleep(pause)
+            pause = min(pause * 2, 0.2)
 
 
 class LineClient:
@@ -132,7 +159,7 @@ class LineClient:
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.settimeout(timeout_s)
         try:
-            self._sock.connect(str(self.socket_path))
+            _connect(self._sock, str(self.socket_path), timeout_s)
         except OSError as exc:
             self._sock.close()
             raise self.unavailable(f"no {self.server} at {str(self.socket_path)!r} "

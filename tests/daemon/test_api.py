@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -14,6 +15,7 @@ from tests.daemon.conftest import Running
 from tests.harness.waits import wait_for
 from tests.harness.weaved import call, state_of
 from weave_slurm.config.render import job_spec_toml
+from weave_slurm.daemon.faults import FaultPoint
 from weave_slurm.daemon.protocol import Op
 from weave_slurm.errors import ConfigError, ExternalCommandError, InfeasibleRequest, WeaveError
 
@@ -120,3 +122,27 @@ def test_status_warns_while_slurms_state_cannot_be_read(
     monkeypatch.undo()
     wait_for(lambda: call(weaved.socket, Op.STATUS)["warnings"], 20, "no status warning",
              until=lambda warnings: warnings == [])
+
+
+def test_a_status_read_while_a_job_leaves_sees_it_in_its_group_or_ended(
+        weaved: Running, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job leaving takes two writes (its group's plan, then its state). A status read
+    between them saw it still running but no longer pinned, its rollout nodes unnamed
+    (CI failed on it once): the read waits for the job's leaving to end."""
+    sock = weaved.socket
+    job = call(sock, Op.SUBMIT, spec=job_spec_toml("leaving"), source="l.toml")["job"]
+    wait_for(lambda: state_of(sock, job) == "RUNNING", 20, "the job running")
+    seen: list[dict[str, Any]] = []
+    reader = threading.Thread(target=lambda: seen.extend(
+        r for r in call(sock, Op.STATUS, jobs=[job])["jobs"]))
+
+    def between(point: FaultPoint) -> None:   # in the tick, after the plan's write
+        if point is FaultPoint.CANCEL_STOPPED and not reader.is_alive() and not seen:
+            reader.start()
+            reader.join(1.0)   # a read that does not wait answers well within this
+
+    monkeypatch.setattr("weave_slurm.daemon.reconcile.crossing", between)
+    assert call(sock, Op.CANCEL, jobs=[job])["results"][0]["ok"]
+    wait_for(lambda: state_of(sock, job) == "CANCELLED", 20, "the job cancelled")
+    reader.join(10)
+    assert [r["state"] for r in seen] == ["CANCELLED"], seen

@@ -198,3 +198,48 @@ def test_oversized_request_gets_one_reason_then_the_connection_closes(node: Node
         assert stream.readline() == b""  # closed after the one reply
     with _client(node) as c:  # and it still serves others
         assert "memory" in c.call(Op.STATUS)
+
+
+def test_a_bug_in_a_handler_is_an_internal_error_and_the_connection_goes_on(
+        node: NodeDaemon, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The caller gets the bug in words, not a dropped connection (which it would take
+    for the daemon gone), and its next request is served."""
+    def broken(uid: int, request: Any) -> dict[str, Any]:
+        raise KeyError("worker")
+
+    monkeypatch.setitem(node._handlers, Op.PHASE, broken)
+    with _client(node) as c:
+        c.register("j1")
+        with pytest.raises(StateError, match="internal error: KeyError: 'worker'"):
+            c.call(Op.PHASE, job="j1")
+        assert "memory" in c.call(Op.STATUS)
+
+
+def test_callers_arriving_together_at_a_busy_daemon_wait_their_turn(
+        node: NodeDaemon, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While the daemon's accept loop is held up, 32 callers connect at once (the ranks
+    of a member, weaved's probes): each is queued and served, none refused at connect
+    (socketserver's backlog of 5 failed the seventh with EAGAIN: 'daemon gone')."""
+    import threading
+
+    held, release = threading.Event(), threading.Event()
+    server = node._server
+    assert server is not None
+
+    def slow_accept(request: Any, address: Any) -> bool:
+        held.set()
+        release.wait(30)
+        return True
+
+    monkeypatch.setattr(server, "verify_request", slow_accept)
+    first = NodeClient(node.config.socket, timeout_s=30)   # accepted, then the loop waits
+    assert held.wait(10)
+    callers = [NodeClient(node.config.socket, timeout_s=30) for _ in range(32)]
+    monkeypatch.undo()
+    release.set()
+    try:
+        for c in [first, *callers]:
+            assert "memory" in c.call(Op.STATUS)
+    finally:
+        for c in [first, *callers]:
+            c.close()

@@ -178,10 +178,12 @@ class Api:
 
     def _context(self) -> tuple[dict[int, JobRow], dict[int, GroupRow],
                                 dict[int, list[AllocRow]], dict[int, Group]]:
-        jobs = {j.job_id: j for j in self.store.jobs()}
-        groups = {g.group_id: g for g in self.store.groups(live_only=False)}
+        with self.store.held():   # one view: not a job of one tick in a group of the next
+            jobs = {j.job_id: j for j in self.store.jobs()}
+            groups = {g.group_id: g for g in self.store.groups(live_only=False)}
+            rows = self.store.allocs(live_only=False)
         allocs: dict[int, list[AllocRow]] = {}
-        for a in self.store.allocs(live_only=False):
+        for a in rows:
             allocs.setdefault(a.group_id, []).append(a)
         models = {gid: m for gid, g in groups.items() if not g.state.final
                   for m in [membership.group_model(g, jobs)] if m is not None}

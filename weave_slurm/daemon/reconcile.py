@@ -293,11 +293,12 @@ class Reconciler:
         allocs = {a.key: a for a in self.store.allocs(live_only=False)}
         for step in self.store.steps(job_id=job.job_id):
             self._stop_step(step, allocs[step.alloc_key], now)
-        if job.group_id is not None:
-            self._leave_group(job, now)
-        crossing(FaultPoint.CANCEL_STOPPED)
-        self.store.transition("job", job.job_id, dst, reason, now, expect=job.state,
-                              ended_s=now)
+        with self.store.held():   # a status read sees it in its group or ended
+            if job.group_id is not None:
+                self._leave_group(job, now)
+            crossing(FaultPoint.CANCEL_STOPPED)
+            self.store.transition("job", job.job_id, dst, reason, now, expect=job.state,
+                                  ended_s=now)
         self.store.update("job", job.job_id, reason=reason)   # status shows why it ended
 
     def _leave_group(self, job: JobRow, now: float) -> None:

@@ -74,9 +74,7 @@ class _Handler(socketserver.BaseRequestHandler):
 
 class ApiServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
-    # socketserver's default backlog of 5 makes connect() fail with EAGAIN on a Unix
-    # socket as soon as a handful of clients arrive together (a burst of submissions)
-    request_queue_size = 256
+    request_queue_size = wire.BACKLOG
 
     def __init__(self, path: Path, api: Api, *, client_timeout_s: float = 10.0,
                  max_line_bytes: int = protocol.MAX_LINE_BYTES, max_clients: int = 256,

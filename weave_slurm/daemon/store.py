@@ -199,6 +199,14 @@ class Store:
             self._db.close()
 
     @contextmanager
+    def held(self) -> Iterator[None]:
+        """Hold the store for a run of reads, or of writes, that the other threads of this
+        process must see whole (a status read beside a job's leaving: its group's plan
+        and its state change in two writes). Another process sees each write commit."""
+        with self._lock:
+            yield
+
+    @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")

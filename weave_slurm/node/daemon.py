@@ -22,7 +22,7 @@ import socket
 import socketserver
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,7 +55,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[int, Request], dict[str, Any]]
+class _UnixServer(socketserver.ThreadingUnixStreamServer):
+    daemon_threads = True
+    request_queue_size = wire.BACKLOG
 
 
 @dataclass(frozen=True)
@@ -115,7 +117,7 @@ class NodeDaemon:
         self._life_lock = FileLock(str(config.root / ".daemon.lock"))
         self._node_lock = FileLock(str(config.root / ".lock"))
         self._server: socketserver.ThreadingUnixStreamServer | None = None
-        self._handlers: dict[Op, Handler] = {
+        self._handlers: dict[Op, protocol.Handle] = {
             Op.REGISTER: self._register, Op.PUT: self.segments.put,
             Op.COMMIT: self.segments.commit, Op.ABORT: self.segments.abort,
             Op.ATTACH_INFO: self.segments.attach_info, Op.COPY: self.segments.copy,
@@ -174,8 +176,7 @@ class NodeDaemon:
             def handle(self) -> None:
                 daemon._serve_connection(self.request)
 
-        server = socketserver.ThreadingUnixStreamServer(str(path), _Conn)
-        server.daemon_threads = True
+        server = _UnixServer(str(path), _Conn)
         os.chmod(path, 0o666)  # anyone may ask; each request is checked by peer uid
         self._server = server
         if self.door is not None:
@@ -277,12 +278,11 @@ class NodeDaemon:
             if line is None:
                 return
             try:
-                reply = protocol.ok(self.handle(uid, Request.decode(line)))
+                request = Request.decode(line)
             except WeaveError as exc:
-                reply = protocol.fail(exc)
-            except PermissionError as exc:
-                reply = protocol.fail(StateError(f"permission denied: {exc}"))
-            sock.sendall(reply)
+                sock.sendall(wire.fail(exc))
+                continue
+            sock.sendall(wire.encode(protocol.answer(self.handle, uid, request)))
 
     def job(self, uid: int, request: Request, what: str = "") -> JobRef:
         job_id = check_name("job id", request.job_id())

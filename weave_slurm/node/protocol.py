@@ -10,19 +10,23 @@ The caller's uid is not part of the message: the daemon reads it from the socket
 
 from __future__ import annotations
 
+import logging
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
 from weave_slurm import wire
-from weave_slurm.errors import ConfigError
+from weave_slurm.errors import ConfigError, StateError, WeaveError
 from weave_slurm.wire import fail as fail
 from weave_slurm.wire import ok as ok
 from weave_slurm.wire import peer_uid as peer_uid
 from weave_slurm.wire import raise_for as raise_for
 
 MAX_LINE_BYTES = 1 << 20
+
+log = logging.getLogger(__name__)
 
 
 class Op(StrEnum):
@@ -72,3 +76,21 @@ class Request:
 
 def read_line(sock: socket.socket, buf: bytearray, limit: int = MAX_LINE_BYTES) -> bytes | None:
     return wire.read_line(sock, buf, limit)
+
+
+Handle = Callable[[int, "Request"], dict[str, Any]]
+
+
+def answer(handle: Handle, uid: int, request: Request) -> dict[str, Any]:
+    """The reply to one request from ``uid`` (at either door of the daemon): its result,
+    the refusal in words, or an internal error (a bug must not drop the connection: the
+    caller would take the daemon for gone)."""
+    try:
+        return {"ok": True, "result": handle(uid, request)}
+    except WeaveError as exc:
+        return wire.failed(exc)
+    except PermissionError as exc:
+        return wire.failed(StateError(f"permission denied: {exc}"))
+    except Exception as exc:
+        log.exception("node daemon: a %s request failed", request.op.value)
+        return wire.failed(StateError(f"internal error: {type(exc).__name__}: {exc}"))

@@ -21,13 +21,12 @@ import os
 import socket
 import socketserver
 import threading
-from collections.abc import Callable
 from typing import Any, Self
 
 from weave_slurm import wire
 from weave_slurm.errors import AuthError, NodeGone, StateError, WeaveError
 from weave_slurm.node.auth import Munge, Session, client_hello, new_nonce, server_accept
-from weave_slurm.node.protocol import MAX_LINE_BYTES, Op, Request
+from weave_slurm.node.protocol import MAX_LINE_BYTES, Handle, Op, Request, answer
 
 log = logging.getLogger(__name__)
 
@@ -44,9 +43,6 @@ CONNECT_TIMEOUT_S = 5.0
 #: job's whole state on disk and may take minutes.
 QUICK_TIMEOUT_S = 15.0
 SLOW_OPS = frozenset({Op.CHECKPOINT, Op.RESTORE, Op.ADOPT, Op.DROP, Op.COPY, Op.DIGEST})
-
-Handle = Callable[[int, Request], dict[str, Any]]
-
 
 def ready_line(node: str, port: int) -> str:
     return f"{READY_LINE} {json.dumps({'node': node, 'port': port, 'pid': os.getpid()})}"
@@ -81,6 +77,7 @@ class RemoteDoor:
         class _Server(socketserver.ThreadingTCPServer):
             allow_reuse_address = True
             daemon_threads = True
+            request_queue_size = wire.BACKLOG
 
         try:
             self._server = _Server((host, port), _Conn)
@@ -135,17 +132,10 @@ class RemoteDoor:
                 log.warning("connection dropped: %s", exc)
                 return
             except WeaveError as exc:
-                sock.sendall(session.seal(_failed(exc)))
+                sock.sendall(session.seal(wire.failed(exc)))
                 continue
             try:
-                reply: dict[str, Any] = {"ok": True,
-                                         "result": self.handle(PRIVILEGED_UID, request)}
-            except WeaveError as exc:
-                reply = _failed(exc)
-            except PermissionError as exc:
-                reply = _failed(StateError(f"permission denied: {exc}"))
-            try:
-                sock.sendall(session.seal(reply))
+                sock.sendall(session.seal(answer(self.handle, PRIVILEGED_UID, request)))
             except OSError:
                 return
 
@@ -209,9 +199,3 @@ class RemoteNodeClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _failed(exc: WeaveError) -> dict[str, Any]:
-    text = str(exc)
-    return {"ok": False, "error": type(exc).__name__,
-            "message": text.splitlines()[0] if text else type(exc).__name__}
