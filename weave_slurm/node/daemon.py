@@ -55,6 +55,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+
 class _UnixServer(socketserver.ThreadingUnixStreamServer):
     daemon_threads = True
     request_queue_size = wire.BACKLOG

@@ -78,7 +78,7 @@ def read_line(sock: socket.socket, buf: bytearray, limit: int = MAX_LINE_BYTES) 
     return wire.read_line(sock, buf, limit)
 
 
-Handle = Callable[[int, "Request"], dict[str, Any]]
+Handle = Callable[[int, Request], dict[str, Any]]
 
 
 def answer(handle: Handle, uid: int, request: Request) -> dict[str, Any]:

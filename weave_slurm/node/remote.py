@@ -44,6 +44,7 @@ CONNECT_TIMEOUT_S = 5.0
 QUICK_TIMEOUT_S = 15.0
 SLOW_OPS = frozenset({Op.CHECKPOINT, Op.RESTORE, Op.ADOPT, Op.DROP, Op.COPY, Op.DIGEST})
 
+
 def ready_line(node: str, port: int) -> str:
     return f"{READY_LINE} {json.dumps({'node': node, 'port': port, 'pid': os.getpid()})}"
 
