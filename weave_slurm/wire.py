@@ -98,11 +98,11 @@ def ok(result: Mapping[str, Any]) -> bytes:
     return encode({"ok": True, "result": result})
 
 
-def failed(exc: WeaveError) -> dict[str, Any]:
+def failed(exc: BaseException) -> dict[str, Any]:
     """The reply that names ``exc`` (its first line: replies are one line each)."""
-    text = str(exc)
+    lines = str(exc).strip().splitlines()
     return {"ok": False, "error": type(exc).__name__,
-            "message": text.splitlines()[0] if text else type(exc).__name__}
+            "message": lines[0] if lines else type(exc).__name__}
 
 
 def fail(exc: WeaveError) -> bytes:

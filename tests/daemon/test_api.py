@@ -137,7 +137,7 @@ def test_a_status_read_while_a_job_leaves_sees_it_in_its_group_or_ended(
         r for r in call(sock, Op.STATUS, jobs=[job])["jobs"]))
 
     def between(point: FaultPoint) -> None:   # in the tick, after the plan's write
-        if point is FaultPoint.CANCEL_STOPPED and not reader.is_alive() and not seen:
+        if point is FaultPoint.CANCEL_STOPPED and reader.ident is None:   # not started
             reader.start()
             reader.join(1.0)   # a read that does not wait answers well within this
 

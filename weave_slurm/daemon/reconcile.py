@@ -299,7 +299,7 @@ class Reconciler:
             crossing(FaultPoint.CANCEL_STOPPED)
             self.store.transition("job", job.job_id, dst, reason, now, expect=job.state,
                                   ended_s=now)
-        self.store.update("job", job.job_id, reason=reason)   # status shows why it ended
+            self.store.update("job", job.job_id, reason=reason)   # status shows why it ended
 
     def _leave_group(self, job: JobRow, now: float) -> None:
         group = self.store.group(job.group_id or 0)

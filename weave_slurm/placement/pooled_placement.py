@@ -96,8 +96,6 @@ def _bound(g: Group, job: JobProfile, cap: Capacity, cost: float, work: float,
     return best
 
 
-
-
 def _orders(group: Group, job: JobProfile, join_turns: bool
             ) -> Iterator[tuple[Member, ...]]:
     """The group's members with ``job`` at each cyclic position, with each of its turn

@@ -206,12 +206,13 @@ class SimPolicy:
 
 def refuse_pooled(names: Sequence[str]) -> None:
     """ConfigError where ``--rollout pooled`` meets a policy that runs as weaved does
-    (``weave-live``): weaved runs groups pinned to whole rollout nodes."""
-    live = [n for n in names if n == "weave-live"]
+    (its moves are weaved's): weaved runs groups pinned to whole rollout nodes."""
+    live = [n for n in names if SimPolicy.make(n).weaved_moves]
     if live:
+        pooling = [n for n in SIM_POLICIES if SimPolicy.make(n).pooling]
         raise ConfigError(f"--rollout pooled with --policy {live[0]}: weaved runs groups "
-                          "pinned to whole rollout nodes; pooled rollout applies to weave, "
-                          "weave-online, optimal and regroup")
+                          "pinned to whole rollout nodes; pooled rollout applies to "
+                          f"{', '.join(pooling)}")
 
 
 def optimum_rate(jobs: Sequence[JobProfile], cap: Capacity) -> float | None:

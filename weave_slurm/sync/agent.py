@@ -48,6 +48,7 @@ from typing import IO, Any
 
 import torch
 
+from weave_slurm import wire
 from weave_slurm.errors import ConfigError, StateError, VersionMismatch, WeaveError
 from weave_slurm.node.client import NodeClient
 from weave_slurm.node.crc import CRC_KEY, storage_crc32
@@ -302,12 +303,6 @@ def _report(report: SyncReport) -> dict[str, Any]:
             "retries": report.retries, "elapsed_s": report.elapsed_s}
 
 
-def _error(exc: BaseException) -> dict[str, Any]:
-    lines = str(exc).strip().splitlines()
-    return {"ok": False, "error": type(exc).__name__,
-            "message": lines[0] if lines else type(exc).__name__}
-
-
 def serve(agent: SyncAgent, rfile: IO[bytes], wfile: IO[bytes]) -> None:
     """Answer the runner's requests, one JSON line each, until stdin closes or "stop"."""
     while True:
@@ -322,7 +317,7 @@ def serve(agent: SyncAgent, rfile: IO[bytes], wfile: IO[bytes]) -> None:
             reply = {"ok": True, **agent.handle(req)}
         except (WeaveError, ValueError, KeyError, TypeError, OSError) as exc:
             log.warning("request failed: %s", exc)
-            reply = _error(exc)
+            reply = wire.failed(exc)
         _reply(wfile, reply)
 
 
