@@ -193,7 +193,9 @@ def test_test_only_checks_the_job_against_weaveds_site_and_stores_nothing(
 def test_engine_gpus_directive_and_flag_reach_the_layout(
         weaved: Running, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: F811
     script = tmp_path / "train.sh"
-    script.write_text(SCRIPT.replace("--rollout-gpus=8", "--rollout-gpus=8 --engine-gpus=2"))
+    # cooperative: its own processes, so a layout of several engines is its own business
+    script.write_text(SCRIPT.replace("--rollout-gpus=8", "--rollout-gpus=8 --engine-gpus=2")
+                      .replace("#SBATCH -J my-rl", "#SBATCH -J my-rl\n#WEAVE --cooperative"))
     assert build_spec(script, {})[1].engine_gpus == 2
     assert build_spec(script, {"engine-gpus": 4})[1].engine_gpus == 4   # the flag wins
     sock = ["--socket", str(weaved.socket)]

@@ -55,7 +55,7 @@ def test_a_cooperative_script_runs_its_body_in_the_callers_environment(
     environ = {"PATH": "/opt/venv/bin:/usr/bin", "HOME": "/home/alice",
                "WEAVE_NODE_SOCKET": "/elsewhere", "SLURM_JOB_ID": "9", "X": "a\"b\nc"}
     text, spec = build_spec(script, {}, environ)
-    assert spec.launch is not None and spec.entry == "builtin:grpo-toy"
+    assert spec.launch is not None and spec.entry is None
     assert spec.launch.command("rollout") == spec.launch.command("train") == body
     assert dict(spec.launch.env) == {"PATH": "/opt/venv/bin:/usr/bin", "HOME": "/home/alice",
                                      "X": "a\"b\nc"}

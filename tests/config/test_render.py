@@ -53,8 +53,8 @@ def _typed(value: Any) -> Any:
 def test_the_small_reference_job_parses_to_its_values() -> None:
     job = parse_job(job_spec_toml("ref"))
     assert (job.name, job.slo, job.entry, job.iterations, job.seed) == \
-        ("ref", 3.0, "builtin:grpo-toy", 10, 0)   # entry, iterations, seed: parser defaults
-    assert job.model.params_b == 0.5 and (job.rollout_gpus, job.train_gpus) == (8, 8)
+        ("ref", 3.0, "builtin:grpo-toy", 10, 0)   # iterations, seed: parser defaults
+    assert job.model.params_b == 0.5 and (job.rollout_gpus, job.train_gpus) == (1, 1)
     assert (job.rollout.prompts_per_step, job.rollout.samples_per_prompt,
             job.rollout.max_response_tokens) == (8, 2, 256)
     assert job.profile.rollout == job.profile.train == Durations(10.0, 10.0)

@@ -16,9 +16,9 @@ MINIMAL = """
 """
 
 
-def test_a_site_file_trains_every_rank_the_built_in_site_one() -> None:
+def test_a_site_file_and_the_built_in_site_train_every_rank() -> None:
     assert parse_site(MINIMAL).runtime.gangs is True
-    assert default_site().runtime.gangs is False
+    assert default_site().runtime.gangs is True
     assert parse_site(MINIMAL + "[runtime]\ngangs = false\n").runtime.gangs is False
     assert parse_site(MINIMAL + "[runtime]\ngangs = true\n").runtime.gangs is True
 

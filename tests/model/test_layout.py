@@ -44,7 +44,8 @@ gpus_per_node = {train_gpn}
 
 
 def job(**kw: object) -> str:
-    return job_spec_toml("lay", **kw)  # type: ignore[arg-type]
+    """A spec of 8 + 8 GPUs unless ``kw`` says otherwise."""
+    return job_spec_toml("lay", **{"rollout_gpus": 8, "train_gpus": 8, **kw})  # type: ignore[arg-type]
 
 
 def test_sixteen_gpus_on_eight_gpu_nodes_are_two_nodes_of_eight_ranks() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 from pathlib import Path
 from typing import Annotated
 
@@ -19,7 +20,12 @@ from rich.table import Table
 
 from weave_slurm.cli.logs import setup_logging
 from weave_slurm.errors import ConfigError, WeaveError
-from weave_slurm.slurm.cluster import DEFAULT_STATE_DIR, ClusterStatus, LocalCluster
+from weave_slurm.slurm.cluster import (
+    DEFAULT_STATE_DIR,
+    ClusterStatus,
+    LocalCluster,
+    client_env,
+)
 from weave_slurm.slurm.cluster_config import HostMode, parse_layout
 
 cluster_app = typer.Typer(help="A local Slurm cluster (slurmctld + one slurmd per fake node, "
@@ -75,7 +81,8 @@ def up(state_dir: StateDir = DEFAULT_STATE_DIR,
        = None,
        timeout_s: Annotated[float, typer.Option("--timeout-s")] = 60.0,
        as_json: AsJson = False) -> None:
-    """Start munged, slurmctld and the slurmds (idempotent), then print SLURM_CONF."""
+    """Start munged, slurmctld and the slurmds (idempotent), then print the exports a
+    client needs (SLURM_CONF, and MUNGE_SOCKET for the cluster's own munged)."""
     setup_logging(logging.WARNING, "weave cluster")
     try:
         status = LocalCluster(state_dir).up(parse_layout(nodes), hosts=hosts, subnet=subnet,
@@ -88,7 +95,23 @@ def up(state_dir: StateDir = DEFAULT_STATE_DIR,
         return
     _print(status, False)
     how = "already up" if status.already_up else f"up in {status.up_s or 0.0:.2f} s"
-    typer.echo(f"cluster {how}\nexport SLURM_CONF={status.slurm_conf}")
+    typer.echo(f"cluster {how}; every client (weave, weaved, Slurm's commands) needs:")
+    _exports(state_dir)
+
+
+def _exports(state_dir: Path) -> None:
+    for key, value in client_env(state_dir).items():
+        typer.echo(f"export {key}={shlex.quote(value)}")
+
+
+@cluster_app.command()
+def env(state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
+    """Print the exports a client of the cluster needs: eval "$(weave cluster env)"."""
+    if not LocalCluster(state_dir).status().controller_up:
+        typer.echo(f"weave cluster: no cluster is up in {state_dir}; start it with "
+                   "'weave cluster up'", err=True)
+        raise typer.Exit(1)
+    _exports(state_dir)
 
 
 @cluster_app.command()

@@ -39,6 +39,9 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 #: ``builtin:<name>`` or ``package.module:factory`` (what workloads.entry can load).
 _DOTTED = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
 ENTRY_RE = re.compile(rf"^(?:builtin:[A-Za-z0-9][A-Za-z0-9._-]*|{_DOTTED}:{_DOTTED})$")
+#: What a hosted spec without ``entry`` ran before such specs were refused at
+#: submission (daemon/runnable.py): a job an older weaved stored so still runs it.
+LEGACY_ENTRY = "builtin:grpo-toy"
 #: ``[options]`` keys whose string value is a filesystem path (``out_dir``, ``data_path``...).
 PATH_KEY_RE = re.compile(r"(?:^|_)(?:dir|path|file|root|prefix)$")
 #: The most a spec may ask for per rollout: beyond these a value is a typo, not a job
@@ -125,7 +128,7 @@ class JobSpec:
     rollout_gpus: int
     train_gpus: int
     slo: float | None
-    entry: str
+    entry: str | None   # None: a planning-only spec (weave plan/simulate; not submitted)
     profile: MeasuredProfile
     source: str = "<string>"
     staleness: int = 0
@@ -160,8 +163,8 @@ def _job_from_data(data: object, source: str) -> JobSpec:
     algorithm = Algorithm(top.string("algorithm", "grpo", choices=[a.value for a in Algorithm]))
     slo = top.opt_number("slo", ge=1.0)
     staleness = _staleness(top)
-    entry = top.string("entry", "builtin:grpo-toy")
-    if not ENTRY_RE.match(entry):
+    entry = top.opt_string("entry")
+    if entry is not None and not ENTRY_RE.match(entry):
         raise top.fail("entry", entry, "must be 'builtin:<name>' or 'package.module:factory'")
     iterations = top.integer("iterations", 10, ge=1)
     seed = top.integer("seed", 0, ge=0)

@@ -5,8 +5,9 @@ what :func:`job_spec_toml` writes always parses, to the values it was given
 (round-trip tested). A key given as ``None`` is left out, so the parser's own default
 applies. The other defaults describe one job, the *small reference job* that
 ``weave demo``, the benchmarks and the tests submit: a 0.5 B model, 8 prompts x 2
-samples of at most 256 tokens, 8 + 8 GPUs, with 10 s phases and 1 GiB of warm state
-per pool declared (what placement plans with), and an SLO of 3.0.
+samples of at most 256 tokens, 1 + 1 GPUs (one rank, one engine), with 10 s phases
+and 1 GiB of warm state per pool declared (what placement plans with), and an SLO of
+3.0.
 """
 
 from __future__ import annotations
@@ -27,12 +28,13 @@ Value = OptionInput
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
-def job_spec_toml(name: str, *, slo: float | None = 3.0, entry: str | None = None,
+def job_spec_toml(name: str, *, slo: float | None = 3.0,
+                  entry: str | None = "builtin:grpo-toy",
                   iterations: int | None = None, seed: int | None = None,
                   staleness: int | None = None, user: str | None = None,
                   params_b: float = 0.5, prompts_per_step: int = 8,
                   samples_per_prompt: int = 2, max_response_tokens: int = 256,
-                  rollout_gpus: int = 8, train_gpus: int = 8, engine_gpus: int | None = None,
+                  rollout_gpus: int = 1, train_gpus: int = 1, engine_gpus: int | None = None,
                   rollout_s: float | None = 10.0, train_s: float | None = 10.0,
                   rollout_state_gib: float | None = 1.0, train_state_gib: float | None = 1.0,
                   options: Mapping[str, OptionInput] | None = None,

@@ -86,6 +86,17 @@ class RuntimeConfig:
 RUNTIME_DEFAULTS = RuntimeConfig()
 
 
+def transfer_refusal(runtime: RuntimeConfig, remote_nodes: bool) -> str | None:
+    """Why ``weight_transfer`` cannot work where the nodes are other hosts than weaved's
+    (``remote_nodes``: every Slurm backend, which reaches its node daemons over TCP);
+    None where it can. ``shm`` hands weights off through weaved's own ``/dev/shm``."""
+    if remote_nodes and runtime.weight_transfer is WeightTransferKind.SHM:
+        return ("key 'runtime.weight_transfer' = 'shm': weaved on Slurm reaches its nodes "
+                "on other hosts (no shared memory to hand weights off through); valid "
+                "there: auto, twotier")
+    return None
+
+
 def read_runtime(table: TableReader | None) -> RuntimeConfig:
     """The ``[runtime]`` table (absent: the defaults); unknown keys are errors."""
     d = RUNTIME_DEFAULTS

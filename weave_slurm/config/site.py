@@ -7,11 +7,11 @@ documents every key. Frozen dataclasses, units in names.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from weave_slurm.config.reader import TableReader, parse_toml, read_toml
-from weave_slurm.config.runtime import RUNTIME_DEFAULTS, RuntimeConfig, read_runtime
+from weave_slurm.config.runtime import RuntimeConfig, read_runtime
 from weave_slurm.errors import ConfigError
 from weave_slurm.vocab import Pool
 
@@ -121,8 +121,8 @@ def default_site() -> SiteConfig:
     """The built-in site: two 41-node (328-GPU) pools as in the paper's testbed.
 
     It is what weaved runs on without a site file: a try-out on one host (the demo,
-    the embedded local backend) whose "GPUs" are not there, so a member trains as one
-    process (``[runtime] gangs = false``); a site file's default is every rank.
+    the embedded local backend). A job runs every rank and engine its layout places,
+    as on any site (on CPU the ranks are small, not fewer).
     """
     return SiteConfig(
         name="default",
@@ -131,7 +131,6 @@ def default_site() -> SiteConfig:
                            H20_PRICE_PER_GPU_HOUR, 41),
         train=PoolConfig(Pool.TRAIN, "h800", DEFAULT_GPUS["h800"], 8, 2048.0,
                          H800_PRICE_PER_GPU_HOUR, 41),
-        runtime=replace(RUNTIME_DEFAULTS, gangs=False),
     )
 
 

@@ -29,6 +29,7 @@ from weave_slurm.daemon.faults import FaultPoint, crossing
 from weave_slurm.daemon.layout_view import layout_row
 from weave_slurm.daemon.protocol import Op, PermissionDenied
 from weave_slurm.daemon.records import AllocRow, GroupRow, JobRow
+from weave_slurm.daemon.runnable import check_runnable
 from weave_slurm.daemon.states import JobState
 from weave_slurm.daemon.store import Store
 from weave_slurm.daemon.usage_view import sacct, slurm_job_ids
@@ -130,6 +131,7 @@ class Api:
         if never is not None:
             raise InfeasibleRequest(f"{where}: can never be placed on this site: "
                                     f"{'; '.join(never.reasons)}")
+        check_runnable(job, profile.layout, self.site, uid, self.node_python)
         if test_only:
             return {"job": None, "valid": True, "rollout_nodes": profile.rollout_nodes,
                     "train_nodes": profile.train_nodes,

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from weave_slurm.config.job import JobSpec, parse_job
+from weave_slurm.config.job import LEGACY_ENTRY, JobSpec, parse_job
 from weave_slurm.config.runtime import RUNTIME_DEFAULTS
 from weave_slurm.daemon import allocplan
 from weave_slurm.daemon.driver import JobOutcome, JobStep, pool_nodes
@@ -114,7 +114,7 @@ def member_spec(job: JobRow, group: GroupRow, pins: tuple[int, ...] | None = Non
     layout = job.profile.layout   # None: stored by a weaved before layouts (one rank)
     train = tuple(range(layout.train.nodes if layout is not None else 1))
     files = _files(job, spec)
-    return MemberSpec(str(job.job_id), entry_point=spec.entry, seed=spec.seed,
+    return MemberSpec(str(job.job_id), entry_point=spec.entry or LEGACY_ENTRY, seed=spec.seed,
                       steps=spec.iterations, options=dict(spec.options),
                       staleness=spec.staleness, uid=job.uid, workdir=spec.workdir,
                       python=spec.python, pythonpath=spec.pythonpath,

@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from weave_slurm.config.runtime import transfer_refusal
 from weave_slurm.config.site import PoolConfig, SiteConfig
 from weave_slurm.daemon.access import Kind, Need, probe
 from weave_slurm.errors import WeaveError
@@ -74,6 +75,7 @@ class SiteFacts:
 def run_checks(facts: SiteFacts, nodes: Callable[[], Sequence[NodeInfo]]) -> list[Check]:
     """Every check, in order (``nodes``: the backend's ``sinfo --json``)."""
     out = pools(facts.site, nodes)
+    out.append(transfer(facts.site))
     out.append(munge(facts.munge_socket))
     out += shared_paths(facts.checkpoint_root, facts.path_roots)
     out.append(interpreter(facts.node_python, facts.user))
@@ -92,6 +94,14 @@ def pools(site: SiteConfig, nodes: Callable[[], Sequence[NodeInfo]]) -> list[Che
     except WeaveError as exc:
         return [Check("slurm", Status.FAIL, f"sinfo --json failed: {exc}")]
     return [pool(p, listed) for p in (site.rollout, site.train)]
+
+
+def transfer(site: SiteConfig) -> Check:
+    """The weight transfer works across hosts (weaved on Slurm: its nodes are others)."""
+    name = f"weight transfer {site.runtime.weight_transfer.value}"
+    why = transfer_refusal(site.runtime, remote_nodes=True)
+    return Check(name, Status.OK, "works across hosts") if why is None else \
+        Check(name, Status.FAIL, f"{site.source}: {why}")
 
 
 def pool(p: PoolConfig, nodes: Sequence[NodeInfo]) -> Check:

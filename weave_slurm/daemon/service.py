@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from filelock import FileLock, Timeout
 
 from weave_slurm.clock import SystemClock
+from weave_slurm.config.runtime import transfer_refusal
 from weave_slurm.config.site import SiteConfig, default_site, load_site
 from weave_slurm.daemon.api import Api
 from weave_slurm.daemon.client import SOCKET_NAME
@@ -139,6 +140,9 @@ class Weaved:
         self.backend = backend or make_backend(
             cfg.backend, state_dir=cfg.state_dir / "local", env=cfg.env or None,
             log_dir=cfg.state_dir / "logs")
+        refusal = transfer_refusal(self.site.runtime, self.backend.kind != "local")
+        if refusal is not None:
+            raise ConfigError(f"{self.site.source}: {refusal}")
         self.capacity = capacity_for(self.site, self.backend)
         self.nodes = NodeDaemons(NodeDaemonSettings(
             state_dir=cfg.state_dir, instance=cfg.instance,

@@ -14,14 +14,10 @@ import sys
 
 from weave_slurm.errors import ConfigError
 from weave_slurm.workloads.api import JobContext, JobRunner, RLJob
+from weave_slurm.workloads.builtins import targets
 
-#: Built-in jobs: name -> "module:factory" (imported lazily).
-BUILTINS: dict[str, str] = {
-    "grpo-toy": "weave_slurm.workloads.grpo_toy:GrpoToyJob",
-    "grpo-toy-deepspeed": "weave_slurm.workloads.deepspeed_backend:DeepSpeedGrpoJob",
-    "grpo-toy-vllm": "weave_slurm.workloads.vllm_backend:VllmGrpoJob",
-    "trl-grpo-tiny": "weave_slurm.workloads.trl_tiny:make",
-}
+#: Built-in jobs: name -> "module:factory" (imported lazily; workloads/builtins.py).
+BUILTINS: dict[str, str] = dict(targets())
 
 _DOTTED = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
 
