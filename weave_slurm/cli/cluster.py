@@ -75,7 +75,8 @@ def up(state_dir: StateDir = DEFAULT_STATE_DIR,
            help="shared: every slurmd on this host; separate: every node a host of its "
                 "own (namespaces; needs root).")] = HostMode.SHARED,
        subnet: Annotated[str | None, typer.Option(
-           help="Private subnet of the separate hosts (default 10.214.0.0/24).")] = None,
+           help="Private subnet of the separate hosts (default: the first free /24 "
+                "from 10.214.0.0/24).")] = None,
        interpool_gbps: Annotated[float | None, typer.Option(
            "--interpool-gbps", help="Shape the link between the pools (separate hosts).")]
        = None,

@@ -274,6 +274,10 @@ class LocalCluster:
         if spank_plugin is not None and not spank_plugin.is_file():
             raise ConfigError(f"--spank: plugin {str(spank_plugin)!r} does not exist; build "
                               "it with 'make -C spank'")
+        plan = self.hosts_plan()
+        if subnet is None and hosts is HostMode.SEPARATE:   # ours again, else a free one
+            subnet = plan.subnet if plan is not None else \
+                separate_hosts.free_subnet(self.runner, DEFAULT_SUBNET)
         subnet = subnet or DEFAULT_SUBNET
         current = self.status()
         if current.ready and self._same_layout(layout, hosts, subnet):

@@ -116,6 +116,23 @@ def check_free(plan: HostPlan, runner: CommandRunner) -> None:
                               " of this host; choose another subnet")
 
 
+def free_subnet(runner: CommandRunner, first: str) -> str:
+    """``first``, or the next /24 after it in its /16 that no route of this host
+    overlaps (another cluster's, a site network's); ConfigError if none is."""
+    base = ipaddress.ip_network(first)
+    res = run_step(runner, Step("list routes", ("ip", "-o", "-4", "route", "show")))
+    taken = [dst for line in res.stdout.splitlines()
+             for dst in [_route_dst(line)] if dst is not None]
+    for k in range(256):
+        net = ipaddress.ip_network((int(base.network_address) + (k << 8), 24))
+        if not net.subnet_of(base.supernet(new_prefix=16)):  # type: ignore[arg-type]
+            break
+        if not any(net.overlaps(t) for t in taken):
+            return str(net)
+    raise ConfigError(f"--subnet: every /24 of {base.supernet(new_prefix=16)} from {first} "
+                      "overlaps a route of this host; give a free private one")
+
+
 def _route_dst(line: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
     """The destination of one ``ip route`` line (after a type such as ``unreachable``)."""
     for word in line.split()[:2]:
