@@ -26,6 +26,12 @@ The gate reaches weave through the node daemon's node-local socket
 a step's tasks); the daemon learns the caller's uid from the kernel (SO_PEERCRED), so a
 process can only gate its own uid's jobs. ``WEAVE_JOB_ID`` names the job. This module
 imports neither torch nor anything of weave that does; nothing is read at import time.
+
+**Outside weave** (neither variable set: the script run by hand, or by another
+scheduler) the gate passes through (:class:`PassThrough`): each phase is granted at
+once, nothing is enforced or reported, and the switch hooks run as they do under
+weave, so one script runs the same path with and without weave. Only one of the two
+set, or a socket nobody answers at, is a fault, not "outside weave": it raises.
 """
 
 from __future__ import annotations
@@ -41,8 +47,8 @@ from pathlib import Path
 from weave_slurm.errors import ConfigError, GateRefused, PhaseRevoked, StateError
 from weave_slurm.wire import LineClient
 
-__all__ = ["Gate", "GateRefused", "PhaseRevoked", "Turn", "connect", "on_switch_in",
-           "on_switch_out", "phase"]
+__all__ = ["Gate", "GateRefused", "PassThrough", "PhaseRevoked", "Turn", "connect",
+           "on_switch_in", "on_switch_out", "phase"]
 
 #: One ``wait`` request blocks at most this long; the gate then asks again.
 WAIT_SLICE_S = 5.0
@@ -91,10 +97,7 @@ class Gate:
 
     def acquire(self, phase: str, version: int) -> Turn:
         """Block until weave grants ``phase`` at ``version`` (or refuses it)."""
-        if phase not in _PHASES:
-            raise ConfigError(f"gate.phase: phase {phase!r}; valid: {', '.join(_PHASES)}")
-        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
-            raise ConfigError(f"gate.phase: version {version!r}; must be an integer >= 0")
+        _check(phase, version)
         while True:
             reply = self._call(action="wait", phase=phase, version=version,
                                timeout_s=WAIT_SLICE_S)
@@ -131,6 +134,34 @@ class Gate:
             self._call(action="done", activation=turn.activation, error=why)
 
 
+class PassThrough(Gate):
+    """The gate of a process outside weave (module doc): every phase at once."""
+
+    def __init__(self) -> None:   # no node daemon, no job: nothing is ever asked
+        self.switch_in: list[Hook] = []
+        self.switch_out: list[Hook] = []
+
+    def _call(self, **args: object) -> dict[str, object]:
+        raise StateError("gate: outside weave there is no node daemon to ask")
+
+    def acquire(self, phase: str, version: int) -> Turn:
+        _check(phase, version)
+        return Turn(phase, version, 0, version, time.monotonic())
+
+    def release(self, turn: Turn) -> dict[str, object]:
+        return {}
+
+    def fail(self, turn: Turn, why: str) -> None:
+        pass
+
+
+def _check(phase: str, version: int) -> None:
+    if phase not in _PHASES:
+        raise ConfigError(f"gate.phase: phase {phase!r}; valid: {', '.join(_PHASES)}")
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise ConfigError(f"gate.phase: version {version!r}; must be an integer >= 0")
+
+
 def _as_int(reply: Mapping[str, object], key: str) -> int:
     value = reply.get(key)
     if not isinstance(value, int):
@@ -142,17 +173,25 @@ _default: Gate | None = None
 
 
 def connect(socket_path: str | Path | None = None, job_id: str | None = None) -> Gate:
-    """The process's gate (``WEAVE_NODE_SOCKET``, ``WEAVE_JOB_ID`` unless given)."""
+    """The process's gate (``WEAVE_NODE_SOCKET``, ``WEAVE_JOB_ID`` unless given); with
+    neither given nor set, a :class:`PassThrough` (outside weave)."""
     global _default
     if _default is not None and socket_path is None and job_id is None:
         return _default
     sock = socket_path or os.environ.get("WEAVE_NODE_SOCKET")
     job = job_id or os.environ.get("WEAVE_JOB_ID")
-    if not sock or not job:
-        raise ConfigError("gate: WEAVE_NODE_SOCKET and WEAVE_JOB_ID are not set: run this "
-                          "process as a weave cooperative job (a [launch] table or "
-                          "'#WEAVE --cooperative'), or pass socket_path and job_id")
-    gate = Gate(Path(sock), job)
+    gate: Gate
+    if not sock and not job and socket_path is None and job_id is None:
+        gate = PassThrough()
+    elif not sock or not job:
+        have, lack = (("WEAVE_NODE_SOCKET", "WEAVE_JOB_ID") if sock
+                      else ("WEAVE_JOB_ID", "WEAVE_NODE_SOCKET"))
+        raise ConfigError(f"gate: {have} is set (or given) but {lack} is not: a weave "
+                          "cooperative job's processes get both (a [launch] table or "
+                          "'#WEAVE --cooperative'); unset both to run outside weave, or "
+                          "pass socket_path and job_id")
+    else:
+        gate = Gate(Path(sock), job)
     if socket_path is None and job_id is None:
         _default = gate
     return gate

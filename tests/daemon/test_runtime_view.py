@@ -3,6 +3,8 @@ the runtime reads (iterations, seed, [options])."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from weave_slurm.cli.status import _runtime_lines, format_rows
@@ -85,3 +87,34 @@ def test_a_group_waiting_for_its_node_daemons_says_why_in_status() -> None:
     assert rt.live(9) is None          # nothing ran: no runtime row (as before the wait)
     assert rt.waiting(9) == "the node daemon on h20-0 does not answer yet: refused"
     assert rt.waiting(8) is None
+
+
+def test_a_group_waiting_for_weaveds_own_node_daemons_gives_advice_that_applies(
+        tmp_path: Path) -> None:
+    """weaved starts its node daemons itself (its node-daemon steps): while one does not
+    answer yet, the wait says so with that step's log, not 'weave node serve' (the
+    advice for a daemon you start, which a plain client still gets)."""
+    from weave_slurm.config.site import default_site
+    from weave_slurm.daemon.node_daemons import NodeDaemons, NodeDaemonSettings
+    from weave_slurm.daemon.records import AllocRow
+    from weave_slurm.daemon.states import AllocState
+    from weave_slurm.errors import NodeGone
+    from weave_slurm.node.client import NodeClient
+
+    nodes = NodeDaemons(NodeDaemonSettings(tmp_path), default_site(),
+                        None)  # type: ignore[arg-type]   # ref() asks no local backend
+    allocs = [AllocRow(1, 1, "rollout", "h20-0", "h20", 1, 8, None, 2, AllocState.HELD,
+                       "7", ("n1",), ""),
+              AllocRow(2, 1, "train", "h800-0", "h800", 1, 8, None, 2, AllocState.HELD,
+                       "8", ("n2",), "")]
+    group = GroupRow(1, "x.1", GroupState.ACTIVE, GroupPlan(1, 1, (MemberPlan(9, (0,)),)),
+                     0.0, "")
+    rt = GroupRuntime(nodes.ref)
+    rt._build(group, allocs)                    # no daemon listens at n1's socket yet
+    why = rt.waiting(9)
+    assert why is not None and why.startswith("the node daemon on n1 does not answer "), why
+    assert "weave node serve" not in why, why
+    assert f"weaved starts it (its node-daemon step); waiting for that step, see its log " \
+           f"{nodes.log_path(allocs[0])}" in why, why
+    with pytest.raises(NodeGone, match="start it with 'weave node serve'"):
+        NodeClient(tmp_path / "nobody.sock")    # a daemon weaved does not start

@@ -9,7 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from weave_slurm.clock import VirtualClock
+from weave_slurm.daemon.runtime_view import member_row, outcome_words
 from weave_slurm.node.protocol import Op
+from weave_slurm.runtime.faults import FaultKind
 from weave_slurm.runtime.group import GroupLayout, MemberSpec, MemberState, NodeRef
 from weave_slurm.runtime.launch_plan import LaunchPlan
 from weave_slurm.runtime.runner import GroupRunner
@@ -27,6 +29,7 @@ class GateNode:
         self.state: dict[str, str] = {}
         self.procs: dict[str, dict[str, Any]] = {}    # job -> role -> {"returncode": rc}
         self.then: dict[str, tuple[str, dict[str, Any]]] = {}  # after the next read: state, procs
+        self.metrics: dict[str, float] = {"reward_mean": 0.5}  # what its turns report
 
     def call(self, op: Op, **args: Any) -> dict[str, Any]:
         job = str(args.get("job", ""))
@@ -34,9 +37,11 @@ class GateNode:
         if op is Op.ACTIVATE:
             self.state[job] = "running"
             self.waiting.get(job, {}).pop(str(args.get("phase")), None)
+        if op is Op.GATE and args.get("action") == "refuse":   # the process is told
+            self.waiting.get(job, {}).pop(str(args.get("phase")), None)
         if op is Op.PHASE:
             reply = {"worker": {"state": self.state.get(job, "running"),
-                                "result": {"metrics": {"reward_mean": 0.5}}},
+                                "result": {"metrics": dict(self.metrics)}},
                      "gate": {"waiting": dict(self.waiting.get(job, {})),
                               "procs": dict(self.procs.get(job, {}))}}
             if job in self.then:     # the process moves on between two reads
@@ -139,3 +144,54 @@ def test_a_process_that_ends_right_after_its_last_phase_does_not_fail_it() -> No
         clock.sleep(0.05)
         runner.tick()
     assert member.version == 1 and member.state is MemberState.DONE, member.error
+
+
+def _iteration(runner: GroupRunner, nodes: dict[str, GateNode], clock: VirtualClock,
+               v: int) -> None:
+    """Its processes wait for rollout ``v`` and train ``v``; both are granted and end."""
+    for node, phase in (("h20-0", "rollout"), ("h800-0", "train")):
+        nodes[node].state.pop("c", None)
+        nodes[node].waiting["c"] = {phase: v}
+        for _ in range(2):
+            clock.sleep(0.05)
+            runner.tick()
+        nodes[node].state["c"] = "exited"
+        clock.sleep(0.05)
+        runner.tick()
+
+
+def test_a_rollout_turns_report_is_kept() -> None:
+    """``turn.report(reward_mean=...)`` in the rollout turn (docs/job_api.md) is the
+    iteration's reward; the train's own report wins a key both turns report."""
+    runner, nodes, _, clock = _setup()
+    runner.tick()
+    member = runner.members["c"]
+    nodes["h20-0"].metrics = {"reward_mean": 0.7, "tokens": 12.0}
+    nodes["h800-0"].metrics = {"loss": 0.25}
+    _iteration(runner, nodes, clock, 0)
+    assert member.version == 1 and member.rewards == [0.7], member.history
+    nodes["h800-0"].metrics = {"reward_mean": 0.9}
+    _iteration(runner, nodes, clock, 1)
+    assert member.version == 2 and member.rewards == [0.7, 0.9], member.history
+
+
+def test_a_gate_refusal_is_the_jobs_reason() -> None:
+    """The refusal's words are the job's REASON while it runs, and its failure's when
+    the refused process then exits non-zero (not only in the job's own output)."""
+    runner, nodes, log, clock = _setup()
+    runner.tick()
+    member = runner.members["c"]
+    nodes["h800-0"].waiting["c"] = {"train": 1}     # no rollout at 1 ended: refused
+    clock.sleep(0.05)
+    runner.tick()
+    (node, refuse), = [(n, a) for n, a in _ops(log, Op.GATE) if a["action"] == "refuse"]
+    why = refuse["message"]
+    assert node == "h800-0" and why.startswith("train at version 1 refused: "), why
+    assert member_row(runner, member)["event"] == why     # status's REASON
+    nodes["h800-0"].procs["c"] = {"train": {"returncode": 1}}   # GateRefused ended it
+    clock.sleep(0.05)
+    runner.tick()
+    assert member.state is MemberState.FAILED and member.fault is not None
+    assert member.fault.kind is FaultKind.VERSION_REFUSED
+    assert why in outcome_words(member), outcome_words(member)   # the FAILED job's REASON
+    assert "its train process on h800-0 exited with status 1" in outcome_words(member)

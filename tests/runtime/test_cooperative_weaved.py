@@ -8,7 +8,8 @@ their phases in its cyclic order.
   every phase body the job printed lies inside the runtime's span of that phase (a
   phase runs from the grant until the process leaves its ``with`` block);
 - one job's train at a version without its rollout is refused, and the job's own
-  output holds the reason (it then goes on and completes);
+  output and its REASON hold the reason (it then goes on and completes);
+- the reward a job reports in its rollout turn is its iterations' reward;
 - a job that holds a phase past its deadline is reported hung and FAILED, its
   processes stopped, while the others complete; so is one whose process dies;
 - ``weave status`` shows ITER from the gate's reports; the output files hold the
@@ -145,6 +146,13 @@ def test_cooperative_jobs_share_a_group_through_the_gate(
                                "version); the job is at version 0, its next train is at "
                                "version 0"], out["coop-b"]
             assert "the barrier is broken" not in out["coop-b"]
+            reasons = {r["reason"] for r in seen if r["job"] == b and r["state"] == "RUNNING"}
+            assert refused[0].removeprefix("refused: ") in reasons, reasons
+            # weaved starts the node daemons itself: no advice to start them by hand
+            assert not [r for r in seen if "weave node serve" in (r["reason"] or "")]
+            # the reward each rollout turn reported (its train turn reports a loss only)
+            live = w.driver.live(a)
+            assert live is not None and live["rewards"] == pytest.approx([0.1, 0.2, 0.3])
 
             # the hung job: FAILED as hung, its processes stopped, the others unharmed
             assert rows[c]["state"] == "FAILED", rows[c]

@@ -91,3 +91,14 @@ def test_the_fault_names_the_node_that_did_not_answer() -> None:
         fault = Fault.from_error(err.value, "t0", Phase.TRAIN)
         assert fault.kind is FaultKind.NODE_GONE and fault.node == "n1"
         assert fault.words().startswith("node daemon on node n1 stopped answering")
+
+
+def test_a_node_weaved_starts_is_waited_for_not_started_by_hand(tmp_path: Path) -> None:
+    """A daemon of weaved's own node-daemon step (``NodeRef.step_log``) that does not
+    answer: the fault's words point at that step's log, not at 'weave node serve'."""
+    log = tmp_path / "node-1-h20-0.log"
+    node = NodeRef("n1", Pool.ROLLOUT, tmp_path / "node-n1.sock", step_log=log)
+    with pytest.raises(NodeGone) as caught:
+        NodeLink().call(node, Op.STATUS)
+    words = Fault.from_error(caught.value).words()
+    assert "weave node serve" not in words and f"see its log {log}" in words, words

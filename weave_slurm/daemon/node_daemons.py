@@ -91,12 +91,12 @@ class NodeDaemons:
     def ref(self, alloc: AllocRow, node: str, pool: Pool) -> NodeRef:
         """``node``'s daemon; on Slurm its address and the port it said it got
         (``NodeUnavailable`` until it said so)."""
-        socket = self.socket_dir / f"node-{node}.sock"
-        if not self.s.remote:
-            return NodeRef(node, pool, socket)
-        self._logs[(alloc.alloc_id, node)] = self.log_path(alloc)
-        return NodeRef(node, pool, socket, self.address(node),
-                       self._port(self.log_path(alloc), node), alloc.alloc_id)
+        socket, log = self.socket_dir / f"node-{node}.sock", self.log_path(alloc)
+        if not self.s.remote:   # started by weaved's node-daemon step (``step``)
+            return NodeRef(node, pool, socket, step_log=log)
+        self._logs[(alloc.alloc_id, node)] = log
+        return NodeRef(node, pool, socket, self.address(node), self._port(log, node),
+                       alloc.alloc_id, step_log=log)
 
     def resolve(self, node: NodeRef) -> NodeRef:
         """``node`` with the port its daemon said last (a relaunched daemon's new one)."""

@@ -32,7 +32,9 @@ def member_row(runner: GroupRunner, m: Member) -> dict[str, Any]:
         and m.initialised else m.version,
         "node": st.get("node"), "reward": m.rewards[-1] if m.rewards else None,
         "rewards": list(m.rewards), "recoveries": m.recoveries, "error": m.error,
-        "member_state": m.state.value, "event": m.event() or m.restart_note,
+        "member_state": m.state.value,
+        # its last fault, else why it started over, else its gate's last refusal
+        "event": m.event() or m.restart_note or runner.coop.refusal(m.spec.job_id),
         "current_staleness": st.get("current_staleness")}
     if prof is not None:
         row.update({"slowdown": prof.slowdown, "slo_ok": prof.slo_ok,

@@ -26,13 +26,18 @@ from weave_slurm.wire import LineClient
 
 
 class NodeClient(LineClient):
-    """One connection to a node daemon; usable as a context manager."""
+    """One connection to a node daemon; usable as a context manager. ``step_log``: the
+    daemon is weaved's node-daemon step, whose output that is (None: one you start)."""
 
     server = "node daemon"
     start_hint = "start it with 'weave node serve'"
     unavailable = NodeGone
 
-    def __init__(self, socket_path: Path, timeout_s: float = 120.0) -> None:
+    def __init__(self, socket_path: Path, timeout_s: float = 120.0,
+                 step_log: Path | None = None) -> None:
+        if step_log is not None:   # the advice for who starts it: weaved, not the caller
+            self.start_hint = (f"weaved starts it (its node-daemon step); waiting for "
+                               f"that step, see its log {step_log}")
         super().__init__(socket_path, timeout_s)
 
     @classmethod

@@ -16,12 +16,17 @@ it is a member like any other; what differs is what a phase *is*:
 - **Refused.** A wait that can never be granted (:func:`judge`: a train at a version
   without the matching rollout, a rollout at a version the job's weights are not at,
   anything past the job's iterations) is refused at once (``gate`` ``refuse``): the
-  process gets :class:`~weave_slurm.errors.GateRefused` with the reason in one line.
+  process gets :class:`~weave_slurm.errors.GateRefused` with the reason in one line;
+  the job's REASON says it too (:meth:`Cooperative.refusal`), and a process that then
+  exits non-zero fails the member with it (its fault is the refusal, not the exit).
 - **Grant.** The runner's ``activate`` is a grant (``external``); the phase runs, for
   the runner's poll and deadline, until the process leaves its ``with`` block. A
   phase past its deadline is hung, as any member's: the runner revokes it.
 - **End of a phase.** No data moves: the job syncs its own weights. A rollout at
-  ``v`` delivers batch ``v``; a train at ``v`` makes the job's version ``v + 1``.
+  ``v`` delivers batch ``v``; a train at ``v`` makes the job's version ``v + 1``. The
+  metrics a turn reported (``turn.report``) are kept: a rollout's until its train ends,
+  when the iteration's metrics are both turns' (the train's win a key both report), as
+  a hosted job's trajectories' metrics join its train's.
 - **Faults.** weave holds no state of a cooperative job, so it cannot re-admit one
   from a checkpoint: a member sent to recovery (hung, a process that exited non-zero,
   a node gone) has its processes stopped and is FAILED, with the fault in words.
@@ -109,6 +114,7 @@ class _Seen:
     waiting: dict[Phase, int] = field(default_factory=dict)
     exited: dict[str, int] = field(default_factory=dict)     # role -> exit status
     left: set[Phase] = field(default_factory=set)   # its last grant ended (left its block)
+    metrics: dict[str, float] = field(default_factory=dict)  # its last rollout's report
 
 
 class Cooperative:
@@ -129,6 +135,11 @@ class Cooperative:
     def node_of(member: Member, phase: Phase) -> NodeRef:
         """Where the member's process of ``phase`` runs."""
         return member.train_node if phase is Phase.TRAIN else member.rollout_nodes[0]
+
+    def refusal(self, job_id: str, phase: Phase | None = None) -> str | None:
+        """The job's last gate refusal (of ``phase``), in words; None: none."""
+        return next((r.message for r in reversed(self.refusals) if r.job_id == job_id
+                     and phase in (None, r.phase)), None)
 
     # -- the runner's hooks ------------------------------------------------------------
     def tick(self) -> bool:
@@ -167,7 +178,9 @@ class Cooperative:
     def finish(self, member: Member, run: PhaseRun, result: dict[str, object]) -> None:
         """A phase the process handed back (the runner logged its span already)."""
         move = self.lc.move
+        seen = self._seen.setdefault(member.spec.job_id, _Seen())
         if run.kind is Phase.ROLLOUT:
+            seen.metrics = _metrics(result)
             member.rolled = member.delivered = run.step + 1
             member.next_kind = Phase.TRAIN
             move(member, MemberState.READY, f"rollout at version {run.step} done")
@@ -179,10 +192,9 @@ class Cooperative:
         member.version = run.step + 1
         if member.versions is not None:
             member.versions.consumed(run.step, run.step)
-        metrics = result.get("metrics")
-        reward = dict(metrics).get("reward_mean") if isinstance(metrics, dict) else None
-        member.rewards.append(float(reward) if isinstance(reward, int | float)
-                              else float("nan"))
+        metrics = {**seen.metrics, **_metrics(result)}   # the iteration's: both turns'
+        seen.metrics = {}
+        member.rewards.append(metrics.get("reward_mean", float("nan")))
         self.lc.profiler.iteration_end(member.spec.job_id, self.clock.now())
         member.next_kind = Phase.ROLLOUT
         move(member, MemberState.READY, f"train -> v{member.version}")
@@ -271,10 +283,7 @@ class Cooperative:
             holding = phase in member.runs and not member.runs[phase].ended \
                 and phase not in seen.left
             if rc != 0 or holding:
-                self.lc.fail(member, Fault(
-                    FaultKind.WORKER_EXITED, self.node_of(member, phase).name, phase, rc,
-                    evidence=f"its {role} process exited with status {rc}"
-                             + (f" holding its {phase.value} phase" if holding else "")))
+                self.lc.fail(member, self._exit_fault(member, phase, rc, holding))
                 return True
         want = member.wants()
         if member.runs or (want is not None and ROLE[want] not in seen.exited):
@@ -292,6 +301,19 @@ class Cooperative:
                      f"{member.version}")
         return True
 
+    def _exit_fault(self, member: Member, phase: Phase, rc: int, holding: bool) -> Fault:
+        """A process that exited holding its phase or non-zero: after a refusal of its
+        phase, the refusal is the fault (its words are the reason it exited)."""
+        node, role = self.node_of(member, phase).name, ROLE[phase]
+        refused = None if holding else self.refusal(member.spec.job_id, phase)
+        if refused is not None:
+            return Fault(FaultKind.VERSION_REFUSED, node, phase, rc,
+                         evidence=f"its {role} process on {node} exited with status {rc} "
+                                  f"after its gate refused it: {refused}")
+        return Fault(FaultKind.WORKER_EXITED, node, phase, rc,
+                     evidence=f"its {role} process exited with status {rc}"
+                              + (f" holding its {phase.value} phase" if holding else ""))
+
     def _give_up(self, member: Member) -> None:
         """Recovery for a cooperative member: stop its processes; FAILED (see module doc)."""
         self._stop(member)
@@ -303,3 +325,12 @@ class Cooperative:
         for phase in (Phase.TRAIN, Phase.ROLLOUT):
             self.link.best_effort(self.node_of(member, phase), Op.LAUNCH,
                                   job=member.spec.job_id, action="stop")
+
+
+def _metrics(result: dict[str, object]) -> dict[str, float]:
+    """The numbers a turn reported (``turn.report``; the node daemon checked them)."""
+    metrics = result.get("metrics")
+    if not isinstance(metrics, dict):
+        return {}
+    return {str(k): float(v) for k, v in metrics.items()
+            if isinstance(v, int | float) and not isinstance(v, bool)}

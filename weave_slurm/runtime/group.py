@@ -90,6 +90,10 @@ class NodeRef:
     address: str | None = None
     port: int | None = None
     alloc_id: str | None = None     # the Slurm allocation holding the node (its steps)
+    # who starts its daemon: weaved's node-daemon step, whose output is this file on
+    # weaved's host (a daemon not answering yet is waited for, not started by hand);
+    # None: a daemon weaved does not start (the site's, a test's): 'weave node serve'
+    step_log: Path | None = field(default=None, compare=False)
 
     @property
     def remote(self) -> bool:

@@ -47,22 +47,23 @@ class NodeLink:
         self._clients: dict[object, Any] = {}
         self._down: dict[object, tuple[float, str]] = {}   # key -> (retry after, why)
 
-    def local(self, socket_path: Path) -> Any:
+    def local(self, socket_path: Path, step_log: Path | None = None) -> Any:
         """The connection to the node daemon at ``socket_path`` on this host (the shm
-        handoff's door: it writes into that node's shared memory directly)."""
+        handoff's door: it writes into that node's shared memory directly);
+        ``step_log``: :attr:`NodeRef.step_log`."""
         if socket_path not in self._clients:
             if self._factory is not None:
                 self._clients[socket_path] = self._factory(socket_path)
             else:
                 from weave_slurm.node.client import NodeClient
 
-                self._clients[socket_path] = NodeClient(socket_path)
+                self._clients[socket_path] = NodeClient(socket_path, step_log=step_log)
         return self._clients[socket_path]
 
     def client(self, node: NodeRef) -> Any:
         """The control connection to ``node``'s daemon."""
         if not node.remote:
-            return self.local(node.socket_path)
+            return self.local(node.socket_path, node.step_log)
         key = _key(node)
         if key not in self._clients:   # where it listens now (a relaunched daemon moves)
             fresh = self._resolve(node) if self._resolve is not None else node
@@ -119,4 +120,4 @@ def connect(node: NodeRef, timeout_s: float = 120.0, munge_socket: str | None = 
         return RemoteNodeClient(node.address, node.port, Munge(munge_socket), timeout_s)
     from weave_slurm.node.client import NodeClient
 
-    return NodeClient(node.socket_path, timeout_s)
+    return NodeClient(node.socket_path, timeout_s, step_log=node.step_log)
