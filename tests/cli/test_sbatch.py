@@ -16,6 +16,7 @@ from weave_slurm.errors import ConfigError
 SCRIPT = """\
 #!/bin/bash
 #SBATCH -J my-rl
+#WEAVE --entry=builtin:grpo-toy --engine-gpus=8
 #WEAVE --slo=2.5 --rollout-gpus=8
 #WEAVE --train-gpus 8 --max-tokens=256
 #WEAVE --model-params-b=0.5 --rollout-s=10 --train-s=10

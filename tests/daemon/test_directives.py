@@ -127,7 +127,7 @@ def test_weaved_refuses_a_time_over_the_sites_limit_and_more_gpus_than_a_pool(
     with pytest.raises(InfeasibleRequest, match=r"t.toml: --time of 61 min exceeds this "
                        r"site's limit of 60 min"):
         api.submit(0, spec + "\n[slurm]\ntime_limit_min = 61\n", "t.toml", test_only=True)
-    big = spec.replace("rollout = 8\n", "rollout = 8000\n")
+    big = spec.replace("rollout = 1\n", "rollout = 8000\n")
     assert big != spec
     # already refused before this change (model/layout.py): more GPUs than a pool holds
     with pytest.raises(InfeasibleRequest, match=r"t.toml: key 'gpus.rollout' needs 1000 nodes "
