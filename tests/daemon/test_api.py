@@ -7,6 +7,7 @@ import os
 import socket
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -15,9 +16,13 @@ from tests.daemon.conftest import Running
 from tests.harness.waits import wait_for
 from tests.harness.weaved import call, state_of
 from weave_slurm.config.render import job_spec_toml
+from weave_slurm.daemon.api import weights_view
 from weave_slurm.daemon.faults import FaultPoint
 from weave_slurm.daemon.protocol import Op
+from weave_slurm.daemon.records import JobRow
+from weave_slurm.daemon.states import JobState
 from weave_slurm.errors import ConfigError, ExternalCommandError, InfeasibleRequest, WeaveError
+from weave_slurm.model.profile import simple_profile
 
 NOBODY = 65534
 
@@ -146,3 +151,20 @@ def test_a_status_read_while_a_job_leaves_sees_it_in_its_group_or_ended(
     wait_for(lambda: state_of(sock, job) == "CANCELLED", 20, "the job cancelled")
     reader.join(10)
     assert [r["state"] for r in seen] == ["CANCELLED"], seen
+
+
+def test_a_job_without_a_weights_digest_says_why_in_words() -> None:
+    """``weave show job``'s ``weights_sha256``: the stored digest, else why there is none
+    (a cooperative job's weights are its own; a job still running; one that failed)."""
+    hosted = JobRow(1, 0, "root", "a", job_spec_toml("a"), "a.toml",
+                    simple_profile("a", 1, 1, 1.5), JobState.COMPLETED, "", 1, 0.0, 1.0, 2.0,
+                    weights_sha256="ab" * 32)
+    assert weights_view(hosted) == {"weights_sha256": "ab" * 32}
+    coop = replace(hosted, weights_sha256=None,
+                   spec=hosted.spec + '\n[launch]\nscript = "python t.py"\n')
+    assert weights_view(coop)["weights_sha256_why"] == \
+        "none: a cooperative job's weights are its own; weave holds none"
+    for state, why in ((JobState.RUNNING, "none: known once it completes"),
+                       (JobState.FAILED, "none: it ended FAILED")):
+        view = weights_view(replace(hosted, weights_sha256=None, state=state))
+        assert view == {"weights_sha256": None, "weights_sha256_why": why}

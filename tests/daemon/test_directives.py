@@ -150,3 +150,23 @@ def test_weave_sbatch_flags_beat_directives_and_a_bad_one_is_exit_2(
         err = capsys.readouterr().err
         assert said in err and err.count("\n") == 1, err
 
+
+
+def test_solo_as_a_directive_a_spec_key_and_its_profile(tmp_path: Path) -> None:
+    """``#WEAVE --solo`` (a switch, or =yes) sets the spec's ``solo``; the profile
+    placement reads carries it (placement/constraints.py keeps the job alone)."""
+    for line in ("#WEAVE --solo", "#WEAVE --solo=yes"):
+        text, spec = build_spec(_script(tmp_path, line), {})
+        assert spec.solo and "solo = true" in text
+    assert not build_spec(_script(tmp_path), {})[1].solo
+    with pytest.raises(ConfigError, match=r"--solo='maybe': takes no value"):
+        build_spec(_script(tmp_path, "#WEAVE --solo=maybe"), {})
+    toml = tmp_path / "job.toml"
+    toml.write_text(job_spec_toml("s", iterations=2, seed=1))
+    text, spec = build_spec(toml, {"solo": True})   # weave-sbatch --solo on a spec file
+    assert spec.solo
+    api = _api(tmp_path, SlurmConfig())
+    job = api.submit(0, text, "job.toml")["job"]
+    row = api.store.job(job)
+    assert row is not None and row.profile.solo
+    assert api.status({"jobs": [job]})["jobs"][0]["solo"] is True

@@ -12,9 +12,10 @@ from filelock import FileLock
 
 from weave_slurm.cli.errors import run_app
 from weave_slurm.cli.main import app
+from weave_slurm.daemon.schema import SCHEMA_VERSION
 from weave_slurm.daemon.state_admin import backup, migrate, schema_version
 from weave_slurm.daemon.states import JobState
-from weave_slurm.daemon.store import SCHEMA_VERSION, Store
+from weave_slurm.daemon.store import Store
 from weave_slurm.errors import ConfigError, StateError
 from weave_slurm.model.profile import simple_profile
 
@@ -89,8 +90,8 @@ def test_backup_refusals_are_one_line(tmp_path: Path) -> None:
 
 
 def _old_file(state: Path) -> Path:
-    """What a weaved of schema 2 left behind (the usage tables and charge columns of 3
-    and the move column of 4 not there yet)."""
+    """What a weaved of schema 2 left behind (the usage tables and charge columns of 3,
+    the move column of 4 and the weights' digest of 5 not there yet)."""
     _store(state).close()
     db = state / "weaved.db"
     con = sqlite3.connect(db)
@@ -99,6 +100,7 @@ def _old_file(state: Path) -> Path:
                  "ALTER TABLE allocations DROP COLUMN qos",
                  "ALTER TABLE allocations DROP COLUMN time_limit_min",
                  "ALTER TABLE jobs DROP COLUMN moving_from",
+                 "ALTER TABLE jobs DROP COLUMN weights_sha256",
                  "UPDATE meta SET value='2' WHERE key='schema_version'"):
         con.execute(stmt)
     con.commit()

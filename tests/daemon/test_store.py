@@ -83,6 +83,36 @@ def test_state_survives_reopen_and_placement_is_atomic(tmp_path: Path) -> None:
     assert again.groups()[0].plan.job_ids == (a,)
 
 
+def test_a_jobs_weights_digest_is_written_with_its_end_and_survives_reopen(
+        tmp_path: Path) -> None:
+    store = Store(tmp_path / "w.db")
+    a = _job(store)
+    store.commit_placement([(1, "1", GroupPlan(1, 1, (MemberPlan(a, (0,)),)), True)],
+                           [(a, 1, "new group")], 2.0)
+    store.transition("job", a, JobState.RUNNING, "started", 3.0)
+    store.transition("job", a, JobState.COMPLETED, "done", 4.0, ended_s=4.0,
+                     weights_sha256="ab" * 32)
+    store.close()
+    again = Store(tmp_path / "w.db")
+    row = again.job(a)
+    assert row is not None and row.state is JobState.COMPLETED
+    assert row.weights_sha256 == "ab" * 32
+
+
+def test_a_schema_4_file_is_migrated_and_its_jobs_have_no_digest(tmp_path: Path) -> None:
+    db = tmp_path / "w.db"
+    store = Store(db)
+    a = _job(store)
+    store.close()
+    con = sqlite3.connect(db)   # what a weaved of schema 4 left behind
+    con.execute("ALTER TABLE jobs DROP COLUMN weights_sha256")
+    con.execute("UPDATE meta SET value='4' WHERE key='schema_version'")
+    con.commit()
+    con.close()
+    row = Store(db).job(a)
+    assert row is not None and row.weights_sha256 is None
+
+
 def test_corrupt_or_foreign_database_is_refused(tmp_path: Path) -> None:
     bad = tmp_path / "bad.db"
     bad.write_bytes(b"this is not sqlite" * 100)

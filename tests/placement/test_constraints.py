@@ -81,3 +81,42 @@ def test_one_account_for_all_places_exactly_as_no_account(jobs: list[JobProfile]
     same = place_batch(pol, ClusterState(cap),
                        [replace(j, charge=PHYSICS) for j in jobs]).state
     assert [g.job_ids for g in plain.groups] == [g.job_ids for g in same.groups]
+
+
+# -- solo (weave-sbatch --solo): a solo job is a group of its own -------------------------
+
+def test_a_solo_job_joins_no_group_and_no_job_joins_it() -> None:
+    a, b = _pair(Charge(), Charge())
+    d = _second(replace(a, solo=True), b)   # the solo job came first: b joins no one
+    assert d.admission is Admission.NEW_GROUP and d.group.job_ids == ("b",)
+    d = _second(a, replace(b, solo=True))   # it comes second: it joins no one
+    assert d.admission is Admission.NEW_GROUP and d.group.job_ids == ("b",)
+
+
+def test_best_group_and_the_optimum_never_group_a_solo_job() -> None:
+    a, b = _pair(Charge(), Charge())
+    assert best_group([a, b], capacity()) is not None
+    assert best_group([a, replace(b, solo=True)], capacity()) is None
+    assert best_group([replace(a, solo=True)], capacity()) is not None   # alone: yes
+    opt = optimum([replace(a, solo=True), b], capacity())
+    assert opt.groups and all(len(g.members) == 1 for g in opt.groups)
+
+
+@settings(max_examples=40, deadline=None)
+@given(jobs=job_lists(min_size=2, max_size=10), solo=st.lists(st.booleans(), min_size=10,
+                                                               max_size=10),
+       pooled=st.booleans())
+def test_no_placement_batch_or_regroup_groups_a_solo_job(
+        jobs: list[JobProfile], solo: list[bool], pooled: bool) -> None:
+    marked = [replace(j, solo=s) for j, s in zip(jobs, solo, strict=False)]
+    cap, pol = replace(capacity(max_group_size=5), rollout_pooled=pooled), WeavePolicy()
+    online = ClusterState(cap)
+    for job in marked:
+        decision = pol.place(online, job)
+        if isinstance(decision, Placement):
+            online = apply(online, decision)
+    for state in (online, place_batch(pol, ClusterState(cap), marked).state,
+                  regrouped(pol, ClusterState(cap), marked)):
+        for group in state.groups:
+            assert len(group.members) == 1 or not any(m.job.solo for m in group.members), \
+                group.job_ids

@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "groups": ("weave_slurm.cli.status", "groups"),
     "cancel": ("weave_slurm.cli.status", "cancel"),
     "show": ("weave_slurm.cli.status", "show"),
+    "compare": ("weave_slurm.cli.compare", "compare"),
     "sacct": ("weave_slurm.cli.sacct", "sacct"),
     "plan": ("weave_slurm.cli.plan", "plan"),
     "config": ("weave_slurm.cli.config_cmd", "config_app"),

@@ -68,6 +68,9 @@ def submit(
     cooperative: Annotated[bool, typer.Option(
         "--cooperative", help="Run the script's body as the job's own processes, one per "
         "role (the phase gate: docs/job_api.md).")] = False,
+    solo: Annotated[bool, typer.Option(
+        "--solo", help="Run alone: no other job shares its group (compare its final "
+        "weights with a grouped run's: weave compare).")] = False,
     parsable: Annotated[bool, typer.Option("--parsable", help="Print the job id only.")] = False,
     test_only: Annotated[bool, typer.Option("--test-only", help="Validate, do not "
                                             "submit.")] = False,
@@ -84,7 +87,8 @@ def submit(
         "iterations": iterations, "seed": seed, "staleness": staleness,
         "rollout-s": rollout_s, "train-s": train_s, "rollout-state-gib": rollout_state_gib,
         "train-state-gib": train_state_gib, "workdir": workdir, "python": python,
-        "pythonpath": _paths(pythonpath), "cooperative": cooperative or None}
+        "pythonpath": _paths(pythonpath), "cooperative": cooperative or None,
+        "solo": solo or None}
     spec_text, spec = build_spec(path, {k: v for k, v in given.items() if v is not None},
                                  os.environ)   # a cooperative job runs in your environment
     check_access(spec, worker_needs(spec, None))    # as you: this command runs as you

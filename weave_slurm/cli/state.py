@@ -41,8 +41,8 @@ def migrate_cmd(
         "<state-dir>/weaved.db.v<old>.bak).")] = None,
 ) -> None:
     """Bring the state database to this weave's schema (weaved stopped; a backup first)."""
+    from weave_slurm.daemon.schema import SCHEMA_VERSION
     from weave_slurm.daemon.state_admin import migrate
-    from weave_slurm.daemon.store import SCHEMA_VERSION
 
     done = migrate(state_dir, backup_to=backup_to, check_only=check)
     if check:

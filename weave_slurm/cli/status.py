@@ -6,10 +6,11 @@ or a preset name; codes: %i JOBID, %u USER, %U UID, %j NAME, %g GROUP, %p PHASE,
 %M TIME, %D NODE COUNT, %N NODES, %R NODELIST(REASON) (the nodes of a job that has
 them, else its reason in parentheses, as squeue), %A SLURM_JOBIDS (its allocations'
 Slurm job ids), %L LAYOUT (training ranks / rollout engines per node, GPUs per engine),
-%r REASON. SLOWDOWN is the member's iteration time over its solo iteration time; a
-member faster than its solo estimate shows ``<1:r`` (r the ratio: no slowdown). The
-job filters and ``-S`` are squeue's (``cli/selection.py``). Errors are one line and an
-exit code, like scancel's.
+%o SOLO (``solo``: it runs alone, ``weave-sbatch --solo``; in the long preset), %r
+REASON. SLOWDOWN is the member's iteration time over its solo iteration time; a member
+faster than its solo estimate shows ``<1:r`` (r the ratio: no slowdown). The job filters
+and ``-S`` are squeue's (``cli/selection.py``). Errors are one line and an exit code,
+like scancel's.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from weave_slurm.errors import ConfigError, WeaveError
 
 PRESETS = {
     "default": "%.6i %.9u %.16j %.5g %.7p %.7I %.13s %.2t %.10M %R",
-    "long": "%.6i %.9u %.16j %.5g %.7p %.7I %.13s %.9w %.10T %.10M %.5D %N %A %L %r",
+    "long": "%.6i %.9u %.16j %.5g %.4o %.7p %.7I %.13s %.9w %.10T %.10M %.5D %N %A %L %r",
     "short": "%.6i %.9u %.16j %.2t %.10M",
     "ids": "%i",
 }
@@ -105,6 +106,7 @@ CODES: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "r": ("REASON", lambda j: str(j["reason"]) or "None"),
     "R": ("NODELIST(REASON)", _nodes_or_reason),
     "L": ("LAYOUT", layout_cell),
+    "o": ("SOLO", lambda j: "solo" if j.get("solo") else "-"),   # weave-sbatch --solo
     # Bounded staleness: the declared window k and how many versions behind the last
     # trained batch's weights were (0 for on-policy jobs).
     "w": ("STALE/WIN", lambda j: f"{'-' if j.get('staleness') is None else j['staleness']}"
@@ -299,6 +301,8 @@ def show(
         typer.echo(json.dumps(result, indent=1))
         return
     slurm_ids = result.pop("slurm_job_ids", None)   # the Slurm jobs of its allocations
+    if "weights_sha256_why" in result:   # no digest of its final weights: why, in words
+        result["weights_sha256"] = f"({result.pop('weights_sha256_why')})"
     for key, value in result.items():
         if key in ("transitions", "steps", "allocations", "profile", "spec", "runtime",
                    "planning_profile", "layout"):

@@ -142,6 +142,7 @@ class JobSpec:
     engine_gpus: int | None = None      # [gpus] engine: GPUs per rollout engine (tensor parallel)
     launch: LaunchSpec | None = None    # [launch]: a cooperative job (config/launch.py)
     slurm: JobSlurm = NO_SLURM          # [slurm]: account, qos, time limit, output (sbatch.py)
+    solo: bool = False                  # never shares a group (weave-sbatch --solo)
 
 
 def load_job(path: str | Path) -> JobSpec:
@@ -168,6 +169,7 @@ def _job_from_data(data: object, source: str) -> JobSpec:
         raise top.fail("entry", entry, "must be 'builtin:<name>' or 'package.module:factory'")
     iterations = top.integer("iterations", 10, ge=1)
     seed = top.integer("seed", 0, ge=0)
+    solo = top.boolean("solo", False)
     options = _options(top)
     workdir, python = top.opt_path("workdir"), top.opt_path("python")
     pythonpath = top.path_list("pythonpath")
@@ -193,7 +195,7 @@ def _job_from_data(data: object, source: str) -> JobSpec:
                    slo=slo, entry=entry, profile=profile, source=source, staleness=staleness,
                    iterations=iterations, seed=seed, options=options, workdir=workdir,
                    python=python, pythonpath=pythonpath, engine_gpus=engine_gpus,
-                   slurm=slurm, launch=launch)
+                   slurm=slurm, launch=launch, solo=solo)
 
 
 #: Most entries a spec's ``pythonpath`` may have (each is checked at submission).

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import pwd
 import sys
+import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -64,6 +65,21 @@ def _int_list(args: dict[str, Any], key: str) -> list[int]:
                                             for x in raw):
         raise ConfigError(f"request field {key!r} must be a list of job ids, got {raw!r}")
     return raw
+
+
+def weights_view(job: JobRow) -> dict[str, Any]:
+    """``weights_sha256``: the SHA-256 of a job's final weights, as stored when it
+    completed (it survives a weaved restart); where there is none, why in words."""
+    if job.weights_sha256 is not None:
+        return {"weights_sha256": job.weights_sha256}
+    if "launch" in tomllib.loads(job.spec):
+        why = "none: a cooperative job's weights are its own; weave holds none"
+    elif job.state is JobState.COMPLETED:
+        why = "none: not read when it completed (weaved's log says why)"
+    else:
+        why = "none: known once it completes" if not job.state.final \
+            else f"none: it ended {job.state.value}"
+    return {"weights_sha256": None, "weights_sha256_why": why}
 
 
 class Api:
@@ -225,6 +241,7 @@ class Api:
                 "time_s": end - job.started_s if job.started_s is not None else 0.0,
                 "nodes": nodes, "reason": reason, "submitted_s": job.submitted_s,
                 "window": job.profile.staleness, "staleness": behind,
+                "solo": job.profile.solo,
                 "layout": layout_row(job, group, allocs, self.phase == HOSTED_PHASE,
                                      self.site.runtime.gangs)}
 
@@ -321,6 +338,7 @@ class Api:
             view["runtime"] = {k: live.get(k) for k in (
                 "member_state", "version", "iterations", "node", "rewards", "recoveries",
                 "error", "event", "drift", "measured", "weights_sha256")}
+        view.update(weights_view(job))
         view.update({"spec": job.spec, "source": job.source,
                      "profile": asdict(job.profile),
                      "planning_profile": (asdict(job.measured) if job.measured is not None

@@ -57,11 +57,13 @@ def job_nodes(job: JobRow, group: GroupRow, allocs: Sequence[AllocRow]) -> dict[
 
 @dataclass(frozen=True)
 class JobOutcome:
-    """A running job the driver says has ended (COMPLETED or FAILED), and why."""
+    """A running job the driver says has ended (COMPLETED or FAILED), and why; a hosted
+    job that completed, with the SHA-256 of its final weights (stored with its end)."""
 
     job_id: int
     state: JobState
     reason: str
+    weights_sha256: str | None = None
 
 
 class DriverKind(StrEnum):

@@ -414,7 +414,8 @@ class GroupRuntime:
         done = member.state is MemberState.DONE
         why = outcome_words(member)
         self._leave(runner, job_id)
-        return JobOutcome(job_id, JobState.COMPLETED if done else JobState.FAILED, why)
+        return JobOutcome(job_id, JobState.COMPLETED if done else JobState.FAILED, why,
+                          self._live[job_id].get("weights_sha256"))
 
     def _leave(self, runner: GroupRunner, job_id: int) -> None:
         key = str(job_id)

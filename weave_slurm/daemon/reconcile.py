@@ -284,12 +284,15 @@ class Reconciler:
         for outcome in self.driver.drive(self.store, now):
             job = self.store.job(outcome.job_id)
             if job is not None and job.state is JobState.RUNNING:
-                self._finish_job(job, outcome.state, outcome.reason, now)
+                self._finish_job(job, outcome.state, outcome.reason, now,
+                                 outcome.weights_sha256)
 
     # -- jobs leaving ------------------------------------------------------------------
 
-    def _finish_job(self, job: JobRow, dst: JobState, reason: str, now: float) -> None:
-        """Stop the job's steps, take it out of its group, then record ``dst``."""
+    def _finish_job(self, job: JobRow, dst: JobState, reason: str, now: float,
+                    weights_sha256: str | None = None) -> None:
+        """Stop the job's steps, take it out of its group, then record ``dst`` (and the
+        digest of its final weights, in the same transaction)."""
         allocs = {a.key: a for a in self.store.allocs(live_only=False)}
         for step in self.store.steps(job_id=job.job_id):
             self._stop_step(step, allocs[step.alloc_key], now)
@@ -298,7 +301,7 @@ class Reconciler:
                 self._leave_group(job, now)
             crossing(FaultPoint.CANCEL_STOPPED)
             self.store.transition("job", job.job_id, dst, reason, now, expect=job.state,
-                                  ended_s=now)
+                                  ended_s=now, weights_sha256=weights_sha256)
             self.store.update("job", job.job_id, reason=reason)   # status shows why it ended
 
     def _leave_group(self, job: JobRow, now: float) -> None:

@@ -52,6 +52,7 @@ class JobRow:
     ended_s: float | None
     measured: JobProfile | None = None  # the runtime's live numbers, once it has enough
     moving_from: int | None = None  # a re-plan moves it from this group (None: not moving)
+    weights_sha256: str | None = None  # its final weights' digest (a completed hosted job)
 
     @property
     def plan_profile(self) -> JobProfile:

@@ -7,7 +7,7 @@ locking, the WAL included), so it is consistent while weaved runs; the copy is c
 0600 like the store. A migration needs weaved stopped (it takes weaved's life lock,
 ``weaved.lock``), takes a backup of the old file first (``weaved.db.v<old>.bak`` next to
 it, unless told where) and then opens the store, which brings the file to this weave's
-schema version (``daemon/store.py``, ``_MIGRATIONS``) in one transaction per version.
+schema version (``daemon/schema.py``, ``MIGRATIONS``) in one transaction per version.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from weave_slurm.daemon.store import SCHEMA_VERSION, Store, one_line
+from weave_slurm.daemon.schema import SCHEMA_VERSION
+from weave_slurm.daemon.store import Store, one_line
 from weave_slurm.errors import ConfigError, StateError
 
 DB_NAME = "weaved.db"

@@ -31,6 +31,7 @@ from weave_slurm.daemon.records import (
     profile_from_json,
     profile_to_json,
 )
+from weave_slurm.daemon.schema import MIGRATIONS, SCHEMA, SCHEMA_VERSION
 from weave_slurm.daemon.states import (
     AllocState,
     GroupState,
@@ -43,48 +44,6 @@ from weave_slurm.daemon.states import (
 from weave_slurm.errors import StateError
 from weave_slurm.model.profile import JobProfile
 
-SCHEMA_VERSION = 4
-#: version -> statements that bring a file of that version to the next one
-_MIGRATIONS: dict[str, tuple[str, ...]] = {
-    # 2: the runtime's measured planning profile of a job (NULL until measured)
-    "1": ("ALTER TABLE jobs ADD COLUMN measured TEXT",),
-    # 3: what each allocation is charged to; usage records
-    "2": ("ALTER TABLE allocations ADD COLUMN account TEXT",
-          "ALTER TABLE allocations ADD COLUMN qos TEXT",
-          "ALTER TABLE allocations ADD COLUMN time_limit_min INTEGER",
-          *usage_sql.statements()),
-    # 4: the group a job is being moved from by a re-plan (NULL: not moving)
-    "3": ("ALTER TABLE jobs ADD COLUMN moving_from INTEGER",),
-}
-
-_SCHEMA = """
-CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE jobs (
-  job_id INTEGER PRIMARY KEY AUTOINCREMENT, uid INTEGER NOT NULL, user TEXT NOT NULL,
-  name TEXT NOT NULL, spec TEXT NOT NULL, source TEXT NOT NULL, profile TEXT NOT NULL,
-  measured TEXT, state TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '', group_id INTEGER,
-  submitted_s REAL NOT NULL, started_s REAL, ended_s REAL, moving_from INTEGER);
-CREATE INDEX jobs_state ON jobs(state);
-CREATE TABLE groups (
-  group_id INTEGER PRIMARY KEY, label TEXT NOT NULL UNIQUE, state TEXT NOT NULL,
-  plan TEXT NOT NULL, created_s REAL NOT NULL, reason TEXT NOT NULL DEFAULT '');
-CREATE TABLE allocations (
-  key INTEGER PRIMARY KEY AUTOINCREMENT, group_id INTEGER NOT NULL, role TEXT NOT NULL,
-  pool TEXT NOT NULL, partition TEXT NOT NULL, node_count INTEGER NOT NULL,
-  gpus_per_node INTEGER NOT NULL, gpu_type TEXT, cpus_per_node INTEGER NOT NULL,
-  state TEXT NOT NULL, alloc_id TEXT, nodes TEXT NOT NULL DEFAULT '[]',
-  reason TEXT NOT NULL DEFAULT '', updated_s REAL NOT NULL, account TEXT, qos TEXT,
-  time_limit_min INTEGER);
-CREATE TABLE steps (
-  key INTEGER PRIMARY KEY AUTOINCREMENT, alloc_key INTEGER NOT NULL, job_id INTEGER,
-  name TEXT NOT NULL, state TEXT NOT NULL, launcher_pid INTEGER,
-  reason TEXT NOT NULL DEFAULT '', updated_s REAL NOT NULL);
-CREATE TABLE transitions (
-  id INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL, entity TEXT NOT NULL,
-  key TEXT NOT NULL, src TEXT, dst TEXT NOT NULL, reason TEXT NOT NULL);
-CREATE INDEX transitions_key ON transitions(entity, key);
-""" + usage_sql.TABLES
-
 #: entity -> (table, key column, state enum)
 _ENTITIES: dict[str, tuple[str, str, type[State]]] = {
     "job": ("jobs", "job_id", JobState),
@@ -92,7 +51,8 @@ _ENTITIES: dict[str, tuple[str, str, type[State]]] = {
     "alloc": ("allocations", "key", AllocState),
     "step": ("steps", "key", StepRunState),
 }
-_FIELDS = {"jobs": {"reason", "group_id", "started_s", "ended_s", "moving_from"},
+_FIELDS = {"jobs": {"reason", "group_id", "started_s", "ended_s", "moving_from",
+                    "weights_sha256"},
            "groups": {"reason", "plan"},
            "allocations": {"reason", "alloc_id", "nodes", "updated_s"},
            "steps": {"reason", "launcher_pid", "updated_s"}}
@@ -108,10 +68,10 @@ def _parse_state(kind: type[State], value: str) -> State:
     return state_of(StepRunState, value)
 
 
-
 def one_line(check: str) -> str:
     """SQLite's quick_check report (several problems: several lines) on one line."""
     return " ".join(str(check).split())
+
 
 class Store:
     """One SQLite file; thread-safe (one connection behind a lock)."""
@@ -144,7 +104,7 @@ class Store:
         tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         if not tables:
             with self._tx():
-                for stmt in _SCHEMA.split(";"):
+                for stmt in SCHEMA.split(";"):
                     if stmt.strip():
                         db.execute(stmt)
                 db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
@@ -155,9 +115,9 @@ class Store:
                              f"database (tables: {sorted(tables)})")
         row = db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
         version = row[0] if row else None
-        while version in _MIGRATIONS:
+        while version in MIGRATIONS:
             with self._tx():
-                for stmt in _MIGRATIONS[version]:
+                for stmt in MIGRATIONS[version]:
                     db.execute(stmt)
                 version = str(int(version) + 1)
                 db.execute("UPDATE meta SET value=? WHERE key='schema_version'", (version,))
@@ -294,7 +254,7 @@ class Store:
                       r["reason"], r["group_id"], r["submitted_s"], r["started_s"],
                       r["ended_s"],
                       profile_from_json(r["measured"]) if r["measured"] else None,
-                      r["moving_from"])
+                      r["moving_from"], r["weights_sha256"])
 
     def set_measured(self, job_id: int, profile: JobProfile) -> None:
         """Record the runtime's measured planning profile of a job (state unchanged)."""

@@ -77,6 +77,8 @@ DIRECTIVES: tuple[Directive, ...] = (
               "the workers' interpreter, e.g. /home/alice/venv/bin/python"),
     Directive("pythonpath", ("pythonpath",), list,
               "import paths put first on the workers' sys.path (':'-separated, may repeat)"),
+    Directive("solo", ("solo",), bool, "run alone: never share a group (to compare its "
+              "final weights with a grouped run's)", launch.yes),
     # a cooperative job (config/launch.py): the script's body runs, one process per role
     Directive("cooperative", ("launch", "script"), str, "run this script's body as the "
               "job's own processes, one per role (docs/job_api.md)", launch.yes),
@@ -91,6 +93,7 @@ SCRIPT_REQUIRED = ("model-params-b", "rollout-gpus", "train-gpus", "max-tokens")
 SCRIPT_DEFAULTS: dict[str, Any] = {"rollout": {"prompts_per_step": 64, "samples_per_prompt": 8}}
 _NAME_BAD = re.compile(r"[^A-Za-z0-9._-]")
 _BARE = re.compile(r"^[A-Za-z0-9_-]+$")
+_SWITCHES = ("cooperative", "solo")   # options that take no value (on when given)
 
 
 def convert(flag: str, raw: str, where: str) -> Any:
@@ -137,7 +140,7 @@ def _tokens(words: list[str], where: str) -> list[tuple[str, str]]:
         key, eq, val = w.lstrip("-").partition("=")
         if short is not None:
             key, eq, val = short[0], "=" if short[1] is not None else "", short[1] or ""
-        if not eq and key == "cooperative":   # a switch: no value
+        if not eq and key in _SWITCHES:   # no value
             eq, val = "=", "yes"
         if not eq:
             if i + 1 >= len(words):

@@ -56,6 +56,9 @@ class JobProfile:
     rollout_gpus: int = 0
     rollout_replica_gpus: int = 1
     rollout_floor_s: float = 0.0
+    # Runs alone: no other job joins its group and it joins none (weave-sbatch --solo;
+    # placement/constraints.py), e.g. to compare its final weights with a grouped run.
+    solo: bool = False
 
     # Derived once (placement asks for them millions of times in a long replay).
     solo_s: float = field(init=False, repr=False, compare=False)
@@ -178,7 +181,8 @@ def profile_job(spec: JobSpec, site: SiteConfig, job_id: str | None = None) -> J
         rollout_gpus=spec.rollout_gpus, rollout_replica_gpus=layout.rollout.engine_gpus,
         rollout_floor_s=perf.decode_floor_s(spec.model.params_b,
                                             spec.rollout.max_response_tokens,
-                                            layout.rollout.engine_gpus, rp.gpu, site.model))
+                                            layout.rollout.engine_gpus, rp.gpu, site.model),
+        solo=spec.solo)
 
 
 def _device(spec: JobSpec, role: str, peak: float | None, held: float | None,

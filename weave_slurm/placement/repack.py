@@ -15,7 +15,7 @@ from functools import cache, lru_cache
 
 from weave_slurm.model.profile import JobProfile
 from weave_slurm.placement.cluster import Capacity
-from weave_slurm.placement.constraints import one_charge
+from weave_slurm.placement.constraints import may_group
 from weave_slurm.placement.group import Group, Member, period_floor_s, turns_apart, turns_for
 from weave_slurm.placement.pooled import fewest_gpus, max_pool_gpus
 
@@ -58,12 +58,12 @@ def best_group(jobs: Sequence[JobProfile], cap: Capacity, group_id: int = 0,
     every cyclic order up to rotation; pinnings are tried in order of rollout node
     count, so the first feasible one is the cheapest; ``max_rollout_nodes`` stops the
     search early. Memoised on (jobs, capacity, limit): re-plans ask for the same groups
-    again and again. None when there is none, or when the jobs' charges differ
-    (``constraints.one_charge``). Where groups may pool their rollout GPUs (``pooled``;
-    default: the capacity's), the pooled group on the fewest GPUs wins where it is
-    cheaper per hour (placement/pooled.py).
+    again and again. None when there is none, or when the jobs' charges differ or a
+    solo job is among others (``constraints.may_group``). Where groups may pool their
+    rollout GPUs (``pooled``; default: the capacity's), the pooled group on the fewest
+    GPUs wins where it is cheaper per hour (placement/pooled.py).
     """
-    if not one_charge(jobs):   # one account and QOS per group (placement/constraints.py)
+    if not may_group(jobs):   # one account and QOS, no solo job (placement/constraints.py)
         return None
     g = _best_group(tuple(jobs), cap, max_rollout_nodes, turns)
     if cap.rollout_pooled if pooled is None else pooled:   # or a pool, where cheaper
