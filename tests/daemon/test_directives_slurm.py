@@ -24,7 +24,8 @@ SCRIPT = """\
 #SBATCH -A physics
 #SBATCH -t 45 --job-name=phys-rl
 #WEAVE --model-params-b=0.5 --rollout-gpus=1 --train-gpus=1 --max-tokens=64
-#WEAVE --entry=builtin:grpo-toy --rollout-s=10 --train-s=10 --rollout-state-gib=1 --train-state-gib=1
+#WEAVE --entry=builtin:grpo-toy
+#WEAVE --rollout-s=10 --train-s=10 --rollout-state-gib=1 --train-state-gib=1
 python train.py
 """
 
