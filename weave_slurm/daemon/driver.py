@@ -57,7 +57,8 @@ def job_nodes(job: JobRow, group: GroupRow, allocs: Sequence[AllocRow]) -> dict[
 
 @dataclass(frozen=True)
 class JobOutcome:
-    """A running job the driver says has ended (COMPLETED or FAILED), and why."""
+    """A running job the driver says has ended (COMPLETED or FAILED) or is requeued
+    (PENDING: its group could not start it, daemon/waits.py), and why."""
 
     job_id: int
     state: JobState

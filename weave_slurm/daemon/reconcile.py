@@ -289,7 +289,8 @@ class Reconciler:
     # -- jobs leaving ------------------------------------------------------------------
 
     def _finish_job(self, job: JobRow, dst: JobState, reason: str, now: float) -> None:
-        """Stop the job's steps, take it out of its group, then record ``dst``."""
+        """Stop the job's steps, take it out of its group, then record ``dst`` (PENDING:
+        requeued, to be placed again: daemon/waits.py)."""
         allocs = {a.key: a for a in self.store.allocs(live_only=False)}
         for step in self.store.steps(job_id=job.job_id):
             self._stop_step(step, allocs[step.alloc_key], now)
@@ -297,8 +298,9 @@ class Reconciler:
             if job.group_id is not None:
                 self._leave_group(job, now)
             crossing(FaultPoint.CANCEL_STOPPED)
+            fields = {"ended_s": now} if dst.final else {"group_id": None, "started_s": None}
             self.store.transition("job", job.job_id, dst, reason, now, expect=job.state,
-                                  ended_s=now)
+                                  **fields)
             self.store.update("job", job.job_id, reason=reason)   # status shows why it ended
 
     def _leave_group(self, job: JobRow, now: float) -> None:
