@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from weave_slurm.clock import VirtualClock
 from weave_slurm.daemon.group_runtime import GroupRuntime, GroupRuntimeConfig
 from weave_slurm.daemon.records import AllocRow, GroupPlan, GroupRow, MemberPlan
 from weave_slurm.daemon.states import GroupState, JobState
@@ -20,9 +21,10 @@ from weave_slurm.errors import AuthError, ConfigError, NodeGone, NodeUnavailable
 from weave_slurm.node.auth import Munge
 from weave_slurm.node.remote import RemoteDoor
 from weave_slurm.runtime.group import NodeRef
+from weave_slurm.slurm.fake_runner import FakeRunner
 from weave_slurm.vocab import Pool
 
-from .test_reconcile import T0, Rig, _group, _job_state, _salloc, _submit, rig  # noqa: F401
+from .test_reconcile import T0, Rig, Slurm, _group, _job_state, _reconciler, _salloc, _submit
 
 DEADLINES = Deadlines(node_start_s=30.0, auth_s=10.0, max_requeues=2)
 
@@ -127,6 +129,14 @@ def test_a_moving_job_and_an_ended_one_are_left_alone(tmp_path: Path) -> None:
 
 
 # -- the whole tick: group runtime, reconcile loop, Slurm's command lines ----------------
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Iterator[Rig]:
+    """test_reconcile's rig (a real store, Slurm's exact command lines, a virtual clock)."""
+    store, fake, clock = Store(tmp_path / "w.db"), FakeRunner(), VirtualClock(T0)
+    yield Rig(store, fake, Slurm(fake), clock, _reconciler(store, fake, clock))
+    store.close()
 
 
 def _runtime(node_ref: Callable[[AllocRow, str, Pool], NodeRef],
