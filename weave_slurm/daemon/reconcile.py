@@ -432,8 +432,9 @@ class Reconciler:
             allocs = self.store.allocs(group.group_id, live_only=False)
             for job in self.store.jobs([JobState.PLACED], group_id=group.group_id):
                 steps = self.driver.job_steps(job, group, allocs)
-                ok = not any([self._launch(s.alloc, job.job_id, s.spec, world, now)
-                              for s in steps])
+                errors = [e for s in steps
+                          if (e := self._launch(s.alloc, job.job_id, s.spec, world, now))]
+                ok = not errors
                 fresh = self.store.job(job.job_id)
                 if fresh is None or fresh.state is not JobState.PLACED:
                     continue  # cancelled meanwhile: the next tick stops its steps
@@ -445,7 +446,8 @@ class Reconciler:
                         self.store.update("job", job.job_id, reason="")
                     crossing(FaultPoint.JOB_RUNNING)
                 else:
-                    self._finish_job(fresh, JobState.FAILED, "a step could not be launched", now)
+                    self._finish_job(fresh, JobState.FAILED, "a step could not be launched: "
+                                     f"{errors[0]}", now)
 
     def _drain_groups(self, now: float) -> None:
         for group in self.store.groups():
