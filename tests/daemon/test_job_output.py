@@ -131,3 +131,18 @@ def test_a_cooperative_jobs_files_are_left_to_its_own_processes(
         home = ""
     assert opened == [f"{home}out-{hosted}.log"]   # the cooperative job's: not by weaved
     assert not (tmp_path / "c.log").exists()
+
+
+def test_an_output_file_that_cannot_be_opened_is_in_the_jobs_reason(
+        rig: Rig, tmp_path: Path) -> None:  # noqa: F811
+    """weaved's warning about it is also the job's REASON (issue 30, item 5)."""
+    def refuse(uid: int, path: str) -> int:
+        raise PermissionError(f"{path}: opened as uid {uid}: permission denied")
+
+    rig.rec.outputs.opener = refuse
+    job = _submit(rig.store, "a", f'output = "{tmp_path}/a-%j.out"')
+    rig.tick()
+    row = rig.store.job(job)
+    assert row is not None and row.state is JobState.RUNNING
+    assert row.reason == (f"cannot open its output file: {tmp_path}/a-{job}.out: opened as "
+                          "uid 1000: permission denied")

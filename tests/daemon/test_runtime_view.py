@@ -79,13 +79,16 @@ def test_a_group_waiting_for_its_node_daemons_says_why_in_status() -> None:
     """Before a group's runtime starts, status shows why it waits (and does not break)."""
     from weave_slurm.daemon.records import GroupPlan, GroupRow, MemberPlan
     from weave_slurm.daemon.states import GroupState
+    from weave_slurm.daemon.waits import WaitCause
 
     rt = GroupRuntime(lambda a, n, p: n)  # type: ignore[arg-type,return-value]
     group = GroupRow(1, "x.1", GroupState.ACTIVE, GroupPlan(1, 1, (MemberPlan(9, (0,)),)),
                      0.0, "")
-    rt._waiting(group, "the node daemon on h20-0 does not answer yet: refused")
+    rt.waits.wait(group, WaitCause.NODE_SILENT,
+                  "the node daemon on h20-0 does not answer yet: refused", 0.0)
     assert rt.live(9) is None          # nothing ran: no runtime row (as before the wait)
-    assert rt.waiting(9) == "the node daemon on h20-0 does not answer yet: refused"
+    assert rt.waiting(9) == ("the node daemon on h20-0 does not answer yet: refused "
+                             "(node_start_wait_s: 300 s left)")
     assert rt.waiting(8) is None
 
 

@@ -59,6 +59,11 @@ class RuntimeConfig:
     weaved shares with the nodes. A move into a group that is new or grows waits for
     its nodes while the job runs on where it is, at most ``move_wait_s`` (0: such moves
     are not taken); then it is withdrawn and the job stays.
+    Nothing waits forever (docs/daemon.md, "Deadlines of a group's start"): a group's
+    runtime that cannot reach a node daemon (no port said, no answer) for
+    ``node_start_wait_s`` requeues its waiting jobs, each at most ``max_requeues``
+    times (then it fails); munge failing (no credential, or refused) for
+    ``auth_wait_s`` fails them. Their group's allocations go back to Slurm.
     """
 
     weight_transfer: WeightTransferKind = WeightTransferKind.AUTO
@@ -80,6 +85,9 @@ class RuntimeConfig:
     replan_groups: int = 8
     consolidate: bool = True
     move_wait_s: float = 900.0
+    node_start_wait_s: float = 300.0
+    auth_wait_s: float = 60.0
+    max_requeues: int = 3
 
 
 #: The defaults, for code that builds its own config (the runner, tests, benchmarks).
@@ -127,6 +135,9 @@ def read_runtime(table: TableReader | None) -> RuntimeConfig:
         replan_interval_s=table.number("replan_interval_s", d.replan_interval_s, ge=0),
         replan_groups=table.integer("replan_groups", d.replan_groups, ge=1),
         consolidate=table.boolean("consolidate", d.consolidate),
-        move_wait_s=table.number("move_wait_s", d.move_wait_s, ge=0))
+        move_wait_s=table.number("move_wait_s", d.move_wait_s, ge=0),
+        node_start_wait_s=table.number("node_start_wait_s", d.node_start_wait_s, gt=0),
+        auth_wait_s=table.number("auth_wait_s", d.auth_wait_s, gt=0),
+        max_requeues=table.integer("max_requeues", d.max_requeues, ge=0))
     table.done()
     return runtime

@@ -57,8 +57,9 @@ def job_nodes(job: JobRow, group: GroupRow, allocs: Sequence[AllocRow]) -> dict[
 
 @dataclass(frozen=True)
 class JobOutcome:
-    """A running job the driver says has ended (COMPLETED or FAILED), and why; a hosted
-    job that completed, with the SHA-256 of its final weights (stored with its end)."""
+    """A running job the driver says has ended (COMPLETED or FAILED) or is requeued
+    (PENDING: its group could not start it, daemon/waits.py), and why; a hosted job
+    that completed, with the SHA-256 of its final weights (stored with its end)."""
 
     job_id: int
     state: JobState

@@ -59,6 +59,7 @@ from weave_slurm.daemon.records import AllocRow, GroupRow, JobRow
 from weave_slurm.daemon.runtime_view import member_row, outcome_words
 from weave_slurm.daemon.states import AllocState, GroupState, JobState
 from weave_slurm.daemon.store import Store
+from weave_slurm.daemon.waits import Deadlines, GroupWaits, WaitCause, answer_cause
 from weave_slurm.errors import WeaveError
 from weave_slurm.runtime.agents import Launcher
 from weave_slurm.runtime.group import (
@@ -98,6 +99,8 @@ class GroupRuntimeConfig:
     plan_from_measurements: bool = True   # feed measured profiles back to placement
     # a move waiting for its nodes in its new group is withdrawn after this long
     move_wait_s: float = RUNTIME_DEFAULTS.move_wait_s
+    # how long a group may wait for its node daemons, by cause (daemon/waits.py)
+    deadlines: Deadlines = field(default_factory=Deadlines)
 
 
 def member_spec(job: JobRow, group: GroupRow, pins: tuple[int, ...] | None = None) -> MemberSpec:
@@ -155,10 +158,9 @@ class GroupRuntime:
         self._thread: threading.Thread | None = None
         self._live: dict[int, dict[str, Any]] = {}
         self._resume: dict[int, Resume] = {}    # job -> how it goes on (its group lost nodes)
-        self._waits: dict[int, str] = {}        # group -> why its node daemons are not used
-        self._waiting_jobs: dict[int, str] = {}  # job -> the same, for its status
+        self.waits = GroupWaits(self.config.deadlines)   # groups not reaching their nodes
         self._snap_at = 0.0
-        self.moves = Handoffs(self.groups, self._resume, self._waiting_jobs,
+        self.moves = Handoffs(self.groups, self._resume, self.waits.jobs,
                               self.config.checkpoint_base, self.config.move_wait_s)
 
     # -- the Driver seam -------------------------------------------------------------
@@ -180,10 +182,11 @@ class GroupRuntime:
             for group in live_groups.values():
                 allocs = rows[group.group_id]
                 if group.state is GroupState.ACTIVE and group.group_id not in self.groups:
-                    self._build(group, allocs)
+                    self._build(group, allocs, now)
                 runner = self.groups.get(group.group_id)
                 if runner is not None:
-                    self._follow(runner, group, allocs)
+                    self._follow(runner, group, allocs, now)
+            outcomes += self.waits.overdue(store, now)
             placed = functools.partial(self._placed, live_groups, rows)
             self.moves.hand_off(store, placed, now)
             movers = self.moves.movers(store)   # after hand_off: it may withdraw some
@@ -204,27 +207,21 @@ class GroupRuntime:
             self._snapshot(force=True)
         return outcomes
 
-    def _build(self, group: GroupRow, allocs: Sequence[AllocRow]) -> None:
+    def _build(self, group: GroupRow, allocs: Sequence[AllocRow], now: float) -> None:
         try:
             refs = {"rollout": [self.node_ref(a, node, Pool.ROLLOUT)
                                 for a, node in allocplan.kept_nodes(group.plan, allocs)],
                     "train": [self.node_ref(a, node, Pool.TRAIN)
                               for a, node in pool_nodes(allocs, "train")]}
         except WeaveError as exc:   # a node daemon still starting: the next tick tries again
-            self._waiting(group, str(exc))
+            self.waits.wait(group, WaitCause.NODE_PORT, str(exc), now)
             return
         if not refs["rollout"] or not refs["train"]:
             return
         layout = GroupLayout(tuple(refs["rollout"]), tuple(refs["train"]))
-        for ref in (*layout.rollout, *layout.train):
-            why = self._answers(ref)
-            if why is not None:   # still starting, or refusing us: say so, try next tick
-                self._waiting(group, f"the node daemon on {ref.name} does not answer yet: "
-                                     f"{why}")
-                return
-        self._waits.pop(group.group_id, None)
-        for job_id in group.plan.job_ids:
-            self._waiting_jobs.pop(job_id, None)
+        if not self._all_answer(group, (*layout.rollout, *layout.train), now):
+            return
+        self.waits.done(group)
         runner = GroupRunner(layout, [], config=self.config.runner, launcher=self.launcher,
                              resolve=self.resolve, observer=self.observer)
         runner.listeners.append(self._on_move)
@@ -234,14 +231,14 @@ class GroupRuntime:
                  group.group_id, len(layout.rollout), len(layout.train))
 
     def _follow(self, runner: GroupRunner, group: GroupRow,
-                allocs: Sequence[AllocRow]) -> None:
+                allocs: Sequence[AllocRow], now: float) -> None:
         """The runner's rollout nodes and its members' pins follow the group's plan
         (module doc): new nodes added, moved members re-pinned, unused nodes retired."""
         target = allocplan.kept_nodes(group.plan, allocs)
         have = {n.name for n in runner.layout.rollout}
         new = [(a, n) for a, n in target if n not in have]
         if new:
-            self._extend(runner, group, new)
+            self._extend(runner, group, new, now)
         for m in group.plan.members:
             member = runner.members.get(str(m.job_id))
             pins = self._pins(runner, group, m.job_id, allocs)
@@ -261,23 +258,19 @@ class GroupRuntime:
                      "them)", group.group_id, ", ".join(idle))
 
     def _extend(self, runner: GroupRunner, group: GroupRow,
-                nodes: Sequence[tuple[AllocRow, str]]) -> None:
+                nodes: Sequence[tuple[AllocRow, str]], now: float) -> None:
         """Add the nodes of newly held allocations once their daemons answer (meanwhile
         the jobs waiting for them say why)."""
         waiting = [j for j in group.plan.job_ids if str(j) not in runner.members]
         try:
             refs = [self.node_ref(a, node, Pool.ROLLOUT) for a, node in nodes]
         except WeaveError as exc:   # a node daemon still starting: the next tick tries again
-            self._waiting(group, str(exc), waiting)
+            self.waits.wait(group, WaitCause.NODE_PORT, str(exc), now, waiting)
             return
-        for ref in refs:
-            why = self._answers(ref)
-            if why is not None:
-                self._waiting(group, f"the node daemon on {ref.name} does not answer yet: "
-                                     f"{why}", waiting)
-                return
+        if not self._all_answer(group, refs, now, waiting):
+            return
         runner.extend(refs)
-        self._waits.pop(group.group_id, None)
+        self.waits.done(group)
         log.info("group %s: runtime extended to rollout node(s) %s", group.group_id,
                  ", ".join(r.name for r in refs))
 
@@ -335,30 +328,33 @@ class GroupRuntime:
         del self.groups[gid]
         return outcomes
 
-    def _answers(self, ref: NodeRef) -> str | None:
-        """None when ``ref``'s daemon answers; else why not, in words."""
+    def _all_answer(self, group: GroupRow, refs: Sequence[NodeRef], now: float,
+                    jobs: Sequence[int] | None = None) -> bool:
+        """Whether every daemon of ``refs`` answers; else the group (its ``jobs``) waits,
+        by the first failure's cause (still starting, or refusing us): next tick again."""
+        for ref in refs:
+            error = self._answers(ref)
+            if error is not None:
+                self.waits.wait(group, answer_cause(error), f"the node daemon on {ref.name} "
+                                f"does not answer yet: {error}", now, jobs)
+                return False
+        return True
+
+    def _answers(self, ref: NodeRef) -> Exception | None:
+        """None when ``ref``'s daemon answers; else the error (its type is the cause)."""
         from weave_slurm.node.protocol import Op
 
         try:
             client = connect(ref, self.config.ping_timeout_s, self.config.runner.munge_socket)
         except (WeaveError, OSError) as exc:
-            return str(exc)
+            return exc
         try:
             client.call(Op.STATUS)
         except (WeaveError, OSError) as exc:
-            return str(exc)
+            return exc
         finally:
             client.close()
         return None
-
-    def _waiting(self, group: GroupRow, why: str, jobs: Sequence[int] | None = None) -> None:
-        """The group's runtime waits for its node daemons: its jobs' (``jobs``') REASON
-        says why (logged once per distinct reason)."""
-        if self._waits.get(group.group_id) != why:
-            log.warning("group %s: waiting for its node daemons: %s", group.group_id, why)
-            self._waits[group.group_id] = why
-        self._waiting_jobs.update({job_id: why for job_id in
-                                   (group.plan.job_ids if jobs is None else jobs)})
 
     def _member_of(self, runner: GroupRunner, group: GroupRow, job: JobRow,
                    allocs: Sequence[AllocRow], store: Store) -> JobOutcome | None:
@@ -381,7 +377,7 @@ class GroupRuntime:
                     runner.adopt(member_spec(job, group, pins), resume)
                 except WeaveError as exc:
                     return JobOutcome(job.job_id, JobState.FAILED, f"cannot join: {exc}")
-                self._waiting_jobs.pop(job.job_id, None)
+                self.waits.jobs.pop(job.job_id, None)
                 log.info("job %s joined group %s%s", job.job_id, group.group_id,
                          " (re-attached to its warm state)"
                          if runner.members[key].state is MemberState.RECOVERING else "")
@@ -515,4 +511,4 @@ class GroupRuntime:
 
     def waiting(self, job_id: int) -> str | None:
         """Why the job's group has not started it: its node daemons (None: not waiting)."""
-        return self._waiting_jobs.get(job_id)
+        return self.waits.jobs.get(job_id)

@@ -114,9 +114,16 @@ class JobOutputs:
             if err_path is not None and err_path != out_path:
                 state.err = self.opener(job.uid, err_path)
         except OSError as exc:
-            log.warning("job %s: cannot open its output file: %s", job.job_id, exc)
-            state.broken = True
+            self._broken(job, state, f"cannot open its output file: {exc}")
         return state
+
+    def _broken(self, job: JobRow, state: _Log, what: str) -> None:
+        """Its output files are given up: said in weaved's log and in the job's REASON
+        (after why it ended, for an ended job)."""
+        log.warning("job %s: %s", job.job_id, what)
+        state.broken = True
+        self.store.update("job", job.job_id,
+                          reason=f"{job.reason}; {what}" if job.reason else what)
 
     def _write(self, job: JobRow, state: _Log, now: float) -> None:
         if job.state.final:   # what it did before it ended, then how it ended
@@ -159,8 +166,8 @@ class JobOutputs:
                 try:
                     os.write(fd, text)
                 except OSError as exc:
-                    log.warning("job %s: writing its output file: %s", job.job_id, exc)
-                    state.broken = True
+                    self._broken(job, state, f"writing its output file: {exc}")
+                    return
 
     def _close(self, job_id: int) -> None:
         state = self._logs.pop(job_id, None)

@@ -291,8 +291,9 @@ class Reconciler:
 
     def _finish_job(self, job: JobRow, dst: JobState, reason: str, now: float,
                     weights_sha256: str | None = None) -> None:
-        """Stop the job's steps, take it out of its group, then record ``dst`` (and the
-        digest of its final weights, in the same transaction)."""
+        """Stop the job's steps, take it out of its group, then record ``dst`` (PENDING:
+        requeued, to be placed again: daemon/waits.py; and the digest of its final
+        weights, in the same transaction)."""
         allocs = {a.key: a for a in self.store.allocs(live_only=False)}
         for step in self.store.steps(job_id=job.job_id):
             self._stop_step(step, allocs[step.alloc_key], now)
@@ -300,8 +301,9 @@ class Reconciler:
             if job.group_id is not None:
                 self._leave_group(job, now)
             crossing(FaultPoint.CANCEL_STOPPED)
+            fields = {"ended_s": now} if dst.final else {"group_id": None, "started_s": None}
             self.store.transition("job", job.job_id, dst, reason, now, expect=job.state,
-                                  ended_s=now, weights_sha256=weights_sha256)
+                                  weights_sha256=weights_sha256, **fields)
             self.store.update("job", job.job_id, reason=reason)   # status shows why it ended
 
     def _leave_group(self, job: JobRow, now: float) -> None:
@@ -433,8 +435,9 @@ class Reconciler:
             allocs = self.store.allocs(group.group_id, live_only=False)
             for job in self.store.jobs([JobState.PLACED], group_id=group.group_id):
                 steps = self.driver.job_steps(job, group, allocs)
-                ok = not any([self._launch(s.alloc, job.job_id, s.spec, world, now)
-                              for s in steps])
+                errors = [e for s in steps
+                          if (e := self._launch(s.alloc, job.job_id, s.spec, world, now))]
+                ok = not errors
                 fresh = self.store.job(job.job_id)
                 if fresh is None or fresh.state is not JobState.PLACED:
                     continue  # cancelled meanwhile: the next tick stops its steps
@@ -446,7 +449,8 @@ class Reconciler:
                         self.store.update("job", job.job_id, reason="")
                     crossing(FaultPoint.JOB_RUNNING)
                 else:
-                    self._finish_job(fresh, JobState.FAILED, "a step could not be launched", now)
+                    self._finish_job(fresh, JobState.FAILED, "a step could not be launched: "
+                                     f"{errors[0]}", now)
 
     def _drain_groups(self, now: float) -> None:
         for group in self.store.groups():

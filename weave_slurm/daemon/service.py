@@ -32,6 +32,7 @@ from weave_slurm.daemon.reconcile import PoolRequest, Reconciler
 from weave_slurm.daemon.replanning import ReplanConfig
 from weave_slurm.daemon.server import ApiServer
 from weave_slurm.daemon.store import Store
+from weave_slurm.daemon.waits import Deadlines
 from weave_slurm.errors import ConfigError, StateError, WeaveError
 from weave_slurm.placement import Capacity
 from weave_slurm.slurm.backend import Backend
@@ -219,7 +220,8 @@ class Weaved:
         return GroupRuntime(self.nodes.ref, GroupRuntimeConfig(
             poll_s=cfg.runtime_poll_s, runner=runner, checkpoint_base=base,
             plan_from_measurements=self.site.runtime.plan_from_measurements,
-            move_wait_s=self.site.runtime.move_wait_s),
+            move_wait_s=self.site.runtime.move_wait_s,
+            deadlines=Deadlines.from_runtime(self.site.runtime)),
             launcher=self.nodes.launch_agent if self.nodes.s.remote else None,
             resolve=self.nodes.resolve if self.nodes.s.remote else None,
             observer=self.metrics.runtime if self.metrics else None)

@@ -98,10 +98,14 @@ TRANSITIONS: dict[tuple[State, State], str] = {
     (J.PLACED, J.CANCELLING): "cancelled while its group was forming",
     (J.PLACED, J.FAILED): "Slurm refuses its group's allocation as asked, or its node "
                           "daemons keep failing",
+    (J.RUNNING, J.PENDING): "requeued: its group could not reach its node daemons by "
+                            "[runtime] node_start_wait_s (a cause that may pass)",
     (J.RUNNING, J.CANCELLING): "cancelled while running",
     (J.RUNNING, J.COMPLETED): "its steps ended with exit code 0",
-    (J.RUNNING, J.FAILED): "a step failed or vanished, its allocation was lost, or its "
-                           "node daemons keep failing",
+    (J.RUNNING, J.FAILED): "a step failed or vanished, its allocation was lost, its "
+                           "node daemons keep failing, or its group could not reach "
+                           "them by a deadline (munge failing; requeued max_requeues "
+                           "times)",
     (J.CANCELLING, J.CANCELLED): "its steps are stopped and it left its group",
     # groups
     (G.FORMING, G.ACTIVE): "every allocation held, every node daemon running",

@@ -101,8 +101,8 @@ class Munge:
         cred = ctypes.c_char_p()
         try:
             err = self._lib.munge_encode(ctypes.byref(cred), ctx, payload, len(payload))
-            if err:
-                raise StateError(self._error(ctx, err, "encode"))
+            if err:   # no munged where weaved looks, or it refuses: no credential at all
+                raise AuthError(self._error(ctx, err, "encode"))
             assert cred.value is not None
             return cred.value.decode()
         finally:
