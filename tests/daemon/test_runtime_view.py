@@ -113,7 +113,7 @@ def test_a_group_waiting_for_weaveds_own_node_daemons_gives_advice_that_applies(
     group = GroupRow(1, "x.1", GroupState.ACTIVE, GroupPlan(1, 1, (MemberPlan(9, (0,)),)),
                      0.0, "")
     rt = GroupRuntime(nodes.ref)
-    rt._build(group, allocs)                    # no daemon listens at n1's socket yet
+    rt._build(group, allocs, 0.0)               # no daemon listens at n1's socket yet
     why = rt.waiting(9)
     assert why is not None and why.startswith("the node daemon on n1 does not answer "), why
     assert "weave node serve" not in why, why
