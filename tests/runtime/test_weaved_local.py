@@ -15,12 +15,11 @@ from tests.harness.specs import OPTIONS, job_spec
 from tests.harness.waits import settle, wait_for
 from tests.harness.weaved import call, state_of, wait_states
 from weave_slurm.config.render import job_spec_toml
-from weave_slurm.daemon.layout_view import RANK0_ONLY
 from weave_slurm.daemon.protocol import Op
 from weave_slurm.daemon.service import Weaved
+from weave_slurm.errors import ConfigError
 from weave_slurm.node.segments import weights_digest
 from weave_slurm.runtime.group import MemberSpec
-from weave_slurm.vocab import Phase
 
 pytestmark = pytest.mark.torch
 
@@ -51,10 +50,9 @@ def test_three_jobs_through_weaved_match_solo(rl_weaved: tuple[Weaved, Path, Pat
         assert measured["sync_bytes"]["weights"] > 0
         shown = call(sock, Op.SHOW, kind="job", id=job)
         assert shown["runtime"]["version"] == ITERATIONS
-        # its layout (8 + 8 GPUs on the default site's 8-GPU nodes) is more than the one
-        # process per role that ran, and show job says so (no gangs yet: issue 15, item 2)
-        assert shown["layout"]["words"] == "train 1x8 ranks; rollout 1x8 engines x 1 GPU"
-        assert shown["layout"]["runs"] == RANK0_ONLY
+        # its layout (1 + 1 GPUs) is what ran: one training rank, one rollout engine
+        assert shown["layout"]["words"] == "train 1x1 rank; rollout 1x1 engine x 1 GPU"
+        assert shown["layout"]["runs"] is None
     # the group drained: allocations released, node daemons gone, no job state in shm
     settle(lambda: not (w.backend.list_allocations("") or call(sock, Op.GROUPS)["groups"]),
            30, interval_s=0.3)
@@ -104,30 +102,20 @@ def test_cancelling_a_groups_last_job_leaves_nothing(
     assert [p for p in (w.config.state_dir / "ckpt").rglob("*") if p.name == str(job)] == []
 
 
-def test_a_job_laid_out_over_two_training_nodes_runs_rank_0_on_the_first(
+def test_a_layout_the_site_would_run_smaller_is_refused_at_submission(
         rl_weaved: tuple[Weaved, Path, Path]) -> None:
-    """16 + 16 GPUs on 8-GPU nodes: 2 x 8 ranks over both training nodes, 2 x 8 engines
-    on both rollout nodes. The layout names both of each; until gangs exist the runtime
-    runs one training process on the first training node (the second gets no phase),
-    and the job ends with its solo weights."""
-    w, sock, _shm = rl_weaved
+    """16 + 16 GPUs whose 16 engines would each draw from one 'batch' stream: refused at
+    submission in one line naming the key, nothing stored, instead of failing at run
+    time or running rank 0 alone (issue 30; the gangs = false refusal:
+    tests/daemon/test_runnable.py). Gangs that run every rank:
+    tests/runtime/test_gang_run.py, tests/daemon/test_gang_hosts.py."""
+    _w, sock, _shm = rl_weaved
     spec = job_spec_toml("wide", iterations=ITERATIONS, seed=5, options=OPTIONS,
                          rollout_gpus=16, train_gpus=16)
-    job = call(sock, Op.SUBMIT, spec=spec, source="wide.toml")["job"]
-    seen: list[dict[str, Any]] = []
-    rows = wait_states(sock, [job], {"COMPLETED", "FAILED"}, 240, seen)
-    assert rows[0]["state"] == "COMPLETED", rows
-    running = [r["layout"] for r in seen if r["state"] == "RUNNING"]
-    assert running, seen
-    lay = running[-1]
-    assert lay["words"] == "train 2x8 ranks; rollout 2x8 engines x 1 GPU"
-    assert [n["node"] for n in lay["train"]["nodes"]] == ["h800-0", "h800-1"]
-    assert sorted(n["node"] for n in lay["rollout"]["nodes"]) == ["h20-0", "h20-1"]
-    assert lay["runs"] == RANK0_ONLY
-    group = next(r["group"] for r in seen if r["group"] is not None)
-    trained_on = {s.node for s in w.driver.spans.get(group, [])  # type: ignore[attr-defined]
-                  if s.kind is Phase.TRAIN}
-    assert trained_on == {"h800-0"}, trained_on
-    solo = run_solo(MemberSpec(str(job), seed=5, steps=ITERATIONS, options=OPTIONS))
-    live = w.driver.live(job)
-    assert live is not None and live["weights_sha256"] == weights_digest(solo.weights)
+    with pytest.raises(ConfigError) as err:
+        call(sock, Op.SUBMIT, spec=spec, source="wide.toml")
+    words = str(err.value)
+    assert words.startswith("wide.toml: builtin:grpo-toy: options.sampling = 'batch': a "
+                            "rollout over 16 engines needs 'per_prompt'"), words
+    assert "\n" not in words, words
+    assert call(sock, Op.STATUS, all=True)["jobs"] == []

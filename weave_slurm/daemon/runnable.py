@@ -76,7 +76,7 @@ def check_runnable(job: JobSpec, layout: MemberLayout | None, site: SiteConfig,
                           "site with gangs = true")
     python = job.python or node_python
     if is_builtin(job.entry):
-        b = builtin(job.entry)
+        b = builtin(job.entry, job.source)
         here = python is not None and os.path.realpath(python) == \
             os.path.realpath(sys.executable)
         check_builtin(job, layout or single_layout(), installed=here)

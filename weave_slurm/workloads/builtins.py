@@ -99,11 +99,13 @@ BUILTINS: dict[str, Builtin] = {b.name: b for b in (
 )}
 
 
-def builtin(entry: str, where: str = "entry") -> Builtin:
-    """The built-in ``entry`` (``builtin:<name>``) names; ConfigError listing them."""
+def builtin(entry: str, source: str = "") -> Builtin:
+    """The built-in ``entry`` (``builtin:<name>``) names; ConfigError listing them
+    (``source``: the spec, named first)."""
     name = entry[len("builtin:"):]
     if name not in BUILTINS:
-        raise ConfigError(f"key '{where}' = {entry!r}: no such built-in job; valid: "
+        where = f"{source}: " if source else ""
+        raise ConfigError(f"{where}key 'entry' = {entry!r}: no such built-in job; valid: "
                           f"{', '.join(b.entry for b in BUILTINS.values())}, or "
                           "'package.module:factory' for your own")
     return BUILTINS[name]
@@ -114,7 +116,7 @@ def check_builtin(job: JobSpec, layout: MemberLayout, installed: bool = True) ->
     would refuse at run time; ``installed``: its modules are looked up in this
     interpreter (the workers' one)."""
     assert job.entry is not None and job.entry.startswith("builtin:")
-    b = builtin(job.entry)
+    b = builtin(job.entry, job.source)
     where = job.source
     if job.algorithm not in b.algorithms:
         raise ConfigError(f"{where}: key 'algorithm' = {job.algorithm.value!r}: {b.entry} "
