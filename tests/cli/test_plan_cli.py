@@ -97,7 +97,8 @@ def test_config_check_ok() -> None:
     # each job's layout on the site (configs/jobs/qwen32b-grpo-16k.toml: 16 rollout
     # GPUs in engines of 2 on 8-GPU nodes, 8 training ranks on one node)
     line = next(ln for ln in proc.stdout.splitlines() if "qwen32b-grpo-16k.toml" in ln)
-    assert line.endswith("; train 1x8 ranks; rollout 2x4 engines x 2 GPUs)"), line
+    assert line.endswith("; train 1x8 ranks; rollout 2x4 engines x 2 GPUs; planning-only: "
+                         "no entry)"), line
 
 
 def test_config_check_with_the_site_forgotten_says_so(capsys: pytest.CaptureFixture[str]) -> None:

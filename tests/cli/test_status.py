@@ -83,8 +83,9 @@ def test_status_long_and_show_job_print_each_members_layout(
     """16 training GPUs on 8-GPU nodes: 2 nodes x 8 ranks; 16 rollout GPUs in engines of
     2: 8 engines, 4 on each of 2 nodes (the local cluster has 2 + 2 nodes)."""
     sock = weaved.socket
-    wide = call(sock, Op.SUBMIT, spec=job_spec_toml("wide", rollout_gpus=16, train_gpus=16,
-                                                    engine_gpus=2))["job"]
+    wide = call(sock, Op.SUBMIT, spec=job_spec_toml(
+        "wide", rollout_gpus=16, train_gpus=16, engine_gpus=2,
+        options={"sampling": "per_prompt"}))["job"]
     one = call(sock, Op.SUBMIT, spec=job_spec_toml("one", rollout_gpus=1, train_gpus=1))["job"]
     wait_for(lambda: all(j["state"] == "RUNNING" for j in call(sock, Op.STATUS)["jobs"]), 20,
              "both jobs running")

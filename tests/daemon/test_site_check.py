@@ -118,6 +118,7 @@ def test_site_check_passes_on_a_site_that_has_it_all(
     assert code == 0, lines
     assert [line.split(":")[0] for line in lines] == [
         "ok   partition h20 (rollout)", "ok   partition h800 (train)",
+        "ok   weight transfer auto",
         f"ok   munge ({os.environ['MUNGE_SOCKET']})" if "MUNGE_SOCKET" in os.environ
         else "ok   munge",
         f"ok   checkpoint root {shared.ckpt}", f"ok   path root {shared.work}",
