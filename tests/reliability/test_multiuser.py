@@ -145,8 +145,13 @@ def one_line(text: str) -> bool:
 MARK = "secret-marker-7f3a"  # in A's spec only: must never reach B
 
 
+#: An own entry (a light module every user imports), not a built-in: a built-in checks
+#: its [options] at submission, and these specs carry options of the test's own.
+OWN_ENTRY = "weave_slurm.workloads.grpo_options:GrpoToyOptions"
+
+
 def private_spec(name: str) -> str:
-    return job_spec_toml(name, options={"note": MARK})
+    return job_spec_toml(name, entry=OWN_ENTRY, options={"note": MARK})
 
 
 def test_other_user_cannot_cancel_show_or_read_a_job(
@@ -418,7 +423,7 @@ def test_job_state_processes_and_checkpoints_are_private(
 # -- 5. paths in specs -------------------------------------------------------------------------
 
 def path_spec(value: str, key: str = "out_dir") -> str:
-    return job_spec_toml("paths", options={key: value})
+    return job_spec_toml("paths", entry=OWN_ENTRY, options={key: value})
 
 
 def test_spec_paths_cannot_escape_the_users_dirs(
@@ -543,7 +548,8 @@ def test_names_with_shell_metacharacters_are_refused_in_one_line(
             assert r.get("ok") == 2 and one_line(r["stderr"]), (argv, r)
             assert "name" in r["stderr"] and r["stdout"] == "", r
     # the same payloads as data (options, source label) are stored verbatim, run nowhere
-    spec = job_spec_toml("data", options={f"p{i}": p for i, p in enumerate(PAYLOADS)})
+    spec = job_spec_toml("data", entry=OWN_ENTRY,
+                         options={f"p{i}": p for i, p in enumerate(PAYLOADS)})
     job = as_user(a, lambda: call(sock, Op.SUBMIT, spec=spec, source=PAYLOADS[0]))["ok"]["job"]
     shown = as_user(a, lambda: call(sock, Op.SHOW, kind="job", id=job))["ok"]
     assert parse_job(shown["spec"]).options == tuple((f"p{i}", p)
@@ -614,7 +620,8 @@ def test_user_strings_never_reach_slurm_commands(slurm_cluster: Any, public_dir:
     with serving(cfg, SlurmCliBackend(runner=runner, env=slurm_cluster.env),
                  prefix=f"weave-g{instance}.") as w:
         wait_for(lambda: sock.exists(), 30, "weaved's socket")
-        spec = job_spec_toml("data", options={f"p{i}": p for i, p in enumerate(PAYLOADS)})
+        spec = job_spec_toml("data", entry=OWN_ENTRY,
+                         options={f"p{i}": p for i, p in enumerate(PAYLOADS)})
         job = as_user(a, lambda: call(sock, Op.SUBMIT, spec=spec,
                                       source=PAYLOADS[1]))["ok"]["job"]
         wait_for(lambda: state_of(sock, job) == "RUNNING", 60, "running")
@@ -712,8 +719,8 @@ def test_code_paths_are_checked_as_the_user_not_as_root(
     shutil.rmtree(top, ignore_errors=True)
     (top / "venv" / "bin").mkdir(parents=True)
     (top / "src").mkdir()
-    python = top / "venv" / "bin" / "python"
-    python.write_text("#!/bin/sh\n")
+    python = top / "venv" / "bin" / "python"     # an interpreter of A's own
+    python.write_text(f"#!/bin/sh\nexec {sys.base_prefix}/bin/python3 \"$@\"\n")
     python.chmod(0o755)
     _own(a, top)
     closed = home / "closed"           # root's, 0700: root reads it, A cannot
@@ -721,8 +728,8 @@ def test_code_paths_are_checked_as_the_user_not_as_root(
     (closed / "python").write_text("#!/bin/sh\n")
     (closed / "python").chmod(0o755)
     try:
-        def spec(**code: Any) -> str:
-            return job_spec_toml("a-code", **code)
+        def spec(**code: Any) -> str:   # no torch in that python: an own, light entry
+            return job_spec_toml("a-code", entry=OWN_ENTRY, **code)
         good = {"workdir": str(top), "python": str(python), "pythonpath": [str(top / "src")]}
         assert "job" in as_user(a, lambda: call(sock, Op.SUBMIT, spec=spec(**good),
                                                 source="a"))["ok"]
