@@ -1,6 +1,6 @@
-"""``[runtime] gangs``: a site file trains every rank a layout places, the built-in site
-one process per member; the CPU smoke site of the tests says ``gangs = false`` unless a
-test says ``gangs`` itself."""
+"""``[runtime] gangs``: a site file and the built-in site train every rank a layout
+places; the CPU smoke site of the tests says ``gangs = false`` unless a test says
+``gangs`` itself (a layout of more than one rank is then refused at submission)."""
 
 from __future__ import annotations
 
