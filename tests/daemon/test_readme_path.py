@@ -23,7 +23,10 @@ from typing import Any
 
 import pytest
 
+from tests.harness.weaved import release_all
 from tests.slurm.session_cluster import REPO, SessionCluster
+from weave_slurm.daemon.membership import instance_tag, name_prefix
+from weave_slurm.slurm.cli_backend import SlurmCliBackend
 
 pytestmark = pytest.mark.slurm
 
@@ -119,10 +122,8 @@ def user(slurm_cluster: SessionCluster, tmp_path: Path) -> Iterator[User]:
             assert u.daemon is not None
             os.killpg(u.daemon.pid, signal.SIGTERM)
             u.daemon.wait(timeout=60)
-        from tests.harness.weaved import release_all
-        from weave_slurm.slurm.cli_backend import SlurmCliBackend
-
-        release_all(SlurmCliBackend(env=env), prefix="weave-g.")
+        # weaved without --instance: its allocations are tagged 'default'
+        release_all(SlurmCliBackend(env=env), name_prefix(""), instance_tag(""))
 
 
 def test_the_shipped_examples_complete_through_readmes_path_across_a_kill_9(

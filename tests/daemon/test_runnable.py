@@ -84,3 +84,14 @@ def test_an_own_entry_is_imported_in_its_interpreter(tmp_path: Path) -> None:
     assert "ModuleNotFoundError: No module named 'mypkg'" in words
     words = _refused(own.replace("mypkg.job:make", "mypkg.job:nope"))
     assert "AttributeError" in words and "nope" in words
+
+
+def test_an_engines_own_options_are_checked_by_its_parser() -> None:
+    words = _refused(job_spec_toml("p", entry="builtin:grpo-toy-deepspeed",
+                                   options={"engine": {"zero_stage": 3}}))
+    assert "options.engine.zero_stage: unsupported value 3 (valid: 1, 2)" in words
+    _check(job_spec_toml("p", entry="builtin:grpo-toy-deepspeed",
+                         options={"engine": {"zero_stage": 2}}), python=None)
+    words = _refused(job_spec_toml("p", entry="builtin:grpo-toy-vllm",
+                                   options={"engine": {"bogus": 1}}))
+    assert "options.engine: unknown key 'bogus'" in words

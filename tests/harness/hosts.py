@@ -11,7 +11,6 @@ a worker is killed by pid from the login side.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import shutil
@@ -25,10 +24,11 @@ from typing import Any
 import pytest
 
 from weave_slurm.errors import ConfigError, WeaveError
+from weave_slurm.slurm import hosts as separate_hosts
 from weave_slurm.slurm.cluster import ClusterStatus, LocalCluster
 from weave_slurm.slurm.cluster_config import ClusterLayout, HostMode, PoolShape
 from weave_slurm.slurm.host_plan import NODE_IFNAME
-from weave_slurm.slurm.runner import CommandResult, run_command
+from weave_slurm.slurm.runner import CommandResult, SubprocessRunner, run_command
 
 TOOLS = ("slurmd", "ip", "tc", "nsenter", "unshare", "setpriv", "munged")
 #: Two h20 and two h800 hosts of 8 (fake) GPUs, as the job specs in configs/jobs ask.
@@ -49,15 +49,13 @@ def skip_unless_possible() -> None:
 
 
 def free_subnet() -> str:
-    """A /24 of 10.214.0.0/16 that no route of this host overlaps (other clusters')."""
-    res = run_command(["ip", "-o", "-4", "route", "show"])
-    taken = [ipaddress.ip_network(line.split()[0], strict=False)
-             for line in res.stdout.splitlines() if line.split()[0] != "default"]
-    for k in range(100 + os.getpid() % 100, 356):
-        net = ipaddress.ip_network(f"10.214.{k % 256}.0/24")
-        if not any(net.overlaps(t) for t in taken):
-            return str(net)
-    pytest.skip("no free /24 in 10.214.0.0/16")
+    """A /24 of 10.214.0.0/16 that no route of this host overlaps (other clusters'),
+    from one that depends on the session (two sessions rarely start on the same)."""
+    try:
+        return separate_hosts.free_subnet(SubprocessRunner(),
+                                          f"10.214.{100 + os.getpid() % 100}.0/24")
+    except ConfigError:
+        pytest.skip("no free /24 in 10.214.0.0/16")
 
 
 def bring_up(cluster: LocalCluster, layout: ClusterLayout = LAYOUT,

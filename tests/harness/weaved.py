@@ -89,9 +89,10 @@ def serve(cfg: DaemonConfig, backend: Backend | None = None) -> Served:
     return Served(w, thread)
 
 
-def release_all(backend: Backend, prefix: str = "") -> None:
-    """Cancel the steps of every allocation named ``prefix...`` and release it."""
-    for alloc in backend.list_allocations(prefix):
+def release_all(backend: Backend, prefix: str = "", instance: str | None = None) -> None:
+    """Cancel the steps of every allocation named ``prefix...`` (and, given
+    ``instance``, tagged as that weaved's: membership.instance_tag) and release it."""
+    for alloc in backend.list_allocations(prefix, instance=instance):
         for step in backend.list_steps(alloc.alloc_id):
             backend.cancel_step(StepHandle(alloc.alloc_id, step.name, 0))
         backend.release(alloc.alloc_id)

@@ -120,7 +120,7 @@ def probe_entry(probe: Probe, uid: int | None = None) -> Found:
     if uid is not None and uid != os.geteuid():
         if os.geteuid() != 0:
             return Found()      # cannot become that uid (daemon/access.py): not checked
-        user = pwd.getpwuid(uid) if _known(uid) else None
+        user = _user(uid)
         how.update(user=uid, group=user.pw_gid if user else uid, extra_groups=[])
         if user is not None:
             env.update(HOME=user.pw_dir, USER=user.pw_name, LOGNAME=user.pw_name)
@@ -161,12 +161,11 @@ def _refuse(job: JobSpec, found: Found, python: str) -> None:
                           "'Your own code')")
 
 
-def _known(uid: int) -> bool:
+def _user(uid: int) -> pwd.struct_passwd | None:
     try:
-        pwd.getpwuid(uid)
+        return pwd.getpwuid(uid)
     except KeyError:
-        return False
-    return True
+        return None
 
 
 def _weave_link() -> Path:

@@ -117,20 +117,22 @@ def check_free(plan: HostPlan, runner: CommandRunner) -> None:
 
 
 def free_subnet(runner: CommandRunner, first: str) -> str:
-    """``first``, or the next /24 after it in its /16 that no route of this host
-    overlaps (another cluster's, a site network's); ConfigError if none is."""
+    """``first`` (a /24), or the next /24 of its /16 after it (wrapping round) that no
+    route of this host overlaps (another cluster's, a site network's); ConfigError if
+    none is."""
     base = ipaddress.ip_network(first)
+    wide = base.supernet(new_prefix=16)
     res = run_step(runner, Step("list routes", ("ip", "-o", "-4", "route", "show")))
     taken = [dst for line in res.stdout.splitlines()
              for dst in [_route_dst(line)] if dst is not None]
+    start = (int(base.network_address) >> 8) & 0xFF
     for k in range(256):
-        net = ipaddress.ip_network((int(base.network_address) + (k << 8), 24))
-        if not net.subnet_of(base.supernet(new_prefix=16)):  # type: ignore[arg-type]
-            break
+        third = (start + k) % 256
+        net = ipaddress.ip_network((int(wide.network_address) + (third << 8), 24))
         if not any(net.overlaps(t) for t in taken):
             return str(net)
-    raise ConfigError(f"--subnet: every /24 of {base.supernet(new_prefix=16)} from {first} "
-                      "overlaps a route of this host; give a free private one")
+    raise ConfigError(f"--subnet: every /24 of {wide} overlaps a route of this host; give "
+                      "a free private one")
 
 
 def _route_dst(line: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:

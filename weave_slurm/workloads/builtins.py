@@ -58,11 +58,22 @@ def _grpo_toy(options: dict[str, Any], layout: MemberLayout) -> None:
                           f"valid: prompts_per_step x group_size / minibatches >= {ranks}")
 
 
-def _without(keys: tuple[str, ...], then: OptionsCheck) -> OptionsCheck:
-    """``then`` on the options less an engine's own ``keys`` (checked by the engine)."""
-    def check(options: dict[str, Any], layout: MemberLayout) -> None:
-        then({k: v for k, v in options.items() if k not in keys}, layout)
-    return check
+def _deepspeed(options: dict[str, Any], layout: MemberLayout) -> None:
+    """DeepSpeed's own keys (``[options.engine] zero_stage``, taken out by its parser,
+    as its workers do), then the reference job's."""
+    from weave_slurm.workloads.deepspeed_backend import _zero_stage
+
+    _zero_stage(options)
+    _grpo_toy(options, layout)
+
+
+def _vllm(options: dict[str, Any], layout: MemberLayout) -> None:
+    """vLLM's engine table (taken out by its parser, against the layout's GPUs per
+    engine), then the reference job's."""
+    from weave_slurm.workloads.vllm_backend import engine_args
+
+    engine_args(options, layout.rollout.engine_gpus)
+    _grpo_toy(options, layout)
 
 
 def _one_rank(what: str, then: OptionsCheck) -> OptionsCheck:
@@ -90,9 +101,9 @@ BUILTINS: dict[str, Builtin] = {b.name: b for b in (
             _grpo_toy),
     Builtin("grpo-toy-deepspeed", "weave_slurm.workloads.deepspeed_backend:DeepSpeedGrpoJob",
             _GRPO, (*_TORCH, "deepspeed"), "deepspeed",
-            _without(("engine", "zero_stage"), _grpo_toy)),
+            _deepspeed),
     Builtin("grpo-toy-vllm", "weave_slurm.workloads.vllm_backend:VllmGrpoJob", _GRPO,
-            (*_TORCH, "vllm"), "vllm", _without(("engine", "vllm"), _grpo_toy)),
+            (*_TORCH, "vllm"), "vllm", _vllm),
     Builtin("trl-grpo-tiny", "weave_slurm.workloads.trl_tiny:make", _GRPO,
             (*_TORCH, "trl", "datasets"), "trl",
             _one_rank("builtin:trl-grpo-tiny (TRL's GRPOTrainer)", _trl_options)),
