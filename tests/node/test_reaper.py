@@ -12,6 +12,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.harness.processes import pid_alive
 from tests.harness.waits import wait_for
 from weave_slurm.node import reaper
@@ -57,13 +59,17 @@ def test_a_daemonized_descendant_ends_when_the_roles_line_exits(node: Any) -> No
     wait_for(lambda: not _tagged(tag), 10, "no process of the role left")
 
 
-def test_a_stop_ends_the_roles_daemonized_descendants(node: Any) -> None:
+@pytest.mark.parametrize("how", ["stop", "drop"])   # weave's stop; a cancel's drop
+def test_a_stop_ends_the_roles_daemonized_descendants(node: Any, how: str) -> None:
     sock, tag = node.config.socket, f"w{uuid.uuid4().hex[:8]}"
     _call(sock, Op.REGISTER, job="r2")
     _call(sock, Op.LAUNCH, job="r2", action="start", role="rollout",
           command=_daemonizing(tag, "sleep 600"))
     wait_for(lambda: _tagged(tag), 10, "the daemon started")
-    _call(sock, Op.LAUNCH, job="r2", action="stop")
+    if how == "stop":
+        _call(sock, Op.LAUNCH, job="r2", action="stop")
+    else:
+        _call(sock, Op.DROP, job="r2")
     wait_for(lambda: not _tagged(tag), 10, "no process of the role left")
 
 
