@@ -37,6 +37,9 @@ def probs(w: list[float]) -> list[float]:
 class Rollout:
     """The rollout engine's stand-in (on the rollout node, as verl's replicas)."""
 
+    def ready(self) -> str:
+        return os.environ.get("WEAVE_NODE", "")
+
     def generate(self, weights: list[float], version: int) -> dict[str, object]:
         return {"version": version, "arms": sample(weights, version),
                 "node": os.environ.get("WEAVE_NODE"), "role": os.environ.get("WEAVE_ROLE")}
@@ -75,6 +78,7 @@ def main() -> int:
     where = ray_member.on_rollout_node()
     relay = ray_member.gate_relay().options(scheduling_strategy=where).remote()
     engine = Rollout.options(scheduling_strategy=where).remote()   # type: ignore[attr-defined]
+    ray.get(engine.ready.remote())   # started before the loop, as verl's init_workers
     weights, trail = [0.0] * ARMS, []
     for v in range(steps):
         ray.get(relay.enter.remote(v))                 # the rollout turn, on its node

@@ -52,7 +52,7 @@ def recipe_launch() -> str:
 def ray_spec(name: str, work: Path) -> str:
     env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "RAY_JOB_STEPS": str(STEPS),
            "HOME": str(work), "RAY_USAGE_STATS_ENABLED": "0"}
-    return (job_spec_toml(name, iterations=STEPS, rollout_s=5, train_s=5, workdir=str(work))
+    return (job_spec_toml(name, iterations=STEPS, rollout_s=10, train_s=10, workdir=str(work))
             + "\n[slurm]\noutput = \"%x-%j.out\"\n\n" + recipe_launch() + "\n[launch.env]\n"
             + "".join(f"{k} = {json.dumps(v)}\n" for k, v in env.items()))
 
