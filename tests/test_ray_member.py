@@ -16,7 +16,8 @@ from weave_slurm.runtime.member_net import MemberNet
 
 def _env(role: str, slot: int, **more: str) -> dict[str, str]:
     net = MemberNet("10.0.0.3", "10.0.0.2", slot)
-    return {**net.env(role), "WEAVE_ROLE": role, "WEAVE_JOB_ID": f"j{slot}", **more}
+    return {**net.env(role), "WEAVE_ROLE": role, "WEAVE_JOB_ID": f"j{slot}",
+            "WEAVE_OBJECT_STORE_BYTES": "268435456", **more}
 
 
 def _ports(args: list[str]) -> set[int]:
@@ -48,10 +49,11 @@ def test_every_port_is_in_the_members_range_and_members_are_disjoint() -> None:
     assert not taken[0] & taken[1]
 
 
-def test_the_declared_object_store_is_passed_on() -> None:
-    assert "--object-store-memory=268435456" in \
-        start_args(_env("rollout", 0, WEAVE_OBJECT_STORE_BYTES="268435456"))
-    assert not [a for a in start_args(_env("train", 0)) if "object-store" in a]
+def test_the_declared_object_store_is_passed_on_and_an_undeclared_one_refused() -> None:
+    for role in ("train", "rollout"):
+        assert "--object-store-memory=268435456" in start_args(_env(role, 0))
+    with pytest.raises(ConfigError, match=r"declares no '\[launch\] object_store_gib'"):
+        start_args(_env("train", 0, WEAVE_OBJECT_STORE_BYTES=""))
 
 
 def test_outside_a_weave_role_it_says_what_is_missing() -> None:

@@ -6,7 +6,8 @@ environment (docs/job_api.md, "Cooperative jobs"; runtime/member_net.py).
 - The **train** role starts the head on its node (``WEAVE_TRAIN_ADDR``), the **rollout**
   role joins it from its node, both on ports of the member's own range
   (``WEAVE_PORT_BASE``, ``WEAVE_PORT_COUNT``) and with the object store the spec
-  declared (``WEAVE_OBJECT_STORE_BYTES``), never Ray's 30% of RAM::
+  declared (``WEAVE_OBJECT_STORE_BYTES``; one that declared none is refused), never
+  Ray's 30% of RAM::
 
       ray start --head $(python -m weave_slurm.ray_member args) && exec python -u driver.py
       exec ray start --block $(python -m weave_slurm.ray_member args)
@@ -89,9 +90,12 @@ def start_args(env: Mapping[str, str] = os.environ) -> list[str]:
         args += [f"--address={head_address(env)}",
                  f"--resources={json.dumps({ROLLOUT_RESOURCE: 1}, separators=(',', ':'))}"]
     store = env.get("WEAVE_OBJECT_STORE_BYTES")
-    if store:
-        args.append(f"--object-store-memory={int(store)}")
-    return args
+    if not store:
+        raise ConfigError("ray_member: the job's spec declares no '[launch] "
+                          "object_store_gib' (WEAVE_OBJECT_STORE_BYTES is not set); without "
+                          "it Ray takes 30% of the node's RAM outside weave's host-memory "
+                          "budget: declare it, in GiB per node")
+    return [*args, f"--object-store-memory={int(store)}"]
 
 
 def wait_for_head(env: Mapping[str, str] = os.environ, timeout_s: float = HEAD_WAIT_S) -> None:

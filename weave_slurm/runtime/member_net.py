@@ -82,8 +82,8 @@ class PortSlots:
             if free is None:
                 raise InsufficientResources(
                     f"job {job_id}: all {self._slots} cooperative port ranges of "
-                    f"{PORTS_PER_MEMBER} ports from {PORT_FLOOR} are held; it starts when "
-                    "a cooperative job ends")
+                    f"{PORTS_PER_MEMBER} ports from {PORT_FLOOR} are held: at most "
+                    f"{self._slots} cooperative jobs run at once under one weaved")
             self._held[key] = free
             return free
 
