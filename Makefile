@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha1sum | cut -c1-12)
 APT_PACKAGES := slurm-wlm munge libslurm-dev openmpi-bin libopenmpi-dev iproute2 gcc make
-EXTRAS := dev,rl,mpi,deepspeed,trl
+EXTRAS := dev,rl,mpi,deepspeed,trl,ray
 
 .PHONY: demo test test-vllm install system spank lint typecheck bench clean
 

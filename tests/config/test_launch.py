@@ -102,3 +102,26 @@ def test_the_plan_puts_output_files_as_sbatch_does() -> None:
     plan2 = LaunchPlan.build(bare.launch, bare.slurm, job_id="7", name="coop", user="a",
                              home="/home/a", workdir=None)
     assert (plan2.output, plan2.error, plan2.workdir) == ("/home/a/weave-7.out", None, None)
+
+
+def test_a_cooperative_jobs_object_store_counts_on_both_nodes_and_reaches_its_processes(
+        tmp_path: Path) -> None:
+    from weave_slurm.config.site import default_site
+    from weave_slurm.model.profile import profile_job
+
+    spec = parse_job(_spec('script = "ray start"\nobject_store_gib = 0.5\n',
+                           rollout_state_gib=1.0, train_state_gib=2.0))
+    assert spec.launch is not None and spec.launch.object_store_gib == 0.5
+    prof = profile_job(spec, default_site())
+    assert (prof.rollout_state_gib, prof.train_state_gib) == (1.5, 2.5)
+    plan = plan_for(spec, "42", 0)
+    assert plan is not None
+    assert plan.request("train")["env"]["WEAVE_OBJECT_STORE_BYTES"] == str(2**29)
+    with pytest.raises(ConfigError, match=r"'launch\.object_store_gib'") as info:
+        parse_job(_spec('script = "x"\nobject_store_gib = -1\n'))
+    assert "\n" not in str(info.value)
+    # a weave-sbatch script says it as a directive
+    script = tmp_path / "job.sh"
+    script.write_text(HEADER + "#WEAVE --cooperative --object-store-gib=0.25\nray start\n")
+    launch = build_spec(script, {}, {"PATH": "/usr/bin"})[1].launch
+    assert launch is not None and launch.object_store_gib == 0.25

@@ -195,3 +195,48 @@ def test_a_gate_refusal_is_the_jobs_reason() -> None:
     assert member.fault.kind is FaultKind.VERSION_REFUSED
     assert why in outcome_words(member), outcome_words(member)   # the FAILED job's REASON
     assert "its train process on h800-0 exited with status 1" in outcome_words(member)
+
+
+def test_a_member_is_done_when_its_driver_exits_after_its_iterations() -> None:
+    """The End rule: its train process (a Ray driver) exited 0 after its last train
+    while its rollout process (``ray start --block``) still runs: DONE, and the
+    rollout process is stopped, not waited for."""
+    runner, nodes, log, clock = _setup(steps=1)
+    runner.tick()
+    member = runner.members["c"]
+    nodes["h800-0"].waiting["c"] = {"train": 0}
+    nodes["h20-0"].waiting["c"] = {"rollout": 0}
+    for node, state in (("h20-0", "exited"), ("h800-0", "exited")):
+        clock.sleep(0.05)
+        runner.tick()
+        nodes[node].state["c"] = state
+    nodes["h800-0"].procs["c"] = {"train": {"returncode": 0}}
+    nodes["h20-0"].procs["c"] = {"rollout": {"returncode": None}}
+    for _ in range(4):
+        clock.sleep(0.05)
+        runner.tick()
+    assert member.version == 1 and member.state is MemberState.DONE, member.error
+    stops = [n for n, a in _ops(log, Op.LAUNCH) if a.get("action") == "stop"]
+    assert "h20-0" in stops, stops
+
+
+def test_each_member_gets_both_addresses_and_a_port_range_of_its_own() -> None:
+    paths = {"h20-0": Path("/nowhere/r0.sock"), "h800-0": Path("/nowhere/t.sock")}
+    log: list[tuple[str, Op, dict[str, Any]]] = []
+    by_path = {paths[n]: GateNode(log, n) for n in paths}
+    layout = GroupLayout((NodeRef("h20-0", Pool.ROLLOUT, paths["h20-0"]),),
+                         (NodeRef("h800-0", Pool.TRAIN, paths["h800-0"]),))
+    runner = GroupRunner(layout, [MemberSpec(j, steps=1, launch=PLAN) for j in ("c", "d")],
+                         clock=VirtualClock(), client_factory=lambda p: by_path[p])
+    runner.tick()
+    envs = {(a["job"], a["role"]): a["env"] for _, a in _ops(log, Op.LAUNCH)}
+    assert len(envs) == 4, envs
+    for env in envs.values():   # nodes on weaved's own host (the local backend)
+        assert env["WEAVE_TRAIN_ADDR"] == env["WEAVE_ROLLOUT_ADDR"] == \
+            env["WEAVE_NODE_ADDR"] == "127.0.0.1", env
+    ranges = {job: {(int(e["WEAVE_PORT_BASE"]), int(e["WEAVE_PORT_COUNT"]))
+                    for (j, _), e in envs.items() if j == job} for job in ("c", "d")}
+    assert all(len(r) == 1 for r in ranges.values()), ranges   # one range per member
+    (c0, cn), = ranges["c"]
+    (d0, _), = ranges["d"]
+    assert cn >= 100 and (c0 + cn <= d0 or d0 + cn <= c0), ranges   # disjoint

@@ -185,7 +185,7 @@ def _alive(script: Path) -> list[int]:
                 cmd = (proc / "cmdline").read_bytes()
             except OSError:
                 continue
-            if str(script).encode() in cmd:
+            if str(script).encode() in cmd and b"reaper.py" not in cmd:   # not its launcher
                 pids.append(int(proc.name))
     return pids
 

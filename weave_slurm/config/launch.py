@@ -11,6 +11,7 @@ the phase.
 rollout = "python job.py --role rollout"    # a shell line per role (bash -c)
 train = "torchrun --nproc-per-node 1 job.py --role train"
 script = "..."                              # the body run by a role without its own line
+object_store_gib = 0.5                      # host memory its processes hold per node
 [launch.env]                                # the environment (weave-sbatch: the caller's)
 PATH = "/usr/bin:/bin"
 ```
@@ -18,6 +19,11 @@ PATH = "/usr/bin:/bin"
 Where each role's stdout and stderr go is the spec's ``[slurm] output`` and ``error``
 (``#SBATCH --output/--error``: :mod:`weave_slurm.config.sbatch`), default
 ``weave-%j.out`` in the job's working directory; both roles append to the same files.
+
+``object_store_gib`` is host memory the job's processes hold on each of its nodes
+besides its declared warm state (a Ray object store, a shared-memory pool): it counts
+in the node's host-memory budget (:func:`weave_slurm.model.profile.profile_job`) and is
+handed to each role as ``WEAVE_OBJECT_STORE_BYTES`` (``ray start --object-store-memory``).
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ class LaunchSpec:
     train: str | None = None
     script: str | None = None
     env: tuple[tuple[str, str], ...] = ()
+    object_store_gib: float = 0.0      # per node, in the host-memory budget
 
     def command(self, role: str) -> str:
         """The shell text of ``role`` (its own line, else the script body)."""
@@ -71,9 +78,10 @@ def parse_launch(top: TableReader, staleness: int) -> LaunchSpec | None:
     if staleness:
         raise top.fail("staleness", staleness, "a cooperative job ([launch]) runs "
                        "strictly on-policy; valid: 0")
+    store = tab.number("object_store_gib", 0.0, ge=0.0)
     env = _env(tab)
     tab.done()
-    return LaunchSpec(lines["rollout"], lines["train"], lines["script"], env)
+    return LaunchSpec(lines["rollout"], lines["train"], lines["script"], env, store)
 
 
 def _line(tab: TableReader, key: str) -> str | None:

@@ -86,6 +86,9 @@ DIRECTIVES: tuple[Directive, ...] = (
               "cooperative: the rollout role's launcher line (default: the script)"),
     Directive("train-cmd", ("launch", "train"), str,
               "cooperative: the training role's launcher line (default: the script)"),
+    Directive("object-store-gib", ("launch", "object_store_gib"), float,
+              "cooperative: host memory its processes hold per node besides its state "
+              "(a Ray object store), GiB"),
 )
 BY_FLAG = {d.flag: d for d in DIRECTIVES}
 #: What a script must say (a spec file says it in TOML).

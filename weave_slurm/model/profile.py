@@ -150,6 +150,9 @@ def profile_job(spec: JobSpec, site: SiteConfig, job_id: str | None = None) -> J
     t_state = (meas.train_state_gib if meas.train_state_gib is not None
                else perf.train_state_gib(spec) / layout.train.ranks
                * max(layout.train.ranks_per_node))
+    if spec.launch is not None:    # its processes' own store (Ray's), on each node
+        r_state += spec.launch.object_store_gib
+        t_state += spec.launch.object_store_gib
     colo_est = perf.estimate_rollout(spec, tp.gpu, spec.train_gpus, site.model)
     if meas.colo_iter_s is not None:
         colo = meas.colo_iter_s

@@ -29,6 +29,7 @@ import os
 import pwd
 import signal
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from weave_slurm.errors import ConfigError, GateRefused, PhaseRevoked, StateError, WeaveError
+from weave_slurm.node import reaper
 from weave_slurm.node.index import JobRef
 from weave_slurm.node.open_as import open_as
 from weave_slurm.node.protocol import Request
@@ -51,6 +53,8 @@ WAITER_GRACE_S = 2.0
 #: A stopped process gets SIGTERM, then SIGKILL after this.
 STOP_GRACE_S = 3.0
 _ROLES = ("rollout", "train")
+#: The launcher each role's line runs under (a stdlib-only script: python -I -S)
+REAPER = reaper.__file__
 #: stdout/stderr redirected by a shell running as the job's uid, so the files are its own
 
 
@@ -325,15 +329,17 @@ class GateOps:
                "WEAVE_JOB_ID": job.job_id, "WEAVE_ROLE": role,
                "WEAVE_NODE": self.daemon.config.node_name}
         # the job's own launcher line meets a shell (the user's, as the user: as sbatch
-        # runs a script's body); weave's own commands stay plain argv
+        # runs a script's body); weave's own commands stay plain argv. It runs under a
+        # child subreaper (node/reaper.py), so what it daemonizes is stopped with it
         shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
-        argv = [shell, "-c", command]
-        ids: dict[str, Any] = {}
+        line = [shell, "-c", command]
+        argv = [sys.executable, "-I", "-S", REAPER, *reaper.command_line(line)]
         gid, groups = os.getgid(), list(os.getgroups())
-        if os.geteuid() == 0 and job.uid != 0:
+        if os.geteuid() == 0 and job.uid != 0:   # the launcher takes the job's ids itself
             gid = gid_of(job.uid)
             groups = os.getgrouplist(user.pw_name, gid)
-            ids = {"user": job.uid, "group": gid, "extra_groups": groups}
+            argv = [sys.executable, "-I", "-S", REAPER,
+                    *reaper.command_line(line, job.uid, gid, groups)]
         elif os.geteuid() != job.uid:
             raise StateError(f"launch of {job.job_id}: this node daemon runs as uid "
                              f"{os.geteuid()}, it cannot start processes of uid {job.uid}")
@@ -353,7 +359,7 @@ class GateOps:
         try:
             return subprocess.Popen(argv, cwd=workdir, env=env, stdin=subprocess.DEVNULL,
                                     stdout=out_fd, stderr=err_fd, start_new_session=True,
-                                    close_fds=True, **ids)
+                                    close_fds=True)
         except OSError as exc:
             raise ConfigError(f"launch of {job.job_id}: cannot start its {role} process "
                               f"in {workdir}: {exc}") from None
@@ -368,7 +374,10 @@ class GateOps:
             self._cond.notify_all()
 
     def stop(self, job: JobRef) -> None:
-        """SIGTERM the job's processes (their sessions), SIGKILL after a grace."""
+        """SIGTERM the job's processes (their sessions), SIGKILL after a grace.
+
+        Each launcher (node/reaper.py) stops its role's whole tree, daemonized
+        descendants included, within its own grace (shorter than ours)."""
         with self._cond:
             slot = self._slots.get(job.job_id)
             procs = [] if slot is None else [p for p in slot.procs.values()

@@ -30,8 +30,14 @@ it is a member like any other; what differs is what a phase *is*:
 - **Faults.** weave holds no state of a cooperative job, so it cannot re-admit one
   from a checkpoint: a member sent to recovery (hung, a process that exited non-zero,
   a node gone) has its processes stopped and is FAILED, with the fault in words.
-- **End.** When its processes have exited 0 it is DONE (a process that exits while
-  the member needs its phase ends it too: FAILED before its iterations, else DONE).
+- **End.** Its work is done when its train process (the driver) has exited 0 after
+  its last train (the job's iterations): it is DONE, and its rollout process, if it
+  still runs (a ``ray start --block`` serving the driver), is stopped, not waited for.
+  Before that, a process that exits non-zero, or exits while it holds its phase, fails
+  it; one that exits 0 while the member still needs its phase ends it too (FAILED
+  before its iterations). Every stop ends a role's whole process tree (node/reaper.py).
+- **Addresses and ports.** Each role is told both nodes' addresses and a port range of
+  the member's own (runtime/member_net.py), held until the member ends.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ from weave_slurm.runtime.faults import Fault, FaultKind
 from weave_slurm.runtime.group import MemberState, NodeRef
 from weave_slurm.runtime.lifecycle import Lifecycle
 from weave_slurm.runtime.member import Member, PhaseRun
+from weave_slurm.runtime.member_net import SLOTS, MemberNet, node_addr
 from weave_slurm.vocab import Phase
 
 log = logging.getLogger(__name__)
@@ -56,6 +63,8 @@ log = logging.getLogger(__name__)
 POLL_S = 0.02
 ROLE = {Phase.ROLLOUT: "rollout", Phase.TRAIN: "train"}
 PHASE_OF = {role: phase for phase, role in ROLE.items()}
+_ENDED = frozenset({MemberState.DONE, MemberState.FAILED, MemberState.CANCELLED,
+                    MemberState.MOVED})
 
 
 class Verdict(enum.Enum):
@@ -155,6 +164,7 @@ class Cooperative:
                 changed = True
             if member.state is MemberState.RECOVERING:   # before the runner's recovery
                 self._give_up(member)
+        self._free_ports()
         return changed
 
     def ready(self, member: Member, node: NodeRef) -> bool:
@@ -227,11 +237,14 @@ class Cooperative:
         assert plan is not None
         owner = {} if member.spec.uid is None else {"uid": member.spec.uid}
         where = []
+        net = MemberNet(node_addr(member.train_node), node_addr(member.rollout_nodes[0]),
+                        SLOTS.take(self, member.spec.job_id))
         for role, _ in plan.commands:   # registered without a resident worker: none runs
             node = self.node_of(member, PHASE_OF[role])
             self.link.call(node, Op.REGISTER, job=member.spec.job_id, checkpoint_interval_s=0,
                            resident=False, **owner)
-            self.link.call(node, Op.LAUNCH, job=member.spec.job_id, **plan.request(role))
+            self.link.call(node, Op.LAUNCH, job=member.spec.job_id,
+                           **plan.request(role, net.env(role)))
             where.append(f"{role} on {node.name}")
         member.initialised, member.next_kind = True, Phase.ROLLOUT
         self._seen[member.spec.job_id] = _Seen()
@@ -276,6 +289,8 @@ class Cooperative:
     def _exits(self, member: Member, seen: _Seen) -> bool:
         if not seen.exited:
             return False
+        if self._work_done(member, seen):
+            return True
         for role, rc in seen.exited.items():
             phase = PHASE_OF[role]
             # a process that left its phase's block and then ended (its last phase:
@@ -313,6 +328,25 @@ class Cooperative:
         return Fault(FaultKind.WORKER_EXITED, node, phase, rc,
                      evidence=f"its {role} process exited with status {rc}"
                               + (f" holding its {phase.value} phase" if holding else ""))
+
+    def _work_done(self, member: Member, seen: _Seen) -> bool:
+        """The End rule (module doc): its driver exited 0 after its iterations."""
+        if seen.exited.get(ROLE[Phase.TRAIN]) != 0 or member.runs \
+                or member.version < member.spec.steps:
+            return False
+        rollout = ROLE[Phase.ROLLOUT]
+        stopped = "" if rollout in seen.exited else f"; its {rollout} process was stopped"
+        if stopped:
+            self._stop(member)
+        self.lc.move(member, MemberState.DONE, f"its train process ended (status 0) at "
+                     f"version {member.version}{stopped}")
+        return True
+
+    def _free_ports(self) -> None:
+        """Port ranges of members that ended (or left) go back (runtime/member_net.py)."""
+        live = {j for j, m in self.lc.members.items() if m.state not in _ENDED}
+        for job in SLOTS.held(self) - live:
+            SLOTS.give(self, job)
 
     def _give_up(self, member: Member) -> None:
         """Recovery for a cooperative member: stop its processes; FAILED (see module doc)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import pwd
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,15 +44,18 @@ class LaunchPlan:
         if pythonpath:   # the spec's pythonpath first, then the environment's
             env["PYTHONPATH"] = ":".join([*pythonpath, *filter(None, [env.get("PYTHONPATH")])])
         env["WEAVE_JOB_NAME"] = name
+        if launch.object_store_gib:   # Ray's --object-store-memory takes bytes
+            env["WEAVE_OBJECT_STORE_BYTES"] = str(int(launch.object_store_gib * 2**30))
         return cls(tuple((role, launch.command(role)) for role in ROLES),
                    tuple(sorted(env.items())), workdir,
                    place(slurm.output or DEFAULT_OUTPUT), place(slurm.error))
 
-    def request(self, role: str) -> dict[str, Any]:
-        """The node daemon's ``launch`` arguments for ``role``."""
+    def request(self, role: str, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """The node daemon's ``launch`` arguments for ``role`` (``env``: weave's own
+        variables of this launch, runtime/member_net.py)."""
         return {"action": "start", "role": role, "command": dict(self.commands)[role],
-                "env": dict(self.env), "workdir": self.workdir, "output": self.output,
-                "error": self.error}
+                "env": {**dict(self.env), **(env or {})}, "workdir": self.workdir,
+                "output": self.output, "error": self.error}
 
 
 def plan_for(spec: JobSpec, job_id: str, uid: int | None) -> LaunchPlan | None:
