@@ -1,0 +1,55 @@
+"""The docs harness itself (tests/docs/shell.py, sessions.py, blocks.py) fails a block
+whose command fails, and carries a session's state from block to block."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.docs.blocks import DocBlock, doc_blocks
+from tests.docs.sessions import Sessions, run_block, user_env
+
+
+def _block(code: str, expected: str | None = None, line: int = 1) -> DocBlock:
+    return DocBlock("PAGE.md", "a section", line, "bash", code, expected)
+
+
+@pytest.fixture
+def page(tmp_path: Path) -> Iterator[Sessions]:
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    s = Sessions(tmp_path / "s", {"PAGE.md": cwd}, user_env())
+    yield s
+    s.close()
+
+
+def test_a_failing_command_in_the_middle_of_a_block_fails_it(page: Sessions) -> None:
+    with pytest.raises(AssertionError, match=r"line 2: exit 3: "):
+        run_block(page, _block("true\n(exit 3)\necho still typed\n"))
+
+
+def test_a_session_keeps_exports_cwd_and_jobs_between_blocks(page: Sessions) -> None:
+    run_block(page, _block("export GREETING=hi\nmkdir sub && cd sub\nsleep 60 &\n"))
+    out = run_block(page, _block('echo "$GREETING $(basename $PWD)"\nkill %1; wait %1 || true\n',
+                                 line=2))
+    assert out == "hi sub\n"
+
+
+def test_an_output_other_than_the_page_shows_fails(page: Sessions) -> None:
+    run_block(page, _block("echo built\n", expected="built\n"))
+    with pytest.raises(AssertionError, match="where the page shows"):
+        run_block(page, _block("echo built elsewhere\n", expected="built\n", line=2))
+
+
+def test_a_venv_of_the_test_run_is_not_on_a_users_path() -> None:
+    assert ".venv/bin" not in user_env()["PATH"]
+
+
+def test_every_block_of_readme_and_deploy_is_collected_with_its_skip_reason() -> None:
+    blocks = doc_blocks("README.md", {"bash"}) + doc_blocks("docs/deploy.md", {"bash"})
+    skipped = [p for p in blocks if any(m.name == "skip" for m in p.marks)]
+    assert len(blocks) >= 10 and all(m.kwargs.get("reason") for p in skipped for m in p.marks)
+    make = blocks[0].values[0]
+    assert make.code.startswith("make demo") and blocks[0] in skipped
