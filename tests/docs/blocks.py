@@ -30,6 +30,7 @@ class DocBlock:
     syntax: str               # the fence's info string: bash, sh, python, toml, ...
     code: str
     expected_output: str | None
+    expected_output_ignore_whitespace: bool = False
     importorskip: str | None = None   # a module the block needs (pytest-codeblocks' mark)
 
     @property
@@ -68,6 +69,6 @@ def doc_blocks(doc: str, syntaxes: set[str]) -> list[Any]:
         if syntax not in syntaxes:
             continue
         block = DocBlock(doc, _section(heads, b.lineno), b.lineno, syntax, b.code,
-                         b.expected_output, b.importorskip)
+                         b.expected_output, b.expected_output_ignore_whitespace, b.importorskip)
         params.append(pytest.param(block, id=block.where, marks=_marks(b.marks)))
     return params

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -101,6 +102,9 @@ def run_block(s: Sessions, block: DocBlock, timeout_s: float = 600.0) -> str:
         f"{where}: exit {res.rc}; failed: {res.failures}\n--- block ---\n{block.code}"
         f"--- output ---\n{res.output[-6000:]}")
     if block.expected_output is not None:
-        assert res.output == block.expected_output, (
+        squeeze = block.expected_output_ignore_whitespace   # as pytest-codeblocks compares
+        got, shown = ((re.sub(r"\s+", "", s) if squeeze else s)
+                      for s in (res.output, block.expected_output))
+        assert got == shown, (
             f"{where}: printed\n{res.output}\nwhere the page shows\n{block.expected_output}")
     return res.output

@@ -39,6 +39,7 @@ class ShellSession:
         self.work = work
         work.mkdir(parents=True, exist_ok=True)
         self.count = 0
+        self.stuck: str | None = None   # a block that did not end: the shell is still in it
         self.proc = subprocess.Popen(
             ["bash", "--noprofile", "--norc"], stdin=subprocess.PIPE, cwd=cwd, env=env,
             stdout=(work / "session.out").open("w"), stderr=subprocess.STDOUT, text=True,
@@ -52,6 +53,9 @@ class ShellSession:
 
     def run(self, code: str, timeout_s: float) -> BlockRun:
         """Source ``code`` in the session; its exit status, output and failed commands."""
+        if self.stuck is not None:
+            raise AssertionError(f"not run: the session is still in an earlier block:\n"
+                                 f"{self.stuck}")
         self.count += 1
         n = self.count
         script, out, fails, rc = (self.work / f"block{n}.{ext}"
@@ -66,6 +70,7 @@ class ShellSession:
                 raise AssertionError(f"the shell ended (exit {self.proc.returncode}) in:\n"
                                      f"{code}\noutput:\n{_read(out)}")
             if time.monotonic() > deadline:
+                self.stuck = code
                 raise AssertionError(f"still running after {timeout_s:.0f} s:\n{code}\n"
                                      f"output so far:\n{_read(out)}")
             time.sleep(0.1)

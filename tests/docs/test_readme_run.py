@@ -20,16 +20,25 @@ import pytest
 
 from tests.docs.blocks import DocBlock, doc_blocks
 from tests.docs.sessions import Sessions, run_block, sessions, user_env
+from weave_slurm.slurm.cluster import LocalCluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.netns, pytest.mark.torch, pytest.mark.slow]
+
+
+#: No block of the page takes longer on the CI machine (job 2 ends in about a minute).
+BLOCK_TIMEOUT_S = 300
 
 
 @pytest.fixture(scope="module")
 def readme(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sessions]:
     with sessions(tmp_path_factory, "readme", user_env()) as s:
-        yield s
+        try:
+            yield s
+        finally:   # a session that failed before its 'weave cluster down'
+            for state in s.base.glob("repo*/.state/cluster"):
+                LocalCluster(state).down()
 
 
 @pytest.mark.parametrize("block", doc_blocks("README.md", {"bash", "sh"}))
 def test_readme_block(readme: Sessions, block: DocBlock) -> None:
-    run_block(readme, block)
+    run_block(readme, block, BLOCK_TIMEOUT_S)
