@@ -25,8 +25,8 @@ from weave_slurm.slurm.cluster import LocalCluster
 pytestmark = [pytest.mark.slurm, pytest.mark.netns, pytest.mark.torch, pytest.mark.slow]
 
 
-#: No block of the page takes longer on the CI machine (job 2 ends in about a minute).
-BLOCK_TIMEOUT_S = 300
+#: No block of the page takes longer on the CI machine (job 1 ends in 15-60 s).
+BLOCK_TIMEOUT_S = 180
 
 
 @pytest.fixture(scope="module")
