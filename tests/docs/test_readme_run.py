@@ -1,16 +1,16 @@
 """Every command block of README.md runs as written (issue 30: the documented path is
 the tested path).
 
-One bash session per section of the page, in order, from a directory that is the
-repository root to the commands (tests/docs/sessions.py): the local-backend session
-runs weaved and a `#WEAVE` script job; the cluster session brings up its own cluster of
-separate hosts with ``weave cluster up --hosts separate`` (about a second; the session
-cluster cannot be used: the block ends with ``weave cluster down``), runs weaved with
-the shipped example site and submits shipped job files; the planning session checks,
-plans and simulates the shipped configs. A block whose command fails, or that a page
-marks as skipped (``<!--pytest.mark.skip(reason=...)-->``, with its reason), is its
-own test id.
-"""
+One bash session per section of the page, its blocks in order, from a directory that
+is the repository root to the commands (tests/docs/sessions.py); each block is a test
+id. The local-backend session runs weaved and submits a `#WEAVE` script. The cluster
+session brings up a cluster of separate hosts of its own with ``weave cluster up
+--hosts separate`` (under a second; not the session's cluster, which its last block's
+``weave cluster down`` would end), exports what that prints, runs weaved with the
+shipped example site, waits for a script job to COMPLETE (the page's expected output)
+and submits a shipped job spec. The planning session checks, plans and simulates the
+shipped configs. A block the page marks as skipped (``<!--pytest.mark.skip(reason=
+...)-->``) is reported with its reason."""
 
 from __future__ import annotations
 
