@@ -1,9 +1,13 @@
 """The docs harness itself (tests/docs/shell.py, sessions.py, blocks.py) fails a block
-whose command fails, and carries a session's state from block to block."""
+whose command fails, and carries a session's state from block to block; what a page
+runs in place of a block it cannot run is what that block would run."""
 
 from __future__ import annotations
 
+import re
+import shlex
 from collections.abc import Iterator
+from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -53,3 +57,21 @@ def test_every_block_of_readme_and_deploy_is_collected_with_its_skip_reason() ->
     assert len(blocks) >= 10 and all(m.kwargs.get("reason") for p in skipped for m in p.marks)
     make = blocks[0].values[0]
     assert make.code.startswith("make demo") and blocks[0] in skipped
+
+
+def _daemon_flags(text: str) -> list[str]:
+    words = shlex.split(text.replace("\\\n", " "))
+    start = words.index("daemon") + 1
+    return [w for w in words[start:] if w != "&"]
+
+
+def test_deploys_weaved_by_hand_has_the_units_flags() -> None:
+    """docs/deploy.md starts weaved by hand (no systemd in CI) with its unit's command."""
+    unit = (resources.files("weave_slurm") / "deploy" / "weaved.service").read_text()
+    exec_start = re.search(r"^ExecStart=(.*?)(?<!\\)$", unit, re.M | re.S)
+    assert exec_start is not None
+    by_hand = [p.values[0].code for p in doc_blocks("docs/deploy.md", {"bash"})
+               if "weave daemon --backend slurm" in p.values[0].code]
+    assert len(by_hand) == 1
+    line = by_hand[0][by_hand[0].index("weave daemon"):].split("&")[0]
+    assert _daemon_flags(line) == _daemon_flags(exec_start.group(1))
