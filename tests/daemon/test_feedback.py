@@ -6,9 +6,11 @@ import sqlite3
 from pathlib import Path
 from types import SimpleNamespace
 
+from tests.harness.old_store import make_old
 from weave_slurm.daemon import membership
 from weave_slurm.daemon.group_runtime import GroupRuntime
 from weave_slurm.daemon.records import GroupPlan, MemberPlan
+from weave_slurm.daemon.schema import SCHEMA_VERSION
 from weave_slurm.daemon.states import JobState
 from weave_slurm.daemon.store import Store
 from weave_slurm.model.cost import CostRates
@@ -69,20 +71,12 @@ def test_a_version_1_database_is_migrated_in_place(tmp_path: Path) -> None:
     db = tmp_path / "w.db"
     store, job = _store_with_running_job(tmp_path)
     store.close()
-    con = sqlite3.connect(db)   # what a weaved of schema 1 left behind
-    for stmt in ("ALTER TABLE jobs DROP COLUMN measured", "DROP TABLE usage",
-                 "DROP TABLE usage_marks", "ALTER TABLE allocations DROP COLUMN account",
-                 "ALTER TABLE allocations DROP COLUMN qos",
-                 "ALTER TABLE allocations DROP COLUMN time_limit_min",
-                 "ALTER TABLE jobs DROP COLUMN moving_from"):   # 2, 3 and 4 added
-        con.execute(stmt)
-    con.execute("UPDATE meta SET value='1' WHERE key='schema_version'")
-    con.commit()
-    con.close()
+    make_old(db, 1)   # what a weaved of schema 1 left behind
     store = Store(db)
     row = store.job(job)
     assert row is not None and row.measured is None and row.state is JobState.PLACED
     store.set_measured(job, simple_profile("a", 12, 10, 1.5))
     assert store.job(job).measured is not None  # type: ignore[union-attr]
     con = sqlite3.connect(db)
-    assert con.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("4",)
+    version = con.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+    assert version == (str(SCHEMA_VERSION),)

@@ -19,11 +19,14 @@ import pytest
 
 from tests.harness.hosts import on_host, weaved_dirs
 from tests.harness.solo import run_solo
+from tests.harness.solo_gang import run_solo_gang
 from tests.harness.weaved import call, serving, wait_states
 from tests.slurm.session_cluster import SessionCluster
 from weave_slurm.config.job import parse_job
+from weave_slurm.config.site import default_site
 from weave_slurm.daemon.protocol import Op
 from weave_slurm.daemon.service import DaemonConfig, Weaved
+from weave_slurm.model.layout import member_layout
 from weave_slurm.node.segments import weights_digest
 from weave_slurm.runtime.group import MemberSpec
 from weave_slurm.slurm.cli_backend import SlurmCliBackend
@@ -55,14 +58,18 @@ def site(slurm_cluster: SessionCluster) -> Site:
 
 
 def _spec(name: str, seed: int) -> str:
+    """The shipped example as it is (its iterations, entry and options), with a seed."""
     text = (REPO / "configs" / "jobs" / f"{name}.toml").read_text()
-    return f"iterations = {ITERATIONS}\nseed = {seed}\n" + text
+    return f"seed = {seed}\n" + text
 
 
 def _member(text: str, job_id: int) -> MemberSpec:
+    """Its solo run: the same entry, seed, options and layout (8 ranks, 8 engines)."""
     spec = parse_job(text, "spec")
+    assert spec.entry is not None and spec.iterations == ITERATIONS
     return MemberSpec(str(job_id), entry_point=spec.entry, seed=spec.seed,
-                      steps=spec.iterations, options=dict(spec.options))
+                      steps=spec.iterations, options=dict(spec.options),
+                      layout=member_layout(spec, default_site()))
 
 
 def test_three_jobs_complete_across_hosts_with_their_solo_weights(site: Site) -> None:
@@ -82,7 +89,7 @@ def test_three_jobs_complete_across_hosts_with_their_solo_weights(site: Site) ->
         for job, text in texts.items():
             live = w.driver.live(job)
             assert live is not None, job
-            solo = run_solo(_member(text, job))
+            solo = run_solo_gang(_member(text, job))
             assert live["weights_sha256"] == weights_digest(solo.weights), f"job {job}"
         plan = site.cluster.hosts_plan()
         assert plan is not None   # weaved reached each node at its own host's address

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
+from tests.harness.old_store import make_old
 from weave_slurm.cli.errors import run_app
 from weave_slurm.cli.main import app
 from weave_slurm.daemon.schema import SCHEMA_VERSION
@@ -94,17 +95,7 @@ def _old_file(state: Path) -> Path:
     the move column of 4 and the weights' digest of 5 not there yet)."""
     _store(state).close()
     db = state / "weaved.db"
-    con = sqlite3.connect(db)
-    for stmt in ("DROP TABLE usage", "DROP TABLE usage_marks",
-                 "ALTER TABLE allocations DROP COLUMN account",
-                 "ALTER TABLE allocations DROP COLUMN qos",
-                 "ALTER TABLE allocations DROP COLUMN time_limit_min",
-                 "ALTER TABLE jobs DROP COLUMN moving_from",
-                 "ALTER TABLE jobs DROP COLUMN weights_sha256",
-                 "UPDATE meta SET value='2' WHERE key='schema_version'"):
-        con.execute(stmt)
-    con.commit()
-    con.close()
+    make_old(db, 2)
     return db
 
 

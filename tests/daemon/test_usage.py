@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.old_store import make_old
 from weave_slurm.daemon.records import GroupPlan, MemberPlan
+from weave_slurm.daemon.schema import SCHEMA_VERSION
 from weave_slurm.daemon.states import AllocState, GroupState, JobState
 from weave_slurm.daemon.store import Store
 from weave_slurm.daemon.usage import UsageMeter
@@ -158,16 +160,7 @@ def test_no_member_placed_yet_books_nothing_for_jobs(tmp_path: Path) -> None:
 def test_a_version_2_file_is_migrated_in_place(tmp_path: Path) -> None:
     path = tmp_path / "w.db"
     Store(path).close()
-    db = sqlite3.connect(path)   # make it what a weaved before accounting wrote
-    for stmt in ("DROP TABLE usage", "DROP TABLE usage_marks",
-                 "ALTER TABLE allocations DROP COLUMN account",
-                 "ALTER TABLE allocations DROP COLUMN qos",
-                 "ALTER TABLE allocations DROP COLUMN time_limit_min",
-                 "ALTER TABLE jobs DROP COLUMN moving_from",
-                 "UPDATE meta SET value='2' WHERE key='schema_version'"):
-        db.execute(stmt)
-    db.commit()
-    db.close()
+    make_old(path, 2)   # what a weaved before accounting wrote
     store = Store(path)
     assert store.usage() == {} and store.usage_marks() == {}
     key = store.add_alloc(group_id=1, role="train", pool="h800-0", partition="h800",
@@ -178,7 +171,7 @@ def test_a_version_2_file_is_migrated_in_place(tmp_path: Path) -> None:
     assert (row.account, row.qos, row.time_limit_min) == ("rl", "high", 30)
     version = sqlite3.connect(path).execute(
         "SELECT value FROM meta WHERE key='schema_version'").fetchone()[0]
-    assert version == "4"
+    assert version == str(SCHEMA_VERSION)
 
 
 def test_sacct_shows_a_user_only_their_own_jobs(store: Store) -> None:

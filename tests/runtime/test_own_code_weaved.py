@@ -2,7 +2,8 @@
 the repository and is not on weaved's path. Submitted with ``pythonpath`` and
 ``workdir`` it completes (with the reference job's weights bit for bit: it *is* the
 reference job, under the user's name); with its own ``python`` too, its workers ran
-that interpreter; without ``pythonpath`` it fails saying what is missing."""
+that interpreter; without ``pythonpath`` it is refused at submission, saying what is
+missing."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from tests.harness.weaved import call, rl_config, serving, wait_states
 from tests.runtime.own_code import imports_weave, second_venv, seen, user_package
 from weave_slurm.config.render import job_spec_toml
 from weave_slurm.daemon.protocol import Op
+from weave_slurm.errors import ConfigError
 from weave_slurm.node.segments import weights_digest
 from weave_slurm.runtime.group import MemberSpec
 
@@ -47,9 +49,13 @@ def test_a_users_own_module_and_python_run_through_weaved() -> None:
                                     iterations=ITERATIONS, options=OPTIONS,
                                     workdir=str(works["python"]), python=str(python),
                                     pythonpath=[str(src)]),
-            "none": job_spec_toml("no-path", entry=ENTRY, seed=33, iterations=ITERATIONS,
-                                  options=OPTIONS),
         }
+        # without its pythonpath the module is not found: refused at submission, in the
+        # job's own interpreter (it failed on the nodes once its allocation was paid for)
+        none = job_spec_toml("no-path", entry=ENTRY, seed=33, iterations=ITERATIONS,
+                             options=OPTIONS)
+        with pytest.raises(ConfigError, match="No module named 'my_pkg'"):
+            call(sock, Op.SUBMIT, spec=none, source="none.toml")
         ids = {k: call(sock, Op.SUBMIT, spec=s, source=f"{k}.toml")["job"]
                for k, s in specs.items()}
         rows = {r["job"]: r for r in wait_states(sock, list(ids.values()),
@@ -62,9 +68,6 @@ def test_a_users_own_module_and_python_run_through_weaved() -> None:
             solo = run_solo(MemberSpec(str(ids[key]), seed=seed, steps=ITERATIONS,
                                        options=OPTIONS))
             assert live["weights_sha256"] == weights_digest(solo.weights), key
-        failed = rows[ids["none"]]
-        assert failed["state"] == "FAILED", failed
-        assert "No module named 'my_pkg'" in str(failed["reason"]), failed
 
         # where the workers ran: the job's workdir, its pythonpath first, its interpreter
         for key, interpreter in (("path", sys.executable), ("python", str(python))):
