@@ -62,9 +62,16 @@ def test_plan_pools_rollout_gpus_of_weaves_groups_only(tmp_path: Path) -> None:
 
 
 def test_plan_table_output() -> None:
+    """Piped, every table is whole (not cut to 80 columns); the pools are named by the
+    site's partitions, and RATIO compares cost per job-hour."""
     proc = weave("plan", *JOBS)
     assert proc.returncode == 0, proc.stderr
     assert "Cost against the baselines" in proc.stdout and "colocated" in proc.stdout
+    assert "RATIO (per job-hour)" in proc.stdout and "…" not in proc.stdout
+    assert "BUBBLE h20" in proc.stdout and "h800 GPUs" in proc.stdout
+    s = json.loads(weave("plan", "--json", *JOBS).stdout)
+    row = next(line for line in proc.stdout.splitlines() if " isolated " in line)
+    assert f"{s['cost_per_job_hour_ratio']['vs_isolated']:.2f}x" in row
 
 
 @pytest.mark.parametrize(("args", "needle"), [

@@ -85,6 +85,39 @@ def test_table_has_header_dashes_and_fitted_cells() -> None:
     assert running[0].split() == ["00:00:00", "Unknown"]
 
 
+def test_cost_header_names_the_currency_in_the_table_only() -> None:
+    fields = parse_format("JobID,Cost")
+    assert render([_row()], fields, currency="EUR")[0].split() == ["JobID", "Cost(EUR)"]
+    assert render([_row()], fields, parsable="|", currency="EUR")[0] == "JobID|Cost|"
+
+
+def test_state_and_name_filters_as_sacct(monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """-s/--state (names or codes), --name, and -X (weave has no step lines)."""
+    rows = [_row(), _row(job=8, name="grpo-b", state="FAILED"),
+            _row(job=9, name="grpo-a", state="CANCELLED")]
+
+    class Client:
+        def __init__(self, path: object) -> None: ...
+        def __enter__(self) -> Client:
+            return self
+        def __exit__(self, *exc: object) -> None: ...
+        def call(self, op: object, **args: object) -> dict[str, object]:
+            return {"jobs": rows, "now": NOW, "currency": "USD",
+                    "partitions": {"rollout": "h20", "train": "h800"}}
+
+    monkeypatch.setattr("weave_slurm.cli.sacct.DaemonClient", Client)
+    argv = ["sacct", "-X", "-n", "-P", "-o", "JobID"]
+    assert run_app(app, "weave", [*argv, "-s", "CD,f"]) == 0
+    assert capsys.readouterr().out.split() == ["7", "8"]
+    assert run_app(app, "weave", [*argv, "--name", "grpo-a"]) == 0
+    assert capsys.readouterr().out.split() == ["7", "9"]
+    assert run_app(app, "weave", [*argv, "--state", "cancelled", "--name", "grpo-a"]) == 0
+    assert capsys.readouterr().out.split() == ["9"]
+    assert run_app(app, "weave", [*argv, "-s", "DONE"]) == USAGE_EXIT
+    assert "'--state'" in capsys.readouterr().err
+
+
 def test_every_field_renders_a_minimal_record() -> None:
     assert len(render([_row()], [(f, w) for f, (w, _, _) in FIELDS.items()])) == 3
 

@@ -11,7 +11,7 @@ from tests.daemon.conftest import Running, public_dir, weaved  # noqa: F401
 from tests.harness.waits import wait_for
 from tests.harness.weaved import call
 from weave_slurm.cli.errors import run_app
-from weave_slurm.cli.status import format_rows, mount
+from weave_slurm.cli.status import format_rows, mount, share, show_pair
 from weave_slurm.config.render import job_spec_toml
 from weave_slurm.daemon.protocol import Op
 from weave_slurm.errors import ConfigError
@@ -59,9 +59,14 @@ def test_status_groups_cancel_show(weaved: Running,  # noqa: F811
                                      "--interval", "0", "-o", "ids", "-h", *s]) == 0
     assert capsys.readouterr().out.count(f"\n{ids[2]}") >= 2
 
+    assert run_app(_app(), "weave", ["status", "-i", "0", "--iterations", "2", "-o", "ids",
+                                     "-h", *s]) == 0            # squeue -i SECONDS
+    assert capsys.readouterr().out.count(f"\n{ids[2]}") >= 2
+
     assert run_app(_app(), "weave", ["groups", *s]) == 0
     g = capsys.readouterr().out.splitlines()
     assert len(g) == 2 and "1,2,3" in g[1] and "(h20:held)" in g[1] and "(h800:held)" in g[1]
+    assert g[0].split()[3:7] == ["H20", "H800", "PERIOD_S", "BUB_H20"]   # the site's names
 
     assert run_app(_app(), "weave", ["cancel", str(ids[0]), "4242", *s]) == 1
     assert "Invalid job id specified: 4242" in capsys.readouterr().err
@@ -136,3 +141,31 @@ def test_groups_marks_a_job_moving_out_and_in(monkeypatch: pytest.MonkeyPatch,
     assert run_app(_app(), "weave", ["groups"]) == 0
     rows = [line.split()[:3] for line in capsys.readouterr().out.splitlines()[1:]]
     assert rows == [["1", "ACTIVE", "3>,5"], ["2", "ACTIVE", "4,>3"]]
+
+
+def test_no_literal_none_and_compressed_node_lists() -> None:
+    """REASON shows '-' (not 'None') when there is none; node lists are compressed as
+    Slurm prints them; an idle share never reads '-0%'; scontrol's (null) for none."""
+    pending = {**ROW, "nodes": [], "reason": None}
+    assert format_rows([pending], "%R %r", header=False) == ["- -"]
+    assert format_rows([{**pending, "reason": "Resources"}], "%R", header=False) == [
+        "(Resources)"]
+    four = {**ROW, "nodes": ["h20-0", "h20-1", "h20-3", "h800-0"]}
+    assert format_rows([four], "%N %R", header=False) == [
+        "h20-[0-1,3],h800-0 h20-[0-1,3],h800-0"]
+    assert (share(-0.0004), share(0.5), share(None)) == ("0%", "50%", "-")
+    assert show_pair("reason", None) == "reason=(null)"
+    assert show_pair("nodes", ["h20-0", "h20-1"]) == "nodes=h20-[0-1]"
+
+
+def test_groups_headers_name_the_sites_partitions(monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    group = {"group": 1, "state": "ACTIVE", "members": [3], "moving_out": [], "moving_in": [],
+             "rollout_nodes": 2, "train_nodes": 1, "period_s": 60.0,
+             "rollout_bubble": -1e-9, "train_bubble": 0.25, "allocations": []}
+    answer = {"groups": [group], "partitions": {"rollout": "infer", "train": "a100"}}
+    monkeypatch.setattr("weave_slurm.cli.status._call", lambda *a, **k: answer)
+    assert run_app(_app(), "weave", ["groups"]) == 0
+    head, row = capsys.readouterr().out.splitlines()
+    assert head.split()[3:8] == ["INFER", "A100", "PERIOD_S", "BUB_INFER", "BUB_A100"]
+    assert row.split()[3:8] == ["2", "1", "60", "0%", "25%"]

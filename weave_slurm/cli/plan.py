@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -10,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from weave_slurm.cli.status import share
 from weave_slurm.config.job import load_job
 from weave_slurm.config.site import SiteConfig, default_site, load_site
 from weave_slurm.errors import ConfigError
@@ -61,11 +63,22 @@ def plan(
     if as_json:
         typer.echo(text)
     else:
-        render(summary, Console())
+        render(summary, table_console())
+
+
+def table_console() -> Console:
+    """A console for tables: the terminal's width, or every column in full when the
+    output is piped or redirected (rich would cut it to 80 columns)."""
+    return Console() if sys.stdout.isatty() else Console(width=_PIPED_WIDTH)
+
+
+#: Wide enough for any plan table: piped output is never wrapped or cut.
+_PIPED_WIDTH = 1000
 
 
 def render(s: dict[str, Any], console: Console) -> None:
     cur = s["currency"]
+    r_part, t_part = (s["pools"][k]["partition"] for k in ("rollout", "train"))
     jobs = Table(title=f"Jobs ({s['policy']} placement on site '{s['site']}')")
     for col in ("JOB", "USER", "GROUP", "ADMISSION", "SOLO s", "TURNS", "SLOWDOWN/SLO",
                 "R/T NODES"):
@@ -78,22 +91,25 @@ def render(s: dict[str, Any], console: Console) -> None:
     console.print(jobs)
     groups = Table(title="Groups")
     for col in ("GROUP", "MEMBERS", "ROLLOUT NODES", "TRAIN NODES", "PERIOD s",
-                "BUBBLE h20", "BUBBLE h800", f"{cur}/h"):
+                f"BUBBLE {r_part}", f"BUBBLE {t_part}", f"{cur}/h"):
         groups.add_column(col)
     for g in s["groups"]:
-        rb = "-" if g["rollout_bubble"] is None else f"{g['rollout_bubble']:.0%}"
+        rb = share(g["rollout_bubble"])
         pool = f" ({g['pool_gpus']} GPUs)" if g.get("pool_gpus") else ""
         groups.add_row(str(g["group"]), ",".join(g["members"]), f"{g['rollout_nodes']:g}{pool}",
                        str(g["train_nodes"]), f"{g['period_s']:.0f}", rb,
-                       f"{g['train_bubble']:.0%}", f"{g['cost_per_hour']:.2f}")
+                       share(g["train_bubble"]), f"{g['cost_per_hour']:.2f}")
     console.print(groups)
     cost = Table(title="Cost against the baselines")
-    for col in ("POLICY", "h20 GPUs", "h800 GPUs", f"{cur}/h", f"{cur}/job-hour", "RATIO"):
+    # RATIO compares cost per job-hour (what a job's progress costs), not per hour: a
+    # placement with fewer GPUs but slower jobs can cost less per hour and more per job
+    for col in ("POLICY", f"{r_part} GPUs", f"{t_part} GPUs", f"{cur}/h", f"{cur}/job-hour",
+                "RATIO (per job-hour)"):
         cost.add_column(col)
     cost.add_row(s["policy"], str(s["pools"]["rollout"]["gpus"]), str(s["pools"]["train"]["gpus"]),
                  f"{s['cost_per_hour']:.2f}", _num(s["cost_per_job_hour"]), "1.00x")
     for name, b in s["baselines"].items():
-        ratio = s["cost_ratio"].get(f"vs_{name}")
+        ratio = s["cost_per_job_hour_ratio"].get(f"vs_{name}")
         cost.add_row(name, str(b["pools"]["rollout"]["gpus"]), str(b["pools"]["train"]["gpus"]),
                      f"{b['cost_per_hour']:.2f}", _num(b["cost_per_job_hour"]),
                      f"{ratio:.2f}x" if ratio else "-")

@@ -19,6 +19,7 @@ from typing import Annotated, Any
 
 import typer
 
+from weave_slurm.cli.selection import Selection, parse_states, split_list
 from weave_slurm.cli.timespec import parse_time
 from weave_slurm.daemon.client import DaemonClient, default_socket
 from weave_slurm.daemon.protocol import Op
@@ -106,9 +107,10 @@ def parse_format(text: str) -> list[tuple[str, int]]:
 
 
 def render(rows: list[Row], fields: list[tuple[str, int]], *, parsable: str | None = None,
-           header: bool = True) -> list[str]:
+           header: bool = True, currency: str | None = None) -> list[str]:
     """sacct's table (header, dashes, rows) or, with ``parsable`` ('|' or ''), the
-    delimited lines (``'|'``: each ends in the delimiter)."""
+    delimited lines (``'|'``: each ends in the delimiter). The table's ``Cost`` header
+    names the site's ``currency`` (``Cost(USD)``); parsable headers keep the field names."""
     cells = [[FIELDS[f][2](r) for f, _ in fields] for r in rows]
     if parsable is not None:
         lines = [[f for f, _ in fields]] if header else []
@@ -120,7 +122,8 @@ def render(rows: list[Row], fields: list[tuple[str, int]], *, parsable: str | No
 
     out = []
     if header:
-        out.append(" ".join(fit(f, f, w) for f, w in fields).rstrip())
+        out.append(" ".join(fit(f"Cost({currency})" if f == "Cost" and currency else f, f, w)
+                            for f, w in fields).rstrip())
         out.append(" ".join("-" * w for _, w in fields))
     out += [" ".join(fit(c, f, w) for c, (f, w) in zip(row, fields, strict=True)).rstrip()
             for row in cells]
@@ -160,6 +163,14 @@ def sacct(
                                            "a trailing '|'.")] = False,
     parsable2: Annotated[bool, typer.Option("--parsable2", "-P", help="'|'-separated, no "
                                             "trailing '|'.")] = False,
+    states: Annotated[list[str] | None, typer.Option(
+        "--state", "-s", help="Only jobs in these states (names or codes as sacct: CD, F, "
+        "CA, R, PD..., comma-separated).")] = None,
+    names: Annotated[list[str] | None, typer.Option(
+        "--name", help="Only jobs of these names (comma-separated).")] = None,
+    allocations: Annotated[bool, typer.Option(
+        "--allocations", "-X", help="As sacct -X: job lines only (weave's records have no "
+        "step lines, so this is every line).")] = False,
     no_header: Annotated[bool, typer.Option("--noheader", "-n")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the records as JSON.")]
     = False,
@@ -172,6 +183,11 @@ def sacct(
     except ConfigError as exc:
         raise _bad(ctx, "fmt", exc) from None
     ids = _ids(ctx, jobs)
+    try:
+        wanted = Selection(parse_states(states, "--state"), frozenset(),
+                           frozenset(split_list(names)))
+    except ConfigError as exc:
+        raise _bad(ctx, "states", exc) from None
     now = time.time()
     window = {}
     for key, text, param in (("start_s", starttime, "starttime"), ("end_s", endtime, "endtime")):
@@ -185,12 +201,14 @@ def sacct(
     users = [u for item in user or [] for u in item.split(",") if u]
     with DaemonClient(default_socket(socket_path)) as client:
         result = client.call(Op.SACCT, users=users, jobs=ids, **window)
-    rows = [{**r, "now": result["now"]} for r in result["jobs"]]
+    records = [r for r in result["jobs"] if wanted(r)]
+    rows = [{**r, "now": result["now"]} for r in records]
     if as_json:
-        typer.echo(json.dumps({"jobs": result["jobs"], "currency": result["currency"],
+        typer.echo(json.dumps({"jobs": records, "currency": result["currency"],
                                "partitions": result["partitions"]}, indent=1))
         return
     delimiter = "|" if parsable else "" if parsable2 else None
-    lines = render(rows, fields, parsable=delimiter, header=not no_header)
+    lines = render(rows, fields, parsable=delimiter, header=not no_header,
+                   currency=result.get("currency"))
     if lines:
         typer.echo("\n".join(lines))

@@ -29,6 +29,7 @@ from weave_slurm.daemon.client import DaemonClient, default_socket
 from weave_slurm.daemon.protocol import Op
 from weave_slurm.daemon.states import JobState
 from weave_slurm.errors import ConfigError, WeaveError
+from weave_slurm.slurm import hostlist
 
 PRESETS = {
     "default": "%.6i %.9u %.16j %.5g %.7p %.7I %.13s %.2t %.10M %R",
@@ -65,8 +66,8 @@ def _slowdown(j: dict[str, Any]) -> str:
 def _nodes_or_reason(j: dict[str, Any]) -> str:
     """squeue's NODELIST(REASON): the nodes, else ``(reason)``."""
     if j["nodes"]:
-        return ",".join(j["nodes"])
-    return f"({j['reason'] or 'None'})"
+        return hostlist.compress(j["nodes"])
+    return f"({j['reason']})" if j["reason"] else "-"
 
 
 def _times(per_node: list[int]) -> str:
@@ -102,8 +103,8 @@ CODES: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "t": ("ST", lambda j: JobState(j["state"]).short),
     "M": ("TIME", lambda j: _clock(float(j["time_s"]))),
     "D": ("NODES", lambda j: str(len(j["nodes"]))),
-    "N": ("NODELIST", lambda j: ",".join(j["nodes"]) or "-"),
-    "r": ("REASON", lambda j: str(j["reason"]) or "None"),
+    "N": ("NODELIST", lambda j: hostlist.compress(j["nodes"]) or "-"),
+    "r": ("REASON", lambda j: str(j["reason"] or "-")),
     "R": ("NODELIST(REASON)", _nodes_or_reason),
     "L": ("LAYOUT", layout_cell),
     "o": ("SOLO", lambda j: "solo" if j.get("solo") else "-"),   # weave-sbatch --solo
@@ -182,10 +183,15 @@ def status(
     watch: Annotated[bool, typer.Option("--watch", help="Refresh until Ctrl-C.")] = False,
     interval_s: Annotated[float, typer.Option("--interval", help="Seconds between "
                                               "refreshes.")] = 2.0,
+    iterate_s: Annotated[float | None, typer.Option(
+        "--iterate", "-i", min=0.0, help="As squeue -i: refresh every SECONDS until Ctrl-C "
+        "(--watch --interval SECONDS).")] = None,
     iterations: Annotated[int, typer.Option("--iterations", hidden=True)] = 0,
     socket_path: _Socket = None,
 ) -> None:
     """Jobs known to weaved, like squeue."""
+    if iterate_s is not None:
+        watch, interval_s = True, iterate_s
     ids = _ids(jobs)
     users = users_of(user, mine)
     sel = selection(states, partition, name)
@@ -231,8 +237,13 @@ def groups(
     if as_json:
         typer.echo(json.dumps(result["groups"], indent=1))
         return
-    head = f"{'GROUP':>5} {'STATE':>8} {'MEMBERS':<16} {'H20':>3} {'H800':>4} {'PERIOD_S':>8} " \
-           f"{'BUB_H20':>7} {'BUB_H800':>8} ALLOCATIONS"
+    # the site's partitions name the pools (a weaved before 0.1 did not send them)
+    pools = result.get("partitions") or {"rollout": "rollout", "train": "train"}
+    r, t = (str(pools[k]).upper() for k in ("rollout", "train"))
+    rw, tw = max(3, len(r)), max(4, len(t))
+    bw, btw = max(7, len(r) + 4), max(8, len(t) + 4)
+    head = f"{'GROUP':>5} {'STATE':>8} {'MEMBERS':<16} {r:>{rw}} {t:>{tw}} {'PERIOD_S':>8} " \
+           f"{'BUB_' + r:>{bw}} {'BUB_' + t:>{btw}} ALLOCATIONS"
     lines = [head]
     for g in result["groups"]:
         allocs = ",".join(f"{a['id'] or '?'}({a['partition']}:{a['state'].lower()})"
@@ -242,14 +253,20 @@ def groups(
                             *(f">{j}" for j in g.get("moving_in", []))]) or "-"
         lines.append(
             f"{g['group']:>5} {g['state']:>8} {members:<16} "
-            f"{g['rollout_nodes']:>3} {g['train_nodes']:>4} "
-            f"{_num(g['period_s'], '.0f'):>8} {_num(g['rollout_bubble'], '.0%'):>7} "
-            f"{_num(g['train_bubble'], '.0%'):>8} {allocs}")
+            f"{g['rollout_nodes']:>{rw}} {g['train_nodes']:>{tw}} "
+            f"{_num(g['period_s'], '.0f'):>8} {share(g['rollout_bubble']):>{bw}} "
+            f"{share(g['train_bubble']):>{btw}} {allocs}")
     typer.echo("\n".join(lines))
 
 
 def _num(x: float | None, spec: str) -> str:
     return "-" if x is None else format(x, spec)
+
+
+def share(x: float | None) -> str:
+    """A fraction as a whole percentage, never ``-0%`` (an idle share computed as
+    ``1 - busy`` can come out a hair below zero)."""
+    return "-" if x is None else f"{max(0.0, x):.0%}"
 
 
 class CancelFailed(WeaveError):
@@ -323,7 +340,7 @@ def show(
                        "(rollout/train node)")
     for a in result.get("allocations", []):
         typer.echo(f"allocation={a['id']} {a['partition']} {a['state']} "
-                   f"nodes={','.join(a['nodes']) or '-'}")
+                   f"nodes={hostlist.compress(a['nodes']) or '-'}")
     for s in result.get("steps", []):
         typer.echo(f"step={s['name']} {s['state']} {s['reason']}")
     for t in result.get("transitions", []):
@@ -347,7 +364,9 @@ def show_pair(key: str, value: Any) -> str:
         return f"{key[:-2]}={_clock(float(value or 0.0))}"
     if key == "slowdown":
         return f"slowdown={ratio(value)}"
-    return f"{key}={value}"
+    if key == "nodes" and isinstance(value, list):
+        return f"nodes={hostlist.compress(value) or '(null)'}"
+    return f"{key}={'(null)' if value is None else value}"   # as scontrol shows none
 
 
 def layout_lines(lay: dict[str, Any] | None) -> list[str]:

@@ -309,7 +309,9 @@ class Api:
         jobs, groups, allocs, models = self._context()
         return {"groups": [self._group_view(g, [a for a in allocs.get(gid, [])
                                                 if not a.state.final], models.get(gid), jobs)
-                           for gid, g in groups.items() if not g.state.final]}
+                           for gid, g in groups.items() if not g.state.final],
+                "partitions": {"rollout": self.site.rollout.partition,
+                               "train": self.site.train.partition}}
 
     def show(self, uid: int, kind: object, ident: object) -> dict[str, Any]:
         if kind not in ("job", "group"):
