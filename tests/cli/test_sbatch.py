@@ -207,3 +207,49 @@ def test_engine_gpus_directive_and_flag_reach_the_layout(
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "key 'gpus.engine' = 3" in err, err
     assert err.endswith("valid: 1, 2, 4, 8"), err
+
+
+def test_sbatch_environment_defaults_sit_between_directives_and_flags(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from weave_slurm.daemon.submission import env_options
+
+    script = tmp_path / "train.sh"
+    script.write_text(SCRIPT.replace("#SBATCH -J my-rl", "#SBATCH -J my-rl -q low"))
+    env = env_options({"SBATCH_QOS": "high", "SBATCH_TIMELIMIT": "1:00:00",
+                       "SBATCH_PARTITION": "gpu"})             # weave picks partitions
+    assert env == {"qos": "high", "time": 60}
+    assert build_spec(script, env)[1].slurm.qos == "high"       # env beats #SBATCH
+    assert build_spec(script, {**env, "qos": "top"})[1].slurm.qos == "top"   # flag wins
+    with pytest.raises(ConfigError, match="environment SBATCH_TIMELIMIT: --time='soon'"):
+        env_options({"SBATCH_TIMELIMIT": "soon"})
+    monkeypatch.chdir(tmp_path)                                  # -D relative: from here
+    assert build_spec(script, {"workdir": "runs"})[1].workdir == str(tmp_path / "runs")
+
+
+def test_wrap_stdin_and_chdir_as_sbatch(weaved: Running, tmp_path: Path,  # noqa: F811
+                                        monkeypatch: pytest.MonkeyPatch,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """--wrap CMD (a cooperative job named 'wrap'), a script on standard input (named
+    'sbatch' unless it says -J), -D/--chdir; plain help ('H:M:S' is no emoji)."""
+    import io
+
+    sock = ["--socket", str(weaved.socket), "--test-only"]
+    terms = ["--model-params-b", "0.5", "--rollout-gpus", "1", "--train-gpus", "1",
+             "--max-tokens", "64", "--rollout-s", "1", "--train-s", "1"]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "here").mkdir()
+    assert run_app(app, "weave-sbatch", ["--wrap", "python -c pass", *terms, *sock]) == 0
+    assert "job 'wrap' would fit" in capsys.readouterr().out
+    # -D is the job's directory, from the current one (weaved checks it is the user's)
+    assert run_app(app, "weave-sbatch", ["--wrap", "true", "-D", "here", *terms, *sock]) == 2
+    assert f"key 'workdir' = '{tmp_path / 'here'}'" in capsys.readouterr().err
+    monkeypatch.setattr("sys.stdin", io.StringIO("#!/bin/sh\n#WEAVE --entry=builtin:grpo-toy\n"
+                                                 "python train.py\n"))
+    assert run_app(app, "weave-sbatch", [*terms, *sock]) == 0
+    assert "job 'sbatch' would fit" in capsys.readouterr().out
+    script = tmp_path / "s.sh"
+    script.write_text("#!/bin/sh\necho\n")
+    assert run_app(app, "weave-sbatch", [str(script), "--wrap", "true", *sock]) == 2
+    assert "--wrap: give the command or a script" in capsys.readouterr().err
+    assert run_app(app, "weave-sbatch", ["--help"]) == 0
+    assert "H:M:S" in capsys.readouterr().out

@@ -140,3 +140,23 @@ def test_a_time_over_the_sites_limit_is_infeasible() -> None:
     with pytest.raises(InfeasibleRequest, match=r"j: --time of 91 min exceeds this site's "
                        r"limit of 90 min \(\[slurm\] time_limit_min\)"):
         refuse_over_site(JobSlurm(time_limit_min=91), SlurmConfig(time_limit_min=90), "j")
+
+
+def test_every_unhonoured_directive_is_named_at_once_with_what_to_do() -> None:
+    """An existing sbatch script: all its options weave cannot take in one line, each
+    with its advice, values skipped (so '8' of '--ntasks 8' is not a second refusal)."""
+    from weave_slurm.daemon.submission import read_directives
+
+    script = ("#!/bin/bash\n#SBATCH -N 2 --ntasks 8\n#SBATCH --gres=gpu:8 -A phys\n"
+              "#SBATCH --exclusive\n#SBATCH -p gpu --mail-type=END\npython train.py\n")
+    with pytest.raises(ConfigError) as info:
+        read_directives(script, "t.sh")
+    msg = str(info.value)
+    assert "\n" not in msg and msg.startswith("t.sh: 6 #SBATCH options are not honoured")
+    for where, word in (("t.sh:2", "-N"), ("t.sh:2", "--ntasks"), ("t.sh:3", "--gres"),
+                        ("t.sh:4", "--exclusive"), ("t.sh:5", "-p"),
+                        ("t.sh:5", "--mail-type")):
+        assert f"{where} {word!r} (" in msg
+    assert "--rollout-gpus/--train-gpus" in msg and "use --solo" in msg
+    assert "rollout partition" in msg and "weave sends no mail" in msg
+    assert "'8'" not in msg and "'gpu'" not in msg and msg.endswith(f"honoured: {HONOURED}")

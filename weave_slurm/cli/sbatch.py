@@ -11,6 +11,7 @@ path roots, and the node interpreter when the job names no ``python``.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -21,14 +22,19 @@ from weave_slurm.cli.version import version_option
 from weave_slurm.daemon.access import check_access, worker_needs
 from weave_slurm.daemon.client import DaemonClient, default_socket
 from weave_slurm.daemon.protocol import Op
-from weave_slurm.daemon.submission import build_spec, sbatch_flags
+from weave_slurm.daemon.submission import build_spec, env_options, sbatch_flags, wrap_script
+from weave_slurm.errors import ConfigError
 
-app = typer.Typer(name="weave-sbatch", add_completion=False, pretty_exceptions_enable=False)
+# plain help as sbatch's (rich markup would turn "H:M:S" into an emoji)
+app = typer.Typer(name="weave-sbatch", add_completion=False, pretty_exceptions_enable=False,
+                  rich_markup_mode=None)
 
 
 @app.command(context_settings={"help_option_names": ["-h", "--help"]})
 def submit(
-    path: Annotated[Path, typer.Argument(help="Job spec (.toml) or a script with #WEAVE lines.")],
+    path: Annotated[Path | None, typer.Argument(
+        help="Job spec (.toml) or a script with #WEAVE lines (none: the script is read from "
+        "standard input, as sbatch).")] = None,
     job_name: Annotated[str | None, typer.Option("--job-name", "-J", help="Job name.")] = None,
     account: Annotated[str | None, typer.Option("--account", "-A", help="Slurm account "
                                                 "charged.")] = None,
@@ -58,8 +64,12 @@ def submit(
     train_s: Annotated[float | None, typer.Option("--train-s")] = None,
     rollout_state_gib: Annotated[float | None, typer.Option("--rollout-state-gib")] = None,
     train_state_gib: Annotated[float | None, typer.Option("--train-state-gib")] = None,
-    workdir: Annotated[str | None, typer.Option("--workdir", help="The workers' working "
-                                                "directory.")] = None,
+    workdir: Annotated[str | None, typer.Option("--chdir", "-D", "--workdir", help="The "
+                                                "job's working directory (relative: to the "
+                                                "current one).")] = None,
+    wrap: Annotated[str | None, typer.Option("--wrap", help="Run this command as the job's "
+                                             "own processes (a cooperative job; its other "
+                                             "terms as flags).")] = None,
     python: Annotated[str | None, typer.Option("--python", help="The workers' "
                                                "interpreter (a venv's bin/python).")] = None,
     pythonpath: Annotated[list[str] | None, typer.Option(
@@ -77,7 +87,9 @@ def submit(
     socket_path: Annotated[Path | None, typer.Option("--socket", help="weaved's socket.")] = None,
     version: Annotated[bool, version_option()] = False,
 ) -> None:
-    """Submit PATH to weaved (flags override #WEAVE directives and the spec)."""
+    """Submit PATH to weaved (flags override SBATCH_* variables, which override #WEAVE
+    and #SBATCH directives and the spec)."""
+    path, text = _script(path, wrap)
     given: dict[str, Any] = {
         **sbatch_flags(account=account, qos=qos, time=time, output=output, error=error),
         "job-name": job_name, "slo": slo, "rollout-gpus": rollout_gpus,
@@ -87,10 +99,11 @@ def submit(
         "iterations": iterations, "seed": seed, "staleness": staleness,
         "rollout-s": rollout_s, "train-s": train_s, "rollout-state-gib": rollout_state_gib,
         "train-state-gib": train_state_gib, "workdir": workdir, "python": python,
-        "pythonpath": _paths(pythonpath), "cooperative": cooperative or None,
+        "pythonpath": _paths(pythonpath), "cooperative": cooperative or wrap is not None or None,
         "solo": solo or None}
-    spec_text, spec = build_spec(path, {k: v for k, v in given.items() if v is not None},
-                                 os.environ)   # a cooperative job runs in your environment
+    options = {**env_options(os.environ), **{k: v for k, v in given.items() if v is not None}}
+    spec_text, spec = build_spec(path, options, os.environ,   # cooperative: your environment
+                                 text)
     check_access(spec, worker_needs(spec, None))    # as you: this command runs as you
     with DaemonClient(default_socket(socket_path)) as client:   # weaved knows its site
         result = client.call(Op.SUBMIT, spec=spec_text, source=str(path), test_only=test_only)
@@ -101,6 +114,21 @@ def submit(
                    f"{result['slo']:g} (not submitted)")
         return
     typer.echo(str(result["job"]) if parsable else f"Submitted weave job {result['job']}")
+
+
+def _script(path: Path | None, wrap: str | None) -> tuple[Path, str | None]:
+    """What is submitted: ``path``, else ``--wrap``'s command as a script (named ``wrap``,
+    as sbatch names it), else a script piped on standard input (named ``sbatch``)."""
+    if wrap is not None:
+        if path is not None:
+            raise ConfigError(f"--wrap: give the command or a script ({path}), not both")
+        return Path("wrap"), wrap_script(wrap)
+    if path is not None:
+        return path, None
+    if sys.stdin is None or sys.stdin.isatty():
+        raise ConfigError("no job: name a spec or script, pipe a script on standard input, "
+                         "or give --wrap CMD")
+    return Path("sbatch"), sys.stdin.read()
 
 
 def _paths(values: list[str] | None) -> list[str] | None:

@@ -78,38 +78,119 @@ def expand_short(word: str) -> tuple[str, str | None] | None:
     return opt.flag, (word[2:] or None)
 
 
-def sbatch_tokens(words: Sequence[str], where: str) -> list[tuple[str, str]]:
-    """``(weave flag, value)`` for each option of an ``#SBATCH`` line; anything else is
-    refused in one line naming it and listing what is honoured."""
+@dataclass(frozen=True, slots=True)
+class Unhonoured:
+    """An sbatch option weave does not take, where it was, and what to do instead."""
+
+    where: str      # "script.sh:3"
+    word: str       # the option as written, without its value ("--gres", "-N")
+
+    @property
+    def advice(self) -> str:
+        name = self.word.lstrip("-")
+        name = _SHORT_NAMES.get(name, name) if not self.word.startswith("--") else name
+        return _ADVICE.get(name, "weave has no equivalent; remove the line")
+
+
+#: What to do instead of each sbatch option weave cannot honour (by long name).
+_PLACEMENT = ("weave picks the partitions, nodes and GPUs of a group: give the job's GPUs "
+              "with #WEAVE --rollout-gpus/--train-gpus (--engine-gpus per engine)")
+_ADVICE: dict[str, str] = {
+    **dict.fromkeys(("nodes", "ntasks", "ntasks-per-node", "cpus-per-task", "gres", "gpus",
+                     "gpus-per-node", "gpus-per-task", "cpus-per-gpu", "nodelist", "exclude",
+                     "constraint", "sockets-per-node", "cores-per-socket",
+                     "threads-per-core", "distribution", "gpu-bind"), _PLACEMENT),
+    "partition": "weave runs rollout on the site's rollout partition and training on its "
+                 "training partition (weave groups shows them)",
+    "exclusive": "use --solo to run the job alone in its group",
+    **dict.fromkeys(("mem", "mem-per-cpu", "mem-per-gpu"),
+                    "host memory follows the job's warm state: give #WEAVE "
+                    "--rollout-state-gib/--train-state-gib"),
+    **dict.fromkeys(("mail-type", "mail-user"),
+                    "weave sends no mail: follow the job with weave status -i or weave logs"),
+    "export": "a hosted job runs in its workers' environment; a cooperative job gets "
+              "yours ([launch.env] in a spec)",
+    **dict.fromkeys(("array", "dependency", "hold"),
+                    "not supported by weave yet: submit each job with weave-sbatch"),
+    "wrap": "give --wrap on weave-sbatch's command line",
+    **dict.fromkeys(("requeue", "no-requeue"),
+                    "weaved requeues a job whose group cannot start (the site's "
+                    "max_requeues)"),
+}
+#: sbatch's one-letter options weave refuses, by long name (for their advice).
+_SHORT_NAMES = {"N": "nodes", "n": "ntasks", "c": "cpus-per-task", "G": "gpus",
+                "w": "nodelist", "x": "exclude", "C": "constraint", "p": "partition",
+                "a": "array", "d": "dependency", "H": "hold", "m": "distribution"}
+#: sbatch options that take no value (so the word after one is not its value).
+_SWITCH = frozenset(("exclusive", "requeue", "no-requeue", "hold", "H", "overcommit", "O",
+                     "contiguous", "use-min-nodes", "spread-job", "quiet", "Q", "verbose",
+                     "v", "no-kill", "k", "get-user-env", "ignore-pbs", "parsable",
+                     "test-only", "wait", "W"))
+
+
+def sbatch_scan(words: Sequence[str], where: str
+                ) -> tuple[list[tuple[str, str]], list[Unhonoured]]:
+    """``(weave flag, value)`` for each honoured option of an ``#SBATCH`` line, and the
+    options weave cannot honour (their values skipped), to be refused all at once."""
     out: list[tuple[str, str]] = []
+    refused: list[Unhonoured] = []
     i = 0
     while i < len(words):
         word = words[i]
         short = expand_short(word)
+        if short is None and not word.startswith("--"):
+            refused.append(Unhonoured(where, word[:2] if word.startswith("-") else word[:40]))
+            i += 1 + _takes_value(word, words, i, short_form=True)
+            continue
         if short is not None:
             flag, value = short
             shown = word[:2]
-        elif word.startswith("--"):
+        else:
             name, eq, raw = word[2:].partition("=")
             opt = _BY_LONG.get(name)
             if opt is None:
-                raise _refused(where, word.partition("=")[0])
+                refused.append(Unhonoured(where, f"--{name}"[:40]))
+                i += 1 + (0 if eq else _takes_value(name, words, i))
+                continue
             flag, value, shown = opt.flag, (raw if eq else None), f"--{name}"
-        else:
-            raise _refused(where, word)
         if value is None:
             if i + 1 >= len(words):
                 raise ConfigError(f"{where}: #SBATCH {shown} needs a value")
             value, i = words[i + 1], i + 1
         out.append((flag, value))
         i += 1
+    return out, refused
+
+
+def _takes_value(name: str, words: Sequence[str], i: int, short_form: bool = False) -> int:
+    """1 when the word after option ``name`` at ``i`` is its value, else 0."""
+    if short_form:
+        if not name.startswith("-") or len(name) != 2:
+            return 0                 # '-N2' (value attached) or a stray word
+        name = name[1]
+    nxt = words[i + 1] if i + 1 < len(words) else None
+    return 0 if name in _SWITCH or nxt is None or nxt.startswith("-") else 1
+
+
+def sbatch_tokens(words: Sequence[str], where: str) -> list[tuple[str, str]]:
+    """``(weave flag, value)`` for each option of an ``#SBATCH`` line; anything else is
+    refused in one line naming it and listing what is honoured."""
+    out, refused = sbatch_scan(words, where)
+    if refused:
+        raise refusal(refused)
     return out
 
 
-def _refused(where: str, word: str) -> ConfigError:
-    return ConfigError(f"{where}: #SBATCH {word[:40]!r} is not honoured by weave (it picks "
-                       f"the partitions, nodes and GPUs of a group itself); honoured: "
-                       f"{HONOURED}")
+def refusal(refused: Sequence[Unhonoured]) -> ConfigError:
+    """One line naming every option weave cannot honour, each with what to do instead."""
+    if len(refused) == 1:
+        r = refused[0]
+        return ConfigError(f"{r.where}: #SBATCH {r.word!r} is not honoured by weave "
+                           f"({r.advice}); honoured: {HONOURED}")
+    source = refused[0].where.rpartition(":")[0] or refused[0].where
+    items = "; ".join(f"{r.where} {r.word!r} ({r.advice})" for r in refused)
+    return ConfigError(f"{source}: {len(refused)} #SBATCH options are not honoured by "
+                       f"weave: {items}; honoured: {HONOURED}")
 
 
 def parse_time_min(raw: str) -> int | None:

@@ -14,6 +14,7 @@ option (``--pythonpath``) takes ``:``-separated paths and may be given more than
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import tomllib
@@ -157,6 +158,7 @@ def _tokens(words: list[str], where: str) -> list[tuple[str, str]]:
 def read_directives(text: str, source: str) -> dict[str, Any]:
     """``{flag: value}`` from a script's ``#WEAVE`` and ``#SBATCH`` header lines."""
     found: dict[str, Any] = {}
+    refused: list[sbatch.Unhonoured] = []
     for no, line in enumerate(text.splitlines(), 1):
         s = line.strip()
         if s and not s.startswith("#"):
@@ -170,7 +172,8 @@ def read_directives(text: str, source: str) -> dict[str, Any]:
             except ValueError as exc:
                 raise ConfigError(f"{where}: cannot parse {tag} line ({exc})") from None
             if tag == "#SBATCH":
-                pairs = sbatch.sbatch_tokens(words, where)
+                pairs, unhonoured = sbatch.sbatch_scan(words, where)
+                refused += unhonoured
             elif not words:
                 raise ConfigError(f"{where}: empty #WEAVE directive")
             else:
@@ -180,6 +183,8 @@ def read_directives(text: str, source: str) -> dict[str, Any]:
                 if isinstance(value, list):
                     value = [*found.get(key, []), *value]
                 found[key] = value
+    if refused:   # every one at once, each with what to do instead
+        raise sbatch.refusal(refused)
     return found
 
 
@@ -250,14 +255,41 @@ def _script_name(path: Path) -> str:
     return name or "script"
 
 
+#: sbatch's input environment variables that map to weave's flags (as sbatch: they
+#: override the script's directives; the command line overrides them). Others, such as
+#: ``SBATCH_PARTITION``, are left alone: weave picks a group's partitions itself.
+SBATCH_ENV: dict[str, str] = {"SBATCH_ACCOUNT": "account", "SBATCH_QOS": "qos",
+                              "SBATCH_TIMELIMIT": "time", "SBATCH_JOB_NAME": "job-name",
+                              "SBATCH_OUTPUT": "output", "SBATCH_ERROR": "error"}
+
+
+def env_options(environ: Mapping[str, str]) -> dict[str, Any]:
+    """The flags ``SBATCH_*`` variables set, converted as their directives are; a bad
+    value is one line naming the variable."""
+    return {flag: convert(flag, environ[var], f"environment {var}")
+            for var, flag in SBATCH_ENV.items() if environ.get(var)}
+
+
+def wrap_script(command: str) -> str:
+    """sbatch's ``--wrap``: the command as the body of a ``sh`` script."""
+    if not command.strip():
+        raise ConfigError("--wrap: the command is empty")
+    return f"#!/bin/sh\n{command}\n"
+
+
 def build_spec(path: Path, options: Mapping[str, Any],
-               environ: Mapping[str, str] | None = None) -> tuple[str, JobSpec]:
+               environ: Mapping[str, str] | None = None,
+               text: str | None = None) -> tuple[str, JobSpec]:
     """The canonical spec TOML for ``path`` (a .toml spec or a script) and ``options``;
-    a cooperative job without ``[launch.env]`` gets ``environ`` (the submitter's)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read ({exc})") from exc
+    ``text``: the script itself when it is not read from ``path`` (stdin, ``--wrap``;
+    ``path`` then names it). A cooperative job without ``[launch.env]`` gets ``environ``
+    (the submitter's). A relative ``workdir`` (``-D``) is taken from the current
+    directory, as sbatch does."""
+    if text is None:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{path}: cannot read ({exc})") from exc
     if path.suffix == ".toml":
         try:
             data = tomllib.loads(text)
@@ -266,7 +298,7 @@ def build_spec(path: Path, options: Mapping[str, Any],
         if options.get("cooperative"):
             raise ConfigError(f"{path}: --cooperative runs a script's body; a spec names "
                               "its commands in [launch] (rollout, train or script)")
-        merged = apply_options(data, options)
+        merged = apply_options(data, _absolute_workdir(options))
     else:
         directives = {**read_directives(text, str(path)), **options}
         missing = [f for f in SCRIPT_REQUIRED if f not in directives]
@@ -277,9 +309,16 @@ def build_spec(path: Path, options: Mapping[str, Any],
         if directives.get("cooperative") or "rollout-cmd" in directives \
                 or "train-cmd" in directives:
             directives["cooperative"] = text    # the body, for the roles without a line
-        merged = apply_options(base, directives)
+        merged = apply_options(base, _absolute_workdir(directives))
     job_launch = merged.get("launch")
     if isinstance(job_launch, dict) and environ is not None and "env" not in job_launch:
         job_launch["env"] = launch.exportable(environ)
     spec_text = to_toml(merged)
     return spec_text, parse_job(spec_text, str(path))
+
+
+def _absolute_workdir(options: Mapping[str, Any]) -> Mapping[str, Any]:
+    workdir = options.get("workdir")
+    if isinstance(workdir, str) and workdir and not workdir.startswith("/"):
+        return {**options, "workdir": os.path.abspath(workdir)}
+    return options
