@@ -70,6 +70,11 @@ class StateError(WeaveError):
     """Persistent or shared state is missing, corrupt or owned by someone else."""
 
 
+class AlreadyEnded(StateError):
+    """An operation on a job that has ended (cancel: nothing left to do; scancel is
+    quiet about it)."""
+
+
 class NoCheckpoint(StateError):
     """A restore was asked for a job that has no checkpoint (yet): nothing to retry."""
 

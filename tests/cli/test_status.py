@@ -72,8 +72,11 @@ def test_status_groups_cancel_show(weaved: Running,  # noqa: F811
     assert "Invalid job id specified: 4242" in capsys.readouterr().err
     wait_for(lambda: call(sock, Op.STATUS, jobs=[ids[0]])["jobs"][0]["state"] == "CANCELLED",
              20, f"job {ids[0]} cancelled")
-    assert run_app(_app(), "weave", ["cancel", str(ids[0]), *s]) == 1
-    assert "already cancelled" in capsys.readouterr().err
+    assert run_app(_app(), "weave", ["cancel", str(ids[0]), *s]) == 0   # quiet, as scancel
+    assert capsys.readouterr().err == ""
+    assert run_app(_app(), "weave", ["cancel", "4242", "4243", *s]) == 1
+    err = capsys.readouterr().err.splitlines()   # one prefix for every line
+    assert [line.split(" error: ")[0] for line in err] == ["weave cancel:"] * 2, err
 
     assert run_app(_app(), "weave", ["show", "job", str(ids[0]), *s]) == 0
     shown = capsys.readouterr().out

@@ -767,6 +767,40 @@ def test_code_paths_are_checked_as_the_user_not_as_root(
         shutil.rmtree(closed, ignore_errors=True)
 
 
+def test_output_files_are_checked_as_the_user_at_submission(
+        weaved: Running, test_users: tuple[TestUser, TestUser]) -> None:
+    """``-o /root/evil.out`` as another user is refused at submission (it used to be
+    accepted and FAIL once it ran), by weaved as the user and first by weave-sbatch;
+    a file of the user's own is taken."""
+    from weave_slurm.daemon.access import NOT_A_FILE, Kind, Need, probe
+
+    a, _ = test_users
+    sock = weaved.socket
+    spec = job_spec_toml("a-out")
+    bad = [("/root/evil.out", "key 'slurm.output' = '/root/evil.out': you cannot write "
+            "it, or create it in its directory"),
+           ("/nonexistent-dir/x.out", "its directory does not exist")]
+    for path, needle in bad:
+        r = as_user(a, lambda p=path: call(sock, Op.SUBMIT,  # type: ignore[misc]
+                                           spec=spec + f'\n[slurm]\noutput = "{p}"\n',
+                                           source="a"))
+        assert r.get("error") == "ConfigError" and needle in r["message"], r
+        assert one_line(r["message"]), r
+    ok = as_user(a, lambda: call(sock, Op.SUBMIT, spec=spec + f'\n[slurm]\noutput = '
+                                 f'"{a.home}/%x-%j.out"\nerror = "e-%j.err"\n', source="a"))
+    assert "job" in ok["ok"], ok            # in A's home; a relative one: there too
+    assert probe([Need("o", "/root", Kind.LOG)]) == [NOT_A_FILE]
+    import zoneinfo  # noqa: F401  (typer's pydantic imports it late; A cannot read root's)
+
+    with scratch_dir("weave-mu-") as spec_dir:
+        spec_file = spec_dir / "a.toml"
+        spec_file.write_text(spec)
+        spec_file.chmod(0o644)
+        cli = as_user(a, lambda: run_app(sbatch_app, "weave-sbatch", [
+            str(spec_file), "--test-only", "-o", "/root/evil.out"]))
+    assert cli.get("ok") == 2 and "key 'slurm.output' = '/root/evil.out'" in cli["stderr"], cli
+
+
 @pytest.mark.torch
 def test_a_users_own_python_runs_their_job_where_the_node_interpreter_is_closed(
         rl_weaved: tuple[Weaved, Path, Path], test_users: tuple[TestUser, TestUser]) -> None:

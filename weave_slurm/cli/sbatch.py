@@ -19,7 +19,7 @@ import typer
 
 from weave_slurm.cli.errors import entry
 from weave_slurm.cli.version import version_option
-from weave_slurm.daemon.access import check_access, worker_needs
+from weave_slurm.daemon.access import check_access, output_needs, worker_needs
 from weave_slurm.daemon.client import DaemonClient, default_socket
 from weave_slurm.daemon.protocol import Op
 from weave_slurm.daemon.submission import build_spec, env_options, sbatch_flags, wrap_script
@@ -32,7 +32,7 @@ app = typer.Typer(name="weave-sbatch", add_completion=False, pretty_exceptions_e
 
 @app.command(context_settings={"help_option_names": ["-h", "--help"]})
 def submit(
-    path: Annotated[Path | None, typer.Argument(
+    script: Annotated[str | None, typer.Argument(metavar="PATH",
         help="Job spec (.toml) or a script with #WEAVE lines (none: the script is read from "
         "standard input, as sbatch).")] = None,
     job_name: Annotated[str | None, typer.Option("--job-name", "-J", help="Job name.")] = None,
@@ -89,7 +89,7 @@ def submit(
 ) -> None:
     """Submit PATH to weaved (flags override SBATCH_* variables, which override #WEAVE
     and #SBATCH directives and the spec)."""
-    path, text = _script(path, wrap)
+    path, text = _script(None if script is None else Path(script), wrap)
     given: dict[str, Any] = {
         **sbatch_flags(account=account, qos=qos, time=time, output=output, error=error),
         "job-name": job_name, "slo": slo, "rollout-gpus": rollout_gpus,
@@ -104,7 +104,7 @@ def submit(
     options = {**env_options(os.environ), **{k: v for k, v in given.items() if v is not None}}
     spec_text, spec = build_spec(path, options, os.environ,   # cooperative: your environment
                                  text)
-    check_access(spec, worker_needs(spec, None))    # as you: this command runs as you
+    check_access(spec, worker_needs(spec, None) + output_needs(spec))   # as you: you run this
     with DaemonClient(default_socket(socket_path)) as client:   # weaved knows its site
         result = client.call(Op.SUBMIT, spec=spec_text, source=str(path), test_only=test_only)
     if test_only:

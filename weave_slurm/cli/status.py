@@ -28,7 +28,7 @@ from weave_slurm.cli.selection import selection, sort_rows, users_of
 from weave_slurm.daemon.client import DaemonClient, default_socket
 from weave_slurm.daemon.protocol import Op
 from weave_slurm.daemon.states import JobState
-from weave_slurm.errors import ConfigError, WeaveError
+from weave_slurm.errors import ConfigError
 from weave_slurm.slurm import hostlist
 
 PRESETS = {
@@ -269,8 +269,8 @@ def share(x: float | None) -> str:
     return "-" if x is None else f"{max(0.0, x):.0%}"
 
 
-class CancelFailed(WeaveError):
-    exit_code = 1
+#: weave cancel's exit code when a job id is unknown or not the caller's (as scancel).
+CANCEL_FAILED = 1
 
 
 def cancel(
@@ -281,7 +281,8 @@ def cancel(
     mine: _Me = False,
     socket_path: _Socket = None,
 ) -> None:
-    """Cancel jobs, like scancel (exit 1 if any id is unknown, foreign or ended).
+    """Cancel jobs, like scancel (exit 1 if any id is unknown or foreign; quiet about jobs
+    that have ended).
 
     With ``-u``, ``-n`` or ``-t`` the jobs are those that match every filter (and are
     among the ids, if any are given); without ``-u``, only your own jobs."""
@@ -299,11 +300,12 @@ def cancel(
         raise ConfigError("cancel: no job id and no filter (-u, -n, -t, --me): "
                           "name the jobs to cancel")
     result = _call(socket_path, Op.CANCEL, jobs=ids)
-    failed = [r for r in result["results"] if not r["ok"]]
-    for r in failed[:-1]:
+    # as scancel: quiet about jobs that had ended; one line per other failure, exit 1
+    failed = [r for r in result["results"] if not r["ok"] and not r.get("ended")]
+    for r in failed:
         typer.echo(f"weave cancel: error: {r['message']}", err=True)
     if failed:
-        raise CancelFailed(failed[-1]["message"])
+        raise typer.Exit(CANCEL_FAILED)
 
 
 def show(

@@ -19,6 +19,9 @@ job at submission, in one line naming the key and the value:
   uid (and its node daemons could not run that uid's workers either): it checks only
   its own uid's jobs.
 
+:func:`output_needs` adds the job's ``--output``/``--error`` files: each must be
+appendable, or creatable in its directory, by that uid.
+
 :func:`worker_needs` says what to check: the spec's code paths, and the interpreter
 the workers run with (the job's ``python``, else the node interpreter) with the
 directories a worker imports from lazily, as the job's uid (the standard library of
@@ -43,6 +46,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from weave_slurm.config.job import SHOWN_CHARS, JobSpec
+from weave_slurm.config.sbatch import log_path
 from weave_slurm.errors import ConfigError
 from weave_slurm.node.zygotes import weave_package_dir
 
@@ -60,6 +64,7 @@ class Kind(enum.Enum):
 
     PROGRAM = "program"       # a file they can read and execute (an interpreter)
     DIR = "dir"               # a directory they can list and search
+    LOG = "log"               # a file they can append to, or create in its directory
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,26 @@ def worker_needs(job: JobSpec, node_python: str | None) -> list[Need]:
     if job.python is not None or node_python is not None:
         out.append(Need("weave's installed package", weave_package_dir(), Kind.DIR,
                         site=True))
+    return out
+
+
+def output_needs(job: JobSpec, uid: int | None = None) -> list[Need]:
+    """The job's ``--output``/``--error`` files (``[slurm]``), which its workers or
+    processes open as ``uid`` (None: this process's): checked at submission, not first
+    when the job runs. Patterns are filled in as at run time (``%j`` with a stand-in id:
+    it names the file, not its directory); a relative name is in ``workdir``, else the
+    user's home."""
+    home = None
+    if job.workdir is None:
+        with contextlib.suppress(KeyError):
+            home = pwd.getpwuid(os.geteuid() if uid is None else uid).pw_dir
+    user = _name(uid)
+    out = []
+    for key, pattern in (("slurm.output", job.slurm.output), ("slurm.error", job.slurm.error)):
+        if pattern:
+            path = log_path(pattern, job_id=0, user=user, job_name=job.name,
+                            workdir=job.workdir or home)
+            out.append(Need(key, path, Kind.LOG))
     return out
 
 
@@ -120,6 +145,13 @@ def refusal(job: JobSpec, need: Need, code: int, user: str) -> str:
 
 
 def _why(need: Need, code: int) -> str:
+    if need.kind is Kind.LOG:
+        if code == NOT_A_FILE:
+            return "is not a file"
+        if code in (errno.ENOENT, errno.ENOTDIR):
+            return "its directory does not exist"
+        if code == errno.EACCES:
+            return "you cannot write it, or create it in its directory"
     what = "a file" if need.kind is Kind.PROGRAM else "a directory"
     if code in (NOT_A_FILE, NOT_A_DIR):
         return f"is not {what}"
@@ -153,6 +185,8 @@ def probe(needs: Sequence[Need], uid: int | None = None) -> list[int] | None:
 
 def probe_one(path: str, kind: Kind) -> int:
     """In the process whose view counts: 0, an errno, NOT_A_FILE or NOT_A_DIR."""
+    if kind is Kind.LOG:
+        return _probe_log(path)
     try:
         st = os.stat(path)      # follows symlinks: a venv's python is one
     except OSError as exc:
@@ -162,6 +196,25 @@ def probe_one(path: str, kind: Kind) -> int:
     if kind is Kind.DIR and not stat.S_ISDIR(st.st_mode):
         return NOT_A_DIR
     return 0 if os.access(path, os.R_OK | os.X_OK) else errno.EACCES
+
+
+def _probe_log(path: str) -> int:
+    """A log file: appendable if it exists, else creatable in its directory."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        parent = os.path.dirname(path) or "."
+        try:
+            if not stat.S_ISDIR(os.stat(parent).st_mode):
+                return errno.ENOTDIR
+        except OSError as exc:
+            return exc.errno or errno.EIO
+        return 0 if os.access(parent, os.W_OK | os.X_OK) else errno.EACCES
+    except OSError as exc:
+        return exc.errno or errno.EIO
+    if not stat.S_ISREG(st.st_mode):
+        return NOT_A_FILE
+    return 0 if os.access(path, os.W_OK) else errno.EACCES
 
 
 def _probe_as(uid: int, needs: Sequence[Need]) -> list[int]:

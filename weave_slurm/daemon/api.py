@@ -24,7 +24,7 @@ from weave_slurm.config.job import check_paths, parse_job
 from weave_slurm.config.sbatch import refuse_over_site
 from weave_slurm.config.site import SiteConfig
 from weave_slurm.daemon import membership
-from weave_slurm.daemon.access import check_access, worker_needs
+from weave_slurm.daemon.access import check_access, output_needs, worker_needs
 from weave_slurm.daemon.driver import job_nodes
 from weave_slurm.daemon.faults import FaultPoint, crossing
 from weave_slurm.daemon.layout_view import layout_row
@@ -34,7 +34,13 @@ from weave_slurm.daemon.runnable import check_runnable
 from weave_slurm.daemon.states import JobState
 from weave_slurm.daemon.store import Store
 from weave_slurm.daemon.usage_view import sacct, slurm_job_ids
-from weave_slurm.errors import ConfigError, InfeasibleRequest, StateError, WeaveError
+from weave_slurm.errors import (
+    AlreadyEnded,
+    ConfigError,
+    InfeasibleRequest,
+    StateError,
+    WeaveError,
+)
 from weave_slurm.model.profile import profile_job
 from weave_slurm.placement import Capacity, Group
 from weave_slurm.placement.fit import refuse_if_never_fits
@@ -141,7 +147,7 @@ class Api:
         job = parse_job(spec, where)
         refuse_over_site(job.slurm, self.site.slurm, where)
         check_paths(job, uid, self.path_roots)
-        check_access(job, worker_needs(job, self.node_python), uid)
+        check_access(job, worker_needs(job, self.node_python) + output_needs(job, uid), uid)
         profile = profile_job(job, self.site)
         never = refuse_if_never_fits(profile, self.capacity)
         if never is not None:
@@ -165,8 +171,9 @@ class Api:
         for job_id in ids:
             try:
                 results.append({"job": job_id, "ok": True, "message": self._cancel(uid, job_id)})
-            except WeaveError as exc:
-                results.append({"job": job_id, "ok": False, "message": str(exc)})
+            except WeaveError as exc:   # "ended": the job had ended already (typed, not words)
+                results.append({"job": job_id, "ok": False, "message": str(exc),
+                                "ended": isinstance(exc, AlreadyEnded)})
         self.wake()
         return {"results": results}
 
@@ -179,7 +186,7 @@ class Api:
                 raise PermissionDenied(f"Access/permission denied for job {job_id} (owned by "
                                        f"{job.user})")
             if job.state.final:
-                raise StateError(f"Job {job_id} already {job.state.value.lower()}")
+                raise AlreadyEnded(f"Job {job_id} already {job.state.value.lower()}")
             if job.state is JobState.CANCELLING:
                 return f"job {job_id} is already being cancelled"
             dst = JobState.CANCELLED if job.state is JobState.PENDING else JobState.CANCELLING
