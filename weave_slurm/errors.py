@@ -75,6 +75,11 @@ class AlreadyEnded(StateError):
     quiet about it)."""
 
 
+class StalePlacement(StateError):
+    """A placement decided on jobs that changed meanwhile (cancelled while it was being
+    decided): nothing of it was written; decide again on what is pending now."""
+
+
 class NoCheckpoint(StateError):
     """A restore was asked for a job that has no checkpoint (yet): nothing to retry."""
 

@@ -605,6 +605,35 @@ def test_pending_jobs_are_placed_as_one_batch_and_the_impossible_refused(rig: Ri
     assert [_job_state(rig.store, j) for j in (a, b)] == [JobState.RUNNING] * 2
 
 
+def test_a_job_cancelled_while_placement_decides_does_not_drop_the_ticks_placement(
+        rig: Rig, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A cancel between reading the pending jobs and writing their placement: the stale
+    decision is not written (it used to fail as 'illegal JobState transition CANCELLED ->
+    PLACED' and drop the whole tick's placement); the others are placed in the same tick,
+    and a job cancelled before it was refused stays cancelled."""
+    from weave_slurm.daemon import reconcile
+
+    a, b = _submit(rig.store, "a"), _submit(rig.store, "b")
+    never = _submit(rig.store, "c", rollout_state_gib=1e6)
+    real, calls = reconcile.place_batch, []
+
+    def racing(*args: Any, **kw: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:   # a user cancels while the batch is being decided
+            for job in (b, never):
+                rig.store.transition("job", job, JobState.CANCELLED, "cancelled by uid 1000",
+                                     T0, expect=JobState.PENDING, ended_s=T0)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(reconcile, "place_batch", racing)
+    with caplog.at_level("INFO", logger="weave_slurm.daemon.reconcile"):
+        rig.tick()
+    assert len(calls) == 2 and _group(rig.store).plan.job_ids == (a,)
+    assert _job_state(rig.store, a) is JobState.RUNNING
+    assert [_job_state(rig.store, j) for j in (b, never)] == [JobState.CANCELLED] * 2
+    assert "illegal" not in caplog.text and "placing the pending jobs again" in caplog.text
+
+
 def test_a_cancelled_job_has_its_steps_cancelled_then_its_group_released(rig: Rig) -> None:
     job = _running(rig)
     seen: list[tuple[str, str, list[str]]] = []

@@ -33,7 +33,7 @@ from weave_slurm.daemon.retries import NodeDaemonRetries, in_words
 from weave_slurm.daemon.states import AllocState, GroupState, JobState, StepRunState
 from weave_slurm.daemon.store import Store
 from weave_slurm.daemon.usage import UsageMeter
-from weave_slurm.errors import WeaveError
+from weave_slurm.errors import StalePlacement, StateError, WeaveError
 from weave_slurm.model.cost import CostRates
 from weave_slurm.node.open_as import open_as
 from weave_slurm.placement import Capacity, Placement, Refusal, WeavePolicy, place_batch
@@ -52,6 +52,10 @@ log = logging.getLogger(__name__)
 
 NODE_STEP = "weave-node"
 _LIVE_JOB = (JobState.PLACED, JobState.RUNNING, JobState.CANCELLING)
+
+
+#: How often one tick decides a placement again when jobs changed while it decided.
+_PLACE_TRIES = 3
 
 
 @dataclass
@@ -340,6 +344,19 @@ class Reconciler:
     # -- placing -----------------------------------------------------------------------
 
     def _place_pending(self, now: float) -> None:
+        """Place the pending jobs as one batch. A job cancelled while the batch was being
+        decided makes the decision stale (nothing of it is written): decide again on what
+        is pending now, in this tick, rather than drop the tick's placement."""
+        for _ in range(_PLACE_TRIES):
+            try:
+                self._place_batch(now)
+                return
+            except StalePlacement as exc:
+                log.info("placement: %s; placing the pending jobs again", exc)
+        log.warning("placement: jobs kept changing while being placed (%d tries); next "
+                    "tick again", _PLACE_TRIES)
+
+    def _place_batch(self, now: float) -> None:
         pending = self.store.jobs([JobState.PENDING])
         if not pending:
             return
@@ -361,8 +378,12 @@ class Reconciler:
                 placed.append((job.job_id, decision.group_id,
                                f"{decision.admission.value} into group {decision.group_id}"))
             elif isinstance(decision, Refusal) and not decision.retry:
-                self.store.transition("job", job.job_id, JobState.REFUSED, decision.message(),
-                                      now, expect=JobState.PENDING, ended_s=now)
+                try:
+                    self.store.transition("job", job.job_id, JobState.REFUSED,
+                                          decision.message(), now, expect=JobState.PENDING,
+                                          ended_s=now)
+                except StateError:   # cancelled meanwhile: nothing to refuse
+                    continue
             elif decision.message() != job.reason:
                 self.store.update("job", job.job_id, reason=decision.message())
         if placed:

@@ -41,7 +41,7 @@ from weave_slurm.daemon.states import (
     check_transition,
     state_of,
 )
-from weave_slurm.errors import StateError
+from weave_slurm.errors import StalePlacement, StateError
 from weave_slurm.model.profile import JobProfile
 
 #: entity -> (table, key column, state enum)
@@ -454,8 +454,15 @@ class Store:
         """Write new/changed group plans and move jobs PENDING -> PLACED, atomically.
 
         ``groups``: (group id, label, plan, is_new); ``placed``: (job id, group id, reason).
+        StalePlacement (nothing written) if one of them is no longer PENDING.
         """
         with self._tx() as db:
+            ids = [job_id for job_id, _, _ in placed]
+            gone = [(r[0], r[1]) for r in db.execute(
+                f"SELECT job_id, state FROM jobs WHERE job_id IN ({','.join('?' * len(ids))})"
+                " AND state != ?", (*ids, JobState.PENDING.value))]
+            if gone:     # cancelled while placement decided: write none of it
+                raise StalePlacement(", ".join(f"job {j} is {s} now" for j, s in gone))
             self._write_plans(db, groups, now)
             for job_id, gid, reason in placed:
                 row = db.execute("SELECT state FROM jobs WHERE job_id=?", (job_id,)).fetchone()
