@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from weave_slurm.clock import VirtualClock
-from weave_slurm.config.site import default_site
+from weave_slurm.config.site import SiteConfig, default_site
 from weave_slurm.daemon import allocplan, membership
 from weave_slurm.daemon.driver import IdleDriver, JobOutcome
 from weave_slurm.daemon.reconcile import NODE_STEP, NodeStepFactory, PoolRequest, Reconciler
@@ -207,10 +207,10 @@ class Rig:
 
 def _reconciler(store: Store, fake: FakeRunner, clock: VirtualClock, *,
                 driver: IdleDriver | None = None, node_step: NodeStepFactory | None = None,
-                instance: str = INSTANCE) -> Reconciler:
+                instance: str = INSTANCE, site: SiteConfig | None = None) -> Reconciler:
     return Reconciler(store, SlurmCliBackend(runner=fake), Capacity.from_site(default_site()),
                       POOLS, driver or IdleDriver(), clock, instance=instance,
-                      node_step=node_step)
+                      node_step=node_step, site=site)
 
 
 @pytest.fixture
@@ -611,11 +611,11 @@ def test_a_job_cancelled_while_placement_decides_does_not_drop_the_ticks_placeme
     decision is not written (it used to fail as 'illegal JobState transition CANCELLED ->
     PLACED' and drop the whole tick's placement); the others are placed in the same tick,
     and a job cancelled before it was refused stays cancelled."""
-    from weave_slurm.daemon import reconcile
+    from weave_slurm.daemon import placing
 
     a, b = _submit(rig.store, "a"), _submit(rig.store, "b")
     never = _submit(rig.store, "c", rollout_state_gib=1e6)
-    real, calls = reconcile.place_batch, []
+    real, calls = placing.place_batch, []
 
     def racing(*args: Any, **kw: Any) -> Any:
         calls.append(1)
@@ -625,13 +625,37 @@ def test_a_job_cancelled_while_placement_decides_does_not_drop_the_ticks_placeme
                                      T0, expect=JobState.PENDING, ended_s=T0)
         return real(*args, **kw)
 
-    monkeypatch.setattr(reconcile, "place_batch", racing)
-    with caplog.at_level("INFO", logger="weave_slurm.daemon.reconcile"):
+    monkeypatch.setattr(placing, "place_batch", racing)
+    with caplog.at_level("INFO", logger="weave_slurm.daemon.placing"):
         rig.tick()
     assert len(calls) == 2 and _group(rig.store).plan.job_ids == (a,)
     assert _job_state(rig.store, a) is JobState.RUNNING
     assert [_job_state(rig.store, j) for j in (b, never)] == [JobState.CANCELLED] * 2
     assert "illegal" not in caplog.text and "placing the pending jobs again" in caplog.text
+
+
+def test_a_job_over_its_users_running_limit_waits_saying_which_limit(rig: Rig) -> None:
+    """limits.user.max_running = 1: alice's second job stays PENDING, its REASON naming
+    the limit (as squeue's QOSMaxJobsPerUserLimit), and is placed once the first ended."""
+    import dataclasses
+
+    from weave_slurm.config.fairshare import JobLimits
+
+    site = default_site()
+    site = dataclasses.replace(site, limits=dataclasses.replace(
+        site.limits, user=JobLimits(max_running=1)))
+    rig.restart(site=site)
+    a, b = _submit(rig.store, "a"), _submit(rig.store, "b")
+    rig.tick()
+    assert _job_state(rig.store, a) is JobState.RUNNING
+    held = rig.store.job(b)
+    assert held is not None and held.state is JobState.PENDING
+    assert held.reason.startswith("held: user alice has 1 job placed or running") \
+        and "QOSMaxJobsPerUserLimit" in held.reason
+    rig.store.transition("job", a, JobState.CANCELLING, "t", T0)
+    rig.store.transition("job", a, JobState.CANCELLED, "t", T0, ended_s=T0)
+    rig.tick()
+    assert _job_state(rig.store, b) in (JobState.PLACED, JobState.RUNNING)
 
 
 def test_a_cancelled_job_has_its_steps_cancelled_then_its_group_released(rig: Rig) -> None:

@@ -70,6 +70,10 @@ class TableReader:
         """The unvalidated value of a key (for keys with a special-case message)."""
         return self._data.get(name)
 
+    def names(self) -> list[str]:
+        """Every key of the table (for tables whose keys are names: shares by user)."""
+        return list(self._data)
+
     def is_table(self, name: str) -> bool:
         return isinstance(self._data.get(name), dict)
 

@@ -10,6 +10,13 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from weave_slurm.config.fairshare import (
+    NO_LIMITS,
+    FairShareConfig,
+    JobLimits,
+    read_fairshare,
+    read_limits,
+)
 from weave_slurm.config.reader import TableReader, parse_toml, read_toml
 from weave_slurm.config.runtime import RuntimeConfig, read_runtime
 from weave_slurm.errors import ConfigError
@@ -62,6 +69,8 @@ class NetworkConfig:
 class LimitsConfig:
     max_group_size: int = 5
     max_rollout_nodes_per_group: int = 8
+    user: JobLimits = NO_LIMITS        # [limits.user]: what one user may have
+    account: JobLimits = NO_LIMITS     # [limits.account]: one account, its users together
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +113,7 @@ class SiteConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    fairshare: FairShareConfig = field(default_factory=FairShareConfig)
     default_slo: float = 1.5
     source: str = "<builtin>"
 
@@ -190,7 +200,9 @@ def _site_from_data(data: object, source: str) -> SiteConfig:
         limits = LimitsConfig(
             max_group_size=ltab.integer("max_group_size", limits.max_group_size, ge=1, le=16),
             max_rollout_nodes_per_group=ltab.integer(
-                "max_rollout_nodes_per_group", limits.max_rollout_nodes_per_group, ge=1))
+                "max_rollout_nodes_per_group", limits.max_rollout_nodes_per_group, ge=1),
+            user=read_limits(ltab.table("user", required=False)),
+            account=read_limits(ltab.table("account", required=False)))
         ltab.done()
     model = base.model
     mtab = top.table("model", required=False)
@@ -205,6 +217,7 @@ def _site_from_data(data: object, source: str) -> SiteConfig:
         mtab.done()
     runtime = read_runtime(top.table("runtime", required=False))
     slurm = _slurm(top.table("slurm", required=False))
+    fairshare = read_fairshare(top.table("fairshare", required=False))
     defaults = top.table("defaults", required=False)
     if defaults is not None:
         default_slo = defaults.number("slo", default_slo, ge=1.0)
@@ -212,7 +225,7 @@ def _site_from_data(data: object, source: str) -> SiteConfig:
     top.done()
     return SiteConfig(name=name, currency=currency, rollout=rollout, train=train,
                       network=network, limits=limits, model=model, runtime=runtime,
-                      slurm=slurm, default_slo=default_slo,
+                      slurm=slurm, fairshare=fairshare, default_slo=default_slo,
                       source=source)
 
 

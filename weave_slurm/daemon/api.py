@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import pwd
 import sys
+import threading
 import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -23,7 +24,7 @@ from typing import Any
 from weave_slurm.config.job import check_paths, parse_job
 from weave_slurm.config.sbatch import refuse_over_site
 from weave_slurm.config.site import SiteConfig
-from weave_slurm.daemon import membership
+from weave_slurm.daemon import limits, membership
 from weave_slurm.daemon.access import check_access, output_needs, worker_needs
 from weave_slurm.daemon.driver import job_nodes
 from weave_slurm.daemon.faults import FaultPoint, crossing
@@ -38,6 +39,7 @@ from weave_slurm.errors import (
     AlreadyEnded,
     ConfigError,
     InfeasibleRequest,
+    InsufficientResources,
     StateError,
     WeaveError,
 )
@@ -100,6 +102,7 @@ class Api:
                  node_python: str | None = None,
                  waiting: Callable[[int], str | None] = lambda job_id: None) -> None:
         self.store, self.site, self.capacity, self.now = store, site, capacity, now
+        self._submitting = threading.Lock()
         self.path_roots = tuple(path_roots)  # shared dirs a spec path may name, besides home
         # the interpreter node daemons fork a job's default workers from; not given:
         # weaved's own when its driver runs hosted jobs (the node daemons it starts run
@@ -158,8 +161,16 @@ class Api:
             return {"job": None, "valid": True, "rollout_nodes": profile.rollout_nodes,
                     "train_nodes": profile.train_nodes,
                     "solo_iteration_s": profile.solo_s, "slo": profile.slo}
-        job_id = self.store.add_job(uid=uid, user=user_name(uid), name=job.name, spec=spec,
-                                    source=where, profile=profile, now=self.now())
+        user = user_name(uid)
+        account = (profile.charge.account if profile.charge else None) \
+            or self.site.slurm.account or limits.NO_ACCOUNT
+        with self._submitting:   # a limit's count and the new row, one at a time
+            refused = limits.submission_refusal(self.store, self.site, user, account,
+                                                self.now())
+            if refused is not None:
+                raise InsufficientResources(f"{where}: job refused: {refused}")
+            job_id = self.store.add_job(uid=uid, user=user, name=job.name, spec=spec,
+                                        source=where, profile=profile, now=self.now())
         crossing(FaultPoint.SUBMIT_STORED)
         self.wake()
         return {"job": job_id}

@@ -15,7 +15,6 @@ Time comes from the injected clock; decisions never read the wall clock.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -27,16 +26,17 @@ from weave_slurm.daemon.driver import Driver
 from weave_slurm.daemon.faults import FaultPoint, crossing
 from weave_slurm.daemon.job_output import JobOutputs, Opener
 from weave_slurm.daemon.job_terms import JobTerms
+from weave_slurm.daemon.placing import Placer
 from weave_slurm.daemon.records import AllocRow, GroupPlan, GroupRow, JobRow, StepRow
 from weave_slurm.daemon.replanning import ReplanConfig, Replanner
 from weave_slurm.daemon.retries import NodeDaemonRetries, in_words
 from weave_slurm.daemon.states import AllocState, GroupState, JobState, StepRunState
 from weave_slurm.daemon.store import Store
 from weave_slurm.daemon.usage import UsageMeter
-from weave_slurm.errors import StalePlacement, StateError, WeaveError
+from weave_slurm.errors import WeaveError
 from weave_slurm.model.cost import CostRates
 from weave_slurm.node.open_as import open_as
-from weave_slurm.placement import Capacity, Placement, Refusal, WeavePolicy, place_batch
+from weave_slurm.placement import Capacity, WeavePolicy
 from weave_slurm.slurm.backend import (
     Allocation,
     AllocationState,
@@ -52,10 +52,6 @@ log = logging.getLogger(__name__)
 
 NODE_STEP = "weave-node"
 _LIVE_JOB = (JobState.PLACED, JobState.RUNNING, JobState.CANCELLING)
-
-
-#: How often one tick decides a placement again when jobs changed while it decided.
-_PLACE_TRIES = 3
 
 
 @dataclass
@@ -96,12 +92,14 @@ class Reconciler:
         self.on_placement = on_placement   # told each decision's seconds (metrics)
         self._handles: dict[int, StepHandle] = {}  # step row key -> handle (this process)
         self.node_retries = NodeDaemonRetries()   # per alloc key: failing node daemons
-        site = site or default_site()   # what allocations are charged to, and the prices
+        self.site = site = site or default_site()   # charges, prices, fair share, limits
         self.terms = JobTerms()   # each job's own account, QOS and time limit
         self.allocations = GroupAllocations(
             store, backend, pools, driver, self.node_retries, tag=self.tag,
             immediate_s=immediate_s, fail_placed=self._fail_placed, end_step=self._end_step,
             charge=site.slurm, terms=self.terms)
+        self.placer = Placer(store, capacity, self.policy, site, instance,
+                             lambda seconds: self.on_placement and self.on_placement(seconds))
         self.usage = UsageMeter(store, CostRates.from_site(site), driver)
         self.outputs = JobOutputs(store, self.terms, driver.live, open_output)   # -o, -e
         # re-planning running jobs (daemon/replanning.py): only where jobs can be moved
@@ -128,7 +126,7 @@ class Reconciler:
                     lambda: self._drive(now),
                     lambda: self._end_overdue(now),
                     lambda: self._finish_cancelled(now),
-                    lambda: self._place_pending(now),
+                    lambda: self.placer.place(now),
                     lambda: self.replanner.tick(now) if self.replanner else None,
                     lambda: self.allocations.ensure(now),
                     lambda: self.allocations.return_surplus(now),
@@ -340,56 +338,6 @@ class Reconciler:
     def _finish_cancelled(self, now: float) -> None:
         for job in self.store.jobs([JobState.CANCELLING]):
             self._finish_job(job, JobState.CANCELLED, "cancelled by its owner", now)
-
-    # -- placing -----------------------------------------------------------------------
-
-    def _place_pending(self, now: float) -> None:
-        """Place the pending jobs as one batch. A job cancelled while the batch was being
-        decided makes the decision stale (nothing of it is written): decide again on what
-        is pending now, in this tick, rather than drop the tick's placement."""
-        for _ in range(_PLACE_TRIES):
-            try:
-                self._place_batch(now)
-                return
-            except StalePlacement as exc:
-                log.info("placement: %s; placing the pending jobs again", exc)
-        log.warning("placement: jobs kept changing while being placed (%d tries); next "
-                    "tick again", _PLACE_TRIES)
-
-    def _place_batch(self, now: float) -> None:
-        pending = self.store.jobs([JobState.PENDING])
-        if not pending:
-            return
-        groups = self.store.groups()
-        allocs: dict[int, list[AllocRow]] = {}
-        for a in self.store.allocs(live_only=False):
-            allocs.setdefault(a.group_id, []).append(a)
-        before = membership.cluster_state(self.capacity, groups, self.store.jobs(_LIVE_JOB),
-                                          self.store.next_group_id(), allocs)
-        started = time.perf_counter()   # how long the decision took: not an input to it
-        result = place_batch(self.policy, before,
-                             [j.profile.with_id(str(j.job_id)) for j in pending])
-        if self.on_placement is not None:
-            self.on_placement(time.perf_counter() - started)
-        writes = membership.plan_writes(before, result.state, groups, allocs, self.instance)
-        placed = []
-        for job, decision in zip(pending, result.decisions, strict=True):
-            if isinstance(decision, Placement):
-                placed.append((job.job_id, decision.group_id,
-                               f"{decision.admission.value} into group {decision.group_id}"))
-            elif isinstance(decision, Refusal) and not decision.retry:
-                try:
-                    self.store.transition("job", job.job_id, JobState.REFUSED,
-                                          decision.message(), now, expect=JobState.PENDING,
-                                          ended_s=now)
-                except StateError:   # cancelled meanwhile: nothing to refuse
-                    continue
-            elif decision.message() != job.reason:
-                self.store.update("job", job.job_id, reason=decision.message())
-        if placed:
-            self.store.commit_placement(writes, placed, now)
-            crossing(FaultPoint.PLACE_COMMITTED)
-            log.info("placed jobs %s", [p[0] for p in placed])
 
     # -- steps -------------------------------------------------------------------------
 

@@ -282,6 +282,11 @@ class Store:
             args.append(group_id)
         return [self._job(r) for r in self._rows(sql + " ORDER BY job_id", args)]
 
+    def jobs_submitted_since(self, since_s: float) -> list[JobRow]:
+        """Jobs submitted at or after ``since_s`` (a submission rate limit counts them)."""
+        return [self._job(r) for r in self._rows(
+            "SELECT * FROM jobs WHERE submitted_s >= ? ORDER BY job_id", (since_s,))]
+
     def counts(self) -> dict[str, list[tuple[Any, ...]]]:
         """Rows by state, one grouped query per table (for metrics): ``jobs`` and
         ``groups`` as (state, count); ``allocations`` as (role, partition, state,

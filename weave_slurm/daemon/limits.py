@@ -1,0 +1,155 @@
+"""Fair share and limits inside weaved: the order pending jobs are placed in, the jobs
+a limit holds, and the submissions a limit refuses (docs/fairshare.md).
+
+- **Order** (:func:`queue`). With a ``[fairshare]`` table, pending jobs are placed in
+  order of their fair-share priority (:mod:`weave_slurm.placement.fairshare`: recent
+  GPU-hours of their user and account against their shares, plus their age), ties by
+  submission; without one, by submission (job id), as before.
+- **Held** (:func:`queue`). A job whose user (account) already has
+  ``limits.user.max_running`` (``limits.account.max_running``) jobs placed or running
+  stays PENDING, its REASON naming the limit, as squeue's
+  ``QOSMaxJobsPerUserLimit``; it is placed once one of them ends.
+- **Refused** (:func:`submission_refusal`). A submission past ``max_pending`` or
+  ``submissions_per_minute`` of its user or account is refused in one line naming the
+  limit (nothing stored), as sbatch's ``QOSMaxSubmitJobPerUserLimit``.
+
+A job's account is its own (``#SBATCH -A``), else the site's ``[slurm] account``, else
+``(none)``: every job without one shares that one account.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from weave_slurm.config.fairshare import JobLimits
+from weave_slurm.config.site import SiteConfig
+from weave_slurm.daemon.records import JobRow
+from weave_slurm.daemon.states import JobState
+from weave_slurm.daemon.store import Store
+from weave_slurm.placement import Placement, Refusal
+from weave_slurm.placement.fairshare import Claimant, FairShare, Usage
+
+#: The account of jobs that name none where the site names none either.
+NO_ACCOUNT = "(none)"
+#: What counts against ``max_running``: placed, running, or still ending.
+HOLDING = (JobState.PLACED, JobState.RUNNING, JobState.CANCELLING)
+#: Slurm's names for each limit, said in a REASON or refusal (squeue(1), sbatch).
+_SLURM_NAME = {("user", "max_running"): "QOSMaxJobsPerUserLimit",
+               ("account", "max_running"): "AssocMaxJobsLimit",
+               ("user", "max_pending"): "QOSMaxSubmitJobPerUserLimit",
+               ("account", "max_pending"): "AssocMaxSubmitJobLimit",
+               ("user", "submissions_per_minute"): "a submission rate limit",
+               ("account", "submissions_per_minute"): "a submission rate limit"}
+
+
+def account_of(job: JobRow, site: SiteConfig) -> str:
+    """The Slurm account a job is charged to (module doc)."""
+    charge = job.profile.charge
+    return (charge.account if charge else None) or site.slurm.account or NO_ACCOUNT
+
+
+def _limits(site: SiteConfig) -> tuple[tuple[str, JobLimits], ...]:
+    return (("user", site.limits.user), ("account", site.limits.account))
+
+
+def _words(kind: str, name: str, key: str, have: int, limit: int, what: str) -> str:
+    """``what`` names one job ('pending job'); said of ``have`` of them."""
+    what = what if have == 1 else what.replace("job", "jobs", 1)
+    return (f"{kind} {name} has {have} {what}, the site's limit (limits.{kind}.{key} = "
+            f"{limit}; as Slurm's {_SLURM_NAME[(kind, key)]})")
+
+
+def submission_refusal(store: Store, site: SiteConfig, user: str, account: str,
+                       now: float) -> str | None:
+    """Why a new job of ``user`` in ``account`` is refused now (None: it is taken)."""
+    if not any(limits.any for _, limits in _limits(site)):
+        return None
+    pending = store.jobs([JobState.PENDING])
+    recent = store.jobs_submitted_since(now - 60.0)
+    for kind, limits in _limits(site):
+        name = user if kind == "user" else account
+
+        def mine(job: JobRow, kind: str = kind, name: str = name) -> bool:
+            return (job.user if kind == "user" else account_of(job, site)) == name
+        have = sum(map(mine, pending))
+        if limits.max_pending is not None and have >= limits.max_pending:
+            return _words(kind, name, "max_pending", have, limits.max_pending, "pending job")
+        sent = sum(map(mine, recent))
+        rate = limits.submissions_per_minute
+        if rate is not None and sent >= rate:
+            return _words(kind, name, "submissions_per_minute", sent, rate,
+                          "job submitted in the last minute") + "; submit again later"
+    return None
+
+
+@dataclass
+class Queue:
+    """Pending jobs in the order to place them, and those a limit holds (job -> REASON)."""
+
+    ordered: list[JobRow]
+    held: dict[int, str] = field(default_factory=dict)
+    priority: dict[int, int] = field(default_factory=dict)   # with [fairshare]
+
+    def rank(self, job_id: int) -> int:
+        """Place in the order (0 first)."""
+        return next(i for i, j in enumerate(self.ordered) if j.job_id == job_id)
+
+
+def queue(store: Store, site: SiteConfig, pending: Sequence[JobRow], now: float) -> Queue:
+    """Order ``pending`` and hold what a ``max_running`` limit holds (module doc)."""
+    ordered = sorted(pending, key=lambda j: j.job_id)
+    priority: dict[int, int] = {}
+    if site.fairshare.enabled:
+        share = FairShare(site.fairshare, _usage(store, site), [_claimant(j, site)
+                                                               for j in pending], now)
+        priority = {j.job_id: share.priority(_claimant(j, site)) for j in pending}
+        ordered.sort(key=lambda j: (-priority[j.job_id], j.submitted_s, j.job_id))
+    out = Queue([], priority=priority)
+    caps = [(kind, limits.max_running) for kind, limits in _limits(site)
+            if limits.max_running is not None]
+    if not caps:
+        out.ordered = ordered
+        return out
+    running: dict[tuple[str, str], int] = {}
+    for job in store.jobs(HOLDING):
+        for key in (("user", job.user), ("account", account_of(job, site))):
+            running[key] = running.get(key, 0) + 1
+    for job in ordered:
+        names = {"user": job.user, "account": account_of(job, site)}
+        over = next(((kind, cap) for kind, cap in caps
+                     if running.get((kind, names[kind]), 0) >= cap), None)
+        if over is not None:
+            kind, cap = over
+            out.held[job.job_id] = "held: " + _words(
+                kind, names[kind], "max_running", running.get((kind, names[kind]), 0), cap,
+                "job placed or running")
+            continue
+        out.ordered.append(job)      # counted as if placed: later ones wait their turn
+        for kind in ("user", "account"):
+            running[(kind, names[kind])] = running.get((kind, names[kind]), 0) + 1
+    return out
+
+
+def overtaken(decisions: Sequence[Placement | Refusal]) -> bool:
+    """Whether a placement in queue order left a job waiting for room while it placed a
+    later one (the cheapest order of the portfolio may; fair share then places in
+    queue order)."""
+    waiting = False
+    for decision in decisions:
+        if isinstance(decision, Refusal) and decision.retry:
+            waiting = True
+        elif isinstance(decision, Placement) and waiting:
+            return True
+    return False
+
+
+def _claimant(job: JobRow, site: SiteConfig) -> Claimant:
+    return Claimant(job.user, account_of(job, site), job.submitted_s)
+
+
+def _usage(store: Store, site: SiteConfig) -> list[Usage]:
+    """Every job's booked GPU-seconds, with its user and account."""
+    jobs = {j.job_id: j for j in store.jobs()}
+    return [Usage(job.user, account_of(job, site), sum(u.gpu_s.values()), u.updated_s)
+            for job_id, u in store.usage().items() if (job := jobs.get(job_id)) is not None]

@@ -1,0 +1,98 @@
+"""Placing pending jobs, one act of the reconcile loop (:class:`Placer`).
+
+Every tick, the jobs still PENDING are placed as one batch by the pure placement
+engine (``placement/admission.py``), in the order fair share gives them and without
+those a limit holds (:mod:`~weave_slurm.daemon.limits`); the new and changed group plans
+and the jobs' move to PLACED are written in one transaction, or, when a job changed
+meanwhile (cancelled while the batch was being decided), not at all and decided again.
+A job that can never be placed is REFUSED; one that waits for room says why in REASON.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from weave_slurm.config.site import SiteConfig
+from weave_slurm.daemon import limits, membership
+from weave_slurm.daemon.faults import FaultPoint, crossing
+from weave_slurm.daemon.records import AllocRow
+from weave_slurm.daemon.states import JobState
+from weave_slurm.daemon.store import Store
+from weave_slurm.errors import StalePlacement, StateError
+from weave_slurm.placement import Capacity, Placement, Policy, Refusal, place_batch
+
+log = logging.getLogger(__name__)
+
+_LIVE_JOB = (JobState.PLACED, JobState.RUNNING, JobState.CANCELLING)
+#: How often one tick decides a placement again when jobs changed while it decided.
+_PLACE_TRIES = 3
+
+
+class Placer:
+    """Places the pending jobs of a store (module doc)."""
+
+    def __init__(self, store: Store, capacity: Capacity, policy: Policy, site: SiteConfig,
+                 instance: str, on_placement: Callable[[float], object]) -> None:
+        self.store, self.capacity, self.policy = store, capacity, policy
+        self.site, self.instance = site, instance
+        self.on_placement = on_placement   # told each decision's seconds (metrics)
+
+    def place(self, now: float) -> None:
+        """Place the pending jobs as one batch. A job cancelled while the batch was being
+        decided makes the decision stale (nothing of it is written): decide again on what
+        is pending now, in this tick, rather than drop the tick's placement."""
+        for _ in range(_PLACE_TRIES):
+            try:
+                self._place_batch(now)
+                return
+            except StalePlacement as exc:
+                log.info("placement: %s; placing the pending jobs again", exc)
+        log.warning("placement: jobs kept changing while being placed (%d tries); next "
+                    "tick again", _PLACE_TRIES)
+
+    def _place_batch(self, now: float) -> None:
+        waiting = self.store.jobs([JobState.PENDING])
+        if not waiting:
+            return
+        queue = limits.queue(self.store, self.site, waiting, now)   # fair share, limits
+        for job in waiting:
+            held = queue.held.get(job.job_id)
+            if held is not None and held != job.reason:
+                self.store.update("job", job.job_id, reason=held)
+        pending = queue.ordered
+        if not pending:
+            return
+        groups = self.store.groups()
+        allocs: dict[int, list[AllocRow]] = {}
+        for a in self.store.allocs(live_only=False):
+            allocs.setdefault(a.group_id, []).append(a)
+        before = membership.cluster_state(self.capacity, groups, self.store.jobs(_LIVE_JOB),
+                                          self.store.next_group_id(), allocs)
+        started = time.perf_counter()   # how long the decision took: not an input to it
+        profiles = [j.profile.with_id(str(j.job_id)) for j in pending]
+        result = place_batch(self.policy, before, profiles)
+        if queue.priority and limits.overtaken(result.decisions):   # fair share first
+            result = place_batch(self.policy, before, profiles, ordered=False)
+        if True:
+            self.on_placement(time.perf_counter() - started)
+        writes = membership.plan_writes(before, result.state, groups, allocs, self.instance)
+        placed = []
+        for job, decision in zip(pending, result.decisions, strict=True):
+            if isinstance(decision, Placement):
+                placed.append((job.job_id, decision.group_id,
+                               f"{decision.admission.value} into group {decision.group_id}"))
+            elif isinstance(decision, Refusal) and not decision.retry:
+                try:
+                    self.store.transition("job", job.job_id, JobState.REFUSED,
+                                          decision.message(), now, expect=JobState.PENDING,
+                                          ended_s=now)
+                except StateError:   # cancelled meanwhile: nothing to refuse
+                    continue
+            elif decision.message() != job.reason:
+                self.store.update("job", job.job_id, reason=decision.message())
+        if placed:
+            self.store.commit_placement(writes, placed, now)
+            crossing(FaultPoint.PLACE_COMMITTED)
+            log.info("placed jobs %s", [p[0] for p in placed])
