@@ -81,7 +81,7 @@ from bench.gpu_check_parts import (  # noqa: E402
 from weave_slurm.device.hostmem import STAGING_BYTES, Copier, HostRegistry, is_cuda  # noqa: E402
 from weave_slurm.device.switch import DeviceSwitch, SwitchMode  # noqa: E402
 from weave_slurm.node.index import DEFAULT_ALIGN_BYTES, SegmentIndex, plan_layout  # noqa: E402
-from weave_slurm.node.segments import map_file, tensor_views  # noqa: E402
+from weave_slurm.node.segments import dtype_name, map_file, tensor_views  # noqa: E402
 
 GOAL_FRAC_OF_PINNED = 0.8
 GOAL_COLD_OVER_WARM = 71.5
@@ -187,7 +187,8 @@ def switch(device: str, options: dict[str, Any], repeats: int, fallback: Path,
     total = sum(x.numel() * x.element_size() for x in tensors.values())
     res.update(tensors=len(tensors), switch_tensor_bytes=total,
                dtypes=sorted({str(x.dtype).removeprefix("torch.") for x in tensors.values()}))
-    entries, size = plan_layout(sw.layout(tensors), DEFAULT_ALIGN_BYTES)
+    specs = [(k, dtype_name(t.dtype), tuple(t.shape)) for k, t in tensors.items()]
+    entries, size = plan_layout(specs, DEFAULT_ALIGN_BYTES)
     now = time.time()
     index = SegmentIndex(name="device.gpucheck", version=1, size_bytes=size,
                          align_bytes=DEFAULT_ALIGN_BYTES, tensors=entries, created_s=now,

@@ -23,7 +23,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from weave_slurm.placement.cluster import Capacity
+from weave_slurm.placement.capacity import Capacity
 from weave_slurm.placement.group import Group
 from weave_slurm.sim.accounting import reference_site
 from weave_slurm.sim.generate import GeneratorConfig, generate_trace

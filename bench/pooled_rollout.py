@@ -32,7 +32,7 @@ from rich.table import Table
 
 import weave_slurm.model.perf as perf
 import weave_slurm.placement.repack as repack
-from weave_slurm.placement.cluster import Capacity
+from weave_slurm.placement.capacity import Capacity
 from weave_slurm.sim.accounting import reference_site
 from weave_slurm.sim.generate import GeneratorConfig, generate_trace
 from weave_slurm.sim.loader import load_trace

@@ -24,7 +24,8 @@ from rich.table import Table
 
 from weave_slurm.placement.admission import place_batch
 from weave_slurm.placement.baselines import make_policy
-from weave_slurm.placement.cluster import Capacity, ClusterState
+from weave_slurm.placement.capacity import Capacity
+from weave_slurm.placement.cluster import ClusterState
 from weave_slurm.placement.moves import work_rate
 from weave_slurm.placement.optimum import optimum
 from weave_slurm.sim.accounting import reference_site

@@ -4,7 +4,7 @@ from hypothesis import strategies as st
 
 from weave_slurm.model.cost import CostRates
 from weave_slurm.model.profile import JobProfile, simple_profile
-from weave_slurm.placement.cluster import Capacity
+from weave_slurm.placement.capacity import Capacity
 
 REF_RATES = CostRates(rollout_node_hour=1 / 3, train_node_hour=1.0)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from weave_slurm.data import reference_file
-from weave_slurm.placement.cluster import Capacity
+from weave_slurm.placement.capacity import Capacity
 from weave_slurm.sim.accounting import reference_site
 from weave_slurm.sim.bound import IterationBusy, JobWork, ratios, work_bound
 from weave_slurm.sim.generate import GeneratorConfig, generate_trace

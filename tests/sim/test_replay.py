@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from weave_slurm.placement.cluster import Capacity
+from weave_slurm.placement.capacity import Capacity
 from weave_slurm.sim.accounting import Baseline, reference_baseline_cost, reference_site
 from weave_slurm.sim.loader import load_trace
 from weave_slurm.sim.policies import Accounting

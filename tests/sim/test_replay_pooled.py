@@ -15,7 +15,7 @@ from weave_slurm.cli.errors import run_app
 from weave_slurm.cli.main import app
 from weave_slurm.errors import ConfigError
 from weave_slurm.model.profile import simple_profile
-from weave_slurm.placement.cluster import Capacity
+from weave_slurm.placement.capacity import Capacity
 from weave_slurm.placement.group import Member
 from weave_slurm.placement.pooled import pooled_group
 from weave_slurm.sim.accounting import reference_site

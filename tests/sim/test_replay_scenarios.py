@@ -11,7 +11,7 @@ import pytest
 from weave_slurm.cli.errors import run_app
 from weave_slurm.cli.main import app
 from weave_slurm.model.cost import MoveCost
-from weave_slurm.placement.cluster import Capacity
+from weave_slurm.placement.capacity import Capacity
 from weave_slurm.sim.accounting import reference_site
 from weave_slurm.sim.drift import DriftModel, DriftPattern
 from weave_slurm.sim.failures import FailureModel

@@ -12,7 +12,7 @@ from rich.progress import Progress
 
 from weave_slurm.config.site import SiteConfig, load_site
 from weave_slurm.errors import ConfigError
-from weave_slurm.placement.cluster import Capacity
+from weave_slurm.placement.capacity import Capacity
 from weave_slurm.placement.pooled import RolloutSharing
 from weave_slurm.sim.accounting import reference_site
 from weave_slurm.sim.drift import DriftModel, DriftPattern

@@ -3,7 +3,7 @@
 A warm switch keeps a member's Python objects (modules, optimizer, engine) in its
 resident worker and moves only the *bytes* off the device:
 
-- **out**: every tensor the job names (:class:`~weave_slurm.workloads.api.SwitchesDevice`:
+- **out**: every tensor the job names (:class:`~weave_slurm.device.protocols.SwitchesDevice`:
   parameters, gradients, buffers, optimizer moments) is copied into a host view (a
   mapped, page-locked shared-memory segment), then its ``.data`` is swapped for an
   empty tensor on the same device, so the device memory goes back to the allocator
@@ -13,7 +13,7 @@ resident worker and moves only the *bytes* off the device:
   are copied back, and its ``.data`` points there again: bit for bit what it was.
 
 A job that frees its device memory by its own means
-(:class:`~weave_slurm.workloads.api.OffloadsDevice`: DeepSpeed's ``offload_states``,
+(:class:`~weave_slurm.device.protocols.OffloadsDevice`: DeepSpeed's ``offload_states``,
 vLLM's ``sleep``/``wake_up``) is switched through those calls instead.
 
 :class:`SwitchMode` decides whether switches happen at all: ``auto`` only for a CUDA
@@ -32,12 +32,9 @@ from typing import Any
 import torch
 
 from weave_slurm.device.hostmem import Copier, HostRegistry, is_cuda
+from weave_slurm.device.protocols import OffloadsDevice, SwitchesDevice
 from weave_slurm.errors import StateError
-from weave_slurm.node.segments import dtype_name
 from weave_slurm.vocab import member_of
-from weave_slurm.workloads.api import OffloadsDevice, SwitchesDevice
-
-Layout = list[tuple[str, str, tuple[int, ...]]]
 
 
 class SwitchMode(enum.Enum):
@@ -156,9 +153,6 @@ class DeviceSwitch:
             seen[id(t)], storages[ptr] = name, name
             out[name] = t
         return out
-
-    def layout(self, tensors: Mapping[str, torch.Tensor]) -> Layout:
-        return [(k, dtype_name(t.dtype), tuple(t.shape)) for k, t in tensors.items()]
 
     def held_bytes(self) -> int:
         """Device bytes the job's tensors hold now (0 once switched out)."""

@@ -10,7 +10,11 @@ weaved's group runner activates, through the node daemon, one of
 - :func:`train` on the training node: loads ``state`` unless the worker already holds
   that version, trains on ``traj`` through ``JobRunner.train`` (refused unless the
   batch is this job's, of the current version) and puts the new ``state`` and
-  ``weights``.
+  ``weights``;
+- :func:`switch_out`, run by the node daemon's tenancy (:mod:`weave_slurm.node.tenancy`)
+  before another member's phase on the node: the worker's job instances move their
+  device state into their scratch segments ``device.<role>`` and free the device
+  (:mod:`weave_slurm.device.instances`; docs/node.md, "Device switch").
 
 A member with a staleness window ``k >= 1`` names its buffers in the argument: its
 rollout reads the weights buffer ``weights.b<v % (k+1)>`` and refuses unless it holds
@@ -44,10 +48,12 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from weave_slurm.device import instances
 from weave_slurm.errors import StateError, VersionMismatch, WeaveError
-from weave_slurm.hosted import switch
 from weave_slurm.hosted.contract import (
     PROGRESS,
     PROGRESS_EVERY_S,
@@ -58,7 +64,7 @@ from weave_slurm.hosted.contract import (
 )
 from weave_slurm.hosted.world import gang_world, share_batch, share_weights
 from weave_slurm.node.crc import CRC_KEY, storage_crc32
-from weave_slurm.node.index import JobRef
+from weave_slurm.node.index import SCRATCH_KEY, JobRef, scratch_name
 from weave_slurm.workloads.api import JobContext, JobRunner, Role, Trajectories, TrajectoryBatch
 from weave_slurm.workloads.entry import start_job
 
@@ -67,6 +73,7 @@ if TYPE_CHECKING:
 
     from weave_slurm.node.client import NodeClient
     from weave_slurm.node.resident import PhaseContext
+    from weave_slurm.node.segments import AttachedState
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +102,7 @@ def _runner(ctx: PhaseContext, args: PhaseArgs, role: Role, *, fresh: bool = Fal
                                   JobContext(job_id, role, args.seed, args.options,
                                              engine_gpus=engine, **gang),
                                   staleness=args.staleness)
-    switch.track(ctx.job.job_id, role, _RUNNERS[key], args.device_switch)
+    instances.track(ctx.job.job_id, role.value, _RUNNERS[key], args.device_switch)
     return _RUNNERS[key]
 
 
@@ -103,9 +110,9 @@ def _switched_in(ctx: PhaseContext, args: PhaseArgs, role: Role, runner: JobRunn
                  weights: Any = None) -> tuple[JobRunner, dict[str, Any] | None]:
     """The runner with its device state back (docs/node.md, "Device switch"); a fresh
     one when its switched-out state is gone from the node."""
-    switch.phase_begins(ctx.job.job_id, role)
+    instances.phase_begins(ctx.job.job_id, role.value)
     try:
-        return runner, switch.switch_in(ctx, role, weights)
+        return runner, instances.switch_in(ctx.job.job_id, role.value, _Scratch(ctx), weights)
     except StateError as exc:
         log.warning("%s; building the job again", exc)
         return _runner(ctx, args, role, fresh=True), None
@@ -114,7 +121,7 @@ def _switched_in(ctx: PhaseContext, args: PhaseArgs, role: Role, runner: JobRunn
 def _drop(ctx: PhaseContext, role: Role) -> None:
     """Forget a runner that may be half-updated (its phase failed)."""
     _RUNNERS.pop((ctx.job.job_id, role), None)
-    switch.forget(ctx.job.job_id, role)
+    instances.forget(ctx.job.job_id, role.value)
 
 
 def _device(ctx: PhaseContext, role: Role, switched: dict[str, Any] | None
@@ -122,11 +129,37 @@ def _device(ctx: PhaseContext, role: Role, switched: dict[str, Any] | None
     """What a phase's result says of the device: the bytes this worker still holds
     there (the daemon switches it out before another member's phase), its measured
     peak and switched-out residue (GPU admission), and the switch-in."""
-    out: dict[str, Any] = {"device_held_bytes": switch.held_bytes(ctx.job.job_id),
-                           **switch.figures(ctx.job.job_id, role)}
+    out: dict[str, Any] = {"device_held_bytes": instances.held_bytes(ctx.job.job_id),
+                           **instances.figures(ctx.job.job_id, role.value)}
     if switched is not None:
         out["device_switch_in"] = switched
     return out
+
+
+def switch_out(ctx: PhaseContext) -> dict[str, Any]:
+    """The node daemon's activation: every instance of this job that holds device memory
+    moves it to its scratch segment on this node and frees it."""
+    return instances.switch_out(ctx.job.job_id, _Scratch(ctx))
+
+
+@dataclass(frozen=True)
+class _Scratch:
+    """A job's scratch segments on this node (``device.<role>``): the switched-out
+    device state only its worker reads back, and checkpoints skip
+    (:func:`~weave_slurm.node.index.is_scratch`)."""
+
+    ctx: PhaseContext
+
+    def name(self, role: str) -> str:
+        return scratch_name(role)
+
+    def get(self, role: str) -> AttachedState | None:
+        return self.ctx.state.get(scratch_name(role))
+
+    def put(self, role: str, tensors: Mapping[str, Tensor]) -> None:
+        with _client() as client:
+            client.put_state(self.ctx.job, scratch_name(role), tensors, 0,
+                             extra={SCRATCH_KEY: True})
 
 
 def _owner(ctx: PhaseContext, args: PhaseArgs) -> JobRef:

@@ -3,7 +3,7 @@
 Every resident activation names its **tenant** (the member it serves: a gang's ranks
 and engines on one node share their job's tenant). Before a phase of one tenant
 starts, :meth:`DeviceTenancy.make_room` runs the switch-out entry
-(:data:`SWITCH_OUT_ENTRY`: :func:`weave_slurm.hosted.switch.switch_out`) in the
+(:data:`SWITCH_OUT_ENTRY`: :func:`weave_slurm.hosted.phases.switch_out`) in the
 resident worker of every job of another tenant whose last phase reported device memory held
 (``device_held_bytes`` in its result) and waits for it, so that the incoming phase
 finds the GPUs free. The same tenant running again moves nothing.
@@ -37,7 +37,7 @@ from weave_slurm.node.worker import WorkerState, job_segments, worker_env
 
 log = logging.getLogger(__name__)
 
-SWITCH_OUT_ENTRY = "weave_slurm.hosted.switch:switch_out"
+SWITCH_OUT_ENTRY = "weave_slurm.hosted.phases:switch_out"
 #: the budget's names for a job's page-locked host memory outside its segments: what
 #: its own offload keeps while it is out, and its worker's staging buffer (kept)
 PINNED = "device.pinned"

@@ -21,7 +21,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from weave_slurm.model.profile import JobProfile
-from weave_slurm.placement.cluster import Capacity, ClusterState
+from weave_slurm.placement.capacity import Capacity
+from weave_slurm.placement.cluster import ClusterState
 from weave_slurm.placement.decision import Admission, Decision, Placement
 from weave_slurm.placement.fit import (
     capacity_refusal,

@@ -15,7 +15,7 @@ from functools import cache
 
 from weave_slurm.errors import InfeasibleRequest
 from weave_slurm.model.profile import JobProfile
-from weave_slurm.placement.cluster import Capacity
+from weave_slurm.placement.capacity import Capacity
 from weave_slurm.placement.group import Group
 from weave_slurm.placement.repack import best_group
 

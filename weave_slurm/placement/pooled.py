@@ -22,14 +22,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from enum import StrEnum
-from typing import TYPE_CHECKING
 
 from weave_slurm.model.profile import JobProfile
+from weave_slurm.placement.capacity import Capacity
 from weave_slurm.placement.group import Group, Member
 from weave_slurm.vocab import member_of
-
-if TYPE_CHECKING:   # cluster.py imports this module (its departures narrow a pool)
-    from weave_slurm.placement.cluster import Capacity
 
 _EPS = 1e-9
 

@@ -14,7 +14,7 @@ from dataclasses import replace
 from functools import cache, lru_cache
 
 from weave_slurm.model.profile import JobProfile
-from weave_slurm.placement.cluster import Capacity
+from weave_slurm.placement.capacity import Capacity
 from weave_slurm.placement.constraints import may_group
 from weave_slurm.placement.group import Group, Member, period_floor_s, turns_apart, turns_for
 from weave_slurm.placement.pooled import fewest_gpus, max_pool_gpus

@@ -10,7 +10,8 @@ from weave_slurm.config.site import SiteConfig
 from weave_slurm.model.profile import JobProfile
 from weave_slurm.placement.admission import place_batch
 from weave_slurm.placement.baselines import make_policy
-from weave_slurm.placement.cluster import Capacity, ClusterState
+from weave_slurm.placement.capacity import Capacity
+from weave_slurm.placement.cluster import ClusterState
 from weave_slurm.placement.decision import Placement, Refusal
 
 BASELINES = ("isolated", "colocated")

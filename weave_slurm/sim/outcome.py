@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from weave_slurm.model.profile import JobProfile
-from weave_slurm.placement.cluster import Capacity
+from weave_slurm.placement.capacity import Capacity
 from weave_slurm.placement.group import Group
 from weave_slurm.sim.bound import WorkBound
 from weave_slurm.sim.policies import Accounting

@@ -26,7 +26,7 @@ from weave_slurm.errors import ConfigError
 from weave_slurm.model.perf import decode_floor_s, replica_gpus
 from weave_slurm.model.profile import JobProfile, simple_profile
 from weave_slurm.placement.baselines import make_policy
-from weave_slurm.placement.cluster import Capacity
+from weave_slurm.placement.capacity import Capacity
 from weave_slurm.placement.optimum import MAX_JOBS, optimum
 from weave_slurm.placement.policy import Policy
 from weave_slurm.sim.profiles import DEFAULT_PARAMS_B, JobKind, warm_state_gib

@@ -40,6 +40,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from weave_slurm.config.job import options_dict
+from weave_slurm.device.protocols import OffloadsDevice as OffloadsDevice
+from weave_slurm.device.protocols import SwitchesDevice as SwitchesDevice
 from weave_slurm.errors import ConfigError, StateError, VersionMismatch
 from weave_slurm.vocab import member_of
 from weave_slurm.workloads.trajectories import Trajectories as Trajectories
@@ -218,40 +220,6 @@ class MergesTrajectories(Protocol):
     """
 
     def merge_trajectories(self, parts: Sequence[Trajectories]) -> Trajectories: ...
-
-
-@runtime_checkable
-class SwitchesDevice(Protocol):
-    """Optional: the tensors a job holds on its device, for the runtime's warm switch.
-
-    ``device_tensors`` names every tensor whose bytes live on the device (parameters,
-    their gradients, buffers, optimizer moments; :func:`~weave_slurm.device.switch.module_tensors`
-    and :func:`~weave_slurm.device.switch.optimizer_tensors` build it), each contiguous
-    and owning its storage. When another member needs the node's GPUs the runtime
-    copies their bytes into the node's shared memory and swaps each tensor's ``.data``
-    for an empty one; before the job's next phase it gives them device memory again
-    and copies the bytes back (docs/node.md, "Device switch"). Names must be the same
-    on every call while the job runs.
-    """
-
-    def device_tensors(self) -> dict[str, Tensor]: ...
-
-
-@runtime_checkable
-class OffloadsDevice(Protocol):
-    """Optional: a job that frees and refills its device memory by its own means.
-
-    ``offload_device`` frees it (DeepSpeed's ``engine.offload_states()``, vLLM's
-    ``LLM.sleep(level=2)``) and returns the bytes of page-locked host memory it keeps
-    meanwhile (charged to the node's budget); ``reload_device`` brings it back. A
-    rollout gets the node's current ``weights`` segment (read-only shared memory) to
-    load from, as vLLM's ``wake_up(tags=["weights"])`` then ``load_weights`` expects;
-    a training job gets ``None``. Preferred over :class:`SwitchesDevice`.
-    """
-
-    def offload_device(self) -> int: ...
-
-    def reload_device(self, weights: Mapping[str, Tensor] | None) -> None: ...
 
 
 @runtime_checkable
