@@ -50,12 +50,13 @@ def repo_view(dest: Path) -> Path:
 
 
 def sources_copy(dest: Path) -> Path:
-    """A copy of what a wheel is built from, plus the configs and the constraints."""
+    """A copy of what a wheel is built from, plus the configs (no constraints file: a
+    site installing the wheel needs nothing else from the sources)."""
     dest.mkdir(parents=True)
     shutil.copytree(REPO / "weave_slurm", dest / "weave_slurm",
                     ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.o"))
     shutil.copytree(REPO / "configs", dest / "configs")
-    for name in ("pyproject.toml", "README.md", "constraints.txt"):
+    for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, dest / name)
     return dest
 

@@ -10,6 +10,7 @@ path roots, and the node interpreter when the job names no ``python``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -125,10 +126,14 @@ def _script(path: Path | None, wrap: str | None) -> tuple[Path, str | None]:
         return Path("wrap"), wrap_script(wrap)
     if path is not None:
         return path, None
-    if sys.stdin is None or sys.stdin.isatty():
-        raise ConfigError("no job: name a spec or script, pipe a script on standard input, "
-                         "or give --wrap CMD")
-    return Path("sbatch"), sys.stdin.read()
+    text = ""
+    if sys.stdin is not None and not sys.stdin.isatty():
+        with contextlib.suppress(OSError):   # not readable (closed): no script there
+            text = sys.stdin.read()
+    if not text.strip():
+        raise ConfigError("no job: give PATH (a spec or a script), pipe a script on "
+                          "standard input, or give --wrap CMD")
+    return Path("sbatch"), text
 
 
 def _paths(values: list[str] | None) -> list[str] | None:
