@@ -32,7 +32,6 @@ from weave_slurm.daemon.reconcile import PoolRequest, Reconciler
 from weave_slurm.daemon.replanning import ReplanConfig
 from weave_slurm.daemon.server import ApiServer
 from weave_slurm.daemon.store import Store
-from weave_slurm.daemon.waits import Deadlines
 from weave_slurm.errors import ConfigError, StateError, WeaveError
 from weave_slurm.placement import Capacity
 from weave_slurm.slurm.backend import Backend
@@ -215,13 +214,9 @@ class Weaved:
         from weave_slurm.runtime.member import RunnerConfig
 
         base = self.nodes.checkpoint_base
-        runner = replace(RunnerConfig.from_site(self.site.runtime),
-                         munge_socket=self.nodes.s.munge_socket)
+        runner = RunnerConfig.from_site(self.site.runtime, munge_socket=self.nodes.s.munge_socket)
         return GroupRuntime(self.nodes.ref, GroupRuntimeConfig(
-            poll_s=cfg.runtime_poll_s, runner=runner, checkpoint_base=base,
-            plan_from_measurements=self.site.runtime.plan_from_measurements,
-            move_wait_s=self.site.runtime.move_wait_s,
-            deadlines=Deadlines.from_runtime(self.site.runtime)),
+            poll_s=cfg.runtime_poll_s, runner=runner, checkpoint_base=base),
             launcher=self.nodes.launch_agent if self.nodes.s.remote else None,
             resolve=self.nodes.resolve if self.nodes.s.remote else None,
             observer=self.metrics.runtime if self.metrics else None)
