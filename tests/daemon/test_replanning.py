@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from tests.harness.specs import stored
 from weave_slurm.config.render import job_spec_toml
 from weave_slurm.daemon import allocplan, membership
 from weave_slurm.daemon.records import GroupPlan, MemberPlan
@@ -42,7 +43,8 @@ def store(tmp_path: Path) -> Iterator[Store]:
 
 def _running(store: Store, name: str, gid: int, spec: str = SPEC,
              rollout_s: float = 10.0) -> int:
-    job = store.add_job(uid=1000, user="alice", name=name, spec=spec.replace("{name}", name),
+    job = store.add_job(uid=1000, user="alice", name=name,
+                        **stored(name, spec.replace("{name}", name)),
                         source=f"{name}.toml", now=T0,
                         profile=simple_profile(name, rollout_s, 10, 3.0 if rollout_s <= 10
                                                else 1.5))

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from weave_slurm.config.job import LEGACY_ENTRY, JobSpec, parse_job
+from weave_slurm.config.job import LEGACY_ENTRY, JobSpec
 from weave_slurm.daemon import allocplan
 from weave_slurm.daemon.driver import JobOutcome, JobStep, pool_nodes
 from weave_slurm.daemon.handoff import Handoffs
@@ -59,7 +59,7 @@ from weave_slurm.daemon.runtime_view import member_row, outcome_words
 from weave_slurm.daemon.states import AllocState, GroupState, JobState
 from weave_slurm.daemon.store import Store
 from weave_slurm.daemon.waits import Deadlines, GroupWaits, WaitCause, answer_cause
-from weave_slurm.errors import WeaveError
+from weave_slurm.errors import ConfigError, WeaveError
 from weave_slurm.runtime.agents import Launcher
 from weave_slurm.runtime.group import (
     DeclaredProfile,
@@ -119,7 +119,10 @@ def member_spec(job: JobRow, group: GroupRow, pins: tuple[int, ...] | None = Non
     one stored with its profile at submission (:mod:`weave_slurm.model.layout`): its
     training nodes are the group's first ``layout.train.nodes`` training nodes (those
     ``driver.job_nodes`` names), its engines sit on its pins in order."""
-    spec = parse_job(job.spec, job.source)
+    spec = job.spec
+    if spec is None:
+        raise ConfigError(f"job {job.job_id}: an older weaved stored its spec, which this one "
+                          "cannot read")
     planned = next((m for m in group.plan.members if m.job_id == job.job_id), None)
     if pins is None:
         pins = planned.rollout_pins if planned is not None else (0,)

@@ -327,7 +327,6 @@ class Reconciler:
         for job, reason in self.terms.overdue(self.store.jobs([JobState.RUNNING]), now):
             log.info("job %s: %s", job.job_id, reason)
             self._finish_job(job, JobState.FAILED, reason, now)
-            self.terms.forget(job.job_id)
 
     def _fail_placed(self, group_id: int, reason: str, now: float) -> None:
         for job in self.store.jobs([JobState.PLACED], group_id=group_id):

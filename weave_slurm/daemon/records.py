@@ -7,6 +7,7 @@ from collections.abc import Collection
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from weave_slurm.config.job import JobSpec
 from weave_slurm.daemon.states import AllocState, GroupState, JobState, StepRunState
 from weave_slurm.model.charge import Charge
 from weave_slurm.model.layout import MemberLayout
@@ -41,7 +42,8 @@ class JobRow:
     uid: int
     user: str
     name: str
-    spec: str  # the canonical spec TOML as submitted
+    spec: JobSpec | None  # parsed at submission (None: stored by an older weaved, unreadable)
+    spec_toml: str  # the spec's TOML as submitted (what ``weave show job`` shows)
     source: str
     profile: JobProfile
     state: JobState

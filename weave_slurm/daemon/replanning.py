@@ -33,13 +33,12 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from weave_slurm.config.job import JobSpec, parse_job
 from weave_slurm.config.runtime import RUNTIME_DEFAULTS
 from weave_slurm.daemon import membership
 from weave_slurm.daemon.records import AllocRow, GroupPlan, GroupRow, JobRow
 from weave_slurm.daemon.states import GroupState, JobState
 from weave_slurm.daemon.store import Store
-from weave_slurm.errors import StateError, WeaveError
+from weave_slurm.errors import StateError
 from weave_slurm.placement import Capacity, ClusterState, WeavePolicy
 from weave_slurm.placement.consolidate import consolidation
 from weave_slurm.placement.replan import (
@@ -139,7 +138,7 @@ class Replanner:
         for g in state.groups:
             for m in g.members:
                 row = self.store.job(int(m.job.job_id))
-                spec = _spec(row) if row is not None else None
+                spec = row.spec if row is not None else None
                 if spec is None:
                     continue   # not known: placement assumes its default horizon
                 live = self.live(int(m.job.job_id)) or {}
@@ -212,15 +211,7 @@ def _deferred(write: tuple[int, str, GroupPlan, bool], rows: Mapping[int, GroupR
     return gid, label, replace(rows[gid].plan.without(now_out), then=plan), is_new
 
 
-def _spec(job: JobRow) -> JobSpec | None:
-    try:
-        return parse_job(job.spec, job.source)
-    except WeaveError:   # a spec this weaved cannot read: its job is not moved
-        return None
-
-
 def _hosted(job: JobRow) -> bool:
     """Whether weaved's runtime runs the job's phases (a cooperative job's own
     processes hold its nodes: it cannot be handed off at a step boundary)."""
-    spec = _spec(job)
-    return spec is not None and spec.launch is None
+    return job.spec is not None and job.spec.launch is None   # None: not read, not moved
