@@ -59,7 +59,7 @@ from weave_slurm.daemon.runtime_view import member_row, outcome_words
 from weave_slurm.daemon.states import AllocState, GroupState, JobState
 from weave_slurm.daemon.store import Store
 from weave_slurm.daemon.waits import Deadlines, GroupWaits, WaitCause, answer_cause
-from weave_slurm.errors import ConfigError, WeaveError
+from weave_slurm.errors import WeaveError
 from weave_slurm.runtime.agents import Launcher
 from weave_slurm.runtime.group import (
     DeclaredProfile,
@@ -87,8 +87,7 @@ _GONE = (MemberState.CANCELLED, MemberState.DONE, MemberState.FAILED)
 
 @dataclass(frozen=True)
 class GroupRuntimeConfig:
-    """How weaved's group runtime paces and where node checkpoints are; every site
-    setting it follows is its runner's (``runner``: the site's ``[runtime]`` table)."""
+    """Its own pacing; every site setting is its runner's (the ``[runtime]`` table)."""
 
     poll_s: float = 0.01           # runtime thread tick when nothing changed
     snapshot_s: float = 0.2        # how often the status snapshot is refreshed
@@ -119,10 +118,7 @@ def member_spec(job: JobRow, group: GroupRow, pins: tuple[int, ...] | None = Non
     one stored with its profile at submission (:mod:`weave_slurm.model.layout`): its
     training nodes are the group's first ``layout.train.nodes`` training nodes (those
     ``driver.job_nodes`` names), its engines sit on its pins in order."""
-    spec = job.spec
-    if spec is None:
-        raise ConfigError(f"job {job.job_id}: an older weaved stored its spec, which this one "
-                          "cannot read")
+    spec = job.readable_spec()
     planned = next((m for m in group.plan.members if m.job_id == job.job_id), None)
     if pins is None:
         pins = planned.rollout_pins if planned is not None else (0,)
