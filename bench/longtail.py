@@ -93,7 +93,7 @@ def run_once(layout: GroupLayout, tag: str, args: argparse.Namespace,
              options: dict[str, Any], migrate: bool) -> dict[str, Any]:
     specs = [MemberSpec(f"{tag}-m{i}", seed=100 + i, steps=args.steps, options=options,
                         train_nodes=(i % len(layout.train),)) for i in range(args.jobs)]
-    config = RunnerConfig(migrate_tail=migrate, tail_fraction=args.tail_fraction)
+    config = RunnerConfig(long_tail_migration=migrate, tail_fraction=args.tail_fraction)
     ex = GroupRunner(layout, specs, config=config)
     wall0 = time.monotonic()
     try:

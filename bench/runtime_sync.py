@@ -32,10 +32,11 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from weave_slurm.config.runtime import WeightTransferKind
 from weave_slurm.node.index import JobRef
 from weave_slurm.runtime.group import GroupLayout, MemberSpec, NodeRef
 from weave_slurm.runtime.runner import GroupRunner, RunnerConfig
-from weave_slurm.runtime.transfer import TransferConfig, WeightTransfer
+from weave_slurm.runtime.transfer import WeightTransfer
 from weave_slurm.runtime.twotier import TwoTierTransfer
 from weave_slurm.slurm.local_backend import LocalBackend
 from weave_slurm.vocab import Pool
@@ -43,8 +44,11 @@ from weave_slurm.vocab import Pool
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo: tests.harness
 from tests.harness.fleet import FleetConfig, NodeFleet
 
-KINDS = {"shm": TransferConfig("shm"), "twotier": TransferConfig("twotier"),
-         "twotier-delta": TransferConfig("twotier", mode="delta")}
+#: kind -> its ``[runtime]`` keys
+KINDS: dict[str, dict[str, Any]] = {
+    "shm": {"weight_transfer": WeightTransferKind.SHM},
+    "twotier": {"weight_transfer": WeightTransferKind.TWOTIER},
+    "twotier-delta": {"weight_transfer": WeightTransferKind.TWOTIER, "sync_mode": "delta"}}
 
 
 class Timed:
@@ -85,7 +89,7 @@ def run_kind(layout: GroupLayout, kind: str, args: argparse.Namespace) -> list[d
         opts.update(hidden_size=args.hidden_size, intermediate_size=4 * args.hidden_size)
     members = [MemberSpec(f"{kind}-{i}", seed=i, steps=args.steps, options=opts,
                           rollout_pins=pins) for i in range(args.jobs)]
-    ex = GroupRunner(layout, members, config=RunnerConfig(transfer=KINDS[kind]))
+    ex = GroupRunner(layout, members, config=RunnerConfig(**KINDS[kind]))
     timed = Timed(ex.transfer)
     ex.transfer = timed
     try:

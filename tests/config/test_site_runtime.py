@@ -42,7 +42,7 @@ def test_long_tail_migration_reaches_weaved_executor(tmp_path: Path) -> None:
     try:
         assert isinstance(w.driver, GroupRuntime)
         cfg = w.driver.config.runner
-        assert cfg.migrate_tail and cfg.tail_fraction == 0.1
+        assert cfg.long_tail_migration and cfg.tail_fraction == 0.1
         assert not w.driver.config.plan_from_measurements
     finally:
         w.store.close()

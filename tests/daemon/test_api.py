@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from tests.daemon.conftest import Running
+from tests.harness.specs import typed
 from tests.harness.waits import wait_for
 from tests.harness.weaved import call, state_of
 from weave_slurm.config.render import job_spec_toml
@@ -156,12 +157,12 @@ def test_a_status_read_while_a_job_leaves_sees_it_in_its_group_or_ended(
 def test_a_job_without_a_weights_digest_says_why_in_words() -> None:
     """``weave show job``'s ``weights_sha256``: the stored digest, else why there is none
     (a cooperative job's weights are its own; a job still running; one that failed)."""
-    hosted = JobRow(1, 0, "root", "a", job_spec_toml("a"), "a.toml",
+    hosted = JobRow(1, 0, "root", "a", *typed(job_spec_toml("a")), "a.toml",
                     simple_profile("a", 1, 1, 1.5), JobState.COMPLETED, "", 1, 0.0, 1.0, 2.0,
                     weights_sha256="ab" * 32)
     assert weights_view(hosted) == {"weights_sha256": "ab" * 32}
-    coop = replace(hosted, weights_sha256=None,
-                   spec=hosted.spec + '\n[launch]\nscript = "python t.py"\n')
+    coop_spec, coop_toml = typed(hosted.spec_toml + '\n[launch]\nscript = "python t.py"\n')
+    coop = replace(hosted, weights_sha256=None, spec=coop_spec, spec_toml=coop_toml)
     assert weights_view(coop)["weights_sha256_why"] == \
         "none: a cooperative job's weights are its own; weave holds none"
     for state, why in ((JobState.RUNNING, "none: known once it completes"),

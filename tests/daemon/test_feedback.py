@@ -7,6 +7,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from tests.harness.old_store import make_old
+from tests.harness.specs import stored
 from weave_slurm.daemon import membership
 from weave_slurm.daemon.group_runtime import GroupRuntime
 from weave_slurm.daemon.records import GroupPlan, MemberPlan
@@ -28,7 +29,7 @@ CAP = Capacity(4, 8, 1000.0, 1000.0, 16, 16, CostRates(1.0, 2.85))
 
 def _store_with_running_job(tmp_path: Path) -> tuple[Store, int]:
     store = Store(tmp_path / "w.db")
-    job = store.add_job(uid=1000, user="alice", name="a", spec="name='a'", source="a.toml",
+    job = store.add_job(uid=1000, user="alice", name="a", **stored("a"), source="a.toml",
                         profile=simple_profile("a", 10, 10, 1.5), now=1.0)
     store.commit_placement([(1, "1", GroupPlan(1, 1, (MemberPlan(job, (0,)),)), True)],
                            [(job, 1, "new group")], 2.0)

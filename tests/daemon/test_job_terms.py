@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 
 from tests.daemon.test_reconcile import T0, Rig, _job_state, rig  # noqa: F401
+from tests.harness.specs import stored, typed
 from weave_slurm.config.render import job_spec_toml
 from weave_slurm.config.site import SlurmConfig
 from weave_slurm.daemon.job_terms import JobTerms
@@ -26,7 +27,7 @@ def _spec(name: str, slurm: str = "") -> str:
 
 def _submit(store: Store, name: str, slurm: str = "", charge: Charge = NO_CHARGE) -> int:
     profile = replace(simple_profile(name, 10, 10, 1.5), charge=charge)
-    return store.add_job(uid=1000, user="alice", name=name, spec=_spec(name, slurm),
+    return store.add_job(uid=1000, user="alice", name=name, **stored(name, _spec(name, slurm)),
                          source=f"{name}.toml", now=T0, profile=profile)
 
 
@@ -83,7 +84,7 @@ def test_the_group_allocation_outlasts_its_longest_member_or_takes_the_sites() -
     terms = JobTerms()
 
     def row(job_id: int, slurm: str, started_s: float | None) -> JobRow:
-        return JobRow(job_id, 1000, "alice", "j", _spec("j", slurm), "j.toml",
+        return JobRow(job_id, 1000, "alice", "j", *typed(_spec("j", slurm)), "j.toml",
                       simple_profile("j", 10, 10, 1.5), JobState.RUNNING, "", 1, 0.0,
                       started_s, None)
 
@@ -107,7 +108,8 @@ def test_a_profile_keeps_its_charge_through_the_store() -> None:
 @pytest.mark.parametrize("minutes", [1, 5])
 def test_remaining_minutes(minutes: int) -> None:
     terms = JobTerms()
-    job = JobRow(1, 1000, "a", "j", _spec("j", f"time_limit_min = {minutes}"), "j.toml",
+    job = JobRow(1, 1000, "a", "j", *typed(_spec("j", f"time_limit_min = {minutes}")),
+                 "j.toml",
                  simple_profile("j", 10, 10, 1.5), JobState.RUNNING, "", 1, 0.0, 100.0, None)
     assert terms.remaining_min(job, 100.0 + 30) == pytest.approx(minutes - 0.5)
     assert terms.overdue([job], 100.0 + minutes * 60 - 1) == []

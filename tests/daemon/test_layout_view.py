@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.harness.specs import typed
 from weave_slurm.config.job import parse_job
 from weave_slurm.config.render import job_spec_toml
 from weave_slurm.config.site import default_site
@@ -19,7 +20,7 @@ from weave_slurm.vocab import Phase
 
 def _job(spec: str, state: JobState = JobState.RUNNING, profile: object = None) -> JobRow:
     prof = profile_job(parse_job(spec), default_site(), "9") if profile is None else profile
-    return JobRow(9, 0, "u", "x", spec, "x.toml", prof, state, "", 1,  # type: ignore[arg-type]
+    return JobRow(9, 0, "u", "x", *typed(spec), "x.toml", prof, state, "", 1,  # type: ignore[arg-type]
                   0.0, 0.0, None)
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.specs import stored
 from weave_slurm.config.fairshare import FairShareConfig, JobLimits
 from weave_slurm.config.site import SiteConfig, default_site
 from weave_slurm.daemon import limits
@@ -40,7 +41,7 @@ def _site(fairshare: bool = False, user: JobLimits | None = None,
 
 
 def _job(store: Store, user: str, at: float = T0, name: str = "j") -> int:
-    return store.add_job(uid=1000 + len(user), user=user, name=name, spec=f"name='{name}'",
+    return store.add_job(uid=1000 + len(user), user=user, name=name, **stored(name),
                          source="s.toml", now=at, profile=simple_profile(name, 10, 10, 1.5))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from tests.harness.specs import stored
 from weave_slurm.daemon import membership
 from weave_slurm.daemon.records import GroupPlan, MemberPlan
 from weave_slurm.daemon.store import Store
@@ -29,7 +30,7 @@ def test_turns_survive_the_plans_json_and_an_old_plan_reads_as_one_turn() -> Non
 
 def test_placement_sees_a_stored_groups_turns_again(tmp_path: Path) -> None:
     store = Store(tmp_path / "w.db")
-    ids = [store.add_job(uid=1000, user="alice", name=p.job_id, spec=f"name='{p.job_id}'",
+    ids = [store.add_job(uid=1000, user="alice", name=p.job_id, **stored(p.job_id),
                          source=f"{p.job_id}.toml", profile=p, now=1.0) for p in (LONG, SHORT)]
     group = Group(1, (PMember(LONG.with_id(str(ids[0])), (0,)),
                       PMember(SHORT.with_id(str(ids[1])), (1,), 3)), 2, 1)

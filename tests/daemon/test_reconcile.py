@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.harness.specs import stored
 from weave_slurm.clock import VirtualClock
 from weave_slurm.config.site import SiteConfig, default_site
 from weave_slurm.daemon import allocplan, membership
@@ -222,7 +223,7 @@ def rig(tmp_path: Path) -> Iterator[Rig]:
 
 def _submit(store: Store, name: str = "a", rollout_s: float = 10, slo: float = 1.5,
             **profile: Any) -> int:
-    return store.add_job(uid=1000, user="alice", name=name, spec=f"name='{name}'",
+    return store.add_job(uid=1000, user="alice", name=name, **stored(name),
                          source=f"{name}.toml", now=T0,
                          profile=simple_profile(name, rollout_s, 10, slo, **profile))
 

@@ -13,10 +13,12 @@ from typing import Any
 
 import pytest
 
+from tests.harness.specs import stored
 from weave_slurm.config.render import job_spec_toml
+from weave_slurm.config.runtime import RUNTIME_DEFAULTS
 from weave_slurm.daemon import allocplan, membership
 from weave_slurm.daemon.records import GroupPlan, MemberPlan
-from weave_slurm.daemon.replanning import ReplanConfig, Replanner
+from weave_slurm.daemon.replanning import Replanner
 from weave_slurm.daemon.states import GroupState, JobState
 from weave_slurm.daemon.store import Store
 from weave_slurm.model.cost import CostRates
@@ -42,7 +44,8 @@ def store(tmp_path: Path) -> Iterator[Store]:
 
 def _running(store: Store, name: str, gid: int, spec: str = SPEC,
              rollout_s: float = 10.0) -> int:
-    job = store.add_job(uid=1000, user="alice", name=name, spec=spec.replace("{name}", name),
+    job = store.add_job(uid=1000, user="alice", name=name,
+                        **stored(name, spec.replace("{name}", name)),
                         source=f"{name}.toml", now=T0,
                         profile=simple_profile(name, rollout_s, 10, 3.0 if rollout_s <= 10
                                                else 1.5))
@@ -76,7 +79,7 @@ def _two_lone_jobs(store: Store, second: GroupState = GroupState.ACTIVE,
 
 def _replanner(store: Store, wait_s: float = 900.0, **live: Any) -> Replanner:
     return Replanner(store, CAP, WeavePolicy(), "",
-                     ReplanConfig(interval_s=600.0, wait_s=wait_s),
+                     replace(RUNTIME_DEFAULTS, replan_interval_s=600.0, move_wait_s=wait_s),
                      lambda job: live.get(str(job)), T0)
 
 
@@ -140,7 +143,7 @@ def test_a_move_that_needs_the_node_its_old_group_holds_is_not_taken(
     withdrawn; it is not taken, and the log says why."""
     _two_lone_jobs(store, rollout_s=100.0)
     r = Replanner(store, replace(CAP, rollout_pool_nodes=2), WeavePolicy(), "",
-                  ReplanConfig(interval_s=600.0), lambda job: None, T0)
+                  replace(RUNTIME_DEFAULTS, replan_interval_s=600.0), lambda job: None, T0)
     r.left(1)
     with caplog.at_level(logging.INFO, logger="weave_slurm.daemon.replanning"):
         r.tick(T0 + 1)
@@ -189,7 +192,8 @@ def _waiting_out_of_three(store: Store, entrant: bool = False
     store.transition("group", 1, GroupState.ACTIVE, "held", T0)
     _group(store, 2, [b])
     _group(store, 4, [d])
-    r = Replanner(store, cap, WeavePolicy(), "", ReplanConfig(interval_s=600.0),
+    r = Replanner(store, cap, WeavePolicy(), "",
+                  replace(RUNTIME_DEFAULTS, replan_interval_s=600.0),
                   lambda job: None, T0)
     groups, allocs, before, movable = r._view()
     by = {m.job.job_id: m for g in before.groups for m in g.members}

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.specs import typed
 from weave_slurm.cli.status import _runtime_lines, format_rows
 from weave_slurm.config.job import parse_job
 from weave_slurm.config.render import job_spec_toml
@@ -62,8 +63,8 @@ def test_member_spec_from_a_stored_job() -> None:
     from weave_slurm.model.profile import simple_profile
 
     prof = simple_profile("9", 4.0, 6.0, 2.0)
-    job = JobRow(9, 0, "u", "x", job_spec_toml("x", iterations=3, seed=4,
-                                               options={"task": "copy"}),
+    text = job_spec_toml("x", iterations=3, seed=4, options={"task": "copy"})
+    job = JobRow(9, 0, "u", "x", *typed(text),
                  "x.toml", prof, JobState.RUNNING, "", 1, 0.0, 0.0, None)
     group = GroupRow(1, "1", GroupState.ACTIVE, GroupPlan(2, 1, (MemberPlan(9, (1,)),)),
                      0.0, "")

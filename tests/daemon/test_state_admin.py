@@ -11,6 +11,7 @@ import pytest
 from filelock import FileLock
 
 from tests.harness.old_store import make_old
+from tests.harness.specs import stored
 from weave_slurm.cli.errors import run_app
 from weave_slurm.cli.main import app
 from weave_slurm.daemon.schema import SCHEMA_VERSION
@@ -25,7 +26,7 @@ def _store(state: Path, jobs: int = 3) -> Store:
     state.mkdir(parents=True, exist_ok=True)
     store = Store(state / "weaved.db")
     for i in range(jobs):
-        store.add_job(uid=1000, user="alice", name=f"j{i}", spec=f"name='j{i}'",
+        store.add_job(uid=1000, user="alice", name=f"j{i}", **stored(f"j{i}"),
                       source="a.toml", profile=simple_profile(f"j{i}", 10, 10, 1.5),
                       now=float(i))
     return store
@@ -49,7 +50,7 @@ def test_an_online_backup_is_consistent_while_the_store_writes(tmp_path: Path) -
     def write() -> None:
         i = 100
         while not stop.is_set():
-            store.add_job(uid=1000, user="alice", name=f"w{i}", spec="name='w'",
+            store.add_job(uid=1000, user="alice", name=f"w{i}", **stored("w"),
                           source="w.toml", profile=simple_profile("w", 10, 10, 1.5),
                           now=float(i))
             i += 1

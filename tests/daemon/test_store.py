@@ -9,6 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.harness.old_store import make_old
+from tests.harness.specs import stored
 from weave_slurm.daemon.records import GroupPlan, MemberPlan
 from weave_slurm.daemon.states import (
     TRANSITIONS,
@@ -24,7 +26,7 @@ from weave_slurm.model.profile import simple_profile
 
 
 def _job(store: Store, now: float = 1.0) -> int:
-    return store.add_job(uid=1000, user="alice", name="a", spec="name='a'", source="a.toml",
+    return store.add_job(uid=1000, user="alice", name="a", **stored("a"), source="a.toml",
                          profile=simple_profile("a", 10, 10, 1.5), now=now)
 
 
@@ -104,11 +106,7 @@ def test_a_schema_4_file_is_migrated_and_its_jobs_have_no_digest(tmp_path: Path)
     store = Store(db)
     a = _job(store)
     store.close()
-    con = sqlite3.connect(db)   # what a weaved of schema 4 left behind
-    con.execute("ALTER TABLE jobs DROP COLUMN weights_sha256")
-    con.execute("UPDATE meta SET value='4' WHERE key='schema_version'")
-    con.commit()
-    con.close()
+    make_old(db, 4)   # what a weaved of schema 4 left behind
     row = Store(db).job(a)
     assert row is not None and row.weights_sha256 is None
 
@@ -138,3 +136,22 @@ def test_corrupt_or_foreign_database_is_refused(tmp_path: Path) -> None:
 def test_check_transition_lists_the_legal_targets() -> None:
     with pytest.raises(StateError, match=r"only: \['ALLOCATING', 'RELEASED'\]"):
         check_transition(AllocState.WANTED, AllocState.HELD)
+
+
+def test_a_schema_5_file_gets_its_specs_parsed_once_more(tmp_path: Path) -> None:
+    """Schema 6 stores the spec parsed at submission: a file of schema 5 gets each stored
+    text parsed once, when it is migrated; one this weave cannot read keeps no typed
+    spec (its job goes on as one whose spec weaved cannot read) and its text."""
+    db = tmp_path / "w.db"
+    store = Store(db)
+    a, b = _job(store), _job(store)
+    store.close()
+    make_old(db, 5)
+    con = sqlite3.connect(db)
+    con.execute("UPDATE jobs SET spec='name = \"b\"' WHERE job_id=?", (b,))
+    con.commit()
+    con.close()
+    store = Store(db)
+    old_a, old_b = store.job(a), store.job(b)
+    assert old_a is not None and old_a.spec == stored("a")["spec"]
+    assert old_b is not None and old_b.spec is None and old_b.spec_toml == 'name = "b"'

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness.old_store import make_old
+from tests.harness.specs import stored
 from weave_slurm.daemon.records import GroupPlan, MemberPlan
 from weave_slurm.daemon.schema import SCHEMA_VERSION
 from weave_slurm.daemon.states import AllocState, GroupState, JobState
@@ -32,7 +33,7 @@ class FakeRuntime:
 
 
 def _job(store: Store, name: str, now: float) -> int:
-    return store.add_job(uid=1000, user="alice", name=name, spec=f"name='{name}'",
+    return store.add_job(uid=1000, user="alice", name=name, **stored(name),
                          source=f"{name}.toml", profile=simple_profile(name, 10, 10, 1.5),
                          now=now)
 
@@ -179,7 +180,7 @@ def test_sacct_shows_a_user_only_their_own_jobs(store: Store) -> None:
     from weave_slurm.daemon.protocol import PermissionDenied
     from weave_slurm.daemon.usage_view import sacct
 
-    bob = store.add_job(uid=1001, user="bob", name="b", spec="name='b'", source="b.toml",
+    bob = store.add_job(uid=1001, user="bob", name="b", **stored("b"), source="b.toml",
                         profile=simple_profile("b", 10, 10, 1.5), now=5 * H)
     UsageMeter(store, RATES).advance(1 * H)
     site = default_site()

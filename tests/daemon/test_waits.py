@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from weave_slurm.clock import VirtualClock
+from weave_slurm.config.runtime import RUNTIME_DEFAULTS
 from weave_slurm.daemon.group_runtime import GroupRuntime, GroupRuntimeConfig
 from weave_slurm.daemon.records import AllocRow, GroupPlan, GroupRow, MemberPlan
 from weave_slurm.daemon.states import GroupState, JobState
@@ -26,7 +28,8 @@ from weave_slurm.vocab import Pool
 
 from .test_reconcile import T0, Rig, Slurm, _group, _job_state, _reconciler, _salloc, _submit
 
-DEADLINES = Deadlines(node_start_s=30.0, auth_s=10.0, max_requeues=2)
+SITE = replace(RUNTIME_DEFAULTS, node_start_wait_s=30.0, auth_wait_s=10.0, max_requeues=2)
+DEADLINES = Deadlines(SITE)
 
 
 def _row(jobs: tuple[int, ...], gid: int = 1) -> GroupRow:
@@ -141,13 +144,10 @@ def rig(tmp_path: Path) -> Iterator[Rig]:
 
 def _runtime(node_ref: Callable[[AllocRow, str, Pool], NodeRef],
              munge_socket: str | None = None) -> GroupRuntime:
-    from dataclasses import replace
-
     from weave_slurm.runtime.member import RunnerConfig
 
     return GroupRuntime(node_ref, GroupRuntimeConfig(
-        deadlines=DEADLINES, ping_timeout_s=1.0,
-        runner=replace(RunnerConfig(), munge_socket=munge_socket)))
+        ping_timeout_s=1.0, runner=RunnerConfig.from_site(SITE, munge_socket=munge_socket)))
 
 
 def _no_port(alloc: AllocRow, node: str, pool: Pool) -> NodeRef:

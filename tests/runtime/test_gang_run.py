@@ -203,12 +203,13 @@ def test_a_gang_over_two_nodes_sends_its_weights_from_both(gang_fleet: NodeFleet
     """With the two-tier sync, ``wide``'s weights leave from both of its training nodes
     (each node's first rank holds them, shared over the gang's world), every sender
     its own share of the streams; ``wide`` and ``duo`` still end as their solo runs."""
+    from weave_slurm.config.runtime import WeightTransferKind
     from weave_slurm.runtime.member import RunnerConfig
-    from weave_slurm.runtime.transfer import TransferConfig
     from weave_slurm.runtime.twotier import TwoTierTransfer
 
     specs = [_specs()[0], _specs()[2]]
-    config = RunnerConfig(transfer=TransferConfig("twotier", mode="delta", timeout_s=30.0))
+    config = RunnerConfig(weight_transfer=WeightTransferKind.TWOTIER, sync_mode="delta",
+                          sync_timeout_s=30.0)
     ex = GroupRunner(gang_fleet.layout, specs, config=config)  # type: ignore[arg-type]
     try:
         assert isinstance(ex.transfer, TwoTierTransfer)

@@ -203,7 +203,7 @@ def test_adopting_with_nothing_on_the_nodes_drops_leftovers_and_starts_fresh() -
 
 
 def test_a_hung_phase_of_a_warm_member_recovers_and_words_say_hung() -> None:
-    runner, nodes, _log, clock = _runner(deadline_floor_s=10.0)
+    runner, nodes, _log, clock = _runner(phase_deadline_floor_s=10.0)
     nodes[T].segments = {"state": {"index": {"version": 1}}, "weights": {}}
     m = runner.adopt(MemberSpec("a"))
     runner.tick()                                     # restored; rollout started

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.torch
 LONG = {"prompts_per_step": 4, "group_size": 8, "minibatches": 1, "response_len_max": 64,
         "length_tail_alpha": 1.0}
 STEPS = 3
-MIGRATE = RunnerConfig(migrate_tail=True, tail_fraction=0.25, progress_poll_s=0.0)
+MIGRATE = RunnerConfig(long_tail_migration=True, tail_fraction=0.25, progress_poll_s=0.0)
 
 
 def _specs(n: int, prefix: str) -> list[MemberSpec]:
@@ -107,7 +107,7 @@ def test_long_tail_options_are_checked() -> None:
                                                  {"response_len_max": 9,
                                                   "length_tail_alpha": 0.0}))
     with pytest.raises(ConfigError, match="tail_fraction"):
-        RunnerConfig(migrate_tail=True, tail_fraction=1.5)
+        RunnerConfig(long_tail_migration=True, tail_fraction=1.5)
 
 
 # -- in a group ------------------------------------------------------------------------

@@ -16,16 +16,16 @@ from tests.harness.fleet import NodeFleet, running_fleet
 from tests.harness.processes import node_status
 from tests.harness.specs import OPTIONS
 from tests.runtime.helpers import assert_same_as_solo, leave_all
+from weave_slurm.config.runtime import WeightTransferKind
 from weave_slurm.errors import ConfigError, StateError
 from weave_slurm.runtime.group import GroupLayout, MemberSpec, MemberState
 from weave_slurm.runtime.runner import GroupRunner, RunnerConfig
-from weave_slurm.runtime.transfer import TransferConfig
 from weave_slurm.runtime.twotier import TwoTierTransfer
 from weave_slurm.vocab import Phase
 
 pytestmark = pytest.mark.torch
 
-TWOTIER = RunnerConfig(transfer=TransferConfig("twotier", timeout_s=30.0))
+TWOTIER = RunnerConfig(weight_transfer=WeightTransferKind.TWOTIER, sync_timeout_s=30.0)
 
 
 @pytest.fixture(scope="module")

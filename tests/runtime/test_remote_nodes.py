@@ -20,11 +20,11 @@ from tests.harness.fleet import NodeFleet, running_fleet
 from tests.harness.munged import private_munged
 from tests.harness.specs import OPTIONS
 from tests.runtime.helpers import assert_same_as_solo, leave_all
+from weave_slurm.config.runtime import WeightTransferKind
 from weave_slurm.errors import ConfigError
 from weave_slurm.node.protocol import Op
 from weave_slurm.runtime.group import MemberSpec, MemberState
 from weave_slurm.runtime.runner import GroupRunner, RunnerConfig
-from weave_slurm.runtime.transfer import TransferConfig
 from weave_slurm.runtime.twotier import TwoTierTransfer
 
 pytestmark = pytest.mark.torch
@@ -53,7 +53,8 @@ def test_members_on_remote_nodes_match_solo(remote_fleet: NodeFleet, munge_socke
                         staleness=1)]
     calls: list[Op] = []
     ex = GroupRunner(layout, specs, config=RunnerConfig(
-        transfer=TransferConfig("auto", timeout_s=30.0), munge_socket=str(munge_socket)))
+        weight_transfer=WeightTransferKind.AUTO, sync_timeout_s=30.0,
+        munge_socket=str(munge_socket)))
     transfer = ex.transfer
     assert isinstance(transfer, TwoTierTransfer) and not transfer.local
     real_call = ex.link.call
@@ -86,4 +87,5 @@ def test_members_on_remote_nodes_match_solo(remote_fleet: NodeFleet, munge_socke
 def test_shm_is_refused_where_nodes_are_other_hosts(remote_fleet: NodeFleet) -> None:
     assert remote_fleet.layout is not None
     with pytest.raises(ConfigError, match=r"weight_transfer 'shm': nodes .* are other hosts"):
-        GroupRunner(remote_fleet.layout, [], config=RunnerConfig(transfer=TransferConfig("shm")))
+        GroupRunner(remote_fleet.layout, [],
+                    config=RunnerConfig(weight_transfer=WeightTransferKind.SHM))

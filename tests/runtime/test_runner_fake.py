@@ -56,7 +56,7 @@ def test_hung_phase_is_cancelled_at_its_deadline_and_only_its_member_recovers() 
              Path("/nowhere/t.sock"): FakeNode(log, "h800-0")}
     clock = FakeClock()
     ex = GroupRunner(_layout(), [MemberSpec("a"), MemberSpec("b")], clock=clock,
-                       config=RunnerConfig(deadline_floor_s=10.0, recovery_backoff_s=1.0),
+                       config=RunnerConfig(phase_deadline_floor_s=10.0, recovery_backoff_s=1.0),
                        client_factory=lambda p: nodes[p])
     ex.tick()
     assert ex.members["a"].running is not None          # a's init on the train node

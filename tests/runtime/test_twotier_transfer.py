@@ -15,6 +15,7 @@ import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 import torch
@@ -23,16 +24,17 @@ from tests.harness.fleet import NodeFleet, running_fleet
 from tests.harness.processes import pid_alive
 from tests.harness.specs import OPTIONS
 from tests.runtime.helpers import assert_same_as_solo, group_weights, leave_all
+from weave_slurm.config.runtime import WeightTransferKind
 from weave_slurm.node.client import NodeClient
 from weave_slurm.node.index import JobRef
 from weave_slurm.runtime.group import MemberSpec, MemberState, NodeRef
 from weave_slurm.runtime.runner import GroupRunner, Member, RunnerConfig
-from weave_slurm.runtime.transfer import TransferConfig
 from weave_slurm.runtime.twotier import TwoTierTransfer
 
 pytestmark = pytest.mark.torch
 
 STEPS = 3
+TWOTIER = WeightTransferKind.TWOTIER
 
 
 @pytest.fixture(scope="module")
@@ -43,11 +45,12 @@ def fleet2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeFleet]:
         yield fleet
 
 
-def _executor(fleet: NodeFleet, specs: Sequence[MemberSpec], transfer: TransferConfig
+def _executor(fleet: NodeFleet, specs: Sequence[MemberSpec], **site: Any
               ) -> tuple[GroupRunner, TwoTierTransfer]:
-    """A runner of ``specs`` on ``fleet`` whose weights cross by the two-tier agents."""
+    """A runner of ``specs`` on ``fleet`` whose weights cross by the two-tier agents
+    (``site``: its ``[runtime]`` keys)."""
     assert fleet.layout is not None
-    ex = GroupRunner(fleet.layout, specs, config=RunnerConfig(transfer=transfer))
+    ex = GroupRunner(fleet.layout, specs, config=RunnerConfig(weight_transfer=TWOTIER, **site))
     assert isinstance(ex.transfer, TwoTierTransfer)
     return ex, ex.transfer
 
@@ -100,8 +103,7 @@ def test_twotier_group_matches_solo(fleet2: NodeFleet) -> None:
              MemberSpec("tt1", seed=32, steps=STEPS, options=OPTIONS, rollout_pins=(1,)),
              MemberSpec("tt2", seed=33, steps=STEPS, options=OPTIONS, rollout_pins=(0, 1),
                         staleness=1)]
-    ex, transfer = _executor(fleet2, specs,
-                             TransferConfig("twotier", mode="delta", timeout_s=30.0))
+    ex, transfer = _executor(fleet2, specs, sync_mode="delta", sync_timeout_s=30.0)
     pids: list[int] = []
     try:
         ex.run(timeout_s=300)
@@ -148,7 +150,7 @@ class _Duplicating(TwoTierTransfer):
 def test_duplicate_version_is_refused_and_fails_only_its_member(fleet2: NodeFleet) -> None:
     specs = [MemberSpec("dv0", seed=41, steps=STEPS, options=OPTIONS, rollout_pins=(0, 1)),
              MemberSpec("dv1", seed=42, steps=STEPS, options=OPTIONS, rollout_pins=(0, 1))]
-    ex, transfer = _executor(fleet2, specs, TransferConfig("twotier", timeout_s=30.0))
+    ex, transfer = _executor(fleet2, specs, sync_timeout_s=30.0)
     dup = _Duplicating(transfer, "dv1", at=2)
     ex.transfer = dup
     try:
@@ -173,7 +175,7 @@ def test_killed_agent_fails_its_member_within_the_timeout(fleet2: NodeFleet) -> 
     timeout_s = 5.0
     specs = [MemberSpec("ka0", seed=51, steps=STEPS, options=OPTIONS, rollout_pins=(0, 1)),
              MemberSpec("ka1", seed=52, steps=STEPS, options=OPTIONS, rollout_pins=(1,))]
-    ex, transfer = _executor(fleet2, specs, TransferConfig("twotier", timeout_s=timeout_s))
+    ex, transfer = _executor(fleet2, specs, sync_timeout_s=timeout_s)
     armed: list[tuple[int, list[int]]] = []
 
     def arm(member: Member) -> None:
@@ -214,7 +216,7 @@ def test_hung_agent_fails_its_member_after_the_transport_timeout(fleet2: NodeFle
     timeout_s = 5.0
     specs = [MemberSpec("hs0", seed=61, steps=STEPS, options=OPTIONS, rollout_pins=(0, 1)),
              MemberSpec("hs1", seed=62, steps=STEPS, options=OPTIONS, rollout_pins=(1,))]
-    ex, transfer = _executor(fleet2, specs, TransferConfig("twotier", timeout_s=timeout_s))
+    ex, transfer = _executor(fleet2, specs, sync_timeout_s=timeout_s)
     stopped: list[int] = []
 
     def stop_agent(member: Member) -> None:

@@ -1,8 +1,9 @@
 """The site's ``[runtime]`` table: how weaved's group runtime moves data and recovers.
 
-Every default of the group runtime is written here once (``RuntimeConfig``'s fields);
-the runner's and the transfer's configs take theirs from it, and
-``configs/site.example.toml`` documents every key.
+Every default of the group runtime is written here once (``RuntimeConfig``'s fields):
+the group runner's config is a ``RuntimeConfig`` plus its own wiring
+(``runtime/member.py``), weaved's group runtime and its deadlines read theirs from it,
+and ``configs/site.example.toml`` documents every key.
 """
 
 from __future__ import annotations

@@ -15,7 +15,6 @@ from __future__ import annotations
 import pwd
 import sys
 import threading
-import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -80,7 +79,7 @@ def weights_view(job: JobRow) -> dict[str, Any]:
     completed (it survives a weaved restart); where there is none, why in words."""
     if job.weights_sha256 is not None:
         return {"weights_sha256": job.weights_sha256}
-    if "launch" in tomllib.loads(job.spec):
+    if job.spec is not None and job.spec.launch is not None:
         why = "none: a cooperative job's weights are its own; weave holds none"
     elif job.state is JobState.COMPLETED:
         why = "none: not read when it completed (weaved's log says why)"
@@ -169,8 +168,9 @@ class Api:
                                                 self.now())
             if refused is not None:
                 raise InsufficientResources(f"{where}: job refused: {refused}")
-            job_id = self.store.add_job(uid=uid, user=user, name=job.name, spec=spec,
-                                        source=where, profile=profile, now=self.now())
+            job_id = self.store.add_job(uid=uid, user=user, name=job.name, spec=job,
+                                        spec_toml=spec, source=where, profile=profile,
+                                        now=self.now())
         crossing(FaultPoint.SUBMIT_STORED)
         self.wake()
         return {"job": job_id}
@@ -359,7 +359,7 @@ class Api:
                 "member_state", "version", "iterations", "node", "rewards", "recoveries",
                 "error", "event", "drift", "measured", "weights_sha256")}
         view.update(weights_view(job))
-        view.update({"spec": job.spec, "source": job.source,
+        view.update({"spec": job.spec_toml, "source": job.source,
                      "profile": asdict(job.profile),
                      "planning_profile": (asdict(job.measured) if job.measured is not None
                                           else None),

@@ -49,8 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from weave_slurm.config.job import LEGACY_ENTRY, JobSpec, parse_job
-from weave_slurm.config.runtime import RUNTIME_DEFAULTS
+from weave_slurm.config.job import LEGACY_ENTRY, JobSpec
 from weave_slurm.daemon import allocplan
 from weave_slurm.daemon.driver import JobOutcome, JobStep, pool_nodes
 from weave_slurm.daemon.handoff import Handoffs
@@ -88,6 +87,8 @@ _GONE = (MemberState.CANCELLED, MemberState.DONE, MemberState.FAILED)
 
 @dataclass(frozen=True)
 class GroupRuntimeConfig:
+    """Its own pacing; every site setting is its runner's (the ``[runtime]`` table)."""
+
     poll_s: float = 0.01           # runtime thread tick when nothing changed
     snapshot_s: float = 0.2        # how often the status snapshot is refreshed
     ping_timeout_s: float = 2.0    # a node daemon must answer this fast to build a group
@@ -96,11 +97,18 @@ class GroupRuntimeConfig:
     # on the replacement from its last checkpoint there (None: it fails instead)
     checkpoint_base: Path | None = None
     runner: RunnerConfig = field(default_factory=RunnerConfig)
-    plan_from_measurements: bool = True   # feed measured profiles back to placement
-    # a move waiting for its nodes in its new group is withdrawn after this long
-    move_wait_s: float = RUNTIME_DEFAULTS.move_wait_s
-    # how long a group may wait for its node daemons, by cause (daemon/waits.py)
-    deadlines: Deadlines = field(default_factory=Deadlines)
+
+    @property
+    def plan_from_measurements(self) -> bool:   # feed measured profiles to placement
+        return self.runner.plan_from_measurements
+
+    @property
+    def move_wait_s(self) -> float:   # a move waiting for its nodes is withdrawn then
+        return self.runner.move_wait_s
+
+    @property
+    def deadlines(self) -> Deadlines:   # how long a group may wait for its node daemons
+        return Deadlines(self.runner)
 
 
 def member_spec(job: JobRow, group: GroupRow, pins: tuple[int, ...] | None = None) -> MemberSpec:
@@ -110,7 +118,7 @@ def member_spec(job: JobRow, group: GroupRow, pins: tuple[int, ...] | None = Non
     one stored with its profile at submission (:mod:`weave_slurm.model.layout`): its
     training nodes are the group's first ``layout.train.nodes`` training nodes (those
     ``driver.job_nodes`` names), its engines sit on its pins in order."""
-    spec = parse_job(job.spec, job.source)
+    spec = job.readable_spec()
     planned = next((m for m in group.plan.members if m.job_id == job.job_id), None)
     if pins is None:
         pins = planned.rollout_pins if planned is not None else (0,)

@@ -33,13 +33,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from weave_slurm.config.job import parse_job
 from weave_slurm.config.sbatch import JobSlurm, log_path
 from weave_slurm.daemon.job_terms import JobTerms
 from weave_slurm.daemon.records import JobRow
 from weave_slurm.daemon.states import JobState
 from weave_slurm.daemon.store import Store
-from weave_slurm.errors import ConfigError
 from weave_slurm.node.open_as import open_as
 
 log = logging.getLogger(__name__)
@@ -193,19 +191,13 @@ def hosted_paths(job: JobRow, terms: JobSlurm) -> tuple[str | None, str | None]:
 
 def _hosted(job: JobRow) -> bool:
     """A hosted job (weave's workers), not a cooperative one (``[launch]``)."""
-    try:
-        return parse_job(job.spec, job.source).launch is None
-    except ConfigError:   # a spec an older weaved stored: hosted
-        return True
+    return job.spec is None or job.spec.launch is None   # None: stored by an older weaved
 
 
 def _workdir(job: JobRow) -> str | None:
     """What a relative output name is relative to: the job's workdir, else its user's
     home (as a cooperative job's, ``runtime/launch_plan.py``)."""
-    try:
-        workdir = parse_job(job.spec, job.source).workdir
-    except ConfigError:
-        workdir = None
+    workdir = job.spec.workdir if job.spec is not None else None
     if workdir is None:
         with contextlib.suppress(KeyError):
             workdir = pwd.getpwuid(job.uid).pw_dir

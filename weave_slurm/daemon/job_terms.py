@@ -17,11 +17,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from weave_slurm.config.job import parse_job
 from weave_slurm.config.sbatch import JobSlurm
 from weave_slurm.config.site import SlurmConfig
 from weave_slurm.daemon.records import JobRow
-from weave_slurm.errors import ConfigError
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,20 +32,11 @@ class AllocTerms:
 
 
 class JobTerms:
-    """Each job's ``[slurm]`` table, read once from its stored spec."""
-
-    def __init__(self) -> None:
-        self._cache: dict[int, JobSlurm] = {}
+    """Each job's ``[slurm]`` table, as its spec was parsed at submission."""
 
     def of(self, job: JobRow) -> JobSlurm:
-        terms = self._cache.get(job.job_id)
-        if terms is None:
-            try:
-                terms = parse_job(job.spec, job.source).slurm
-            except ConfigError:   # a spec an older weaved stored: no terms of its own
-                terms = JobSlurm()
-            self._cache[job.job_id] = terms
-        return terms
+        """A spec an older weaved stored, which this one cannot read: no terms of its own."""
+        return job.spec.slurm if job.spec is not None else JobSlurm()
 
     def remaining_min(self, job: JobRow, now: float) -> float | None:
         """Minutes the job may still run (None: no limit of its own)."""
@@ -81,6 +70,3 @@ class JobTerms:
             if all(x is not None for x in left):
                 limit = max(1, math.ceil(max(x for x in left if x is not None)))
         return AllocTerms(account=account, qos=qos, time_limit_min=limit)
-
-    def forget(self, job_id: int) -> None:
-        self._cache.pop(job_id, None)

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from weave_slurm.clock import Clock
+from weave_slurm.config.runtime import RuntimeConfig
 from weave_slurm.config.site import SiteConfig, default_site
 from weave_slurm.daemon import membership
 from weave_slurm.daemon.allocations import GroupAllocations, PoolRequest
@@ -28,7 +29,7 @@ from weave_slurm.daemon.job_output import JobOutputs, Opener
 from weave_slurm.daemon.job_terms import JobTerms
 from weave_slurm.daemon.placing import Placer
 from weave_slurm.daemon.records import AllocRow, GroupPlan, GroupRow, JobRow, StepRow
-from weave_slurm.daemon.replanning import ReplanConfig, Replanner
+from weave_slurm.daemon.replanning import Replanner
 from weave_slurm.daemon.retries import NodeDaemonRetries, in_words
 from weave_slurm.daemon.states import AllocState, GroupState, JobState, StepRunState
 from weave_slurm.daemon.store import Store
@@ -80,7 +81,7 @@ class Reconciler:
                  instance: str = "", node_step: NodeStepFactory | None = None,
                  immediate_s: int = 10, site: SiteConfig | None = None,
                  on_placement: Callable[[float], None] | None = None,
-                 open_output: Opener = open_as, replan: ReplanConfig | None = None) -> None:
+                 open_output: Opener = open_as, replan: RuntimeConfig | None = None) -> None:
         self.store, self.backend, self.capacity = store, backend, capacity
         self.pools, self.driver, self.clock = pools, driver, clock
         self.instance = instance
@@ -329,7 +330,6 @@ class Reconciler:
         for job, reason in self.terms.overdue(self.store.jobs([JobState.RUNNING]), now):
             log.info("job %s: %s", job.job_id, reason)
             self._finish_job(job, JobState.FAILED, reason, now)
-            self.terms.forget(job.job_id)
 
     def _fail_placed(self, group_id: int, reason: str, now: float) -> None:
         for job in self.store.jobs([JobState.PLACED], group_id=group_id):

@@ -7,7 +7,9 @@ from collections.abc import Collection
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from weave_slurm.config.job import JobSpec
 from weave_slurm.daemon.states import AllocState, GroupState, JobState, StepRunState
+from weave_slurm.errors import ConfigError
 from weave_slurm.model.charge import Charge
 from weave_slurm.model.layout import MemberLayout
 from weave_slurm.model.profile import JobProfile
@@ -41,7 +43,8 @@ class JobRow:
     uid: int
     user: str
     name: str
-    spec: str  # the canonical spec TOML as submitted
+    spec: JobSpec | None  # parsed at submission (None: stored by an older weaved, unreadable)
+    spec_toml: str  # the spec's TOML as submitted (what ``weave show job`` shows)
     source: str
     profile: JobProfile
     state: JobState
@@ -53,6 +56,13 @@ class JobRow:
     measured: JobProfile | None = None  # the runtime's live numbers, once it has enough
     moving_from: int | None = None  # a re-plan moves it from this group (None: not moving)
     weights_sha256: str | None = None  # its final weights' digest (a completed hosted job)
+
+    def readable_spec(self) -> JobSpec:
+        """Its spec; ``ConfigError`` where an older weaved stored one this weave cannot read."""
+        if self.spec is None:
+            raise ConfigError(f"job {self.job_id}: an older weaved stored its spec, which this "
+                              "one cannot read")
+        return self.spec
 
     @property
     def plan_profile(self) -> JobProfile:

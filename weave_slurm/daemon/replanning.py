@@ -20,7 +20,7 @@ nodes while the job runs on in its old group, where it keeps its place and which
 its new plan once the job is out (a move into that group waits for that plan); it is
 taken only where that group's new plan needs no node it does not hold and no group
 waits for itself (``placement.replan.waiting_moves``), and
-withdrawn if the nodes are not held within ``wait_s`` (docs/daemon.md, "Moves that wait
+withdrawn if the nodes are not held within ``move_wait_s`` (docs/daemon.md, "Moves that wait
 for nodes"). The accepted plan is committed at once (:meth:`Store.commit_moves`); the group
 runtime carries each move out at the job's step boundary (:mod:`~weave_slurm.daemon.handoff`),
 and a group left without members drains once nothing moves out of it any more.
@@ -30,16 +30,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
-from weave_slurm.config.job import JobSpec, parse_job
-from weave_slurm.config.runtime import RUNTIME_DEFAULTS
+from weave_slurm.config.runtime import RuntimeConfig
 from weave_slurm.daemon import membership
 from weave_slurm.daemon.records import AllocRow, GroupPlan, GroupRow, JobRow
 from weave_slurm.daemon.states import GroupState, JobState
 from weave_slurm.daemon.store import Store
-from weave_slurm.errors import StateError, WeaveError
+from weave_slurm.errors import StateError
 from weave_slurm.placement import Capacity, ClusterState, WeavePolicy
 from weave_slurm.placement.consolidate import consolidation
 from weave_slurm.placement.replan import (
@@ -58,19 +57,11 @@ log = logging.getLogger(__name__)
 _LIVE_JOB = (JobState.PLACED, JobState.RUNNING, JobState.CANCELLING)
 
 
-@dataclass(frozen=True)
-class ReplanConfig:
-    interval_s: float = 3600.0   # the periodic re-plan (0: never; departures still consolidate)
-    groups: int = 8              # how many of the least efficient groups it re-places
-    consolidate: bool = True     # after a departure, its group's members placed again
-    wait_s: float = RUNTIME_DEFAULTS.move_wait_s   # a move may wait this long for nodes
-
-
 class Replanner:
     """Proposes, charges and commits re-plans; the group runtime moves the jobs."""
 
     def __init__(self, store: Store, capacity: Capacity, policy: WeavePolicy,
-                 instance: str, config: ReplanConfig,
+                 instance: str, config: RuntimeConfig,
                  live: Callable[[int], dict[str, Any] | None], start_s: float) -> None:
         self.store, self.capacity, self.policy = store, capacity, policy
         self.instance, self.config, self.live = instance, config, live
@@ -85,7 +76,8 @@ class Replanner:
     def tick(self, now: float) -> None:
         self.settle(now)
         departed, self.departed = self.departed, set()
-        periodic = self.config.interval_s > 0 and now - self.last_s >= self.config.interval_s
+        every_s = self.config.replan_interval_s
+        periodic = every_s > 0 and now - self.last_s >= every_s
         if not departed and not periodic:
             return
         if any(j.moving_from is not None for j in self.store.jobs([JobState.RUNNING])):
@@ -102,7 +94,7 @@ class Replanner:
         if periodic:
             self.last_s = now
             picked = [g for g in worst_groups(before, len(before.groups))
-                      if set(g.job_ids) <= movable][:self.config.groups]
+                      if set(g.job_ids) <= movable][:self.config.replan_groups]
             ids = [j for g in picked for j in g.job_ids]
             if len(ids) >= 2:
                 self._take(replace_jobs(self.policy, before, ids, remaining), before, groups,
@@ -139,7 +131,7 @@ class Replanner:
         for g in state.groups:
             for m in g.members:
                 row = self.store.job(int(m.job.job_id))
-                spec = _spec(row) if row is not None else None
+                spec = row.spec if row is not None else None
                 if spec is None:
                     continue   # not known: placement assumes its default horizon
                 live = self.live(int(m.job.job_id)) or {}
@@ -166,7 +158,7 @@ class Replanner:
         forming = {to for _, to in moved.values()} - active
         why = waiting_refusal(before, after, forming)
         waiting = waiting_moves(before, after, forming) or frozenset()
-        if why is None and waiting and self.config.wait_s <= 0:
+        if why is None and waiting and self.config.move_wait_s <= 0:
             why = "[runtime] move_wait_s = 0"
         if why is not None:
             grows = sorted(set(needs_nodes(before, after)) | forming)
@@ -212,15 +204,7 @@ def _deferred(write: tuple[int, str, GroupPlan, bool], rows: Mapping[int, GroupR
     return gid, label, replace(rows[gid].plan.without(now_out), then=plan), is_new
 
 
-def _spec(job: JobRow) -> JobSpec | None:
-    try:
-        return parse_job(job.spec, job.source)
-    except WeaveError:   # a spec this weaved cannot read: its job is not moved
-        return None
-
-
 def _hosted(job: JobRow) -> bool:
     """Whether weaved's runtime runs the job's phases (a cooperative job's own
     processes hold its nodes: it cannot be handed off at a step boundary)."""
-    spec = _spec(job)
-    return spec is not None and spec.launch is None
+    return job.spec is not None and job.spec.launch is None   # None: not read, not moved

@@ -1,13 +1,21 @@
 """The store's SQLite schema (a new file) and the migrations that bring a file an older
 weaved wrote to it, one version at a time (``daemon/store.py`` applies them when it opens
 a file; ``weave state migrate``: ``daemon/state_admin.py``; docs/daemon.md "Store schema").
+A migration is SQL statements, then (:data:`BACKFILLS`) what fills the columns they added
+from each row's older ones, in the same transaction.
 """
 
 from __future__ import annotations
 
-from weave_slurm.daemon import usage_sql
+import sqlite3
+from collections.abc import Callable
 
-SCHEMA_VERSION = 5
+from weave_slurm.config.job import parse_job
+from weave_slurm.config.job_codec import spec_to_json
+from weave_slurm.daemon import usage_sql
+from weave_slurm.errors import WeaveError
+
+SCHEMA_VERSION = 6
 #: version -> statements that bring a file of that version to the next one
 MIGRATIONS: dict[str, tuple[str, ...]] = {
     # 2: the runtime's measured planning profile of a job (NULL until measured)
@@ -21,7 +29,26 @@ MIGRATIONS: dict[str, tuple[str, ...]] = {
     "3": ("ALTER TABLE jobs ADD COLUMN moving_from INTEGER",),
     # 5: the SHA-256 of a completed hosted job's final weights (NULL: none held)
     "4": ("ALTER TABLE jobs ADD COLUMN weights_sha256 TEXT",),
+    # 6: the spec as parsed at submission (config/job_codec.py); NULL: one this weave
+    # cannot read (an older weaved stored it)
+    "5": ("ALTER TABLE jobs ADD COLUMN spec_json TEXT",),
 }
+
+
+def _typed_specs(db: sqlite3.Connection) -> None:
+    """Schema 6: each stored spec parsed once more, for the last time. One this weave
+    refuses keeps NULL, and its job goes on as a spec weaved cannot read did before."""
+    rows = db.execute("SELECT job_id, spec, source FROM jobs WHERE spec_json IS NULL")
+    for job_id, text, source in rows.fetchall():
+        try:
+            typed: str | None = spec_to_json(parse_job(text, source))
+        except WeaveError:
+            typed = None
+        db.execute("UPDATE jobs SET spec_json=? WHERE job_id=?", (typed, job_id))
+
+
+#: version -> what fills, from each row's older columns, what MIGRATIONS[version] added
+BACKFILLS: dict[str, Callable[[sqlite3.Connection], None]] = {"5": _typed_specs}
 
 SCHEMA = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -30,7 +57,7 @@ CREATE TABLE jobs (
   name TEXT NOT NULL, spec TEXT NOT NULL, source TEXT NOT NULL, profile TEXT NOT NULL,
   measured TEXT, state TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '', group_id INTEGER,
   submitted_s REAL NOT NULL, started_s REAL, ended_s REAL, moving_from INTEGER,
-  weights_sha256 TEXT);
+  weights_sha256 TEXT, spec_json TEXT);
 CREATE INDEX jobs_state ON jobs(state);
 CREATE TABLE groups (
   group_id INTEGER PRIMARY KEY, label TEXT NOT NULL UNIQUE, state TEXT NOT NULL,

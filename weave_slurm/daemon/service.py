@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from filelock import FileLock, Timeout
 
 from weave_slurm.clock import SystemClock
-from weave_slurm.config.runtime import transfer_refusal
+from weave_slurm.config.runtime import RuntimeConfig, transfer_refusal
 from weave_slurm.config.site import SiteConfig, default_site, load_site
 from weave_slurm.daemon.api import Api
 from weave_slurm.daemon.client import SOCKET_NAME
@@ -29,10 +29,8 @@ from weave_slurm.daemon.driver import Driver, DriverKind, IdleDriver
 from weave_slurm.daemon.group_runtime import GroupRuntime, GroupRuntimeConfig
 from weave_slurm.daemon.node_daemons import NodeDaemons, NodeDaemonSettings
 from weave_slurm.daemon.reconcile import PoolRequest, Reconciler
-from weave_slurm.daemon.replanning import ReplanConfig
 from weave_slurm.daemon.server import ApiServer
 from weave_slurm.daemon.store import Store
-from weave_slurm.daemon.waits import Deadlines
 from weave_slurm.errors import ConfigError, StateError, WeaveError
 from weave_slurm.placement import Capacity
 from weave_slurm.slurm.backend import Backend
@@ -184,7 +182,7 @@ class Weaved:
                 self.metrics.close()
             raise
 
-    def _replan_config(self) -> ReplanConfig | None:
+    def _replan_config(self) -> RuntimeConfig | None:
         """Re-planning running jobs, where weaved can move them (daemon/replanning.py):
         its group runtime, with node checkpoints on a file system it shares."""
         rt = self.site.runtime
@@ -196,8 +194,7 @@ class Weaved:
                      else "moving a job needs weaved's group runtime and node checkpoints "
                           "on a shared file system")
             return None
-        return ReplanConfig(rt.replan_interval_s, rt.replan_groups, rt.consolidate,
-                            rt.move_wait_s)
+        return rt
 
     def _runners(self) -> dict[int, GroupRunner]:
         """The group runners running now (for the metrics' bubbles)."""
@@ -215,13 +212,9 @@ class Weaved:
         from weave_slurm.runtime.member import RunnerConfig
 
         base = self.nodes.checkpoint_base
-        runner = replace(RunnerConfig.from_site(self.site.runtime),
-                         munge_socket=self.nodes.s.munge_socket)
+        runner = RunnerConfig.from_site(self.site.runtime, munge_socket=self.nodes.s.munge_socket)
         return GroupRuntime(self.nodes.ref, GroupRuntimeConfig(
-            poll_s=cfg.runtime_poll_s, runner=runner, checkpoint_base=base,
-            plan_from_measurements=self.site.runtime.plan_from_measurements,
-            move_wait_s=self.site.runtime.move_wait_s,
-            deadlines=Deadlines.from_runtime(self.site.runtime)),
+            poll_s=cfg.runtime_poll_s, runner=runner, checkpoint_base=base),
             launcher=self.nodes.launch_agent if self.nodes.s.remote else None,
             resolve=self.nodes.resolve if self.nodes.s.remote else None,
             observer=self.metrics.runtime if self.metrics else None)

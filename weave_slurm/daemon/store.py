@@ -18,6 +18,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from weave_slurm.config.job import JobSpec
+from weave_slurm.config.job_codec import spec_from_json, spec_to_json
 from weave_slurm.daemon import usage_sql
 from weave_slurm.daemon.records import (
     AllocRow,
@@ -31,7 +33,7 @@ from weave_slurm.daemon.records import (
     profile_from_json,
     profile_to_json,
 )
-from weave_slurm.daemon.schema import MIGRATIONS, SCHEMA, SCHEMA_VERSION
+from weave_slurm.daemon.schema import BACKFILLS, MIGRATIONS, SCHEMA, SCHEMA_VERSION
 from weave_slurm.daemon.states import (
     AllocState,
     GroupState,
@@ -119,6 +121,8 @@ class Store:
             with self._tx():
                 for stmt in MIGRATIONS[version]:
                     db.execute(stmt)
+                if version in BACKFILLS:
+                    BACKFILLS[version](db)
                 version = str(int(version) + 1)
                 db.execute("UPDATE meta SET value=? WHERE key='schema_version'", (version,))
         if version != str(SCHEMA_VERSION):
@@ -234,25 +238,27 @@ class Store:
 
     # -- jobs --------------------------------------------------------------------------
 
-    def add_job(self, *, uid: int, user: str, name: str, spec: str, source: str,
-                profile: JobProfile, now: float) -> int:
-        """Insert a PENDING job (one transaction); returns its id."""
+    def add_job(self, *, uid: int, user: str, name: str, spec: JobSpec, spec_toml: str,
+                source: str, profile: JobProfile, now: float) -> int:
+        """Insert a PENDING job (one transaction): ``spec`` as parsed at submission, and
+        ``spec_toml``, the text it was parsed from; returns its id."""
         with self._tx() as db:
             cur = db.execute(
-                "INSERT INTO jobs (uid, user, name, spec, source, profile, state, "
-                "submitted_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (uid, user, name, spec, source, profile_to_json(profile),
-                 JobState.PENDING.value, now))
+                "INSERT INTO jobs (uid, user, name, spec, spec_json, source, profile, state, "
+                "submitted_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (uid, user, name, spec_toml, spec_to_json(spec), source,
+                 profile_to_json(profile), JobState.PENDING.value, now))
             job_id = int(cur.lastrowid or 0)
             self._log(db, now, "job", job_id, None, JobState.PENDING, f"submitted by uid {uid}")
         return job_id
 
     @staticmethod
     def _job(r: sqlite3.Row) -> JobRow:
-        return JobRow(r["job_id"], r["uid"], r["user"], r["name"], r["spec"], r["source"],
-                      profile_from_json(r["profile"]), state_of(JobState, r["state"]),
-                      r["reason"], r["group_id"], r["submitted_s"], r["started_s"],
-                      r["ended_s"],
+        typed = None if r["spec_json"] is None else spec_from_json(r["spec_json"])
+        return JobRow(r["job_id"], r["uid"], r["user"], r["name"], typed, r["spec"],
+                      r["source"], profile_from_json(r["profile"]),
+                      state_of(JobState, r["state"]), r["reason"], r["group_id"],
+                      r["submitted_s"], r["started_s"], r["ended_s"],
                       profile_from_json(r["measured"]) if r["measured"] else None,
                       r["moving_from"], r["weights_sha256"])
 

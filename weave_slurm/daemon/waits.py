@@ -69,18 +69,18 @@ def answer_cause(exc: BaseException) -> WaitCause:
 
 @dataclass(frozen=True)
 class Deadlines:
-    """The ``[runtime]`` deadlines of a group's start and the requeue bound."""
+    """The ``[runtime]`` deadlines of a group's start (``node_start_wait_s``,
+    ``auth_wait_s``) and the requeue bound (``max_requeues``) of ``runtime``."""
 
-    node_start_s: float = RUNTIME_DEFAULTS.node_start_wait_s
-    auth_s: float = RUNTIME_DEFAULTS.auth_wait_s
-    max_requeues: int = RUNTIME_DEFAULTS.max_requeues
+    runtime: RuntimeConfig = RUNTIME_DEFAULTS
 
-    @classmethod
-    def from_runtime(cls, rt: RuntimeConfig) -> Deadlines:
-        return cls(rt.node_start_wait_s, rt.auth_wait_s, rt.max_requeues)
+    @property
+    def max_requeues(self) -> int:
+        return self.runtime.max_requeues
 
     def of(self, cause: WaitCause) -> float:
-        return self.auth_s if cause is WaitCause.AUTH else self.node_start_s
+        rt = self.runtime
+        return rt.auth_wait_s if cause is WaitCause.AUTH else rt.node_start_wait_s
 
     def verdict(self, group_id: int, cause: WaitCause, words: str,
                 requeues: int) -> tuple[JobState, str]:

@@ -10,10 +10,11 @@ daemon's status only read). Every change of a member's state goes through
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
-from weave_slurm.config.runtime import RUNTIME_DEFAULTS, RuntimeConfig
+from weave_slurm.config.runtime import RuntimeConfig
 from weave_slurm.errors import ConfigError
 from weave_slurm.node.index import JobRef
 from weave_slurm.runtime.faults import Fault
@@ -24,54 +25,37 @@ from weave_slurm.runtime.staleness import VersionLog
 from weave_slurm.runtime.transfer import TransferConfig
 from weave_slurm.vocab import Phase
 
-_RT = RUNTIME_DEFAULTS   # every default below is the site's (config.runtime.RuntimeConfig)
 
+@dataclass(frozen=True, slots=True)
+class RunnerConfig(RuntimeConfig):
+    """How a group runner paces, recovers and moves data.
 
-@dataclass(frozen=True)
-class RunnerConfig:
-    """How a group runner paces, recovers and moves data (:meth:`from_site`)."""
+    Every key of the site's ``[runtime]`` table is a field of :class:`RuntimeConfig`,
+    by its name and with its one default; :meth:`from_site` takes a site's. The fields
+    below are the runner's own wiring, which no site sets. ``transfer`` is derived from
+    ``weight_transfer``, ``sync_mode`` and ``sync_timeout_s`` (not passed).
+    """
 
-    poll_s: float = 0.005
-    deadline_factor: float = _RT.phase_deadline_factor   # hung = factor x longest seen
-    deadline_floor_s: float = _RT.phase_deadline_floor_s  # ... but never before this
-    max_recoveries: int = _RT.max_recoveries        # re-admissions after its own faults
-    recovery_backoff_s: float = _RT.recovery_backoff_s   # between attempts ...
-    recovery_backoff_max_s: float = _RT.recovery_backoff_max_s   # ... doubling up to this
-    # a node that is gone, stopping or restarting is not the member's fault: it waits
-    # this long for the node (or a replacement allocation) before it fails
-    node_wait_s: float = _RT.node_wait_s
-    max_fresh_restarts: int = _RT.max_fresh_restarts   # killed in its first phase
+    poll_s: float = 0.005              # tick when nothing changed (tests pace it)
     records_dir: Path | None = None     # where <job>.versions.jsonl logs are kept
-    transfer: TransferConfig = field(default_factory=TransferConfig)  # weights train -> rollout
-    # long-tail migration (docs/runtime.md): a rollout whose remaining requests fell to
-    # tail_fraction x its requests frees its node for the next member's rollout
-    migrate_tail: bool = _RT.long_tail_migration
-    tail_fraction: float = _RT.tail_fraction
     progress_poll_s: float = 0.02      # least time between two reads of a rollout's progress
     munge_socket: str | None = None    # munged's socket for remote node daemons (default: munge's)
     gang_ports: GangPorts = field(default_factory=GangPorts)   # training gangs' rendezvous
-    gangs: bool = _RT.gangs            # every training rank of a layout (False: rank 0 only)
-    device_switch: str = _RT.device_switch   # device state to shm for another member
+    transfer: TransferConfig = field(init=False)   # weights train -> rollout (derived)
 
     @classmethod
-    def from_site(cls, rt: RuntimeConfig) -> RunnerConfig:
-        """The site's ``[runtime]`` table."""
-        return cls(deadline_factor=rt.phase_deadline_factor,
-                   deadline_floor_s=rt.phase_deadline_floor_s,
-                   max_recoveries=rt.max_recoveries,
-                   recovery_backoff_s=rt.recovery_backoff_s,
-                   recovery_backoff_max_s=rt.recovery_backoff_max_s,
-                   node_wait_s=rt.node_wait_s, max_fresh_restarts=rt.max_fresh_restarts,
-                   transfer=TransferConfig.from_site(rt),
-                   migrate_tail=rt.long_tail_migration, tail_fraction=rt.tail_fraction,
-                   gangs=rt.gangs, device_switch=rt.device_switch)
+    def from_site(cls, site: RuntimeConfig, **own: Any) -> RunnerConfig:
+        """The site's ``[runtime]`` table, every key of it; ``own``: the runner's own
+        fields (``munge_socket``, ``poll_s``, ...)."""
+        return cls(**{f.name: getattr(site, f.name) for f in fields(RuntimeConfig)}, **own)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.migrate_tail, bool):
-            raise ConfigError(f"runner.migrate_tail: expected true or false, got "
-                              f"{self.migrate_tail!r}")
+        object.__setattr__(self, "transfer", TransferConfig.from_site(self))
+        if not isinstance(self.long_tail_migration, bool):
+            raise ConfigError(f"runtime.long_tail_migration: expected true or false, got "
+                              f"{self.long_tail_migration!r}")
         if not 0.0 < self.tail_fraction < 1.0:
-            raise ConfigError(f"runner.tail_fraction: must be in (0, 1) (e.g. 0.25 = the "
+            raise ConfigError(f"runtime.tail_fraction: must be in (0, 1) (e.g. 0.25 = the "
                               f"last quarter of the requests), got {self.tail_fraction!r}")
         if self.progress_poll_s < 0:
             raise ConfigError(f"runner.progress_poll_s: must be >= 0, got "

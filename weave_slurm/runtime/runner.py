@@ -15,7 +15,7 @@ current version. A failure touches only its member: it is re-admitted from the
 newest checkpoint on its training node while the others keep running. Faults are
 typed values (:mod:`~weave_slurm.runtime.faults`).
 
-With ``RunnerConfig.migrate_tail`` a rollout reports its progress; once its
+With ``RunnerConfig.long_tail_migration`` a rollout reports its progress; once its
 remaining requests fall to ``tail_fraction`` of the batch, its node counts as free
 for the next ready member's rollout, which starts beside the tail (at most one tail
 per node); the tail ends and is delivered as usual (docs/runtime.md).
@@ -223,7 +223,7 @@ class GroupRunner:
             for run in list(member.runs.values()):
                 if not run.ended and run.kind in member.runs:
                     changed |= self._poll(member, run)
-                if self.config.migrate_tail and run.run_id is not None \
+                if self.config.long_tail_migration and run.run_id is not None \
                         and run.tail_s is None and not run.ended \
                         and member.runs.get(run.kind) is run:
                     changed |= self._watch_tail(member, run)
@@ -307,13 +307,13 @@ class GroupRunner:
             member.spec.declared.rollout_s if kind is Phase.ROLLOUT
             else member.spec.declared.train_s,
             self.profiler.durations(member.spec.job_id, kind),
-            self.config.deadline_factor, self.config.deadline_floor_s)
+            self.config.phase_deadline_factor, self.config.phase_deadline_floor_s)
         fn = "init_train" if init else kind.value
         step = member.rolled if kind is Phase.ROLLOUT else member.version
         args = dataclasses.replace(member.spec.phase_args(kind, step),
                                    device_switch=self.config.device_switch)
         run_id = None
-        if kind is Phase.ROLLOUT and self.config.migrate_tail and member.engines is None:
+        if kind is Phase.ROLLOUT and self.config.long_tail_migration and member.engines is None:
             self._run_ids += 1
             run_id = f"{member.spec.job_id}.{step}.{self._run_ids}"
             args = dataclasses.replace(args, progress=run_id,
