@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "groups": ("weave_slurm.cli.status", "groups"),
     "cancel": ("weave_slurm.cli.status", "cancel"),
     "show": ("weave_slurm.cli.status", "show"),
+    "logs": ("weave_slurm.cli.job_logs", "logs"),
     "compare": ("weave_slurm.cli.compare", "compare"),
     "sacct": ("weave_slurm.cli.sacct", "sacct"),
     "plan": ("weave_slurm.cli.plan", "plan"),

@@ -27,6 +27,7 @@ from weave_slurm.daemon import limits, membership
 from weave_slurm.daemon.access import check_access, output_needs, worker_needs
 from weave_slurm.daemon.driver import job_nodes
 from weave_slurm.daemon.faults import FaultPoint, crossing
+from weave_slurm.daemon.job_output import log_files
 from weave_slurm.daemon.layout_view import layout_row
 from weave_slurm.daemon.protocol import Op, PermissionDenied
 from weave_slurm.daemon.records import AllocRow, GroupRow, JobRow
@@ -359,6 +360,7 @@ class Api:
                 "member_state", "version", "iterations", "node", "rewards", "recoveries",
                 "error", "event", "drift", "measured", "weights_sha256")}
         view.update(weights_view(job))
+        view["stdout"], view["stderr"] = log_files(job)   # scontrol's StdOut, StdErr
         view.update({"spec": job.spec_toml, "source": job.source,
                      "profile": asdict(job.profile),
                      "planning_profile": (asdict(job.measured) if job.measured is not None

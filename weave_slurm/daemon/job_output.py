@@ -39,6 +39,7 @@ from weave_slurm.daemon.records import JobRow
 from weave_slurm.daemon.states import JobState
 from weave_slurm.daemon.store import Store
 from weave_slurm.node.open_as import open_as
+from weave_slurm.runtime.launch_plan import plan_for
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +188,21 @@ def hosted_paths(job: JobRow, terms: JobSlurm) -> tuple[str | None, str | None]:
     out, err = (log_path(p, job_id=job.job_id, user=job.user, job_name=job.name,
                          workdir=base) if p else None for p in (terms.output, terms.error))
     return out, err
+
+
+def log_files(job: JobRow) -> tuple[str | None, str | None]:
+    """Where the job's output and errors go, as ``weave show job`` and ``weave logs`` say
+    (``StdOut``/``StdErr`` of scontrol): a hosted job's ``--output``/``--error`` (None:
+    it named none), a cooperative job's files (``weave-%j.out`` by default); errors
+    with the output when ``--error`` names no other file."""
+    if job.spec is None:
+        return None, None
+    if job.spec.launch is None:
+        out, err = hosted_paths(job, job.spec.slurm)
+    else:
+        plan = plan_for(job.spec, str(job.job_id), job.uid)
+        out, err = (plan.output, plan.error) if plan is not None else (None, None)
+    return out, err or out
 
 
 def _hosted(job: JobRow) -> bool:
