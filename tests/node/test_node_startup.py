@@ -58,3 +58,34 @@ def test_daemon_start_readopts_registered_jobs_and_charges_them(
             second.start()
     finally:
         daemon.shutdown()
+
+
+def test_a_clean_stop_with_no_job_registered_leaves_nothing_in_shm(
+        shm_root: Path, ckpt_root: Path) -> None:
+    """The registry, its locks and the empty job and uid directories go with the root
+    (they stayed after every job had ended); a registered job's root is kept whole."""
+    from weave_slurm.node.startup import remove_empty_root
+
+    daemon = NodeDaemon(NodeConfig(host_mem_gib=0.01, root=shm_root, checkpoint_root=ckpt_root))
+    daemon.start()
+    store = SegmentStore(shm_root)
+    gone = JobRef("gone", 0)
+    store.put_state(gone, "weights", {"w": torch.ones(8)}, version=1)
+    store.delete_segment(gone, "weights")    # the job ended: its directory and lock stay
+    assert (shm_root / "registry.json").exists() or (shm_root / ".daemon.lock").exists()
+    daemon.shutdown()
+    assert not shm_root.exists()
+
+    kept = NodeDaemon(NodeConfig(host_mem_gib=0.01, root=shm_root, checkpoint_root=ckpt_root))
+    kept.start()
+    job = JobRef("warm", 0)
+    SegmentStore(shm_root).put_state(job, "weights", {"w": torch.ones(8)}, version=1)
+    kept.registry.add(JobRecord(job, time.time()))
+    kept.registry.save()
+    kept.shutdown()
+    assert (SegmentStore(shm_root).job_dir(job) / "weights.seg").exists()  # warm: kept
+    stray = shm_root / "0" / "stray"
+    stray.mkdir(parents=True)
+    (stray / "x.seg").write_bytes(b"x")
+    (shm_root / "registry.json").unlink()
+    assert not remove_empty_root(shm_root) and (stray / "x.seg").exists()   # never data

@@ -44,7 +44,7 @@ from weave_slurm.node.registry import JobRecord, JobRegistry
 from weave_slurm.node.segment_ops import SegmentOps
 from weave_slurm.node.segments import SegmentStore
 from weave_slurm.node.staging import StagingArea
-from weave_slurm.node.startup import StartupReport, recover_store
+from weave_slurm.node.startup import StartupReport, recover_store, remove_empty_root
 from weave_slurm.node.status_view import node_status
 from weave_slurm.node.tenancy import DeviceTenancy
 from weave_slurm.node.worker import PhaseWorker, WorkerKind, job_segments, worker_env
@@ -193,7 +193,8 @@ class NodeDaemon:
             path.unlink(missing_ok=True)
 
     def shutdown(self) -> None:
-        """Stop serving, stop the workers, release the root (state stays in shm)."""
+        """Stop serving, stop the workers, release the root (state stays in shm; a root
+        with no job registered is removed)."""
         if self._server is not None:
             self._server.shutdown()
         if self.door is not None:
@@ -209,6 +210,10 @@ class NodeDaemon:
         for worker in workers:
             worker.stop(self.config.stop_timeout_s)
         if self._life_lock.is_locked:
+            with self.lock:
+                empty = not self.registry.jobs()
+            if empty:      # nothing warm to keep: leave nothing behind in /dev/shm
+                remove_empty_root(self.config.root)
             self._life_lock.release()
 
     # -- dispatch ----------------------------------------------------------------

@@ -60,3 +60,36 @@ def recover_store(store: SegmentStore, registered: set[JobRef]) -> StartupReport
         if not store.job_dir(job).is_dir():
             store.ensure_job_dir(job)
     return StartupReport(tuple(adopted), tuple(removed))
+
+
+#: What a node daemon itself keeps in its root (the job registry and its locks).
+DAEMON_FILES = ("registry.json", ".lock", ".daemon.lock")
+
+
+def remove_empty_root(root: Path) -> bool:
+    """At a clean stop with no job registered: remove the daemon's own files and every
+    empty directory under ``root``, then ``root`` itself, so a node the group let go of
+    keeps nothing in ``/dev/shm``. A segment still there (a job the registry does not
+    know) is kept and logged. True if ``root`` is gone."""
+    for name in DAEMON_FILES:
+        (root / name).unlink(missing_ok=True)
+    if not root.is_dir():
+        return True
+    for path in sorted(root.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        if path.is_dir():
+            try:
+                path.rmdir()            # only if empty
+            except OSError:
+                continue
+        elif path.name == ".lock" and not any(   # a job directory's own lock, alone
+                p.name != ".lock" for p in path.parent.iterdir()):
+            path.unlink(missing_ok=True)
+            path.parent.rmdir()
+    try:
+        root.rmdir()
+    except OSError:
+        left = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+        log.warning("node root %s: kept at stop, it still holds %s", root,
+                    ", ".join(left[:5]) or "directories")
+        return False
+    return True
