@@ -124,20 +124,27 @@ def raise_for(reply: Mapping[str, Any],
     raise cls(str(reply.get("message")))
 
 
-def _connect(sock: socket.socket, path: str, timeout_s: float) -> None:
+def _connect(sock: socket.socket, path: str, timeout_s: float, wait_s: float = 0.0) -> None:
     """Connect within ``timeout_s``. A Unix socket whose accept queue is full answers
-    EAGAIN at once where a blocking connect would wait: the server is busy, not gone."""
-    deadline = time.monotonic() + timeout_s
+    EAGAIN at once where a blocking connect would wait: the server is busy, not gone.
+    A socket that is not there yet (ENOENT) or that nobody listens on (ECONNREFUSED: a
+    server restarting) is asked again for ``wait_s``: the server may be starting."""
+    start = time.monotonic()
     pause = 0.005
     while True:
         try:
             sock.connect(path)
             return
         except BlockingIOError:
-            if time.monotonic() + pause > deadline:
+            if time.monotonic() + pause > start + timeout_s:
                 raise
             time.sleep(pause)
-            pause = min(pause * 2, 0.2)
+        except (FileNotFoundError, ConnectionRefusedError):
+            left_s = start + wait_s - time.monotonic()
+            if left_s <= 0:
+                raise
+            time.sleep(min(pause, left_s))
+        pause = min(pause * 2, 0.2)
 
 
 class LineClient:
@@ -145,7 +152,9 @@ class LineClient:
 
     ``server`` names the server in messages ("weaved", "node daemon") and
     ``start_hint`` says how to start it when nobody listens; ``unavailable`` is the
-    error raised when nobody listens or the connection breaks.
+    error raised when nobody listens or the connection breaks. ``wait_s``: how long to
+    keep asking a socket that is not there or not listening (a server that is starting)
+    before that error; 0 says it at once.
     """
 
     server = "server"
@@ -153,13 +162,13 @@ class LineClient:
     unavailable: type[WeaveError] = StateError
 
     def __init__(self, socket_path: Path, timeout_s: float = 30.0,
-                 max_reply_bytes: int = 1 << 30) -> None:
+                 max_reply_bytes: int = 1 << 30, wait_s: float = 0.0) -> None:
         self.socket_path = Path(socket_path)
         self._limit = max_reply_bytes
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.settimeout(timeout_s)
         try:
-            _connect(self._sock, str(self.socket_path), timeout_s)
+            _connect(self._sock, str(self.socket_path), timeout_s, wait_s)
         except OSError as exc:
             self._sock.close()
             raise self.unavailable(f"no {self.server} at {str(self.socket_path)!r} "

@@ -77,7 +77,8 @@ def test_missing_and_invalid_values_are_refused(tmp_path: Path) -> None:
 
 
 def test_submit_prints_like_sbatch_and_refuses_cleanly(
-        weaved: Running, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: F811
+        weaved: Running, tmp_path: Path, capsys: pytest.CaptureFixture[str],  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch) -> None:
     spec = tmp_path / "job.toml"
     spec.write_text(job_spec_toml("tiny"))
     sock = ["--socket", str(weaved.socket)]
@@ -90,6 +91,7 @@ def test_submit_prints_like_sbatch_and_refuses_cleanly(
     assert err.startswith("weave-sbatch: error:") and "slo" in err and len(err.splitlines()) == 1
     assert run_app(app, "weave-sbatch", [str(spec), "--rollout-gpus", "800", *sock]) == 2
     assert "needs 100 nodes" in capsys.readouterr().err
+    monkeypatch.setenv("WEAVE_DAEMON_WAIT_S", "0")   # no wait for a weaved starting there
     assert run_app(app, "weave-sbatch", [str(spec), "--socket", "/nonexistent/s"]) == 1
     assert "no weaved at" in capsys.readouterr().err
 
@@ -132,7 +134,9 @@ def test_code_directives_and_flags(tmp_path: Path) -> None:
 
 
 def test_test_only_refuses_code_paths_that_are_not_there_in_one_line(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WEAVE_DAEMON_WAIT_S", "0")   # no wait for a weaved starting there
     paths = _code(tmp_path)
     spec = tmp_path / "job.toml"
     spec.write_text(job_spec_toml("code"))

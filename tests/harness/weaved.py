@@ -27,9 +27,10 @@ def call(sock: Path, op: Op, **args: Any) -> dict[str, Any]:
 
 
 def pings(sock: Path) -> bool:
-    """True if a weaved answers on ``sock``."""
+    """True if a weaved answers on ``sock`` now (a probe: no wait for one starting)."""
     try:
-        call(sock, Op.PING)
+        with DaemonClient(sock, wait_s=0) as client:
+            client.call(Op.PING)
     except (WeaveError, OSError):
         return False
     return True

@@ -13,8 +13,7 @@ from weave_slurm.errors import ConfigError, NodeGone, WeaveError
 from weave_slurm.hosted.contract import PhaseArgs
 from weave_slurm.model.layout import MemberLayout, RolloutLayout, TrainLayout
 from weave_slurm.node.index import JobRef
-from weave_slurm.node.protocol import Op
-from weave_slurm.node.worker import WorkerState
+from weave_slurm.node.protocol import Op, WorkerState
 from weave_slurm.runtime.faults import Fault, FaultKind
 from weave_slurm.runtime.gang import Gang, GangPorts, RankSlot, read_phase
 from weave_slurm.runtime.group import MemberSpec, NodeRef

@@ -72,7 +72,7 @@ def daemon(
         typer.echo(unit_text(), nl=False)
         return
     handler = None if log_file is None else file_handler(log_file, log_max_mib, log_backups)
-    from weave_slurm.daemon.service import DaemonConfig, Weaved  # imports torch: only here
+    from weave_slurm.daemon.service import DaemonConfig, Weaved  # not for --help
 
     setup_logging(logging.INFO if verbose else logging.WARNING, "weaved", timestamps=True,
                   to=handler)

@@ -40,9 +40,9 @@ from weave_slurm.errors import ConfigError, GateRefused, PhaseRevoked, StateErro
 from weave_slurm.node import reaper
 from weave_slurm.node.index import JobRef
 from weave_slurm.node.open_as import open_as
-from weave_slurm.node.protocol import Request
+from weave_slurm.node.protocol import Request, WorkerState
 from weave_slurm.node.segments import gid_of
-from weave_slurm.node.worker import WorkerKind, WorkerState
+from weave_slurm.node.worker import WorkerKind
 from weave_slurm.vocab import Phase
 
 log = logging.getLogger(__name__)

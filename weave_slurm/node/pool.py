@@ -37,9 +37,9 @@ from typing import Any
 
 from weave_slurm.errors import ConfigError, InsufficientResources, NodeUnavailable, StateError
 from weave_slurm.node.index import JobRef
+from weave_slurm.node.protocol import WorkerState
 from weave_slurm.node.segments import gid_of
 from weave_slurm.node.seqpacket import receive, send
-from weave_slurm.node.worker import WorkerState
 from weave_slurm.node.zygotes import Interpreter, ZygoteProcess
 from weave_slurm.vocab import Phase
 

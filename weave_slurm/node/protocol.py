@@ -6,6 +6,10 @@ Reply:    ``{"ok": true, "result": {...}}`` or
 
 The caller's uid is not part of the message: the daemon reads it from the socket
 (SO_PEERCRED). Only the uid that registered a job, or root, may touch it.
+
+The values the replies carry (:class:`WorkerState`, :class:`WorkerStatus`) live here
+too, so that weaved and the group runtime read them without importing the node side
+(its segments map shared memory through torch).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any
 
 from weave_slurm import wire
 from weave_slurm.errors import ConfigError, StateError, WeaveError
+from weave_slurm.vocab import Phase
 from weave_slurm.wire import fail as fail
 from weave_slurm.wire import ok as ok
 from weave_slurm.wire import peer_uid as peer_uid
@@ -72,6 +77,34 @@ class Request:
     def decode(cls, line: bytes) -> Request:
         op, args = wire.decode_request(line, Op)
         return cls(op, args)
+
+
+class WorkerState(StrEnum):
+    """How a phase worker stands, as the ``phase`` reply's ``worker.state`` says."""
+
+    RUNNING = "running"
+    EXITED = "exited"      # returncode 0
+    FAILED = "failed"      # returncode > 0
+    KILLED = "killed"      # ended by a signal (returncode < 0)
+
+
+@dataclass(frozen=True)
+class WorkerStatus:
+    """One phase worker's status, as the ``activate``, ``phase`` and ``deactivate``
+    replies carry it."""
+
+    job_id: str
+    phase: Phase
+    pid: int
+    state: WorkerState
+    returncode: int | None
+    started_s: float
+    log_path: str
+
+    def to_json(self) -> dict[str, object]:
+        return {"job": self.job_id, "phase": self.phase.value, "pid": self.pid,
+                "state": self.state.value, "returncode": self.returncode,
+                "started_s": self.started_s, "log_path": self.log_path}
 
 
 def read_line(sock: socket.socket, buf: bytearray, limit: int = MAX_LINE_BYTES) -> bytes | None:

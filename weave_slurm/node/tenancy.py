@@ -31,9 +31,10 @@ from weave_slurm.errors import WeaveError
 from weave_slurm.node.budget import MemoryBudget
 from weave_slurm.node.index import JobRef
 from weave_slurm.node.pool import ResidentPool, ResidentState
+from weave_slurm.node.protocol import WorkerState
 from weave_slurm.node.registry import JobRegistry
 from weave_slurm.node.segments import SegmentStore
-from weave_slurm.node.worker import WorkerState, job_segments, worker_env
+from weave_slurm.node.worker import job_segments, worker_env
 
 log = logging.getLogger(__name__)
 

@@ -25,12 +25,12 @@ import signal
 import subprocess
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
 from weave_slurm.errors import ConfigError
 from weave_slurm.node.index import JobRef
+from weave_slurm.node.protocol import WorkerState, WorkerStatus
 from weave_slurm.node.segments import AttachedState, SegmentStore
 from weave_slurm.vocab import Phase
 
@@ -41,29 +41,6 @@ class WorkerKind(StrEnum):
     PROCESS = "process"      # a PhaseWorker: a fresh process started from the request's argv
     RESIDENT = "resident"    # an activation of the job's pre-forked resident worker (pool)
     EXTERNAL = "external"    # a gate grant to a cooperative job's own process (gate_ops)
-
-
-class WorkerState(StrEnum):
-    RUNNING = "running"
-    EXITED = "exited"      # returncode 0
-    FAILED = "failed"      # returncode > 0
-    KILLED = "killed"      # ended by a signal (returncode < 0)
-
-
-@dataclass(frozen=True)
-class WorkerStatus:
-    job_id: str
-    phase: Phase
-    pid: int
-    state: WorkerState
-    returncode: int | None
-    started_s: float
-    log_path: str
-
-    def to_json(self) -> dict[str, object]:
-        return {"job": self.job_id, "phase": self.phase.value, "pid": self.pid,
-                "state": self.state.value, "returncode": self.returncode,
-                "started_s": self.started_s, "log_path": self.log_path}
 
 
 def job_segments(store: SegmentStore, job: JobRef) -> dict[str, Path]:

@@ -48,8 +48,7 @@ from dataclasses import dataclass, field
 
 from weave_slurm.clock import Clock
 from weave_slurm.errors import VersionMismatch, WeaveError
-from weave_slurm.node.protocol import Op
-from weave_slurm.node.worker import WorkerState
+from weave_slurm.node.protocol import Op, WorkerState
 from weave_slurm.runtime.faults import Fault, FaultKind
 from weave_slurm.runtime.group import MemberState, NodeRef
 from weave_slurm.runtime.lifecycle import Lifecycle

@@ -36,8 +36,7 @@ from typing import Any
 from weave_slurm.errors import ConfigError, WeaveError
 from weave_slurm.hosted.contract import PhaseArgs, engine_job, rank_job
 from weave_slurm.node.index import JobRef
-from weave_slurm.node.protocol import Op
-from weave_slurm.node.worker import WorkerState
+from weave_slurm.node.protocol import Op, WorkerState
 from weave_slurm.runtime.faults import Fault, FaultKind
 from weave_slurm.runtime.group import MemberSpec, NodeRef
 from weave_slurm.runtime.nodes import NodeLink

@@ -49,8 +49,7 @@ from weave_slurm.clock import Clock, MonotonicClock
 from weave_slurm.errors import ConfigError, StateError, WeaveError
 from weave_slurm.hosted import contract
 from weave_slurm.hosted.contract import TRAJ_BUFFER, WEIGHTS_BUFFER, buffer_name, rollout_version
-from weave_slurm.node.protocol import Op
-from weave_slurm.node.worker import WorkerState
+from weave_slurm.node.protocol import Op, WorkerState
 from weave_slurm.runtime.agents import Launcher
 from weave_slurm.runtime.cooperative import Cooperative
 from weave_slurm.runtime.faults import Fault, FaultKind
