@@ -164,3 +164,28 @@ def test_weave_sbatch_started_before_weave_daemon_submits(tmp_path: Path) -> Non
                 daemon.wait(10)
     assert sbatch.returncode == 0, err
     assert "job 'tiny' would fit this site" in out and "(not submitted)" in out
+
+
+def test_the_socket_is_found_from_any_directory(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """--socket, $WEAVE_DAEMON_SOCKET, a weaved started here, else the site's service
+    socket: `cd /tmp && weave status` reaches the service."""
+    from weave_slurm.daemon import client
+
+    service = tmp_path / "var-lib-weave" / "weaved.sock"
+    monkeypatch.setattr(client, "SERVICE_SOCKET", service)
+    monkeypatch.delenv(client.SOCKET_ENV, raising=False)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert client.default_socket() == client.DEFAULT_STATE_DIR / client.SOCKET_NAME
+    service.parent.mkdir()
+    service.touch()                                   # the service runs
+    assert client.default_socket() == service
+    local = elsewhere / ".state" / "weaved" / "weaved.sock"
+    local.parent.mkdir(parents=True)
+    local.touch()                                     # a weaved started here wins
+    assert client.default_socket() == client.DEFAULT_STATE_DIR / client.SOCKET_NAME
+    monkeypatch.setenv(client.SOCKET_ENV, "/x.sock")
+    assert client.default_socket() == Path("/x.sock")
+    assert client.default_socket(Path("/y.sock")) == Path("/y.sock")

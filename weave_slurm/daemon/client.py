@@ -28,12 +28,25 @@ WAIT_ENV = "WEAVE_DAEMON_WAIT_S"
 DEFAULT_WAIT_S = 5.0
 
 
+#: Where weaved listens when it runs as the site's service (weaved.service, docs/deploy.md).
+SERVICE_SOCKET = Path("/var/lib/weave") / SOCKET_NAME
+
+
 def default_socket(explicit: Path | None = None) -> Path:
-    """``--socket``, else $WEAVE_DAEMON_SOCKET, else .state/weaved/weaved.sock."""
+    """``--socket``, else $WEAVE_DAEMON_SOCKET, else a weaved started in this directory
+    (``.state/weaved/weaved.sock``, as README's), else the site's service
+    (:data:`SERVICE_SOCKET`): found from any directory, as Slurm's clients find
+    slurmctld from slurm.conf wherever they run. None there: this directory's path,
+    which the client waits for (a weaved starting here)."""
     if explicit is not None:
         return explicit
     env = os.environ.get(SOCKET_ENV)
-    return Path(env) if env else DEFAULT_STATE_DIR / SOCKET_NAME
+    if env:
+        return Path(env)
+    local = DEFAULT_STATE_DIR / SOCKET_NAME
+    if not local.exists() and SERVICE_SOCKET.exists():
+        return SERVICE_SOCKET
+    return local
 
 
 def wait_for_daemon_s(env: Mapping[str, str] | None = None) -> float:
