@@ -184,3 +184,37 @@ def test_a_piped_step_is_one_srun_task_with_pipes() -> None:
     assert call.env == {**ENV, "OMP_NUM_THREADS": "1"} and call.spawned
     with pytest.raises(ConfigError, match="one task"):
         b.open_step("42", StepSpec("x", ("true",), ntasks=2))
+
+
+def test_an_exited_srun_nobody_polls_is_reaped_with_the_next_look_at_slurm(
+        tmp_path: Path) -> None:
+    """A node daemon's srun whose allocation was released is never polled again: it was
+    left a zombie of weaved (#33: '[srun] <defunct>' minutes later). Each squeue look
+    collects it; its exit status stays known."""
+    import subprocess
+    import time
+
+    class Spawns(FakeRunner):        # scripted Slurm answers, a real child for srun
+        def spawn(self, argv, *, env=None, log_path=None):  # type: ignore[no-untyped-def]
+            super().spawn(argv, env=env, log_path=log_path)
+            return subprocess.Popen(["true"])
+
+    fake = Spawns()
+    fake.on(["srun"], FakeReply())
+    backend = _backend(fake)
+    handle = backend.launch_step("2", StepSpec("weave-node", ("sleep", "0")))
+    pid = handle.launcher_pid
+    deadline = time.monotonic() + 10
+    while _state(pid) != "Z" and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _state(pid) == "Z"                       # exited, not collected
+    backend.list_allocations()
+    assert _state(pid) is None                      # reaped
+    assert backend.poll_step(handle).state is StepState.COMPLETED
+
+
+def _state(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return None

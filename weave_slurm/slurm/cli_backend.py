@@ -161,8 +161,16 @@ class SlurmCliBackend:
         ``--user`` asks squeue for ours only; each row's ``user_id`` is checked too (an
         answer that ignores the filter must not make another user's job ours)."""
         out = self._run(["squeue", "--json", f"--user={self.uid}"])
+        self._reap()
         return tuple(a for a in squeue.parse_jobs(out, prefix, uid=self.uid, instance=instance)
                      if a.state is not AllocationState.ENDED)
+
+    def _reap(self) -> None:
+        """Collect every launched srun that has exited (each tick, with the world): a step
+        whose allocation was released is never polled again, and its srun would stay a
+        zombie of weaved. Its exit status stays known to :meth:`poll_step`."""
+        for launched in self._steps.values():
+            launched.process.poll()
 
     def nodes(self) -> tuple[NodeInfo, ...]:
         return parse_nodes(self._run(["sinfo", "--json"]))
