@@ -24,6 +24,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "cancel": ("weave_slurm.cli.status", "cancel"),
     "show": ("weave_slurm.cli.status", "show"),
     "logs": ("weave_slurm.cli.job_logs", "logs"),
+    "hold": ("weave_slurm.cli.hold", "hold"),
+    "release": ("weave_slurm.cli.hold", "release"),
     "compare": ("weave_slurm.cli.compare", "compare"),
     "sacct": ("weave_slurm.cli.sacct", "sacct"),
     "plan": ("weave_slurm.cli.plan", "plan"),

@@ -45,6 +45,11 @@ def submit(
     output: Annotated[str | None, typer.Option("--output", "-o", help="Output file "
                                                "(%j job id, %u user, %x name).")] = None,
     error: Annotated[str | None, typer.Option("--error", "-e", help="Error file.")] = None,
+    dependency: Annotated[str | None, typer.Option(
+        "--dependency", "-d", help="Start after other weave jobs: after|afterany|afterok|"
+        "afternotok:ID[:ID...][,...].")] = None,
+    hold: Annotated[bool, typer.Option("--hold", "-H", help="Submit held: PENDING until "
+                                       "weave release ID.")] = False,
     slo: Annotated[float | None, typer.Option("--slo", help="Permitted slowdown.")] = None,
     rollout_gpus: Annotated[int | None, typer.Option("--rollout-gpus")] = None,
     train_gpus: Annotated[int | None, typer.Option("--train-gpus")] = None,
@@ -92,7 +97,9 @@ def submit(
     and #SBATCH directives and the spec)."""
     path, text = _script(None if script is None else Path(script), wrap)
     given: dict[str, Any] = {
-        **sbatch_flags(account=account, qos=qos, time=time, output=output, error=error),
+        **sbatch_flags(account=account, qos=qos, time=time, output=output, error=error,
+                       dependency=dependency),
+        "hold": hold or None,
         "job-name": job_name, "slo": slo, "rollout-gpus": rollout_gpus,
         "train-gpus": train_gpus, "engine-gpus": engine_gpus, "max-tokens": max_tokens,
         "prompts-per-step": prompts_per_step, "samples-per-prompt": samples_per_prompt,

@@ -20,6 +20,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from weave_slurm.config.dependency import dependency_text
 from weave_slurm.config.reader import TableReader
 from weave_slurm.config.site import MAX_TIME_LIMIT_MIN, SlurmConfig
 from weave_slurm.errors import ConfigError, InfeasibleRequest
@@ -47,7 +48,11 @@ SBATCH_OPTIONS: tuple[SbatchOption, ...] = (
     SbatchOption("error", "e", "error"),
     SbatchOption("job-name", "J", "job-name"),
     SbatchOption("chdir", "D", "workdir"),
+    SbatchOption("dependency", "d", "dependency"),
+    SbatchOption("hold", "H", "hold"),
 )
+#: Honoured options that take no value.
+SBATCH_SWITCHES = frozenset({"hold"})
 _BY_LONG = {o.long: o for o in SBATCH_OPTIONS}
 _BY_SHORT = {o.short: o for o in SBATCH_OPTIONS if o.short}
 HONOURED = ", ".join(f"--{o.long}/-{o.short}" for o in SBATCH_OPTIONS)
@@ -62,6 +67,8 @@ class JobSlurm:
     time_limit_min: int | None = None   # the job ends once it has run this long
     output: str | None = None           # stdout pattern (%j %u %x %%), as sbatch's
     error: str | None = None            # stderr pattern; None: with stdout
+    dependency: str | None = None       # --dependency (config/dependency.py)
+    hold: bool = False                  # --hold: PENDING until `weave release`
 
 
 #: A job with no ``[slurm]`` table: the site's terms, no limit of its own.
@@ -110,8 +117,7 @@ _ADVICE: dict[str, str] = {
                     "weave sends no mail: follow the job with weave status -i or weave logs"),
     "export": "a hosted job runs in its workers' environment; a cooperative job gets "
               "yours ([launch.env] in a spec)",
-    **dict.fromkeys(("array", "dependency", "hold"),
-                    "not supported by weave yet: submit each job with weave-sbatch"),
+    "array": "not supported by weave yet: submit each job with weave-sbatch",
     "wrap": "give --wrap on weave-sbatch's command line",
     **dict.fromkeys(("requeue", "no-requeue"),
                     "weaved requeues a job whose group cannot start (the site's "
@@ -120,7 +126,7 @@ _ADVICE: dict[str, str] = {
 #: sbatch's one-letter options weave refuses, by long name (for their advice).
 _SHORT_NAMES = {"N": "nodes", "n": "ntasks", "c": "cpus-per-task", "G": "gpus",
                 "w": "nodelist", "x": "exclude", "C": "constraint", "p": "partition",
-                "a": "array", "d": "dependency", "H": "hold", "m": "distribution"}
+                "a": "array", "m": "distribution"}
 #: sbatch options that take no value (so the word after one is not its value).
 _SWITCH = frozenset(("exclusive", "requeue", "no-requeue", "hold", "H", "overcommit", "O",
                      "contiguous", "use-min-nodes", "spread-job", "quiet", "Q", "verbose",
@@ -145,6 +151,10 @@ def sbatch_scan(words: Sequence[str], where: str
         if short is not None:
             flag, value = short
             shown = word[:2]
+            if flag in SBATCH_SWITCHES and value is None:
+                out.append((flag, "yes"))
+                i += 1
+                continue
         else:
             name, eq, raw = word[2:].partition("=")
             opt = _BY_LONG.get(name)
@@ -153,6 +163,10 @@ def sbatch_scan(words: Sequence[str], where: str
                 i += 1 + (0 if eq else _takes_value(name, words, i))
                 continue
             flag, value, shown = opt.flag, (raw if eq else None), f"--{name}"
+            if flag in SBATCH_SWITCHES and value is None:
+                out.append((flag, "yes"))
+                i += 1
+                continue
         if value is None:
             if i + 1 >= len(words):
                 raise ConfigError(f"{where}: #SBATCH {shown} needs a value")
@@ -278,7 +292,8 @@ def log_path(pattern: str, *, job_id: int | str, user: str, job_name: str,
 
 
 def read_job_slurm(r: TableReader | None) -> JobSlurm:
-    """``[slurm]`` of a job spec: account, qos, time_limit_min, output, error."""
+    """``[slurm]`` of a job spec: account, qos, time_limit_min, output, error,
+    dependency, hold."""
     if r is None:
         return JobSlurm()
     values: dict[str, str | None] = {}
@@ -293,9 +308,17 @@ def read_job_slurm(r: TableReader | None) -> JobSlurm:
     if limit is not None and not 1 <= limit <= MAX_TIME_LIMIT_MIN:
         raise r.fail("time_limit_min", limit, f"must be minutes between 1 and "
                      f"{MAX_TIME_LIMIT_MIN}; leave it out for no limit of its own")
+    dependency = r.opt_string("dependency")
+    if dependency is not None:
+        try:
+            dependency = dependency_text(dependency)
+        except ConfigError as exc:
+            raise r.fail("dependency", dependency, str(exc)) from None
+    hold = r.boolean("hold", False)
     r.done()
     return JobSlurm(account=values["account"], qos=values["qos"], time_limit_min=limit,
-                    output=values["output"], error=values["error"])
+                    output=values["output"], error=values["error"], dependency=dependency,
+                    hold=hold)
 
 
 def refuse_over_site(job: JobSlurm, site: SlurmConfig, where: str) -> None:

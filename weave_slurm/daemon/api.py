@@ -25,6 +25,7 @@ from weave_slurm.config.sbatch import refuse_over_site
 from weave_slurm.config.site import SiteConfig
 from weave_slurm.daemon import limits, membership
 from weave_slurm.daemon.access import check_access, output_needs, worker_needs
+from weave_slurm.daemon.dependencies import unknown_jobs
 from weave_slurm.daemon.driver import job_nodes
 from weave_slurm.daemon.faults import FaultPoint, crossing
 from weave_slurm.daemon.job_output import log_files
@@ -122,6 +123,8 @@ class Api:
                                test_only=args.get("test_only") is True)
         if op is Op.CANCEL:
             return self.cancel(uid, _int_list(args, "jobs"))
+        if op in (Op.HOLD, Op.RELEASE):
+            return self.hold(uid, _int_list(args, "jobs"), op is Op.HOLD)
         if op is Op.STATUS:
             return self.status(args)
         if op is Op.GROUPS:
@@ -157,6 +160,12 @@ class Api:
             raise InfeasibleRequest(f"{where}: can never be placed on this site: "
                                     f"{'; '.join(never.reasons)}")
         check_runnable(job, profile.layout, self.site, uid, self.node_python)
+        if job.slurm.dependency:
+            unknown = unknown_jobs(job.slurm.dependency, lambda j: self.store.job(j) is not None)
+            if unknown:
+                raise ConfigError(f"{where}: key 'slurm.dependency' = "
+                                  f"'{job.slurm.dependency}': no job {unknown[0]} (Slurm: "
+                                  "Job dependency problem)")
         if test_only:
             return {"job": None, "valid": True, "rollout_nodes": profile.rollout_nodes,
                     "train_nodes": profile.train_nodes,
@@ -191,12 +200,7 @@ class Api:
 
     def _cancel(self, uid: int, job_id: int) -> str:
         for _ in range(3):  # the reconcile loop may move the job meanwhile
-            job = self.store.job(job_id)
-            if job is None:
-                raise ConfigError(f"Invalid job id specified: {job_id}")
-            if uid not in self.admins and uid != job.uid:
-                raise PermissionDenied(f"Access/permission denied for job {job_id} (owned by "
-                                       f"{job.user})")
+            job = self._own_job(uid, job_id)
             if job.state.final:
                 raise AlreadyEnded(f"Job {job_id} already {job.state.value.lower()}")
             if job.state is JobState.CANCELLING:
@@ -210,6 +214,36 @@ class Api:
                 continue
             return f"job {job_id} {dst.value.lower()}"
         raise StateError(f"job {job_id} keeps changing state; try again")
+
+    def hold(self, uid: int, ids: list[int], held: bool) -> dict[str, Any]:
+        """Hold (or release) pending jobs, as scontrol hold/release: a held job is not
+        placed until it is released (daemon/dependencies.py)."""
+        if not ids:
+            raise ConfigError(f"{'hold' if held else 'release'}: give at least one job id")
+        results = []
+        for job_id in ids:
+            try:
+                job = self._own_job(uid, job_id)
+                if job.state is not JobState.PENDING:
+                    raise StateError(f"Job {job_id} is {job.state.value}: only a pending job "
+                                     f"can be {'held' if held else 'released'}")
+                self.store.update("job", job_id, held=int(held))
+                results.append({"job": job_id, "ok": True,
+                                "message": f"job {job_id} {'held' if held else 'released'}"})
+            except WeaveError as exc:
+                results.append({"job": job_id, "ok": False, "message": str(exc)})
+        self.wake()
+        return {"results": results}
+
+    def _own_job(self, uid: int, job_id: int) -> JobRow:
+        """The job, if ``uid`` may act on it (its owner, or an admin)."""
+        job = self.store.job(job_id)
+        if job is None:
+            raise ConfigError(f"Invalid job id specified: {job_id}")
+        if uid not in self.admins and uid != job.uid:
+            raise PermissionDenied(f"Access/permission denied for job {job_id} (owned by "
+                                   f"{job.user})")
+        return job
 
     # -- views -------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from weave_slurm.config.fairshare import JobLimits
 from weave_slurm.config.site import SiteConfig
+from weave_slurm.daemon.dependencies import wait_reason
 from weave_slurm.daemon.records import JobRow
 from weave_slurm.daemon.states import JobState
 from weave_slurm.daemon.store import Store
@@ -85,7 +86,8 @@ def submission_refusal(store: Store, site: SiteConfig, user: str, account: str,
 
 @dataclass
 class Queue:
-    """Pending jobs in the order to place them, and those a limit holds (job -> REASON)."""
+    """Pending jobs in the order to place them, and those that wait (job -> REASON): held
+    by their user, for a dependency, or by a limit."""
 
     ordered: list[JobRow]
     held: dict[int, str] = field(default_factory=dict)
@@ -97,7 +99,19 @@ class Queue:
 
 
 def queue(store: Store, site: SiteConfig, pending: Sequence[JobRow], now: float) -> Queue:
-    """Order ``pending`` and hold what a ``max_running`` limit holds (module doc)."""
+    """Order ``pending`` and hold what its user's hold, its dependency
+    (:mod:`~weave_slurm.daemon.dependencies`) or a ``max_running`` limit holds (module
+    doc)."""
+    states: dict[int, JobState | None] = {}
+
+    def state_of(job_id: int) -> JobState | None:
+        if job_id not in states:
+            row = store.job(job_id)
+            states[job_id] = None if row is None else row.state
+        return states[job_id]
+
+    waits = {j.job_id: why for j in pending if (why := wait_reason(j, state_of)) is not None}
+    pending = [j for j in pending if j.job_id not in waits]
     ordered = sorted(pending, key=lambda j: j.job_id)
     priority: dict[int, int] = {}
     if site.fairshare.enabled:
@@ -105,7 +119,7 @@ def queue(store: Store, site: SiteConfig, pending: Sequence[JobRow], now: float)
                                                                for j in pending], now)
         priority = {j.job_id: share.priority(_claimant(j, site)) for j in pending}
         ordered.sort(key=lambda j: (-priority[j.job_id], j.submitted_s, j.job_id))
-    out = Queue([], priority=priority)
+    out = Queue([], held=dict(waits), priority=priority)
     caps = [(kind, limits.max_running) for kind, limits in _limits(site)
             if limits.max_running is not None]
     if not caps:

@@ -28,6 +28,8 @@ MAX_LINE_BYTES = 256 * 1024
 class Op(StrEnum):
     SUBMIT = "submit"  # spec (TOML text), source -> job id
     CANCEL = "cancel"  # jobs: [ids] -> per-id result
+    HOLD = "hold"  # jobs: [ids] -> per-id result (pending jobs: not placed until released)
+    RELEASE = "release"  # jobs: [ids] -> per-id result
     STATUS = "status"  # users?, jobs?, all? -> job rows
     GROUPS = "groups"  # -> group rows
     SHOW = "show"  # kind: job|group, id -> details (owner or admin)

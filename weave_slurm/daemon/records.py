@@ -56,6 +56,7 @@ class JobRow:
     measured: JobProfile | None = None  # the runtime's live numbers, once it has enough
     moving_from: int | None = None  # a re-plan moves it from this group (None: not moving)
     weights_sha256: str | None = None  # its final weights' digest (a completed hosted job)
+    held: bool = False  # held by its user: not placed until weave release (schema 7)
 
     def readable_spec(self) -> JobSpec:
         """Its spec; ``ConfigError`` where an older weaved stored one this weave cannot read."""

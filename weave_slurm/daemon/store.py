@@ -54,7 +54,7 @@ _ENTITIES: dict[str, tuple[str, str, type[State]]] = {
     "step": ("steps", "key", StepRunState),
 }
 _FIELDS = {"jobs": {"reason", "group_id", "started_s", "ended_s", "moving_from",
-                    "weights_sha256"},
+                    "weights_sha256", "held"},
            "groups": {"reason", "plan"},
            "allocations": {"reason", "alloc_id", "nodes", "updated_s"},
            "steps": {"reason", "launcher_pid", "updated_s"}}
@@ -245,9 +245,9 @@ class Store:
         with self._tx() as db:
             cur = db.execute(
                 "INSERT INTO jobs (uid, user, name, spec, spec_json, source, profile, state, "
-                "submitted_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "submitted_s, held) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (uid, user, name, spec_toml, spec_to_json(spec), source,
-                 profile_to_json(profile), JobState.PENDING.value, now))
+                 profile_to_json(profile), JobState.PENDING.value, now, int(spec.slurm.hold)))
             job_id = int(cur.lastrowid or 0)
             self._log(db, now, "job", job_id, None, JobState.PENDING, f"submitted by uid {uid}")
         return job_id
@@ -260,7 +260,7 @@ class Store:
                       state_of(JobState, r["state"]), r["reason"], r["group_id"],
                       r["submitted_s"], r["started_s"], r["ended_s"],
                       profile_from_json(r["measured"]) if r["measured"] else None,
-                      r["moving_from"], r["weights_sha256"])
+                      r["moving_from"], r["weights_sha256"], bool(r["held"]))
 
     def set_measured(self, job_id: int, profile: JobProfile) -> None:
         """Record the runtime's measured planning profile of a job (state unchanged)."""

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from weave_slurm.config import launch, sbatch
+from weave_slurm.config import dependency, launch, sbatch
 from weave_slurm.config.job import JobSpec, parse_job
 from weave_slurm.errors import ConfigError
 
@@ -49,6 +49,10 @@ DIRECTIVES: tuple[Directive, ...] = (
               sbatch.log_pattern),
     Directive("error", ("slurm", "error"), str,
               "where the job's errors go (-e; default: with --output)", sbatch.log_pattern),
+    Directive("dependency", ("slurm", "dependency"), str,
+              f"start after other jobs (-d): {dependency.FORMS}", dependency.dependency_text),
+    Directive("hold", ("slurm", "hold"), bool, "submit held: PENDING until weave release "
+              "(-H)", launch.yes),
     Directive("slo", ("slo",), float, "permitted slowdown, >= 1.0 (e.g. 1.5)"),
     Directive("rollout-gpus", ("gpus", "rollout"), int, "GPUs of the rollout phase"),
     Directive("train-gpus", ("gpus", "train"), int, "GPUs of the training phase"),
@@ -97,7 +101,7 @@ SCRIPT_REQUIRED = ("model-params-b", "rollout-gpus", "train-gpus", "max-tokens")
 SCRIPT_DEFAULTS: dict[str, Any] = {"rollout": {"prompts_per_step": 64, "samples_per_prompt": 8}}
 _NAME_BAD = re.compile(r"[^A-Za-z0-9._-]")
 _BARE = re.compile(r"^[A-Za-z0-9_-]+$")
-_SWITCHES = ("cooperative", "solo")   # options that take no value (on when given)
+_SWITCHES = ("cooperative", "solo", "hold")   # options that take no value (on when given)
 
 
 def convert(flag: str, raw: str, where: str) -> Any:
