@@ -136,3 +136,16 @@ def test_groups_marks_a_job_moving_out_and_in(monkeypatch: pytest.MonkeyPatch,
     assert run_app(_app(), "weave", ["groups"]) == 0
     rows = [line.split()[:3] for line in capsys.readouterr().out.splitlines()[1:]]
     assert rows == [["1", "ACTIVE", "3>,5"], ["2", "ACTIVE", "4,>3"]]
+
+
+def test_show_job_prints_each_requeue_with_its_reason(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    why = "requeued (1 of max_requeues = 3): group 1 could not reach its node daemons"
+    answer = {**ROW, "reason": why, "requeues": 1,
+              "requeue_history": [{"ts": 0.0, "reason": why}], "transitions": []}
+    monkeypatch.setattr("weave_slurm.cli.status._call", lambda *a, **k: answer)
+    assert run_app(_app(), "weave", ["show", "job", "7"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert f"reason={why}" in lines and "requeues=1" in lines
+    (line,) = [x for x in lines if x.startswith("requeued=")]
+    assert line.endswith(f" {why}") and not any(x.startswith("requeue_history") for x in lines)
