@@ -172,3 +172,16 @@ def test_groups_headers_name_the_sites_partitions(monkeypatch: pytest.MonkeyPatc
     head, row = capsys.readouterr().out.splitlines()
     assert head.split()[3:8] == ["INFER", "A100", "PERIOD_S", "BUB_INFER", "BUB_A100"]
     assert row.split()[3:8] == ["2", "1", "60", "0%", "25%"]
+
+
+def test_show_job_prints_each_requeue_with_its_reason(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    why = "requeued (1 of max_requeues = 3): group 1 could not reach its node daemons"
+    answer = {**ROW, "reason": why, "requeues": 1,
+              "requeue_history": [{"ts": 0.0, "reason": why}], "transitions": []}
+    monkeypatch.setattr("weave_slurm.cli.status._call", lambda *a, **k: answer)
+    assert run_app(_app(), "weave", ["show", "job", "7"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert f"reason={why}" in lines and "requeues=1" in lines
+    (line,) = [x for x in lines if x.startswith("requeued=")]
+    assert line.endswith(f" {why}") and not any(x.startswith("requeue_history") for x in lines)

@@ -1,5 +1,6 @@
 """Fixtures of the daemon tests: an in-process weaved on the local backend (`slurm` tests
-use the session's cluster, ``slurm_cluster`` in tests/conftest.py). Their job specs
+use the session's cluster, ``slurm_cluster`` in tests/conftest.py); README's path on
+that cluster, run once for the tests that look at it (``readme_run``). Their job specs
 come from :func:`weave_slurm.config.render.job_spec_toml`."""
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from tests.harness import scratch
+from tests.harness.readme_path import ReadmeRun, readme_path
 from tests.harness.weaved import serving
+from tests.slurm.session_cluster import SessionCluster
 from weave_slurm.daemon.service import DaemonConfig, Weaved
 
 
@@ -36,3 +39,13 @@ def weaved(public_dir: Path) -> Iterator[Running]:
     with serving(cfg, join_s=10) as w:
         yield Running(w, cfg.socket, cfg.state_dir)
 
+
+
+@pytest.fixture(scope="session")
+def readme_run(slurm_cluster: SessionCluster,
+               tmp_path_factory: pytest.TempPathFactory) -> ReadmeRun:
+    """README's path with the three shipped examples across a kill -9 of weaved, once
+    per session (tests/harness/readme_path.py): test_readme_path and
+    test_hosts_acceptance assert on the same run. If the run fails, both fail with its
+    error (pytest keeps a session fixture's error)."""
+    return readme_path(slurm_cluster, tmp_path_factory.mktemp("readme-path"))

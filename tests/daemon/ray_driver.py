@@ -1,6 +1,9 @@
 """A stand-in for a verl driver (docs/recipes.md, the Ray pattern), small enough for CI:
 the train role's Ray driver holds the *train* turn itself; a rollout actor on the
-rollout node generates, behind a gate relay that holds the *rollout* turn there.
+rollout node generates, behind a gate relay that holds the *rollout* turn there. The
+driver's loop is the page's example as written (:func:`driver_source`); this module
+gives it the names it leaves to the reader (``Rollout``, ``update``, ``steps``,
+``weights``).
 
 The "model" is a softmax policy over ``ARMS`` arms (plain floats, no torch: Ray's
 worker processes stay small); a rollout samples ``SAMPLES`` arms with a generator
@@ -17,15 +20,14 @@ import json
 import math
 import os
 import random
-import sys
 from pathlib import Path
+from typing import Any
 
 import ray
 
-from weave_slurm import gate, ray_member
-
 ARMS, SAMPLES, LR = 4, 16, 0.5
 REWARD = (0.1, 0.2, 0.9, 0.3)
+TRAIL: list[float] = []   # each train's reward baseline, in order
 
 
 def probs(w: list[float]) -> list[float]:
@@ -37,11 +39,10 @@ def probs(w: list[float]) -> list[float]:
 class Rollout:
     """The rollout engine's stand-in (on the rollout node, as verl's replicas)."""
 
-    def ready(self) -> str:
-        return os.environ.get("WEAVE_NODE", "")
-
     def generate(self, weights: list[float], version: int) -> dict[str, object]:
-        return {"version": version, "arms": sample(weights, version),
+        arms = sample(weights, version)
+        return {"version": version, "arms": arms,
+                "reward_mean": sum(REWARD[a] for a in arms) / SAMPLES,
                 "node": os.environ.get("WEAVE_NODE"), "role": os.environ.get("WEAVE_ROLE")}
 
 
@@ -49,7 +50,8 @@ def sample(weights: list[float], version: int) -> list[int]:
     return random.Random(version).choices(range(ARMS), weights=probs(weights), k=SAMPLES)
 
 
-def update(w: list[float], arms: list[int]) -> tuple[list[float], float]:
+def step(w: list[float], arms: list[int]) -> tuple[list[float], float]:
+    """One policy-gradient step on a rollout's arms; the new weights and the baseline."""
     p = probs(w)
     rewards = [REWARD[a] for a in arms]
     base = sum(rewards) / len(rewards)
@@ -60,6 +62,16 @@ def update(w: list[float], arms: list[int]) -> tuple[list[float], float]:
     return [x + LR * g for x, g in zip(w, grad, strict=True)], base
 
 
+def update(weights: list[float], batch: dict[str, Any]) -> tuple[list[float], float]:
+    """The example's ``update``: the step on the rollout of version ``v`` (the count of
+    trains done), made by the rollout role on its h20 node; one line per step."""
+    assert batch["role"] == "rollout" and batch["version"] == len(TRAIL), batch
+    weights, reward = step(weights, batch["arms"])
+    TRAIL.append(round(reward, 6))
+    print(f"v{batch['version']} rollout on {batch['node']} reward {reward:.4f}", flush=True)
+    return weights, reward
+
+
 def sha256(weights: list[float]) -> str:
     return hashlib.sha256(json.dumps([round(x, 9) for x in weights]).encode()).hexdigest()
 
@@ -68,34 +80,29 @@ def alone(steps: int) -> str:
     """The final weights' SHA-256 of the same job run alone, without Ray or weave."""
     weights = [0.0] * ARMS
     for v in range(steps):
-        weights, _ = update(weights, sample(weights, v))
+        weights, _ = step(weights, sample(weights, v))
     return sha256(weights)
 
 
-def main() -> int:
-    steps = int(os.environ["RAY_JOB_STEPS"])
-    ray_member.init(logging_level="warning")
-    where = ray_member.on_rollout_node()
-    relay = ray_member.gate_relay().options(scheduling_strategy=where).remote()
-    engine = Rollout.options(scheduling_strategy=where).remote()   # type: ignore[attr-defined]
-    ray.get(engine.ready.remote())   # started before the loop, as verl's init_workers
-    weights, trail = [0.0] * ARMS, []
-    for v in range(steps):
-        ray.get(relay.enter.remote(v))                 # the rollout turn, on its node
-        batch = ray.get(engine.generate.remote(weights, v))
-        assert batch["role"] == "rollout" and batch["version"] == v, batch
-        reward = sum(REWARD[a] for a in batch["arms"]) / SAMPLES
-        ray.get(relay.leave.remote(reward_mean=reward))
-        with gate.phase("train", version=v) as turn:   # as soon as the rollout turn ended
-            weights, reward = update(weights, batch["arms"])
-            turn.report(reward_mean=reward)
-        trail.append(round(reward, 6))
-        print(f"v{v} rollout on {batch['node']} reward {reward:.4f}", flush=True)
+#: What the page's example leaves to the reader, before it: its steps and first weights.
+PRELUDE = """
+steps = int(os.environ["RAY_JOB_STEPS"])
+weights = [0.0] * ARMS
+"""
+#: After it: the final weights' digest and the rewards, for the test.
+EPILOGUE = """
+finish(weights)
+"""
+
+
+def driver_source(example: str) -> str:
+    """The driver script of a job: these stand-ins, then docs/recipes.md's example of
+    the Ray pattern as written, then :func:`finish` (one ``__main__``: Ray ships the
+    actor class by value)."""
+    return Path(__file__).read_text() + PRELUDE + example + EPILOGUE
+
+
+def finish(weights: list[float]) -> None:
     digest = sha256(weights)
-    Path("result.json").write_text(json.dumps({"sha256": digest, "rewards": trail}))
+    Path("result.json").write_text(json.dumps({"sha256": digest, "rewards": TRAIL}))
     print(f"driver done: {digest}", flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

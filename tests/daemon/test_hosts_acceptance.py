@@ -3,14 +3,19 @@
 2 h20 and 2 h800 nodes, each a host of its own (own network, /dev/shm, /tmp, /run;
 only the cluster's shared file systems in common); weaved runs on the login side
 with its state in a directory no node sees and its checkpoints on the shared root.
-Three jobs from configs/jobs/ complete, each with the weights of its solo run: every
-control message crossed a host boundary over TCP (munge-authenticated) and every
-segment (weights, trajectories) was moved by the sync agents, steps on the nodes.
+The three jobs of configs/jobs/ that README's path runs (the session's ``readme_run``,
+shared with tests/daemon/test_readme_path.py: one run of minutes instead of two)
+complete, each with the weights of its solo run: every control message crossed a host
+boundary over TCP (munge-authenticated) and every segment (weights, trajectories) was
+moved by the sync agents, steps on the nodes. (Distinct seeds per member across hosts:
+tests/daemon/test_gang_hosts.py.) A weaved whose state lies on the login side only
+(the own-module test's) leaves nothing on the hosts, and no host sees its state.
 """
 
 from __future__ import annotations
 
 import os
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,15 +23,13 @@ from typing import Any
 import pytest
 
 from tests.harness.hosts import on_host, weaved_dirs
+from tests.harness.readme_path import EXAMPLES, ReadmeRun, solo_member
 from tests.harness.solo import run_solo
-from tests.harness.solo_gang import run_solo_gang
+from tests.harness.waits import settle
 from tests.harness.weaved import call, serving, wait_states
 from tests.slurm.session_cluster import SessionCluster
-from weave_slurm.config.job import parse_job
-from weave_slurm.config.site import default_site
 from weave_slurm.daemon.protocol import Op
-from weave_slurm.daemon.service import DaemonConfig, Weaved
-from weave_slurm.model.layout import member_layout
+from weave_slurm.daemon.service import DaemonConfig
 from weave_slurm.node.segments import weights_digest
 from weave_slurm.runtime.group import MemberSpec
 from weave_slurm.slurm.cli_backend import SlurmCliBackend
@@ -35,7 +38,6 @@ from weave_slurm.slurm.cluster import LocalCluster
 pytestmark = [pytest.mark.slurm, pytest.mark.netns, pytest.mark.torch, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
-JOBS = ("qwen3b-grpo-4k", "qwen7b-grpo-4k", "qwen7b-grpo-8k")
 ITERATIONS = 3
 
 
@@ -57,60 +59,53 @@ def site(slurm_cluster: SessionCluster) -> Site:
                 slurm_cluster.shared.work)
 
 
-def _spec(name: str, seed: int) -> str:
-    """The shipped example as it is (its iterations, entry and options), with a seed."""
-    text = (REPO / "configs" / "jobs" / f"{name}.toml").read_text()
-    return f"seed = {seed}\n" + text
+def test_three_jobs_complete_across_hosts_with_their_solo_weights(
+        site: Site, readme_run: ReadmeRun) -> None:
+    """The three shipped examples of README's path (the session's ``readme_run``: weaved
+    from the login side, ``weave-sbatch`` as shipped, a kill -9 of weaved mid-run), each
+    with the weights of its solo gang (run meanwhile: ``readme_run.solo``)."""
+    rows = readme_run.final
+    assert [r["state"] for r in rows] == ["COMPLETED"] * 3, rows
+    for job, name in zip(readme_run.ids, EXAMPLES, strict=True):
+        shown = readme_run.shown[job]
+        assert (shown["name"], tomllib.loads(shown["spec"])) == \
+            (name, tomllib.loads((REPO / "configs" / "jobs" / f"{name}.toml").read_text()))
+        solo = solo_member(shown["spec"])   # the same entry, seed, options and layout
+        assert solo.entry_point == "builtin:grpo-toy" and solo.steps == ITERATIONS, solo
+        assert solo.layout is not None and (solo.layout.train.ranks,
+                                            solo.layout.rollout.engines) == (8, 8), solo
+        assert shown["weights_sha256"] == readme_run.solo[name], f"job {job}"
+    plan = site.cluster.hosts_plan()
+    assert plan is not None   # weaved reached each node at its own host's address
+    assert readme_run.addresses == {n.name: n.addr for n in plan.nodes}
+    assert not any(a.startswith("127.") for a in (n.addr for n in plan.nodes))
+    for node, out in readme_run.left.items():   # no node keeps a file of any job of
+        assert out == "", f"{node}: {out}"      # README's weaved (a node root keeps only
+    assert all(g["state"] in ("RELEASED", "DRAINING")   # its registry and locks)
+               for g in readme_run.groups), readme_run.groups
 
 
-def _member(text: str, job_id: int) -> MemberSpec:
-    """Its solo run: the same entry, seed, options and layout (8 ranks, 8 engines)."""
-    spec = parse_job(text, "spec")
-    assert spec.entry is not None and spec.iterations == ITERATIONS
-    return MemberSpec(str(job_id), entry_point=spec.entry, seed=spec.seed,
-                      steps=spec.iterations, options=dict(spec.options),
-                      layout=member_layout(spec, default_site()))
-
-
-def test_three_jobs_complete_across_hosts_with_their_solo_weights(site: Site) -> None:
-    instance = f"ha{os.getpid()}"
-    cfg = DaemonConfig(state_dir=site.state, backend="slurm", instance=instance, tick_s=0.3,
-                       runtime="rl", client_timeout_s=10.0, env=site.env,
-                       checkpoint_root=site.ckpt)
-    backend = SlurmCliBackend(env=site.env)
-    with serving(cfg, backend, prefix=f"weave-g{instance}.") as w:
-        texts = {}
-        for i, name in enumerate(JOBS):
-            text = _spec(name, 71 + i)
-            job = int(call(cfg.socket, Op.SUBMIT, spec=text, source=name)["job"])
-            texts[job] = text
-        rows = wait_states(cfg.socket, list(texts), {"COMPLETED", "FAILED"}, 600, [])
-        assert [r["state"] for r in rows] == ["COMPLETED"] * 3, rows
-        for job, text in texts.items():
-            live = w.driver.live(job)
-            assert live is not None, job
-            solo = run_solo_gang(_member(text, job))
-            assert live["weights_sha256"] == weights_digest(solo.weights), f"job {job}"
-        plan = site.cluster.hosts_plan()
-        assert plan is not None   # weaved reached each node at its own host's address
-        assert {n.name: w.nodes.address(n.name) for n in plan.nodes} == \
-            {n.name: n.addr for n in plan.nodes}
-        assert not any(a.startswith("127.") for a in (n.addr for n in plan.nodes))
-        _nothing_left(site, w, instance)
-
-
-def _nothing_left(site: Site, w: Weaved, instance: str) -> None:
+def _nothing_left(site: Site, state: Path, instance: str) -> None:
     """No node keeps a file of any job of this instance (a node root keeps only its
-    registry and locks), and no node sees weaved's state directory."""
+    registry and locks), and no node sees weaved's state directory (on the login side
+    only; its checkpoints on the shared root)."""
     plan = site.cluster.hosts_plan()
     assert plan is not None
-    for node in (n.name for n in plan.nodes):
-        root = f"/dev/shm/weave-nodes/{instance}/{node}"
-        out = on_host(site.cluster, node, ["sh", "-c",
-                      f"find {root} -mindepth 3 -type f 2>/dev/null; "
-                      f"test -e {site.state} && echo VISIBLE || true"])
-        assert out.strip() == "", f"{node}: {out}"
-    groups: list[dict[str, Any]] = call(site.state / "weaved.sock", Op.GROUPS)["groups"]
+
+    def seen() -> tuple[dict[str, str], list[dict[str, Any]]]:
+        left = {n.name: on_host(site.cluster, n.name, [
+            "sh", "-c", f"find /dev/shm/weave-nodes/{instance}/{n.name} -mindepth 3 "
+                        f"-type f 2>/dev/null; test -e {state} && echo VISIBLE || true"]).strip()
+                for n in plan.nodes}
+        return left, call(state / "weaved.sock", Op.GROUPS)["groups"]
+
+    def drained(now: tuple[dict[str, str], list[dict[str, Any]]]) -> bool:
+        return not any(now[0].values()) and all(g["state"] in ("RELEASED", "DRAINING")
+                                                for g in now[1])
+
+    left, groups = settle(seen, 60, interval_s=2, until=drained)   # its job just ended
+    for node, out in left.items():
+        assert out == "", f"{node}: {out}"
     assert all(g["state"] in ("RELEASED", "DRAINING") for g in groups), groups
 
 
@@ -144,6 +139,7 @@ def test_a_users_own_module_on_a_shared_dir_runs_on_the_hosts(site: Site) -> Non
         assert live is not None
         solo = run_solo(MemberSpec(str(job), seed=81, steps=ITERATIONS, options=OPTIONS))
         assert live["weights_sha256"] == weights_digest(solo.weights)
+        _nothing_left(site, cfg.state_dir, instance)
     hosts = {str(s["module"]) for s in seen(work)}
     assert hosts == {str(src / "my_pkg" / "job.py")}, hosts   # imported from the shared dir
     assert {str(s["cwd"]) for s in seen(work)} == {str(work)}

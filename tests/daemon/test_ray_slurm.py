@@ -3,7 +3,8 @@ separate hosts: two cooperative members of one group, each with the recipe's own
 ``[launch]`` lines (read from the page), run their own Ray cluster (the head with the
 driver on the h800 node, a node joined with ``ray start --block`` on the h20 node), a
 stand-in model in verl's driver-and-actor shape (tests/daemon/ray_driver.py: the driver
-holds the train turn, a rollout actor on the h20 node sits behind a gate relay).
+holds the train turn, a rollout actor on the h20 node sits behind a gate relay), whose
+loop is the page's own example, as written.
 
 - both members are COMPLETED at their iterations (the driver's exit ends the job; the
   rollout role's ``ray start --block`` is stopped, not waited for), on disjoint ports;
@@ -16,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -37,8 +37,18 @@ from tests.daemon import ray_driver
 pytestmark = [pytest.mark.slurm, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
 
 ROOT = Path(__file__).parents[2]
-DRIVER = Path(__file__).with_name("ray_driver.py")
 STEPS = 2
+
+
+def recipe_loop() -> str:
+    """The driver loop docs/recipes.md gives for the Ray pattern, as written (its
+    ``python`` block in "The shape both share", marked skip for the docs test)."""
+    from tests.docs.blocks import doc_blocks
+
+    found = [p.values[0].code for p in doc_blocks("docs/recipes.md", {"python"})
+             if p.values[0].section == "The shape both share"]
+    assert len(found) == 1, "docs/recipes.md lost its Ray pattern's python block"
+    return str(found[0])
 
 
 def recipe_launch() -> str:
@@ -84,7 +94,7 @@ def test_the_ray_recipe_runs_two_members_in_one_group(slurm_cluster: SessionClus
     for name in sorted(names):
         works[name] = shared_tmp / name
         works[name].mkdir(mode=0o755)
-        shutil.copy(DRIVER, works[name] / "driver.py")
+        (works[name] / "driver.py").write_text(ray_driver.driver_source(recipe_loop()))
     cfg = rl_on_slurm(dirs, instance, dict(slurm_cluster.env), shared_tmp)
     with serving_on_slurm(cfg) as w:
         sock = w.config.socket

@@ -225,3 +225,46 @@ def test_jobs_of_a_weaved_whose_munge_does_not_work_fail_naming_munge(
     assert "within auth_wait_s = 10 s" in row.reason and "munge encode" in row.reason
     assert rig.argvs("scancel") == [("scancel", "11"), ("scancel", "12")]
     assert rig.slurm.jobs == {}
+
+
+def test_a_requeued_job_placed_again_still_shows_why_it_was_requeued(rig: Rig) -> None:
+    """Placing a requeued job again clears its stored reason; its REASON keeps why it was
+    requeued (as Slurm keeps a requeued job's Reason), ``requeues`` counts them (Slurm's
+    Restarts) and ``weave show job`` lists each with its reason."""
+    from weave_slurm.config.site import default_site
+    from weave_slurm.daemon.api import Api
+    from weave_slurm.placement import Capacity
+
+    driver = _runtime(_no_port)
+    rig.restart(driver=driver)
+    job = _submit(rig.store)
+    rig.tick()
+    rig.tick()
+    rig.tick(at=rig.clock.now() + 30)   # requeued, placed again in group 2, running
+    api = Api(rig.store, default_site(), Capacity.from_site(default_site()), rig.clock.now,
+              waiting=driver.waiting)
+    row = rig.store.job(job)
+    assert row is not None and (row.state, row.group_id, row.reason) == \
+        (JobState.RUNNING, 2, "")
+    why = rig.reasons("job", job)[-3][2]
+    assert why.startswith("requeued (1 of max_requeues = 2): group 1 could not reach")
+    (shown,) = api.status({})["jobs"]
+    assert shown["reason"] == why   # today: '' (placement cleared it)
+    assert shown["requeues"] == 1
+    rig.tick()   # its new group's runtime waits for the node daemons: that first, then why
+    (shown,) = api.status({})["jobs"]
+    assert shown["reason"] == f"waiting: {driver.waiting(job)}; {why}"
+    details = api.show(0, "job", job)
+    assert details["requeues"] == 1
+    assert details["requeue_history"] == [{"ts": T0 + 30, "reason": why}]
+    rig.tick(at=rig.clock.now() + 30)   # requeued again: both kept, the last one shown
+    rig.tick()
+    hist = api.show(0, "job", job)["requeue_history"]
+    assert [h["reason"][:34] for h in hist] == ["requeued (1 of max_requeues = 2): ",
+                                                "requeued (2 of max_requeues = 2): "]
+    (shown,) = api.status({})["jobs"]
+    assert shown["requeues"] == 2 and shown["reason"].endswith(hist[-1]["reason"])
+    rig.tick(at=rig.clock.now() + 30)   # failed: REASON is why it ended, as before
+    (shown,) = api.status({"all": True})["jobs"]
+    assert shown["state"] == "FAILED" and shown["requeues"] == 2
+    assert shown["reason"].endswith("requeued 2 time(s) already (max_requeues = 2)")

@@ -75,3 +75,18 @@ def test_deploys_weaved_by_hand_has_the_units_flags() -> None:
     assert len(by_hand) == 1
     line = by_hand[0][by_hand[0].index("weave daemon"):].split("&")[0]
     assert _daemon_flags(line) == _daemon_flags(exec_start.group(1))
+
+
+def test_every_block_of_recipes_runs_or_says_where_and_why_not() -> None:
+    """docs/recipes.md: the spec lines run here (test_job_api_examples); the Ray pattern's
+    driver loop is skipped here with the test that runs it as written; verl's outline
+    is skipped with why (it needs verl and GPUs)."""
+    blocks = [p for p in doc_blocks("docs/recipes.md", {"python", "toml", "bash", "sh"})]
+    reasons = {p.values[0].syntax + ":" + p.values[0].section:
+               [m.kwargs.get("reason") for m in p.marks if m.name == "skip"] for p in blocks}
+    assert reasons["toml:The shape both share"] == []
+    (ray_loop,) = reasons["python:The shape both share"]
+    assert "tests/daemon/test_ray_slurm.py" in ray_loop
+    (verl,) = reasons["python:verl"]
+    assert "verl" in verl and "GPU" in verl
+    assert len(blocks) == 3

@@ -1,4 +1,6 @@
-"""The examples of docs/job_api.md run on CPU (issue 30: a broken example fails a test).
+"""The examples of docs/job_api.md and docs/recipes.md run on CPU (issue 30: a broken
+example fails a test). A block that needs more (a GPU, verl, the Slurm cluster) is marked
+skip in the page with its reason.
 
 One test id per block of the page (of each page of :data:`PAGES`):
 
@@ -34,8 +36,9 @@ from weave_slurm.workloads import api
 
 pytestmark = pytest.mark.torch
 
-#: The pages whose examples run here (docs/recipes.md joins once its Ray rewrite runs on CPU).
-PAGES = ("docs/job_api.md",)
+#: The pages whose examples run here (docs/recipes.md's Ray pattern runs in a cooperative
+#: job on the Slurm cluster: tests/daemon/test_ray_slurm.py).
+PAGES = ("docs/job_api.md", "docs/recipes.md")
 SITE = REPO / "configs" / "site.example.toml"
 BASE_SPEC = REPO / "configs" / "jobs" / "qwen7b-grpo-8k.toml"
 MODULE = re.compile(r"^# (\S+\.py)\b")

@@ -324,7 +324,7 @@ def show(
         result["weights_sha256"] = f"({result.pop('weights_sha256_why')})"
     for key, value in result.items():
         if key in ("transitions", "steps", "allocations", "profile", "spec", "runtime",
-                   "planning_profile", "layout"):
+                   "planning_profile", "layout", "requeue_history"):
             continue
         typer.echo(show_pair(key, value))
     for line in layout_lines(result.get("layout")):
@@ -345,6 +345,9 @@ def show(
                    f"nodes={hostlist.compress(a['nodes']) or '-'}")
     for s in result.get("steps", []):
         typer.echo(f"step={s['name']} {s['state']} {s['reason']}")
+    for r in result.get("requeue_history", []):   # why it was requeued, each time
+        typer.echo(f"requeued={time.strftime('%Y-%m-%dT%H:%M:%S', time.localtime(r['ts']))} "
+                   f"{r['reason']}")
     for t in result.get("transitions", []):
         typer.echo(f"transition={time.strftime('%Y-%m-%dT%H:%M:%S', time.localtime(t['ts']))} "
                    f"{t['src'] or '-'}->{t['dst']} {t['reason']}")

@@ -31,11 +31,12 @@ from weave_slurm.daemon.faults import FaultPoint, crossing
 from weave_slurm.daemon.job_output import log_files
 from weave_slurm.daemon.layout_view import layout_row
 from weave_slurm.daemon.protocol import Op, PermissionDenied
-from weave_slurm.daemon.records import AllocRow, GroupRow, JobRow
+from weave_slurm.daemon.records import AllocRow, GroupRow, JobRow, TransitionRow
 from weave_slurm.daemon.runnable import check_runnable
 from weave_slurm.daemon.states import JobState
 from weave_slurm.daemon.store import Store
 from weave_slurm.daemon.usage_view import sacct, slurm_job_ids
+from weave_slurm.daemon.waits import requeue_rows, with_requeues
 from weave_slurm.errors import (
     AlreadyEnded,
     ConfigError,
@@ -262,7 +263,7 @@ class Api:
 
     def _job_view(self, job: JobRow, groups: dict[int, GroupRow],
                   allocs: dict[int, list[AllocRow]], models: dict[int, Group],
-                  now: float) -> dict[str, Any]:
+                  now: float, requeued: Sequence[TransitionRow] = ()) -> dict[str, Any]:
         slowdown, nodes = None, []
         group = groups.get(job.group_id) if job.group_id is not None else None
         if group is not None and not job.state.final:
@@ -292,7 +293,8 @@ class Api:
                 "group": job.group_id, "state": job.state.value, "phase": phase,
                 "iter": it, "slowdown": slowdown, "slo_ok": slo_ok, "slo": job.profile.slo,
                 "time_s": end - job.started_s if job.started_s is not None else 0.0,
-                "nodes": nodes, "reason": reason, "submitted_s": job.submitted_s,
+                "nodes": nodes, "reason": with_requeues(reason, requeued, job.state),
+                "requeues": len(requeued), "submitted_s": job.submitted_s,
                 "window": job.profile.staleness, "staleness": behind,
                 "solo": job.profile.solo,
                 "layout": layout_row(job, group, allocs, self.phase == HOSTED_PHASE,
@@ -308,8 +310,9 @@ class Api:
         states, names, partitions = (_str_set(args, k) for k in ("states", "names",
                                                                  "partitions"))
         jobs, groups, allocs, models = self._context()
-        now = self.now()
-        rows = [self._job_view(j, groups, allocs, models, now) for j in jobs.values()
+        now, requeued = self.now(), self.store.requeued()
+        rows = [self._job_view(j, groups, allocs, models, now, requeued.get(j.job_id, ()))
+                for j in jobs.values()
                 if (show_all or ids or not j.state.final)
                 and (not ids or j.job_id in ids) and (not users or j.user in users
                                                       or str(j.uid) in users)
@@ -385,7 +388,9 @@ class Api:
         if uid not in self.admins and uid != job.uid:
             raise PermissionDenied(f"Access/permission denied for job {ident} (owned by "
                                    f"{job.user})")
-        view = self._job_view(job, groups, allocs, models, self.now())
+        transitions = self.store.transitions("job", ident)
+        requeued = requeue_rows(transitions)
+        view = self._job_view(job, groups, allocs, models, self.now(), requeued)
         view["slurm_job_ids"] = slurm_job_ids(job, allocs.get(job.group_id or -1, []),
                                               self.store.usage().get(ident))
         live = self.live(ident)
@@ -401,5 +406,6 @@ class Api:
                                           else None),
                      "steps": [{"name": s.name, "state": s.state.value, "reason": s.reason}
                                for s in self.store.steps(job_id=ident, live_only=False)],
-                     "transitions": [asdict(t) for t in self.store.transitions("job", ident)]})
+                     "requeue_history": [{"ts": t.ts, "reason": t.reason} for t in requeued],
+                     "transitions": [asdict(t) for t in transitions]})
         return view

@@ -236,6 +236,17 @@ class Store:
                 for r in self._rows("SELECT * FROM transitions WHERE entity=? AND key=? "
                                     "ORDER BY id", (entity, str(key)))]
 
+    def requeued(self) -> dict[int, list[TransitionRow]]:
+        """Each requeued job's requeues (its RUNNING -> PENDING transitions, oldest
+        first), in one read: what ``weave status`` and ``weave show job`` keep visible."""
+        out: dict[int, list[TransitionRow]] = {}
+        for r in self._rows("SELECT * FROM transitions WHERE entity='job' AND src=? AND "
+                            "dst=? ORDER BY id", (JobState.RUNNING.value,
+                                                  JobState.PENDING.value)):
+            out.setdefault(int(r["key"]), []).append(TransitionRow(
+                r["ts"], r["entity"], r["key"], r["src"], r["dst"], r["reason"]))
+        return out
+
     # -- jobs --------------------------------------------------------------------------
 
     def add_job(self, *, uid: int, user: str, name: str, spec: JobSpec, spec_toml: str,

@@ -31,7 +31,7 @@ from enum import StrEnum
 
 from weave_slurm.config.runtime import RUNTIME_DEFAULTS, RuntimeConfig
 from weave_slurm.daemon.driver import JobOutcome
-from weave_slurm.daemon.records import GroupRow
+from weave_slurm.daemon.records import GroupRow, TransitionRow
 from weave_slurm.daemon.states import JobState
 from weave_slurm.daemon.store import Store
 from weave_slurm.errors import AuthError, ConfigError
@@ -99,11 +99,27 @@ class Deadlines:
                                   f"{self.max_requeues}): {what}")
 
 
+def requeue_rows(transitions: Sequence[TransitionRow]) -> list[TransitionRow]:
+    """A job's requeues among its transitions: the RUNNING -> PENDING ones."""
+    return [t for t in transitions
+            if t.src == JobState.RUNNING.value and t.dst == JobState.PENDING.value]
+
+
 def requeues(store: Store, job_id: int) -> int:
     """How many times a job was requeued: its stored RUNNING -> PENDING transitions (a
     restart keeps the count)."""
-    return sum(1 for t in store.transitions("job", job_id)
-               if t.src == JobState.RUNNING.value and t.dst == JobState.PENDING.value)
+    return len(requeue_rows(store.transitions("job", job_id)))
+
+
+def with_requeues(reason: str, requeued: Sequence[TransitionRow], state: JobState) -> str:
+    """A job's REASON: ``reason`` (what it waits for now, if anything) followed by why it
+    was last requeued, until it ends. Placing a requeued job again clears its stored
+    reason, and Slurm keeps a requeued job's Reason too; an ended job's REASON is why it
+    ended (the count of requeues is in ``weave show job``: ``requeues``)."""
+    if not requeued or state.final:
+        return reason
+    last = requeued[-1].reason
+    return last if reason in ("", last) else f"{reason}; {last}"
 
 
 @dataclass
