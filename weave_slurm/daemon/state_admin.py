@@ -21,7 +21,8 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from weave_slurm.daemon.schema import SCHEMA_VERSION
-from weave_slurm.daemon.store import Store, one_line
+from weave_slurm.daemon.store import Store
+from weave_slurm.daemon.store_file import one_line
 from weave_slurm.errors import ConfigError, StateError
 
 DB_NAME = "weaved.db"

@@ -33,7 +33,6 @@ from weave_slurm.daemon.records import (
     profile_from_json,
     profile_to_json,
 )
-from weave_slurm.daemon.schema import BACKFILLS, MIGRATIONS, SCHEMA, SCHEMA_VERSION
 from weave_slurm.daemon.states import (
     AllocState,
     GroupState,
@@ -43,6 +42,7 @@ from weave_slurm.daemon.states import (
     check_transition,
     state_of,
 )
+from weave_slurm.daemon.store_file import open_file
 from weave_slurm.errors import StalePlacement, StateError
 from weave_slurm.model.profile import JobProfile
 
@@ -70,11 +70,6 @@ def _parse_state(kind: type[State], value: str) -> State:
     return state_of(StepRunState, value)
 
 
-def one_line(check: str) -> str:
-    """SQLite's quick_check report (several problems: several lines) on one line."""
-    return " ".join(str(check).split())
-
-
 class Store:
     """One SQLite file; thread-safe (one connection behind a lock)."""
 
@@ -95,68 +90,14 @@ class Store:
                              "away to start afresh") from exc
 
     def _open(self) -> None:
-        db = self._db
-        # check before anything writes: journal_mode=WAL rewrites the file header, and a
-        # file we refuse must be left exactly as it was found
-        check = db.execute("PRAGMA quick_check").fetchone()[0]
-        if check != "ok":
-            raise StateError(f"state database {str(self.path)!r} fails quick_check "
-                             f"({one_line(check)}); "
-                             "restore a backup or move it away to start afresh")
-        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        if not tables:
-            with self._tx():
-                for stmt in SCHEMA.split(";"):
-                    if stmt.strip():
-                        db.execute(stmt)
-                db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-            self._pragmas()
-            return
-        if "meta" not in tables:
-            raise StateError(f"{str(self.path)!r} is an SQLite file but not a weaved state "
-                             f"database (tables: {sorted(tables)})")
-        row = db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-        version = row[0] if row else None
-        while version in MIGRATIONS:
-            with self._tx():
-                for stmt in MIGRATIONS[version]:
-                    db.execute(stmt)
-                if version in BACKFILLS:
-                    BACKFILLS[version](db)
-                version = str(int(version) + 1)
-                db.execute("UPDATE meta SET value=? WHERE key='schema_version'", (version,))
-        if version != str(SCHEMA_VERSION):
-            raise StateError(f"state database {str(self.path)!r} has schema version "
-                             f"{version!r}; this weaved reads version {SCHEMA_VERSION}")
-        self._check_rows()
-        self._pragmas()
-
-    def _check_rows(self) -> None:
-        """Read every row through its parser: SQLite has no page checksums, so garbage
-        inside a row passes quick_check; it must not pass this."""
-        readers = (("jobs", "job_id", self._job), ("groups", "group_id", self._group),
-                   ("allocations", "key", self._alloc), ("steps", "key", self._step),
-                   ("transitions", "id", lambda r: tuple(r)),
-                   ("usage", "job_id", usage_sql.usage_row),
-                   ("usage_marks", "group_id", usage_sql.mark_row))
-        for table, col, parse in readers:
-            key: object = None
-            try:
-                for r in self._db.execute(f"SELECT * FROM {table} ORDER BY {col}"):
-                    key = r[col]
-                    parse(r)
-            except (sqlite3.DatabaseError, UnicodeDecodeError, ValueError, KeyError,
-                    TypeError, StateError) as exc:
-                where = f"at or after {col}={key}" if key is not None else "its first row"
-                raise StateError(f"state database {str(self.path)!r}: table {table}, {where}, "
-                                 f"is unreadable ({type(exc).__name__}: "
-                                 f"{str(exc).splitlines()[0] if str(exc) else ''}); restore a "
-                                 "backup or move it away to start afresh") from exc
-
-    def _pragmas(self) -> None:
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute("PRAGMA foreign_keys=ON")
+        """Check, create or migrate the file (``daemon/store_file.py``), reading every
+        row through its parser."""
+        open_file(self._db, self.path, self._tx, (
+            ("jobs", "job_id", self._job), ("groups", "group_id", self._group),
+            ("allocations", "key", self._alloc), ("steps", "key", self._step),
+            ("transitions", "id", lambda r: tuple(r)),
+            ("usage", "job_id", usage_sql.usage_row),
+            ("usage_marks", "group_id", usage_sql.mark_row)))
 
     def close(self) -> None:
         with self._lock:
@@ -272,6 +213,21 @@ class Store:
                       r["submitted_s"], r["started_s"], r["ended_s"],
                       profile_from_json(r["measured"]) if r["measured"] else None,
                       r["moving_from"], r["weights_sha256"], bool(r["held"]))
+
+    def update_job(self, job_id: int, *, spec: JobSpec, profile: JobProfile, reason: str,
+                   now: float, expect: Sequence[JobState]) -> None:
+        """Change what a job asked for (``weave update``: its name, SLO, time limit) while
+        it is in one of ``expect``; logged as a transition to the state it is in."""
+        with self._tx() as db:
+            row = db.execute("SELECT state FROM jobs WHERE job_id=?", (job_id,)).fetchone()
+            if row is None:
+                raise StateError(f"job {job_id} does not exist")
+            state = state_of(JobState, row[0])
+            if state not in expect:
+                raise StateError(f"job {job_id} is {state.value} now; it changed meanwhile")
+            db.execute("UPDATE jobs SET name=?, spec_json=?, profile=? WHERE job_id=?",
+                       (spec.name, spec_to_json(spec), profile_to_json(profile), job_id))
+            self._log(db, now, "job", job_id, state, state, reason)
 
     def set_measured(self, job_id: int, profile: JobProfile) -> None:
         """Record the runtime's measured planning profile of a job (state unchanged)."""
