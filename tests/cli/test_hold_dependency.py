@@ -55,3 +55,38 @@ def test_hold_release_and_dependencies(weaved: Running, tmp_path: Path,  # noqa:
                    "be held", "weave hold: error: Invalid job id specified: 4242"]
     assert run_app(sbatch_app, "weave-sbatch", [str(spec), "-d", "after:999", *s]) == 2
     assert "key 'slurm.dependency' = 'after:999': no job 999" in capsys.readouterr().err
+
+
+def test_update_name_time_and_slo_as_scontrol(weaved: Running, tmp_path: Path,  # noqa: F811
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """weave update: a pending job's name, SLO and time limit; each change in its
+    history; a running job's SLO is refused, and a user may not raise a time limit."""
+    from weave_slurm.daemon.job_update import update_job
+    from weave_slurm.daemon.protocol import PermissionDenied
+
+    sock = weaved.socket
+    s = ["--socket", str(sock)]
+    spec = tmp_path / "job.toml"
+    spec.write_text(job_spec_toml("first"))
+    assert run_app(sbatch_app, "weave-sbatch", [str(spec), "--parsable", "--hold", "-t", "90",
+                                                *s]) == 0
+    job = int(capsys.readouterr().out.strip())
+    assert run_app(app, "weave", ["update", str(job), "-J", "renamed", "--slo", "2.5",
+                                  "-t", "1:00:00", *s]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"job {job}: name first -> renamed", f"job {job}: time limit 90 min -> 60 min",
+        f"job {job}: slo 3 -> 2.5"]              # job_spec_toml says slo = 3
+    shown = call(sock, Op.SHOW, kind="job", id=job)
+    assert shown["name"] == "renamed" and shown["slo"] == 2.5
+    assert shown["transitions"][-1]["reason"].startswith("updated by uid 0: name first")
+    # as another uid, who owns nothing: refused; a user may only lower a time limit
+    store = weaved.weaved.store
+    with pytest.raises(PermissionDenied, match="only an admin may raise"):
+        update_job(store, weaved.weaved.site, 0, frozenset(), {"job": job, "time": "2:00:00"},
+                   0.0)
+    assert run_app(app, "weave", ["release", str(job), *s]) == 0
+    wait_for(lambda: _job(sock, job)["state"] == "RUNNING", 20, "placed")
+    assert run_app(app, "weave", ["update", str(job), "--slo", "3", *s]) == 1
+    assert "only a pending job's SLO can change" in capsys.readouterr().err
+    assert run_app(app, "weave", ["update", str(job), *s]) == 2
+    assert "nothing to change" in capsys.readouterr().err

@@ -29,6 +29,7 @@ from weave_slurm.daemon.dependencies import unknown_jobs
 from weave_slurm.daemon.driver import job_nodes
 from weave_slurm.daemon.faults import FaultPoint, crossing
 from weave_slurm.daemon.job_output import log_files
+from weave_slurm.daemon.job_update import update_job
 from weave_slurm.daemon.layout_view import layout_row
 from weave_slurm.daemon.protocol import Op, PermissionDenied
 from weave_slurm.daemon.records import AllocRow, GroupRow, JobRow, TransitionRow
@@ -126,6 +127,10 @@ class Api:
             return self.cancel(uid, _int_list(args, "jobs"))
         if op in (Op.HOLD, Op.RELEASE):
             return self.hold(uid, _int_list(args, "jobs"), op is Op.HOLD)
+        if op is Op.UPDATE:
+            result = update_job(self.store, self.site, uid, self.admins, args, self.now())
+            self.wake()
+            return result
         if op is Op.STATUS:
             return self.status(args)
         if op is Op.GROUPS:

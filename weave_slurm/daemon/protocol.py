@@ -30,6 +30,7 @@ class Op(StrEnum):
     CANCEL = "cancel"  # jobs: [ids] -> per-id result
     HOLD = "hold"  # jobs: [ids] -> per-id result (pending jobs: not placed until released)
     RELEASE = "release"  # jobs: [ids] -> per-id result
+    UPDATE = "update"  # job, name?, slo?, time? -> what changed (as scontrol update)
     STATUS = "status"  # users?, jobs?, all? -> job rows
     GROUPS = "groups"  # -> group rows
     SHOW = "show"  # kind: job|group, id -> details (owner or admin)

@@ -1,7 +1,10 @@
-"""``weave hold ID...`` and ``weave release ID...``: as scontrol hold and release.
+"""What ``scontrol`` does to a job, for weave jobs: ``weave hold ID...``, ``weave
+release ID...`` and ``weave update ID``.
 
 A held job stays PENDING (REASON ``held by its user``) until it is released; only a
 pending job can be held or released. ``weave-sbatch --hold`` submits a job held.
+``weave update`` changes a job's name, time limit or (pending) SLO
+(``daemon/job_update.py`` says who may change what).
 """
 
 from __future__ import annotations
@@ -26,6 +29,23 @@ def hold(job_ids: _Ids, socket_path: _Socket = None) -> None:
 def release(job_ids: _Ids, socket_path: _Socket = None) -> None:
     """Release held jobs: placed in their turn again (exit 1 if any id fails)."""
     _ask(Op.RELEASE, "release", job_ids, socket_path)
+
+
+def update(
+    job_id: Annotated[int, typer.Argument(help="The job's id.")],
+    name: Annotated[str | None, typer.Option("--name", "-J", help="Its new name.")] = None,
+    time: Annotated[str | None, typer.Option("--time", "-t", help="Its new time limit "
+                                             "(M, M:S, H:M:S, D-H, D-H:M, D-H:M:S, "
+                                             "UNLIMITED).")] = None,
+    slo: Annotated[float | None, typer.Option("--slo", help="Its new permitted slowdown "
+                                              "(a pending job).")] = None,
+    socket_path: _Socket = None,
+) -> None:
+    """Change a job's name, time limit or SLO, as scontrol update."""
+    with DaemonClient(default_socket(socket_path)) as client:
+        result = client.call(Op.UPDATE, job=job_id, name=name, time=time, slo=slo)
+    for change in result["changes"]:
+        typer.echo(f"job {job_id}: {change}")
 
 
 def _ask(op: Op, name: str, ids: list[int], socket_path: Path | None) -> None:
