@@ -16,6 +16,7 @@ from tests.harness.readme_path import ReadmeRun, readme_path
 from tests.harness.weaved import serving
 from tests.slurm.session_cluster import SessionCluster
 from weave_slurm.daemon.service import DaemonConfig, Weaved
+from weave_slurm.daemon.store import Store
 
 
 @dataclass
@@ -49,3 +50,11 @@ def readme_run(slurm_cluster: SessionCluster,
     test_hosts_acceptance assert on the same run. If the run fails, both fail with its
     error (pytest keeps a session fixture's error)."""
     return readme_path(slurm_cluster, tmp_path_factory.mktemp("readme-path"))
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    """An empty state database (a fresh file of today's schema)."""
+    s = Store(tmp_path / "weaved.db")
+    yield s
+    s.close()

@@ -5,13 +5,10 @@ side of a real move is tests/runtime/test_weaved_moves.py."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
-
-import pytest
 
 from weave_slurm.daemon import membership
 from weave_slurm.daemon.handoff import Handoffs
@@ -23,13 +20,6 @@ from weave_slurm.runtime.group import MemberState
 from .test_replanning import CAP, T0, _replanner, _two_lone_jobs, _waiting_out_of_three
 
 WAIT_S = 600.0
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store(tmp_path / "weaved.db")
-    yield s
-    s.close()
 
 
 @dataclass

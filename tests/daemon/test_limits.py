@@ -5,7 +5,6 @@ submissions refused by max_pending or a rate, in one line naming the limit."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,13 +21,6 @@ from weave_slurm.model.profile import simple_profile
 from weave_slurm.placement import Placement, Refusal
 
 T0 = 100_000.0
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store(tmp_path / "w.db")
-    yield s
-    s.close()
 
 
 def _site(fairshare: bool = False, user: JobLimits | None = None,

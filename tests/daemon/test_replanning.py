@@ -5,9 +5,7 @@ move (hand-off, adoption) is tests/runtime/test_weaved_moves.py."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from dataclasses import replace
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -33,13 +31,6 @@ CAP = Capacity(max_group_size=2, max_rollout_nodes_per_group=8, rollout_mem_gib=
 SPEC = job_spec_toml("{name}", iterations=100)
 COOP = SPEC + '\n[launch]\nscript = "python train.py"\n'
 
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store(tmp_path / "weaved.db")
-    yield s
-    s.close()
 
 
 def _running(store: Store, name: str, gid: int, spec: str = SPEC,
