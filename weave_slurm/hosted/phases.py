@@ -47,6 +47,8 @@ is one JSON string (:class:`~weave_slurm.hosted.contract.PhaseArgs`).
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -63,6 +65,7 @@ from weave_slurm.hosted.contract import (
     traj_part,
 )
 from weave_slurm.hosted.world import gang_world, share_batch, share_weights
+from weave_slurm.node import job_env
 from weave_slurm.node.crc import CRC_KEY, storage_crc32
 from weave_slurm.node.index import SCRATCH_KEY, JobRef, scratch_name
 from weave_slurm.workloads.api import JobContext, JobRunner, Role, Trajectories, TrajectoryBatch
@@ -81,7 +84,14 @@ _RUNNERS: dict[tuple[str, Role], JobRunner] = {}
 
 
 def _args(ctx: PhaseContext) -> PhaseArgs:
-    return PhaseArgs.decode(ctx.args, f"phase {ctx.phase} of {ctx.job.job_id}")
+    """The phase's arguments; the process's environment then says this rank's place, as
+    Slurm and torchrun would (``node/job_env.py``) for the job's own code."""
+    args = PhaseArgs.decode(ctx.args, f"phase {ctx.phase} of {ctx.job.job_id}")
+    job_env.apply(job_env.job_environment(
+        node=os.environ.get("SLURMD_NODENAME") or socket.gethostname(), job_name=None,
+        rank=args.rank, local_rank=args.local_rank, world_size=args.world_size,
+        init_method=args.init_method))
+    return args
 
 
 def _runner(ctx: PhaseContext, args: PhaseArgs, role: Role, *, fresh: bool = False) -> JobRunner:

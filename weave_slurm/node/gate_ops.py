@@ -39,6 +39,7 @@ from typing import Any, Protocol
 from weave_slurm.errors import ConfigError, GateRefused, PhaseRevoked, StateError, WeaveError
 from weave_slurm.node import reaper
 from weave_slurm.node.index import JobRef
+from weave_slurm.node.job_env import job_environment
 from weave_slurm.node.open_as import open_as
 from weave_slurm.node.protocol import Request, WorkerState
 from weave_slurm.node.segments import gid_of
@@ -325,7 +326,9 @@ class GateOps:
                                   f"path, got {value!r}")
         base = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": user.pw_dir,
                 "USER": user.pw_name, "LOGNAME": user.pw_name}
-        env = {**base, **env, "WEAVE_NODE_SOCKET": str(self.daemon.config.socket),
+        env = {**base, **env, **job_environment(node=self.daemon.config.node_name,
+                                                job_name=env.get("WEAVE_JOB_NAME")),
+               "WEAVE_NODE_SOCKET": str(self.daemon.config.socket),
                "WEAVE_JOB_ID": job.job_id, "WEAVE_ROLE": role,
                "WEAVE_NODE": self.daemon.config.node_name}
         # the job's own launcher line meets a shell (the user's, as the user: as sbatch

@@ -1,0 +1,39 @@
+"""The environment of a job's processes (node/job_env.py): Slurm's and torchrun's
+variables for its place, never the node daemon's own step's."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from weave_slurm.node.job_env import apply, job_environment
+
+DAEMON = {"SLURM_JOB_ID": "41", "SLURM_JOB_NODELIST": "h800-[0-1]", "SLURM_STEP_ID": "3",
+          "SLURM_PROCID": "0", "SLURM_CLUSTER_NAME": "weave"}
+
+
+def test_a_gang_rank_gets_its_place_and_where_its_world_meets() -> None:
+    env = job_environment(node="h800-1", job_name="grpo", rank=5, local_rank=1,
+                          world_size=8, init_method="tcp://10.7.0.2:29511",
+                          daemon_env=DAEMON)
+    assert env == {"SLURM_JOB_ID": "41", "SLURM_JOB_NODELIST": "h800-[0-1]",
+                   "SLURM_CLUSTER_NAME": "weave", "SLURMD_NODENAME": "h800-1",
+                   "SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NTASKS": "8",
+                   "RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8",
+                   "SLURM_JOB_NAME": "grpo", "MASTER_ADDR": "10.7.0.2", "MASTER_PORT": "29511"}
+
+
+def test_one_process_and_no_allocation_outside_slurm() -> None:
+    env = job_environment(node="n0", job_name=None, daemon_env={})
+    assert env == {"SLURMD_NODENAME": "n0", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
+                   "SLURM_NTASKS": "1", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
+
+
+def test_apply_drops_the_daemons_step_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURM_STEP_ID", "3")
+    monkeypatch.setenv("SLURM_NODEID", "0")
+    apply({"RANK": "2"})
+    assert os.environ["RANK"] == "2"
+    assert "SLURM_STEP_ID" not in os.environ and "SLURM_NODEID" not in os.environ
+    monkeypatch.delenv("RANK")

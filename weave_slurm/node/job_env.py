@@ -1,0 +1,61 @@
+"""What each process of a job finds in its environment, as Slurm and torchrun give it.
+
+Code written for Slurm or torchrun finds its place from the environment. A job's
+processes run on nodes of the group's allocations (the node daemon is a step of one),
+so each gets:
+
+- ``SLURM_JOB_ID``, ``SLURM_JOB_NODELIST``, ``SLURM_CLUSTER_NAME``: the allocation it
+  runs in (the node daemon's own; absent on the local backend);
+- ``SLURM_JOB_NAME``: the weave job's name; ``SLURMD_NODENAME``: this node;
+- ``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NTASKS``: its rank in its job's gang,
+  its rank on this node, the gang's size (a cooperative job's role process: 0, 0, 1);
+- ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` (and, for a training gang, ``MASTER_ADDR``
+  and ``MASTER_PORT``, where its world meets): torchrun's;
+- the ``WEAVE_*`` variables weave sets (docs/job_api.md, "The job's environment").
+
+The values inherited from the node daemon's own step (``SLURM_STEP_ID``,
+``SLURM_PROCID`` of the daemon...) are replaced, never left to say something about
+another process. ``CUDA_VISIBLE_DEVICES`` is not set: a resident worker keeps its CUDA
+context across phases, and a rank picks its GPU by ``LOCAL_RANK``
+(``hosted/world.py``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from urllib.parse import urlsplit
+
+#: Taken from the node daemon's environment: the allocation the job's processes run in.
+ALLOCATION_VARS = ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_CLUSTER_NAME")
+#: Set by a step for its own tasks: never passed on from the node daemon's step.
+STEP_VARS = ("SLURM_STEP_ID", "SLURM_STEPID", "SLURM_STEP_NODELIST", "SLURM_STEP_NUM_NODES",
+             "SLURM_STEP_NUM_TASKS", "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASK_PID",
+             "SLURM_NODEID", "SLURM_NPROCS", "SLURM_TASKS_PER_NODE")
+
+
+def job_environment(*, node: str, job_name: str | None, rank: int = 0, local_rank: int = 0,
+                    world_size: int = 1, init_method: str | None = None,
+                    daemon_env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables one process of a job gets (module doc)."""
+    source = os.environ if daemon_env is None else daemon_env
+    env = {k: source[k] for k in ALLOCATION_VARS if source.get(k)}
+    env.update({"SLURMD_NODENAME": node, "SLURM_PROCID": str(rank),
+                "SLURM_LOCALID": str(local_rank), "SLURM_NTASKS": str(world_size),
+                "RANK": str(rank), "LOCAL_RANK": str(local_rank),
+                "WORLD_SIZE": str(world_size)})
+    if job_name:
+        env["SLURM_JOB_NAME"] = job_name
+    if init_method:
+        where = urlsplit(init_method)
+        if where.scheme == "tcp" and where.hostname and where.port:
+            env.update({"MASTER_ADDR": where.hostname, "MASTER_PORT": str(where.port)})
+    return env
+
+
+def apply(env: Mapping[str, str]) -> None:
+    """Put ``env`` into this process's environment, without the node daemon's step's
+    own variables (a resident worker, at the start of each phase)."""
+    for key in STEP_VARS:
+        os.environ.pop(key, None)
+    os.environ.update(env)
