@@ -9,7 +9,7 @@ import pytest
 from tests.harness.processes import kill_worker, node_status, pid_alive, worker_pid
 from tests.runtime.helpers import assert_same_as_solo, leave_all, members
 from weave_slurm.runtime.group import MemberState
-from weave_slurm.runtime.runner import GroupRunner, Member
+from weave_slurm.runtime.runner import GroupRunner, RunningMember
 
 pytestmark = pytest.mark.torch
 
@@ -19,7 +19,7 @@ def test_killed_worker_is_readmitted_and_others_unaffected(local_fleet: object) 
     ex = GroupRunner(local_fleet.layout, specs)  # type: ignore[attr-defined]
     killed: list[int] = []
 
-    def kill_mid_train(member: Member, why: str) -> None:
+    def kill_mid_train(member: RunningMember, why: str) -> None:
         if member.spec.job_id == "k1" and member.state is MemberState.TRAIN \
                 and member.version == 2 and not killed and member.running is not None:
             killed.append(kill_worker(member.running.node.socket_path, "k1"))

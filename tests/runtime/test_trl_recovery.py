@@ -15,7 +15,7 @@ import pytest
 from tests.harness.processes import kill_worker
 from tests.runtime.helpers import assert_same_as_solo, leave_all
 from weave_slurm.runtime.group import MemberSpec, MemberState
-from weave_slurm.runtime.runner import GroupRunner, Member
+from weave_slurm.runtime.runner import GroupRunner, RunningMember
 
 pytest.importorskip("trl")
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
@@ -39,7 +39,7 @@ def test_a_killed_trl_trainer_resumes_from_its_warm_state(
     ex = GroupRunner(local_fleet.layout, specs)  # type: ignore[attr-defined]
     killed: list[int] = []
 
-    def kill_mid_train(member: Member, why: str) -> None:
+    def kill_mid_train(member: RunningMember, why: str) -> None:
         if member.spec.job_id == "t1" and member.state is MemberState.TRAIN \
                 and member.version == 2 and not killed and member.running is not None:
             killed.append(kill_worker(member.running.node.socket_path, "t1"))

@@ -26,7 +26,7 @@ from tests.runtime.helpers import assert_same_as_solo, group_weights, leave_all
 from weave_slurm.node.client import NodeClient
 from weave_slurm.node.index import JobRef
 from weave_slurm.runtime.group import MemberSpec, MemberState, NodeRef
-from weave_slurm.runtime.runner import GroupRunner, Member, RunnerConfig
+from weave_slurm.runtime.runner import GroupRunner, RunnerConfig, RunningMember
 from weave_slurm.runtime.transfer import TransferConfig
 from weave_slurm.runtime.twotier import TwoTierTransfer
 
@@ -69,11 +69,11 @@ class _Watch:
 
 
 def _watch(ex: GroupRunner, transfer: TwoTierTransfer,
-           strike: Callable[[Member], None]) -> _Watch:
+           strike: Callable[[RunningMember], None]) -> _Watch:
     """Record failures and sync starts; ``strike(member)`` runs on every member change."""
     watch = _Watch()
 
-    def on_change(member: Member, why: str) -> None:
+    def on_change(member: RunningMember, why: str) -> None:
         if member.state is MemberState.RECOVERING:
             watch.failed_at.append((member.spec.job_id, time.monotonic(), why))
         strike(member)
@@ -176,7 +176,7 @@ def test_killed_agent_fails_its_member_within_the_timeout(fleet2: NodeFleet) -> 
     ex, transfer = _executor(fleet2, specs, TransferConfig("twotier", timeout_s=timeout_s))
     armed: list[tuple[int, list[int]]] = []
 
-    def arm(member: Member) -> None:
+    def arm(member: RunningMember) -> None:
         if not armed and member.spec.job_id == "ka0" and member.state is MemberState.TRAIN \
                 and member.version == 1 and transfer.agents is not None:
             pids = transfer.agents.pids()
@@ -217,7 +217,7 @@ def test_hung_agent_fails_its_member_after_the_transport_timeout(fleet2: NodeFle
     ex, transfer = _executor(fleet2, specs, TransferConfig("twotier", timeout_s=timeout_s))
     stopped: list[int] = []
 
-    def stop_agent(member: Member) -> None:
+    def stop_agent(member: RunningMember) -> None:
         if not stopped and member.spec.job_id == "hs0" and member.state is MemberState.TRAIN \
                 and member.version == 1 and transfer.agents is not None:
             node = ex.layout.rollout[1]

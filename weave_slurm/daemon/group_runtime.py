@@ -70,7 +70,7 @@ from weave_slurm.runtime.group import (
     NodeRef,
 )
 from weave_slurm.runtime.launch_plan import plan_for
-from weave_slurm.runtime.member import Member, RunnerConfig
+from weave_slurm.runtime.member import RunnerConfig, RunningMember
 from weave_slurm.runtime.nodes import Resolver, connect
 from weave_slurm.runtime.profiler import planning_profile
 from weave_slurm.runtime.resume import Resume, ResumeKind
@@ -405,7 +405,7 @@ class GroupRuntime:
                      "train %.3f/%.3f s (mean/max)", job.job_id, new.rollout_mean_s,
                      new.rollout_max_s, new.train_mean_s, new.train_max_s)
 
-    def _ended(self, runner: GroupRunner, job_id: int, member: Member) -> JobOutcome:
+    def _ended(self, runner: GroupRunner, job_id: int, member: RunningMember) -> JobOutcome:
         """A DONE or FAILED member leaves; its outcome, with its faults in words."""
         done = member.state is MemberState.DONE
         why = outcome_words(member)
@@ -430,7 +430,7 @@ class GroupRuntime:
             log.warning("leave of job %s: %s", job_id, exc)
 
     @staticmethod
-    def _final_digest(runner: GroupRunner, member: Member) -> str:
+    def _final_digest(runner: GroupRunner, member: RunningMember) -> str:
         from weave_slurm.hosted import contract
         from weave_slurm.node.protocol import Op
 
@@ -451,7 +451,7 @@ class GroupRuntime:
             self._leave(runner, int(key))
         runner.close()
 
-    def _on_move(self, member: Member, why: str) -> None:
+    def _on_move(self, member: RunningMember, why: str) -> None:
         if member.state in (MemberState.DONE, MemberState.FAILED):
             self.wake()
 

@@ -46,7 +46,7 @@ from weave_slurm.errors import StateError, WeaveError
 from weave_slurm.node.index import JobRef
 from weave_slurm.node.protocol import Op
 from weave_slurm.runtime.group import MemberState
-from weave_slurm.runtime.member import Member
+from weave_slurm.runtime.member import RunningMember
 from weave_slurm.runtime.resume import Resume, ResumeKind, checkpoint_version, moved_with
 from weave_slurm.runtime.runner import GroupRunner
 
@@ -150,7 +150,8 @@ class Handoffs:
                              f"the move of its only member (job {job.job_id}) was withdrawn",
                              now)
 
-    def ended(self, store: Store, movers: list[JobRow]) -> list[tuple[int, GroupRunner, Member]]:
+    def ended(self, store: Store,
+              movers: list[JobRow]) -> list[tuple[int, GroupRunner, RunningMember]]:
         """Members that reached their last step (or gave up) while their move was
         pending: their old group reports them (job id, its runner, the member), and
         their place in its plan goes. A job that ended (cancelled) while it was moving is

@@ -1,7 +1,7 @@
 """What ``weave status`` and a job's outcome say about a member of the group runtime.
 
 Read-only: built from a :class:`~weave_slurm.runtime.member.Member` and its runner's
-profiler; the words come from the member's typed fault (``Member.event``). No torch:
+profiler; the words come from the member's typed fault (``RunningMember.event``). No torch:
 weaved reads no tensor (a finished member's digest is computed on its node).
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from weave_slurm.runtime.group import MemberState
-from weave_slurm.runtime.member import Member
+from weave_slurm.runtime.member import RunningMember
 from weave_slurm.runtime.runner import GroupRunner
 
 #: The PHASE column for each member state.
@@ -21,7 +21,7 @@ PHASE_WORDS = {MemberState.STARTING: "init", MemberState.READY: "idle",
                MemberState.MOVED: "moving"}
 
 
-def member_row(runner: GroupRunner, m: Member) -> dict[str, Any]:
+def member_row(runner: GroupRunner, m: RunningMember) -> dict[str, Any]:
     """One member as ``weave status`` / ``weave show job`` read it."""
     prof = runner.profiler.snapshot().get(m.spec.job_id)
     st = m.status_row()
@@ -42,7 +42,7 @@ def member_row(runner: GroupRunner, m: Member) -> dict[str, Any]:
     return row
 
 
-def outcome_words(m: Member) -> str:
+def outcome_words(m: RunningMember) -> str:
     """Why a DONE or FAILED member ended, with its faults in words."""
     done = m.state is MemberState.DONE
     why = (f"reached version {m.version}/{m.spec.steps}" if done

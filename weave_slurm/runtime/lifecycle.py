@@ -40,7 +40,7 @@ from weave_slurm.node.protocol import Op
 from weave_slurm.runtime.faults import Fault, FaultKind
 from weave_slurm.runtime.gang import Gang
 from weave_slurm.runtime.group import TRANSITIONS, GroupLayout, MemberSpec, MemberState, NodeRef
-from weave_slurm.runtime.member import Member, NodeSlots, PhaseRun, RunnerConfig
+from weave_slurm.runtime.member import NodeSlots, PhaseRun, RunnerConfig, RunningMember
 from weave_slurm.runtime.moves import Mover
 from weave_slurm.runtime.nodes import NodeLink
 from weave_slurm.runtime.ordering import turn_slots
@@ -65,12 +65,12 @@ class Lifecycle:
                  config: RunnerConfig, spans: list[Span]) -> None:
         self.layout, self.link, self.mover, self.slots = layout, link, mover, slots
         self.profiler, self.clock, self.config, self.spans = profiler, clock, config, spans
-        self.members: dict[str, Member] = {}
+        self.members: dict[str, RunningMember] = {}
         self.order: list[str] = []
-        self.listeners: list[Callable[[Member, str], None]] = []
+        self.listeners: list[Callable[[RunningMember, str], None]] = []
 
     # -- the one door for state changes ----------------------------------------------
-    def move(self, member: Member, to: MemberState, why: str) -> None:
+    def move(self, member: RunningMember, to: MemberState, why: str) -> None:
         if to not in TRANSITIONS[member.state]:
             raise StateError(f"member {member.spec.job_id}: {member.state.value} -> "
                              f"{to.value} is not a valid transition ({why})")
@@ -101,20 +101,20 @@ class Lifecycle:
         spec.validate(len(self.layout.rollout), len(self.layout.train))
         member.spec = spec
 
-    def member(self, job_id: str) -> Member:
+    def member(self, job_id: str) -> RunningMember:
         if job_id not in self.members:
             raise ConfigError(f"no member {job_id!r} in this group "
                               f"(members: {', '.join(self.order) or 'none'})")
         return self.members[job_id]
 
     # -- membership ------------------------------------------------------------------
-    def join(self, spec: MemberSpec) -> Member:
+    def join(self, spec: MemberSpec) -> RunningMember:
         """Add a fresh member at the end of the cyclic order; its state is put on first use."""
         if spec.job_id in self.members and \
                 self.members[spec.job_id].state is not MemberState.CANCELLED:
             raise ConfigError(f"member {spec.job_id!r} is already in the group")
         spec.validate(len(self.layout.rollout), len(self.layout.train))
-        member = Member(spec, JobRef(spec.job_id, spec.owner_uid()),
+        member = RunningMember(spec, JobRef(spec.job_id, spec.owner_uid()),
                         self.layout.train[spec.train_node],
                         tuple(self.layout.rollout[p] for p in spec.rollout_pins))
         # a cooperative job's processes are its own: one gated process per role
@@ -130,7 +130,7 @@ class Lifecycle:
         self.profiler.track(spec.job_id, spec.declared)
         return member
 
-    def adopt(self, spec: MemberSpec, resume: Resume | None = None) -> Member:
+    def adopt(self, spec: MemberSpec, resume: Resume | None = None) -> RunningMember:
         """Join a member that may have warm state on its nodes already: a previous
         weaved's, or a lost training node's checkpoint (``resume``, from
         :meth:`detach`). With its state found it is re-admitted from its newest
@@ -163,7 +163,7 @@ class Lifecycle:
                 gang.drop(self.link)
         return member
 
-    def _move_checkpoint(self, member: Member, resume: Resume) -> bool:
+    def _move_checkpoint(self, member: RunningMember, resume: Resume) -> bool:
         """The member's last checkpoint from its lost training node's root to its new
         training node; True when it can be restored there."""
         root = resume.root
@@ -204,7 +204,7 @@ class Lifecycle:
         self.order.remove(job_id)
         self.profiler.forget(job_id)
 
-    def register(self, member: Member) -> None:
+    def register(self, member: RunningMember) -> None:
         """Register the member on each of its nodes (its owner's uid, its workers)."""
         owner = {} if member.spec.uid is None else {"uid": member.spec.uid}
         for node in self._nodes(member):
@@ -213,31 +213,31 @@ class Lifecycle:
         for gang in self._ranks(member):
             gang.register(self.link, owner)
 
-    def release(self, member: Member, run: PhaseRun) -> None:
+    def release(self, member: RunningMember, run: PhaseRun) -> None:
         """The member no longer runs ``run``: its nodes are free."""
         member.runs.pop(run.kind, None)
         self.slots.free_run(member.spec.job_id, run)
 
-    def _engines(self, member: Member, whole: bool) -> None:
+    def _engines(self, member: RunningMember, whole: bool) -> None:
         """The member's rollout engines on its pins, when its layout has several."""
         engines = Gang.engines_of(member.spec, member.job, self.layout.rollout)
         member.engines = engines if whole and engines.size > 1 else None
 
-    def _ranks(self, member: Member) -> tuple[Gang, ...]:
+    def _ranks(self, member: RunningMember) -> tuple[Gang, ...]:
         """Its training gang and its rollout engines (their node-level jobs)."""
         return (self._gang(member), *((member.engines,) if member.engines else ()))
 
     @staticmethod
-    def _gang(member: Member) -> Gang:
+    def _gang(member: RunningMember) -> Gang:
         assert member.gang is not None, "a member's gang is set when it joins"
         return member.gang
 
     @staticmethod
-    def _nodes(member: Member) -> tuple[NodeRef, ...]:
+    def _nodes(member: RunningMember) -> tuple[NodeRef, ...]:
         return (member.train_node, *member.rollout_nodes)
 
     # -- faults ----------------------------------------------------------------------
-    def fail(self, member: Member, fault: Fault) -> None:
+    def fail(self, member: RunningMember, fault: Fault) -> None:
         """Only this member: stop what it runs, then re-admit it (see module doc)."""
         words = fault.words()
         log.warning("member %s failed: %s", member.spec.job_id, words)
@@ -260,12 +260,12 @@ class Lifecycle:
         member.fault, member.outcome = fault, None
         self.move(member, MemberState.RECOVERING, words)
 
-    def _restartable(self, member: Member, fault: Fault) -> bool:
+    def _restartable(self, member: RunningMember, fault: Fault) -> bool:
         """May a member that failed in its first phase start again from scratch?"""
         return fault.kind.restartable and (
             fault.kind.node_fault or member.restarts < self.config.max_fresh_restarts)
 
-    def recover(self, member: Member) -> bool:
+    def recover(self, member: RunningMember) -> bool:
         """One recovery attempt: restore the newest checkpoint on the training node and
         copy the weights to the rollout nodes (nothing learned yet: start afresh)."""
         now = self.clock.now()
@@ -315,7 +315,7 @@ class Lifecycle:
             self.move(member, MemberState.DONE, f"reached version {member.version}")
         return True
 
-    def _restart(self, member: Member, cause: str | None = None) -> bool:
+    def _restart(self, member: RunningMember, cause: str | None = None) -> bool:
         """Start a member with nothing learned again from scratch: drop what it left on
         its nodes (a node that does not answer is waited for). ``cause``: why, when it
         is not the fault that sent it here. A restart spends ``max_fresh_restarts``
@@ -347,18 +347,18 @@ class Lifecycle:
         self.move(member, MemberState.STARTING, note)
         return True
 
-    def _retry_later(self, member: Member, fault: Fault, words: str) -> None:
+    def _retry_later(self, member: RunningMember, fault: Fault, words: str) -> None:
         member.error = words
         member.charge(fault.kind.node_fault, self.clock.now())
         member.retry_at_s = self.clock.now() + member.backoff_s(self.config)
         log.warning("member %s: %s", member.spec.job_id, words)
 
-    def _give_up(self, member: Member, why: str) -> None:
+    def _give_up(self, member: RunningMember, why: str) -> None:
         if member.fault is not None:
             member.outcome = "gave up"
         self.move(member, MemberState.FAILED, why)
 
-    def restore_weights(self, member: Member, info: Mapping[str, Any]) -> None:
+    def restore_weights(self, member: RunningMember, info: Mapping[str, Any]) -> None:
         """Rollout nodes get the restored weights (k >= 1: every version a replay needs)."""
         k = member.staleness
         if k == 0:
@@ -428,7 +428,7 @@ class Lifecycle:
         for m in live:
             m.spec = replace(m.spec, rollout_pins=tuple(index[n.name] for n in m.rollout_nodes))
 
-    def repin(self, member: Member, pins: Sequence[int]) -> None:
+    def repin(self, member: RunningMember, pins: Sequence[int]) -> None:
         """Move the member's rollouts to the layout's rollout nodes ``pins`` at its next
         phase boundary (see module doc); the same nodes: nothing to do."""
         replace(member.spec, rollout_pins=tuple(pins)).validate(len(self.layout.rollout),
@@ -452,7 +452,7 @@ class Lifecycle:
             moved = True
         return moved
 
-    def _move_rollout(self, member: Member, new: tuple[NodeRef, ...]) -> None:
+    def _move_rollout(self, member: RunningMember, new: tuple[NodeRef, ...]) -> None:
         job_id, old = member.spec.job_id, member.rollout_nodes
         index = {n.name: i for i, n in enumerate(self.layout.rollout)}
         member.repin, member.rollout_nodes = None, new
@@ -480,7 +480,7 @@ class Lifecycle:
             self.fail(member, Fault.from_error(exc, ",".join(n.name for n in added),
                                                during="moving its rollout state"))
 
-    def _copy_rollout_state(self, member: Member, nodes: Sequence[NodeRef]) -> None:
+    def _copy_rollout_state(self, member: RunningMember, nodes: Sequence[NodeRef]) -> None:
         """What the member's next rollouts read, from its training node to ``nodes``: its
         weights (a stale member: the ring buffers of every version they may read)."""
         k = member.staleness

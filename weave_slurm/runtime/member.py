@@ -113,7 +113,7 @@ class PhaseRun:
 
 
 @dataclass
-class Member:
+class RunningMember:
     """The runner's live view of one member (read it, do not change it)."""
 
     spec: MemberSpec

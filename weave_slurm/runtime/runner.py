@@ -57,7 +57,7 @@ from weave_slurm.runtime.faults import Fault, FaultKind
 from weave_slurm.runtime.gang import Gang, read_phase
 from weave_slurm.runtime.group import GroupLayout, MemberSpec, MemberState, NodeRef
 from weave_slurm.runtime.lifecycle import Lifecycle
-from weave_slurm.runtime.member import Member, NodeSlots, PhaseRun, RunnerConfig, TailMove
+from weave_slurm.runtime.member import NodeSlots, PhaseRun, RunnerConfig, RunningMember, TailMove
 from weave_slurm.runtime.moves import Mover, make_transfer
 from weave_slurm.runtime.nodes import NodeLink, Resolver
 from weave_slurm.runtime.ordering import next_slot, phase_deadline_s
@@ -69,11 +69,11 @@ from weave_slurm.runtime.transfer import WeightTransfer
 from weave_slurm.runtime.twotier import TwoTierTransfer
 from weave_slurm.vocab import Phase, Pool
 
-__all__ = ["GroupRunner", "Member", "RunnerConfig", "TailMove"]
+__all__ = ["GroupRunner", "RunnerConfig", "RunningMember", "TailMove"]
 
 log = logging.getLogger(__name__)
 
-_Ended = tuple[Member, PhaseRun, dict[str, Any], tuple[Any, Any], float]
+_Ended = tuple[RunningMember, PhaseRun, dict[str, Any], tuple[Any, Any], float]
 
 
 class GroupRunner:
@@ -112,7 +112,7 @@ class GroupRunner:
 
     # -- the member API (its life cycle: runtime/lifecycle.py) -------------------------
     @property
-    def members(self) -> dict[str, Member]:
+    def members(self) -> dict[str, RunningMember]:
         return self.lifecycle.members
 
     @property
@@ -120,15 +120,15 @@ class GroupRunner:
         return self.lifecycle.order
 
     @property
-    def listeners(self) -> list[Callable[[Member, str], None]]:
+    def listeners(self) -> list[Callable[[RunningMember, str], None]]:
         """Called as ``listener(member, why)`` after every change of a member's state."""
         return self.lifecycle.listeners
 
-    def join(self, spec: MemberSpec) -> Member:
+    def join(self, spec: MemberSpec) -> RunningMember:
         """Add a fresh member at the end of the cyclic order."""
         return self.lifecycle.join(spec)
 
-    def adopt(self, spec: MemberSpec, resume: Resume | None = None) -> Member:
+    def adopt(self, spec: MemberSpec, resume: Resume | None = None) -> RunningMember:
         """Join a member that may have warm state on its nodes (see ``Lifecycle.adopt``)."""
         return self.lifecycle.adopt(spec, resume)
 
@@ -265,7 +265,7 @@ class GroupRunner:
                 ready.add(job_id)
         return ready
 
-    def _gang_free(self, member: Member, gang: Gang | None) -> bool:
+    def _gang_free(self, member: RunningMember, gang: Gang | None) -> bool:
         return gang is None or all(n.name not in self.slots.busy for n in gang.nodes())
 
     def _ports_taken(self, gang: Gang) -> set[int]:
@@ -298,7 +298,7 @@ class GroupRunner:
                                                              member.next_kind, "start of"))
         return started
 
-    def _start(self, member: Member, node: NodeRef) -> None:
+    def _start(self, member: RunningMember, node: NodeRef) -> None:
         init = not member.initialised
         if init:
             self.lifecycle.register(member)
@@ -343,7 +343,7 @@ class GroupRunner:
                                 else MemberState.TRAIN, where)
 
     # -- completion ------------------------------------------------------------------
-    def _poll(self, member: Member, run: PhaseRun) -> bool:
+    def _poll(self, member: RunningMember, run: PhaseRun) -> bool:
         state, worker, fault = read_phase(self.link, member.gang_of(run.kind, run.node).slots,
                                           run.kind)
         if fault is not None:
@@ -362,7 +362,7 @@ class GroupRunner:
                             (worker.get("t_recv"), worker.get("t_done")), self.clock.now()))
         return True
 
-    def _watch_tail(self, member: Member, run: PhaseRun) -> bool:
+    def _watch_tail(self, member: RunningMember, run: PhaseRun) -> bool:
         """Read a rollout's progress; in its tail, free its node for the next member."""
         now = self.clock.now()
         node = run.node.name
@@ -389,7 +389,7 @@ class GroupRunner:
                  run.step, member.spec.job_id, node, move.remaining, move.total)
         return True
 
-    def _finish(self, member: Member, run: PhaseRun, result: Mapping[str, Any],
+    def _finish(self, member: RunningMember, run: PhaseRun, result: Mapping[str, Any],
                 worker_s: tuple[Any, Any], end: float) -> None:
         job_id = member.spec.job_id
         member.runs.pop(run.kind, None)
@@ -409,7 +409,7 @@ class GroupRunner:
         else:
             self._finish_train(member, run, result)
 
-    def _finish_rollout(self, member: Member, run: PhaseRun) -> None:
+    def _finish_rollout(self, member: RunningMember, run: PhaseRun) -> None:
         k = member.staleness
         name = contract.TRAJ if k == 0 else buffer_name(TRAJ_BUFFER, run.step, k)
         member.rolled = run.step + 1
@@ -426,7 +426,8 @@ class GroupRunner:
         if Phase.TRAIN not in member.runs:
             self.lifecycle.move(member, MemberState.READY, f"rollout {run.step} done")
 
-    def _finish_train(self, member: Member, run: PhaseRun, result: Mapping[str, Any]) -> None:
+    def _finish_train(self, member: RunningMember, run: PhaseRun,
+                      result: Mapping[str, Any]) -> None:
         job_id, version = member.spec.job_id, int(result["version"])
         self.profiler.state_bytes(job_id, train=int(result.get("state_bytes", 0)),
                                   rollout=int(result.get("weights_bytes", 0)))
@@ -456,7 +457,7 @@ class GroupRunner:
         else:
             move(member, MemberState.READY, f"train -> v{member.version}")
 
-    def _sync_weights(self, member: Member, version: int) -> None:
+    def _sync_weights(self, member: RunningMember, version: int) -> None:
         """The train node's ``weights`` to the rollout nodes (k >= 1: into a checked buffer).
 
         A stale member also keeps the ring on its training node, so a checkpoint holds
@@ -472,7 +473,7 @@ class GroupRunner:
             self._write(member, node, lambda node=node: copy(  # type: ignore[misc]
                 member, contract.WEIGHTS, member.train_node, [node], "weights", buf, True))
 
-    def _write(self, member: Member, node: NodeRef, write: Callable[[], None]) -> None:
+    def _write(self, member: RunningMember, node: NodeRef, write: Callable[[], None]) -> None:
         """Put a segment of ``member`` on ``node`` now, or when its phase there ends.
 
         The resident worker attaches every segment of its job when a phase starts; a
@@ -487,7 +488,7 @@ class GroupRunner:
 
     # -- read API (daemon status, demo) ----------------------------------------------
     def status(self) -> list[dict[str, object]]:
-        """One row per member (:meth:`Member.status_row`: state, version, phase, node,
+        """One row per member (:meth:`RunningMember.status_row`: state, version, phase, node,
         reward, recoveries, error, the window ``staleness`` and ``current_staleness``,
         ``tail``: its rollout is a migrated tail)."""
         return [self.members[j].status_row() for j in
