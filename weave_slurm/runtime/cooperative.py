@@ -55,6 +55,7 @@ from weave_slurm.runtime.group import MemberState, NodeRef
 from weave_slurm.runtime.lifecycle import Lifecycle
 from weave_slurm.runtime.member import PhaseRun, RunningMember
 from weave_slurm.runtime.member_net import SLOTS, MemberNet, node_addr
+from weave_slurm.runtime.recovery import Recovery
 from weave_slurm.vocab import Phase
 
 log = logging.getLogger(__name__)
@@ -129,8 +130,8 @@ class _Seen:
 class Cooperative:
     """The runner's part for its cooperative members (see module doc)."""
 
-    def __init__(self, lifecycle: Lifecycle, clock: Clock) -> None:
-        self.lc = lifecycle
+    def __init__(self, lifecycle: Lifecycle, recovery: Recovery, clock: Clock) -> None:
+        self.lc, self.recovery = lifecycle, recovery
         self.link = lifecycle.link
         self.clock = clock
         self.refusals: list[Refusal] = []
@@ -160,7 +161,7 @@ class Cooperative:
             try:
                 changed |= self._tick_one(member)
             except WeaveError as exc:
-                self.lc.fail(member, Fault.from_error(exc, None, None, "the gate of"))
+                self.recovery.fail(member, Fault.from_error(exc, None, None, "the gate of"))
                 changed = True
             if member.state is MemberState.RECOVERING:   # before the runner's recovery
                 self._give_up(member)
@@ -298,7 +299,7 @@ class Cooperative:
             holding = phase in member.runs and not member.runs[phase].ended \
                 and phase not in seen.left
             if rc != 0 or holding:
-                self.lc.fail(member, self._exit_fault(member, phase, rc, holding))
+                self.recovery.fail(member, self._exit_fault(member, phase, rc, holding))
                 return True
         want = member.wants()
         if member.runs or (want is not None and ROLE[want] not in seen.exited):
