@@ -62,7 +62,8 @@ from weave_slurm.runtime.moves import Mover, make_transfer
 from weave_slurm.runtime.nodes import NodeLink, Resolver
 from weave_slurm.runtime.ordering import next_slot, phase_deadline_s
 from weave_slurm.runtime.profiler import LiveProfiler
-from weave_slurm.runtime.resume import Resume
+from weave_slurm.runtime.recovery import Recovery
+from weave_slurm.runtime.relayout import Relayout
 from weave_slurm.runtime.staleness import BatchRecord
 from weave_slurm.runtime.timeline import NoObserver, Span, TimelineObserver
 from weave_slurm.runtime.transfer import WeightTransfer
@@ -101,48 +102,22 @@ class GroupRunner:
                                                self.profiler, self.spans, self.clock,
                                                self.observer),
                                    slots=self.slots, profiler=self.profiler,
-                                   clock=self.clock, config=self.config, spans=self.spans)
-        self.coop = Cooperative(self.lifecycle, self.clock)   # members with their own processes
+                                   clock=self.clock, config=self.config)
+        self.recovery = Recovery(self.lifecycle, self.spans)
+        self.relayout = Relayout(self.lifecycle, self.recovery)
+        # members with their own processes
+        self.coop = Cooperative(self.lifecycle, self.recovery, self.clock)
         self.tail_moves: list[TailMove] = []
         self._last_served: dict[str, int] = {}   # node -> its last place in the turns
         self._run_ids = 0
         self._ended: list[_Ended] = []
         for spec in members:
-            self.join(spec)
+            self.lifecycle.join(spec)
 
-    # -- the member API (its life cycle: runtime/lifecycle.py) -------------------------
     @property
     def members(self) -> dict[str, RunningMember]:
+        """The members, by job id (read them; changes go through the lifecycle)."""
         return self.lifecycle.members
-
-    @property
-    def order(self) -> list[str]:
-        return self.lifecycle.order
-
-    @property
-    def listeners(self) -> list[Callable[[RunningMember, str], None]]:
-        """Called as ``listener(member, why)`` after every change of a member's state."""
-        return self.lifecycle.listeners
-
-    def join(self, spec: MemberSpec) -> RunningMember:
-        """Add a fresh member at the end of the cyclic order."""
-        return self.lifecycle.join(spec)
-
-    def adopt(self, spec: MemberSpec, resume: Resume | None = None) -> RunningMember:
-        """Join a member that may have warm state on its nodes (see ``Lifecycle.adopt``)."""
-        return self.lifecycle.adopt(spec, resume)
-
-    def leave(self, job_id: str) -> None:
-        """Cancel a member: stop its phase, drop its state, workers and checkpoints."""
-        self.lifecycle.leave(job_id)
-
-    def fail(self, job_id: str, fault: Fault) -> None:
-        """Only this member: stop what it runs, then recover it."""
-        self.lifecycle.fail(self.lifecycle.member(job_id), fault)
-
-    def detach(self, lost: Sequence[NodeRef], checkpoint_base: Path | None) -> dict[str, Resume]:
-        """How each member goes on after the group lost ``lost`` (nothing dropped)."""
-        return self.lifecycle.detach(lost, checkpoint_base)
 
     @property
     def transfer(self) -> WeightTransfer:
@@ -182,17 +157,12 @@ class GroupRunner:
         for name in names:
             self._last_served.pop(name, None)
 
-    def repin(self, job_id: str, pins: Sequence[int]) -> None:
-        """Move a member's rollouts to the rollout nodes ``pins`` (indices into the
-        layout) at its next phase boundary (``Lifecycle.repin``)."""
-        self.lifecycle.repin(self.lifecycle.member(job_id), pins)
-
     def nodes_in_use(self) -> set[str]:
         """Names of the nodes some member is on, moving to or runs a phase on."""
         return self.lifecycle.nodes_in_use() | set(self.slots.busy) | set(self.slots.tails)
 
     def _relayout(self, layout: GroupLayout) -> None:
-        self.lifecycle.relayout(layout)
+        self.relayout.change(layout)
         self.layout = layout
         if isinstance(self.transfer, TwoTierTransfer):   # agents: one world per layout
             self.transfer.relayout(layout)
@@ -230,8 +200,8 @@ class GroupRunner:
         changed |= self.coop.tick()
         for member in list(self.members.values()):
             if member.state is MemberState.RECOVERING:
-                changed |= self.lifecycle.recover(member)
-        changed |= self.lifecycle.carry_repins()
+                changed |= self.recovery.recover(member)
+        changed |= self.relayout.carry()
         # start the next members first: a node's next phase need not wait for the
         # previous member's data moves and checkpoint (other jobs, other segments)
         changed |= self._dispatch(self.layout.train, Pool.TRAIN)
@@ -244,7 +214,7 @@ class GroupRunner:
             try:
                 self._finish(member, run, result, worker_s, end)
             except WeaveError as exc:
-                self.lifecycle.fail(member, Fault.from_error(exc, run.node.name, run.kind,
+                self.recovery.fail(member, Fault.from_error(exc, run.node.name, run.kind,
                                                              "after"))
         if ended:
             self._dispatch(self.layout.train, Pool.TRAIN)
@@ -294,7 +264,7 @@ class GroupRunner:
                 self._start(member, node)
                 started = True
             except WeaveError as exc:
-                self.lifecycle.fail(member, Fault.from_error(exc, node.name,
+                self.recovery.fail(member, Fault.from_error(exc, node.name,
                                                              member.next_kind, "start of"))
         return started
 
@@ -347,11 +317,11 @@ class GroupRunner:
         state, worker, fault = read_phase(self.link, member.gang_of(run.kind, run.node).slots,
                                           run.kind)
         if fault is not None:
-            self.lifecycle.fail(member, fault)
+            self.recovery.fail(member, fault)
             return True
         if state is WorkerState.RUNNING:
             if self.clock.now() > run.deadline_s:
-                self.lifecycle.fail(member, Fault(
+                self.recovery.fail(member, Fault(
                     FaultKind.PHASE_HUNG, run.node.name, run.kind,
                     evidence=f"ran past its deadline of {run.deadline_s - run.start_s:.1f} s"))
                 return True
@@ -491,8 +461,9 @@ class GroupRunner:
         """One row per member (:meth:`RunningMember.status_row`: state, version, phase, node,
         reward, recoveries, error, the window ``staleness`` and ``current_staleness``,
         ``tail``: its rollout is a migrated tail)."""
+        order = self.lifecycle.order
         return [self.members[j].status_row() for j in
-                [*self.order, *(j for j in self.members if j not in self.order)]]
+                [*order, *(j for j in self.members if j not in order)]]
 
     def version_log(self, job_id: str) -> list[BatchRecord]:
         """The member's trajectory-version log: one record per batch, in step order."""
