@@ -142,7 +142,7 @@ class RunningMember:
     retry_at_s: float = 0.0
     ready_s: float | None = None
     # the rollout nodes it moves to at its next phase boundary (the group's plan re-pinned
-    # it): no rollout starts until then (``Lifecycle.repin``)
+    # it): no rollout starts until then (``Relayout.repin``)
     repin: tuple[NodeRef, ...] | None = None
     # a re-plan moves it to another group: it trains what it has rolled out, starts no
     # rollout, and is handed off once nothing is in flight (``Lifecycle.hand_offs``)

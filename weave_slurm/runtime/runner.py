@@ -4,10 +4,11 @@ One tick (:meth:`GroupRunner.tick`) first reads the world (each running phase's
 state from its node daemon), then acts: finished phases move their output (rollout:
 trajectories rollout node -> training node; train: weights training node -> every
 rollout node the member is pinned to, then a node checkpoint), failed or hung phases
-send their member to recovery (:mod:`~weave_slurm.runtime.lifecycle`, which owns
-every member's state), and every free node starts the next ready member in
-cyclic order of the members' turns (:func:`~weave_slurm.runtime.ordering.next_slot`;
-when members take turns, training nodes keep to that order). The on-policy
+send their member to recovery (:mod:`~weave_slurm.runtime.recovery`; every change of
+a member's state goes through its owner, :mod:`~weave_slurm.runtime.lifecycle`), and
+every free node starts the next ready member in cyclic order of the members' turns
+(:func:`~weave_slurm.runtime.ordering.next_slot`; when members take turns, training
+nodes keep to that order). The on-policy
 barrier holds end to end: a member has at most one phase in flight, its rollout runs
 on the weights segment of its latest version, and its training step is handed only
 its own ``traj`` segment, which ``JobRunner.train`` refuses unless it is of the
@@ -26,14 +27,17 @@ in flight next to its training step; see :mod:`weave_slurm.runtime.staleness`.
 
 The group's rollout nodes change while it runs: :meth:`GroupRunner.extend` adds the
 nodes of an allocation newly held for it (rollout scaling), :meth:`GroupRunner.retire`
-drops nodes no member is on any more (the group shrank), :meth:`GroupRunner.repin`
-moves a member to other nodes at its next phase boundary. The runner grows in place
-rather than being detached and rebuilt: a rebuild re-admits every member from its node
-checkpoint (its phase in flight dropped, its training state reloaded, one recovery
-counted each), a cost every member of a group would pay for every arrival that scales
-it, and a departure that shrinks it; in place, the members already there never stop,
-and only what the new layout invalidates is redone (the sync agents form one world per
-layout: they are stopped and start over the new one on the next copy).
+drops nodes no member is on any more (the group shrank), and a re-pin
+(:meth:`Relayout.repin <weave_slurm.runtime.relayout.Relayout.repin>`) moves a member
+to other nodes at its next phase boundary. weaved asks for each through the group's
+port (:mod:`~weave_slurm.runtime.port`), which is also where members join and leave.
+The runner grows in place rather than being detached and rebuilt: a rebuild re-admits
+every member from its node checkpoint (its phase in flight dropped, its training state
+reloaded, one recovery counted each), a cost every member of a group would pay for
+every arrival that scales it, and a departure that shrinks it; in place, the members
+already there never stop, and only what the new layout invalidates is redone (the sync
+agents form one world per layout: they are stopped and start over the new one on the
+next copy).
 """
 
 
