@@ -210,14 +210,14 @@ class GroupRuntime:
                 port = self.ports.get(group.group_id)
                 if port is None:
                     continue
-                allocs, views = rows[group.group_id], port.members
+                allocs = rows[group.group_id]
                 for job in self.moves.waiting_out(movers, group.group_id, port, placed) \
                         + store.jobs(group_id=group.group_id):   # (its waiting movers too)
                     outcome = self._member_of(port, group, job, allocs, store)
                     if outcome is not None:
                         outcomes.append(outcome)
                     elif job.state is JobState.RUNNING and self.config.plan_from_measurements:
-                        self._feed_back(store, views.get(str(job.job_id)), job)
+                        self._feed_back(store, port.view(str(job.job_id)), job)
             self.rows.refresh(self.ports.values(), time.monotonic(), force=True)
         return outcomes
 
@@ -361,7 +361,7 @@ class GroupRuntime:
     def _member_of(self, port: GroupPort, group: GroupRow, job: JobRow,
                    allocs: Sequence[AllocRow], store: Store) -> JobOutcome | None:
         key = str(job.job_id)
-        member = port.members.get(key)
+        member = port.view(key)
         moving = job.moving_from is not None and job.moving_from != group.group_id
         if moving and member is not None and member.state is MemberState.CANCELLED:
             member = None   # it left this group earlier and a re-plan moves it back

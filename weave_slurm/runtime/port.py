@@ -179,6 +179,14 @@ class GroupPort:
         return {k: view_of(m, measured.get(k), refusal(k))
                 for k, m in list(self.runner.members.items())}
 
+    def view(self, job_id: str) -> MemberView | None:
+        """A snapshot of one member (None: the runtime does not hold it)."""
+        m = self.runner.members.get(job_id)
+        if m is None:
+            return None
+        return view_of(m, self.runner.profiler.snapshot().get(job_id),
+                       self.runner.coop.refusal(job_id))
+
     def nodes_in_use(self) -> set[str]:
         """Names of the nodes some member is on, moving to or runs a phase on."""
         return self.runner.nodes_in_use()
