@@ -27,8 +27,8 @@ through a :class:`GroupPort`, in the manner of Ray autoscaler v2's instance mana
     status     <-- MemberView snapshots (members)
 
 The runtime tests drive a port with commands and a virtual clock
-(tests/runtime/test_port.py); the simulator and the runtime's own tests may also
-drive a :class:`~weave_slurm.runtime.runner.GroupRunner` directly.
+(tests/runtime/test_port.py); the runtime's own tests and benchmarks may also tick a
+:class:`~weave_slurm.runtime.runner.GroupRunner` directly.
 """
 
 from __future__ import annotations
@@ -112,7 +112,8 @@ class GroupPort:
         return Tick(changed, tuple(self.events()))
 
     def events(self) -> list[Event]:
-        """Every event since the last call, oldest first."""
+        """Every event since the last call: the members' changes in the order they
+        happened, then what the commands answered (``HandedOff``, ``Detached``, ...)."""
         pending, self._pending = self._pending, []
         return [*self.runner.lifecycle.outbox.drain(), *pending]
 
