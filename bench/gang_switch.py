@@ -31,8 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.harness.fleet import running_fleet
 from weave_slurm.model.layout import MemberLayout, RolloutLayout, TrainLayout
+from weave_slurm.runtime.commands import Fail, Leave
 from weave_slurm.runtime.faults import Fault, FaultKind
 from weave_slurm.runtime.group import MemberSpec
+from weave_slurm.runtime.port import GroupPort
 from weave_slurm.runtime.runner import GroupRunner
 from weave_slurm.vocab import Phase
 
@@ -51,13 +53,14 @@ def run(ranks: int, warm_steps: int) -> dict[str, object]:
             m = runner.members["gang"]
             if not failed and m.version >= warm_steps + 1 and Phase.ROLLOUT in m.runs:
                 failed.append(runner.clock.now())
-                runner.fail("gang", Fault(FaultKind.PHASE_FAILED, "h800-0", Phase.TRAIN,
-                                          evidence="bench: a cold start on purpose"))
+                GroupPort(runner).apply(Fail("gang", Fault(
+                    FaultKind.PHASE_FAILED, "h800-0", Phase.TRAIN,
+                    evidence="bench: a cold start on purpose")))
         try:
             ex.run(timeout_s=900, on_tick=fail_once)
         finally:
-            if "gang" in ex.order:
-                ex.leave("gang")
+            if "gang" in GroupPort(ex).order:
+                GroupPort(ex).apply(Leave("gang"))
             ex.close()
     spans = sorted((s for s in ex.spans if s.kind is Phase.TRAIN and s.ok and not s.init),
                    key=lambda s: s.start_s)

@@ -38,7 +38,9 @@ from rich.console import Console
 from rich.table import Table
 
 from weave_slurm.node.client import NodeClient
+from weave_slurm.runtime.commands import Leave
 from weave_slurm.runtime.group import GroupLayout, MemberSpec
+from weave_slurm.runtime.port import GroupPort
 from weave_slurm.runtime.runner import GroupRunner, RunnerConfig
 from weave_slurm.runtime.timeline import Span, busy_fraction
 from weave_slurm.slurm.cluster_config import parse_layout
@@ -118,8 +120,8 @@ def run_once(layout: GroupLayout, tag: str, args: argparse.Namespace,
                 "reward_curves": {f"m{i}": list(ex.members[s.job_id].rewards)
                                   for i, s in enumerate(specs)}}
     finally:
-        for job in list(ex.order):
-            ex.leave(job)
+        port = GroupPort(ex)
+        port.apply(*(Leave(job) for job in port.order))
         ex.close()
 
 

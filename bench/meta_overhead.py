@@ -24,7 +24,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from weave_slurm.runtime.commands import Leave
 from weave_slurm.runtime.group import MemberSpec
+from weave_slurm.runtime.port import GroupPort
 from weave_slurm.runtime.runner import GroupRunner, RunnerConfig
 from weave_slurm.runtime.timeline import Span, switch_gaps_s
 from weave_slurm.slurm.local_backend import LocalBackend
@@ -69,8 +71,8 @@ def main() -> None:
             ex.run()
             spans = list(ex.spans)
         finally:
-            for job in list(ex.order):
-                ex.leave(job)
+            port = GroupPort(ex)
+            port.apply(*(Leave(job) for job in port.order))
             ex.close()
     finally:
         fleet.stop()

@@ -34,7 +34,9 @@ from rich.table import Table
 
 from weave_slurm.config.runtime import WeightTransferKind
 from weave_slurm.node.index import JobRef
+from weave_slurm.runtime.commands import Leave
 from weave_slurm.runtime.group import GroupLayout, MemberSpec, NodeRef
+from weave_slurm.runtime.port import GroupPort
 from weave_slurm.runtime.runner import GroupRunner, RunnerConfig
 from weave_slurm.runtime.transfer import WeightTransfer
 from weave_slurm.runtime.twotier import TwoTierTransfer
@@ -95,8 +97,8 @@ def run_kind(layout: GroupLayout, kind: str, args: argparse.Namespace) -> list[d
     try:
         ex.run(timeout_s=1800)
     finally:
-        for job in list(ex.order):
-            ex.leave(job)
+        port = GroupPort(ex)
+        port.apply(*(Leave(job) for job in port.order))
         ex.close()
     return timed.samples
 

@@ -57,14 +57,16 @@ def test_measured_profile_is_stored_and_changes_the_next_decision(tmp_path: Path
         prof.phase(str(job), Phase.TRAIN, 10.0)
     row = store.job(job)
     assert row is not None
-    GroupRuntime._feed_back(store, SimpleNamespace(profiler=prof), row)  # type: ignore[arg-type]
+    member = SimpleNamespace(measured=prof.snapshot()[str(job)])   # the port's snapshot
+    GroupRuntime._feed_back(store, member, row)  # type: ignore[arg-type]
     row = store.job(job)
     assert row is not None and row.measured is not None
     assert row.measured.rollout_mean_s == 25.0 and row.profile.rollout_mean_s == 10.0
     assert row.plan_profile is row.measured
     assert _arrival_group(store) == 2
     # a second call with the same measurements writes nothing new
-    GroupRuntime._feed_back(store, SimpleNamespace(profiler=prof), row)  # type: ignore[arg-type]
+    member = SimpleNamespace(measured=prof.snapshot()[str(job)])   # the port's snapshot
+    GroupRuntime._feed_back(store, member, row)  # type: ignore[arg-type]
     assert store.job(job) == row
 
 

@@ -1,12 +1,11 @@
 """Moves in flight (daemon/handoff.py) over a real store: a move that waits for its
 nodes, its withdrawal once it waited ``move_wait_s``, and a job that ends while it waits.
-The runners are small stand-ins (what Handoffs asks of a GroupRunner); the runtime's
+The groups' ports are small stand-ins (the commands Handoffs gives a GroupPort); the runtime's
 side of a real move is tests/runtime/test_weaved_moves.py."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -15,6 +14,7 @@ from weave_slurm.daemon.handoff import Handoffs
 from weave_slurm.daemon.records import GroupPlan, MemberPlan
 from weave_slurm.daemon.states import GroupState, JobState
 from weave_slurm.daemon.store import Store
+from weave_slurm.runtime.commands import Command, HandOff, Leave, TakeHandOffs
 from weave_slurm.runtime.group import MemberState
 
 from .test_replanning import CAP, T0, _replanner, _two_lone_jobs, _waiting_out_of_three
@@ -26,22 +26,25 @@ WAIT_S = 600.0
 class _Lifecycle:
     handed: list[str] = field(default_factory=list)
 
-    def hand_off(self, key: str) -> None:
-        self.handed.append(key)
-
-    def hand_offs(self, base: Path | None, label: str) -> dict[str, Any]:
-        return {}
-
 
 @dataclass
 class _Runner:
+    """A group's port as Handoffs drives it: the commands it was given."""
+
     members: dict[str, Any]
-    lifecycle: _Lifecycle = field(default_factory=_Lifecycle)
+    lifecycle: _Lifecycle = field(default_factory=_Lifecycle)   # the members handed off
     left: list[str] = field(default_factory=list)
 
-    def leave(self, key: str) -> None:
-        self.left.append(key)
-        self.members.pop(key)
+    def apply(self, *commands: Command) -> list[Any]:
+        for command in commands:
+            if isinstance(command, HandOff):
+                self.lifecycle.handed.append(command.job_id)
+            elif isinstance(command, Leave):
+                self.left.append(command.job_id)
+                self.members.pop(command.job_id)
+            elif not isinstance(command, TakeHandOffs):   # none at their boundary
+                raise AssertionError(f"unexpected command {command}")
+        return []
 
 
 def _waiting_move(store: Store) -> tuple[int, int, int, _Runner, Handoffs]:

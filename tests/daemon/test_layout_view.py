@@ -8,8 +8,8 @@ from tests.harness.specs import typed
 from weave_slurm.config.job import parse_job
 from weave_slurm.config.render import job_spec_toml
 from weave_slurm.config.site import default_site
-from weave_slurm.daemon.group_runtime import member_spec
 from weave_slurm.daemon.layout_view import RANK0_ONLY, layout_row
+from weave_slurm.daemon.member_specs import member_spec
 from weave_slurm.daemon.records import AllocRow, GroupPlan, GroupRow, JobRow, MemberPlan
 from weave_slurm.daemon.states import AllocState, GroupState, JobState
 from weave_slurm.errors import ConfigError

@@ -11,8 +11,7 @@ from weave_slurm.daemon.records import GroupPlan, MemberPlan
 from weave_slurm.daemon.store import Store
 from weave_slurm.model.cost import CostRates
 from weave_slurm.model.profile import simple_profile
-from weave_slurm.placement import Capacity, Group
-from weave_slurm.placement import Member as PMember
+from weave_slurm.placement import Capacity, Group, Member
 
 CAP = Capacity(4, 8, 1000.0, 1000.0, 16, 16, CostRates(1.0, 2.85))
 LONG = simple_profile("long", 100, 40, 1.5)
@@ -32,8 +31,8 @@ def test_placement_sees_a_stored_groups_turns_again(tmp_path: Path) -> None:
     store = Store(tmp_path / "w.db")
     ids = [store.add_job(uid=1000, user="alice", name=p.job_id, **stored(p.job_id),
                          source=f"{p.job_id}.toml", profile=p, now=1.0) for p in (LONG, SHORT)]
-    group = Group(1, (PMember(LONG.with_id(str(ids[0])), (0,)),
-                      PMember(SHORT.with_id(str(ids[1])), (1,), 3)), 2, 1)
+    group = Group(1, (Member(LONG.with_id(str(ids[0])), (0,)),
+                      Member(SHORT.with_id(str(ids[1])), (1,), 3)), 2, 1)
     plan = membership.plan_of(group)
     assert [m.turns for m in plan.members] == [1, 3]
     store.commit_placement([(1, "1", plan, True)], [(ids[0], 1, "new group"),

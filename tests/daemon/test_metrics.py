@@ -25,7 +25,7 @@ from weave_slurm.daemon.service import DaemonConfig, Weaved
 from weave_slurm.errors import ConfigError
 from weave_slurm.node.index import JobRef
 from weave_slurm.runtime.group import GroupLayout, MemberSpec, NodeRef
-from weave_slurm.runtime.member import Member, PhaseRun
+from weave_slurm.runtime.member import PhaseRun, RunningMember
 from weave_slurm.runtime.timeline import Span
 from weave_slurm.vocab import Phase, Pool
 
@@ -158,7 +158,7 @@ class _Runner:
     layout: GroupLayout
     clock: VirtualClock
     spans: list[Span] = field(default_factory=list)
-    members: dict[str, Member] = field(default_factory=dict)
+    members: dict[str, RunningMember] = field(default_factory=dict)
 
 
 def test_bubbles_are_idle_node_seconds_per_group_and_pool() -> None:
@@ -176,7 +176,7 @@ def test_bubbles_are_idle_node_seconds_per_group_and_pool() -> None:
                   clock)
     two.spans += [_span("c", "r9", 5.0, 7.0, kind=Phase.ROLLOUT, pool=Pool.ROLLOUT)]
     # c's rollout since 7 s is still running: busy until now, though not recorded yet
-    c = Member(MemberSpec("c"), JobRef("c", 0), two.layout.train[0], two.layout.rollout)
+    c = RunningMember(MemberSpec("c"), JobRef("c", 0), two.layout.train[0], two.layout.rollout)
     c.runs[Phase.ROLLOUT] = PhaseRun(Phase.ROLLOUT, two.layout.rollout[0], 7.0, 99.0)
     two.members["c"] = c
     per_group, per_pool = pool_bubbles({1: one, 2: two, 3: _Runner(one.layout, clock)})

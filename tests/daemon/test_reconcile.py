@@ -31,8 +31,7 @@ from weave_slurm.daemon.states import AllocState, GroupState, JobState, StepRunS
 from weave_slurm.daemon.store import Store
 from weave_slurm.errors import ConfigError
 from weave_slurm.model.profile import simple_profile
-from weave_slurm.placement import Capacity, Group
-from weave_slurm.placement import Member as PMember
+from weave_slurm.placement import Capacity, Group, Member
 from weave_slurm.slurm.backend import DEFAULT_INSTANCE, StepSpec, group_comment
 from weave_slurm.slurm.cli_backend import SlurmCliBackend
 from weave_slurm.slurm.fake_runner import FakeReply, FakeRunner
@@ -978,7 +977,7 @@ def _plan(**pins: tuple[int, ...]) -> GroupPlan:
 
 def _model(**pins: tuple[int, ...]) -> Group:
     profile = simple_profile("x", 10, 10, 1.5)
-    members = tuple(PMember(profile.with_id(j[1:]), ps) for j, ps in pins.items())
+    members = tuple(Member(profile.with_id(j[1:]), ps) for j, ps in pins.items())
     return Group(1, members, len({p for ps in pins.values() for p in ps}), 1)
 
 

@@ -12,7 +12,8 @@ from weave_slurm.cli.status import _runtime_lines, format_rows
 from weave_slurm.config.job import parse_job
 from weave_slurm.config.render import job_spec_toml
 from weave_slurm.daemon.driver import IdleDriver
-from weave_slurm.daemon.group_runtime import GroupRuntime, member_spec
+from weave_slurm.daemon.group_runtime import GroupRuntime
+from weave_slurm.daemon.member_specs import member_spec
 from weave_slurm.daemon.records import GroupPlan, GroupRow, MemberPlan
 from weave_slurm.daemon.states import GroupState
 from weave_slurm.errors import ConfigError

@@ -4,7 +4,7 @@ a group runner's clean end."""
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -12,7 +12,11 @@ from tests.harness.solo import run_solo
 from tests.harness.specs import OPTIONS
 from weave_slurm.node.client import NodeClient
 from weave_slurm.node.index import JobRef
+from weave_slurm.runtime.commands import Leave
+from weave_slurm.runtime.events import MemberChanged
 from weave_slurm.runtime.group import MemberSpec
+from weave_slurm.runtime.member import RunningMember
+from weave_slurm.runtime.port import GroupPort
 from weave_slurm.runtime.runner import GroupRunner
 from weave_slurm.vocab import Phase
 
@@ -47,7 +51,21 @@ def ok_spans(ex: GroupRunner, job_id: str, kind: Phase) -> list[tuple[float, flo
 
 def leave_all(ex: GroupRunner, specs: Sequence[MemberSpec]) -> None:
     """The end of every test's runner: the members still in it leave, then it closes."""
+    port = GroupPort(ex)
     for spec in specs:
-        if spec.job_id in ex.order:
-            ex.leave(spec.job_id)
-    ex.close()
+        if spec.job_id in port.order:
+            port.apply(Leave(spec.job_id))
+    port.close()
+
+
+def each_change(ex: GroupRunner, fn: Callable[[RunningMember, MemberChanged], None]
+                ) -> Callable[[GroupRunner], None]:
+    """An ``on_tick`` for ``ex.run``: ``fn(member, change)`` for each state change the
+    runtime reported in that tick (its events, drained through a port), in order."""
+    port = GroupPort(ex)
+
+    def on_tick(_: GroupRunner) -> None:
+        for event in port.events():
+            if isinstance(event, MemberChanged):
+                fn(ex.members[event.job_id], event)
+    return on_tick

@@ -11,9 +11,12 @@ from typing import Any
 from weave_slurm.clock import VirtualClock
 from weave_slurm.daemon.runtime_view import member_row, outcome_words
 from weave_slurm.node.protocol import Op
+from weave_slurm.runtime.commands import Repin
 from weave_slurm.runtime.faults import FaultKind
 from weave_slurm.runtime.group import GroupLayout, MemberSpec, MemberState, NodeRef
 from weave_slurm.runtime.launch_plan import LaunchPlan
+from weave_slurm.runtime.member_view import MemberView
+from weave_slurm.runtime.port import GroupPort
 from weave_slurm.runtime.runner import GroupRunner
 from weave_slurm.vocab import Pool
 
@@ -109,7 +112,7 @@ def test_a_cooperative_member_is_granted_only_what_its_process_waits_for() -> No
 def test_a_repin_leaves_a_cooperative_member_where_its_process_runs() -> None:
     runner, nodes, log, clock = _setup()
     runner.tick()
-    runner.repin("c", (1,))                   # the plan moved it to h20-1
+    GroupPort(runner).apply(Repin("c", (1,)))   # the plan moved it to h20-1
     clock.sleep(0.05)
     runner.tick()
     member = runner.members["c"]
@@ -175,6 +178,11 @@ def test_a_rollout_turns_report_is_kept() -> None:
     assert member.version == 2 and member.rewards == [0.7, 0.9], member.history
 
 
+def _view(runner: GroupRunner) -> MemberView:
+    """Member c as weaved reads it (the port's snapshot)."""
+    return GroupPort(runner).members["c"]
+
+
 def test_a_gate_refusal_is_the_jobs_reason() -> None:
     """The refusal's words are the job's REASON while it runs, and its failure's when
     the refused process then exits non-zero (not only in the job's own output)."""
@@ -187,14 +195,15 @@ def test_a_gate_refusal_is_the_jobs_reason() -> None:
     (node, refuse), = [(n, a) for n, a in _ops(log, Op.GATE) if a["action"] == "refuse"]
     why = refuse["message"]
     assert node == "h800-0" and why.startswith("train at version 1 refused: "), why
-    assert member_row(runner, member)["event"] == why     # status's REASON
+    assert member_row(_view(runner))["event"] == why     # status's REASON
     nodes["h800-0"].procs["c"] = {"train": {"returncode": 1}}   # GateRefused ended it
     clock.sleep(0.05)
     runner.tick()
     assert member.state is MemberState.FAILED and member.fault is not None
     assert member.fault.kind is FaultKind.VERSION_REFUSED
-    assert why in outcome_words(member), outcome_words(member)   # the FAILED job's REASON
-    assert "its train process on h800-0 exited with status 1" in outcome_words(member)
+    words = outcome_words(_view(runner))
+    assert why in words, words   # the FAILED job's REASON
+    assert "its train process on h800-0 exited with status 1" in outcome_words(_view(runner))
 
 
 def test_a_member_is_done_when_its_driver_exits_after_its_iterations() -> None:

@@ -21,7 +21,7 @@ from weave_slurm.node.index import JobRef
 from weave_slurm.node.segments import SegmentStore
 from weave_slurm.runtime.faults import Fault, FaultKind, error_kind
 from weave_slurm.runtime.group import MemberSpec, MemberState, NodeRef
-from weave_slurm.runtime.member import Member
+from weave_slurm.runtime.member import RunningMember
 from weave_slurm.runtime.resume import ResumeKind, plan_detach
 from weave_slurm.sync.errors import SyncError
 from weave_slurm.vocab import Phase, Pool
@@ -73,8 +73,8 @@ def test_only_node_faults_are_free_and_only_kills_and_nodes_restart_a_first_phas
 
 
 def _member(job: str, train: NodeRef, roll: NodeRef, state: MemberState,
-            initialised: bool) -> Member:
-    m = Member(MemberSpec(job), JobRef(job, os.getuid()), train, (roll,), state=state)
+            initialised: bool) -> RunningMember:
+    m = RunningMember(MemberSpec(job), JobRef(job, os.getuid()), train, (roll,), state=state)
     m.initialised = initialised
     return m
 
@@ -113,7 +113,7 @@ def test_a_gang_whose_second_node_was_lost_carries_every_ranks_checkpoint(
     r0 = NodeRef("h20-0", Pool.ROLLOUT, Path("r0"))
     spec = MemberSpec("g", train_nodes=(0, 1),
                       layout=MemberLayout(TrainLayout((2, 2)), RolloutLayout(1, (1,))))
-    m = Member(spec, JobRef("g", os.getuid()), t0, (r0,), state=MemberState.READY)
+    m = RunningMember(spec, JobRef("g", os.getuid()), t0, (r0,), state=MemberState.READY)
     m.initialised = True
     m.gang = Gang.of(spec, m.job, (t0, t1))
     shm = SegmentStore(tmp_path / "shm")

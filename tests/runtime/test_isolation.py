@@ -7,9 +7,12 @@ import os
 import pytest
 
 from tests.harness.processes import kill_worker, node_status, pid_alive, worker_pid
-from tests.runtime.helpers import assert_same_as_solo, leave_all, members
+from tests.runtime.helpers import assert_same_as_solo, each_change, leave_all, members
+from weave_slurm.runtime.commands import Leave
+from weave_slurm.runtime.events import MemberChanged
 from weave_slurm.runtime.group import MemberState
-from weave_slurm.runtime.runner import GroupRunner, Member
+from weave_slurm.runtime.port import GroupPort
+from weave_slurm.runtime.runner import GroupRunner, RunningMember
 
 pytestmark = pytest.mark.torch
 
@@ -19,14 +22,13 @@ def test_killed_worker_is_readmitted_and_others_unaffected(local_fleet: object) 
     ex = GroupRunner(local_fleet.layout, specs)  # type: ignore[attr-defined]
     killed: list[int] = []
 
-    def kill_mid_train(member: Member, why: str) -> None:
-        if member.spec.job_id == "k1" and member.state is MemberState.TRAIN \
+    def kill_mid_train(member: RunningMember, change: MemberChanged) -> None:
+        if member.spec.job_id == "k1" and member.state is change.state is MemberState.TRAIN \
                 and member.version == 2 and not killed and member.running is not None:
             killed.append(kill_worker(member.running.node.socket_path, "k1"))
 
-    ex.listeners.append(kill_mid_train)
     try:
-        ex.run(timeout_s=300)
+        ex.run(timeout_s=300, on_tick=each_change(ex, kill_mid_train))
         assert killed, "the test never killed a worker"
         assert [ex.members[s.job_id].state for s in specs] == [MemberState.DONE] * 3
         assert ex.members["k1"].recoveries == 1
@@ -46,12 +48,13 @@ def test_cancel_mid_rollout_leaves_nothing_behind(local_fleet: object) -> None:
 
     def cancel_in_rollout(executor: GroupRunner) -> None:
         m = executor.members["c0"]
-        if m.state is MemberState.ROLLOUT and m.version == 1 and "c0" in executor.order:
+        port = GroupPort(executor)
+        if m.state is MemberState.ROLLOUT and m.version == 1 and "c0" in port.order:
             for node in (m.train_node, *m.rollout_nodes):
                 pid = worker_pid(node.socket_path, "c0")
                 if pid is not None:
                     pids.append(pid)
-            executor.leave("c0")
+            port.apply(Leave("c0"))
 
     try:
         ex.run(timeout_s=240, on_tick=cancel_in_rollout)

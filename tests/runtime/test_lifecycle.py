@@ -12,6 +12,8 @@ import pytest
 from weave_slurm.errors import NoCheckpoint, NodeGone, StateError
 from weave_slurm.node.index import JobRef
 from weave_slurm.node.protocol import Op
+from weave_slurm.runtime.commands import Adopt, Join
+from weave_slurm.runtime.events import MemberChanged
 from weave_slurm.runtime.faults import FaultKind
 from weave_slurm.runtime.group import (
     TRANSITIONS,
@@ -20,7 +22,9 @@ from weave_slurm.runtime.group import (
     MemberState,
     NodeRef,
 )
-from weave_slurm.runtime.member import RunnerConfig
+from weave_slurm.runtime.member import RunnerConfig, RunningMember
+from weave_slurm.runtime.port import GroupPort
+from weave_slurm.runtime.resume import Resume
 from weave_slurm.runtime.runner import GroupRunner
 from weave_slurm.vocab import Phase, Pool
 
@@ -95,15 +99,27 @@ def _runner(**config: Any) -> tuple[GroupRunner, dict[Path, FakeNode], list[Any]
     return runner, nodes, log, clock
 
 
+def _join(runner: GroupRunner, spec: MemberSpec) -> RunningMember:
+    """``spec`` joins through the runtime's port; its live record."""
+    GroupPort(runner).apply(Join(spec))
+    return runner.members[spec.job_id]
+
+
+def _adopt(runner: GroupRunner, spec: MemberSpec, resume: Resume | None = None
+           ) -> RunningMember:
+    """``spec`` is adopted through the runtime's port; its live record."""
+    GroupPort(runner).apply(Adopt(spec, resume))
+    return runner.members[spec.job_id]
+
+
 def _kill(node: FakeNode, job: str, returncode: int = -9) -> None:
     node.worker[job] = {"state": "killed", "returncode": returncode}
 
 
 def test_killed_in_its_first_phase_starts_again_from_scratch_then_fails() -> None:
     runner, nodes, log, _clock = _runner(max_fresh_restarts=2)
-    runner.join(MemberSpec("a"))
-    moves: list[tuple[MemberState, str]] = []
-    runner.listeners.append(lambda m, why: moves.append((m.state, why)))
+    port = GroupPort(runner)
+    port.apply(Join(MemberSpec("a")))
     for restart in (1, 2):
         runner.tick()                                  # init on the training node
         _kill(nodes[T], "a")
@@ -118,6 +134,7 @@ def test_killed_in_its_first_phase_starts_again_from_scratch_then_fails() -> Non
     _kill(nodes[T], "a")
     runner.tick()
     assert runner.members["a"].state is MemberState.FAILED              # budget spent
+    moves = [(e.state, e.why) for e in port.events() if isinstance(e, MemberChanged)]
     assert [s for s, _ in moves].count(MemberState.RECOVERING) == 2
     assert all(to in TRANSITIONS[frm] for frm, to in zip(
         [MemberState.STARTING, *[s for s, _ in moves]], [s for s, _ in moves], strict=False))
@@ -126,7 +143,7 @@ def test_killed_in_its_first_phase_starts_again_from_scratch_then_fails() -> Non
 def test_a_node_gone_in_the_first_phase_is_waited_for_without_spending_restarts() -> None:
     runner, nodes, _log, clock = _runner(max_fresh_restarts=0, node_wait_s=30.0,
                                          recovery_backoff_s=1.0)
-    runner.join(MemberSpec("a"))
+    _join(runner, MemberSpec("a"))
     nodes[T].raises[Op.REGISTER] = NodeGone("no node daemon at '/nowhere/t.sock'")
     runner.tick()
     m = runner.members["a"]
@@ -156,7 +173,7 @@ def test_a_node_gone_in_the_first_phase_is_waited_for_without_spending_restarts(
 def test_adopting_warm_state_reattaches_then_restores_the_newest_checkpoint() -> None:
     runner, nodes, log, _clock = _runner()
     nodes[T].segments = {"state": {"index": {"version": 3}}, "weights": {}}
-    m = runner.adopt(MemberSpec("a", steps=10))
+    m = _adopt(runner, MemberSpec("a", steps=10))
     assert m.state is MemberState.RECOVERING and m.initialised
     assert m.fault is not None and m.fault.kind is FaultKind.REATTACHED
     assert {(n, op) for n, op, j in log if op is Op.DEACTIVATE} == \
@@ -177,7 +194,7 @@ def test_adopted_after_its_final_checkpoint_is_done() -> None:
     """weaved died after the member's last train step was checkpointed, before DONE."""
     runner, nodes, _log, _clock = _runner()
     nodes[T].segments = {"state": {"index": {"version": 4}}, "weights": {}}
-    m = runner.adopt(MemberSpec("a", steps=4))
+    m = _adopt(runner, MemberSpec("a", steps=4))
     runner.tick()
     assert m.state is MemberState.DONE and m.version == 4
     assert runner.finished
@@ -187,7 +204,7 @@ def test_adopted_without_a_checkpoint_starts_again_from_scratch() -> None:
     runner, nodes, _log, _clock = _runner()
     nodes[T].segments = {"state": {"index": {"version": 0}}}
     nodes[T].raises[Op.RESTORE] = NoCheckpoint("job a has no checkpoint")
-    m = runner.adopt(MemberSpec("a"))
+    m = _adopt(runner, MemberSpec("a"))
     runner.tick()
     assert m.state is MemberState.STARTING and m.restarts == 1
     assert m.restart_note is not None
@@ -196,7 +213,7 @@ def test_adopted_without_a_checkpoint_starts_again_from_scratch() -> None:
 
 def test_adopting_with_nothing_on_the_nodes_drops_leftovers_and_starts_fresh() -> None:
     runner, _nodes, log, _clock = _runner()
-    m = runner.adopt(MemberSpec("a"))
+    m = _adopt(runner, MemberSpec("a"))
     assert m.state is MemberState.STARTING and not m.initialised
     assert {(n, op) for n, op, j in log if op is Op.DROP} == \
         {("h20-0", Op.DROP), ("h800-0", Op.DROP)}
@@ -205,7 +222,7 @@ def test_adopting_with_nothing_on_the_nodes_drops_leftovers_and_starts_fresh() -
 def test_a_hung_phase_of_a_warm_member_recovers_and_words_say_hung() -> None:
     runner, nodes, _log, clock = _runner(phase_deadline_floor_s=10.0)
     nodes[T].segments = {"state": {"index": {"version": 1}}, "weights": {}}
-    m = runner.adopt(MemberSpec("a"))
+    m = _adopt(runner, MemberSpec("a"))
     runner.tick()                                     # restored; rollout started
     assert m.state is MemberState.ROLLOUT
     clock.t += 11.0
@@ -217,7 +234,7 @@ def test_a_hung_phase_of_a_warm_member_recovers_and_words_say_hung() -> None:
 
 def test_a_move_off_the_table_is_refused() -> None:
     runner, _nodes, _log, _clock = _runner()
-    m = runner.join(MemberSpec("a"))
+    m = _join(runner, MemberSpec("a"))
     with pytest.raises(StateError, match="starting -> done is not a valid transition"):
         runner.lifecycle.move(m, MemberState.DONE, "skipping ahead")
 
@@ -226,7 +243,7 @@ def test_a_carried_gang_moves_each_ranks_checkpoint_to_its_new_node() -> None:
     """A gang re-admitted on new training nodes after its old ones were lost: rank 0's
     checkpoint and rank 1's each come from their own old node's root."""
     from weave_slurm.model.layout import MemberLayout, RolloutLayout, TrainLayout
-    from weave_slurm.runtime.resume import Resume, ResumeKind
+    from weave_slurm.runtime.resume import ResumeKind
 
     log: list[tuple[str, Op, str]] = []
     t2, t3 = Path("/nowhere/t2.sock"), Path("/nowhere/t3.sock")
@@ -238,7 +255,7 @@ def test_a_carried_gang_moves_each_ranks_checkpoint_to_its_new_node() -> None:
     spec = MemberSpec("g", train_nodes=(0, 1),
                       layout=MemberLayout(TrainLayout((1, 1)), RolloutLayout(1, (1,))))
     base = Path("/shared/ckpt")
-    member = runner.adopt(spec, Resume(ResumeKind.CARRIED, "lost", readmit="lost; moved",
+    member = _adopt(runner, spec, Resume(ResumeKind.CARRIED, "lost", readmit="lost; moved",
                                        root=base / "h800-0", version=3,
                                        rank_roots=(base / "h800-1",)))
     adopts = [(n, j) for n, op, j in log if op is Op.ADOPT]

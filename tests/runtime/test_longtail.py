@@ -17,7 +17,9 @@ import torch
 from tests.harness.processes import kill_worker, worker_pid
 from tests.runtime.helpers import assert_same_as_solo, leave_all
 from weave_slurm.errors import ConfigError
+from weave_slurm.runtime.commands import Leave
 from weave_slurm.runtime.group import MemberSpec, MemberState
+from weave_slurm.runtime.port import GroupPort
 from weave_slurm.runtime.runner import GroupRunner, RunnerConfig
 from weave_slurm.runtime.timeline import Span
 from weave_slurm.vocab import Phase
@@ -172,7 +174,7 @@ def test_member_lost_in_its_tail_breaks_nothing(local_fleet: object, how: str) -
             return
         assert m.status_row()["tail"] is True
         if how == "cancel":
-            executor.leave(victim)
+            GroupPort(executor).apply(Leave(victim))
         else:
             kill_worker(run.node.socket_path, victim)
         hit.append(run.node.name)

@@ -7,17 +7,17 @@ from pathlib import Path
 
 from weave_slurm.node.index import JobRef
 from weave_slurm.runtime.group import MemberSpec, NodeRef
-from weave_slurm.runtime.member import Member, RunnerConfig
+from weave_slurm.runtime.member import RunnerConfig, RunningMember
 from weave_slurm.vocab import Pool
 
 CFG = RunnerConfig(max_recoveries=2, recovery_backoff_s=1.0, recovery_backoff_max_s=5.0,
                      node_wait_s=60.0)
 
 
-def member() -> Member:
+def member() -> RunningMember:
     train = NodeRef("h800-0", Pool.TRAIN, Path("/nonexistent/t.sock"))
     rollout = NodeRef("h20-0", Pool.ROLLOUT, Path("/nonexistent/r.sock"))
-    return Member(MemberSpec("1"), JobRef("1", 0), train, (rollout,))
+    return RunningMember(MemberSpec("1"), JobRef("1", 0), train, (rollout,))
 
 
 def test_own_faults_spend_the_budget() -> None:

@@ -18,7 +18,9 @@ from tests.harness.specs import OPTIONS
 from tests.runtime.helpers import assert_same_as_solo, leave_all
 from weave_slurm.config.runtime import WeightTransferKind
 from weave_slurm.errors import ConfigError, StateError
+from weave_slurm.runtime.commands import Join, Repin
 from weave_slurm.runtime.group import GroupLayout, MemberSpec, MemberState
+from weave_slurm.runtime.port import GroupPort
 from weave_slurm.runtime.runner import GroupRunner, RunnerConfig
 from weave_slurm.runtime.twotier import TwoTierTransfer
 from weave_slurm.vocab import Phase
@@ -79,7 +81,7 @@ def test_extend_adds_a_node_and_a_member_joins_there_while_the_others_run(
         ex.extend([r1])
         assert [n.name for n in ex.layout.rollout] == ["h20-0", "h20-1"]
         assert _agents_world(ex) == []          # stopped: the next sync starts them anew
-        ex.join(b)
+        GroupPort(ex).apply(Join(b))
         ex.run(timeout_s=300)
         assert [ex.members[s.job_id].state for s in (a, b)] == [MemberState.DONE] * 2
         assert _agents_world(ex) == ["h800-0", "h20-0", "h20-1"]
@@ -114,7 +116,7 @@ def test_a_repinned_member_moves_between_phases_and_its_old_node_is_retired(
     try:
         _until(ex, lambda: ex.members["xd"].version >= 1, "xd at v1")
         assert _holds(fleet2, "h20-1", "xd")
-        ex.repin("xd", (0,))
+        GroupPort(ex).apply(Repin("xd", (0,)))
         with pytest.raises(StateError, match="h20-1 still serve a member"):
             ex.retire(["h20-1"])
         moved = ex.members["xd"]

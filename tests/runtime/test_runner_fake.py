@@ -9,7 +9,9 @@ import pytest
 
 from weave_slurm.errors import ConfigError
 from weave_slurm.node.protocol import Op
+from weave_slurm.runtime.commands import Leave
 from weave_slurm.runtime.group import GroupLayout, MemberSpec, MemberState, NodeRef
+from weave_slurm.runtime.port import GroupPort
 from weave_slurm.runtime.runner import GroupRunner, RunnerConfig
 from weave_slurm.vocab import Pool
 
@@ -80,7 +82,7 @@ def test_leave_drops_the_member_on_every_node() -> None:
     ex = GroupRunner(_layout(), [MemberSpec("a")], clock=FakeClock(),
                        client_factory=lambda p: nodes[p])
     ex.tick()
-    ex.leave("a")
+    GroupPort(ex).apply(Leave("a"))
     assert {(n, op) for n, op, j in log if j == "a" and op is Op.DROP} == \
         {("h20-0", Op.DROP), ("h800-0", Op.DROP)}
     assert ex.members["a"].state is MemberState.CANCELLED

@@ -13,9 +13,10 @@ import pytest
 
 from tests.harness.processes import kill_worker
 from tests.harness.specs import OPTIONS
-from tests.runtime.helpers import assert_same_as_solo, leave_all, ok_spans
+from tests.runtime.helpers import assert_same_as_solo, each_change, leave_all, ok_spans
+from weave_slurm.runtime.events import MemberChanged
 from weave_slurm.runtime.group import MemberSpec, MemberState
-from weave_slurm.runtime.runner import GroupRunner, Member, RunnerConfig
+from weave_slurm.runtime.runner import GroupRunner, RunnerConfig, RunningMember
 from weave_slurm.runtime.staleness import VersionLog
 from weave_slurm.vocab import Phase
 
@@ -29,13 +30,13 @@ def test_k2_member_overlaps_its_phases_and_replays_its_window_after_a_kill(
                        config=RunnerConfig(records_dir=tmp_path))
     killed: list[int] = []
 
-    def watch(member: Member, why: str) -> None:
-        if member.state is MemberState.TRAIN and member.version == 2 and not killed:
+    def watch(member: RunningMember, change: MemberChanged) -> None:
+        if member.state is change.state is MemberState.TRAIN and member.version == 2 \
+                and not killed:
             killed.append(kill_worker(member.train_node.socket_path, "x0"))
 
-    ex.listeners.append(watch)
     try:
-        ex.run(timeout_s=240)
+        ex.run(timeout_s=240, on_tick=each_change(ex, watch))
         assert killed and ex.members["x0"].recoveries == 1
         assert ex.members["x0"].state is MemberState.DONE
         # alone on its nodes, its next rollout ran next to its training step

@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 
 from tests.harness.processes import kill_worker
-from tests.runtime.helpers import assert_same_as_solo, leave_all
+from tests.runtime.helpers import assert_same_as_solo, each_change, leave_all
+from weave_slurm.runtime.events import MemberChanged
 from weave_slurm.runtime.group import MemberSpec, MemberState
-from weave_slurm.runtime.runner import GroupRunner, Member
+from weave_slurm.runtime.runner import GroupRunner, RunningMember
 
 pytest.importorskip("trl")
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
@@ -39,14 +40,13 @@ def test_a_killed_trl_trainer_resumes_from_its_warm_state(
     ex = GroupRunner(local_fleet.layout, specs)  # type: ignore[attr-defined]
     killed: list[int] = []
 
-    def kill_mid_train(member: Member, why: str) -> None:
-        if member.spec.job_id == "t1" and member.state is MemberState.TRAIN \
+    def kill_mid_train(member: RunningMember, change: MemberChanged) -> None:
+        if member.spec.job_id == "t1" and member.state is change.state is MemberState.TRAIN \
                 and member.version == 2 and not killed and member.running is not None:
             killed.append(kill_worker(member.running.node.socket_path, "t1"))
 
-    ex.listeners.append(kill_mid_train)
     try:
-        ex.run(timeout_s=300)
+        ex.run(timeout_s=300, on_tick=each_change(ex, kill_mid_train))
         assert killed, "the test never killed a worker"
         assert [ex.members[s.job_id].state for s in specs] == [MemberState.DONE] * 2
         assert ex.members["t1"].recoveries == 1 and ex.members["t0"].recoveries == 0

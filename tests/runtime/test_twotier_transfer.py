@@ -23,12 +23,13 @@ import torch
 from tests.harness.fleet import NodeFleet, running_fleet
 from tests.harness.processes import pid_alive
 from tests.harness.specs import OPTIONS
-from tests.runtime.helpers import assert_same_as_solo, group_weights, leave_all
+from tests.runtime.helpers import assert_same_as_solo, each_change, group_weights, leave_all
 from weave_slurm.config.runtime import WeightTransferKind
 from weave_slurm.node.client import NodeClient
 from weave_slurm.node.index import JobRef
+from weave_slurm.runtime.events import MemberChanged
 from weave_slurm.runtime.group import MemberSpec, MemberState, NodeRef
-from weave_slurm.runtime.runner import GroupRunner, Member, RunnerConfig
+from weave_slurm.runtime.runner import GroupRunner, RunnerConfig, RunningMember
 from weave_slurm.runtime.twotier import TwoTierTransfer
 
 pytestmark = pytest.mark.torch
@@ -69,17 +70,20 @@ class _Watch:
 
     failed_at: list[tuple[str, float, str]] = field(default_factory=list)
     sync_starts: list[float] = field(default_factory=list)
+    on_tick: Callable[[GroupRunner], None] | None = None   # for ex.run: reads the changes
 
 
 def _watch(ex: GroupRunner, transfer: TwoTierTransfer,
-           strike: Callable[[Member], None]) -> _Watch:
-    """Record failures and sync starts; ``strike(member)`` runs on every member change."""
+           strike: Callable[[RunningMember], None]) -> _Watch:
+    """Record failures and sync starts; ``strike(member)`` runs on every member change
+    (the runtime's events, read after each tick: ``watch.on_tick``)."""
     watch = _Watch()
 
-    def on_change(member: Member, why: str) -> None:
-        if member.state is MemberState.RECOVERING:
-            watch.failed_at.append((member.spec.job_id, time.monotonic(), why))
-        strike(member)
+    def on_change(member: RunningMember, change: MemberChanged) -> None:
+        if change.state is MemberState.RECOVERING:   # at_s: the runner's monotonic clock
+            watch.failed_at.append((member.spec.job_id, change.at_s, change.why))
+        if member.state is change.state:
+            strike(member)
 
     original = transfer._push
 
@@ -88,7 +92,7 @@ def _watch(ex: GroupRunner, transfer: TwoTierTransfer,
         return original(*args, **kwargs)  # type: ignore[arg-type]
 
     transfer._push = timed_push  # type: ignore[method-assign]
-    ex.listeners.append(on_change)
+    watch.on_tick = each_change(ex, on_change)
     return watch
 
 
@@ -178,7 +182,7 @@ def test_killed_agent_fails_its_member_within_the_timeout(fleet2: NodeFleet) -> 
     ex, transfer = _executor(fleet2, specs, sync_timeout_s=timeout_s)
     armed: list[tuple[int, list[int]]] = []
 
-    def arm(member: Member) -> None:
+    def arm(member: RunningMember) -> None:
         if not armed and member.spec.job_id == "ka0" and member.state is MemberState.TRAIN \
                 and member.version == 1 and transfer.agents is not None:
             pids = transfer.agents.pids()
@@ -186,7 +190,7 @@ def test_killed_agent_fails_its_member_within_the_timeout(fleet2: NodeFleet) -> 
 
     watch = _watch(ex, transfer, arm)
     try:
-        ex.run(timeout_s=300)
+        ex.run(timeout_s=300, on_tick=watch.on_tick)
         assert armed, "the test never armed an agent"
         dead_pid, first_pids = armed[0]
         assert not pid_alive(dead_pid)
@@ -219,7 +223,7 @@ def test_hung_agent_fails_its_member_after_the_transport_timeout(fleet2: NodeFle
     ex, transfer = _executor(fleet2, specs, sync_timeout_s=timeout_s)
     stopped: list[int] = []
 
-    def stop_agent(member: Member) -> None:
+    def stop_agent(member: RunningMember) -> None:
         if not stopped and member.spec.job_id == "hs0" and member.state is MemberState.TRAIN \
                 and member.version == 1 and transfer.agents is not None:
             node = ex.layout.rollout[1]
@@ -229,7 +233,7 @@ def test_hung_agent_fails_its_member_after_the_transport_timeout(fleet2: NodeFle
 
     watch = _watch(ex, transfer, stop_agent)
     try:
-        ex.run(timeout_s=300)
+        ex.run(timeout_s=300, on_tick=watch.on_tick)
         assert stopped, "the test never stopped an agent"
         assert len(watch.failed_at) == 1, watch.failed_at
         job, when, why = watch.failed_at[0]

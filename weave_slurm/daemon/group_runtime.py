@@ -1,33 +1,37 @@
-"""The group runtime inside weaved: one :class:`GroupRunner` per active group.
+"""The group runtime inside weaved: one runtime per active group, behind its port.
 
 :class:`GroupRuntime` implements the reconcile loop's :class:`Driver` seam. It keeps
-only the mapping between the store's rows and the runners' members (and how the
+only the mapping between the store's rows and the runtimes' members (and how the
 members of a group that lost nodes go on, until it is active again) plus its thread;
-a member's life cycle is the runtime's (:mod:`weave_slurm.runtime.lifecycle`). A
-placed job needs no step of its own (``job_steps`` returns none): its phases run in
-resident workers on the node daemons weaved launched for its group's allocations.
+a member's life cycle is the runtime's (:mod:`weave_slurm.runtime.lifecycle`), driven
+only through its :class:`~weave_slurm.runtime.port.GroupPort`: store rows become
+commands (:mod:`~weave_slurm.runtime.commands`), the events it reports become outcomes,
+and status reads its member snapshots. A placed job needs no step of its own
+(``job_steps`` returns none): its phases run in resident workers on the node daemons
+weaved launched for its group's allocations.
 
 - :meth:`GroupRuntime.drive` (called by the reconcile loop, which owns the store)
-  builds a group's runner once its node daemons answer, joins each RUNNING job
+  builds a group's runtime once its node daemons answer, joins each RUNNING job
   (spec: entry point, seed, iterations, options; pins from the group's plan), makes
   cancelled and ended jobs leave (their workers, segments and checkpoints dropped
   on every node), and reports members that reached their iterations (COMPLETED) or
   gave up (FAILED). After a weaved restart a RUNNING job whose warm state is still
   on its training node is re-attached: re-admitted from its newest node checkpoint.
-- The runner follows the group's plan and allocations (:meth:`GroupRuntime._follow`):
+- The runtime follows the group's plan and allocations (:meth:`GroupRuntime._follow`):
   the nodes of an allocation newly held for it (rollout scaling) are added to the
-  running runner once their node daemons answer (``GroupRunner.extend``; members keep
+  running runtime once their node daemons answer (``Extend``; members keep
   running, a scaled-in job then joins on them), a member the plan moved is re-pinned at
   its next phase boundary, and a node no member is on any more (the group shrank) is
   retired, after which the reconcile loop returns its allocation (:meth:`in_use`). A
-  lost allocation instead detaches the runner: its members are re-admitted from their
+  lost allocation instead detaches the runtime: its members are re-admitted from their
   checkpoints on a rebuilt one. A pin names a slot of the group's allocations
   (:mod:`~weave_slurm.daemon.allocplan`), so it names the same node across all of this
-  and across weaved restarts, where the runner is built from the store's allocations
+  and across weaved restarts, where the runtime is built from the store's allocations
   and plan.
-- A runtime thread (:meth:`start`) ticks every group runner every ``poll_s``, so
+- A runtime thread (:meth:`start`) ticks every group's runtime every ``poll_s``, so
   phases hand over in milliseconds while the reconcile loop ticks once a second;
-  it wakes the loop when a member ends. Both threads share one lock.
+  it wakes the loop when a member ends (a ``MemberEnded`` event). Both threads share
+  one lock.
 - :meth:`live` is what ``weave status`` / ``weave show job`` read: phase, version,
   the four measured quantities, live slowdown vs SLO and drift flags (a snapshot
   refreshed by the runtime thread; API threads never touch a node daemon).
@@ -49,28 +53,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from weave_slurm.config.job import LEGACY_ENTRY, JobSpec
 from weave_slurm.daemon import allocplan
 from weave_slurm.daemon.driver import JobOutcome, JobStep, pool_nodes
 from weave_slurm.daemon.handoff import Handoffs
-from weave_slurm.daemon.job_output import hosted_paths
+from weave_slurm.daemon.member_specs import member_spec
+from weave_slurm.daemon.node_answers import first_silent
 from weave_slurm.daemon.records import AllocRow, GroupRow, JobRow
-from weave_slurm.daemon.runtime_view import member_row, outcome_words
+from weave_slurm.daemon.runtime_view import LiveRows, member_row, outcome_words
 from weave_slurm.daemon.states import AllocState, GroupState, JobState
 from weave_slurm.daemon.store import Store
 from weave_slurm.daemon.waits import Deadlines, GroupWaits, WaitCause, answer_cause
 from weave_slurm.errors import WeaveError
+from weave_slurm.runtime import commands as cmd
 from weave_slurm.runtime.agents import Launcher
+from weave_slurm.runtime.events import Detached, Digested, MemberChanged, MemberEnded
 from weave_slurm.runtime.group import (
-    DeclaredProfile,
     GroupLayout,
-    MemberSpec,
     MemberState,
     NodeRef,
 )
-from weave_slurm.runtime.launch_plan import plan_for
-from weave_slurm.runtime.member import Member, RunnerConfig
-from weave_slurm.runtime.nodes import Resolver, connect
+from weave_slurm.runtime.member import RunnerConfig
+from weave_slurm.runtime.member_view import MemberView
+from weave_slurm.runtime.nodes import Resolver
+from weave_slurm.runtime.port import GroupPort
 from weave_slurm.runtime.profiler import planning_profile
 from weave_slurm.runtime.resume import Resume, ResumeKind
 from weave_slurm.runtime.runner import GroupRunner
@@ -111,39 +116,6 @@ class GroupRuntimeConfig:
         return Deadlines(self.runner)
 
 
-def member_spec(job: JobRow, group: GroupRow, pins: tuple[int, ...] | None = None) -> MemberSpec:
-    """The runtime's view of a stored job: its spec's entry, seed, iterations, options
-    and its own code (workdir, python, pythonpath); ``pins``: its rollout nodes' places
-    in the runner's layout (default: the plan's pins as they are). Its layout is the
-    one stored with its profile at submission (:mod:`weave_slurm.model.layout`): its
-    training nodes are the group's first ``layout.train.nodes`` training nodes (those
-    ``driver.job_nodes`` names), its engines sit on its pins in order."""
-    spec = job.readable_spec()
-    planned = next((m for m in group.plan.members if m.job_id == job.job_id), None)
-    if pins is None:
-        pins = planned.rollout_pins if planned is not None else (0,)
-    layout = job.profile.layout   # None: stored by a weaved before layouts (one rank)
-    train = tuple(range(layout.train.nodes if layout is not None else 1))
-    files = _files(job, spec)
-    return MemberSpec(str(job.job_id), entry_point=spec.entry or LEGACY_ENTRY, seed=spec.seed,
-                      steps=spec.iterations, options=dict(spec.options),
-                      staleness=spec.staleness, uid=job.uid, workdir=spec.workdir,
-                      python=spec.python, pythonpath=spec.pythonpath,
-                      output=files[0], error=files[1], rollout_pins=tuple(pins) or (0,),
-                      turns=planned.turns if planned is not None else 1,
-                      train_nodes=train, layout=layout,
-                      launch=plan_for(spec, str(job.job_id), job.uid),
-                      declared=DeclaredProfile(job.profile.rollout_mean_s or None,
-                                               job.profile.train_mean_s or None,
-                                               job.profile.slo))
-
-
-def _files(job: JobRow, spec: JobSpec) -> tuple[str | None, str | None]:
-    """A hosted job's ``--output``/``--error`` for its workers (a cooperative job's own
-    processes open theirs: ``launch_plan``)."""
-    return (None, None) if spec.launch is not None else hosted_paths(job, spec.slurm)
-
-
 class GroupRuntime:
     """The :class:`~weave_slurm.daemon.driver.Driver` that runs RL phases."""
 
@@ -158,18 +130,23 @@ class GroupRuntime:
         self.launcher = launcher        # how sync agents start on remote nodes
         self.resolve = resolve          # a remote node daemon's current port
         self.config = config or GroupRuntimeConfig()
-        self.groups: dict[int, GroupRunner] = {}       # active groups
+        self.ports: dict[int, GroupPort] = {}          # active groups' runtimes
         self.spans: dict[int, list[Span]] = {}         # group id -> spans (kept after end)
         self.wake: Callable[[], None] = lambda: None
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._live: dict[int, dict[str, Any]] = {}
+        self.rows = LiveRows(self.config.snapshot_s)   # status: each job's last row
         self._resume: dict[int, Resume] = {}    # job -> how it goes on (its group lost nodes)
         self.waits = GroupWaits(self.config.deadlines)   # groups not reaching their nodes
-        self._snap_at = 0.0
-        self.moves = Handoffs(self.groups, self._resume, self.waits.jobs,
+        self.moves = Handoffs(self.ports, self._resume, self.waits.jobs,
                               self.config.checkpoint_base, self.config.move_wait_s)
+
+    @property
+    def groups(self) -> dict[int, GroupRunner]:
+        """The runners of the active groups, for the read side that draws their
+        timelines (metrics' bubbles); weaved drives them through :attr:`ports`."""
+        return {gid: port.runner for gid, port in self.ports.items()}
 
     # -- the Driver seam -------------------------------------------------------------
     def job_steps(self, job: JobRow, group: GroupRow,
@@ -181,38 +158,38 @@ class GroupRuntime:
         outcomes: list[JobOutcome] = []
         with self._lock:
             live_groups = {g.group_id: g for g in store.groups()}
-            for gid in [g for g in self.groups if g not in live_groups
+            for gid in [g for g in self.ports if g not in live_groups
                         or live_groups[g].state in (GroupState.DRAINING, GroupState.RELEASED)]:
                 self._close(gid)
-            for gid in [g for g in self.groups if g in live_groups]:
+            for gid in [g for g in self.ports if g in live_groups]:
                 outcomes += self._detach_if_lost(gid, store.allocs(gid))
             rows = {gid: store.allocs(gid, live_only=False) for gid in live_groups}
             for group in live_groups.values():
                 allocs = rows[group.group_id]
-                if group.state is GroupState.ACTIVE and group.group_id not in self.groups:
+                if group.state is GroupState.ACTIVE and group.group_id not in self.ports:
                     self._build(group, allocs, now)
-                runner = self.groups.get(group.group_id)
-                if runner is not None:
-                    self._follow(runner, group, allocs, now)
+                port = self.ports.get(group.group_id)
+                if port is not None:
+                    self._follow(port, group, allocs, now)
             outcomes += self.waits.overdue(store, now)
             placed = functools.partial(self._placed, live_groups, rows)
             self.moves.hand_off(store, placed, now)
             movers = self.moves.movers(store)   # after hand_off: it may withdraw some
-            for job_id, runner, member in self.moves.ended(store, movers):   # while moving
-                outcomes.append(self._ended(runner, job_id, member))
+            for job_id, port, member in self.moves.ended(store, movers):   # while moving
+                outcomes.append(self._ended(port, job_id, member))
             for group in live_groups.values():
-                runner = self.groups.get(group.group_id)
-                if runner is None:
+                port = self.ports.get(group.group_id)
+                if port is None:
                     continue
                 allocs = rows[group.group_id]
-                for job in self.moves.waiting_out(movers, group.group_id, runner, placed) \
+                for job in self.moves.waiting_out(movers, group.group_id, port, placed) \
                         + store.jobs(group_id=group.group_id):   # (its waiting movers too)
-                    outcome = self._member_of(runner, group, job, allocs, store)
+                    outcome = self._member_of(port, group, job, allocs, store)
                     if outcome is not None:
                         outcomes.append(outcome)
                     elif job.state is JobState.RUNNING and self.config.plan_from_measurements:
-                        self._feed_back(store, runner, job)
-            self._snapshot(force=True)
+                        self._feed_back(store, port.view(str(job.job_id)), job)
+            self.rows.refresh(self.ports.values(), time.monotonic(), force=True)
         return outcomes
 
     def _build(self, group: GroupRow, allocs: Sequence[AllocRow], now: float) -> None:
@@ -230,46 +207,45 @@ class GroupRuntime:
         if not self._all_answer(group, (*layout.rollout, *layout.train), now):
             return
         self.waits.done(group)
-        runner = GroupRunner(layout, [], config=self.config.runner, launcher=self.launcher,
-                             resolve=self.resolve, observer=self.observer)
-        runner.listeners.append(self._on_move)
-        self.groups[group.group_id] = runner
-        self.spans[group.group_id] = runner.spans
+        port = GroupPort.open(layout, config=self.config.runner, launcher=self.launcher,
+                              resolve=self.resolve, observer=self.observer)
+        self.ports[group.group_id] = port
+        self.spans[group.group_id] = port.spans
         log.info("group %s: runtime attached to %d rollout and %d training node(s)",
                  group.group_id, len(layout.rollout), len(layout.train))
 
-    def _follow(self, runner: GroupRunner, group: GroupRow,
+    def _follow(self, port: GroupPort, group: GroupRow,
                 allocs: Sequence[AllocRow], now: float) -> None:
-        """The runner's rollout nodes and its members' pins follow the group's plan
+        """The runtime's rollout nodes and its members' pins follow the group's plan
         (module doc): new nodes added, moved members re-pinned, unused nodes retired."""
         target = allocplan.kept_nodes(group.plan, allocs)
-        have = {n.name for n in runner.layout.rollout}
+        have = {n.name for n in port.layout.rollout}
         new = [(a, n) for a, n in target if n not in have]
         if new:
-            self._extend(runner, group, new, now)
+            self._extend(port, group, new, now)
+        views = port.members
         for m in group.plan.members:
-            member = runner.members.get(str(m.job_id))
-            pins = self._pins(runner, group, m.job_id, allocs)
+            member = views.get(str(m.job_id))
+            pins = self._pins(port, group, m.job_id, allocs)
             if member is None or member.state in _GONE or pins is None \
-                    or member.spec.launch is not None:   # its own process holds its node
+                    or member.cooperative:   # its own process holds its node
                 continue
-            current = member.repin if member.repin is not None else member.rollout_nodes
-            if tuple(runner.layout.rollout[p] for p in pins) != current:
-                runner.repin(str(m.job_id), pins)
-            if member.spec.turns != m.turns:
-                runner.lifecycle.set_turns(str(m.job_id), m.turns)
-        keep, used = {n for _, n in target}, runner.nodes_in_use()
-        idle = [r.name for r in runner.layout.rollout if r.name not in keep | used]
-        if idle and len(idle) < len(runner.layout.rollout):
-            runner.retire(idle)
+            if tuple(port.layout.rollout[p] for p in pins) != member.next_rollout_nodes:
+                port.apply(cmd.Repin(str(m.job_id), pins))
+            if member.turns != m.turns:
+                port.apply(cmd.SetTurns(str(m.job_id), m.turns))
+        keep, used = {n for _, n in target}, port.nodes_in_use()
+        idle = [r.name for r in port.layout.rollout if r.name not in keep | used]
+        if idle and len(idle) < len(port.layout.rollout):
+            port.apply(cmd.Retire(frozenset(idle)))
             log.info("group %s: runtime let go of rollout node(s) %s (no member left on "
                      "them)", group.group_id, ", ".join(idle))
 
-    def _extend(self, runner: GroupRunner, group: GroupRow,
+    def _extend(self, port: GroupPort, group: GroupRow,
                 nodes: Sequence[tuple[AllocRow, str]], now: float) -> None:
         """Add the nodes of newly held allocations once their daemons answer (meanwhile
         the jobs waiting for them say why)."""
-        waiting = [j for j in group.plan.job_ids if str(j) not in runner.members]
+        waiting = [j for j in group.plan.job_ids if str(j) not in port.members]
         try:
             refs = [self.node_ref(a, node, Pool.ROLLOUT) for a, node in nodes]
         except WeaveError as exc:   # a node daemon still starting: the next tick tries again
@@ -277,103 +253,92 @@ class GroupRuntime:
             return
         if not self._all_answer(group, refs, now, waiting):
             return
-        runner.extend(refs)
+        port.apply(cmd.Extend(tuple(refs)))
         self.waits.done(group)
         log.info("group %s: runtime extended to rollout node(s) %s", group.group_id,
                  ", ".join(r.name for r in refs))
 
     def _placed(self, groups: Mapping[int, GroupRow], allocs: Mapping[int, Sequence[AllocRow]],
                 job: JobRow) -> bool:
-        """Whether the moving job's pinned nodes are in its new group's runner."""
+        """Whether the moving job's pinned nodes are in its new group's runtime."""
         gid = job.group_id or 0
-        group, runner = groups.get(gid), self.groups.get(gid)
-        return group is not None and runner is not None and \
-            self._pins(runner, group, job.job_id, allocs[gid]) is not None
+        group, port = groups.get(gid), self.ports.get(gid)
+        return group is not None and port is not None and \
+            self._pins(port, group, job.job_id, allocs[gid]) is not None
 
     @staticmethod
-    def _pins(runner: GroupRunner, group: GroupRow, job_id: int,
+    def _pins(port: GroupPort, group: GroupRow, job_id: int,
               allocs: Sequence[AllocRow]) -> tuple[int, ...] | None:
-        """Where the plan's pins of ``job_id`` are in the runner's layout (None: one of
+        """Where the plan's pins of ``job_id`` are in the runtime's layout (None: one of
         its nodes is not held, or not in the runtime yet)."""
         nodes = allocplan.member_nodes(group.plan, job_id, allocs)
-        index = {n.name: i for i, n in enumerate(runner.layout.rollout)}
+        index = {n.name: i for i, n in enumerate(port.layout.rollout)}
         if not nodes or any(node not in index for _, node in nodes):
             return None
         return tuple(index[node] for _, node in nodes)
 
     def in_use(self, group_id: int) -> frozenset[str]:
-        """The nodes the group's runner drives (none while it has no runner)."""
+        """The nodes the group's runtime drives (none while it has no runtime)."""
         with self._lock:
-            runner = self.groups.get(group_id)
-            if runner is None:
+            port = self.ports.get(group_id)
+            if port is None:
                 return frozenset()
-            return frozenset(n.name for n in (*runner.layout.rollout, *runner.layout.train))
+            return frozenset(n.name for n in (*port.layout.rollout, *port.layout.train))
 
     def _detach_if_lost(self, gid: int, allocs: Sequence[AllocRow]) -> list[JobOutcome]:
         """A node of the group's layout is no longer in a held allocation (it went down):
         stop driving the group without dropping any state; each member goes on as
-        ``GroupRunner.detach`` decides once the group is active on a new allocation."""
-        runner = self.groups[gid]
+        ``Detach`` decides once the group is active on a new allocation."""
+        port = self.ports[gid]
         held = {n for a in allocs if a.state is AllocState.HELD for n in a.nodes}
-        lost = [r for r in (*runner.layout.rollout, *runner.layout.train) if r.name not in held]
+        lost = [r for r in (*port.layout.rollout, *port.layout.train) if r.name not in held]
         if not lost:
             return []
         log.warning("group %s: lost %s; detaching its runtime until it is active again", gid,
                     ", ".join(f"{r.pool.value} node {r.name}" for r in lost))
         outcomes = []
-        for key, resume in runner.detach(lost, self.config.checkpoint_base).items():
-            job_id, member = int(key), runner.members[key]
-            if resume.kind is ResumeKind.ENDED:
-                outcomes.append(self._ended(runner, job_id, member))
+        events = port.apply(cmd.Detach(tuple(lost), self.config.checkpoint_base))
+        views = port.members
+        for event in events:
+            if not isinstance(event, Detached):
                 continue
-            self._live[job_id] = {**member_row(runner, member), "phase": "recover",
-                                  "event": resume.why}
+            job_id, resume, member = int(event.job_id), event.resume, views[event.job_id]
+            if resume.kind is ResumeKind.ENDED:
+                outcomes.append(self._ended(port, job_id, member))
+                continue
+            self.rows.put(job_id, {**member_row(member), "phase": "recover",
+                                   "event": resume.why})
             if resume.kind is ResumeKind.FAILED:
                 outcomes.append(JobOutcome(job_id, JobState.FAILED, resume.why))
             else:
                 self._resume[job_id] = resume
-        runner.close()
-        del self.groups[gid]
+        port.close()
+        del self.ports[gid]
         return outcomes
 
     def _all_answer(self, group: GroupRow, refs: Sequence[NodeRef], now: float,
                     jobs: Sequence[int] | None = None) -> bool:
         """Whether every daemon of ``refs`` answers; else the group (its ``jobs``) waits,
         by the first failure's cause (still starting, or refusing us): next tick again."""
-        for ref in refs:
-            error = self._answers(ref)
-            if error is not None:
-                self.waits.wait(group, answer_cause(error), f"the node daemon on {ref.name} "
-                                f"does not answer yet: {error}", now, jobs)
-                return False
-        return True
+        silent = first_silent(refs, self.config.ping_timeout_s,
+                              self.config.runner.munge_socket)
+        if silent is None:
+            return True
+        ref, error = silent
+        self.waits.wait(group, answer_cause(error), f"the node daemon on {ref.name} "
+                        f"does not answer yet: {error}", now, jobs)
+        return False
 
-    def _answers(self, ref: NodeRef) -> Exception | None:
-        """None when ``ref``'s daemon answers; else the error (its type is the cause)."""
-        from weave_slurm.node.protocol import Op
-
-        try:
-            client = connect(ref, self.config.ping_timeout_s, self.config.runner.munge_socket)
-        except (WeaveError, OSError) as exc:
-            return exc
-        try:
-            client.call(Op.STATUS)
-        except (WeaveError, OSError) as exc:
-            return exc
-        finally:
-            client.close()
-        return None
-
-    def _member_of(self, runner: GroupRunner, group: GroupRow, job: JobRow,
+    def _member_of(self, port: GroupPort, group: GroupRow, job: JobRow,
                    allocs: Sequence[AllocRow], store: Store) -> JobOutcome | None:
         key = str(job.job_id)
-        member = runner.members.get(key)
+        member = port.view(key)
         moving = job.moving_from is not None and job.moving_from != group.group_id
         if moving and member is not None and member.state is MemberState.CANCELLED:
             member = None   # it left this group earlier and a re-plan moves it back
         if job.state is JobState.RUNNING:
             if member is None:
-                pins = self._pins(runner, group, job.job_id, allocs)
+                pins = self._pins(port, group, job.job_id, allocs)
                 if pins is None:
                     return None   # its rollout nodes join the runtime first (_follow)
                 if moving and not self.moves.ready(store, job):
@@ -382,28 +347,29 @@ class GroupRuntime:
                 if resume is not None and resume.kind is ResumeKind.FAILED:
                     return JobOutcome(job.job_id, JobState.FAILED, resume.why)
                 try:
-                    runner.adopt(member_spec(job, group, pins), resume)
+                    events = port.apply(cmd.Adopt(member_spec(job, group, pins), resume))
                 except WeaveError as exc:
                     return JobOutcome(job.job_id, JobState.FAILED, f"cannot join: {exc}")
                 self.waits.jobs.pop(job.job_id, None)
                 log.info("job %s joined group %s%s", job.job_id, group.group_id,
-                         " (re-attached to its warm state)"
-                         if runner.members[key].state is MemberState.RECOVERING else "")
+                         " (re-attached to its warm state)" if any(
+                             isinstance(e, MemberChanged) and e.job_id == key
+                             and e.state is MemberState.RECOVERING for e in events) else "")
                 if moving:
                     self.moves.moved_in(store, job, group.group_id)
                 return None
             if member.state in (MemberState.DONE, MemberState.FAILED):
-                return self._ended(runner, job.job_id, member)
+                return self._ended(port, job.job_id, member)
         elif job.state in _ENDED and member is not None \
                 and member.state is not MemberState.CANCELLED:
-            self._leave(runner, job.job_id)
+            self._leave(port, member)
         return None
 
     @staticmethod
-    def _feed_back(store: Store, runner: GroupRunner, job: JobRow) -> None:
+    def _feed_back(store: Store, member: MemberView | None, job: JobRow) -> None:
         """Store what the runtime measured as the job's planning profile, once it has
         enough samples and it moved (placement's later decisions read it)."""
-        measured = runner.profiler.snapshot().get(str(job.job_id))
+        measured = None if member is None else member.measured
         if measured is None:
             return
         new = planning_profile(job.plan_profile, job.profile, measured)
@@ -413,55 +379,44 @@ class GroupRuntime:
                      "train %.3f/%.3f s (mean/max)", job.job_id, new.rollout_mean_s,
                      new.rollout_max_s, new.train_mean_s, new.train_max_s)
 
-    def _ended(self, runner: GroupRunner, job_id: int, member: Member) -> JobOutcome:
+    def _ended(self, port: GroupPort, job_id: int, member: MemberView) -> JobOutcome:
         """A DONE or FAILED member leaves; its outcome, with its faults in words."""
         done = member.state is MemberState.DONE
         why = outcome_words(member)
-        self._leave(runner, job_id)
+        self._leave(port, member)
         return JobOutcome(job_id, JobState.COMPLETED if done else JobState.FAILED, why,
-                          self._live[job_id].get("weights_sha256"))
+                          (self.rows.get(job_id) or {}).get("weights_sha256"))
 
-    def _leave(self, runner: GroupRunner, job_id: int) -> None:
-        key = str(job_id)
-        member = runner.members[key]
-        final = {**member_row(runner, member), "phase": "-"}
-        if member.state is MemberState.DONE and member.spec.launch is None:   # hosted:
+    def _leave(self, port: GroupPort, member: MemberView) -> None:
+        key = member.job_id
+        final = {**member_row(member), "phase": "-"}
+        if member.state is MemberState.DONE and not member.cooperative:   # hosted:
             # record what it learned before the drop (a cooperative job's is its own)
             try:
-                final["weights_sha256"] = self._final_digest(runner, member)
+                for event in port.apply(cmd.FinalDigest(key)):
+                    if isinstance(event, Digested):
+                        final["weights_sha256"] = event.sha256
             except (WeaveError, OSError) as exc:
-                log.warning("job %s: cannot read its final weights: %s", job_id, exc)
-        self._live[job_id] = final
+                log.warning("job %s: cannot read its final weights: %s", key, exc)
+        self.rows.put(int(key), final)
         try:
-            runner.leave(key)
+            port.apply(cmd.Leave(key))
         except WeaveError as exc:
-            log.warning("leave of job %s: %s", job_id, exc)
-
-    @staticmethod
-    def _final_digest(runner: GroupRunner, member: Member) -> str:
-        from weave_slurm.hosted import contract
-        from weave_slurm.node.protocol import Op
-
-        reply = runner.link.call(member.train_node, Op.DIGEST, job=member.spec.job_id,
-                                 name=contract.WEIGHTS)
-        return str(reply["sha256"])
+            log.warning("leave of job %s: %s", key, exc)
 
     def release_group(self, group_id: int) -> None:
         """The group drains: leave (drop) its members now, while its node daemons still
         answer; the next ``drive`` would be too late (their steps are ended first)."""
         with self._lock:
-            if group_id in self.groups:
+            if group_id in self.ports:
                 self._close(group_id)
 
     def _close(self, gid: int) -> None:
-        runner = self.groups.pop(gid)
-        for key in list(runner.order):
-            self._leave(runner, int(key))
-        runner.close()
-
-    def _on_move(self, member: Member, why: str) -> None:
-        if member.state in (MemberState.DONE, MemberState.FAILED):
-            self.wake()
+        port = self.ports.pop(gid)
+        views = port.members
+        for key in port.order:
+            self._leave(port, views[key])
+        port.close()
 
     # -- the runtime thread ----------------------------------------------------------
     def start(self) -> None:
@@ -478,19 +433,24 @@ class GroupRuntime:
             self._thread.join(timeout=30)
             self._thread = None
         with self._lock:
-            for runner in self.groups.values():
-                runner.close()
+            for port in self.ports.values():
+                port.close()
 
     def tick(self) -> bool:
-        """One pass over every group runner; True if anything changed."""
+        """One pass over every group's runtime; True if anything changed. A member
+        that ended wakes the reconcile loop (it reports the job)."""
         changed = False
         with self._lock:
-            for gid, runner in list(self.groups.items()):
+            for gid, port in list(self.ports.items()):
                 try:
-                    changed |= runner.tick()
+                    tick = port.tick()
                 except Exception:
                     log.exception("group %s: runtime tick failed; retrying", gid)
-            self._snapshot()
+                    continue
+                changed |= tick.changed
+                if any(isinstance(e, MemberEnded) for e in tick.events):
+                    self.wake()
+            self.rows.refresh(self.ports.values(), time.monotonic())
         return changed
 
     def _loop(self) -> None:
@@ -501,21 +461,9 @@ class GroupRuntime:
             self._stop.wait(HANDOFF_S if self.tick() else self.config.poll_s)
 
     # -- the read side ---------------------------------------------------------------
-    def _snapshot(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self._snap_at < self.config.snapshot_s:
-            return
-        self._snap_at = now
-        live = dict(self._live)
-        for runner in self.groups.values():
-            for key, m in runner.members.items():
-                if m.state is not MemberState.CANCELLED:
-                    live[int(key)] = member_row(runner, m)
-        self._live = live
-
     def live(self, job_id: int) -> dict[str, Any] | None:
         """The runtime's view of a job for status (None: never ran here)."""
-        return self._live.get(job_id)
+        return self.rows.get(job_id)
 
     def waiting(self, job_id: int) -> str | None:
         """Why the job's group has not started it: its node daemons (None: not waiting)."""

@@ -5,16 +5,20 @@ The reconcile loop commits a re-plan's moves to the store (:meth:`Store.commit_m
 a moved job's row names its new group and the group it is ``moving_from``. The group
 runtime then carries the move out, one step boundary at a time:
 
-1. once the new group's runner holds the job's pinned nodes, the old runner hands the
-   member off (``Lifecycle.hand_off``): it trains what it has rolled out, starts no
-   rollout, and at that boundary its step is checkpointed under its training node's
-   root on the shared file system and it is MOVED there (``Lifecycle.hand_offs``);
-2. the new runner adopts it with that checkpoint (``ResumeKind.CARRIED``: its new
+1. once the new group's runtime holds the job's pinned nodes, the old one is told to
+   hand the member off (the port's ``HandOff`` command): it trains what it has rolled
+   out, starts no rollout, and at that boundary its step is checkpointed under its
+   training node's root on the shared file system and it is MOVED there (``TakeHandOffs``
+   reports a ``HandedOff`` event with how it goes on);
+2. the new runtime adopts it with that checkpoint (``ResumeKind.CARRIED``: its new
    training node copies it in), re-admits it from it and runs it on;
-3. the old runner lets it go (its warm state and checkpoints there dropped) and the
-   row's ``moving_from`` is cleared; its reason says where it came from.
+3. the old runtime lets it go (``Leave``: its warm state and checkpoints there dropped)
+   and the row's ``moving_from`` is cleared; its reason says where it came from.
 
-After a weaved restart between 1 and 3 no runner holds the member any more: the new
+Every step goes through the groups' ports (:mod:`weave_slurm.runtime.port`): commands
+in, events and member snapshots out.
+
+After a weaved restart between 1 and 3 no runtime holds the member any more: the new
 group adopts it from the newest checkpoint under its old training node's root, which
 the old group keeps while a move out of it is unfinished (the reconcile loop drains
 no such group).
@@ -44,11 +48,12 @@ from weave_slurm.daemon.states import AllocState, GroupState, JobState
 from weave_slurm.daemon.store import Store
 from weave_slurm.errors import StateError, WeaveError
 from weave_slurm.node.index import JobRef
-from weave_slurm.node.protocol import Op
+from weave_slurm.runtime.commands import Drop, HandOff, Leave, TakeHandOffs
+from weave_slurm.runtime.events import HandedOff
 from weave_slurm.runtime.group import MemberState
-from weave_slurm.runtime.member import Member
+from weave_slurm.runtime.member_view import MemberView
+from weave_slurm.runtime.port import GroupPort
 from weave_slurm.runtime.resume import Resume, ResumeKind, checkpoint_version, moved_with
-from weave_slurm.runtime.runner import GroupRunner
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +62,9 @@ _ENDED = (JobState.CANCELLED, JobState.COMPLETED, JobState.FAILED)
 
 
 class Handoffs:
-    """The group runtime's moves in flight (its runners and resumes, shared)."""
+    """The group runtime's moves in flight (its groups' ports and resumes, shared)."""
 
-    def __init__(self, groups: Mapping[int, GroupRunner], resume: dict[int, Resume],
+    def __init__(self, groups: Mapping[int, GroupPort], resume: dict[int, Resume],
                  waiting: dict[int, str], checkpoint_base: Path | None,
                  wait_s: float) -> None:
         self.groups, self.resume, self.waiting = groups, resume, waiting
@@ -70,7 +75,7 @@ class Handoffs:
 
     def hand_off(self, store: Store, placed: Callable[[JobRow], bool], now: float) -> None:
         """Start each move whose new group can take the job now (``placed``: its pinned
-        nodes are in the new group's runner), withdraw those that waited too long, and
+        nodes are in the new group's runtime), withdraw those that waited too long, and
         hand off the members at their step boundary."""
         for job in self.movers(store):
             if job.moving_from is None or job.moving_from == job.group_id:
@@ -96,30 +101,31 @@ class Handoffs:
                 continue
             self.since.pop(job.job_id, None)
             if old is None or member is None:
-                continue   # no runner holds it (weaved restarted): the new group adopts it
-            old.lifecycle.hand_off(str(job.job_id))
+                continue   # no runtime holds it (weaved restarted): the new group adopts it
+            old.apply(HandOff(str(job.job_id)))
             self.waiting[job.job_id] = (f"moving from group {job.moving_from} to group "
                                         f"{job.group_id}: finishing its step in flight")
-        for gid, runner in self.groups.items():
-            for key, resume in runner.lifecycle.hand_offs(self.checkpoint_base,
-                                                          f"group {gid}").items():
-                self.resume[int(key)] = resume
-                log.info("job %s: handed off by group %s (%s)", key, gid, resume.kind.value)
+        for gid, port in self.groups.items():
+            for event in port.apply(TakeHandOffs(self.checkpoint_base, f"group {gid}")):
+                if isinstance(event, HandedOff):
+                    self.resume[int(event.job_id)] = event.resume
+                    log.info("job %s: handed off by group %s (%s)", event.job_id, gid,
+                             event.resume.kind.value)
 
     @staticmethod
     def movers(store: Store) -> list[JobRow]:
         """The RUNNING jobs a re-plan is moving."""
         return store.jobs([JobState.RUNNING], moving=True)
 
-    def waiting_out(self, movers: list[JobRow], group_id: int, runner: GroupRunner,
+    def waiting_out(self, movers: list[JobRow], group_id: int, port: GroupPort,
                     placed: Callable[[JobRow], bool]) -> list[JobRow]:
         """Of ``movers``, the jobs whose move out of ``group_id`` waits for nodes and that
-        ``runner`` does not hold (weaved restarted meanwhile), as rows of that group: it
+        ``port``'s runtime does not hold (weaved restarted meanwhile), as rows of that group: it
         runs them on until their new group can take them (``placed``) or the move is
         withdrawn."""
         return [replace(job, group_id=group_id, moving_from=None) for job in movers
                 if job.moving_from == group_id and job.group_id != group_id
-                and str(job.job_id) not in runner.members and job.job_id not in self.resume
+                and str(job.job_id) not in port.members and job.job_id not in self.resume
                 and not placed(job)]
 
     def _withdraw(self, store: Store, job: JobRow, now: float) -> None:
@@ -150,14 +156,15 @@ class Handoffs:
                              f"the move of its only member (job {job.job_id}) was withdrawn",
                              now)
 
-    def ended(self, store: Store, movers: list[JobRow]) -> list[tuple[int, GroupRunner, Member]]:
+    def ended(self, store: Store,
+              movers: list[JobRow]) -> list[tuple[int, GroupPort, MemberView]]:
         """Members that reached their last step (or gave up) while their move was
-        pending: their old group reports them (job id, its runner, the member), and
+        pending: their old group reports them (job id, its port, the member), and
         their place in its plan goes. A job that ended (cancelled) while it was moving is
         let go by its old group."""
         moving = {j.job_id for j in movers if j.moving_from != j.group_id}
-        out = [(int(key), runner, m) for runner in self.groups.values()
-               for key, m in runner.members.items()
+        out = [(int(key), port, m) for port in self.groups.values()
+               for key, m in port.members.items()
                if (m.handoff or int(key) in moving)
                and m.state in (MemberState.DONE, MemberState.FAILED)]
         self.ending.update(job_id for job_id, _, _ in out)
@@ -167,15 +174,15 @@ class Handoffs:
 
     def _let_go(self, store: Store, job: JobRow, reason: str | None = None) -> bool:
         """Its old group lets ``job`` go (its member, its place in the plan) and the move
-        is over; True if that group's runner held it."""
+        is over; True if that group's runtime held it."""
         src, key = job.moving_from or 0, str(job.job_id)
         old = self.groups.get(src)
-        held = old is not None and key in old.members \
-            and old.members[key].state is not MemberState.CANCELLED
+        member = None if old is None else old.members.get(key)
+        held = member is not None and member.state is not MemberState.CANCELLED
         if held:
             assert old is not None
             try:
-                old.leave(key)
+                old.apply(Leave(key))
             except WeaveError as exc:
                 log.warning("job %s: leaving group %s: %s", key, src, exc)
         self.since.pop(job.job_id, None)
@@ -187,7 +194,7 @@ class Handoffs:
 
     def ready(self, store: Store, job: JobRow) -> bool:
         """Whether the moving ``job``'s new group may adopt it now: its old group handed
-        it off, or no runner holds it any more (weaved restarted meanwhile)."""
+        it off, or no runtime holds it any more (weaved restarted meanwhile)."""
         if job.job_id in self.ending:   # it ended in its old group: not adopted
             return False
         if job.job_id in self.resume:
@@ -220,9 +227,7 @@ class Handoffs:
         key = str(job.job_id)
         if not self._let_go(store, job, f"moved from group {src} to group {group_id} by a "
                                         "re-plan") and old is not None:
-            # weaved restarted mid-move: what it left on the old nodes
-            for node in (*old.layout.train, *old.layout.rollout):
-                old.link.best_effort(node, Op.DROP, job=key)
+            old.apply(Drop(key))   # weaved restarted mid-move: what it left on the old nodes
         log.info("job %s: moved from group %s to group %s", key, src, group_id)
 
 

@@ -39,7 +39,7 @@ from weave_slurm.daemon.states import AllocState, GroupState, JobState
 from weave_slurm.daemon.store import Store
 from weave_slurm.errors import ConfigError
 from weave_slurm.runtime.group import GroupLayout
-from weave_slurm.runtime.member import Member
+from weave_slurm.runtime.member import RunningMember
 from weave_slurm.runtime.timeline import Span, busy_fraction, switch_gap_s
 from weave_slurm.vocab import Pool
 
@@ -60,7 +60,7 @@ class Timeline(Protocol):
     def clock(self) -> Clock: ...
 
     @property
-    def members(self) -> Mapping[str, Member]: ...
+    def members(self) -> Mapping[str, RunningMember]: ...
 
 
 #: The groups running now (group id -> runner); empty without the group runtime.

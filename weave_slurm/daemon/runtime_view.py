@@ -1,17 +1,19 @@
 """What ``weave status`` and a job's outcome say about a member of the group runtime.
 
-Read-only: built from a :class:`~weave_slurm.runtime.member.Member` and its runner's
-profiler; the words come from the member's typed fault (``Member.event``). No torch:
-weaved reads no tensor (a finished member's digest is computed on its node).
+Read-only: built from a member's snapshot, what the port gives weaved
+(:class:`~weave_slurm.runtime.member_view.MemberView`); the words come from the member's
+typed fault (its ``event``). No torch: weaved reads no tensor (a finished member's digest
+is computed on its node).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from weave_slurm.runtime.group import MemberState
-from weave_slurm.runtime.member import Member
-from weave_slurm.runtime.runner import GroupRunner
+from weave_slurm.runtime.member_view import MemberView
+from weave_slurm.runtime.port import GroupPort
 
 #: The PHASE column for each member state.
 PHASE_WORDS = {MemberState.STARTING: "init", MemberState.READY: "idle",
@@ -21,36 +23,65 @@ PHASE_WORDS = {MemberState.STARTING: "init", MemberState.READY: "idle",
                MemberState.MOVED: "moving"}
 
 
-def member_row(runner: GroupRunner, m: Member) -> dict[str, Any]:
+def member_row(m: MemberView) -> dict[str, Any]:
     """One member as ``weave status`` / ``weave show job`` read it."""
-    prof = runner.profiler.snapshot().get(m.spec.job_id)
-    st = m.status_row()
+    prof = m.measured
     row: dict[str, Any] = {
-        "phase": PHASE_WORDS[m.state], "iterations": m.spec.steps,
+        "phase": PHASE_WORDS[m.state], "iterations": m.steps,
         # unknown (None) until a re-attached member is restored from its checkpoint
         "version": None if m.state is MemberState.RECOVERING and m.recoveries == 0
         and m.initialised else m.version,
-        "node": st.get("node"), "reward": m.rewards[-1] if m.rewards else None,
+        "node": m.node, "reward": m.rewards[-1] if m.rewards else None,
         "rewards": list(m.rewards), "recoveries": m.recoveries, "error": m.error,
         "member_state": m.state.value,
         # its last fault, else why it started over, else its gate's last refusal
-        "event": m.event() or m.restart_note or runner.coop.refusal(m.spec.job_id),
-        "current_staleness": st.get("current_staleness")}
+        "event": m.event or m.restart_note or m.refusal,
+        "current_staleness": m.current_staleness}
     if prof is not None:
         row.update({"slowdown": prof.slowdown, "slo_ok": prof.slo_ok,
                     "drift": list(prof.drift), "measured": prof.to_json()})
     return row
 
 
-def outcome_words(m: Member) -> str:
+def outcome_words(m: MemberView) -> str:
     """Why a DONE or FAILED member ended, with its faults in words."""
     done = m.state is MemberState.DONE
-    why = (f"reached version {m.version}/{m.spec.steps}" if done
+    why = (f"reached version {m.version}/{m.steps}" if done
            else f"runtime gave up: {m.error or 'unknown'}")
-    event = m.event()
+    event = m.event
     n = m.recoveries
     if event is not None:
         why += f" after {n} recover{'y' if n == 1 else 'ies'} (last: {event})"
     if m.restart_note is not None:
         why += f"; earlier: {m.restart_note}"
     return why
+
+
+class LiveRows:
+    """Each job's status row (:func:`member_row`), as ``weave status`` reads it: a
+    snapshot of the groups' ports refreshed at most every ``every_s`` by the runtime
+    thread (API threads never touch a node daemon); a job that left keeps its last row."""
+
+    def __init__(self, every_s: float) -> None:
+        self.every_s = every_s
+        self._rows: dict[int, dict[str, Any]] = {}
+        self._at = 0.0
+
+    def refresh(self, ports: Iterable[GroupPort], now: float, force: bool = False) -> None:
+        """Every member's row from ``ports`` (``now``: a monotonic clock's)."""
+        if not force and now - self._at < self.every_s:
+            return
+        self._at = now
+        rows = dict(self._rows)
+        for port in ports:
+            for key, m in port.members.items():
+                if m.state is not MemberState.CANCELLED:
+                    rows[int(key)] = member_row(m)
+        self._rows = rows   # one swap: a reader sees the old rows or the new ones
+
+    def put(self, job_id: int, row: dict[str, Any]) -> None:
+        """A job's last row (it left, ended or its group lost nodes)."""
+        self._rows = {**self._rows, job_id: row}
+
+    def get(self, job_id: int) -> dict[str, Any] | None:
+        return self._rows.get(job_id)

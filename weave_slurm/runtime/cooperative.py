@@ -8,7 +8,7 @@ it is a member like any other; what differs is what a phase *is*:
   processes are started there by the node daemons, as its owner (``launch``): the
   training role on its training node, the rollout role on its first pinned rollout
   node. It is then READY at version 0 (no ``init_train``: its state is its own).
-- **Ready.** Its next phase (the one ``Member.wants`` names, the usual barrier) is
+- **Ready.** Its next phase (the one ``RunningMember.wants`` names, the usual barrier) is
   ready only while its process waits at the gate for that phase at the version it
   must be at: a rollout at the job's current version ``v``, a train at ``v`` once its
   rollout at ``v`` ended. The node daemons report who waits (``phase`` -> ``gate``),
@@ -52,8 +52,9 @@ from weave_slurm.node.protocol import Op, WorkerState
 from weave_slurm.runtime.faults import Fault, FaultKind
 from weave_slurm.runtime.group import MemberState, NodeRef
 from weave_slurm.runtime.lifecycle import Lifecycle
-from weave_slurm.runtime.member import Member, PhaseRun
+from weave_slurm.runtime.member import PhaseRun, RunningMember
 from weave_slurm.runtime.member_net import SLOTS, MemberNet, node_addr
+from weave_slurm.runtime.recovery import Recovery
 from weave_slurm.vocab import Phase
 
 log = logging.getLogger(__name__)
@@ -128,19 +129,19 @@ class _Seen:
 class Cooperative:
     """The runner's part for its cooperative members (see module doc)."""
 
-    def __init__(self, lifecycle: Lifecycle, clock: Clock) -> None:
-        self.lc = lifecycle
+    def __init__(self, lifecycle: Lifecycle, recovery: Recovery, clock: Clock) -> None:
+        self.lc, self.recovery = lifecycle, recovery
         self.link = lifecycle.link
         self.clock = clock
         self.refusals: list[Refusal] = []
         self._seen: dict[str, _Seen] = {}
 
     @staticmethod
-    def owns(member: Member) -> bool:
+    def owns(member: RunningMember) -> bool:
         return member.spec.launch is not None
 
     @staticmethod
-    def node_of(member: Member, phase: Phase) -> NodeRef:
+    def node_of(member: RunningMember, phase: Phase) -> NodeRef:
         """Where the member's process of ``phase`` runs."""
         return member.train_node if phase is Phase.TRAIN else member.rollout_nodes[0]
 
@@ -159,14 +160,14 @@ class Cooperative:
             try:
                 changed |= self._tick_one(member)
             except WeaveError as exc:
-                self.lc.fail(member, Fault.from_error(exc, None, None, "the gate of"))
+                self.recovery.fail(member, Fault.from_error(exc, None, None, "the gate of"))
                 changed = True
             if member.state is MemberState.RECOVERING:   # before the runner's recovery
                 self._give_up(member)
         self._free_ports()
         return changed
 
-    def ready(self, member: Member, node: NodeRef) -> bool:
+    def ready(self, member: RunningMember, node: NodeRef) -> bool:
         """May the runner start ``member``'s next phase on ``node`` now?"""
         if not self.owns(member):
             return True
@@ -178,13 +179,13 @@ class Cooperative:
         verdict, _ = self._judge(member, kind, want)
         return seen.waiting.get(kind) == want and verdict is Verdict.READY
 
-    def grant(self, member: Member, node: NodeRef, kind: Phase, step: int) -> None:
+    def grant(self, member: RunningMember, node: NodeRef, kind: Phase, step: int) -> None:
         """The runner's activation of a cooperative phase: the waiting process goes on."""
         self.link.call(node, Op.ACTIVATE, job=member.spec.job_id, phase=kind.value,
                        external=True, version=step, step=step)
         self._seen[member.spec.job_id].waiting.pop(kind, None)
 
-    def finish(self, member: Member, run: PhaseRun, result: dict[str, object]) -> None:
+    def finish(self, member: RunningMember, run: PhaseRun, result: dict[str, object]) -> None:
         """A phase the process handed back (the runner logged its span already)."""
         move = self.lc.move
         seen = self._seen.setdefault(member.spec.job_id, _Seen())
@@ -209,7 +210,7 @@ class Cooperative:
         move(member, MemberState.READY, f"train -> v{member.version}")
 
     # -- one member ----------------------------------------------------------------------
-    def _tick_one(self, member: Member) -> bool:
+    def _tick_one(self, member: RunningMember) -> bool:
         if member.repin is not None:   # its rollout process runs where it was started
             log.warning("job %s: a cooperative member stays on its rollout node %s (its "
                         "process runs there); re-pin ignored", member.spec.job_id,
@@ -231,7 +232,7 @@ class Cooperative:
         changed = self._refuse(member, seen)
         return self._exits(member, seen) or changed
 
-    def _launch(self, member: Member) -> None:
+    def _launch(self, member: RunningMember) -> None:
         plan = member.spec.launch
         assert plan is not None
         owner = {} if member.spec.uid is None else {"uid": member.spec.uid}
@@ -249,7 +250,7 @@ class Cooperative:
         self._seen[member.spec.job_id] = _Seen()
         self.lc.move(member, MemberState.READY, "its processes started: " + ", ".join(where))
 
-    def _read(self, member: Member, seen: _Seen) -> None:
+    def _read(self, member: RunningMember, seen: _Seen) -> None:
         seen.waiting.clear()
         for phase in (Phase.TRAIN, Phase.ROLLOUT):
             reply = self.link.call(self.node_of(member, phase), Op.PHASE,
@@ -266,11 +267,11 @@ class Cooperative:
             if proc.get("returncode") is not None:
                 seen.exited[ROLE[phase]] = int(proc["returncode"])
 
-    def _judge(self, member: Member, phase: Phase, version: int) -> tuple[Verdict, str]:
+    def _judge(self, member: RunningMember, phase: Phase, version: int) -> tuple[Verdict, str]:
         return judge(phase, version, at=member.version, rolled=member.rolled,
                      steps=member.spec.steps, running=frozenset(member.runs))
 
-    def _refuse(self, member: Member, seen: _Seen) -> bool:
+    def _refuse(self, member: RunningMember, seen: _Seen) -> bool:
         refused = False
         for phase, version in list(seen.waiting.items()):
             verdict, why = self._judge(member, phase, version)
@@ -285,7 +286,7 @@ class Cooperative:
             refused = True
         return refused
 
-    def _exits(self, member: Member, seen: _Seen) -> bool:
+    def _exits(self, member: RunningMember, seen: _Seen) -> bool:
         if not seen.exited:
             return False
         if self._work_done(member, seen):
@@ -297,7 +298,7 @@ class Cooperative:
             holding = phase in member.runs and not member.runs[phase].ended \
                 and phase not in seen.left
             if rc != 0 or holding:
-                self.lc.fail(member, self._exit_fault(member, phase, rc, holding))
+                self.recovery.fail(member, self._exit_fault(member, phase, rc, holding))
                 return True
         want = member.wants()
         if member.runs or (want is not None and ROLE[want] not in seen.exited):
@@ -315,7 +316,7 @@ class Cooperative:
                      f"{member.version}")
         return True
 
-    def _exit_fault(self, member: Member, phase: Phase, rc: int, holding: bool) -> Fault:
+    def _exit_fault(self, member: RunningMember, phase: Phase, rc: int, holding: bool) -> Fault:
         """A process that exited holding its phase or non-zero: after a refusal of its
         phase, the refusal is the fault (its words are the reason it exited)."""
         node, role = self.node_of(member, phase).name, ROLE[phase]
@@ -328,7 +329,7 @@ class Cooperative:
                      evidence=f"its {role} process exited with status {rc}"
                               + (f" holding its {phase.value} phase" if holding else ""))
 
-    def _work_done(self, member: Member, seen: _Seen) -> bool:
+    def _work_done(self, member: RunningMember, seen: _Seen) -> bool:
         """The End rule (module doc): its driver exited 0 after its iterations."""
         if seen.exited.get(ROLE[Phase.TRAIN]) != 0 or member.runs \
                 or member.version < member.spec.steps:
@@ -347,14 +348,14 @@ class Cooperative:
         for job in SLOTS.held(self) - live:
             SLOTS.give(self, job)
 
-    def _give_up(self, member: Member) -> None:
+    def _give_up(self, member: RunningMember) -> None:
         """Recovery for a cooperative member: stop its processes; FAILED (see module doc)."""
         self._stop(member)
         member.outcome = ("its processes were stopped: weave holds no state of a "
                           "cooperative job to re-admit it from")
         self.lc.move(member, MemberState.FAILED, member.error or "failed")
 
-    def _stop(self, member: Member) -> None:
+    def _stop(self, member: RunningMember) -> None:
         for phase in (Phase.TRAIN, Phase.ROLLOUT):
             self.link.best_effort(self.node_of(member, phase), Op.LAUNCH,
                                   job=member.spec.job_id, action="stop")

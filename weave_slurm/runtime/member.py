@@ -97,7 +97,7 @@ class PhaseRun:
 
 
 @dataclass
-class Member:
+class RunningMember:
     """The runner's live view of one member (read it, do not change it)."""
 
     spec: MemberSpec
@@ -126,7 +126,7 @@ class Member:
     retry_at_s: float = 0.0
     ready_s: float | None = None
     # the rollout nodes it moves to at its next phase boundary (the group's plan re-pinned
-    # it): no rollout starts until then (``Lifecycle.repin``)
+    # it): no rollout starts until then (``Relayout.repin``)
     repin: tuple[NodeRef, ...] | None = None
     # a re-plan moves it to another group: it trains what it has rolled out, starts no
     # rollout, and is handed off once nothing is in flight (``Lifecycle.hand_offs``)

@@ -10,7 +10,7 @@ from weave_slurm.config.runtime import WeightTransferKind
 from weave_slurm.errors import ConfigError
 from weave_slurm.runtime.agents import Launcher
 from weave_slurm.runtime.group import GroupLayout, NodeRef
-from weave_slurm.runtime.member import Member
+from weave_slurm.runtime.member import RunningMember
 from weave_slurm.runtime.profiler import LiveProfiler
 from weave_slurm.runtime.timeline import NoObserver, Span, TimelineObserver
 from weave_slurm.runtime.transfer import (
@@ -38,7 +38,7 @@ class Mover:
         (the two-tier sync; the shared-memory handoff copies from rank 0's node)"""
         return isinstance(self.transfer, TwoTierTransfer)
 
-    def copy(self, member: Member, name: str, src: NodeRef, dsts: Sequence[NodeRef],
+    def copy(self, member: RunningMember, name: str, src: NodeRef, dsts: Sequence[NodeRef],
              what: str, as_name: str | None = None, from_gang: bool = False) -> None:
         """Copy segment ``name`` to ``dsts`` (``as_name``: into that checked buffer;
         ``from_gang``: the training gang's weights, sent from each of its nodes)."""

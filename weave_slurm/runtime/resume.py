@@ -27,7 +27,7 @@ from weave_slurm.errors import WeaveError
 from weave_slurm.hosted import contract
 from weave_slurm.node.index import JobRef
 from weave_slurm.runtime.group import MemberState, NodeRef
-from weave_slurm.runtime.member import Member
+from weave_slurm.runtime.member import RunningMember
 
 
 class ResumeKind(StrEnum):
@@ -52,7 +52,7 @@ class Resume:
     version: int | None = None  # CARRIED: the version of that checkpoint
 
 
-def plan_detach(members: Sequence[Member], lost: Sequence[NodeRef],
+def plan_detach(members: Sequence[RunningMember], lost: Sequence[NodeRef],
                 checkpoint_base: Path | None) -> dict[str, Resume]:
     """Each member's :class:`Resume` after ``lost`` vanished (``checkpoint_base``: the
     shared root holding ``<base>/<node>`` checkpoint roots, None if weaved has none)."""
@@ -62,12 +62,12 @@ def plan_detach(members: Sequence[Member], lost: Sequence[NodeRef],
             for m in members}
 
 
-def _train_nodes(m: Member) -> tuple[NodeRef, ...]:
+def _train_nodes(m: RunningMember) -> tuple[NodeRef, ...]:
     """Where its training state lives: every node of its training gang."""
     return m.gang.nodes() if m.gang is not None else (m.train_node,)
 
 
-def _resume(m: Member, names: str, train_lost: bool, base: Path | None) -> Resume:
+def _resume(m: RunningMember, names: str, train_lost: bool, base: Path | None) -> Resume:
     if m.state in (MemberState.DONE, MemberState.FAILED):
         return Resume(ResumeKind.ENDED)
     train = m.train_node.name
@@ -99,7 +99,7 @@ def _resume(m: Member, names: str, train_lost: bool, base: Path | None) -> Resum
                   "Slurm); not resumable")
 
 
-def handoff_resume(m: Member, base: Path | None, source: str) -> Resume:
+def handoff_resume(m: RunningMember, base: Path | None, source: str) -> Resume:
     """How a member a re-plan moves out of ``source`` (words: "group 3") goes on in its
     new group: from its newest checkpoint under its training node's root, which the new
     training node adopts (``CARRIED``); nothing learned yet: afresh (``FRESH``)."""
@@ -128,12 +128,12 @@ def moved_with(source: str, root: Path, version: int,
                   rank_roots=rank_roots)
 
 
-def _rank_roots(m: Member, root: Path) -> tuple[Path, ...]:
+def _rank_roots(m: RunningMember, root: Path) -> tuple[Path, ...]:
     """The checkpoint roots of its training gang's ranks 1.., beside rank 0's ``root``."""
     return tuple(root.parent / s.node.name for s in m.gang.others) if m.gang else ()
 
 
-def carried_checkpoint(m: Member, base: Path | None) -> tuple[Path, int] | None:
+def carried_checkpoint(m: RunningMember, base: Path | None) -> tuple[Path, int] | None:
     """(checkpoint root, version) of the member's newest checkpoint on its lost
     training node, when weaved can see that node's root (None: no such checkpoint)."""
     if base is None:

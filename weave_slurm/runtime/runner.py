@@ -4,10 +4,11 @@ One tick (:meth:`GroupRunner.tick`) first reads the world (each running phase's
 state from its node daemon), then acts: finished phases move their output (rollout:
 trajectories rollout node -> training node; train: weights training node -> every
 rollout node the member is pinned to, then a node checkpoint), failed or hung phases
-send their member to recovery (:mod:`~weave_slurm.runtime.lifecycle`, which owns
-every member's state), and every free node starts the next ready member in
-cyclic order of the members' turns (:func:`~weave_slurm.runtime.ordering.next_slot`;
-when members take turns, training nodes keep to that order). The on-policy
+send their member to recovery (:mod:`~weave_slurm.runtime.recovery`; every change of
+a member's state goes through its owner, :mod:`~weave_slurm.runtime.lifecycle`), and
+every free node starts the next ready member in cyclic order of the members' turns
+(:func:`~weave_slurm.runtime.ordering.next_slot`; when members take turns, training
+nodes keep to that order). The on-policy
 barrier holds end to end: a member has at most one phase in flight, its rollout runs
 on the weights segment of its latest version, and its training step is handed only
 its own ``traj`` segment, which ``JobRunner.train`` refuses unless it is of the
@@ -26,14 +27,17 @@ in flight next to its training step; see :mod:`weave_slurm.runtime.staleness`.
 
 The group's rollout nodes change while it runs: :meth:`GroupRunner.extend` adds the
 nodes of an allocation newly held for it (rollout scaling), :meth:`GroupRunner.retire`
-drops nodes no member is on any more (the group shrank), :meth:`GroupRunner.repin`
-moves a member to other nodes at its next phase boundary. The runner grows in place
-rather than being detached and rebuilt: a rebuild re-admits every member from its node
-checkpoint (its phase in flight dropped, its training state reloaded, one recovery
-counted each), a cost every member of a group would pay for every arrival that scales
-it, and a departure that shrinks it; in place, the members already there never stop,
-and only what the new layout invalidates is redone (the sync agents form one world per
-layout: they are stopped and start over the new one on the next copy).
+drops nodes no member is on any more (the group shrank), and a re-pin
+(:meth:`Relayout.repin <weave_slurm.runtime.relayout.Relayout.repin>`) moves a member
+to other nodes at its next phase boundary. weaved asks for each through the group's
+port (:mod:`~weave_slurm.runtime.port`), which is also where members join and leave.
+The runner grows in place rather than being detached and rebuilt: a rebuild re-admits
+every member from its node checkpoint (its phase in flight dropped, its training state
+reloaded, one recovery counted each), a cost every member of a group would pay for
+every arrival that scales it, and a departure that shrinks it; in place, the members
+already there never stop, and only what the new layout invalidates is redone (the sync
+agents form one world per layout: they are stopped and start over the new one on the
+next copy).
 """
 
 
@@ -56,23 +60,24 @@ from weave_slurm.runtime.faults import Fault, FaultKind
 from weave_slurm.runtime.gang import Gang, read_phase
 from weave_slurm.runtime.group import GroupLayout, MemberSpec, MemberState, NodeRef
 from weave_slurm.runtime.lifecycle import Lifecycle
-from weave_slurm.runtime.member import Member, NodeSlots, PhaseRun, RunnerConfig, TailMove
+from weave_slurm.runtime.member import NodeSlots, PhaseRun, RunnerConfig, RunningMember, TailMove
 from weave_slurm.runtime.moves import Mover, make_transfer
 from weave_slurm.runtime.nodes import NodeLink, Resolver
 from weave_slurm.runtime.ordering import next_slot, phase_deadline_s
 from weave_slurm.runtime.profiler import LiveProfiler
-from weave_slurm.runtime.resume import Resume
+from weave_slurm.runtime.recovery import Recovery
+from weave_slurm.runtime.relayout import Relayout
 from weave_slurm.runtime.staleness import BatchRecord
 from weave_slurm.runtime.timeline import NoObserver, Span, TimelineObserver
 from weave_slurm.runtime.transfer import WeightTransfer
 from weave_slurm.runtime.twotier import TwoTierTransfer
 from weave_slurm.vocab import Phase, Pool
 
-__all__ = ["GroupRunner", "Member", "RunnerConfig", "TailMove"]
+__all__ = ["GroupRunner", "RunnerConfig", "RunningMember", "TailMove"]
 
 log = logging.getLogger(__name__)
 
-_Ended = tuple[Member, PhaseRun, dict[str, Any], tuple[Any, Any], float]
+_Ended = tuple[RunningMember, PhaseRun, dict[str, Any], tuple[Any, Any], float]
 
 
 class GroupRunner:
@@ -100,48 +105,22 @@ class GroupRunner:
                                                self.profiler, self.spans, self.clock,
                                                self.observer),
                                    slots=self.slots, profiler=self.profiler,
-                                   clock=self.clock, config=self.config, spans=self.spans)
-        self.coop = Cooperative(self.lifecycle, self.clock)   # members with their own processes
+                                   clock=self.clock, config=self.config)
+        self.recovery = Recovery(self.lifecycle, self.spans)
+        self.relayout = Relayout(self.lifecycle, self.recovery)
+        # members with their own processes
+        self.coop = Cooperative(self.lifecycle, self.recovery, self.clock)
         self.tail_moves: list[TailMove] = []
         self._last_served: dict[str, int] = {}   # node -> its last place in the turns
         self._run_ids = 0
         self._ended: list[_Ended] = []
         for spec in members:
-            self.join(spec)
+            self.lifecycle.join(spec)
 
-    # -- the member API (its life cycle: runtime/lifecycle.py) -------------------------
     @property
-    def members(self) -> dict[str, Member]:
+    def members(self) -> dict[str, RunningMember]:
+        """The members, by job id (read them; changes go through the lifecycle)."""
         return self.lifecycle.members
-
-    @property
-    def order(self) -> list[str]:
-        return self.lifecycle.order
-
-    @property
-    def listeners(self) -> list[Callable[[Member, str], None]]:
-        """Called as ``listener(member, why)`` after every change of a member's state."""
-        return self.lifecycle.listeners
-
-    def join(self, spec: MemberSpec) -> Member:
-        """Add a fresh member at the end of the cyclic order."""
-        return self.lifecycle.join(spec)
-
-    def adopt(self, spec: MemberSpec, resume: Resume | None = None) -> Member:
-        """Join a member that may have warm state on its nodes (see ``Lifecycle.adopt``)."""
-        return self.lifecycle.adopt(spec, resume)
-
-    def leave(self, job_id: str) -> None:
-        """Cancel a member: stop its phase, drop its state, workers and checkpoints."""
-        self.lifecycle.leave(job_id)
-
-    def fail(self, job_id: str, fault: Fault) -> None:
-        """Only this member: stop what it runs, then recover it."""
-        self.lifecycle.fail(self.lifecycle.member(job_id), fault)
-
-    def detach(self, lost: Sequence[NodeRef], checkpoint_base: Path | None) -> dict[str, Resume]:
-        """How each member goes on after the group lost ``lost`` (nothing dropped)."""
-        return self.lifecycle.detach(lost, checkpoint_base)
 
     @property
     def transfer(self) -> WeightTransfer:
@@ -181,17 +160,12 @@ class GroupRunner:
         for name in names:
             self._last_served.pop(name, None)
 
-    def repin(self, job_id: str, pins: Sequence[int]) -> None:
-        """Move a member's rollouts to the rollout nodes ``pins`` (indices into the
-        layout) at its next phase boundary (``Lifecycle.repin``)."""
-        self.lifecycle.repin(self.lifecycle.member(job_id), pins)
-
     def nodes_in_use(self) -> set[str]:
         """Names of the nodes some member is on, moving to or runs a phase on."""
         return self.lifecycle.nodes_in_use() | set(self.slots.busy) | set(self.slots.tails)
 
     def _relayout(self, layout: GroupLayout) -> None:
-        self.lifecycle.relayout(layout)
+        self.relayout.change(layout)
         self.layout = layout
         if isinstance(self.transfer, TwoTierTransfer):   # agents: one world per layout
             self.transfer.relayout(layout)
@@ -229,8 +203,8 @@ class GroupRunner:
         changed |= self.coop.tick()
         for member in list(self.members.values()):
             if member.state is MemberState.RECOVERING:
-                changed |= self.lifecycle.recover(member)
-        changed |= self.lifecycle.carry_repins()
+                changed |= self.recovery.recover(member)
+        changed |= self.relayout.carry()
         # start the next members first: a node's next phase need not wait for the
         # previous member's data moves and checkpoint (other jobs, other segments)
         changed |= self._dispatch(self.layout.train, Pool.TRAIN)
@@ -243,7 +217,7 @@ class GroupRunner:
             try:
                 self._finish(member, run, result, worker_s, end)
             except WeaveError as exc:
-                self.lifecycle.fail(member, Fault.from_error(exc, run.node.name, run.kind,
+                self.recovery.fail(member, Fault.from_error(exc, run.node.name, run.kind,
                                                              "after"))
         if ended:
             self._dispatch(self.layout.train, Pool.TRAIN)
@@ -264,7 +238,7 @@ class GroupRunner:
                 ready.add(job_id)
         return ready
 
-    def _gang_free(self, member: Member, gang: Gang | None) -> bool:
+    def _gang_free(self, member: RunningMember, gang: Gang | None) -> bool:
         return gang is None or all(n.name not in self.slots.busy for n in gang.nodes())
 
     def _ports_taken(self, gang: Gang) -> set[int]:
@@ -293,11 +267,11 @@ class GroupRunner:
                 self._start(member, node)
                 started = True
             except WeaveError as exc:
-                self.lifecycle.fail(member, Fault.from_error(exc, node.name,
+                self.recovery.fail(member, Fault.from_error(exc, node.name,
                                                              member.next_kind, "start of"))
         return started
 
-    def _start(self, member: Member, node: NodeRef) -> None:
+    def _start(self, member: RunningMember, node: NodeRef) -> None:
         init = not member.initialised
         if init:
             self.lifecycle.register(member)
@@ -342,15 +316,15 @@ class GroupRunner:
                                 else MemberState.TRAIN, where)
 
     # -- completion ------------------------------------------------------------------
-    def _poll(self, member: Member, run: PhaseRun) -> bool:
+    def _poll(self, member: RunningMember, run: PhaseRun) -> bool:
         state, worker, fault = read_phase(self.link, member.gang_of(run.kind, run.node).slots,
                                           run.kind)
         if fault is not None:
-            self.lifecycle.fail(member, fault)
+            self.recovery.fail(member, fault)
             return True
         if state is WorkerState.RUNNING:
             if self.clock.now() > run.deadline_s:
-                self.lifecycle.fail(member, Fault(
+                self.recovery.fail(member, Fault(
                     FaultKind.PHASE_HUNG, run.node.name, run.kind,
                     evidence=f"ran past its deadline of {run.deadline_s - run.start_s:.1f} s"))
                 return True
@@ -361,7 +335,7 @@ class GroupRunner:
                             (worker.get("t_recv"), worker.get("t_done")), self.clock.now()))
         return True
 
-    def _watch_tail(self, member: Member, run: PhaseRun) -> bool:
+    def _watch_tail(self, member: RunningMember, run: PhaseRun) -> bool:
         """Read a rollout's progress; in its tail, free its node for the next member."""
         now = self.clock.now()
         node = run.node.name
@@ -388,7 +362,7 @@ class GroupRunner:
                  run.step, member.spec.job_id, node, move.remaining, move.total)
         return True
 
-    def _finish(self, member: Member, run: PhaseRun, result: Mapping[str, Any],
+    def _finish(self, member: RunningMember, run: PhaseRun, result: Mapping[str, Any],
                 worker_s: tuple[Any, Any], end: float) -> None:
         job_id = member.spec.job_id
         member.runs.pop(run.kind, None)
@@ -408,7 +382,7 @@ class GroupRunner:
         else:
             self._finish_train(member, run, result)
 
-    def _finish_rollout(self, member: Member, run: PhaseRun) -> None:
+    def _finish_rollout(self, member: RunningMember, run: PhaseRun) -> None:
         k = member.staleness
         name = contract.TRAJ if k == 0 else buffer_name(TRAJ_BUFFER, run.step, k)
         member.rolled = run.step + 1
@@ -425,7 +399,8 @@ class GroupRunner:
         if Phase.TRAIN not in member.runs:
             self.lifecycle.move(member, MemberState.READY, f"rollout {run.step} done")
 
-    def _finish_train(self, member: Member, run: PhaseRun, result: Mapping[str, Any]) -> None:
+    def _finish_train(self, member: RunningMember, run: PhaseRun,
+                      result: Mapping[str, Any]) -> None:
         job_id, version = member.spec.job_id, int(result["version"])
         self.profiler.state_bytes(job_id, train=int(result.get("state_bytes", 0)),
                                   rollout=int(result.get("weights_bytes", 0)))
@@ -455,7 +430,7 @@ class GroupRunner:
         else:
             move(member, MemberState.READY, f"train -> v{member.version}")
 
-    def _sync_weights(self, member: Member, version: int) -> None:
+    def _sync_weights(self, member: RunningMember, version: int) -> None:
         """The train node's ``weights`` to the rollout nodes (k >= 1: into a checked buffer).
 
         A stale member also keeps the ring on its training node, so a checkpoint holds
@@ -471,7 +446,7 @@ class GroupRunner:
             self._write(member, node, lambda node=node: copy(  # type: ignore[misc]
                 member, contract.WEIGHTS, member.train_node, [node], "weights", buf, True))
 
-    def _write(self, member: Member, node: NodeRef, write: Callable[[], None]) -> None:
+    def _write(self, member: RunningMember, node: NodeRef, write: Callable[[], None]) -> None:
         """Put a segment of ``member`` on ``node`` now, or when its phase there ends.
 
         The resident worker attaches every segment of its job when a phase starts; a
@@ -486,11 +461,12 @@ class GroupRunner:
 
     # -- read API (daemon status, demo) ----------------------------------------------
     def status(self) -> list[dict[str, object]]:
-        """One row per member (:meth:`Member.status_row`: state, version, phase, node,
+        """One row per member (:meth:`RunningMember.status_row`: state, version, phase, node,
         reward, recoveries, error, the window ``staleness`` and ``current_staleness``,
         ``tail``: its rollout is a migrated tail)."""
+        order = self.lifecycle.order
         return [self.members[j].status_row() for j in
-                [*self.order, *(j for j in self.members if j not in self.order)]]
+                [*order, *(j for j in self.members if j not in order)]]
 
     def version_log(self, job_id: str) -> list[BatchRecord]:
         """The member's trajectory-version log: one record per batch, in step order."""
