@@ -37,7 +37,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from weave_slurm.node.client import NodeClient
+from weave_slurm.node.node_client import NodeClient
 from weave_slurm.runtime.commands import Leave
 from weave_slurm.runtime.group import GroupLayout, MemberSpec
 from weave_slurm.runtime.port import GroupPort

@@ -34,7 +34,7 @@ from rich.table import Table
 from weave_slurm.model.profile import JobProfile, simple_profile
 from weave_slurm.placement.admission import place_batch
 from weave_slurm.placement.capacity import Capacity
-from weave_slurm.placement.cluster import ClusterState, apply
+from weave_slurm.placement.cluster_state import ClusterState, apply
 from weave_slurm.placement.decision import Placement
 from weave_slurm.placement.engine import WeavePolicy
 from weave_slurm.placement.optimum import optimum

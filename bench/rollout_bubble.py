@@ -39,7 +39,7 @@ from weave_slurm.model.cost import CostRates
 from weave_slurm.model.profile import JobProfile
 from weave_slurm.placement import engine
 from weave_slurm.placement.capacity import Capacity
-from weave_slurm.placement.cluster import ClusterState
+from weave_slurm.placement.cluster_state import ClusterState
 from weave_slurm.placement.decision import Decision, Placement
 from weave_slurm.placement.group import Group
 from weave_slurm.sim.accounting import reference_site

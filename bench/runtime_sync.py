@@ -39,7 +39,7 @@ from weave_slurm.runtime.group import GroupLayout, MemberSpec, NodeRef
 from weave_slurm.runtime.port import GroupPort
 from weave_slurm.runtime.runner import GroupRunner, RunnerConfig
 from weave_slurm.runtime.transfer import WeightTransfer
-from weave_slurm.runtime.twotier import TwoTierTransfer
+from weave_slurm.runtime.twotier_transfer import TwoTierTransfer
 from weave_slurm.slurm.local_backend import LocalBackend
 from weave_slurm.vocab import Pool
 

@@ -25,7 +25,7 @@ from rich.table import Table
 from weave_slurm.placement.admission import place_batch
 from weave_slurm.placement.baselines import make_policy
 from weave_slurm.placement.capacity import Capacity
-from weave_slurm.placement.cluster import ClusterState
+from weave_slurm.placement.cluster_state import ClusterState
 from weave_slurm.placement.moves import work_rate
 from weave_slurm.placement.optimum import optimum
 from weave_slurm.sim.accounting import reference_site

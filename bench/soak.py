@@ -62,11 +62,11 @@ from weave_slurm.config.render import job_spec_toml
 from weave_slurm.daemon.client import DaemonClient
 from weave_slurm.daemon.protocol import Op
 from weave_slurm.errors import WeaveError
-from weave_slurm.node.client import NodeClient
+from weave_slurm.node.node_client import NodeClient
 from weave_slurm.node.protocol import Op as NodeOp
 from weave_slurm.slurm.backend import Backend, StepHandle
-from weave_slurm.slurm.cluster import LocalCluster
 from weave_slurm.slurm.cluster_config import HostMode
+from weave_slurm.slurm.local_cluster import LocalCluster
 
 #: The toy's options: small and fast (4 prompts x 4 samples).
 OPTIONS = {"prompts_per_step": 4, "group_size": 4}

@@ -37,12 +37,12 @@ from rich.console import Console
 from rich.table import Table
 
 from weave_slurm.errors import WeaveError
-from weave_slurm.slurm.cluster import LocalCluster
 from weave_slurm.slurm.cluster_config import HostMode
 from weave_slurm.slurm.host_plan import QUEUE_LATENCY_MS, tbf_argv
+from weave_slurm.slurm.local_cluster import LocalCluster
+from weave_slurm.sync.flat_layout import WeightLayout
+from weave_slurm.sync.group_launch import ClusterHosts, check_outcomes, run_group, write_weights
 from weave_slurm.sync.header import SyncMode
-from weave_slurm.sync.launch import ClusterHosts, check_outcomes, run_group, write_weights
-from weave_slurm.sync.layout import WeightLayout
 from weave_slurm.sync.linkemu import EmulatedLink, LinkSpec
 from weave_slurm.sync.scenario import Method, Scenario
 

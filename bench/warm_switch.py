@@ -62,8 +62,8 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from weave_slurm.node.client import NodeClient
 from weave_slurm.node.daemon import NodeConfig, NodeDaemon
+from weave_slurm.node.node_client import NodeClient
 from weave_slurm.node.protocol import Op
 
 LAYER_BYTES = 64 << 20

@@ -109,7 +109,7 @@ def _batch(traj: Any) -> TrajectoryBatch:
 # -- entries of the resident worker ---------------------------------------------------
 def init(ctx: PhaseContext) -> dict[str, Any]:
     """Build both roles, train one step (Adam moments exist), put the warm state."""
-    from weave_slurm.node.client import NodeClient
+    from weave_slurm.node.node_client import NodeClient
     from weave_slurm.workloads.entry import start_job
 
     options = json.loads(ctx.args[0])

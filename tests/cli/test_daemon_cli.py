@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from weave_slurm.cli.daemon_cmd import unit_text
-from weave_slurm.cli.errors import run_app
+from weave_slurm.cli.error_lines import run_app
 from weave_slurm.cli.logs import file_handler, setup_logging
 from weave_slurm.cli.main import app as weave_app
 

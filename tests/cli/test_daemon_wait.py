@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness.waits import wait_for
-from weave_slurm.cli.errors import run_app
+from weave_slurm.cli.error_lines import run_app
 from weave_slurm.cli.main import app as weave_app
 from weave_slurm.config.render import job_spec_toml
 from weave_slurm.daemon.client import DEFAULT_WAIT_S, WAIT_ENV, wait_for_daemon_s

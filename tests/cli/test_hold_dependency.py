@@ -11,7 +11,7 @@ import pytest
 from tests.daemon.conftest import Running, public_dir, weaved  # noqa: F401
 from tests.harness.waits import wait_for
 from tests.harness.weaved import call
-from weave_slurm.cli.errors import run_app
+from weave_slurm.cli.error_lines import run_app
 from weave_slurm.cli.main import app
 from weave_slurm.cli.sbatch import app as sbatch_app
 from weave_slurm.config.render import job_spec_toml

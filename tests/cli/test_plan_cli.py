@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from weave_slurm.cli.errors import run_app
+from weave_slurm.cli.error_lines import run_app
 from weave_slurm.cli.main import app
 
 ROOT = Path(__file__).resolve().parents[2]

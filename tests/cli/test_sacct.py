@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from weave_slurm.cli.errors import USAGE_EXIT, run_app
+from weave_slurm.cli.error_lines import USAGE_EXIT, run_app
 from weave_slurm.cli.main import app
 from weave_slurm.cli.sacct import FIELDS, duration, parse_format, render
 from weave_slurm.cli.timespec import parse_time

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.daemon.conftest import Running, public_dir, weaved  # noqa: F401
-from weave_slurm.cli.errors import run_app
+from weave_slurm.cli.error_lines import run_app
 from weave_slurm.cli.sbatch import app
 from weave_slurm.config.render import job_spec_toml
 from weave_slurm.daemon.submission import build_spec, read_directives, to_toml

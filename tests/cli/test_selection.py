@@ -11,7 +11,7 @@ import typer
 from tests.daemon.conftest import Running, public_dir, weaved  # noqa: F401
 from tests.harness.waits import wait_for
 from tests.harness.weaved import call
-from weave_slurm.cli.errors import run_app
+from weave_slurm.cli.error_lines import run_app
 from weave_slurm.cli.selection import Selection, parse_states, selection, sort_rows, users_of
 from weave_slurm.cli.status import format_rows, mount, ratio, show_pair
 from weave_slurm.config.render import job_spec_toml

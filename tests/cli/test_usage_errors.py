@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import typer
 
-from weave_slurm.cli.errors import USAGE_EXIT, run_app
+from weave_slurm.cli.error_lines import USAGE_EXIT, run_app
 from weave_slurm.cli.main import app as weave_app
 from weave_slurm.cli.sbatch import app as sbatch_app
 from weave_slurm.errors import ConfigError, InsufficientResources
@@ -124,11 +124,11 @@ def test_weave_status_loads_only_what_it_needs(tmp_path: Path) -> None:
     """Subcommands are imported on use: ``weave status`` (the command users run most)
     loads neither torch nor the simulator, placement or the cluster tooling."""
     probe = ("import sys\n"
-             "from weave_slurm.cli.errors import run_app\n"
+             "from weave_slurm.cli.error_lines import run_app\n"
              "from weave_slurm.cli.main import app\n"
              f"run_app(app, 'weave', ['status', '--socket', {str(tmp_path / 'none.sock')!r}])\n"
              "heavy = ('torch', 'weave_slurm.sim', 'weave_slurm.placement', "
-             "'weave_slurm.slurm.cluster', 'weave_slurm.node')\n"
+             "'weave_slurm.slurm.local_cluster', 'weave_slurm.node')\n"
              "print(sorted({m.split('.')[0] if m == 'torch' else m for m in sys.modules "
              "if m.startswith(heavy)}))\n")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,

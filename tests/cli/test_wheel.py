@@ -66,7 +66,7 @@ def test_the_wheel_installs_no_click_and_runs(installed: Path, tmp_path: Path) -
     assert "Usage:" in help_.stdout and "plan" in help_.stdout
     imported = _run([py, "-c", "import sys; sys.argv = ['weave', '--help']\n"
                      "from weave_slurm.cli.main import app\n"
-                     "from weave_slurm.cli.errors import run_app\n"
+                     "from weave_slurm.cli.error_lines import run_app\n"
                      "run_app(app, 'weave')\n"
                      "print([m for m in sys.modules if m.split('.')[0] == 'click'])"],
                     tmp_path)

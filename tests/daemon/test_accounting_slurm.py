@@ -20,11 +20,11 @@ import pytest
 
 from tests.harness.waits import wait_for
 from tests.harness.weaved import call, idle_on_slurm, serving_on_slurm
-from weave_slurm.cli.errors import run_app
+from weave_slurm.cli.error_lines import run_app
 from weave_slurm.cli.main import app
 from weave_slurm.config.render import job_spec_toml
 from weave_slurm.daemon.protocol import Op
-from weave_slurm.slurm.runner import run_command
+from weave_slurm.slurm.command_runner import run_command
 
 pytestmark = [pytest.mark.slurm, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
 

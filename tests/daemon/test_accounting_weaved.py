@@ -16,7 +16,7 @@ from tests.harness.scratch import public_dir, shm_dir
 from tests.harness.specs import job_spec
 from tests.harness.waits import settle, wait_for
 from tests.harness.weaved import call, rl_config, serving, smoke_site, wait_states
-from weave_slurm.cli.errors import run_app
+from weave_slurm.cli.error_lines import run_app
 from weave_slurm.cli.main import app
 from weave_slurm.daemon.protocol import Op
 from weave_slurm.daemon.states import AllocState

@@ -18,7 +18,7 @@ from tests.harness.waits import wait_for
 from tests.harness.weaved import call, state_of
 from weave_slurm.config.render import job_spec_toml
 from weave_slurm.daemon.api import weights_view
-from weave_slurm.daemon.faults import FaultPoint
+from weave_slurm.daemon.fault_points import FaultPoint
 from weave_slurm.daemon.protocol import Op
 from weave_slurm.daemon.records import JobRow
 from weave_slurm.daemon.states import JobState

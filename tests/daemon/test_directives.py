@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from weave_slurm.cli.errors import run_app
+from weave_slurm.cli.error_lines import run_app
 from weave_slurm.cli.sbatch import app as sbatch_app
 from weave_slurm.config.render import job_spec_toml
 from weave_slurm.config.sbatch import JobSlurm

@@ -14,7 +14,7 @@ from tests.harness.waits import wait_for
 from tests.harness.weaved import call, idle_on_slurm, serving_on_slurm
 from weave_slurm.daemon.protocol import Op
 from weave_slurm.daemon.submission import build_spec
-from weave_slurm.slurm.runner import run_command
+from weave_slurm.slurm.command_runner import run_command
 
 pytestmark = [pytest.mark.slurm, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
 

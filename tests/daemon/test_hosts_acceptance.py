@@ -33,7 +33,7 @@ from weave_slurm.daemon.service import DaemonConfig
 from weave_slurm.node.segments import weights_digest
 from weave_slurm.runtime.group import MemberSpec
 from weave_slurm.slurm.cli_backend import SlurmCliBackend
-from weave_slurm.slurm.cluster import LocalCluster
+from weave_slurm.slurm.local_cluster import LocalCluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.netns, pytest.mark.torch, pytest.mark.slow]
 

@@ -34,8 +34,8 @@ from weave_slurm.model.profile import simple_profile
 from weave_slurm.placement import Capacity, Group, Member
 from weave_slurm.slurm.backend import DEFAULT_INSTANCE, StepSpec, group_comment
 from weave_slurm.slurm.cli_backend import SlurmCliBackend
+from weave_slurm.slurm.command_runner import SlurmCommandError
 from weave_slurm.slurm.fake_runner import FakeReply, FakeRunner
-from weave_slurm.slurm.runner import SlurmCommandError
 from weave_slurm.slurm.squeue import STEP_FORMAT
 
 FIX = Path(__file__).parents[1] / "slurm" / "fixtures"

@@ -29,8 +29,8 @@ from weave_slurm.daemon.driver import DriverKind
 from weave_slurm.daemon.membership import group_label
 from weave_slurm.daemon.service import DaemonConfig
 from weave_slurm.slurm.cli_backend import SlurmCliBackend
-from weave_slurm.slurm.cluster import LocalCluster
 from weave_slurm.slurm.cluster_config import ClusterLayout, PoolShape
+from weave_slurm.slurm.local_cluster import LocalCluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.netns, pytest.mark.torch, pytest.mark.slow]
 

@@ -26,7 +26,7 @@ from tests.harness.waits import settle
 from tests.harness.weaved import call, serving, wait_states
 from tests.slurm.session_cluster import SessionCluster
 from weave_slurm.apps.demo import stats
-from weave_slurm.cli.errors import run_app
+from weave_slurm.cli.error_lines import run_app
 from weave_slurm.cli.sbatch import app as sbatch_app
 from weave_slurm.daemon.driver import DriverKind
 from weave_slurm.daemon.protocol import Op

@@ -104,7 +104,7 @@ def test_a_group_waiting_for_weaveds_own_node_daemons_gives_advice_that_applies(
     from weave_slurm.daemon.records import AllocRow
     from weave_slurm.daemon.states import AllocState
     from weave_slurm.errors import NodeGone
-    from weave_slurm.node.client import NodeClient
+    from weave_slurm.node.node_client import NodeClient
 
     nodes = NodeDaemons(NodeDaemonSettings(tmp_path), default_site(),
                         None)  # type: ignore[arg-type]   # ref() asks no local backend

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.harness.scratch import python_open_to_users
-from weave_slurm.cli.errors import run_app
+from weave_slurm.cli.error_lines import run_app
 from weave_slurm.cli.main import app as weave_app
 from weave_slurm.config.site import default_site
 from weave_slurm.daemon import preflight

@@ -23,7 +23,7 @@ from tests.daemon.test_api import NOBODY, as_user
 from tests.daemon.test_restart import LAUNCH
 from tests.harness.waits import wait_for
 from tests.harness.weaved import call, pings
-from weave_slurm.cli.errors import run_app
+from weave_slurm.cli.error_lines import run_app
 from weave_slurm.cli.sbatch import app as sbatch_app
 from weave_slurm.config.render import job_spec_toml
 from weave_slurm.daemon.protocol import Op

@@ -12,7 +12,7 @@ from filelock import FileLock
 
 from tests.harness.old_store import make_old
 from tests.harness.specs import stored
-from weave_slurm.cli.errors import run_app
+from weave_slurm.cli.error_lines import run_app
 from weave_slurm.cli.main import app
 from weave_slurm.daemon.schema import SCHEMA_VERSION
 from weave_slurm.daemon.state_admin import backup, migrate, schema_version

@@ -18,7 +18,7 @@ from tests.harness.hosts import weaved_dirs
 from tests.harness.waits import wait_for
 from tests.harness.weaved import call, rl_on_slurm, serving_on_slurm
 from tests.slurm.session_cluster import SessionCluster
-from weave_slurm.cli.errors import run_app
+from weave_slurm.cli.error_lines import run_app
 from weave_slurm.cli.main import app as weave_app
 from weave_slurm.cli.sbatch import app as sbatch_app
 from weave_slurm.daemon.protocol import Op

@@ -15,7 +15,7 @@ from weave_slurm.daemon.records import GroupPlan, MemberPlan
 from weave_slurm.daemon.schema import SCHEMA_VERSION
 from weave_slurm.daemon.states import AllocState, GroupState, JobState
 from weave_slurm.daemon.store import Store
-from weave_slurm.daemon.usage import UsageMeter
+from weave_slurm.daemon.usage_meter import UsageMeter
 from weave_slurm.model.cost import CostRates
 from weave_slurm.model.profile import simple_profile
 from weave_slurm.runtime.timeline import Span
@@ -209,7 +209,7 @@ def test_weaveds_group_runtime_is_a_span_source() -> None:
     (the idle driver) books allocations only."""
     from weave_slurm.daemon.driver import IdleDriver
     from weave_slurm.daemon.group_runtime import GroupRuntime
-    from weave_slurm.daemon.usage import SpanSource
+    from weave_slurm.daemon.usage_meter import SpanSource
 
     assert isinstance(GroupRuntime(lambda *a: None), SpanSource)  # type: ignore[arg-type,return-value]
     assert not isinstance(IdleDriver(), SpanSource)

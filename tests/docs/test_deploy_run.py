@@ -22,7 +22,7 @@ import pytest
 from tests.docs.blocks import DocBlock, doc_blocks
 from tests.docs.sessions import Sessions, run_block, sessions, sources_copy, user_env
 from tests.slurm.session_cluster import SessionCluster
-from weave_slurm.slurm.runner import run_command
+from weave_slurm.slurm.command_runner import run_command
 
 pytestmark = [pytest.mark.slurm, pytest.mark.netns, pytest.mark.torch, pytest.mark.slow]
 

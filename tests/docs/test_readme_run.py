@@ -20,7 +20,7 @@ import pytest
 
 from tests.docs.blocks import DocBlock, doc_blocks
 from tests.docs.sessions import Sessions, run_block, sessions, user_env
-from weave_slurm.slurm.cluster import LocalCluster
+from weave_slurm.slurm.local_cluster import LocalCluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.netns, pytest.mark.torch, pytest.mark.slow]
 

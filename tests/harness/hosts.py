@@ -25,10 +25,10 @@ import pytest
 
 from weave_slurm.errors import ConfigError, WeaveError
 from weave_slurm.slurm import hosts as separate_hosts
-from weave_slurm.slurm.cluster import ClusterStatus, LocalCluster
 from weave_slurm.slurm.cluster_config import ClusterLayout, HostMode, PoolShape
+from weave_slurm.slurm.command_runner import CommandResult, SubprocessRunner, run_command
 from weave_slurm.slurm.host_plan import NODE_IFNAME
-from weave_slurm.slurm.runner import CommandResult, SubprocessRunner, run_command
+from weave_slurm.slurm.local_cluster import ClusterStatus, LocalCluster
 
 TOOLS = ("slurmd", "ip", "tc", "nsenter", "unshare", "setpriv", "munged")
 #: Two h20 and two h800 hosts of 8 (fake) GPUs, as the job specs in configs/jobs ask.

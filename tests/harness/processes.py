@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.harness.waits import settle
-from weave_slurm.node.client import NodeClient
+from weave_slurm.node.node_client import NodeClient
 from weave_slurm.node.protocol import Op
 
 

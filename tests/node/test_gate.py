@@ -23,7 +23,7 @@ from tests.harness.scratch import public_dir
 from tests.harness.waits import wait_for
 from weave_slurm import gate
 from weave_slurm.errors import ConfigError, GateRefused, PhaseRevoked
-from weave_slurm.node.client import NodeClient
+from weave_slurm.node.node_client import NodeClient
 from weave_slurm.node.protocol import Op
 
 

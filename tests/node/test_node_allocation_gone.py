@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 
 from weave_slurm.cli.node import _discard_state
-from weave_slurm.node.client import NodeClient
 from weave_slurm.node.daemon import NodeDaemon
+from weave_slurm.node.node_client import NodeClient
 from weave_slurm.node.protocol import Op
 
 

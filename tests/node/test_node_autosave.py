@@ -11,8 +11,8 @@ import torch
 
 from weave_slurm.errors import ConfigError
 from weave_slurm.node.autosave import AutosaveTimer
-from weave_slurm.node.client import NodeClient
 from weave_slurm.node.daemon import NodeDaemon
+from weave_slurm.node.node_client import NodeClient
 from weave_slurm.node.protocol import Op
 
 

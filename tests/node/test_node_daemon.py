@@ -15,9 +15,9 @@ import torch
 from tests.harness.waits import wait_for
 from weave_slurm.errors import ConfigError, InfeasibleRequest, InsufficientResources, StateError
 from weave_slurm.node.checkpoint import CheckpointStore
-from weave_slurm.node.client import NodeClient
 from weave_slurm.node.daemon import NodeDaemon
 from weave_slurm.node.index import JobRef
+from weave_slurm.node.node_client import NodeClient
 from weave_slurm.node.protocol import Op
 
 pytestmark = pytest.mark.torch

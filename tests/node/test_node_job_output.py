@@ -15,9 +15,9 @@ import pytest
 from tests.harness.scratch import public_dir, python_open_to_users
 from tests.harness.waits import wait_for
 from weave_slurm.errors import ConfigError
-from weave_slurm.node.client import NodeClient
 from weave_slurm.node.daemon import NodeDaemon
 from weave_slurm.node.job_streams import paths
+from weave_slurm.node.node_client import NodeClient
 from weave_slurm.node.protocol import Op
 
 pytestmark = pytest.mark.torch

@@ -17,8 +17,8 @@ from tests.harness.scratch import public_dir, python_open_to_users
 from tests.harness.waits import wait_for
 from tests.runtime.own_code import imports_weave, second_venv, user_package
 from weave_slurm.errors import ConfigError
-from weave_slurm.node.client import NodeClient
 from weave_slurm.node.daemon import NodeDaemon
+from weave_slurm.node.node_client import NodeClient
 from weave_slurm.node.protocol import Op
 from weave_slurm.node.zygotes import Interpreter
 

@@ -162,8 +162,8 @@ def test_a_node_daemon_serves_weaved_over_its_door(shm_root: Path, ckpt_root: Pa
                                                    munge_socket: Path) -> None:
     import torch
 
-    from weave_slurm.node.client import NodeClient
     from weave_slurm.node.daemon import NodeConfig, NodeDaemon
+    from weave_slurm.node.node_client import NodeClient
 
     daemon = NodeDaemon(NodeConfig(host_mem_gib=16 / 1024, root=shm_root,
                                    checkpoint_root=ckpt_root, checkpoint_interval_s=0,

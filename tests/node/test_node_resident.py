@@ -13,8 +13,8 @@ import torch
 
 from tests.harness.waits import wait_for
 from weave_slurm.errors import NodeUnavailable
-from weave_slurm.node.client import NodeClient
 from weave_slurm.node.daemon import NodeDaemon
+from weave_slurm.node.node_client import NodeClient
 from weave_slurm.node.protocol import Op
 from weave_slurm.node.zygotes import Interpreter
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from weave_slurm.errors import ConfigError, InsufficientResources, StateError
-from weave_slurm.node.client import NodeClient
 from weave_slurm.node.crc import CRC_KEY
 from weave_slurm.node.daemon import NodeDaemon
+from weave_slurm.node.node_client import NodeClient
 from weave_slurm.node.protocol import Op
 from weave_slurm.node.segments import weights_digest
 

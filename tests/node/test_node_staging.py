@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from weave_slurm.errors import StateError
-from weave_slurm.node.client import NodeClient
 from weave_slurm.node.daemon import NodeDaemon
 from weave_slurm.node.index import JobRef, SegmentIndex
+from weave_slurm.node.node_client import NodeClient
 from weave_slurm.node.protocol import Op
 from weave_slurm.node.segments import SegmentStore
 from weave_slurm.node.staging import StagingArea

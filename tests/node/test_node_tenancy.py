@@ -13,8 +13,8 @@ import pytest
 
 from tests.harness.processes import pid_alive
 from tests.harness.waits import wait_for
-from weave_slurm.node.client import NodeClient
 from weave_slurm.node.daemon import NodeDaemon
+from weave_slurm.node.node_client import NodeClient
 from weave_slurm.node.protocol import Op
 from weave_slurm.node.tenancy import PINNED, STAGING
 

@@ -17,7 +17,7 @@ import pytest
 from tests.harness.processes import pid_alive
 from tests.harness.waits import wait_for
 from weave_slurm.node import reaper
-from weave_slurm.node.client import NodeClient
+from weave_slurm.node.node_client import NodeClient
 from weave_slurm.node.protocol import Op
 
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from weave_slurm.model.charge import Charge
 from weave_slurm.model.profile import JobProfile, simple_profile
 from weave_slurm.placement.admission import place_batch
-from weave_slurm.placement.cluster import ClusterState, apply
+from weave_slurm.placement.cluster_state import ClusterState, apply
 from weave_slurm.placement.consolidate import regrouped
 from weave_slurm.placement.decision import Admission, Placement
 from weave_slurm.placement.engine import WeavePolicy

@@ -13,7 +13,7 @@ from weave_slurm.model.profile import JobProfile, simple_profile
 from weave_slurm.placement.admission import place_batch
 from weave_slurm.placement.baselines import ColocatedPolicy
 from weave_slurm.placement.capacity import Capacity
-from weave_slurm.placement.cluster import ClusterState, apply, depart
+from weave_slurm.placement.cluster_state import ClusterState, apply, depart
 from weave_slurm.placement.decision import Admission, Placement, Refusal
 from weave_slurm.placement.engine import WeavePolicy
 from weave_slurm.placement.group import Group, Member

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from weave_slurm.model.profile import JobProfile, simple_profile
 from weave_slurm.placement.admission import place_batch
 from weave_slurm.placement.baselines import POLICIES, make_policy
-from weave_slurm.placement.cluster import ClusterState, apply, depart
+from weave_slurm.placement.cluster_state import ClusterState, apply, depart
 from weave_slurm.placement.decision import Admission, Placement, Refusal
 from weave_slurm.placement.engine import WeavePolicy, _placements_in
 

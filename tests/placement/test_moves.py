@@ -8,7 +8,7 @@ import pytest
 
 from weave_slurm.model.cost import MoveCost
 from weave_slurm.model.profile import JobProfile, simple_profile
-from weave_slurm.placement.cluster import ClusterState
+from weave_slurm.placement.cluster_state import ClusterState
 from weave_slurm.placement.group import Group, Member
 from weave_slurm.placement.moves import (
     MoveBooks,

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 
 from weave_slurm.model.profile import JobProfile, simple_profile
 from weave_slurm.placement.admission import place_batch
-from weave_slurm.placement.cluster import ClusterState
+from weave_slurm.placement.cluster_state import ClusterState
 from weave_slurm.placement.engine import WeavePolicy
 from weave_slurm.placement.optimum import optimum
 from weave_slurm.placement.repack import pinnings

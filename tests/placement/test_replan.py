@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from weave_slurm.model.profile import JobProfile, simple_profile
-from weave_slurm.placement.cluster import ClusterState, apply, depart
+from weave_slurm.placement.cluster_state import ClusterState, apply, depart
 from weave_slurm.placement.consolidate import consolidation
 from weave_slurm.placement.decision import Placement
 from weave_slurm.placement.engine import WeavePolicy

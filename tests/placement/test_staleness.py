@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from weave_slurm.config.job import parse_job
 from weave_slurm.errors import ConfigError
 from weave_slurm.model.profile import simple_profile, solo_period
-from weave_slurm.placement.cluster import ClusterState, apply
+from weave_slurm.placement.cluster_state import ClusterState, apply
 from weave_slurm.placement.cyclic import cyclic_period, cyclic_timeline
 from weave_slurm.placement.decision import Placement
 from weave_slurm.placement.engine import WeavePolicy

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from weave_slurm.model.profile import simple_profile
-from weave_slurm.placement.cluster import ClusterState, depart
+from weave_slurm.placement.cluster_state import ClusterState, depart
 from weave_slurm.placement.cyclic import cyclic_period, slot_order
 from weave_slurm.placement.group import Group, Member, turns_for
 from weave_slurm.placement.repack import best_group, turn_sets

@@ -26,7 +26,7 @@ from weave_slurm.errors import StateError
 
 #: `weave daemon` through the same CLI boundary (run_app) without importing every
 #: subcommand (the full `weave` app imports torch: ~4 s of CPU per start on this machine)
-WEAVE_DAEMON = ("import sys, typer; from weave_slurm.cli.errors import run_app; "
+WEAVE_DAEMON = ("import sys, typer; from weave_slurm.cli.error_lines import run_app; "
                 "from weave_slurm.cli.daemon_cmd import daemon; "
                 "app = typer.Typer(pretty_exceptions_enable=False); app.command('daemon')(daemon); "
                 "app.command('version')(lambda: None); sys.exit(run_app(app, 'weave'))")

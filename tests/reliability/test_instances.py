@@ -40,7 +40,7 @@ from weave_slurm.daemon.protocol import Op
 from weave_slurm.daemon.service import DaemonConfig, Weaved
 from weave_slurm.slurm.backend import DEFAULT_INSTANCE, StepHandle
 from weave_slurm.slurm.cluster_config import HostMode
-from weave_slurm.slurm.runner import run_command
+from weave_slurm.slurm.command_runner import run_command
 
 pytestmark = [pytest.mark.slurm, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
 

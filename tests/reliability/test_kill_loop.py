@@ -32,7 +32,7 @@ from tests.daemon.test_restart import check_world, kill9, start
 from tests.harness.waits import wait_for
 from tests.harness.weaved import call
 from weave_slurm.config.render import job_spec_toml
-from weave_slurm.daemon.faults import ENV, EXIT_CODE, FaultPoint
+from weave_slurm.daemon.fault_points import ENV, EXIT_CODE, FaultPoint
 from weave_slurm.daemon.protocol import Op
 from weave_slurm.errors import WeaveError
 from weave_slurm.slurm.local_backend import LocalBackend

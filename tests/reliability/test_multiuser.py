@@ -42,7 +42,7 @@ from tests.harness.specs import job_spec
 from tests.harness.waits import wait_for
 from tests.harness.weaved import call, serving, state_of
 from tests.reliability.conftest import TestUser
-from weave_slurm.cli.errors import run_app
+from weave_slurm.cli.error_lines import run_app
 from weave_slurm.cli.main import app as weave_app
 from weave_slurm.cli.sbatch import app as sbatch_app
 from weave_slurm.config.job import check_paths, parse_job
@@ -50,7 +50,7 @@ from weave_slurm.config.render import job_spec_toml
 from weave_slurm.daemon.protocol import Op
 from weave_slurm.daemon.service import DaemonConfig, Weaved
 from weave_slurm.errors import ConfigError, WeaveError
-from weave_slurm.node.client import NodeClient
+from weave_slurm.node.node_client import NodeClient
 from weave_slurm.node.protocol import Op as NodeOp
 from weave_slurm.slurm.backend import (
     AllocationRequest,
@@ -59,7 +59,7 @@ from weave_slurm.slurm.backend import (
     StepState,
 )
 from weave_slurm.slurm.cli_backend import SlurmCliBackend
-from weave_slurm.slurm.runner import BackgroundProcess, CommandResult, SubprocessRunner
+from weave_slurm.slurm.command_runner import BackgroundProcess, CommandResult, SubprocessRunner
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become other users")
 

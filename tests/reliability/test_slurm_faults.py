@@ -68,8 +68,8 @@ from weave_slurm.runtime.group import MemberSpec
 from weave_slurm.slurm import daemons
 from weave_slurm.slurm.allocation_watch import ENV_INTERVAL
 from weave_slurm.slurm.cli_backend import SlurmCliBackend
-from weave_slurm.slurm.cluster import LocalCluster
-from weave_slurm.slurm.runner import run_command
+from weave_slurm.slurm.command_runner import run_command
+from weave_slurm.slurm.local_cluster import LocalCluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch,
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]

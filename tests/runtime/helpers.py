@@ -10,8 +10,8 @@ import torch
 
 from tests.harness.solo import run_solo
 from tests.harness.specs import OPTIONS
-from weave_slurm.node.client import NodeClient
 from weave_slurm.node.index import JobRef
+from weave_slurm.node.node_client import NodeClient
 from weave_slurm.runtime.commands import Leave
 from weave_slurm.runtime.events import MemberChanged
 from weave_slurm.runtime.group import MemberSpec

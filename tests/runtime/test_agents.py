@@ -13,8 +13,8 @@ import pytest
 from weave_slurm.runtime.agents import AgentGroup
 from weave_slurm.runtime.group import GroupLayout, NodeRef
 from weave_slurm.slurm.backend import StepSpec
-from weave_slurm.slurm.runner import PipedProcess
-from weave_slurm.sync.errors import SyncError
+from weave_slurm.slurm.command_runner import PipedProcess
+from weave_slurm.sync.sync_errors import SyncError
 from weave_slurm.vocab import Pool
 
 #: What each stand-in agent does, by node: "rendezvous" says where to meet and then

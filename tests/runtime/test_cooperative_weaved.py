@@ -30,7 +30,7 @@ import pytest
 from tests.harness.scratch import public_dir, shm_dir
 from tests.harness.waits import wait_for
 from tests.harness.weaved import call, release_all, rl_config, serve, serving, wait_states
-from weave_slurm.cli.errors import run_app
+from weave_slurm.cli.error_lines import run_app
 from weave_slurm.cli.main import app as weave_app
 from weave_slurm.config.render import job_spec_toml
 from weave_slurm.daemon.group_runtime import GroupRuntime

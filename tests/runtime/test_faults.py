@@ -23,7 +23,7 @@ from weave_slurm.runtime.faults import Fault, FaultKind, error_kind
 from weave_slurm.runtime.group import MemberSpec, MemberState, NodeRef
 from weave_slurm.runtime.member import RunningMember
 from weave_slurm.runtime.resume import ResumeKind, plan_detach
-from weave_slurm.sync.errors import SyncError
+from weave_slurm.sync.sync_errors import SyncError
 from weave_slurm.vocab import Phase, Pool
 
 ROLL = Phase.ROLLOUT

@@ -205,7 +205,7 @@ def test_a_gang_over_two_nodes_sends_its_weights_from_both(gang_fleet: NodeFleet
     its own share of the streams; ``wide`` and ``duo`` still end as their solo runs."""
     from weave_slurm.config.runtime import WeightTransferKind
     from weave_slurm.runtime.member import RunnerConfig
-    from weave_slurm.runtime.twotier import TwoTierTransfer
+    from weave_slurm.runtime.twotier_transfer import TwoTierTransfer
 
     specs = [_specs()[0], _specs()[2]]
     config = RunnerConfig(weight_transfer=WeightTransferKind.TWOTIER, sync_mode="delta",

@@ -22,7 +22,7 @@ from weave_slurm.runtime.commands import Join, Repin
 from weave_slurm.runtime.group import GroupLayout, MemberSpec, MemberState
 from weave_slurm.runtime.port import GroupPort
 from weave_slurm.runtime.runner import GroupRunner, RunnerConfig
-from weave_slurm.runtime.twotier import TwoTierTransfer
+from weave_slurm.runtime.twotier_transfer import TwoTierTransfer
 from weave_slurm.vocab import Phase
 
 pytestmark = pytest.mark.torch

@@ -25,7 +25,7 @@ from weave_slurm.errors import ConfigError
 from weave_slurm.node.protocol import Op
 from weave_slurm.runtime.group import MemberSpec, MemberState
 from weave_slurm.runtime.runner import GroupRunner, RunnerConfig
-from weave_slurm.runtime.twotier import TwoTierTransfer
+from weave_slurm.runtime.twotier_transfer import TwoTierTransfer
 
 pytestmark = pytest.mark.torch
 STEPS = 3

@@ -12,7 +12,7 @@ import pytest
 from tests.harness.scratch import public_dir, shm_dir
 from tests.harness.specs import job_spec
 from tests.harness.weaved import call, release_all, rl_config, serve, wait_states
-from weave_slurm.cli.errors import run_app
+from weave_slurm.cli.error_lines import run_app
 from weave_slurm.cli.main import app as weave_app
 from weave_slurm.cli.sbatch import app as sbatch_app
 from weave_slurm.daemon.protocol import Op

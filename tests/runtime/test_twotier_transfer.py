@@ -25,12 +25,12 @@ from tests.harness.processes import pid_alive
 from tests.harness.specs import OPTIONS
 from tests.runtime.helpers import assert_same_as_solo, each_change, group_weights, leave_all
 from weave_slurm.config.runtime import WeightTransferKind
-from weave_slurm.node.client import NodeClient
 from weave_slurm.node.index import JobRef
+from weave_slurm.node.node_client import NodeClient
 from weave_slurm.runtime.events import MemberChanged
 from weave_slurm.runtime.group import MemberSpec, MemberState, NodeRef
 from weave_slurm.runtime.runner import GroupRunner, RunnerConfig, RunningMember
-from weave_slurm.runtime.twotier import TwoTierTransfer
+from weave_slurm.runtime.twotier_transfer import TwoTierTransfer
 
 pytestmark = pytest.mark.torch
 

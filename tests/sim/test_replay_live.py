@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from weave_slurm.placement.capacity import Capacity
-from weave_slurm.placement.cluster import ClusterState
+from weave_slurm.placement.cluster_state import ClusterState
 from weave_slurm.placement.replan import Replan, needs_nodes, waiting_moves
 from weave_slurm.sim.accounting import reference_site
 from weave_slurm.sim.generate import GeneratorConfig, generate_trace

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from weave_slurm.cli.errors import run_app
+from weave_slurm.cli.error_lines import run_app
 from weave_slurm.cli.main import app
 from weave_slurm.errors import ConfigError
 from weave_slurm.model.profile import simple_profile

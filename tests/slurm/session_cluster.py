@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from tests.harness.hosts import LAYOUT, bring_up
-from weave_slurm.slurm.cluster import ClusterStatus, LocalCluster
 from weave_slurm.slurm.cluster_config import SharedPaths
-from weave_slurm.slurm.runner import run_command
+from weave_slurm.slurm.command_runner import run_command
+from weave_slurm.slurm.local_cluster import ClusterStatus, LocalCluster
 
 REPO = Path(__file__).resolve().parents[2]
 SPANK_SRC = REPO / "weave_slurm" / "spank"   # the plugin's source: package data

@@ -16,8 +16,8 @@ from weave_slurm.slurm.backend import (
     StepState,
 )
 from weave_slurm.slurm.cli_backend import SlurmCliBackend, salloc_argv, srun_argv
+from weave_slurm.slurm.command_runner import SlurmCommandError
 from weave_slurm.slurm.fake_runner import FakeReply, FakeRunner
-from weave_slurm.slurm.runner import SlurmCommandError
 
 FIX = Path(__file__).parent / "fixtures"
 ENV = {"SLURM_CONF": "/x/slurm.conf"}

@@ -19,7 +19,7 @@ from weave_slurm.slurm.backend import (
     StepState,
 )
 from weave_slurm.slurm.cli_backend import SlurmCliBackend
-from weave_slurm.slurm.runner import run_command
+from weave_slurm.slurm.command_runner import run_command
 from weave_slurm.slurm.templates import render_allocation
 
 pytestmark = pytest.mark.slurm

@@ -25,10 +25,10 @@ import pytest
 from tests.harness.hosts import free_subnet
 from tests.harness.processes import carrying_conf
 from weave_slurm.slurm import hosts
-from weave_slurm.slurm.cluster import ClusterStatus, LocalCluster
 from weave_slurm.slurm.cluster_config import ClusterLayout, HostMode, PoolShape
+from weave_slurm.slurm.command_runner import CommandResult, SubprocessRunner, run_command
 from weave_slurm.slurm.host_plan import HostPlan
-from weave_slurm.slurm.runner import CommandResult, SubprocessRunner, run_command
+from weave_slurm.slurm.local_cluster import ClusterStatus, LocalCluster
 
 pytestmark = [
     pytest.mark.slurm, pytest.mark.netns,

@@ -22,9 +22,9 @@ from tests.harness.waits import wait_for
 from tests.slurm.session_cluster import SessionCluster
 from weave_slurm.cli.cluster import cluster_app
 from weave_slurm.slurm import daemons
-from weave_slurm.slurm.cluster import LocalCluster
 from weave_slurm.slurm.cluster_config import HostMode, parse_layout
-from weave_slurm.slurm.runner import BackgroundProcess, SubprocessRunner
+from weave_slurm.slurm.command_runner import BackgroundProcess, SubprocessRunner
+from weave_slurm.slurm.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.slurm
 

@@ -15,7 +15,6 @@ from typer.testing import CliRunner
 from weave_slurm.cli.cluster import cluster_app
 from weave_slurm.errors import ConfigError, ExternalCommandError, StateError
 from weave_slurm.slurm import hosts
-from weave_slurm.slurm.cluster import LocalCluster
 from weave_slurm.slurm.cluster_config import (
     ClusterLayout,
     ClusterPaths,
@@ -36,6 +35,7 @@ from weave_slurm.slurm.host_plan import (
     setup_argv,
     tbf_argv,
 )
+from weave_slurm.slurm.local_cluster import LocalCluster
 
 STATE = Path("/s")
 PATHS = ClusterPaths(STATE)

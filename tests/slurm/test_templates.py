@@ -12,7 +12,7 @@ import pytest
 
 from weave_slurm.errors import ConfigError
 from weave_slurm.slurm.backend import AllocationRequest, ResourceSpec
-from weave_slurm.slurm.runner import run_command
+from weave_slurm.slurm.command_runner import run_command
 from weave_slurm.slurm.templates import render, render_allocation
 
 GOLDEN = Path(__file__).parent / "golden"

@@ -11,7 +11,7 @@ import pytest
 
 from tests.harness.hosts import on_host
 from tests.slurm.session_cluster import SPANK_SRC, SessionCluster, build_spank
-from weave_slurm.slurm.runner import run_command
+from weave_slurm.slurm.command_runner import run_command
 
 pytestmark = pytest.mark.slurm
 

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from weave_slurm.sync.delta import PositionFormat, apply_delta, encode_delta
-from weave_slurm.sync.errors import SyncError
+from weave_slurm.sync.sync_errors import SyncError
 
 pytestmark = pytest.mark.torch
 

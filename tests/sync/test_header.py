@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from weave_slurm.errors import VersionMismatch
-from weave_slurm.sync.errors import SyncError
+from weave_slurm.sync.flat_layout import WeightLayout
 from weave_slurm.sync.header import PieceHeader, SyncMode, crc32, empty_header, job_hash
-from weave_slurm.sync.layout import WeightLayout
-from weave_slurm.sync.ledger import VersionLedger
+from weave_slurm.sync.sync_errors import SyncError
+from weave_slurm.sync.version_ledger import VersionLedger
 
 pytestmark = pytest.mark.torch
 

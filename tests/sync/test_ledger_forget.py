@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from weave_slurm.errors import VersionMismatch
-from weave_slurm.sync.ledger import VersionLedger
+from weave_slurm.sync.version_ledger import VersionLedger
 
 
 def test_forget_lets_versions_start_over_for_that_job_only() -> None:

@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 import pytest
 
+from weave_slurm.sync.group_launch import check_outcomes, run_group
 from weave_slurm.sync.header import SyncMode
-from weave_slurm.sync.launch import check_outcomes, run_group
 from weave_slurm.sync.linkemu import EmulatedLink, LinkSpec, namespace_exists, run_ip
 from weave_slurm.sync.scenario import Method, Scenario
 from weave_slurm.vocab import Pool

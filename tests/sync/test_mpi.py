@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 import pytest
 
+from weave_slurm.sync.group_launch import run_group
 from weave_slurm.sync.header import SyncMode
-from weave_slurm.sync.launch import run_group
 from weave_slurm.sync.linkemu import LinkSpec
 from weave_slurm.sync.scenario import Backend, Scenario
 

@@ -10,7 +10,7 @@ import pytest
 
 from tests.harness.hosts import hosts_cluster
 from weave_slurm.errors import ConfigError
-from weave_slurm.sync.launch import ClusterHosts, check_outcomes, run_group, write_weights
+from weave_slurm.sync.group_launch import ClusterHosts, check_outcomes, run_group, write_weights
 from weave_slurm.sync.scenario import Scenario
 
 pytestmark = [pytest.mark.slurm, pytest.mark.netns, pytest.mark.torch, pytest.mark.slow]

@@ -14,7 +14,7 @@ import pytest
 
 from weave_slurm.errors import ConfigError, StateError
 from weave_slurm.workloads.api import JobContext, JobRunner, Role, TrajectoryBatch
-from weave_slurm.workloads.gang import (
+from weave_slurm.workloads.gang_api import (
     ShardPiece,
     WeightShard,
     assemble_weights,

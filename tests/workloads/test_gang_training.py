@@ -15,7 +15,7 @@ import pytest
 
 from weave_slurm.errors import StateError
 from weave_slurm.workloads.api import VERSION_KEY, JobContext, JobRunner, Role
-from weave_slurm.workloads.gang import WeightShard, assemble_weights
+from weave_slurm.workloads.gang_api import WeightShard, assemble_weights
 from weave_slurm.workloads.grpo_fsdp import merge_state_shards
 from weave_slurm.workloads.grpo_toy import GrpoToyJob
 

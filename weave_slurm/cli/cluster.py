@@ -1,7 +1,7 @@
 """``weave cluster up|down|status|exec|shape``: the local Slurm cluster (thin CLI).
 
 The lead mounts ``cluster_app`` as ``weave cluster``. All work is in
-:mod:`weave_slurm.slurm.cluster`; this module parses flags, prints, and turns a
+:mod:`weave_slurm.slurm.local_cluster`; this module parses flags, prints, and turns a
 :class:`~weave_slurm.errors.WeaveError` into one line and its exit code.
 """
 
@@ -20,13 +20,13 @@ from rich.table import Table
 
 from weave_slurm.cli.logs import setup_logging
 from weave_slurm.errors import ConfigError, WeaveError
-from weave_slurm.slurm.cluster import (
+from weave_slurm.slurm.cluster_config import HostMode, parse_layout
+from weave_slurm.slurm.local_cluster import (
     DEFAULT_STATE_DIR,
     ClusterStatus,
     LocalCluster,
     client_env,
 )
-from weave_slurm.slurm.cluster_config import HostMode, parse_layout
 
 cluster_app = typer.Typer(help="A local Slurm cluster (slurmctld + one slurmd per fake node, "
                           "on this host or each on a host of its own).", no_args_is_help=True)

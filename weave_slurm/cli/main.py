@@ -14,7 +14,7 @@ import typer
 from typer._click.core import Command, Context
 from typer.core import TyperGroup
 
-from weave_slurm.cli.errors import entry
+from weave_slurm.cli.error_lines import entry
 from weave_slurm.cli.version import package_version, version_option
 
 #: Every subcommand: its module and the attribute there (a function or a typer app).

@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from weave_slurm.cli.errors import run_app
+from weave_slurm.cli.error_lines import run_app
 from weave_slurm.cli.logs import setup_logging
 from weave_slurm.errors import ConfigError, WeaveError
 from weave_slurm.node.index import DEFAULT_ROOT
@@ -153,7 +153,7 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="Print the raw reply.")] = False,
 ) -> None:
     """Memory, jobs and weight versions held by the node daemon."""
-    from weave_slurm.node.client import NodeClient  # imports torch: only when asked
+    from weave_slurm.node.node_client import NodeClient  # imports torch: only when asked
 
     with NodeClient(socket_path or root / "node.sock") as client:
         reply = client.call(Op.STATUS)

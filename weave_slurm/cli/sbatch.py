@@ -18,7 +18,7 @@ from typing import Annotated, Any
 
 import typer
 
-from weave_slurm.cli.errors import entry
+from weave_slurm.cli.error_lines import entry
 from weave_slurm.cli.version import version_option
 from weave_slurm.daemon.access import check_access, output_needs, worker_needs
 from weave_slurm.daemon.client import DaemonClient, default_socket

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from weave_slurm.config.site import SlurmConfig
 from weave_slurm.daemon import allocplan
 from weave_slurm.daemon.driver import Driver
-from weave_slurm.daemon.faults import FaultPoint, crossing
+from weave_slurm.daemon.fault_points import FaultPoint, crossing
 from weave_slurm.daemon.job_terms import JobTerms
 from weave_slurm.daemon.records import AllocRow, GroupRow, StepRow
 from weave_slurm.daemon.retries import Backoff, NodeDaemonRetries, in_words

@@ -27,7 +27,7 @@ from weave_slurm.daemon import limits, membership
 from weave_slurm.daemon.access import check_access, output_needs, worker_needs
 from weave_slurm.daemon.dependencies import unknown_jobs
 from weave_slurm.daemon.driver import job_nodes
-from weave_slurm.daemon.faults import FaultPoint, crossing
+from weave_slurm.daemon.fault_points import FaultPoint, crossing
 from weave_slurm.daemon.job_output import log_files
 from weave_slurm.daemon.job_update import update_job
 from weave_slurm.daemon.layout_view import layout_row

@@ -30,7 +30,7 @@ from weave_slurm.errors import NodeUnavailable, StateError, WeaveError
 from weave_slurm.node.remote import ready_ports
 from weave_slurm.runtime.group import NodeRef
 from weave_slurm.slurm.backend import Backend, StepSpec
-from weave_slurm.slurm.runner import PipedProcess
+from weave_slurm.slurm.command_runner import PipedProcess
 from weave_slurm.vocab import Pool
 
 #: The node-local socket directory the weave SPANK plugin points job tasks at.

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from weave_slurm.config.site import SiteConfig
 from weave_slurm.daemon import limits, membership
-from weave_slurm.daemon.faults import FaultPoint, crossing
+from weave_slurm.daemon.fault_points import FaultPoint, crossing
 from weave_slurm.daemon.records import AllocRow
 from weave_slurm.daemon.states import JobState
 from weave_slurm.daemon.store import Store

@@ -24,7 +24,7 @@ from weave_slurm.config.site import SiteConfig, default_site
 from weave_slurm.daemon import membership
 from weave_slurm.daemon.allocations import GroupAllocations, PoolRequest
 from weave_slurm.daemon.driver import Driver
-from weave_slurm.daemon.faults import FaultPoint, crossing
+from weave_slurm.daemon.fault_points import FaultPoint, crossing
 from weave_slurm.daemon.job_output import JobOutputs, Opener
 from weave_slurm.daemon.job_terms import JobTerms
 from weave_slurm.daemon.placing import Placer
@@ -33,7 +33,7 @@ from weave_slurm.daemon.replanning import Replanner
 from weave_slurm.daemon.retries import NodeDaemonRetries, in_words
 from weave_slurm.daemon.states import AllocState, GroupState, JobState, StepRunState
 from weave_slurm.daemon.store import Store
-from weave_slurm.daemon.usage import UsageMeter
+from weave_slurm.daemon.usage_meter import UsageMeter
 from weave_slurm.errors import WeaveError
 from weave_slurm.model.cost import CostRates
 from weave_slurm.node.open_as import open_as

@@ -197,7 +197,7 @@ class TransitionRow:
 
 @dataclass(frozen=True)
 class UsageRow:
-    """A job's usage so far (daemon/usage.py; docs/accounting.md): its share of its
+    """A job's usage so far (daemon/usage_meter.py; docs/accounting.md): its share of its
     group's allocations in GPU- and node-seconds per role, seconds in each phase, its
     share of the cost (the site's currency) and the Slurm job ids it was charged for."""
 

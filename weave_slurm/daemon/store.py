@@ -363,7 +363,7 @@ class Store:
             sql += f" AND state != '{StepRunState.ENDED.value}'"
         return [self._step(r) for r in self._rows(sql + " ORDER BY key", args)]
 
-    # -- usage records (daemon/usage.py) ------------------------------------------------
+    # -- usage records (daemon/usage_meter.py) ------------------------------------------------
 
     def book_usage(self, rows: Sequence[UsageRow], marks: Sequence[UsageMark]) -> None:
         """Add ``rows`` (increments) to the jobs' usage and set the groups' marks, in one

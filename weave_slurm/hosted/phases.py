@@ -74,7 +74,7 @@ from weave_slurm.workloads.entry import start_job
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from weave_slurm.node.client import NodeClient
+    from weave_slurm.node.node_client import NodeClient
     from weave_slurm.node.resident import PhaseContext
     from weave_slurm.node.segments import AttachedState
 
@@ -179,7 +179,7 @@ def _owner(ctx: PhaseContext, args: PhaseArgs) -> JobRef:
 
 
 def _client() -> NodeClient:
-    from weave_slurm.node.client import NodeClient
+    from weave_slurm.node.node_client import NodeClient
 
     return NodeClient.from_env()
 

@@ -11,7 +11,7 @@ what the group held with no member in it (a draining group holds its nodes until
 they are released) is kept apart as *unattributed*.
 
 :func:`split_usage` books one window ``[start_s, end_s)``; the daemon calls it with
-consecutive windows (:mod:`weave_slurm.daemon.usage`), and since each window is cut at
+consecutive windows (:mod:`weave_slurm.daemon.usage_meter`), and since each window is cut at
 every start and end inside it, the sum over windows equals the split of the whole.
 """
 

@@ -7,7 +7,7 @@ live daemon call these same functions.
 from weave_slurm.placement.admission import BatchResult, place_batch
 from weave_slurm.placement.baselines import POLICIES, make_policy
 from weave_slurm.placement.capacity import Capacity
-from weave_slurm.placement.cluster import ClusterState, apply, depart
+from weave_slurm.placement.cluster_state import ClusterState, apply, depart
 from weave_slurm.placement.decision import Admission, Decision, Placement, Refusal
 from weave_slurm.placement.engine import WeavePolicy
 from weave_slurm.placement.group import Group, GroupSchedule, Member

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from weave_slurm.model.profile import JobProfile
-from weave_slurm.placement.cluster import ClusterState, apply
+from weave_slurm.placement.cluster_state import ClusterState, apply
 from weave_slurm.placement.decision import Decision, Placement, Refusal
 from weave_slurm.placement.engine import WeavePolicy
 from weave_slurm.placement.policy import Policy

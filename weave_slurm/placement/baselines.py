@@ -7,7 +7,7 @@ import random
 
 from weave_slurm.errors import ConfigError
 from weave_slurm.model.profile import JobProfile
-from weave_slurm.placement.cluster import ClusterState
+from weave_slurm.placement.cluster_state import ClusterState
 from weave_slurm.placement.decision import Admission, Decision, Placement
 from weave_slurm.placement.engine import WeavePolicy, group_placements
 from weave_slurm.placement.fit import (

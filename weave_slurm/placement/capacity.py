@@ -1,6 +1,6 @@
 """The limits placement must respect, derived from the site config (pure).
 
-Both the cluster state (:mod:`~weave_slurm.placement.cluster`) and the pooled-group
+Both the cluster state (:mod:`~weave_slurm.placement.cluster_state`) and the pooled-group
 widths (:mod:`~weave_slurm.placement.pooled`) decide within them.
 """
 

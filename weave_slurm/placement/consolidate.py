@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from weave_slurm.model.profile import JobProfile
 from weave_slurm.placement.admission import place_batch
-from weave_slurm.placement.cluster import ClusterState
+from weave_slurm.placement.cluster_state import ClusterState
 from weave_slurm.placement.fit import may_fit
 from weave_slurm.placement.policy import Policy
 from weave_slurm.placement.replan import Replan, replace_jobs

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from weave_slurm.model.profile import JobProfile
 from weave_slurm.placement.capacity import Capacity
-from weave_slurm.placement.cluster import ClusterState
+from weave_slurm.placement.cluster_state import ClusterState
 from weave_slurm.placement.decision import Admission, Decision, Placement
 from weave_slurm.placement.fit import (
     capacity_refusal,

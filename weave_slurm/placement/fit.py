@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from weave_slurm.model.profile import JobProfile
 from weave_slurm.placement.capacity import Capacity
-from weave_slurm.placement.cluster import ClusterState
+from weave_slurm.placement.cluster_state import ClusterState
 from weave_slurm.placement.constraints import may_share
 from weave_slurm.placement.decision import Admission, Placement, Refusal
 from weave_slurm.placement.group import Group, solo_group, turns_for

@@ -30,7 +30,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 
 from weave_slurm.placement.capacity import Capacity
-from weave_slurm.placement.cluster import ClusterState
+from weave_slurm.placement.cluster_state import ClusterState
 from weave_slurm.placement.group import Group, Member
 
 _EPS = 1e-9

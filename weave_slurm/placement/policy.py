@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from weave_slurm.model.profile import JobProfile
-from weave_slurm.placement.cluster import ClusterState
+from weave_slurm.placement.cluster_state import ClusterState
 from weave_slurm.placement.decision import Decision
 
 

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 
 from weave_slurm.model.profile import JobProfile
 from weave_slurm.placement.capacity import Capacity
-from weave_slurm.placement.cluster import ClusterState
+from weave_slurm.placement.cluster_state import ClusterState
 from weave_slurm.placement.decision import Admission, Decision, Placement
 from weave_slurm.placement.fit import capacity_refusal, may_fit, turn_options
 from weave_slurm.placement.group import Group, Member

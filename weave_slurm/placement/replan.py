@@ -32,7 +32,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from weave_slurm.placement.admission import BatchResult, batch_outcomes, refusals
-from weave_slurm.placement.cluster import ClusterState, depart
+from weave_slurm.placement.cluster_state import ClusterState, depart
 from weave_slurm.placement.group import Group
 from weave_slurm.placement.moves import (
     MoveBooks,

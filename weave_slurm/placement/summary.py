@@ -11,7 +11,7 @@ from weave_slurm.model.profile import JobProfile
 from weave_slurm.placement.admission import place_batch
 from weave_slurm.placement.baselines import make_policy
 from weave_slurm.placement.capacity import Capacity
-from weave_slurm.placement.cluster import ClusterState
+from weave_slurm.placement.cluster_state import ClusterState
 from weave_slurm.placement.decision import Placement, Refusal
 
 BASELINES = ("isolated", "colocated")

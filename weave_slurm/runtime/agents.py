@@ -34,8 +34,8 @@ from typing import Any
 from weave_slurm.errors import StateError, VersionMismatch, WeaveError
 from weave_slurm.runtime.group import GroupLayout, NodeRef
 from weave_slurm.slurm.backend import StepSpec
-from weave_slurm.slurm.runner import PipedProcess
-from weave_slurm.sync.errors import SyncError
+from weave_slurm.slurm.command_runner import PipedProcess
+from weave_slurm.sync.sync_errors import SyncError
 from weave_slurm.vocab import Pool
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from weave_slurm.errors import (
     VersionMismatch,
     WeaveError,
 )
-from weave_slurm.sync.errors import SyncError
+from weave_slurm.sync.sync_errors import SyncError
 from weave_slurm.vocab import Phase
 
 

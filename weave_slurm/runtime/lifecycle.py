@@ -30,12 +30,12 @@ from weave_slurm.errors import ConfigError, StateError, WeaveError
 from weave_slurm.hosted import contract
 from weave_slurm.node.index import JobRef
 from weave_slurm.node.protocol import Op
+from weave_slurm.runtime.copies import Mover
 from weave_slurm.runtime.events import Outbox
 from weave_slurm.runtime.faults import Fault, FaultKind
 from weave_slurm.runtime.gang import Gang
 from weave_slurm.runtime.group import TRANSITIONS, GroupLayout, MemberSpec, MemberState, NodeRef
 from weave_slurm.runtime.member import NodeSlots, PhaseRun, RunnerConfig, RunningMember
-from weave_slurm.runtime.moves import Mover
 from weave_slurm.runtime.nodes import NodeLink
 from weave_slurm.runtime.ordering import turn_slots
 from weave_slurm.runtime.profiler import LiveProfiler

@@ -55,7 +55,7 @@ class NodeLink:
             if self._factory is not None:
                 self._clients[socket_path] = self._factory(socket_path)
             else:
-                from weave_slurm.node.client import NodeClient
+                from weave_slurm.node.node_client import NodeClient
 
                 self._clients[socket_path] = NodeClient(socket_path, step_log=step_log)
         return self._clients[socket_path]
@@ -118,6 +118,6 @@ def connect(node: NodeRef, timeout_s: float = 120.0, munge_socket: str | None = 
 
         assert node.address is not None and node.port is not None
         return RemoteNodeClient(node.address, node.port, Munge(munge_socket), timeout_s)
-    from weave_slurm.node.client import NodeClient
+    from weave_slurm.node.node_client import NodeClient
 
     return NodeClient(node.socket_path, timeout_s, step_log=node.step_log)

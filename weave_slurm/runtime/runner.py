@@ -56,12 +56,12 @@ from weave_slurm.hosted.contract import TRAJ_BUFFER, WEIGHTS_BUFFER, buffer_name
 from weave_slurm.node.protocol import Op, WorkerState
 from weave_slurm.runtime.agents import Launcher
 from weave_slurm.runtime.cooperative import Cooperative
+from weave_slurm.runtime.copies import Mover, make_transfer
 from weave_slurm.runtime.faults import Fault, FaultKind
 from weave_slurm.runtime.gang import Gang, read_phase
 from weave_slurm.runtime.group import GroupLayout, MemberSpec, MemberState, NodeRef
 from weave_slurm.runtime.lifecycle import Lifecycle
 from weave_slurm.runtime.member import NodeSlots, PhaseRun, RunnerConfig, RunningMember, TailMove
-from weave_slurm.runtime.moves import Mover, make_transfer
 from weave_slurm.runtime.nodes import NodeLink, Resolver
 from weave_slurm.runtime.ordering import next_slot, phase_deadline_s
 from weave_slurm.runtime.profiler import LiveProfiler
@@ -70,7 +70,7 @@ from weave_slurm.runtime.relayout import Relayout
 from weave_slurm.runtime.staleness import BatchRecord
 from weave_slurm.runtime.timeline import NoObserver, Span, TimelineObserver
 from weave_slurm.runtime.transfer import WeightTransfer
-from weave_slurm.runtime.twotier import TwoTierTransfer
+from weave_slurm.runtime.twotier_transfer import TwoTierTransfer
 from weave_slurm.vocab import Phase, Pool
 
 __all__ = ["GroupRunner", "RunnerConfig", "RunningMember", "TailMove"]

@@ -7,7 +7,7 @@ The runner calls one :class:`WeightTransfer`, chosen by ``TransferConfig.kind``
   destination through that node's daemon (budget-checked): a direct shared-memory
   handoff, one copy. Only where weaved shares the host with every node of the group
   (the local backend); refused otherwise.
-- ``twotier`` (:mod:`weave_slurm.runtime.twotier`): one sync agent per node, started
+- ``twotier`` (:mod:`weave_slurm.runtime.twotier_transfer`): one sync agent per node, started
   as a step on the node; weights from a training node to rollout nodes go through
   :mod:`weave_slurm.sync` (stage 1: parallel point-to-point streams over the slow link;
   stage 2: relay inside the rollout pool), any other segment (a rollout's

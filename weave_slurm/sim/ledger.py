@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from weave_slurm.model.cost import CostRates
-from weave_slurm.placement.cluster import ClusterState
+from weave_slurm.placement.cluster_state import ClusterState
 from weave_slurm.placement.group import Group
 from weave_slurm.sim.outcome import ReplayResult, Segment
 

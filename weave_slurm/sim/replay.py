@@ -24,7 +24,7 @@ from weave_slurm.model.cost import DEFAULT_MOVE_RESTART_S
 from weave_slurm.model.profile import JobProfile
 from weave_slurm.placement.admission import place_batch
 from weave_slurm.placement.capacity import Capacity
-from weave_slurm.placement.cluster import ClusterState, apply, depart
+from weave_slurm.placement.cluster_state import ClusterState, apply, depart
 from weave_slurm.placement.consolidate import consolidation, regrouped
 from weave_slurm.placement.decision import Placement, Refusal
 from weave_slurm.placement.group import Group, Member, with_profile

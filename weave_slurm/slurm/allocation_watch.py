@@ -6,7 +6,7 @@ the job, but nobody tells the host, and when it answers again Slurm takes it bac
 while the lost allocation's steps run on there (docs/reliability.md, B2, F17). So each
 asks Slurm every ``interval_s`` about the job its step belongs to
 (``SLURM_JOB_ID``): ``squeue -h -j ID -o %T``, through the one door to Slurm commands
-(:mod:`weave_slurm.slurm.runner`).
+(:mod:`weave_slurm.slurm.command_runner`).
 
 Only a definite answer ends it: the job in a final state, or slurmctld saying it does
 not know the job (``Invalid job id specified``, or an empty listing). A command that
@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from weave_slurm.slurm.runner import CommandRunner, SlurmCommandError, SubprocessRunner
+from weave_slurm.slurm.command_runner import CommandRunner, SlurmCommandError, SubprocessRunner
 
 log = logging.getLogger(__name__)
 

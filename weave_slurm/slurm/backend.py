@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Protocol
 
 from weave_slurm.errors import ConfigError
-from weave_slurm.slurm.runner import PipedProcess
+from weave_slurm.slurm.command_runner import PipedProcess
 
 NAME_PREFIX = "weave-"
 #: The instance tag of a weaved started without ``--instance``.

@@ -3,7 +3,7 @@
 ``salloc --no-shell`` holds allocations, ``srun --jobid=<id> --overlap --exact``
 runs steps in the background, ``scancel`` ends both, ``squeue --json`` /
 ``squeue --steps`` / ``sinfo --json`` read the world. Every command goes through
-the injected :class:`~weave_slurm.slurm.runner.CommandRunner`.
+the injected :class:`~weave_slurm.slurm.command_runner.CommandRunner`.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from weave_slurm.slurm.backend import (
     StepState,
     StepStatus,
 )
-from weave_slurm.slurm.runner import (
+from weave_slurm.slurm.command_runner import (
     BackgroundProcess,
     CommandRunner,
     PipedProcess,

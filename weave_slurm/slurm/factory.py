@@ -17,8 +17,8 @@ from weave_slurm.errors import ConfigError
 from weave_slurm.slurm.backend import Backend
 from weave_slurm.slurm.cli_backend import SlurmCliBackend
 from weave_slurm.slurm.cluster_config import ClusterLayout
+from weave_slurm.slurm.command_runner import CommandRunner, SlurmCommandError, SubprocessRunner
 from weave_slurm.slurm.local_backend import LocalBackend
-from weave_slurm.slurm.runner import CommandRunner, SlurmCommandError, SubprocessRunner
 
 _VERSION_RE = re.compile(r"(\d+)\.(\d+)")
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import IO
 
 from weave_slurm.errors import WeaveError
-from weave_slurm.slurm.runner import (
+from weave_slurm.slurm.command_runner import (
     DEFAULT_TIMEOUT_S,
     BackgroundProcess,
     CommandResult,

@@ -26,6 +26,7 @@ from filelock import FileLock
 
 from weave_slurm.errors import ConfigError, ExternalCommandError, StateError
 from weave_slurm.slurm.cluster_config import ClusterPaths
+from weave_slurm.slurm.command_runner import CommandResult, CommandRunner, SlurmCommandError
 from weave_slurm.slurm.daemons import Proc, process_table
 from weave_slurm.slurm.host_plan import (
     NS_ROOT,
@@ -38,7 +39,6 @@ from weave_slurm.slurm.host_plan import (
     setup_argv,
     tbf_argv,
 )
-from weave_slurm.slurm.runner import CommandResult, CommandRunner, SlurmCommandError
 
 log = logging.getLogger(__name__)
 

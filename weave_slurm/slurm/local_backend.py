@@ -45,7 +45,7 @@ from weave_slurm.slurm.backend import (
     parse_comment,
 )
 from weave_slurm.slurm.cluster_config import ClusterLayout, PoolShape
-from weave_slurm.slurm.runner import PipedProcess
+from weave_slurm.slurm.command_runner import PipedProcess
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from pathlib import Path
 from weave_slurm.errors import StateError
 from weave_slurm.slurm import daemons
 from weave_slurm.slurm.cluster_config import MUNGE_RUN_DIR, ClusterPaths
+from weave_slurm.slurm.command_runner import CommandRunner, SlurmCommandError
 from weave_slurm.slurm.host_plan import HostPlan, NodeHost, as_user, host_argv
-from weave_slurm.slurm.runner import CommandRunner, SlurmCommandError
 
 log = logging.getLogger(__name__)
 

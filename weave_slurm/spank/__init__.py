@@ -13,7 +13,7 @@ from importlib.resources import files
 from pathlib import Path
 
 from weave_slurm.errors import ConfigError
-from weave_slurm.slurm.runner import run_command
+from weave_slurm.slurm.command_runner import run_command
 
 #: Where Slurm's headers are by default (``<dir>/slurm/spank.h``, Debian: libslurm-dev).
 DEFAULT_SLURM_INCLUDE = Path("/usr/include")

@@ -10,6 +10,6 @@ and a delta mode (:mod:`~weave_slurm.sync.delta`) sends only changed words. Modu
 weights), ``header``/``ledger`` (wire protocol, versions), ``transport``/``mpi``
 (torch.distributed and mpi4py), ``baselines`` (naive pull, flat broadcast),
 ``linkemu`` (namespaces + shaped veth), ``scenario``/``worker``/``launch`` (running a
-group as real processes; ``python -m weave_slurm.sync.launch`` is the standalone entry).
+group as real processes; ``python -m weave_slurm.sync.group_launch`` is the standalone entry).
 Nothing is imported here, so importing the package does not import torch.
 """

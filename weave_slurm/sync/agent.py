@@ -50,20 +50,20 @@ import torch
 
 from weave_slurm import wire
 from weave_slurm.errors import ConfigError, StateError, VersionMismatch, WeaveError
-from weave_slurm.node.client import NodeClient
 from weave_slurm.node.crc import CRC_KEY, storage_crc32
 from weave_slurm.node.index import DTYPE_ITEMSIZE, JobRef, SegmentIndex
+from weave_slurm.node.node_client import NodeClient
 from weave_slurm.node.protocol import Op
 from weave_slurm.node.segments import AttachedState, SegmentStore, tensor_views
 from weave_slurm.slurm.allocation_watch import interval_from, start_watch
 from weave_slurm.sync.header import SyncMode
-from weave_slurm.sync.ledger import VersionLedger
 from weave_slurm.sync.netif import use_interface_towards
 from weave_slurm.sync.pieces import crc32_into, is_payload_tag
 from weave_slurm.sync.subgroup import SubTransport, member_topology
 from weave_slurm.sync.topology import PoolNodes, ShardLayout, build_topology
 from weave_slurm.sync.transport import Pending, TorchTransport
 from weave_slurm.sync.twotier import DEFAULT_CHUNK_NBYTES, SyncConfig, SyncReport, TwoTierSync
+from weave_slurm.sync.version_ledger import VersionLedger
 from weave_slurm.vocab import Pool
 
 log = logging.getLogger(__name__)

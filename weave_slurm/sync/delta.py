@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from weave_slurm.errors import ConfigError
-from weave_slurm.sync.errors import SyncError
+from weave_slurm.sync.sync_errors import SyncError
 
 _PREFIX_BYTES = 32
 _WORD_DTYPES = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from weave_slurm.sync.errors import SyncError
+from weave_slurm.sync.sync_errors import SyncError
 
 MAGIC = 0x57EA7E5C
 HEADER_WORDS = 9

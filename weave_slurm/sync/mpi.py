@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from weave_slurm.sync.errors import SyncError
+from weave_slurm.sync.sync_errors import SyncError
 from weave_slurm.sync.topology import SyncTopology
 from weave_slurm.sync.transport import Pending, guarded
 from weave_slurm.vocab import Pool

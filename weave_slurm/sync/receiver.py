@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 import torch
 
 from weave_slurm.sync.delta import apply_delta
-from weave_slurm.sync.errors import SyncError
 from weave_slurm.sync.header import PieceHeader, Status, SyncMode, empty_header
-from weave_slurm.sync.ledger import VersionLedger
 from weave_slurm.sync.pieces import Slot, chunk_crcs, chunk_spans, crc32_into, tag
+from weave_slurm.sync.sync_errors import SyncError
 from weave_slurm.sync.topology import ShardLayout, StreamPiece
 from weave_slurm.sync.transport import Pending, Transport
+from weave_slurm.sync.version_ledger import VersionLedger
 
 log = logging.getLogger(__name__)
 

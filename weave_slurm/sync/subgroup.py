@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
-from weave_slurm.sync.errors import SyncError
+from weave_slurm.sync.sync_errors import SyncError
 from weave_slurm.sync.topology import PoolNodes, SyncTopology, build_topology
 from weave_slurm.sync.transport import Pending, Transport
 from weave_slurm.vocab import Pool

@@ -16,7 +16,7 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
-from weave_slurm.sync.errors import SyncError
+from weave_slurm.sync.sync_errors import SyncError
 from weave_slurm.sync.topology import SyncTopology
 from weave_slurm.vocab import Pool
 

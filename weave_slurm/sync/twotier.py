@@ -23,13 +23,13 @@ import torch
 
 from weave_slurm.errors import VersionMismatch
 from weave_slurm.sync.delta import encode_delta
-from weave_slurm.sync.errors import ShardCorrupt, SyncError
 from weave_slurm.sync.header import NO_BASE, PieceHeader, Status, SyncMode, job_hash
-from weave_slurm.sync.ledger import VersionLedger
 from weave_slurm.sync.pieces import Slot, chunk_crcs, chunk_spans, crc32_into, tag
 from weave_slurm.sync.receiver import RoundReceiver, RoundResult
+from weave_slurm.sync.sync_errors import ShardCorrupt, SyncError
 from weave_slurm.sync.topology import ShardLayout, StreamPiece, SyncTopology, plan_streams
 from weave_slurm.sync.transport import Pending, Transport
+from weave_slurm.sync.version_ledger import VersionLedger
 from weave_slurm.vocab import Pool
 
 log = logging.getLogger(__name__)

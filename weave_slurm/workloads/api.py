@@ -24,7 +24,7 @@ phase; a job never creates or destroys it. ``update``, ``export_weights`` and
 ``state_tensors`` of a training gang are collectives (every rank calls them, in the
 same order); ``generate`` of an engine returns that engine's slice of the batch, and
 :meth:`JobRunner.merge_rollouts` joins the slices in rank order (docs/job_api.md,
-"Gangs"; helpers in :mod:`weave_slurm.workloads.gang`).
+"Gangs"; helpers in :mod:`weave_slurm.workloads.gang_api`).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from torch import Tensor
     from torch.distributed import ProcessGroup
 
-    from weave_slurm.workloads.gang import WeightShard
+    from weave_slurm.workloads.gang_api import WeightShard
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +161,7 @@ class JobContext:
 
     def share(self, n: int) -> tuple[int, int]:
         """This rank's contiguous share ``[lo, hi)`` of ``n`` items (its prompts, its rows)."""
-        from weave_slurm.workloads.gang import share_bounds
+        from weave_slurm.workloads.gang_api import share_bounds
 
         return share_bounds(n, self.world_size, self.rank)
 
@@ -225,7 +225,7 @@ class MergesTrajectories(Protocol):
 @runtime_checkable
 class ExportsWeightShard(Protocol):
     """Optional, training gangs: this rank's shard of the policy weights, for a sharded
-    weight sync (:func:`~weave_slurm.workloads.gang.assemble_weights` rebuilds them).
+    weight sync (:func:`~weave_slurm.workloads.gang_api.assemble_weights` rebuilds them).
     Local: no collective."""
 
     def export_weight_shard(self) -> WeightShard: ...

@@ -5,7 +5,7 @@ hands its training to a :class:`FsdpTrainer`. The policy and the frozen referenc
 sharded with ``torch.distributed.fsdp.fully_shard`` (each decoder layer, then the root)
 on a device mesh over the context's group (``DeviceMesh.from_group``: no new group is
 made), so each rank's local shard holds ``1/W`` of every weight (dim 0, cut as
-``torch.chunk`` cuts it: :func:`~weave_slurm.workloads.gang.chunk_bounds`).
+``torch.chunk`` cuts it: :func:`~weave_slurm.workloads.gang_api.chunk_bounds`).
 
 Data parallel: each rank trains on its share of every minibatch's rows. A rank's loss
 is its rows' part of the minibatch's token mean (a sum over its tokens divided by the
@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 from weave_slurm.errors import ConfigError, StateError
 from weave_slurm.workloads.api import JobContext
-from weave_slurm.workloads.gang import WeightShard, chunk_bounds, pack_shard
+from weave_slurm.workloads.gang_api import WeightShard, chunk_bounds, pack_shard
 from weave_slurm.workloads.grpo import action_logprobs, grpo_loss
 from weave_slurm.workloads.grpo_model import sub_tensors
 from weave_slurm.workloads.grpo_options import GrpoToyOptions

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 
 from weave_slurm.errors import ConfigError, StateError
 from weave_slurm.workloads.api import JobContext, Role, Trajectories, report_progress
-from weave_slurm.workloads.gang import WeightShard, whole_shard
+from weave_slurm.workloads.gang_api import WeightShard, whole_shard
 from weave_slurm.workloads.grpo import action_logprobs, group_advantages, grpo_loss
 from weave_slurm.workloads.grpo_fsdp import FsdpTrainer, gang_refusal, shard_world
 from weave_slurm.workloads.grpo_model import build_policy, load_module, sub_tensors

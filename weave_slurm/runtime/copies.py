@@ -20,7 +20,7 @@ from weave_slurm.runtime.transfer import (
     TransferConfig,
     WeightTransfer,
 )
-from weave_slurm.runtime.twotier import TwoTierTransfer
+from weave_slurm.runtime.twotier_transfer import TwoTierTransfer
 from weave_slurm.vocab import Phase
 
 

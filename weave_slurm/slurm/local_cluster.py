@@ -49,6 +49,7 @@ from weave_slurm.slurm.cluster_config import (
     render_plugstack_conf,
     render_slurm_conf,
 )
+from weave_slurm.slurm.command_runner import CommandRunner, SlurmCommandError, SubprocessRunner
 from weave_slurm.slurm.host_plan import (
     DEFAULT_SUBNET,
     HostPlan,
@@ -57,7 +58,6 @@ from weave_slurm.slurm.host_plan import (
     render_hosts_file,
 )
 from weave_slurm.slurm.munge import host_munge_dir, start_host_munge, start_login_munge
-from weave_slurm.slurm.runner import CommandRunner, SlurmCommandError, SubprocessRunner
 
 log = logging.getLogger(__name__)
 

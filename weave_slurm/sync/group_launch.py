@@ -1,11 +1,11 @@
 """Start a sync group as real processes: in loopback, across an emulated slow link, or
 on the hosts of a separate-hosts Slurm cluster.
 
-:func:`run_group` writes the scenario, starts one :mod:`weave_slurm.sync.worker` per
+:func:`run_group` writes the scenario, starts one :mod:`weave_slurm.sync.group_rank` per
 rank (training ranks in the training namespace, rollout ranks in the rollout one; or
 each rank on its node's host of a cluster, :class:`ClusterHosts`; or all of them under
 ``mpirun`` for the MPI backend), waits with a deadline, and returns the per-rank
-results. ``python -m weave_slurm.sync.launch`` is the standalone entry point used for
+results. ``python -m weave_slurm.sync.group_launch`` is the standalone entry point used for
 benchmarking (see ``--help``).
 """
 
@@ -30,15 +30,15 @@ import torch
 
 from weave_slurm.errors import ConfigError, StateError
 from weave_slurm.slurm.host_plan import NODE_IFNAME, HostPlan
-from weave_slurm.sync.errors import SyncError
 from weave_slurm.sync.header import SyncMode
 from weave_slurm.sync.linkemu import EmulatedLink, LinkSpec, run_ip
 from weave_slurm.sync.scenario import Backend, Method, Scenario
+from weave_slurm.sync.sync_errors import SyncError
 from weave_slurm.sync.topology import RankInfo
 from weave_slurm.vocab import Pool
 
 if TYPE_CHECKING:
-    from weave_slurm.slurm.cluster import LocalCluster
+    from weave_slurm.slurm.local_cluster import LocalCluster
 
 log = logging.getLogger(__name__)
 
@@ -181,7 +181,7 @@ def _free_port() -> int:
 
 
 def _worker_argv(spec: Path, results: Path) -> list[str]:
-    return [sys.executable, "-m", "weave_slurm.sync.worker", str(spec), str(results)]
+    return [sys.executable, "-m", "weave_slurm.sync.group_rank", str(spec), str(results)]
 
 
 def _places(site: EmulatedLink | ClusterHosts) -> tuple[Callable[[RankInfo], Place], int]:
@@ -297,7 +297,7 @@ def check_outcomes(outcomes: list[RankOutcome]) -> list[dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> int:
     """Standalone: sync random weights (one full version, then one delta) and print timings."""
-    ap = argparse.ArgumentParser(prog="python -m weave_slurm.sync.launch",
+    ap = argparse.ArgumentParser(prog="python -m weave_slurm.sync.group_launch",
                                  description=main.__doc__)
     ap.add_argument("--train", type=int, default=2, help="training ranks")
     ap.add_argument("--rollout", type=int, default=2, help="rollout ranks")

@@ -9,8 +9,8 @@ import pytest
 from tests.harness.processes import pid_alive
 from tests.harness.waits import settle
 from weave_slurm.errors import ExternalCommandError
+from weave_slurm.slurm.command_runner import SlurmCommandError, SubprocessRunner, run_command
 from weave_slurm.slurm.fake_runner import FakeReply, FakeRunner, UnexpectedCommand
-from weave_slurm.slurm.runner import SlurmCommandError, SubprocessRunner, run_command
 
 
 def test_success_returns_output_and_env_overlay() -> None:

@@ -1,6 +1,6 @@
-"""One rank of a launched sync group (``python -m weave_slurm.sync.worker SPEC RESULTS``).
+"""One rank of a launched sync group (``python -m weave_slurm.sync.group_rank SPEC RESULTS``).
 
-Started by :mod:`weave_slurm.sync.launch`, inside its pool's namespace. Reads the
+Started by :mod:`weave_slurm.sync.group_launch`, inside its pool's namespace. Reads the
 :class:`Scenario`, joins the group (gloo via ``WEAVE_SYNC_INIT``/``WEAVE_SYNC_RANK``,
 or MPI under ``mpirun``), pushes or receives every version, checks the rollout side's
 weights against the trainer's file byte for byte, and writes one JSON result per rank.
@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from weave_slurm.errors import VersionMismatch, WeaveError
-from weave_slurm.sync.baselines import flat_broadcast, naive_pull
+from weave_slurm.sync.naive_syncs import flat_broadcast, naive_pull
 from weave_slurm.sync.pieces import is_payload_tag
 from weave_slurm.sync.scenario import Backend, Method, Scenario
 from weave_slurm.sync.topology import ShardLayout, SyncTopology
