@@ -31,10 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.harness.fleet import running_fleet
 from weave_slurm.model.layout import MemberLayout, RolloutLayout, TrainLayout
-from weave_slurm.runtime.commands import Fail, Leave
 from weave_slurm.runtime.faults import Fault, FaultKind
 from weave_slurm.runtime.group import MemberSpec
 from weave_slurm.runtime.port import GroupPort
+from weave_slurm.runtime.port_commands import Fail, Leave
 from weave_slurm.runtime.runner import GroupRunner
 from weave_slurm.vocab import Phase
 

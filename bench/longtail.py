@@ -38,9 +38,9 @@ from rich.console import Console
 from rich.table import Table
 
 from weave_slurm.node.node_client import NodeClient
-from weave_slurm.runtime.commands import Leave
 from weave_slurm.runtime.group import GroupLayout, MemberSpec
 from weave_slurm.runtime.port import GroupPort
+from weave_slurm.runtime.port_commands import Leave
 from weave_slurm.runtime.runner import GroupRunner, RunnerConfig
 from weave_slurm.runtime.timeline import Span, busy_fraction
 from weave_slurm.slurm.cluster_config import parse_layout

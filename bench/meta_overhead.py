@@ -24,9 +24,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from weave_slurm.runtime.commands import Leave
 from weave_slurm.runtime.group import MemberSpec
 from weave_slurm.runtime.port import GroupPort
+from weave_slurm.runtime.port_commands import Leave
 from weave_slurm.runtime.runner import GroupRunner, RunnerConfig
 from weave_slurm.runtime.timeline import Span, switch_gaps_s
 from weave_slurm.slurm.local_backend import LocalBackend

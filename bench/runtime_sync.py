@@ -34,9 +34,9 @@ from rich.table import Table
 
 from weave_slurm.config.runtime import WeightTransferKind
 from weave_slurm.node.index import JobRef
-from weave_slurm.runtime.commands import Leave
 from weave_slurm.runtime.group import GroupLayout, MemberSpec, NodeRef
 from weave_slurm.runtime.port import GroupPort
+from weave_slurm.runtime.port_commands import Leave
 from weave_slurm.runtime.runner import GroupRunner, RunnerConfig
 from weave_slurm.runtime.transfer import WeightTransfer
 from weave_slurm.runtime.twotier_transfer import TwoTierTransfer

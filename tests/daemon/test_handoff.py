@@ -14,8 +14,8 @@ from weave_slurm.daemon.handoff import Handoffs
 from weave_slurm.daemon.records import GroupPlan, MemberPlan
 from weave_slurm.daemon.states import GroupState, JobState
 from weave_slurm.daemon.store import Store
-from weave_slurm.runtime.commands import Command, HandOff, Leave, TakeHandOffs
 from weave_slurm.runtime.group import MemberState
+from weave_slurm.runtime.port_commands import Command, HandOff, Leave, TakeHandOffs
 
 from .test_replanning import CAP, T0, _replanner, _two_lone_jobs, _waiting_out_of_three
 

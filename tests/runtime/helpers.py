@@ -12,11 +12,11 @@ from tests.harness.solo import run_solo
 from tests.harness.specs import OPTIONS
 from weave_slurm.node.index import JobRef
 from weave_slurm.node.node_client import NodeClient
-from weave_slurm.runtime.commands import Leave
-from weave_slurm.runtime.events import MemberChanged
 from weave_slurm.runtime.group import MemberSpec
 from weave_slurm.runtime.member import RunningMember
 from weave_slurm.runtime.port import GroupPort
+from weave_slurm.runtime.port_commands import Leave
+from weave_slurm.runtime.port_events import MemberChanged
 from weave_slurm.runtime.runner import GroupRunner
 from weave_slurm.vocab import Phase
 

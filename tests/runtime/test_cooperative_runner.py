@@ -11,12 +11,12 @@ from typing import Any
 from weave_slurm.clock import VirtualClock
 from weave_slurm.daemon.runtime_view import member_row, outcome_words
 from weave_slurm.node.protocol import Op
-from weave_slurm.runtime.commands import Repin
 from weave_slurm.runtime.faults import FaultKind
 from weave_slurm.runtime.group import GroupLayout, MemberSpec, MemberState, NodeRef
 from weave_slurm.runtime.launch_plan import LaunchPlan
 from weave_slurm.runtime.member_view import MemberView
 from weave_slurm.runtime.port import GroupPort
+from weave_slurm.runtime.port_commands import Repin
 from weave_slurm.runtime.runner import GroupRunner
 from weave_slurm.vocab import Pool
 

@@ -8,10 +8,10 @@ import pytest
 
 from tests.harness.processes import kill_worker, node_status, pid_alive, worker_pid
 from tests.runtime.helpers import assert_same_as_solo, each_change, leave_all, members
-from weave_slurm.runtime.commands import Leave
-from weave_slurm.runtime.events import MemberChanged
 from weave_slurm.runtime.group import MemberState
 from weave_slurm.runtime.port import GroupPort
+from weave_slurm.runtime.port_commands import Leave
+from weave_slurm.runtime.port_events import MemberChanged
 from weave_slurm.runtime.runner import GroupRunner, RunningMember
 
 pytestmark = pytest.mark.torch

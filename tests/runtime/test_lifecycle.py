@@ -12,8 +12,6 @@ import pytest
 from weave_slurm.errors import NoCheckpoint, NodeGone, StateError
 from weave_slurm.node.index import JobRef
 from weave_slurm.node.protocol import Op
-from weave_slurm.runtime.commands import Adopt, Join
-from weave_slurm.runtime.events import MemberChanged
 from weave_slurm.runtime.faults import FaultKind
 from weave_slurm.runtime.group import (
     TRANSITIONS,
@@ -24,6 +22,8 @@ from weave_slurm.runtime.group import (
 )
 from weave_slurm.runtime.member import RunnerConfig, RunningMember
 from weave_slurm.runtime.port import GroupPort
+from weave_slurm.runtime.port_commands import Adopt, Join
+from weave_slurm.runtime.port_events import MemberChanged
 from weave_slurm.runtime.resume import Resume
 from weave_slurm.runtime.runner import GroupRunner
 from weave_slurm.vocab import Phase, Pool

@@ -17,9 +17,9 @@ import torch
 from tests.harness.processes import kill_worker, worker_pid
 from tests.runtime.helpers import assert_same_as_solo, leave_all
 from weave_slurm.errors import ConfigError
-from weave_slurm.runtime.commands import Leave
 from weave_slurm.runtime.group import MemberSpec, MemberState
 from weave_slurm.runtime.port import GroupPort
+from weave_slurm.runtime.port_commands import Leave
 from weave_slurm.runtime.runner import GroupRunner, RunnerConfig
 from weave_slurm.runtime.timeline import Span
 from weave_slurm.vocab import Phase

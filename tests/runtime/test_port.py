@@ -15,7 +15,11 @@ from weave_slurm.errors import ConfigError, StateError
 from weave_slurm.hosted import contract
 from weave_slurm.node.index import JobRef
 from weave_slurm.node.protocol import Op
-from weave_slurm.runtime.commands import (
+from weave_slurm.runtime.faults import Fault, FaultKind
+from weave_slurm.runtime.group import TRANSITIONS, GroupLayout, MemberSpec, MemberState, NodeRef
+from weave_slurm.runtime.member import RunnerConfig
+from weave_slurm.runtime.port import GroupPort
+from weave_slurm.runtime.port_commands import (
     Detach,
     Extend,
     Fail,
@@ -28,7 +32,7 @@ from weave_slurm.runtime.commands import (
     SetTurns,
     TakeHandOffs,
 )
-from weave_slurm.runtime.events import (
+from weave_slurm.runtime.port_events import (
     Detached,
     Digested,
     Event,
@@ -37,10 +41,6 @@ from weave_slurm.runtime.events import (
     MemberChanged,
     MemberEnded,
 )
-from weave_slurm.runtime.faults import Fault, FaultKind
-from weave_slurm.runtime.group import TRANSITIONS, GroupLayout, MemberSpec, MemberState, NodeRef
-from weave_slurm.runtime.member import RunnerConfig
-from weave_slurm.runtime.port import GroupPort
 from weave_slurm.runtime.resume import ResumeKind
 from weave_slurm.vocab import Phase, Pool
 

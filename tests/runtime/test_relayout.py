@@ -18,9 +18,9 @@ from tests.harness.specs import OPTIONS
 from tests.runtime.helpers import assert_same_as_solo, leave_all
 from weave_slurm.config.runtime import WeightTransferKind
 from weave_slurm.errors import ConfigError, StateError
-from weave_slurm.runtime.commands import Join, Repin
 from weave_slurm.runtime.group import GroupLayout, MemberSpec, MemberState
 from weave_slurm.runtime.port import GroupPort
+from weave_slurm.runtime.port_commands import Join, Repin
 from weave_slurm.runtime.runner import GroupRunner, RunnerConfig
 from weave_slurm.runtime.twotier_transfer import TwoTierTransfer
 from weave_slurm.vocab import Phase

@@ -9,9 +9,9 @@ import pytest
 
 from weave_slurm.errors import ConfigError
 from weave_slurm.node.protocol import Op
-from weave_slurm.runtime.commands import Leave
 from weave_slurm.runtime.group import GroupLayout, MemberSpec, MemberState, NodeRef
 from weave_slurm.runtime.port import GroupPort
+from weave_slurm.runtime.port_commands import Leave
 from weave_slurm.runtime.runner import GroupRunner, RunnerConfig
 from weave_slurm.vocab import Pool
 

@@ -14,8 +14,8 @@ import pytest
 from tests.harness.processes import kill_worker
 from tests.harness.specs import OPTIONS
 from tests.runtime.helpers import assert_same_as_solo, each_change, leave_all, ok_spans
-from weave_slurm.runtime.events import MemberChanged
 from weave_slurm.runtime.group import MemberSpec, MemberState
+from weave_slurm.runtime.port_events import MemberChanged
 from weave_slurm.runtime.runner import GroupRunner, RunnerConfig, RunningMember
 from weave_slurm.runtime.staleness import VersionLog
 from weave_slurm.vocab import Phase

@@ -14,8 +14,8 @@ import pytest
 
 from tests.harness.processes import kill_worker
 from tests.runtime.helpers import assert_same_as_solo, each_change, leave_all
-from weave_slurm.runtime.events import MemberChanged
 from weave_slurm.runtime.group import MemberSpec, MemberState
+from weave_slurm.runtime.port_events import MemberChanged
 from weave_slurm.runtime.runner import GroupRunner, RunningMember
 
 pytest.importorskip("trl")

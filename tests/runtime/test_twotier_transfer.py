@@ -27,8 +27,8 @@ from tests.runtime.helpers import assert_same_as_solo, each_change, group_weight
 from weave_slurm.config.runtime import WeightTransferKind
 from weave_slurm.node.index import JobRef
 from weave_slurm.node.node_client import NodeClient
-from weave_slurm.runtime.events import MemberChanged
 from weave_slurm.runtime.group import MemberSpec, MemberState, NodeRef
+from weave_slurm.runtime.port_events import MemberChanged
 from weave_slurm.runtime.runner import GroupRunner, RunnerConfig, RunningMember
 from weave_slurm.runtime.twotier_transfer import TwoTierTransfer
 

@@ -5,7 +5,7 @@ only the mapping between the store's rows and the runtimes' members (and how the
 members of a group that lost nodes go on, until it is active again) plus its thread;
 a member's life cycle is the runtime's (:mod:`weave_slurm.runtime.lifecycle`), driven
 only through its :class:`~weave_slurm.runtime.port.GroupPort`: store rows become
-commands (:mod:`~weave_slurm.runtime.commands`), the events it reports become outcomes,
+commands (:mod:`~weave_slurm.runtime.port_commands`), the events it reports become outcomes,
 and status reads its member snapshots. A placed job needs no step of its own
 (``job_steps`` returns none): its phases run in resident workers on the node daemons
 weaved launched for its group's allocations.
@@ -64,9 +64,8 @@ from weave_slurm.daemon.states import AllocState, GroupState, JobState
 from weave_slurm.daemon.store import Store
 from weave_slurm.daemon.waits import Deadlines, GroupWaits, WaitCause, answer_cause
 from weave_slurm.errors import WeaveError
-from weave_slurm.runtime import commands as cmd
+from weave_slurm.runtime import port_commands as cmd
 from weave_slurm.runtime.agents import Launcher
-from weave_slurm.runtime.events import Detached, Digested, MemberChanged, MemberEnded
 from weave_slurm.runtime.group import (
     GroupLayout,
     MemberState,
@@ -76,6 +75,7 @@ from weave_slurm.runtime.member import RunnerConfig
 from weave_slurm.runtime.member_view import MemberView
 from weave_slurm.runtime.nodes import Resolver
 from weave_slurm.runtime.port import GroupPort
+from weave_slurm.runtime.port_events import Detached, Digested, MemberChanged, MemberEnded
 from weave_slurm.runtime.profiler import planning_profile
 from weave_slurm.runtime.resume import Resume, ResumeKind
 from weave_slurm.runtime.runner import GroupRunner

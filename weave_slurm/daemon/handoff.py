@@ -48,11 +48,11 @@ from weave_slurm.daemon.states import AllocState, GroupState, JobState
 from weave_slurm.daemon.store import Store
 from weave_slurm.errors import StateError, WeaveError
 from weave_slurm.node.index import JobRef
-from weave_slurm.runtime.commands import Drop, HandOff, Leave, TakeHandOffs
-from weave_slurm.runtime.events import HandedOff
 from weave_slurm.runtime.group import MemberState
 from weave_slurm.runtime.member_view import MemberView
 from weave_slurm.runtime.port import GroupPort
+from weave_slurm.runtime.port_commands import Drop, HandOff, Leave, TakeHandOffs
+from weave_slurm.runtime.port_events import HandedOff
 from weave_slurm.runtime.resume import Resume, ResumeKind, checkpoint_version, moved_with
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 a limit holds, and the submissions a limit refuses (docs/fairshare.md).
 
 - **Order** (:func:`queue`). With a ``[fairshare]`` table, pending jobs are placed in
-  order of their fair-share priority (:mod:`weave_slurm.placement.fairshare`: recent
+  order of their fair-share priority (:mod:`weave_slurm.placement.priority`: recent
   GPU-hours of their user and account against their shares, plus their age), ties by
   submission; without one, by submission (job id), as before.
 - **Held** (:func:`queue`). A job whose user (account) already has
@@ -29,7 +29,7 @@ from weave_slurm.daemon.records import JobRow
 from weave_slurm.daemon.states import JobState
 from weave_slurm.daemon.store import Store
 from weave_slurm.placement import Placement, Refusal
-from weave_slurm.placement.fairshare import Claimant, FairShare, Usage
+from weave_slurm.placement.priority import Claimant, FairShare, Usage
 
 #: The account of jobs that name none where the site names none either.
 NO_ACCOUNT = "(none)"

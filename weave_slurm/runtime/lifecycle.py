@@ -2,7 +2,7 @@
 
 :class:`Lifecycle` is the one owner of every member's state: each change goes through
 :meth:`Lifecycle.move` and the transition table (:data:`~weave_slurm.runtime.group.TRANSITIONS`),
-and is recorded as an event in its outbox (:class:`~weave_slurm.runtime.events.Outbox`)
+and is recorded as an event in its outbox (:class:`~weave_slurm.runtime.port_events.Outbox`)
 before anyone acts on it. The group runner calls it when it starts or ends a phase;
 weaved reaches it only through the port's commands (:mod:`~weave_slurm.runtime.port`).
 
@@ -31,13 +31,13 @@ from weave_slurm.hosted import contract
 from weave_slurm.node.index import JobRef
 from weave_slurm.node.protocol import Op
 from weave_slurm.runtime.copies import Mover
-from weave_slurm.runtime.events import Outbox
 from weave_slurm.runtime.faults import Fault, FaultKind
 from weave_slurm.runtime.gang import Gang
 from weave_slurm.runtime.group import TRANSITIONS, GroupLayout, MemberSpec, MemberState, NodeRef
 from weave_slurm.runtime.member import NodeSlots, PhaseRun, RunnerConfig, RunningMember
 from weave_slurm.runtime.nodes import NodeLink
 from weave_slurm.runtime.ordering import turn_slots
+from weave_slurm.runtime.port_events import Outbox
 from weave_slurm.runtime.profiler import LiveProfiler
 from weave_slurm.runtime.resume import Resume, ResumeKind, handoff_resume, plan_detach
 from weave_slurm.runtime.staleness import VersionLog

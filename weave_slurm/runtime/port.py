@@ -4,13 +4,13 @@ weaved's group runtime (``daemon/group_runtime.py``) drives each group's runtime
 through a :class:`GroupPort`, in the manner of Ray autoscaler v2's instance manager:
 
 - **One writer.** Only the port changes the runtime from outside: every change weaved
-  asks for is a command value (:mod:`~weave_slurm.runtime.commands`) applied through
+  asks for is a command value (:mod:`~weave_slurm.runtime.port_commands`) applied through
   :meth:`GroupPort.apply`, every input passed in with it. Inside, the group runner's
   loop (:meth:`GroupPort.tick`) starts and ends phases; the member's owner
   (:class:`~weave_slurm.runtime.lifecycle.Lifecycle`), recovery and re-layout carry out
   the rest.
 - **Events out.** What happened is reported as event values
-  (:mod:`~weave_slurm.runtime.events`): a member changed state, ended, faulted, was
+  (:mod:`~weave_slurm.runtime.port_events`): a member changed state, ended, faulted, was
   handed off or detached; :meth:`apply` and :meth:`tick` return the events since the
   last call, in order. weaved turns them into store rows; it registers no callback.
 - **Snapshots to read.** weaved's status reads :class:`~weave_slurm.runtime.
@@ -42,7 +42,11 @@ from weave_slurm.clock import Clock
 from weave_slurm.hosted import contract
 from weave_slurm.node.protocol import Op
 from weave_slurm.runtime.agents import Launcher
-from weave_slurm.runtime.commands import (
+from weave_slurm.runtime.group import GroupLayout
+from weave_slurm.runtime.member import RunnerConfig
+from weave_slurm.runtime.member_view import MemberView, view_of
+from weave_slurm.runtime.nodes import Resolver
+from weave_slurm.runtime.port_commands import (
     Adopt,
     Command,
     Detach,
@@ -58,11 +62,7 @@ from weave_slurm.runtime.commands import (
     SetTurns,
     TakeHandOffs,
 )
-from weave_slurm.runtime.events import Detached, Digested, Event, HandedOff
-from weave_slurm.runtime.group import GroupLayout
-from weave_slurm.runtime.member import RunnerConfig
-from weave_slurm.runtime.member_view import MemberView, view_of
-from weave_slurm.runtime.nodes import Resolver
+from weave_slurm.runtime.port_events import Detached, Digested, Event, HandedOff
 from weave_slurm.runtime.runner import GroupRunner
 from weave_slurm.runtime.timeline import Span, TimelineObserver
 

@@ -8,7 +8,7 @@ checkpoint base, a source label, the nodes lost), nothing read from the caller l
 A command that cannot be carried out raises a typed error
 (:class:`~weave_slurm.errors.WeaveError`: ``ConfigError`` for a bad value,
 ``StateError`` for a wrong moment); what it did is reported as events
-(:mod:`~weave_slurm.runtime.events`).
+(:mod:`~weave_slurm.runtime.port_events`).
 
 Membership: :class:`Join`, :class:`Adopt`, :class:`Leave`, :class:`Fail`.
 Moves between groups: :class:`HandOff`, :class:`TakeHandOffs`, :class:`Drop`.

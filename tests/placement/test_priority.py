@@ -1,4 +1,4 @@
-"""The fair-share priority (placement/fairshare.py): Slurm's classic factor per level,
+"""The fair-share priority (placement/priority.py): Slurm's classic factor per level,
 the age factor, decay of usage, shares and default shares."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from weave_slurm.config.fairshare import FairShareConfig
-from weave_slurm.placement.fairshare import Claimant, FairShare, Usage
+from weave_slurm.placement.priority import Claimant, FairShare, Usage
 
 H = 3600.0
 NOW = 1000 * H

@@ -1,7 +1,7 @@
 """What a group's runtime reports to weaved: events, as frozen values.
 
 The runtime is driven through one door (:class:`~weave_slurm.runtime.port.GroupPort`):
-commands go in (:mod:`~weave_slurm.runtime.commands`), events come out. An event says
+commands go in (:mod:`~weave_slurm.runtime.port_commands`), events come out. An event says
 what happened to a member, in types a caller matches on (never words to parse):
 
 - :class:`MemberChanged`: every change of a member's state, with its reason (the
