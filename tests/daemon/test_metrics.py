@@ -23,9 +23,7 @@ from weave_slurm.daemon.metrics import RuntimeMetrics, pool_bubbles
 from weave_slurm.daemon.protocol import Op
 from weave_slurm.daemon.service import DaemonConfig, Weaved
 from weave_slurm.errors import ConfigError
-from weave_slurm.node.index import JobRef
-from weave_slurm.runtime.group import GroupLayout, MemberSpec, NodeRef
-from weave_slurm.runtime.member import PhaseRun, RunningMember
+from weave_slurm.runtime.group import GroupLayout, NodeRef
 from weave_slurm.runtime.timeline import Span
 from weave_slurm.vocab import Phase, Pool
 
@@ -155,10 +153,17 @@ def test_copies_count_bytes_and_seconds_by_what() -> None:
 
 @dataclass
 class _Runner:
+    """A group's timeline as its port reads it: ended spans, and phases in flight
+    (job, node, pool, start) that count as busy until now."""
+
     layout: GroupLayout
     clock: VirtualClock
     spans: list[Span] = field(default_factory=list)
-    members: dict[str, RunningMember] = field(default_factory=dict)
+    running: list[tuple[str, str, Pool, float]] = field(default_factory=list)
+
+    def in_flight(self, now: float) -> list[Span]:
+        return [Span(j, Phase.ROLLOUT if p is Pool.ROLLOUT else Phase.TRAIN, n, p, t, now)
+                for j, n, p, t in self.running]
 
 
 def test_bubbles_are_idle_node_seconds_per_group_and_pool() -> None:
@@ -176,9 +181,7 @@ def test_bubbles_are_idle_node_seconds_per_group_and_pool() -> None:
                   clock)
     two.spans += [_span("c", "r9", 5.0, 7.0, kind=Phase.ROLLOUT, pool=Pool.ROLLOUT)]
     # c's rollout since 7 s is still running: busy until now, though not recorded yet
-    c = RunningMember(MemberSpec("c"), JobRef("c", 0), two.layout.train[0], two.layout.rollout)
-    c.runs[Phase.ROLLOUT] = PhaseRun(Phase.ROLLOUT, two.layout.rollout[0], 7.0, 99.0)
-    two.members["c"] = c
+    two.running.append(("c", "r9", Pool.ROLLOUT, 7.0))
     per_group, per_pool = pool_bubbles({1: one, 2: two, 3: _Runner(one.layout, clock)})
     assert per_group[(1, Pool.ROLLOUT)] == pytest.approx(1 - 6 / 20)
     assert per_group[(1, Pool.TRAIN)] == pytest.approx(0.5)

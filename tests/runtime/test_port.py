@@ -232,3 +232,18 @@ def test_commands_are_values() -> None:
     assert Repin("a", (1, 2)) == Repin("a", (1, 2)) and hash(Leave("a")) == hash(Leave("a"))
     with pytest.raises(dataclasses.FrozenInstanceError):
         Leave("a").job_id = "b"  # type: ignore[misc]
+
+
+def test_the_timeline_read_side_counts_phases_in_flight_until_now() -> None:
+    """What the metrics read of a group (its port, never its members): the spans that
+    ended, and each phase still running as a span from its start to now."""
+    port, _nodes, clock = _port()
+    port.apply(Join(MemberSpec("a", steps=3)))
+    for _ in range(20):
+        _ticks(port, clock)
+        if port.in_flight(clock.now()):
+            break
+    now = clock.now()
+    (span,) = port.in_flight(now)
+    assert span.job_id == "a" and span.end_s == now and span.start_s <= now
+    assert port.clock is clock and all(s.end_s <= now for s in port.spans)

@@ -144,8 +144,8 @@ class GroupRuntime:
 
     @property
     def groups(self) -> dict[int, GroupRunner]:
-        """The runners of the active groups, for the read side that draws their
-        timelines (metrics' bubbles); weaved drives them through :attr:`ports`."""
+        """The runners of the active groups, for tests that look inside; weaved drives
+        them through :attr:`ports`, and reads their timelines there (metrics)."""
         return {gid: port.runner for gid, port in self.ports.items()}
 
     # -- the Driver seam -------------------------------------------------------------

@@ -39,7 +39,6 @@ from weave_slurm.daemon.states import AllocState, GroupState, JobState
 from weave_slurm.daemon.store import Store
 from weave_slurm.errors import ConfigError
 from weave_slurm.runtime.group import GroupLayout
-from weave_slurm.runtime.member import RunningMember
 from weave_slurm.runtime.timeline import Span, busy_fraction, switch_gap_s
 from weave_slurm.vocab import Pool
 
@@ -48,7 +47,7 @@ if TYPE_CHECKING:
 
 
 class Timeline(Protocol):
-    """What the bubbles read of a running group (a ``GroupRunner``)."""
+    """What the bubbles read of a running group (its port's read side)."""
 
     @property
     def spans(self) -> list[Span]: ...
@@ -59,24 +58,16 @@ class Timeline(Protocol):
     @property
     def clock(self) -> Clock: ...
 
-    @property
-    def members(self) -> Mapping[str, RunningMember]: ...
+    def in_flight(self, now: float) -> list[Span]: ...
 
 
-#: The groups running now (group id -> runner); empty without the group runtime.
+#: The groups running now (group id -> port); empty without the group runtime.
 Runners = Callable[[], Mapping[int, Timeline]]
 
 _LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                     0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _SWITCH_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
                    5.0, 10.0, 30.0, 60.0, 120.0)
-
-
-def _in_flight(runner: Timeline, now: float) -> list[Span]:
-    """The phases running now, as spans up to ``now`` (busy, though not recorded yet)."""
-    return [Span(m.spec.job_id, run.kind, run.node.name, run.node.pool, run.start_s, now)
-            for m in list(runner.members.values()) for run in list(m.runs.values())
-            if not run.ended]
 
 
 def pool_bubbles(runners: Mapping[int, Timeline]) -> tuple[
@@ -90,7 +81,7 @@ def pool_bubbles(runners: Mapping[int, Timeline]) -> tuple[
     for gid, runner in list(runners.items()):
         now, layout = runner.clock.now(), runner.layout
         # copies: the runtime thread appends and changes them meanwhile
-        spans = list(runner.spans) + _in_flight(runner, now)
+        spans = list(runner.spans) + runner.in_flight(now)
         if not spans:
             continue
         start = min(s.start_s for s in spans)

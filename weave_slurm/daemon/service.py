@@ -38,7 +38,7 @@ from weave_slurm.slurm.factory import make_backend
 
 if TYPE_CHECKING:
     from weave_slurm.daemon.metrics import WeavedMetrics
-    from weave_slurm.runtime.runner import GroupRunner
+    from weave_slurm.runtime.port import GroupPort
 
 log = logging.getLogger(__name__)
 
@@ -196,9 +196,9 @@ class Weaved:
             return None
         return rt
 
-    def _runners(self) -> dict[int, GroupRunner]:
-        """The group runners running now (for the metrics' bubbles)."""
-        return dict(self.driver.groups) if isinstance(self.driver, GroupRuntime) else {}
+    def _runners(self) -> dict[int, GroupPort]:
+        """The groups running now, by their ports (the metrics' bubbles read them)."""
+        return dict(self.driver.ports) if isinstance(self.driver, GroupRuntime) else {}
 
     def _wake_loop(self) -> None:
         self._wake.set()

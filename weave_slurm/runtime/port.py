@@ -168,6 +168,18 @@ class GroupPort:
         return self.runner.spans
 
     @property
+    def clock(self) -> Clock:
+        """The runtime's clock (the timeline's times are on it)."""
+        return self.runner.clock
+
+    def in_flight(self, now: float) -> list[Span]:
+        """The phases running now, as spans up to ``now`` (busy, though not recorded
+        yet): what the metrics' bubbles count besides :attr:`spans`."""
+        return [Span(m.spec.job_id, run.kind, run.node.name, run.node.pool, run.start_s, now)
+                for m in list(self.runner.members.values()) for run in list(m.runs.values())
+                if not run.ended]
+
+    @property
     def order(self) -> tuple[str, ...]:
         """The members in the group's cyclic order (those that left are not in it)."""
         return tuple(self.runner.lifecycle.order)
