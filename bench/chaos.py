@@ -6,9 +6,10 @@ all at once, on a Slurm cluster of separate hosts (as root).
 
 The scenario is the CI test's (tests/reliability/chaos.py, ``run_chaos``; asserted by
 tests/reliability/test_chaos.py): root submits small reference GRPO jobs; once one
-trains, its group's rollout node is set DOWN (resumed after ``--down-s``), its
-training node's slurmd is stopped (continued after ``--slurmd-stop-s``) and weaved is
-SIGKILLed and started again on the same state, ``--kills`` times in all; meanwhile
+trains, its group's rollout node is set DOWN and weaved SIGKILLed and started again on
+the same state; with the node still DOWN, another group's training node's slurmd is
+stopped for ``--slurmd-stop-s``; then weaved is killed again, ``--kills`` times in all;
+meanwhile
 ``weave-test-a`` floods weaved (held connections, pings, submissions bounded by the
 site's ``[limits.user]``) and ``weave-test-b`` submits one job after it. Prints a
 table (jobs, kills, lost, duplicated, recovery after each kill, the second users'
@@ -65,14 +66,13 @@ def main() -> None:
     ap.add_argument("--root-steps", type=int, default=ChaosPlan.root_steps)
     ap.add_argument("--flood-jobs", type=int, default=ChaosPlan.flood_jobs)
     ap.add_argument("--slurmd-stop-s", type=float, default=ChaosPlan.slurmd_stop_s)
-    ap.add_argument("--down-s", type=float, default=ChaosPlan.down_s)
     ap.add_argument("--cluster-state", type=Path, default=None,
                     help="the separate-hosts cluster to use (default: bring one up)")
     ap.add_argument("--keep", action="store_true", help="keep the cluster's state dir")
     ap.add_argument("--json", type=Path, default=Path("bench/results/chaos.json"))
     args = ap.parse_args()
     plan = ChaosPlan(kills=args.kills, root_steps=args.root_steps, flood_jobs=args.flood_jobs,
-                     slurmd_stop_s=args.slurmd_stop_s, down_s=args.down_s)
+                     slurmd_stop_s=args.slurmd_stop_s)
     with contextlib.ExitStack() as stack:
         cluster = stack.enter_context(slurm_cluster(args.cluster_state, args.keep))
         flooder, quiet = stack.enter_context(made_users())
