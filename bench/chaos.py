@@ -57,6 +57,7 @@ def summary(rep: ChaosReport) -> dict[str, Any]:
         "flood_wait_mean_s": round(statistics.mean(flood), 2) if flood else None,
         "zombies": len(rep.zombies), "processes_left": rep.processes_left,
         "segments_left": sum(len(v) for v in rep.segments_left.values()),
+        "other_shm_files_left": sum(len(v) for v in rep.shm_left.values()),
         "wall_s": round(rep.wall_s, 1)}
 
 
@@ -77,11 +78,11 @@ def main() -> None:
         cluster = stack.enter_context(slurm_cluster(args.cluster_state, args.keep))
         flooder, quiet = stack.enter_context(made_users())
         stack.enter_context(python_open_to_users())
-        place = stack.enter_context(chaos_place(cluster, dict(cluster.env)))
+        place = stack.enter_context(chaos_place(cluster, dict(cluster.env), show_log=False))
         rep = run_chaos(place, flooder, quiet, plan)
     out = summary(rep)
-    table = Table(title=f"chaos on separate hosts: {out['kills']} weaved kills, node "
-                  f"{rep.down_node} DOWN, slurmd of {rep.stopped_slurmd} stopped, a flood")
+    table = Table(title=f"chaos: {out['kills']} kills, {rep.down_node} DOWN, slurmd of "
+                  f"{rep.stopped_slurmd} stopped, a flood")
     table.add_column("quantity")
     table.add_column("value", justify="right")
     for k, v in out.items():

@@ -135,6 +135,7 @@ class ChaosReport:
     zombies: list[str] = field(default_factory=list)
     processes_left: bool = False
     segments_left: dict[str, list[str]] = field(default_factory=dict)
+    shm_left: dict[str, list[str]] = field(default_factory=dict)  # a job's other files
     down_node: str = ""
     stopped_slurmd: str = ""
     wall_s: float = 0.0
@@ -149,9 +150,11 @@ class ChaosReport:
 
 
 @contextmanager
-def chaos_place(cluster: LocalCluster, env: dict[str, str]) -> Iterator[Place]:
+def chaos_place(cluster: LocalCluster, env: dict[str, str],
+                show_log: bool = True) -> Iterator[Place]:
     """A :class:`Place` (test_slurm_faults) for one weaved on ``cluster``; at the end its
-    allocations are released and its node daemons and warm state gone."""
+    allocations are released and its node daemons and warm state gone (and the tail of
+    weaved's log printed, which pytest shows for a failed test)."""
     public = Path(tempfile.mkdtemp(prefix="weave-chaos-"))
     public.chmod(0o755)
     env = {**env, ENV_INTERVAL: str(WATCH_S)}
@@ -167,7 +170,7 @@ def chaos_place(cluster: LocalCluster, env: dict[str, str]) -> Iterator[Place]:
             p.backend.release(a.alloc_id)
         daemons_gone(p.dirs.node_ckpt, 20)
         log = public / "weaved.log"
-        if log.exists():   # pytest shows it when the test failed
+        if show_log and log.exists():
             print("".join(log.read_text(errors="replace").splitlines(True)[-200:]))
         shutil.rmtree(public, ignore_errors=True)
         for node in node_names(cluster):
@@ -249,7 +252,7 @@ def _rows_or_none(w: Watch) -> list[dict[str, Any]] | None:
 
 def flood(sock: Path, plan: ChaosPlan) -> dict[str, Any]:
     """In the flooding user's forked child: hold ``flood_conns`` connections open and try
-    to submit meanwhile (weaved serves at most 16 of one user's); then ping and submit
+    to submit meanwhile (weaved serves at most 16 of one user's); then submit and ping
     as fast as it can. {"accepted": {name: id}, "refused": [msg], "conn_refused": [msg],
     "errors": {name: msg}}."""
     out: dict[str, Any] = {"accepted": {}, "refused": [], "conn_refused": [], "errors": {}}
@@ -267,20 +270,19 @@ def flood(sock: Path, plan: ChaosPlan) -> dict[str, Any]:
         out["conn_refused"].append(str(exc))
     for s in held:
         s.close()
-    for i in range(plan.flood_pings):
+    for i in range(plan.flood_jobs):
+        name = f"flood{i}"
+        try:
+            spec = job_spec(name, 200 + i, plan.flood_steps)
+            out["accepted"][name] = call(sock, Op.SUBMIT, spec=spec, source=name)["job"]
+        except WeaveError as exc:
+            if "limits.user" in str(exc):
+                out["refused"].append(str(exc))
+            else:
+                out["errors"][name] = str(exc)
+    for _ in range(plan.flood_pings):
         with contextlib.suppress(WeaveError, OSError):
             call(sock, Op.PING)
-        if i % 10 == 0 and i // 10 < plan.flood_jobs:
-            name = f"flood{i // 10}"
-            try:
-                spec = job_spec(name, 200 + i // 10, plan.flood_steps)
-                out["accepted"][name] = call(sock, Op.SUBMIT, spec=spec, source=name)["job"]
-            except WeaveError as exc:
-                key = "refused" if "limits.user" in str(exc) else "errors"
-                if key == "refused":
-                    out["refused"].append(str(exc))
-                else:
-                    out["errors"][name] = str(exc)
     return out
 
 
@@ -305,8 +307,18 @@ def run_chaos(p: Place, flooder: TestUser, quiet: TestUser,
         flooder_t = threading.Thread(
             target=lambda: flooded.update(as_user(flooder, lambda: flood(p.socket, plan))))
         flooder_t.start()
+        # the quiet user's job once the flood has filled its share (its running limit
+        # reached, a job of it queued)
+        def flood_queued() -> bool:
+            mine = Counter(r["state"] for r in _rows_or_none(watch) or []
+                           if r["user"] == flooder.name)
+            return mine["PENDING"] >= 1 and mine["PLACED"] + mine["RUNNING"] >= \
+                plan.max_running
+        wait_for(flood_queued, 90, "a flood job queued behind the flood's running ones",
+                 interval_s=0.2)
+        quiet_job = _submit_quiet(p, quiet, flooder, plan, watch, rep)
         # once a job trained: the first running group's rollout node goes DOWN and
-        # weaved is killed at once, while the flood runs
+        # weaved is killed at once, while the flood pings
         wait_for(lambda: any(int((r["iter"] or "0/0").split("/")[0]) >= 1
                              for r in _rows_or_none(watch) or []), 180, "a job at v >= 1")
         groups = [{a["role"]: str(a["nodes"][0]) for a in g["allocations"]}
@@ -317,7 +329,6 @@ def run_chaos(p: Place, flooder: TestUser, quiet: TestUser,
         proc = _kill_and_restart(p, proc, site, watch, rep, t0)
         flooder_t.join(timeout=120)
         _take_flood(flooded, watch, rep)
-        quiet_job = _submit_quiet(p, quiet, plan, watch, rep)
         while len(rep.kills) < plan.kills - 1:   # again, the node still DOWN
             _poll_for(watch, 5)
             proc = _kill_and_restart(p, proc, site, watch, rep, t0)
@@ -385,8 +396,8 @@ def _take_flood(flooded: dict[str, Any], watch: Watch, rep: ChaosReport) -> None
         rep.seeds[int(job)] = (200 + int(name[len("flood"):]), 0)
 
 
-def _submit_quiet(p: Place, quiet: TestUser, plan: ChaosPlan, watch: Watch,
-                  rep: ChaosReport) -> int:
+def _submit_quiet(p: Place, quiet: TestUser, flooder: TestUser, plan: ChaosPlan,
+                  watch: Watch, rep: ChaosReport) -> int:
     """The quiet user's job, right after the flood; which flood jobs queue then."""
     spec = job_spec("quiet0", 91, plan.quiet_steps)
     sub = as_user(quiet, lambda: call(p.socket, Op.SUBMIT, spec=spec, source="quiet0"))
@@ -396,7 +407,7 @@ def _submit_quiet(p: Place, quiet: TestUser, plan: ChaosPlan, watch: Watch,
     rep.owners[job], rep.seeds[job] = "quiet", (91, plan.quiet_steps)
     rows = wait_for(lambda: _rows_or_none(watch), 60, "weaved answering") or []
     rep.pending_at_quiet = [r["job"] for r in rows
-                            if rep.owners.get(r["job"]) == "flood" and r["state"] == "PENDING"]
+                            if r["user"] == flooder.name and r["state"] == "PENDING"]
     return job
 
 
@@ -452,8 +463,11 @@ def _leftovers(p: Place, rep: ChaosReport) -> None:
     checkpoint root) and no segment in any host's /dev/shm."""
     rep.processes_left = not daemons_gone(p.dirs.node_ckpt, 30)
     for node in node_names(p.cluster):
-        left = [q for q in shm_paths(p.cluster, node, Path("/dev/shm"))
-                if "weave" in q and (q.endswith(SEG_SUFFIX)
-                                     or any(str(j) in Path(q).parts for j in rep.jobs))]
-        if left:
-            rep.segments_left[node] = left
+        paths = [q for q in shm_paths(p.cluster, node, Path("/dev/shm")) if "weave" in q]
+        segments = [q for q in paths if q.endswith(SEG_SUFFIX)]
+        other = [q for q in paths if q not in segments
+                 and any(str(j) in Path(q).parts for j in rep.jobs)]
+        if segments:
+            rep.segments_left[node] = segments
+        if other:
+            rep.shm_left[node] = other

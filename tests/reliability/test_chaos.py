@@ -60,12 +60,16 @@ def test_chaos_kills_down_node_stopped_slurmd_and_a_flooding_user(
     for msg in rep.refused:
         assert "\n" not in msg.strip() and "limits.user.max_pending" in msg, msg
     assert owners.count("flood") <= plan.flood_jobs - len(rep.refused)
-    # fair share: the quiet user (no usage) goes before the flooding user's queued jobs
+    # the quiet user's turn: its job (no usage) goes before the flooding user's job
+    # queued when it came (held by limits.user.max_running, and later in fair share)
     quiet_job = next(j for j, o in rep.owners.items() if o == "quiet")
     assert rep.pending_at_quiet, "no flood job was pending when the quiet job came"
-    assert any(rep.placed_ts[f] >= rep.placed_ts[quiet_job] for f in rep.pending_at_quiet), \
+    assert all(rep.placed_ts[f] >= rep.placed_ts[quiet_job] for f in rep.pending_at_quiet), \
         (rep.placed_ts, rep.pending_at_quiet, quiet_job)
     # nothing left
     assert rep.zombies == [], rep.zombies
     assert not rep.processes_left
     assert rep.segments_left == {}, rep.segments_left
+    # a job's lock and registry files may outlive it on a node whose daemon did not stop
+    # cleanly (issue 33, defect 6): shown, not asserted
+    print(f"chaos: other shm files of the jobs left: {rep.shm_left}")
