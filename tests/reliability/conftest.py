@@ -7,6 +7,7 @@ import pwd
 import shutil
 import subprocess
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytest
@@ -30,16 +31,10 @@ class TestUser:
     home: str
 
 
-@pytest.fixture(scope="session")
-def test_users() -> Iterator[tuple[TestUser, TestUser]]:
+@contextmanager
+def made_users() -> Iterator[tuple[TestUser, TestUser]]:
     """``weave-test-a`` and ``weave-test-b``, created with useradd if absent and removed
-    at the end (only the ones this session created)."""
-    if not shutil.which("useradd"):
-        pytest.skip("useradd is not installed")
-    import os
-
-    if os.geteuid() != 0:
-        pytest.skip("needs root to create users")
+    at the end (only the ones created here); also for bench/chaos.py."""
     created = []
     for name in USER_NAMES:
         try:
@@ -50,9 +45,24 @@ def test_users() -> Iterator[tuple[TestUser, TestUser]]:
             created.append(name)
     users = tuple(TestUser(p.pw_name, p.pw_uid, p.pw_gid, p.pw_dir)
                   for p in (pwd.getpwnam(n) for n in USER_NAMES))
-    yield users[0], users[1]
-    for name in created:
-        subprocess.run(["userdel", "--remove", name], check=False, capture_output=True)
+    try:
+        yield users[0], users[1]
+    finally:
+        for name in created:
+            subprocess.run(["userdel", "--remove", name], check=False, capture_output=True)
+
+
+@pytest.fixture(scope="session")
+def test_users() -> Iterator[tuple[TestUser, TestUser]]:
+    """:func:`made_users` for the session (skipped without root or useradd)."""
+    if not shutil.which("useradd"):
+        pytest.skip("useradd is not installed")
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create users")
+    with made_users() as users:
+        yield users
 
 
 @pytest.fixture
