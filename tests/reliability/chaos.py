@@ -52,7 +52,7 @@ from weave_slurm.node.segments import SEG_SUFFIX, weights_digest
 from weave_slurm.runtime.group import MemberSpec
 from weave_slurm.slurm.allocation_watch import ENV_INTERVAL
 from weave_slurm.slurm.cli_backend import SlurmCliBackend
-from weave_slurm.slurm.cluster import LocalCluster
+from weave_slurm.slurm.local_cluster import LocalCluster
 
 FINAL = ("COMPLETED", "FAILED", "CANCELLED")
 #: weaved as a separate process (so it can be SIGKILLed) with a site file.
