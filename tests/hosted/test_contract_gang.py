@@ -90,25 +90,24 @@ def test_shard_sync_round_trips_and_defaults_off() -> None:
 def test_a_hosted_phase_tells_the_jobs_code_its_place(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each phase's arguments become the rank's environment (RANK, WORLD_SIZE,
     MASTER_ADDR/PORT, SLURM_PROCID ...) before the job's own code runs; the node
-    daemon's step's own variables go."""
+    daemon's step's own variables go. (The whole environment is put back afterwards:
+    a RANK or MASTER_ADDR left in the test process would make every later torch job
+    in it wait for a world that never forms.)"""
     import os
+    from unittest import mock
 
     from weave_slurm.hosted.phases import _args
     from weave_slurm.node.index import JobRef
     from weave_slurm.node.resident import PhaseContext
 
-    monkeypatch.setenv("SLURM_STEP_ID", "7")
     args = PhaseArgs("builtin:grpo-toy", 0, {}, rank=3, local_rank=1, world_size=4,
                      init_method="tcp://10.1.0.5:29500", job_id="j1")
     ctx = PhaseContext(JobRef("j1", 0), "train", (args.encode(),), {}, 1)
     keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
             "SLURM_PROCID", "SLURM_NTASKS", "SLURMD_NODENAME")
-    for key in keys:
-        monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("SLURMD_NODENAME", "h800-1")        # slurmd's, in the node's steps
-    assert _args(ctx).rank == 3
-    assert [os.environ[k] for k in keys] == ["3", "1", "4", "10.1.0.5", "29500", "3", "4",
-                                            "h800-1"]
-    assert "SLURM_STEP_ID" not in os.environ
-    for key in keys:
-        monkeypatch.delenv(key, raising=False)
+    with mock.patch.dict(os.environ, {"SLURM_STEP_ID": "7", "SLURMD_NODENAME": "h800-1"}):
+        assert _args(ctx).rank == 3
+        assert [os.environ[k] for k in keys] == ["3", "1", "4", "10.1.0.5", "29500", "3",
+                                                "4", "h800-1"]
+        assert "SLURM_STEP_ID" not in os.environ
+    assert "RANK" not in os.environ or os.environ["RANK"] != "3"
