@@ -9,8 +9,9 @@ so each gets:
 - ``SLURM_JOB_NAME``: the weave job's name; ``SLURMD_NODENAME``: this node;
 - ``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NTASKS``: its rank in its job's gang,
   its rank on this node, the gang's size (a cooperative job's role process: 0, 0, 1);
-- ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` (and, for a training gang, ``MASTER_ADDR``
-  and ``MASTER_PORT``, where its world meets): torchrun's;
+- ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``:
+  torchrun's, for a rank of a training gang, where its world meets (a single process
+  gets none of them: with them and no world, accelerate and TRL try a rendezvous);
 - the ``WEAVE_*`` variables weave sets (docs/job_api.md, "The job's environment").
 
 The values inherited from the node daemon's own step (``SLURM_STEP_ID``,
@@ -41,15 +42,16 @@ def job_environment(*, node: str, job_name: str | None, rank: int = 0, local_ran
     source = os.environ if daemon_env is None else daemon_env
     env = {k: source[k] for k in ALLOCATION_VARS if source.get(k)}
     env.update({"SLURMD_NODENAME": node, "SLURM_PROCID": str(rank),
-                "SLURM_LOCALID": str(local_rank), "SLURM_NTASKS": str(world_size),
-                "RANK": str(rank), "LOCAL_RANK": str(local_rank),
-                "WORLD_SIZE": str(world_size)})
+                "SLURM_LOCALID": str(local_rank), "SLURM_NTASKS": str(world_size)})
     if job_name:
         env["SLURM_JOB_NAME"] = job_name
-    if init_method:
-        where = urlsplit(init_method)
-        if where.scheme == "tcp" and where.hostname and where.port:
-            env.update({"MASTER_ADDR": where.hostname, "MASTER_PORT": str(where.port)})
+    where = urlsplit(init_method or "")
+    if where.scheme == "tcp" and where.hostname and where.port:
+        # torchrun's, only where a world meets: with RANK/WORLD_SIZE and no MASTER_ADDR,
+        # accelerate and TRL would try an env:// rendezvous for a single process
+        env.update({"RANK": str(rank), "LOCAL_RANK": str(local_rank),
+                    "WORLD_SIZE": str(world_size), "MASTER_ADDR": where.hostname,
+                    "MASTER_PORT": str(where.port)})
     return env
 
 
