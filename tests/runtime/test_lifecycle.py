@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from tests.runtime.fakes import FakeTransfer
 from weave_slurm.errors import NoCheckpoint, NodeGone, StateError
-from weave_slurm.node.index import JobRef
 from weave_slurm.node.protocol import Op
 from weave_slurm.runtime.faults import FaultKind
 from weave_slurm.runtime.group import (
@@ -67,22 +67,6 @@ class FakeNode:
         if op is Op.ATTACH_INFO:
             return {"segments": self.segments}
         return {}
-
-    def close(self) -> None:
-        pass
-
-
-class FakeTransfer:
-    def __init__(self) -> None:
-        self.copies: list[tuple[str, str, tuple[str, ...]]] = []
-
-    def copy(self, src: NodeRef, dsts: Any, job: JobRef, name: str,
-             as_name: str | None = None) -> tuple[int, int]:
-        self.copies.append((name, src.name, tuple(d.name for d in dsts)))
-        return 0, 0
-
-    def forget(self, job: JobRef) -> None:
-        pass
 
     def close(self) -> None:
         pass

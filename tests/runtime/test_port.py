@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
+from tests.runtime.fakes import FakeTransfer
 from weave_slurm.clock import VirtualClock
 from weave_slurm.errors import ConfigError, StateError
 from weave_slurm.hosted import contract
-from weave_slurm.node.index import JobRef
 from weave_slurm.node.protocol import Op
 from weave_slurm.runtime.faults import Fault, FaultKind
 from weave_slurm.runtime.group import TRANSITIONS, GroupLayout, MemberSpec, MemberState, NodeRef
@@ -79,22 +79,6 @@ class ScriptedNode:
         if op is Op.DIGEST:
             return {"sha256": f"digest-of-{job}-v{self.version.get(job)}"}
         return {}
-
-    def close(self) -> None:
-        pass
-
-
-class FakeTransfer:
-    def __init__(self) -> None:
-        self.copies: list[tuple[str, str, tuple[str, ...]]] = []
-
-    def copy(self, src: NodeRef, dsts: Any, job: JobRef, name: str,
-             as_name: str | None = None) -> tuple[int, int]:
-        self.copies.append((name, src.name, tuple(d.name for d in dsts)))
-        return 0, 0
-
-    def forget(self, job: JobRef) -> None:
-        pass
 
     def close(self) -> None:
         pass
