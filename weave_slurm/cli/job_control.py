@@ -35,8 +35,8 @@ def update(
     job_id: Annotated[int, typer.Argument(help="The job's id.")],
     name: Annotated[str | None, typer.Option("--name", "-J", help="Its new name.")] = None,
     time: Annotated[str | None, typer.Option("--time", "-t", help="Its new time limit "
-                                             "(M, M:S, H:M:S, D-H, D-H:M, D-H:M:S, "
-                                             "UNLIMITED).")] = None,
+                                             "(M, M:S, HH:MM:SS, D-H, D-HH:MM, "
+                                             "D-HH:MM:SS, UNLIMITED).")] = None,
     slo: Annotated[float | None, typer.Option("--slo", help="Its new permitted slowdown "
                                               "(a pending job).")] = None,
     socket_path: _Socket = None,
