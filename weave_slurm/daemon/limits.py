@@ -93,10 +93,6 @@ class Queue:
     held: dict[int, str] = field(default_factory=dict)
     priority: dict[int, int] = field(default_factory=dict)   # with [fairshare]
 
-    def rank(self, job_id: int) -> int:
-        """Place in the order (0 first)."""
-        return next(i for i, j in enumerate(self.ordered) if j.job_id == job_id)
-
 
 def queue(store: Store, site: SiteConfig, pending: Sequence[JobRow], now: float) -> Queue:
     """Order ``pending`` and hold what its user's hold, its dependency
@@ -115,7 +111,7 @@ def queue(store: Store, site: SiteConfig, pending: Sequence[JobRow], now: float)
     ordered = sorted(pending, key=lambda j: j.job_id)
     priority: dict[int, int] = {}
     if site.fairshare.enabled:
-        share = FairShare(site.fairshare, _usage(store, site), [_claimant(j, site)
+        share = FairShare(site.fairshare, _usage(store, site, now), [_claimant(j, site)
                                                                for j in pending], now)
         priority = {j.job_id: share.priority(_claimant(j, site)) for j in pending}
         ordered.sort(key=lambda j: (-priority[j.job_id], j.submitted_s, j.job_id))
@@ -162,8 +158,18 @@ def _claimant(job: JobRow, site: SiteConfig) -> Claimant:
     return Claimant(job.user, account_of(job, site), job.submitted_s)
 
 
-def _usage(store: Store, site: SiteConfig) -> list[Usage]:
-    """Every job's booked GPU-seconds, with its user and account."""
-    jobs = {j.job_id: j for j in store.jobs()}
-    return [Usage(job.user, account_of(job, site), sum(u.gpu_s.values()), u.updated_s)
-            for job_id, u in store.usage().items() if (job := jobs.get(job_id)) is not None]
+#: Usage booked longer ago than this many half-lives counts for less than 0.1%: left out.
+_FORGOTTEN_HALF_LIVES = 10
+
+
+def _usage(store: Store, site: SiteConfig, now: float) -> list[Usage]:
+    """The booked GPU-seconds of every job that still counts, with its user and account
+    (read each tick with pending jobs: old jobs' rows are not parsed)."""
+    since = now - _FORGOTTEN_HALF_LIVES * site.fairshare.half_life_h * 3600.0
+    out = []
+    for job_id, u in store.usage().items():
+        job = store.job(job_id) if u.updated_s >= since else None
+        if job is not None:
+            out.append(Usage(job.user, account_of(job, site), sum(u.gpu_s.values()),
+                             u.updated_s))
+    return out
