@@ -50,9 +50,10 @@ system:
 	  else echo "warning: missing$$missing (need root): Slurm/MPI tests will be skipped"; fi; \
 	fi
 
-# The one copy of the plugin's source is package data (weave_slurm/spank/, shipped in the
-# wheel: `weave spank build --out DIR` runs this same Makefile); the .so goes to build/spank/.
-SPANK_SRC := weave_slurm/spank
+# The one copy of the plugin's source is spank/ (linked into the package as
+# weave_slurm/spank/ and shipped in the wheel: `weave spank build --out DIR` runs this same
+# Makefile); the .so goes to build/spank/.
+SPANK_SRC := spank
 SPANK_OUT := $(CURDIR)/build/spank
 spank:
 	@if [ -f /usr/include/slurm/spank.h ]; then $(MAKE) -s -C $(SPANK_SRC) OUT=$(SPANK_OUT); \

@@ -103,9 +103,10 @@ def test_templates_and_spank_source_are_package_data(installed: Path, tmp_path: 
                tmp_path)
     pkg, templates, source = (Path(line) for line in res.stdout.splitlines()[:3])
     assert "site-packages" in pkg.parts and REPO not in pkg.parents
-    assert templates == pkg / "templates" and source == pkg / "spank"
-    assert {p.name for p in templates.iterdir()} >= {"allocation.sbatch"}
-    assert {p.name for p in source.iterdir()} >= {"weave.c", "Makefile"}
+    assert templates == pkg / "sbatch_templates" and source == pkg / "spank"
+    shipped = [templates / "allocation.sbatch", source / "weave.c", source / "Makefile"]
+    # the repository's top-level sbatch_templates/ and spank/, as files in the wheel
+    assert all(p.is_file() and not p.is_symlink() for p in shipped)
     assert "#SBATCH --partition=h20" in res.stdout   # rendered from the installed template
     assert _run([installed / "weave", "spank", "path"], tmp_path).stdout.strip() == str(source)
 

@@ -47,5 +47,5 @@ def test_bad_slurm_keys_are_one_line_naming_file_and_key(body: str, needle: str)
 
 
 def test_unknown_key_lists_the_valid_ones() -> None:
-    with pytest.raises(ConfigError, match="account, qos, time_limit_min"):
+    with pytest.raises(ConfigError, match="account, allocation_template, qos, time_limit_min"):
         parse_site(MINIMAL + '[slurm]\nacount = "x"\n', "site.toml")

@@ -40,7 +40,7 @@ def test_allocations_carry_the_jobs_account_qos_and_time(rig: Rig) -> None:  # n
                   Charge("physics", "high"))
     rig.tick()
     assert _job_state(rig.store, job) is JobState.RUNNING
-    assert [_flags(a) for a in rig.argvs("salloc")] == \
+    assert [_flags(a) for a in rig.argvs("sbatch")] == \
         [{"--account=physics", "--qos=high", "--time=30"}] * 2
     assert {(a.account, a.qos, a.time_limit_min) for a in rig.alloc_rows()} == \
         {("physics", "high", 30)}
@@ -49,7 +49,7 @@ def test_allocations_carry_the_jobs_account_qos_and_time(rig: Rig) -> None:  # n
 def test_a_job_naming_none_gets_slurms_default(rig: Rig) -> None:  # noqa: F811
     _submit(rig.store, "a")
     rig.tick()
-    assert [_flags(a) for a in rig.argvs("salloc")] == [set(), set()]
+    assert [_flags(a) for a in rig.argvs("sbatch")] == [set(), set()]
 
 
 def test_jobs_of_two_accounts_get_two_groups_each_charged_its_own(rig: Rig) -> None:  # noqa: F811
@@ -58,7 +58,7 @@ def test_jobs_of_two_accounts_get_two_groups_each_charged_its_own(rig: Rig) -> N
     rig.tick()
     groups = {rig.store.job(j).group_id for j in (a, b)}  # type: ignore[union-attr]
     assert len(groups) == 2
-    accounts = sorted(f for argv in rig.argvs("salloc") for f in _flags(argv))
+    accounts = sorted(f for argv in rig.argvs("sbatch") for f in _flags(argv))
     assert accounts == ["--account=bio"] * 2 + ["--account=physics"] * 2
 
 

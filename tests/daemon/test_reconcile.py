@@ -57,6 +57,12 @@ def _comment(name: str) -> str:
     return group_comment(label, pool, instance) if pool else ""
 
 
+def _script_options(path: str) -> tuple[str, ...]:
+    """The ``#SBATCH`` options of the allocation script at ``path``, in order."""
+    return tuple(line.split(None, 1)[1] for line in Path(path).read_text().splitlines()
+                 if line.startswith("#SBATCH "))
+
+
 def _flags(argv: tuple[str, ...]) -> dict[str, str]:
     return dict(a[2:].partition("=")[::2] for a in argv if a.startswith("--") and "=" in a)
 
@@ -71,7 +77,7 @@ class Step:
 
 @dataclass
 class Slurm:
-    """A tiny queue behind the fake runner: squeue/salloc/srun/scancel as Slurm 22.05
+    """A tiny queue behind the fake runner: squeue/sbatch/srun/scancel as Slurm 22.05
     answers them (squeue --json entries are the fixture's, with fields replaced). squeue
     --json lists every user's jobs whatever ``--user`` says: the rows' ``user_id`` must
     be checked by the backend itself."""
@@ -79,14 +85,16 @@ class Slurm:
     fake: FakeRunner
     jobs: dict[int, dict[str, Any]] = field(default_factory=dict)
     steps: dict[str, Step] = field(default_factory=dict)
-    refuse: dict[str, FakeReply] = field(default_factory=dict)  # job name -> salloc reply
+    refuse: dict[str, FakeReply] = field(default_factory=dict)  # job name -> sbatch reply
     squeue_reply: FakeReply | None = None  # set: squeue --json answers this instead
-    hook: Callable[[tuple[str, ...]], None] = lambda argv: None  # before every salloc/srun/scancel
+    hook: Callable[[tuple[str, ...]], None] = lambda argv: None  # before every sbatch/srun/scancel
     next_id: int = 11
     used: dict[str, int] = field(default_factory=dict)  # partition -> nodes handed out
     step_seq: dict[str, int] = field(default_factory=dict)  # alloc id -> last step number
     exits: dict[tuple[str, str], int] = field(default_factory=dict)  # (alloc, step name) ->
     # the exit code its srun ends with at once (the step never stays listed)
+    scripts: dict[int, tuple[str, ...]] = field(default_factory=dict)  # call index -> the
+    # submitted allocation script's #SBATCH options
 
     def __post_init__(self) -> None:
         data = json.loads((FIX / "squeue_22.05_het.json").read_text())
@@ -94,7 +102,7 @@ class Slurm:
         self._template = next(j for j in data["jobs"] if j["job_id"] == 2)  # plain, RUNNING
         self.fake.on(["squeue", "--json"], self._squeue)
         self.fake.on(STEPS, self._squeue_steps)
-        self.fake.on(["salloc", "--no-shell"], self._salloc)
+        self.fake.on(["sbatch", "--parsable"], self._sbatch)
         self.fake.on(["srun"], self._srun)
         self.fake.on(["scancel"], self._scancel)
 
@@ -141,16 +149,18 @@ class Slurm:
         return FakeReply(stdout="".join(f"{s.step_id}|{s.name}|{','.join(s.nodes)}|"
                                         f"{len(s.nodes)}\n" for s in self.steps.values()))
 
-    def _salloc(self, argv: tuple[str, ...]) -> FakeReply:
-        self.hook(argv)
-        f = _flags(argv)
+    def _sbatch(self, argv: tuple[str, ...]) -> FakeReply:
+        options = _script_options(argv[-1])
+        self.hook(("sbatch", *options))
+        self.scripts[len(self.fake.calls) - 1] = options
+        f = _flags(options)
         if f["job-name"] in self.refuse:
             return self.refuse[f["job-name"]]
         part, n = f["partition"], int(f["nodes"])
         first = self.used.get(part, 0)
         self.used[part] = first + n
         alloc_id = self.add(f["job-name"], tuple(f"{part}-{i}" for i in range(first, first + n)))
-        return FakeReply(stderr=f"salloc: Granted job allocation {alloc_id}\n")
+        return FakeReply(stdout=f"{alloc_id}\n")
 
     def _srun(self, argv: tuple[str, ...]) -> FakeReply:
         self.hook(argv)
@@ -195,8 +205,10 @@ class Rig:
         self.rec.tick()
 
     def argvs(self, program: str, since: int = 0) -> list[tuple[str, ...]]:
-        """The calls of ``program`` from call ``since`` on."""
-        return [c.argv for c in self.fake.calls[since:] if c.argv[0] == program]
+        """The calls of ``program`` from call ``since`` on (``sbatch``: its script's
+        ``#SBATCH`` options in place of the script's path)."""
+        return [("sbatch", *self.slurm.scripts[i]) if program == "sbatch" else c.argv
+                for i, c in enumerate(self.fake.calls) if i >= since and c.argv[0] == program]
 
     def alloc_rows(self) -> list[AllocRow]:
         return self.store.allocs(live_only=False)
@@ -244,9 +256,10 @@ def _srun(alloc_id: str, name: str, node: str) -> tuple[str, ...]:
             "-n", "1", "-c", "1", "-N", "1", f"--nodelist={node}", "sleep", "infinity")
 
 
-def _salloc(name: str, partition: str) -> tuple[str, ...]:
-    return ("salloc", "--no-shell", f"--job-name={name}", f"--comment={_comment(name)}",
-            "--immediate=10", f"--partition={partition}", "--nodes=1", "--ntasks-per-node=1",
+def _sbatch(name: str, partition: str) -> tuple[str, ...]:
+    """An allocation script's options as :meth:`Rig.argvs` gives them."""
+    return ("sbatch", f"--job-name={name}", f"--comment={_comment(name)}", "--output=/dev/null",
+            f"--partition={partition}", "--nodes=1", "--ntasks-per-node=1",
             "--cpus-per-task=2", f"--gres=gpu:{partition}:8")
 
 
@@ -269,15 +282,15 @@ def test_one_tick_places_allocates_and_launches_writing_each_intent_first(rig: R
          [s.state.value for s in rig.store.steps(live_only=False)]))
     job = _submit(rig.store)
     rig.tick()
-    assert rig.argvs("salloc") == [_salloc("weave-gt1.1-h20-0", "h20"),
-                                   _salloc("weave-gt1.1-h800-0", "h800")]
-    assert rig.argvs("salloc")[0][3] == "--comment=weave:t1:t1.1:h20-0"  # uid + this tag: ours
+    assert rig.argvs("sbatch") == [_sbatch("weave-gt1.1-h20-0", "h20"),
+                                   _sbatch("weave-gt1.1-h800-0", "h800")]
+    assert rig.argvs("sbatch")[0][2] == "--comment=weave:t1:t1.1:h20-0"  # uid + this tag: ours
     assert [c.argv for c in rig.fake.calls if c.spawned] == [
         _srun("11", "weave-j1-h20-0", "h20-0"), _srun("12", "weave-j1-h800-0", "h800-0")]
     assert rig.argvs("scancel") == []
     # every call found its intent already durable
-    assert seen == [("salloc", ["ALLOCATING", "WANTED"], []),
-                    ("salloc", ["HELD", "ALLOCATING"], []),
+    assert seen == [("sbatch", ["ALLOCATING", "WANTED"], []),
+                    ("sbatch", ["HELD", "ALLOCATING"], []),
                     ("srun", ["HELD", "HELD"], ["LAUNCHING"]),
                     ("srun", ["HELD", "HELD"], ["RUNNING", "LAUNCHING"])]
     assert [(a.pool, a.state, a.alloc_id, a.nodes) for a in rig.alloc_rows()] == [
@@ -319,7 +332,7 @@ def test_restart_adopts_the_allocations_slurm_lists_and_asks_for_none(rig: Rig) 
     rollout = rig.slurm.add("weave-gt1.1-h20-0", ("h20-5",))
     train = rig.slurm.add("weave-gt1.1-h800-0", ("h800-2",))
     rig.tick(at=T0 + 30)
-    assert rig.argvs("salloc") == [] and rig.argvs("scancel") == []
+    assert rig.argvs("sbatch") == [] and rig.argvs("scancel") == []
     assert [(a.state, a.alloc_id, a.nodes) for a in rig.alloc_rows()] == [
         (AllocState.HELD, rollout, ("h20-5",)), (AllocState.HELD, train, ("h800-2",))]
     for key in (1, 2):
@@ -341,7 +354,7 @@ def test_restart_asks_again_only_for_an_intent_slurm_does_not_list(rig: Rig) -> 
         ("ALLOCATING", "WANTED", "not in Slurm after a restart; ask again"),
         ("WANTED", "ALLOCATING", "requesting weave-gt1.1-h20-0"),
         ("ALLOCATING", "HELD", "granted as 12")]
-    assert rig.argvs("salloc") == [_salloc("weave-gt1.1-h20-0", "h20")]
+    assert rig.argvs("sbatch") == [_sbatch("weave-gt1.1-h20-0", "h20")]
     assert [a.alloc_id for a in rig.alloc_rows()] == ["12", train]
     assert rig.argvs("scancel") == []
 
@@ -387,11 +400,11 @@ def test_a_daemon_without_instance_owns_only_default_tagged_allocations(rig: Rig
     named = rig.slurm.add("weave-gt1.1-h20-0", ("h20-8",))  # instance t1's: same prefix
     orphan = rig.slurm.add("weave-g5-h20-0", ("h20-9",))  # comment weave:default:5:h20-0
     rig.tick()
-    assert rig.argvs("salloc") == [  # the request carries the default tag
-        ("salloc", "--no-shell", "--job-name=weave-g1-h20-0", "--comment=weave:default:1:h20-0",
-         *_salloc("weave-g1-h20-0", "h20")[4:]),
-        ("salloc", "--no-shell", "--job-name=weave-g1-h800-0",
-         "--comment=weave:default:1:h800-0", *_salloc("weave-g1-h800-0", "h800")[4:])]
+    assert rig.argvs("sbatch") == [  # the request carries the default tag
+        ("sbatch", "--job-name=weave-g1-h20-0", "--comment=weave:default:1:h20-0",
+         *_sbatch("weave-g1-h20-0", "h20")[3:]),
+        ("sbatch", "--job-name=weave-g1-h800-0",
+         "--comment=weave:default:1:h800-0", *_sbatch("weave-g1-h800-0", "h800")[3:])]
     assert rig.argvs("scancel") == [("scancel", orphan)]
     assert {foreign, named} <= {str(j) for j in rig.slurm.jobs}
     assert _job_state(rig.store, job) is JobState.RUNNING
@@ -445,7 +458,7 @@ def test_a_vanished_allocation_is_lost_and_its_group_asks_for_a_replacement(rig:
                                                              AllocState.HELD, "13")
     assert rig.reasons("alloc", new.key)[0] == (
         None, "WANTED", "replacement for a lost rollout allocation of 1 node(s)")
-    assert rig.argvs("salloc")[-1] == _salloc("weave-gt1.1-h20-1", "h20")
+    assert rig.argvs("sbatch")[-1] == _sbatch("weave-gt1.1-h20-1", "h20")
     assert rig.reasons("group", 1)[-2:] == [
         ("ACTIVE", "FORMING", "needs 1 more rollout node(s)"),
         ("FORMING", "ACTIVE", "allocations ['12', '13'] held")]
@@ -467,8 +480,8 @@ def test_both_allocations_vanishing_are_replaced_in_the_same_tick(rig: Rig) -> N
     assert [(a.pool, a.state) for a in rig.alloc_rows()] == [
         ("h20-0", AllocState.LOST), ("h800-0", AllocState.LOST),
         ("h20-1", AllocState.HELD), ("h800-1", AllocState.HELD)]
-    assert rig.argvs("salloc")[-2:] == [_salloc("weave-gt1.1-h20-1", "h20"),
-                                        _salloc("weave-gt1.1-h800-1", "h800")]
+    assert rig.argvs("sbatch")[-2:] == [_sbatch("weave-gt1.1-h20-1", "h20"),
+                                        _sbatch("weave-gt1.1-h800-1", "h800")]
     assert rig.reasons("group", 1)[-2:] == [
         ("ACTIVE", "FORMING", "needs 1 more rollout node(s)"),
         ("FORMING", "ACTIVE", "allocations ['13', '14'] held")]
@@ -504,72 +517,75 @@ def test_a_failing_squeue_skips_the_tick_and_says_why_since_when(rig: Rig) -> No
     assert rig.rec.world_error is not None and rig.rec.world_error[0] == T0 + 50  # anew
 
 
-def test_a_failing_salloc_is_retried_with_doubling_backoff(rig: Rig) -> None:
+def test_a_failing_sbatch_is_retried_with_doubling_backoff(rig: Rig) -> None:
     rig.slurm.refuse["weave-gt1.1-h20-0"] = FakeReply(
-        stderr="salloc: error: Unable to allocate resources: Connection timed out",
+        stderr="sbatch: error: Batch job submission failed: Job violates accounting/QOS policy "
+               "(job submit limit, user's size and/or time limits)",
         returncode=1)
     job = _submit(rig.store)
     asked: list[float] = []
     rig.slurm.hook = lambda argv: asked.append(rig.clock.now()) \
-        if argv[:3] == _salloc("weave-gt1.1-h20-0", "h20")[:3] else None
+        if argv[:3] == _sbatch("weave-gt1.1-h20-0", "h20")[:3] else None
     for t in range(0, 92):
         rig.tick(at=T0 + t / 2)
     waits = [b - a for a, b in itertools.pairwise(asked)]
     assert waits == [1.0, 2.0, 4.0, 8.0, 15.0, 15.0]
     assert waits[0] == RETRY_FIRST_S and max(waits) == RETRY_MAX_S
     rollout = rig.alloc_rows()[0]
-    said = ("rollout allocation weave-gt1.1-h20-0 not granted (salloc weave-gt1.1-h20-0: not "
-            "granted within 10 s (retry later): salloc: error: Unable to allocate resources: "
-            "Connection timed out); attempt 7, retrying in 15 s")
+    said = ("rollout allocation weave-gt1.1-h20-0 not granted (sbatch weave-gt1.1-h20-0: not "
+            "accepted now (retry later): sbatch: error: Batch job submission failed: Job "
+            "violates accounting/QOS policy (job submit limit, user's size and/or time "
+            "limits)); attempt 7, retrying in 15 s")
     assert rig.reasons("alloc", rollout.key)[-1] == ("ALLOCATING", "WANTED", said)
     fresh = rig.store.job(job)
     assert fresh is not None and fresh.state is JobState.PLACED
     assert fresh.reason == f"waiting: {said}"
     assert _group(rig.store).state is GroupState.FORMING
     # the train allocation was granted once and is held, not asked for again
-    assert rig.argvs("salloc").count(_salloc("weave-gt1.1-h800-0", "h800")) == 1
+    assert rig.argvs("sbatch").count(_sbatch("weave-gt1.1-h800-0", "h800")) == 1
     del rig.slurm.refuse["weave-gt1.1-h20-0"]
     rig.tick(at=asked[-1] + 15)
     fresh = rig.store.job(job)
     assert fresh is not None and (fresh.state, fresh.reason) == (JobState.RUNNING, "")
 
 
-def test_a_hung_salloc_says_so(rig: Rig) -> None:
+def test_a_hung_sbatch_says_so(rig: Rig) -> None:
     rig.slurm.refuse["weave-gt1.1-h800-0"] = FakeReply(hang=True)
     _submit(rig.store)
     rig.tick()
     assert rig.reasons("alloc", 2)[-1] == (
-        "ALLOCATING", "WANTED", "train allocation weave-gt1.1-h800-0 not granted (salloc hung: "
-        "command timed out after 40 s and was killed); attempt 1, retrying in 1 s")
+        "ALLOCATING", "WANTED", "train allocation weave-gt1.1-h800-0 not granted (sbatch hung: "
+        "command timed out after 30 s and was killed); attempt 1, retrying in 1 s")
 
 
 def test_a_release_frees_nodes_so_waiting_allocations_ask_again_at_once(rig: Rig) -> None:
     first = _running(rig)
     rig.slurm.refuse["weave-gt1.2-h20-0"] = FakeReply(
-        stderr="salloc: error: Unable to allocate resources: Connection timed out",
+        stderr="sbatch: error: Batch job submission failed: Job violates accounting/QOS policy "
+               "(job submit limit, user's size and/or time limits)",
         returncode=1)
     _submit(rig.store, "b", rollout_s=50, slo=1.0)   # too slow for group 1: a group of its own
     rig.tick(at=T0 + 1)
     assert _group(rig.store, 2).plan.job_ids == (2,)
-    assert rig.argvs("salloc").count(_salloc("weave-gt1.2-h20-0", "h20")) == 1
+    assert rig.argvs("sbatch").count(_sbatch("weave-gt1.2-h20-0", "h20")) == 1
     rig.store.transition("job", first, JobState.CANCELLING, "cancelled by uid 1000", T0 + 1.5)
     rig.tick(at=T0 + 1.5)   # releases group 1: the retry wait is dropped
     del rig.slurm.refuse["weave-gt1.2-h20-0"]
     rig.tick(at=T0 + 1.6)
-    assert rig.argvs("salloc").count(_salloc("weave-gt1.2-h20-0", "h20")) == 2
+    assert rig.argvs("sbatch").count(_sbatch("weave-gt1.2-h20-0", "h20")) == 2
     assert _job_state(rig.store, 2) is JobState.RUNNING
 
 
-def test_an_infeasible_salloc_fails_the_job_and_releases_its_group(rig: Rig) -> None:
+def test_an_infeasible_sbatch_fails_the_job_and_releases_its_group(rig: Rig) -> None:
     rig.slurm.refuse["weave-gt1.1-h20-0"] = FakeReply(
-        stderr="salloc: error: Job submit/allocate failed: Requested node configuration is "
-               "not available", returncode=1)
+        stderr="sbatch: error: Batch job submission failed: Requested node configuration "
+               "is not available", returncode=1)
     job = _submit(rig.store)
     rig.tick()
     rollout, train = rig.alloc_rows()
     assert rollout.state is AllocState.FAILED and train.state is AllocState.RELEASED
-    refused = ("salloc weave-gt1.1-h20-0: Slurm refuses the request as asked: salloc: error: "
-               "Job submit/allocate failed: Requested node configuration is not available")
+    refused = ("sbatch weave-gt1.1-h20-0: Slurm refuses the request as asked: sbatch: error: "
+               "Batch job submission failed: Requested node configuration is not available")
     assert rig.reasons("alloc", rollout.key)[-1] == ("ALLOCATING", "FAILED", refused)
     fresh = rig.store.job(job)
     assert fresh is not None and fresh.state is JobState.FAILED
@@ -579,7 +595,7 @@ def test_an_infeasible_salloc_fails_the_job_and_releases_its_group(rig: Rig) -> 
         ("DRAINING", f"its last member (job {job}) left"),
         ("RELEASED", "allocations released")]
     # the failed group's other allocation is never asked for
-    assert rig.argvs("salloc") == [_salloc("weave-gt1.1-h20-0", "h20")]
+    assert rig.argvs("sbatch") == [_sbatch("weave-gt1.1-h20-0", "h20")]
     assert rig.reasons("alloc", train.key)[-1] == ("WANTED", "RELEASED", "not needed")
     assert rig.argvs("scancel") == []
 
@@ -601,7 +617,7 @@ def test_pending_jobs_are_placed_as_one_batch_and_the_impossible_refused(rig: Ri
     assert rig.reasons("job", never)[1] == (
         "PENDING", "REFUSED", "job 3 not placed: rollout state 1000000.0 GiB per node exceeds "
         "the rollout nodes' host memory (2048 GiB)")
-    assert len(rig.argvs("salloc")) == 2  # one allocation per pool for the batch
+    assert len(rig.argvs("sbatch")) == 2  # one allocation per pool for the batch
     assert [_job_state(rig.store, j) for j in (a, b)] == [JobState.RUNNING] * 2
 
 
@@ -848,7 +864,7 @@ def test_rollout_scaling_asks_for_exactly_one_more_allocation(rig: Rig) -> None:
     b = _submit(rig.store, "b", **BIG)
     rig.tick(at=T0 + 1)
     assert rig.reasons("job", b)[1] == ("PENDING", "PLACED", "scale_rollout into group 1")
-    assert rig.argvs("salloc", before) == [_salloc("weave-gt1.1-h20-1", "h20")]
+    assert rig.argvs("sbatch", before) == [_sbatch("weave-gt1.1-h20-1", "h20")]
     assert rig.reasons("alloc", 3)[0] == (
         None, "WANTED", "rollout scaling: extra rollout allocation of 1 node(s)")
     assert rig.reasons("group", 1)[-2:] == [
@@ -865,7 +881,7 @@ def test_rollout_scaling_asks_for_exactly_one_more_allocation(rig: Rig) -> None:
     rig.tick(at=T0 + 2)
     rig.restart()
     rig.tick(at=T0 + 3)
-    assert rig.argvs("salloc", mark) == [] and rig.argvs("scancel", mark) == []
+    assert rig.argvs("sbatch", mark) == [] and rig.argvs("scancel", mark) == []
     assert [(a.state, a.alloc_id) for a in rig.alloc_rows()] == [
         (AllocState.HELD, "11"), (AllocState.HELD, "12"), (AllocState.HELD, "13")]
 
@@ -901,7 +917,7 @@ def test_a_shrunk_group_returns_exactly_the_allocation_nobody_is_pinned_to(
     assert [s.state for s in rig.store.steps(job_id=a)] == [StepRunState.RUNNING] * 2
     mark = len(rig.fake.calls)
     rig.tick(at=T0 + 7)
-    assert rig.argvs("salloc", mark) == [] and rig.argvs("scancel", mark) == []
+    assert rig.argvs("sbatch", mark) == [] and rig.argvs("scancel", mark) == []
 
 
 def test_the_first_member_leaving_returns_its_allocation_and_the_other_stays(
@@ -922,21 +938,22 @@ def test_the_first_member_leaving_returns_its_allocation_and_the_other_stays(
     assert [s.name for s in rig.store.steps(job_id=b)] == ["weave-j2-h800-0", "weave-j2-h20-1"]
     mark = len(rig.fake.calls)
     rig.tick(at=T0 + 6)
-    assert rig.argvs("salloc", mark) == [] and rig.argvs("scancel", mark) == []
+    assert rig.argvs("sbatch", mark) == [] and rig.argvs("scancel", mark) == []
 
 
 def test_a_newcomer_that_leaves_before_its_allocation_came_asks_no_more(
         rig: Rig) -> None:
     a = _running(rig, **BIG)
     rig.slurm.refuse["weave-gt1.1-h20-1"] = FakeReply(
-        stderr="salloc: error: Unable to allocate resources: Connection timed out",
+        stderr="sbatch: error: Batch job submission failed: Job violates accounting/QOS policy "
+               "(job submit limit, user's size and/or time limits)",
         returncode=1)
     b = _submit(rig.store, "b", **BIG)
     rig.tick(at=T0 + 1)
     assert _group(rig.store).state is GroupState.FORMING
     rig.store.transition("job", b, JobState.CANCELLING, "cancelled by uid 1000", T0 + 1.5)
     rig.tick(at=T0 + 10)
-    assert rig.argvs("salloc").count(_salloc("weave-gt1.1-h20-1", "h20")) == 1
+    assert rig.argvs("sbatch").count(_sbatch("weave-gt1.1-h20-1", "h20")) == 1
     assert rig.reasons("alloc", 3)[-1] == (
         "WANTED", "RELEASED", "no member of group 1 is pinned to its node(s) - any more")
     assert rig.reasons("group", 1)[-1] == ("FORMING", "ACTIVE",
@@ -954,7 +971,7 @@ def test_a_lost_allocation_of_a_scaled_group_is_replaced_under_the_same_pins(
     rig.slurm.vanish("11")
     mark = len(rig.fake.calls)
     rig.tick(at=T0 + 5)
-    assert rig.argvs("salloc", mark) == [_salloc("weave-gt1.1-h20-2", "h20")]
+    assert rig.argvs("sbatch", mark) == [_sbatch("weave-gt1.1-h20-2", "h20")]
     assert rig.reasons("alloc", 4)[0] == (
         None, "WANTED", "replacement for a lost rollout allocation of 1 node(s)")
     assert _pins(rig) == {a: (2,), b: (1,)}

@@ -26,7 +26,7 @@ from weave_slurm.runtime.group import NodeRef
 from weave_slurm.slurm.fake_runner import FakeRunner
 from weave_slurm.vocab import Pool
 
-from .test_reconcile import T0, Rig, Slurm, _group, _job_state, _reconciler, _salloc, _submit
+from .test_reconcile import T0, Rig, Slurm, _group, _job_state, _reconciler, _sbatch, _submit
 
 SITE = replace(RUNTIME_DEFAULTS, node_start_wait_s=30.0, auth_wait_s=10.0, max_requeues=2)
 DEADLINES = Deadlines(SITE)
@@ -171,8 +171,8 @@ def test_jobs_whose_node_daemons_never_say_their_port_are_requeued_then_failed(
         rig.tick(at=rig.clock.now() + 1)   # the deadline: requeued, allocations returned,
         gid = n + 1                        # placed again in a new group, new allocations
         assert rig.argvs("scancel", start) == [("scancel", rollout), ("scancel", train)]
-        assert rig.argvs("salloc", start) == [_salloc(f"weave-gt1.{gid + 1}-h20-0", "h20"),
-                                              _salloc(f"weave-gt1.{gid + 1}-h800-0", "h800")]
+        assert rig.argvs("sbatch", start) == [_sbatch(f"weave-gt1.{gid + 1}-h20-0", "h20"),
+                                              _sbatch(f"weave-gt1.{gid + 1}-h800-0", "h800")]
         assert _group(rig.store, gid).state is GroupState.RELEASED
         [*_, requeued, placed, running] = rig.reasons("job", job)
         assert requeued[:2] == ("RUNNING", "PENDING")

@@ -42,9 +42,10 @@ def user_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def repo_view(dest: Path) -> Path:
-    """A directory that holds links to the checkout's venv, configs and Makefile."""
+    """A directory that holds links to the checkout's venv, configs, script templates and
+    Makefile."""
     dest.mkdir(parents=True)
-    for name in (".venv", "configs", "Makefile"):
+    for name in (".venv", "configs", "sbatch_templates", "Makefile"):
         (dest / name).symlink_to(REPO / name)
     return dest
 

@@ -138,9 +138,21 @@ def test_script_example(tmp_path: Path, block: DocBlock) -> None:
     _config_check(spec_text, tmp_path, block)
 
 
-def test_shipped_script_is_a_valid_job(tmp_path: Path) -> None:
-    """README's `#WEAVE` script example (configs/jobs/grpo-toy.sh) as weave-sbatch reads it."""
-    spec_text, spec = build_spec(REPO / "configs" / "jobs" / "grpo-toy.sh", {})
-    assert spec.entry == "builtin:grpo-toy" and spec.name == "grpo-toy"
-    block = DocBlock("configs/jobs/grpo-toy.sh", "", 1, "bash", spec_text, None)
+TEMPLATES = {"hosted-grpo.sh": ("builtin:grpo-toy", "grpo-toy"),
+             "trl-grpo.sh": ("builtin:trl-grpo-tiny", "trl-grpo"),
+             "cooperative.sh": (None, "coop")}
+
+
+def test_every_script_template_is_here() -> None:
+    assert {p.name for p in (REPO / "sbatch_templates").glob("*.sh")} == set(TEMPLATES)
+
+
+@pytest.mark.parametrize("name", sorted(TEMPLATES))
+def test_shipped_script_template_is_a_valid_job(name: str, tmp_path: Path) -> None:
+    """The `#WEAVE` script templates (sbatch_templates/*.sh) as weave-sbatch reads them;
+    README's separate-hosts path submits each (tests/docs/test_readme_run.py)."""
+    spec_text, spec = build_spec(REPO / "sbatch_templates" / name, {})
+    assert (spec.entry, spec.name) == TEMPLATES[name]
+    assert (spec.launch is not None) == (name == "cooperative.sh")
+    block = DocBlock(f"sbatch_templates/{name}", "", 1, "bash", spec_text, None)
     _config_check(spec_text, tmp_path, block)

@@ -576,7 +576,7 @@ class RecordingRunner(SubprocessRunner):
 def assert_no_shell(argvs: Sequence[tuple[str, ...]]) -> None:
     """Every command is a Slurm client run as an argv list, never a shell."""
     for argv in argvs:
-        assert argv[0] in ("salloc", "srun", "scancel", "squeue", "sinfo"), argv
+        assert argv[0] in ("sbatch", "srun", "scancel", "squeue", "sinfo"), argv
 
 
 @pytest.mark.slurm

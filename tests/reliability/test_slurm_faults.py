@@ -16,7 +16,7 @@ node (its node daemons, its /dev/shm) they look at on that node's host.
 * a node of a group's training allocation set DOWN: the members' checkpoints, on the
   shared root, move to the replacement training node;
 * a node's slurmd stopped: the node works on, until Slurm gives up on it;
-* ``salloc`` failing, then hanging past its timeout (a wrapper first on weaved's
+* ``sbatch`` failing, then hanging past its timeout (a wrapper first on weaved's
   PATH): weaved backs off and retries, status says why in words, no job is lost and
   no allocation leaks or doubles; after the fault clears the jobs run to the end.
 """
@@ -91,7 +91,7 @@ Weaved(DaemonConfig(state_dir=Path(a["state"]), backend="slurm", instance=a["ins
 
 @dataclass
 class Place:
-    public: Path            # login-side scratch: weaved's log, a salloc wrapper
+    public: Path            # login-side scratch: weaved's log, an sbatch wrapper
     dirs: WeavedDirs        # weaved's state (login side) and checkpoints (shared)
     instance: str
     env: dict[str, str]
@@ -483,28 +483,28 @@ def test_training_node_down_moves_its_checkpoints_and_readmits(place: Place) -> 
     assert not [q for q in lost_root.rglob("*") if q.name in {str(j) for j in seeds}]
 
 
-SALLOC_WRAPPER = """\
+SBATCH_WRAPPER = """\
 #!/bin/sh
-# weave fault test: the first {fail} calls fail, the next {hang} are granted but hang
+# weave fault test: the first {fail} calls fail, the next {hang} are queued but hang
 n=$(cat {count} 2>/dev/null || echo 0); n=$((n + 1)); echo $n > {count}
 if [ $n -le {fail} ]; then
-  echo "salloc: error: Unable to contact slurm controller (connect failure)" >&2; exit 1
+  echo "sbatch: error: Unable to contact slurm controller (connect failure)" >&2; exit 1
 fi
 if [ $n -le {total} ]; then {real} "$@"; sleep 60; fi
 exec {real} "$@"
 """
 
 
-def test_salloc_failing_then_hanging_is_retried(place: Place) -> None:
+def test_sbatch_failing_then_hanging_is_retried(place: Place) -> None:
     p = place
-    real = shutil.which("salloc")
+    real = shutil.which("sbatch")
     assert real is not None
     wrap = p.public / "bin"
     wrap.mkdir()
-    count = p.public / "salloc.count"
-    (wrap / "salloc").write_text(SALLOC_WRAPPER.format(fail=2, hang=1, total=3, count=count,
+    count = p.public / "sbatch.count"
+    (wrap / "sbatch").write_text(SBATCH_WRAPPER.format(fail=2, hang=1, total=3, count=count,
                                                        real=real))
-    (wrap / "salloc").chmod(0o755)
+    (wrap / "sbatch").chmod(0o755)
     env = {**p.env, "PATH": f"{wrap}:{os.environ['PATH']}"}
     backend = SlurmCliBackend(env=env, timeout_s=5.0)
     w, t = start_inproc(p, backend=backend, immediate_s=1)
@@ -519,8 +519,8 @@ def test_salloc_failing_then_hanging_is_retried(place: Place) -> None:
         wait_for(running, 120, "both running")
         said = " | ".join(str(r["reason"]) for r in seen)
         assert "Unable to contact slurm controller" in said and "retrying in" in said, said
-        assert "salloc hung: command timed out after" in said, said
-        assert int(count.read_text()) >= 4   # 2 failures, 1 hang, then granted
+        assert "sbatch hung: command timed out after" in said, said
+        assert int(count.read_text()) >= 4   # 2 failures, 1 hang, then started
         rows = finish(p, ids, 240)
         assert [r["state"] for r in rows] == ["COMPLETED", "COMPLETED"], rows
         check_solo_digests(p, seeds, steps=2)

@@ -23,7 +23,7 @@ from weave_slurm.slurm.command_runner import run_command
 from weave_slurm.slurm.local_cluster import ClusterStatus, LocalCluster
 
 REPO = Path(__file__).resolve().parents[2]
-SPANK_SRC = REPO / "weave_slurm" / "spank"   # the plugin's source: package data
+SPANK_SRC = REPO / "spank"   # the plugin's source (weave_slurm/spank/ links to it)
 SOCKET_DIR = Path("/run/weave")               # the plugin's sockdir: each host's own /run
 
 
@@ -46,7 +46,7 @@ class SessionCluster:
 
 
 def build_spank(out_dir: Path) -> Path:
-    """``make -C weave_slurm/spank OUT=<out_dir>``; returns the built weave.so."""
+    """``make -C spank OUT=<out_dir>``; returns the built weave.so."""
     run_command(["make", "-s", "-C", str(SPANK_SRC), f"OUT={out_dir}"], timeout_s=120)
     return out_dir / "weave.so"
 

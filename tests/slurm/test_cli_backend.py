@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 from pathlib import Path
 
@@ -15,9 +16,10 @@ from weave_slurm.slurm.backend import (
     StepSpec,
     StepState,
 )
-from weave_slurm.slurm.cli_backend import SlurmCliBackend, salloc_argv, srun_argv
+from weave_slurm.slurm.cli_backend import SlurmCliBackend, sbatch_argv, srun_argv
 from weave_slurm.slurm.command_runner import SlurmCommandError
 from weave_slurm.slurm.fake_runner import FakeReply, FakeRunner
+from weave_slurm.slurm.templates import ALLOCATION_TEMPLATE, render_allocation
 
 FIX = Path(__file__).parent / "fixtures"
 ENV = {"SLURM_CONF": "/x/slurm.conf"}
@@ -31,20 +33,20 @@ def _backend(fake: FakeRunner, uid: int = 0) -> SlurmCliBackend:
     return SlurmCliBackend(runner=fake, env=ENV, uid=uid)
 
 
-def test_salloc_argv_plain_and_het() -> None:
+def test_the_allocation_is_the_rendered_script_submitted_with_sbatch() -> None:
     req = AllocationRequest("8", "het", (H20, H800), time_limit_min=90, immediate_s=5)
-    assert salloc_argv(req) == [
-        "salloc", "--no-shell", "--job-name=weave-g8-het", "--comment=weave:default:8:het",
-        "--immediate=5", "--time=90",
-        "--partition=h20", "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=8",
-        "--gres=gpu:h20:8", ":",
-        "--partition=h800", "--nodes=1", "--ntasks-per-node=1", "--cpus-per-task=16",
-        "--gres=gpu:h800:8"]
+    text = render_allocation(req)
+    assert ("#SBATCH --time=90\n"
+            "#SBATCH --partition=h20\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n"
+            "#SBATCH --cpus-per-task=8\n#SBATCH --gres=gpu:h20:8\n#SBATCH hetjob\n"
+            "#SBATCH --partition=h800\n") in text
+    assert "#SBATCH --job-name=weave-g8-het\n#SBATCH --comment=weave:default:8:het\n" in text
     no_gpu = AllocationRequest("1", "cpu", (ResourceSpec("h20", 1),))
-    assert not any(a.startswith("--gres") for a in salloc_argv(no_gpu))
+    assert "--gres" not in render_allocation(no_gpu)
     tagged = AllocationRequest("t1.4", "h20-0", (H20,), instance="t1")
-    assert salloc_argv(tagged)[2:4] == ["--job-name=weave-gt1.4-h20-0",
-                                        "--comment=weave:t1:t1.4:h20-0"]
+    assert ("--job-name=weave-gt1.4-h20-0\n#SBATCH --comment=weave:t1:t1.4:h20-0"
+            in render_allocation(tagged))
+    assert sbatch_argv(Path("/x/a.sbatch")) == ["sbatch", "--parsable", "/x/a.sbatch"]
     with pytest.raises(ConfigError, match="instance='t-1'"):
         AllocationRequest("1", "h20", (H20,), instance="t-1").validate()
 
@@ -59,49 +61,81 @@ def test_srun_argv_always_has_overlap_exact_n_c() -> None:
         "--weave-slo=1.5", "python", "-m", "x"]
 
 
-def test_allocate_parses_grant_and_reads_back_from_squeue() -> None:
+def test_allocate_submits_the_script_and_reads_back_from_squeue(tmp_path: Path) -> None:
     fake = FakeRunner()
-    fake.on(["salloc"], FakeReply(stderr="salloc: Granted job allocation 3\n"))
+    fake.on(["sbatch", "--parsable"], FakeReply(stdout="3\n"))
     backend = _backend(fake)
+    backend.log_dir = tmp_path
     alloc = backend.allocate(AllocationRequest("8", "het", (H20, H800)))
     assert alloc.alloc_id == "3" and alloc.heterogeneous
-    assert fake.calls[0].env == ENV
+    kept = tmp_path / "allocations" / "weave-g8-het.sbatch"
+    assert fake.calls[0].argv == ("sbatch", "--parsable", str(kept))
+    assert fake.calls[0].env == ENV and "#SBATCH hetjob" in kept.read_text()
+
+
+def test_a_site_template_is_what_is_submitted(tmp_path: Path) -> None:
+    site = tmp_path / "site-alloc.sbatch"
+    site.write_text(ALLOCATION_TEMPLATE.read_text().replace("exec sleep", "# SITE\nexec sleep"))
+    fake = FakeRunner()
+    fake.on(["sbatch", "--parsable"], FakeReply(stdout="3;cluster\n"))
+    backend = SlurmCliBackend(runner=fake, env=ENV, uid=0, log_dir=tmp_path, template=site)
+    fake.on(["squeue", "--json"], FakeReply(stdout=(FIX / "squeue_22.05_het.json").read_text()))
+    assert backend.allocate(AllocationRequest("8", "het", (H20, H800))).alloc_id == "3"
+    assert "# SITE" in (tmp_path / "allocations" / "weave-g8-het.sbatch").read_text()
 
 
 @pytest.mark.parametrize(("stderr", "exc"), [
-    ("salloc: error: Job submit/allocate failed: Requested node configuration is not "
+    ("sbatch: error: Batch job submission failed: Requested node configuration is not "
      "available", InfeasibleRequest),
-    ("salloc: error: invalid partition specified: nope", InfeasibleRequest),
-    ("salloc: error: Unable to allocate resources: Connection timed out", InsufficientResources),
+    ("sbatch: error: invalid partition specified: nope", InfeasibleRequest),
+    ("sbatch: error: Batch job submission failed: Job violates accounting/QOS policy (job "
+     "submit limit, user's size and/or time limits)", InsufficientResources),
 ])
 def test_allocate_maps_refusals_to_next_moves(stderr: str, exc: type[Exception]) -> None:
     fake = FakeRunner()
-    fake.on(["salloc"], FakeReply(stderr=stderr, returncode=1))
+    fake.on(["sbatch"], FakeReply(stderr=stderr, returncode=1))
     with pytest.raises(exc, match="weave-g1-h20"):
         _backend(fake).allocate(AllocationRequest("1", "h20", (H20,)))
 
 
 def test_allocate_hang_is_insufficient_and_other_errors_pass_through() -> None:
     fake = FakeRunner()
-    fake.on(["salloc"], FakeReply(hang=True))
+    fake.on(["sbatch"], FakeReply(hang=True))
     with pytest.raises(InsufficientResources):
         _backend(fake).allocate(AllocationRequest("1", "h20", (H20,)))
     fake2 = FakeRunner()
-    fake2.on(["salloc"], FakeReply(stderr="salloc: error: munge decode failed", returncode=1))
+    fake2.on(["sbatch"], FakeReply(stderr="sbatch: error: munge decode failed", returncode=1))
     with pytest.raises(SlurmCommandError, match="munge"):
         _backend(fake2).allocate(AllocationRequest("1", "h20", (H20,)))
 
 
-def test_allocate_without_grant_line_is_a_state_error() -> None:
+def test_allocate_without_a_job_id_is_a_state_error() -> None:
     fake = FakeRunner()
-    fake.on(["salloc"], FakeReply(stderr="salloc: something else"))
-    with pytest.raises(StateError, match="Granted"):
+    fake.on(["sbatch"], FakeReply(stdout="sbatch: something else"))
+    with pytest.raises(StateError, match="no job id"):
         _backend(fake).allocate(AllocationRequest("1", "h20", (H20,)))
+
+
+def test_still_pending_after_immediate_s_is_cancelled_and_insufficient() -> None:
+    """salloc --immediate's meaning: not started within immediate_s, the job is cancelled
+    (never left queued behind weaved's back) and the caller retries later."""
+    data = json.loads((FIX / "squeue_22.05_het.json").read_text())
+    for job in data["jobs"]:
+        if job["job_id"] == 3:
+            job["job_state"] = "PENDING"
+    fake = FakeRunner()
+    fake.on(["squeue", "--json"], FakeReply(stdout=json.dumps(data)))
+    fake.on(["sbatch"], FakeReply(stdout="3\n"))
+    fake.on(["scancel"], FakeReply())
+    backend = SlurmCliBackend(runner=fake, env=ENV, uid=0)
+    with pytest.raises(InsufficientResources, match="job 3 still pending after 0 s"):
+        backend.allocate(AllocationRequest("8", "het", (H20, H800), immediate_s=0))
+    assert ("scancel", "3") in fake.argvs()
 
 
 def test_allocate_reads_back_only_an_allocation_of_its_own_instance() -> None:
     fake = FakeRunner()
-    fake.on(["salloc"], FakeReply(stderr="salloc: Granted job allocation 3\n"))
+    fake.on(["sbatch"], FakeReply(stdout="3\n"))
     with pytest.raises(StateError, match="squeue does not list it"):   # job 3 is default's
         _backend(fake).allocate(AllocationRequest("8", "het", (H20, H800), instance="t1"))
 

@@ -90,7 +90,10 @@ def test_gpus_per_node(tres: str, want: tuple[str | None, int]) -> None:
 
 
 def test_steps_text() -> None:
-    steps = parse_steps((FIX / "squeue_steps_22.05.txt").read_text() + "garbage\n3+1.0|x|n1|1\n")
+    """An allocation is an sbatch job: its script's step (``8.batch``, named ``batch``) and
+    ``extern`` are Slurm's, never listed as weave's steps."""
+    steps = parse_steps((FIX / "squeue_steps_22.05.txt").read_text() + "garbage\n3+1.0|x|n1|1\n"
+                        "8.batch|batch|h20-0|1\n8.extern|extern|h20-[0-1]|2\n")
     assert [(s.alloc_id, s.step_id, s.name, s.nodes, s.ntasks) for s in steps] == [
         ("8", "8.0", "roll-a", ("h20-0", "h20-1"), 2),
         ("8", "8.1", "node-d", ("h20-0",), 1),

@@ -13,7 +13,12 @@ import pytest
 from weave_slurm.errors import ConfigError
 from weave_slurm.slurm.backend import AllocationRequest, ResourceSpec
 from weave_slurm.slurm.command_runner import run_command
-from weave_slurm.slurm.templates import render, render_allocation
+from weave_slurm.slurm.templates import (
+    ALLOCATION_TEMPLATE,
+    check_allocation_template,
+    render,
+    render_allocation,
+)
 
 GOLDEN = Path(__file__).parent / "golden"
 H20 = ResourceSpec("h20", 2, 8, "h20", 16)
@@ -39,13 +44,30 @@ def test_golden(name: str) -> None:
 
 def test_rendering_is_strict(tmp_path: Path) -> None:
     (tmp_path / "t.sh").write_text("echo @@{a} $HOME\n")
-    assert render("t.sh", {"a": "1"}, tmp_path) == "echo 1 $HOME\n"
+    assert render(tmp_path / "t.sh", {"a": "1"}) == "echo 1 $HOME\n"
     with pytest.raises(ConfigError, match=r"missing values \['a'\]"):
-        render("t.sh", {}, tmp_path)
+        render(tmp_path / "t.sh", {})
     with pytest.raises(ConfigError, match=r"unknown values \['b'\]"):
-        render("t.sh", {"a": "1", "b": "2"}, tmp_path)
-    with pytest.raises(ConfigError, match=r"available: \['t\.sh'\]"):
-        render("nope.sh", {}, tmp_path)
+        render(tmp_path / "t.sh", {"a": "1", "b": "2"})
+    with pytest.raises(ConfigError, match=r"nope\.sh' cannot be read"):
+        render(tmp_path / "nope.sh", {})
+
+
+def test_a_sites_template_must_use_every_placeholder(tmp_path: Path) -> None:
+    """A site's own allocation script: the shipped one with a line added is fine; one
+    without the comment (how a restarted weaved finds its allocations) is refused at
+    load, naming the file and the missing placeholder."""
+    check_allocation_template(ALLOCATION_TEMPLATE)
+    site = tmp_path / "alloc.sbatch"
+    site.write_text(ALLOCATION_TEMPLATE.read_text().replace(
+        "exec sleep", "module load cuda\nexec sleep"))
+    check_allocation_template(site)
+    assert "module load cuda" in render_allocation(AllocationRequest("7", "h20", (H20,)),
+                                                   template=site)
+    site.write_text(ALLOCATION_TEMPLATE.read_text().replace("@@{comment}", "x@@{extra}"))
+    with pytest.raises(ConfigError, match=r"alloc\.sbatch'.*missing placeholders "
+                                          r"\['comment'\], unknown placeholders \['extra'\]"):
+        check_allocation_template(site)
 
 
 def test_bad_inputs() -> None:

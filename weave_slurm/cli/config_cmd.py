@@ -13,6 +13,7 @@ from weave_slurm.config.runtime import transfer_refusal
 from weave_slurm.config.site import load_site
 from weave_slurm.errors import ConfigError, WeaveError
 from weave_slurm.model.profile import profile_job
+from weave_slurm.slurm.templates import check_allocation_template
 from weave_slurm.workloads.builtins import check_builtin, is_builtin
 
 config_app = typer.Typer(help="Validate configuration files.", no_args_is_help=True)
@@ -41,6 +42,8 @@ def check(
             raise
         raise ConfigError(f"{site}: is a job spec, not a site config; usage: weave config "
                           "check SITE.toml [JOB.toml ...]") from not_a_site
+    if cfg.slurm.allocation_template is not None:
+        check_allocation_template(cfg.slurm.allocation_template)
     refusal = transfer_refusal(cfg.runtime, remote_nodes=backend is Backend.SLURM)
     if refusal is not None:
         raise ConfigError(f"{site}: {refusal} (or check it with --backend local)")

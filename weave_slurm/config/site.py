@@ -93,13 +93,17 @@ MAX_TIME_LIMIT_MIN = 365 * 24 * 60
 @dataclass(frozen=True, slots=True)
 class SlurmConfig:
     """What every allocation weaved holds is charged to (``[slurm]``; None: Slurm's
-    default): ``salloc --account``, ``--qos`` and ``--time`` (minutes). A group's
+    default): ``#SBATCH --account``, ``--qos`` and ``--time`` (minutes) of the allocation
+    script weaved submits, which may be the site's own (``allocation_template``). A group's
     allocation that reaches its time limit is ended by Slurm, and weaved handles it
     as a lost allocation (docs/accounting.md)."""
 
     account: str | None = None
     qos: str | None = None
     time_limit_min: int | None = None
+    #: The site's own allocation script (None: the shipped ``sbatch_templates/
+    #: allocation.sbatch``); a relative path is relative to the site file.
+    allocation_template: Path | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +220,7 @@ def _site_from_data(data: object, source: str) -> SiteConfig:
             colo_switch_s=mtab.number("colo_switch_s", model.colo_switch_s, ge=0))
         mtab.done()
     runtime = read_runtime(top.table("runtime", required=False))
-    slurm = _slurm(top.table("slurm", required=False))
+    slurm = _slurm(top.table("slurm", required=False), _site_dir(source))
     fairshare = read_fairshare(top.table("fairshare", required=False))
     defaults = top.table("defaults", required=False)
     if defaults is not None:
@@ -244,8 +248,15 @@ def _pool(r: TableReader, role: Pool, base: PoolConfig, gpus: dict[str, GpuSpec]
     return pool
 
 
-def _slurm(r: TableReader | None) -> SlurmConfig:
-    """``[slurm]``: account, qos (names) and time_limit_min (minutes), all optional."""
+def _site_dir(source: str) -> Path:
+    """What a relative path in the site file is relative to (its directory; the current
+    one for a site given as text)."""
+    return Path(source).parent if not source.startswith("<") else Path.cwd()
+
+
+def _slurm(r: TableReader | None, site_dir: Path) -> SlurmConfig:
+    """``[slurm]``: account, qos (names), time_limit_min (minutes) and
+    allocation_template (a file), all optional."""
     if r is None:
         return SlurmConfig()
     names = {}
@@ -260,5 +271,11 @@ def _slurm(r: TableReader | None) -> SlurmConfig:
         raise r.fail("time_limit_min", limit, f"must be minutes between 1 and "
                      f"{MAX_TIME_LIMIT_MIN} (365 days); leave it out for the partition's "
                      "limit")
+    template = r.opt_string("allocation_template")
+    path = site_dir / template if template is not None else None
+    if path is not None and not path.is_file():
+        raise r.fail("allocation_template", template, f"{str(path)!r} is not a file; leave "
+                     "the key out for the shipped sbatch_templates/allocation.sbatch")
     r.done()
-    return SlurmConfig(account=names["account"], qos=names["qos"], time_limit_min=limit)
+    return SlurmConfig(account=names["account"], qos=names["qos"], time_limit_min=limit,
+                       allocation_template=path)

@@ -2,7 +2,7 @@
 
 :class:`GroupAllocations` carries out what :func:`~weave_slurm.daemon.allocplan.needs`
 says a group's plan needs, write-ahead like every act of the loop: a row is WANTED
-before anything is asked, ALLOCATING before ``salloc`` runs, RELEASING before the
+before anything is asked, ALLOCATING before ``sbatch`` runs, RELEASING before the
 release call. A group that needs another allocation (rollout scaling, a lost one
 replaced) goes FORMING until it is held and its node daemons run. An allocation no
 member is pinned to any more (the group shrank) is returned once no job step runs in
@@ -62,7 +62,7 @@ class GroupAllocations:
         self.retry = Backoff()   # per alloc key: failed or hung allocate calls
 
     def request(self, group: GroupRow, alloc: AllocRow) -> AllocationRequest:
-        """What ``salloc`` asks for this row: its shape, and what the row says it is
+        """What ``sbatch`` asks for this row: its shape, and what the row says it is
         charged to (written when it was wanted: a restart asks the same)."""
         return AllocationRequest(group.label, alloc.pool, (ResourceSpec(
             alloc.partition, alloc.node_count, alloc.gpus_per_node, alloc.gpu_type,

@@ -29,7 +29,7 @@ RETRY_MAX_S = 15.0
 NODE_DAEMON_TRIES = 5   # node-daemon launches in a row that may fail before its jobs fail
 NODE_DAEMON_STABLE_S = 4 * RETRY_MAX_S   # ran this long: healthy, failures forgotten
 LOG_TAIL_BYTES = 16384   # how much of a step's log is read for its last line
-_SLURM_TOOLS = ("srun:", "slurmstepd:", "salloc:")
+_SLURM_TOOLS = ("srun:", "slurmstepd:", "sbatch:")
 
 
 class Backoff:

@@ -138,7 +138,7 @@ class Weaved:
         self.site = load_site(cfg.site_path) if cfg.site_path else default_site()
         self.backend = backend or make_backend(
             cfg.backend, state_dir=cfg.state_dir / "local", env=cfg.env or None,
-            log_dir=cfg.state_dir / "logs")
+            log_dir=cfg.state_dir / "logs", template=self.site.slurm.allocation_template)
         refusal = transfer_refusal(self.site.runtime, self.backend.kind != "local")
         if refusal is not None:
             raise ConfigError(f"{self.site.source}: {refusal}")

@@ -2,7 +2,7 @@
 
 Every state change is a compare-and-set on the entity's row plus a row in
 ``transitions``, committed in one transaction BEFORE the action it records: an
-``ALLOCATING`` row is durable before ``salloc`` runs, so a restarted daemon knows
+``ALLOCATING`` row is durable before ``sbatch`` runs, so a restarted daemon knows
 the call may have happened and looks for it in Slurm before asking again.
 A file that is not a database, fails ``quick_check`` or has another schema
 version raises :class:`StateError`: the daemon never runs on state it cannot read.

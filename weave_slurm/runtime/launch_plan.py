@@ -33,7 +33,7 @@ class LaunchPlan:
     @classmethod
     def build(cls, launch: LaunchSpec, slurm: JobSlurm, *, job_id: str, name: str,
               user: str, home: str, workdir: str | None,
-              pythonpath: Sequence[str] = ()) -> LaunchPlan:
+              pythonpath: Sequence[str] = (), iterations: int | None = None) -> LaunchPlan:
         def place(pattern: str | None) -> str | None:
             if pattern is None:
                 return None
@@ -44,6 +44,8 @@ class LaunchPlan:
         if pythonpath:   # the spec's pythonpath first, then the environment's
             env["PYTHONPATH"] = ":".join([*pythonpath, *filter(None, [env.get("PYTHONPATH")])])
         env["WEAVE_JOB_NAME"] = name
+        if iterations is not None:   # how many versions the train role must produce
+            env["WEAVE_ITERATIONS"] = str(iterations)
         if launch.object_store_gib:   # Ray's --object-store-memory takes bytes
             env["WEAVE_OBJECT_STORE_BYTES"] = str(int(launch.object_store_gib * 2**30))
         return cls(tuple((role, launch.command(role)) for role in ROLES),
@@ -67,4 +69,5 @@ def plan_for(spec: JobSpec, job_id: str, uid: int | None) -> LaunchPlan | None:
     except KeyError:
         home = "/"
     return LaunchPlan.build(spec.launch, spec.slurm, job_id=job_id, name=spec.name, user=spec.user,
-                            home=home, workdir=spec.workdir, pythonpath=spec.pythonpath)
+                            home=home, workdir=spec.workdir, pythonpath=spec.pythonpath,
+                            iterations=spec.iterations)

@@ -1,8 +1,9 @@
 """The Slurm backend over the command-line tools (the default door to a real Slurm).
 
-``salloc --no-shell`` holds allocations, ``srun --jobid=<id> --overlap --exact``
-runs steps in the background, ``scancel`` ends both, ``squeue --json`` /
-``squeue --steps`` / ``sinfo --json`` read the world. Every command goes through
+``sbatch --parsable`` of the rendered allocation template (:mod:`.templates`) holds
+allocations, ``srun --jobid=<id> --overlap --exact`` runs steps in the background,
+``scancel`` ends both, ``squeue --json`` / ``squeue --steps`` / ``sinfo --json`` read the
+world. Every command goes through
 the injected :class:`~weave_slurm.slurm.command_runner.CommandRunner`.
 """
 
@@ -10,8 +11,8 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import signal
+import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -25,7 +26,6 @@ from weave_slurm.slurm.backend import (
     AllocationRequest,
     AllocationState,
     NodeInfo,
-    ResourceSpec,
     StepHandle,
     StepInfo,
     StepSpec,
@@ -40,41 +40,19 @@ from weave_slurm.slurm.command_runner import (
     SubprocessRunner,
 )
 from weave_slurm.slurm.sinfo import parse_nodes
+from weave_slurm.slurm.templates import ALLOCATION_TEMPLATE, render_allocation
 
 log = logging.getLogger(__name__)
 
-_GRANTED_RE = re.compile(r"Granted job allocation (\d+)")
 _NEVER = ("requested node configuration is not available", "invalid partition",
           "invalid generic resource", "invalid gres", "invalid trackable resource")
 _LATER = ("connection timed out", "unable to allocate resources", "job violates")
 _GONE = ("invalid job id", "already completed", "does not exist")
 
 
-def component_args(spec: ResourceSpec) -> list[str]:
-    """The salloc/sbatch options (``--flag=value``) for one homogeneous component."""
-    args = [f"--partition={spec.partition}", f"--nodes={spec.node_count}",
-            "--ntasks-per-node=1", f"--cpus-per-task={spec.cpus_per_node}"]
-    if spec.gpus_per_node:
-        kind = f"{spec.gpu_type}:" if spec.gpu_type else ""
-        args.append(f"--gres=gpu:{kind}{spec.gpus_per_node}")
-    return args
-
-
-def salloc_argv(request: AllocationRequest) -> list[str]:
-    """``salloc --no-shell`` for a request; components are joined with ``:`` (hetjob)."""
-    argv = ["salloc", "--no-shell", f"--job-name={request.job_name}",
-            f"--comment={request.comment}", f"--immediate={request.immediate_s}"]
-    if request.time_limit_min is not None:
-        argv.append(f"--time={request.time_limit_min}")
-    if request.account is not None:
-        argv.append(f"--account={request.account}")
-    if request.qos is not None:
-        argv.append(f"--qos={request.qos}")
-    for i, comp in enumerate(request.components):
-        if i:
-            argv.append(":")
-        argv += component_args(comp)
-    return argv
+def sbatch_argv(script: Path) -> list[str]:
+    """``sbatch --parsable SCRIPT``: everything else is in the rendered script."""
+    return ["sbatch", "--parsable", str(script)]
 
 
 def srun_argv(alloc_id: str, spec: StepSpec) -> list[str]:
@@ -100,18 +78,20 @@ class _Launched:
 
 
 class SlurmCliBackend:
-    """:class:`~weave_slurm.slurm.backend.Backend` over salloc/srun/scancel/squeue/sinfo."""
+    """:class:`~weave_slurm.slurm.backend.Backend` over sbatch/srun/scancel/squeue/sinfo."""
 
     kind = "slurm"
 
     def __init__(self, runner: CommandRunner | None = None,
                  env: Mapping[str, str] | None = None, log_dir: Path | None = None,
-                 timeout_s: float = 30.0, uid: int | None = None) -> None:
+                 timeout_s: float = 30.0, uid: int | None = None,
+                 template: Path = ALLOCATION_TEMPLATE) -> None:
         self.runner: CommandRunner = runner or SubprocessRunner()
         self.uid = os.getuid() if uid is None else uid   # whose allocations are listed
         self.env = dict(env or {})
         self.log_dir = log_dir
         self.timeout_s = timeout_s
+        self.template = template   # the allocation script (a site's, or the shipped one)
         self._steps: dict[tuple[str, str], _Launched] = {}
 
     def _run(self, argv: list[str], timeout_s: float | None = None) -> str:
@@ -120,29 +100,56 @@ class SlurmCliBackend:
     # -- allocations -------------------------------------------------------------------
 
     def allocate(self, request: AllocationRequest) -> Allocation:
+        """Submit the rendered allocation script and wait up to ``request.immediate_s``
+        for Slurm to start it (salloc's ``--immediate``): still pending then, it is
+        cancelled and InsufficientResources says so (retry later); refused at submission
+        as never satisfiable, InfeasibleRequest."""
         request.validate()
-        argv = salloc_argv(request)
+        script = render_allocation(request, template=self.template)
         try:
-            res = self.runner.run(argv, timeout_s=request.immediate_s + self.timeout_s,
-                                  env=self.env)
+            alloc_id = self._submit(request, script)
         except SlurmCommandError as exc:
             raise _classify(exc, request) from exc
-        m = _GRANTED_RE.search(res.stderr + res.stdout)
-        if not m:
-            raise StateError(f"salloc for {request.job_name}: no 'Granted job allocation' in "
-                             f"its output: {(res.stderr + res.stdout).strip()[-200:]!r}")
-        alloc_id = m.group(1)
-        for _ in range(20):
+        deadline = time.monotonic() + request.immediate_s
+        pause = 0.05
+        while True:
             found = [a for a in self.list_allocations(request.job_name,
                                                       instance=request.instance)
                      if a.alloc_id == alloc_id]
-            if found:
+            if found and found[0].state is AllocationState.RUNNING:
                 log.info("allocated %s as job %s on %s", request.job_name, alloc_id,
                          ",".join(found[0].nodes))
                 return found[0]
-            time.sleep(0.05)
-        raise StateError(f"salloc granted job {alloc_id} ({request.job_name}) but squeue does "
-                         "not list it")
+            if not found and pause > 0.5:   # listed by then if it was ever queued
+                raise StateError(f"sbatch queued job {alloc_id} ({request.job_name}) but "
+                                 "squeue does not list it (ended at once? see the "
+                                 "allocation template's output)")
+            if time.monotonic() >= deadline:
+                self.release(alloc_id)
+                raise InsufficientResources(
+                    f"sbatch {request.job_name}: job {alloc_id} still pending after "
+                    f"{request.immediate_s} s; cancelled (retry later)")
+            time.sleep(pause)
+            pause = min(pause * 1.5, 1.0)
+
+    def _submit(self, request: AllocationRequest, script: str) -> str:
+        """``sbatch --parsable`` of ``script`` (kept as ``<log_dir>/allocations/<name>.sbatch``
+        where there is a log dir: what was submitted last for that allocation); the id."""
+        if self.log_dir is not None:
+            path = self.log_dir / "allocations" / f"{request.job_name}.sbatch"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(script)
+            out = self._run(sbatch_argv(path)).strip()
+        else:
+            with tempfile.NamedTemporaryFile("w", suffix=".sbatch") as tmp:
+                tmp.write(script)
+                tmp.flush()
+                out = self._run(sbatch_argv(Path(tmp.name))).strip()
+        alloc_id = out.split(";")[0]   # --parsable: "<id>[;<cluster>]"
+        if not alloc_id.isdigit():
+            raise StateError(f"sbatch for {request.job_name}: no job id in its output "
+                             f"{out[-200:]!r}")
+        return alloc_id
 
     def release(self, alloc_id: str) -> None:
         """scancel the allocation; releasing one that is already gone is not an error."""
@@ -239,13 +246,13 @@ class SlurmCliBackend:
 
 
 def _classify(exc: SlurmCommandError, request: AllocationRequest) -> Exception:
-    """Map a failed salloc to the caller's next move (never / later / look at it)."""
+    """Map a failed sbatch to the caller's next move (never / later / look at it)."""
     text = (exc.stderr + exc.stdout).lower()
     last = ((exc.stderr + exc.stdout).strip().splitlines() or [""])[-1]
     if any(s in text for s in _NEVER):
-        return InfeasibleRequest(f"salloc {request.job_name}: Slurm refuses the request as "
+        return InfeasibleRequest(f"sbatch {request.job_name}: Slurm refuses the request as "
                                  f"asked: {last}")
     if exc.timed_out or any(s in text for s in _LATER):
-        return InsufficientResources(f"salloc {request.job_name}: not granted within "
-                                     f"{request.immediate_s} s (retry later): {last}")
+        return InsufficientResources(f"sbatch {request.job_name}: not accepted now "
+                                     f"(retry later): {last}")
     return exc

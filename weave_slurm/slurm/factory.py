@@ -19,6 +19,7 @@ from weave_slurm.slurm.cli_backend import SlurmCliBackend
 from weave_slurm.slurm.cluster_config import ClusterLayout
 from weave_slurm.slurm.command_runner import CommandRunner, SlurmCommandError, SubprocessRunner
 from weave_slurm.slurm.local_backend import LocalBackend
+from weave_slurm.slurm.templates import check_allocation_template
 
 _VERSION_RE = re.compile(r"(\d+)\.(\d+)")
 
@@ -59,8 +60,10 @@ def check_pyslurm(runner: CommandRunner, env: Mapping[str, str] | None = None) -
 def make_backend(kind: str | BackendKind = BackendKind.LOCAL, *,
                  state_dir: Path = Path(".state/local"), layout: ClusterLayout | None = None,
                  env: Mapping[str, str] | None = None, runner: CommandRunner | None = None,
-                 log_dir: Path | None = None) -> Backend:
-    """The backend named ``kind``; ConfigError naming the valid kinds otherwise."""
+                 log_dir: Path | None = None, template: Path | None = None) -> Backend:
+    """The backend named ``kind``; ConfigError naming the valid kinds otherwise.
+    ``template``: a site's allocation script for ``slurm`` (checked here; None: the
+    shipped one)."""
     try:
         which = BackendKind(kind)
     except ValueError:
@@ -70,7 +73,10 @@ def make_backend(kind: str | BackendKind = BackendKind.LOCAL, *,
         return LocalBackend(state_dir, layout)
     runner = runner or SubprocessRunner()
     if which is BackendKind.SLURM:
-        return SlurmCliBackend(runner=runner, env=env, log_dir=log_dir)
+        if template is None:
+            return SlurmCliBackend(runner=runner, env=env, log_dir=log_dir)
+        check_allocation_template(template)
+        return SlurmCliBackend(runner=runner, env=env, log_dir=log_dir, template=template)
     reason = check_pyslurm(runner, env)
     raise ConfigError(f"backend 'pyslurm' refused: {reason}; use backend 'slurm' (the CLI "
                       "with --json) instead")

@@ -137,14 +137,22 @@ def _alloc_of(step_id: str) -> str:
     return step_id.split(".", 1)[0].split("+", 1)[0]
 
 
+#: Steps Slurm runs in a job itself (``<job>.batch``: an sbatch job's script, here the
+#: allocation script holding the nodes; ``<job>.extern``): never one of weave's.
+SLURM_OWN_STEPS = frozenset({"batch", "extern"})
+
+
 def parse_steps(text: str) -> tuple[StepInfo, ...]:
-    """Steps from ``squeue --steps -h -o '%i|%j|%N|%A'`` (22.05 has no step JSON)."""
+    """Steps from ``squeue --steps -h -o '%i|%j|%N|%A'`` (22.05 has no step JSON); Slurm's
+    own (:data:`SLURM_OWN_STEPS`) left out."""
     out = []
     for line in text.splitlines():
         parts = line.strip().split("|")
         if len(parts) != 4 or "." not in parts[0]:
             continue
         step_id, name, nodes, ntasks = parts
+        if step_id.rpartition(".")[2] in SLURM_OWN_STEPS:
+            continue
         out.append(StepInfo(alloc_id=_alloc_of(step_id), step_id=step_id, name=name,
                             nodes=hostlist.expand(nodes),
                             ntasks=int(ntasks) if ntasks.isdigit() else 0))
