@@ -46,7 +46,8 @@ def test_the_allocation_is_the_rendered_script_submitted_with_sbatch() -> None:
     tagged = AllocationRequest("t1.4", "h20-0", (H20,), instance="t1")
     assert ("--job-name=weave-gt1.4-h20-0\n#SBATCH --comment=weave:t1:t1.4:h20-0"
             in render_allocation(tagged))
-    assert sbatch_argv(Path("/x/a.sbatch")) == ["sbatch", "--parsable", "/x/a.sbatch"]
+    assert sbatch_argv(Path("/x/a.sbatch")) == ["sbatch", "--parsable", "--no-requeue",
+                                                "/x/a.sbatch"]
     with pytest.raises(ConfigError, match="instance='t-1'"):
         AllocationRequest("1", "h20", (H20,), instance="t-1").validate()
 
@@ -69,7 +70,7 @@ def test_allocate_submits_the_script_and_reads_back_from_squeue(tmp_path: Path) 
     alloc = backend.allocate(AllocationRequest("8", "het", (H20, H800)))
     assert alloc.alloc_id == "3" and alloc.heterogeneous
     kept = tmp_path / "allocations" / "weave-g8-het.sbatch"
-    assert fake.calls[0].argv == ("sbatch", "--parsable", str(kept))
+    assert fake.calls[0].argv == ("sbatch", "--parsable", "--no-requeue", str(kept))
     assert fake.calls[0].env == ENV and "#SBATCH hetjob" in kept.read_text()
 
 

@@ -51,8 +51,12 @@ _GONE = ("invalid job id", "already completed", "does not exist")
 
 
 def sbatch_argv(script: Path) -> list[str]:
-    """``sbatch --parsable SCRIPT``: everything else is in the rendered script."""
-    return ["sbatch", "--parsable", str(script)]
+    """``sbatch --parsable --no-requeue SCRIPT``; the rest is in the rendered script.
+    ``--no-requeue`` on the command line (it wins over a site template's lines): with
+    Slurm's default ``JobRequeue=1`` a batch job whose node fails is queued again under
+    the same id, and weaved would wait on it as PENDING instead of replacing a lost
+    allocation."""
+    return ["sbatch", "--parsable", "--no-requeue", str(script)]
 
 
 def srun_argv(alloc_id: str, spec: StepSpec) -> list[str]:
