@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from weave_slurm.model.profile import JobProfile
+from weave_slurm.placement.batch_search import decisions_in, improve_batch
 from weave_slurm.placement.cluster_state import ClusterState, apply
 from weave_slurm.placement.decision import Decision, Placement, Refusal
 from weave_slurm.placement.engine import WeavePolicy
@@ -78,9 +79,16 @@ def place_batch(policy: Policy, state: ClusterState, jobs: Sequence[JobProfile],
     Decisions come back in the order of ``jobs`` whatever order placed them.
     """
     outcomes = batch_outcomes(policy, state, jobs, ordered)
-    return min(enumerate(outcomes), key=lambda ro: (refusals(ro[1]),
+    best = min(enumerate(outcomes), key=lambda ro: (refusals(ro[1]),
                                                     round(ro[1].state.cost_per_hour, 9),
                                                     ro[0]))[1]
+    if len(jobs) < 2 or not isinstance(policy, WeavePolicy):
+        return best
+    final = improve_batch(state, best.state)   # local search over the batch's groups
+    if final is best.state:
+        return best
+    return BatchResult(final, decisions_in(final, best.state, best.decisions,
+                                           [j.job_id for j in jobs]))
 
 
 def refusals(result: BatchResult) -> int:

@@ -32,11 +32,22 @@ def optimum(jobs: Sequence[JobProfile], cap: Capacity) -> Optimum:
     n = len(jobs)
     if n > MAX_JOBS:
         raise InfeasibleRequest(f"exact optimum is limited to {MAX_JOBS} jobs, got {n}")
+    best = cheapest_grouping(jobs, cap)
+    if best is None:
+        raise InfeasibleRequest("no feasible grouping: some job cannot run even alone")
+    return best
+
+
+def cheapest_grouping(jobs: Sequence[JobProfile], cap: Capacity,
+                      pooled: bool | None = None) -> Optimum | None:
+    """The exact minimum-cost grouping of ``jobs`` (groups numbered from 1), or None when
+    some job cannot run even alone; ``pooled`` as :func:`~.repack.best_group` takes it."""
+    n = len(jobs)
     k = cap.max_group_size
 
     @cache
     def group_of(mask: int) -> Group | None:
-        return best_group([jobs[i] for i in range(n) if mask >> i & 1], cap)
+        return best_group([jobs[i] for i in range(n) if mask >> i & 1], cap, pooled=pooled)
 
     @cache
     def solve(mask: int) -> tuple[float, tuple[int, ...]]:
@@ -62,7 +73,7 @@ def optimum(jobs: Sequence[JobProfile], cap: Capacity) -> Optimum:
 
     cost, masks = solve((1 << n) - 1)
     if cost == float("inf"):
-        raise InfeasibleRequest("no feasible grouping: some job cannot run even alone")
+        return None
     groups = []
     for gid, mask in enumerate(masks, start=1):
         g = group_of(mask)
