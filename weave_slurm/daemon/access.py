@@ -37,6 +37,7 @@ import os
 import pwd
 import select
 import signal
+import socket
 import stat
 import sys
 import sysconfig
@@ -46,7 +47,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from weave_slurm.config.job import SHOWN_CHARS, JobSpec
-from weave_slurm.config.sbatch import log_path
+from weave_slurm.config.sbatch import host_path, log_path
 from weave_slurm.errors import ConfigError
 from weave_slurm.node.zygotes import weave_package_dir
 
@@ -108,8 +109,8 @@ def output_needs(job: JobSpec, uid: int | None = None) -> list[Need]:
     out = []
     for key, pattern in (("slurm.output", job.slurm.output), ("slurm.error", job.slurm.error)):
         if pattern:
-            path = log_path(pattern, job_id=0, user=user, job_name=job.name,
-                            workdir=job.workdir or home)
+            path = host_path(log_path(pattern, job_id=0, user=user, job_name=job.name,
+                                      workdir=job.workdir or home), socket.gethostname())
             out.append(Need(key, path, Kind.LOG))
     return out
 

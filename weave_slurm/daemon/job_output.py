@@ -28,12 +28,13 @@ import contextlib
 import logging
 import os
 import pwd
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from weave_slurm.config.sbatch import JobSlurm, log_path
+from weave_slurm.config.sbatch import JobSlurm, host_path, log_path
 from weave_slurm.daemon.job_terms import JobTerms
 from weave_slurm.daemon.records import JobRow
 from weave_slurm.daemon.states import JobState
@@ -107,7 +108,9 @@ class JobOutputs:
             state.written = sum(t.ts < self.since
                                 for t in self.store.transitions("job", job.job_id))
         try:
-            out_path, err_path = hosted_paths(job, terms)
+            # weaved's event lines: %N is weaved's host (each node's workers: theirs)
+            out_path, err_path = (None if p is None else host_path(p, socket.gethostname())
+                                  for p in hosted_paths(job, terms))
             if out_path is not None:
                 state.out = self.opener(job.uid, out_path)
             if err_path is not None and err_path != out_path:
@@ -186,7 +189,9 @@ def hosted_paths(job: JobRow, terms: JobSlurm) -> tuple[str | None, str | None]:
     (``node/job_streams.py``, through ``MemberSpec.output/error``) go to the same files."""
     base = _workdir(job)
     out, err = (log_path(p, job_id=job.job_id, user=job.user, job_name=job.name,
-                         workdir=base) if p else None for p in (terms.output, terms.error))
+                         workdir=base, array_job=terms.array_job,
+                         array_task=terms.array_task) if p else None
+                for p in (terms.output, terms.error))
     return out, err
 
 
@@ -202,7 +207,8 @@ def log_files(job: JobRow) -> tuple[str | None, str | None]:
     else:
         plan = plan_for(job.spec, str(job.job_id), job.uid)
         out, err = (plan.output, plan.error) if plan is not None else (None, None)
-    return out, err or out
+    shown = [None if p is None else host_path(p, "%N") for p in (out, err)]
+    return shown[0], shown[1] or shown[0]
 
 
 def _hosted(job: JobRow) -> bool:

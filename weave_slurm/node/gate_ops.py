@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from weave_slurm.config.sbatch import host_path
 from weave_slurm.errors import ConfigError, GateRefused, PhaseRevoked, StateError, WeaveError
 from weave_slurm.node import reaper
 from weave_slurm.node.index import JobRef
@@ -319,7 +320,9 @@ class GateOps:
             raise ConfigError(f"launch of {job.job_id}: uid {job.uid} has no passwd "
                               "entry on this node") from None
         workdir = args.get("workdir") or user.pw_dir
-        output, error = args.get("output"), args.get("error")
+        output, error = (host_path(v, self.daemon.config.node_name)   # %N: this node
+                         if isinstance(v, str) else v
+                         for v in (args.get("output"), args.get("error")))
         for key, value in (("workdir", workdir), ("output", output), ("error", error)):
             if value is not None and not (isinstance(value, str) and os.path.isabs(value)):
                 raise ConfigError(f"launch of {job.job_id}: {key!r} must be an absolute "

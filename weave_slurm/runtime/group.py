@@ -134,6 +134,7 @@ class MemberSpec:
     output: str | None = None                # its --output/--error, absolute: its workers'
     error: str | None = None                 # stdout/stderr (node/job_streams.py)
     launch: LaunchPlan | None = None         # a cooperative job: its own processes run
+    env: tuple[tuple[str, str], ...] = ()    # its own variables (an array's SLURM_ARRAY_*)
 
     @property
     def train_node(self) -> int:
@@ -177,7 +178,7 @@ class MemberSpec:
         weights version it must read)."""
         k = self.staleness
         args = PhaseArgs(self.entry_point, self.seed, dict(self.options), k,
-                         engine_gpus=self.engine_gpus)
+                         engine_gpus=self.engine_gpus, env=self.env)
         if k == 0:
             return args
         traj = buffer_name(TRAJ_BUFFER, step, k)
