@@ -93,7 +93,7 @@ def test_weaved_under_the_units_capabilities_runs_a_users_job(slurm_cluster: Any
     from tests.daemon.test_api import as_user
     from tests.harness.hosts import weaved_dirs
     from tests.harness.scratch import public_dir, python_open_to_users
-    from tests.harness.specs import job_spec
+    from tests.harness.specs import job_spec, with_output
     from tests.harness.waits import wait_for
     from tests.harness.weaved import call, pings, release_all
     from weave_slurm.daemon.protocol import Op
@@ -117,7 +117,8 @@ def test_weaved_under_the_units_capabilities_runs_a_users_job(slurm_cluster: Any
             wait_for(lambda: pings(sock), 60, f"weaved answering on {sock}")
             status = Path(f"/proc/{proc.pid}/status").read_text()
             assert "CapBnd:\t00000000000000e4" in status    # setuid, setgid, kill, dac_r_s
-            got = as_user(NOBODY, lambda: call(sock, Op.SUBMIT, spec=job_spec("caps", 5, 2),
+            spec = with_output(job_spec("caps", 5, 2), slurm_cluster.shared.work)
+            got = as_user(NOBODY, lambda: call(sock, Op.SUBMIT, spec=spec,
                                                source="caps.toml"))
             assert "ok" in got, got
             job = got["ok"]["job"]

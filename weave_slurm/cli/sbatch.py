@@ -118,6 +118,8 @@ def submit(
     check_access(spec, worker_needs(spec, None) + output_needs(spec))   # as you: you run this
     with DaemonClient(default_socket(socket_path)) as client:   # weaved knows its site
         result = client.call(Op.SUBMIT, spec=spec_text, source=str(path), test_only=test_only)
+    for warning in result.get("warnings") or ():   # an output file the nodes may not share
+        typer.echo(f"weave-sbatch: warning: {warning}", err=True)
     if test_only:
         typer.echo(f"weave-sbatch: {path}: job {spec.name!r} would fit this site: "
                    f"{result['rollout_nodes']} rollout and {result['train_nodes']} training "

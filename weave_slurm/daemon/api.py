@@ -24,7 +24,12 @@ from weave_slurm.config.job import check_paths, parse_job
 from weave_slurm.config.sbatch import refuse_over_site
 from weave_slurm.config.site import SiteConfig
 from weave_slurm.daemon import job_arrays, limits, membership
-from weave_slurm.daemon.access import check_access, output_needs, worker_needs
+from weave_slurm.daemon.access import (
+    check_access,
+    output_needs,
+    unshared_outputs,
+    worker_needs,
+)
 from weave_slurm.daemon.dependencies import unknown_jobs
 from weave_slurm.daemon.driver import job_nodes
 from weave_slurm.daemon.fault_points import FaultPoint, crossing
@@ -173,9 +178,10 @@ class Api:
                 raise ConfigError(f"{where}: key 'slurm.dependency' = "
                                   f"'{job.slurm.dependency}': no job {unknown[0]} (Slurm: "
                                   "Job dependency problem)")
+        warnings = unshared_outputs(job, uid, self.path_roots)
         if test_only:
-            return {"job": None, "valid": True, "rollout_nodes": profile.rollout_nodes,
-                    "train_nodes": profile.train_nodes,
+            return {"job": None, "valid": True, "warnings": warnings,
+                    "rollout_nodes": profile.rollout_nodes, "train_nodes": profile.train_nodes,
                     "solo_iteration_s": profile.solo_s, "slo": profile.slo}
         user = user_name(uid)
         account = (profile.charge.account if profile.charge else None) \
@@ -191,7 +197,7 @@ class Api:
                 specs=job_arrays.elements(job) if job.slurm.array else lambda first: [job])
         crossing(FaultPoint.SUBMIT_STORED)
         self.wake()
-        return {"job": ids[0], "jobs": ids}
+        return {"job": ids[0], "jobs": ids, "warnings": warnings}
 
     def cancel(self, uid: int, ids: list[int], arrays: bool = True) -> dict[str, Any]:
         """Cancel jobs (``arrays``: an array's job id means all its elements, as scancel)."""

@@ -15,11 +15,12 @@ Lines of failures (a FAILED, REFUSED or CANCELLED state, a member's error or rec
 also go to ``--error`` when it names another file (as sbatch: without ``--error`` both
 streams are in ``--output``). Paths are expanded by :func:`weave_slurm.config.sbatch.
 log_path` (``%j`` the weave job id, ``%u``, ``%x``), relative ones against the job's
-``workdir``. A job naming neither gets no file (weave writes nothing the user did not
-ask for). Each file is opened (append, created 0644) **as the job's uid**, in a child
-that became it and passes the descriptor back, so weaved never writes where the user
-could not; a file that cannot be opened is said once in weaved's log and the job's
-``reason`` is left alone (the job runs on).
+``workdir`` (else the user's home). A job naming neither writes to ``weave-%j.out``
+there (:data:`~weave_slurm.config.launch.DEFAULT_OUTPUT`, as sbatch's ``slurm-%j.out``;
+a cooperative job's processes too). Each file is opened (append, created 0644) **as
+the job's uid**, in a child that became it and passes the descriptor back, so weaved
+never writes where the user could not; a file that cannot be opened is said once in
+weaved's log and the job's ``reason`` is left alone (the job runs on).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from weave_slurm.config.launch import DEFAULT_OUTPUT
 from weave_slurm.config.sbatch import JobSlurm, host_path, log_path
 from weave_slurm.daemon.job_terms import JobTerms
 from weave_slurm.daemon.records import JobRow
@@ -87,10 +89,6 @@ class JobOutputs:
                 jobs[job_id] = row
         for job in jobs.values():
             if job.job_id in self._done:
-                continue
-            terms = self.terms.of(job)
-            if terms.output is None and terms.error is None:
-                self._done.add(job.job_id)
                 continue
             if job.job_id not in self._logs and not _hosted(job):
                 self._done.add(job.job_id)   # a cooperative job: its processes write them
@@ -184,22 +182,23 @@ class JobOutputs:
 
 
 def hosted_paths(job: JobRow, terms: JobSlurm) -> tuple[str | None, str | None]:
-    """``--output`` and ``--error`` of ``job`` (its ``[slurm]`` ``terms``) as absolute
-    paths (None: not named): weaved's event lines and the job's workers' stdout/stderr
-    (``node/job_streams.py``, through ``MemberSpec.output/error``) go to the same files."""
+    """``--output`` (default ``weave-%j.out``) and ``--error`` (None: not named) of
+    ``job`` (its ``[slurm]`` ``terms``) as absolute paths: weaved's event lines and the
+    job's workers' stdout/stderr (``node/job_streams.py``, through
+    ``MemberSpec.output/error``) go to the same files."""
     base = _workdir(job)
     out, err = (log_path(p, job_id=job.job_id, user=job.user, job_name=job.name,
                          workdir=base, array_job=terms.array_job,
                          array_task=terms.array_task) if p else None
-                for p in (terms.output, terms.error))
+                for p in (terms.output or DEFAULT_OUTPUT, terms.error))
     return out, err
 
 
 def log_files(job: JobRow) -> tuple[str | None, str | None]:
     """Where the job's output and errors go, as ``weave show job`` and ``weave logs`` say
-    (``StdOut``/``StdErr`` of scontrol): a hosted job's ``--output``/``--error`` (None:
-    it named none), a cooperative job's files (``weave-%j.out`` by default); errors
-    with the output when ``--error`` names no other file."""
+    (``StdOut``/``StdErr`` of scontrol): its ``--output``/``--error`` (``weave-%j.out``
+    by default); errors with the output when ``--error`` names no other file (``%N``
+    shown as it is: each host writes its own)."""
     if job.spec is None:
         return None, None
     if job.spec.launch is None:
