@@ -129,6 +129,9 @@ class PhaseArgs:
     # the job's own variables besides a rank's place (an array element's SLURM_ARRAY_*:
     # config/job_array.py), put into the worker's environment for the phase
     env: tuple[tuple[str, str], ...] = ()
+    # the member's GPUs on this rank's node (its CUDA_VISIBLE_DEVICES: node/job_env.py;
+    # None: not known, left as it is)
+    gpus: int | None = None
 
     def encode(self) -> str:
         return json.dumps({"entry_point": self.entry_point, "seed": self.seed,
@@ -143,7 +146,7 @@ class PhaseArgs:
                            "job_id": self.job_id, "engines": self.engines,
                            "shard_sync": self.shard_sync,
                            "device_switch": self.device_switch,
-                           "env": dict(self.env)},
+                           "env": dict(self.env), "gpus": self.gpus},
                           sort_keys=True)
 
     @classmethod
@@ -166,4 +169,5 @@ class PhaseArgs:
                    None if job is None else str(job), int(raw.get("engines", 1)),
                    bool(raw.get("shard_sync", False)),
                    str(raw.get("device_switch", "auto")),
-                   tuple((str(k), str(v)) for k, v in dict(raw.get("env") or {}).items()))
+                   tuple((str(k), str(v)) for k, v in dict(raw.get("env") or {}).items()),
+                   None if raw.get("gpus") is None else int(raw["gpus"]))

@@ -90,7 +90,7 @@ def _args(ctx: PhaseContext) -> PhaseArgs:
     job_env.apply({**job_env.job_environment(
         node=os.environ.get("SLURMD_NODENAME") or socket.gethostname(), job_name=None,
         rank=args.rank, local_rank=args.local_rank, world_size=args.world_size,
-        init_method=args.init_method), **dict(args.env)})
+        init_method=args.init_method, gpus=args.gpus), **dict(args.env)})
     return args
 
 

@@ -329,8 +329,11 @@ class GateOps:
                                   f"path, got {value!r}")
         base = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": user.pw_dir,
                 "USER": user.pw_name, "LOGNAME": user.pw_name}
-        env = {**base, **env, **job_environment(node=self.daemon.config.node_name,
-                                                job_name=env.get("WEAVE_JOB_NAME")),
+        gpus = args.get("gpus")   # the member's GPUs on this node (CUDA_VISIBLE_DEVICES)
+        env = {**base, **env, **job_environment(
+                   node=self.daemon.config.node_name, job_name=env.get("WEAVE_JOB_NAME"),
+                   gpus=gpus if isinstance(gpus, int) and not isinstance(gpus, bool)
+                   and gpus >= 0 else None),
                "WEAVE_NODE_SOCKET": str(self.daemon.config.socket),
                "WEAVE_JOB_ID": job.job_id, "WEAVE_ROLE": role,
                "WEAVE_NODE": self.daemon.config.node_name}

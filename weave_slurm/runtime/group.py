@@ -156,6 +156,16 @@ class MemberSpec:
         return tuple((p, lay.rollout.engines_on(i) if lay is not None else range(1))
                      for i, p in enumerate(self.rollout_pins))
 
+    def gpus_on(self, kind: Phase, index: int = 0) -> int:
+        """Its GPUs on its ``index``-th node of ``kind``'s pool, as its layout places them
+        (training: its ranks there; rollout: its engines there x GPUs per engine)."""
+        lay = self.layout
+        if lay is None:
+            return 1
+        if kind is Phase.TRAIN:
+            return len(lay.train.ranks_on(index))
+        return len(lay.rollout.engines_on(index)) * lay.rollout.engine_gpus
+
     @property
     def engine_gpus(self) -> int:
         """GPUs per rollout engine (vLLM's ``tensor_parallel_size``)."""
