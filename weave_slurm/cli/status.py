@@ -317,8 +317,8 @@ def _cancel_ids(socket_path: Path | None, words: list[str]) -> tuple[list[int], 
     for word in words:
         head, sep, task = word.partition("_")
         if not head.isdigit() or (sep and not task.isdigit()):
-            raise ConfigError(f"cancel: {word!r} is not a job id (ID, or ID_TASK for one "
-                              "element of an array)")
+            raise typer.BadParameter(f"{word!r} is not a job id: an integer ID, or ID_TASK "
+                                     "for one element of an array", param_hint="JOB_IDS")
         (tasks if sep else ids).append((int(head), word))
     if tasks:
         rows = _call(socket_path, Op.STATUS, jobs=sorted({h for h, _ in tasks}),

@@ -18,7 +18,7 @@ pattern as sbatch does.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from weave_slurm.config.dependency import dependency_text
@@ -337,23 +337,25 @@ def read_job_slurm(r: TableReader | None) -> JobSlurm:
     if limit is not None and not 1 <= limit <= MAX_TIME_LIMIT_MIN:
         raise r.fail("time_limit_min", limit, f"must be minutes between 1 and "
                      f"{MAX_TIME_LIMIT_MIN}; leave it out for no limit of its own")
-    dependency = r.opt_string("dependency")
-    if dependency is not None:
-        try:
-            dependency = dependency_text(dependency)
-        except ConfigError as exc:
-            raise r.fail("dependency", dependency, str(exc)) from None
+    dependency = _checked(r, "dependency", dependency_text)
     hold = r.boolean("hold", False)
-    array = r.opt_string("array")
-    if array is not None:
-        try:
-            array = array_text(array)
-        except ConfigError as exc:
-            raise r.fail("array", array, str(exc)) from None
+    array = _checked(r, "array", array_text)
     r.done()
     return JobSlurm(account=values["account"], qos=values["qos"], time_limit_min=limit,
                     output=values["output"], error=values["error"], dependency=dependency,
                     hold=hold, array=array)
+
+
+def _checked(r: TableReader, key: str, check: Callable[[str], str]) -> str | None:
+    """String ``key`` of ``[slurm]`` as ``check`` writes it (None: not given); its
+    refusal names the key."""
+    value = r.opt_string(key)
+    if value is None:
+        return None
+    try:
+        return check(value)
+    except ConfigError as exc:
+        raise r.fail(key, value, str(exc)) from None
 
 
 def refuse_over_site(job: JobSlurm, site: SlurmConfig, where: str) -> None:
