@@ -3,6 +3,8 @@ against an in-process weaved."""
 
 from __future__ import annotations
 
+import os
+import pwd
 import threading
 from pathlib import Path
 
@@ -43,7 +45,10 @@ def test_weave_logs_prints_and_follows_the_output_file(weaved: Running, public_d
     t.join(60)
     assert not t.is_alive() and follow["rc"] == 0    # -f ends once the job has ended
     assert "CANCELLED" in capsys.readouterr().out
-    # a job submitted without --output has no file to show
+    # a job submitted without --output writes weave-%j.out in its workdir, else its home
     bare = call(weaved.socket, Op.SUBMIT, spec=job_spec_toml("bare"))["job"]
-    assert run_app(app, "weave", ["logs", str(bare), *sock]) == 2
-    assert "has no output file" in capsys.readouterr().err
+    home = Path(pwd.getpwuid(os.getuid()).pw_dir)
+    shown = call(weaved.socket, Op.SHOW, kind="job", id=bare)
+    assert shown["stdout"] == shown["stderr"] == str(home / f"weave-{bare}.out")
+    wait_for(lambda: run_app(app, "weave", ["logs", str(bare), *sock]) == 0
+             and "RUNNING" in capsys.readouterr().out, 30, "the default file")

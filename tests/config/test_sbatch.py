@@ -10,6 +10,7 @@ from weave_slurm.config.render import job_spec_toml
 from weave_slurm.config.sbatch import (
     HONOURED,
     JobSlurm,
+    host_path,
     log_path,
     log_pattern,
     parse_time_min,
@@ -92,7 +93,8 @@ def test_any_other_option_is_refused_in_one_line_listing_what_is_honoured(
     assert msg.startswith(f"s.sh:2: #SBATCH {named} is not honoured") and "\n" not in msg
     assert msg.endswith(f"honoured: {HONOURED}")
     assert HONOURED == ("--account/-A, --qos/-q, --time/-t, --output/-o, --error/-e, "
-                        "--job-name/-J, --chdir/-D, --dependency/-d, --hold/-H")
+                        "--job-name/-J, --chdir/-D, --dependency/-d, --hold/-H, "
+                        "--array/-a")
 
 
 def test_an_option_without_its_value_is_refused() -> None:
@@ -112,10 +114,16 @@ def test_output_patterns_expand_as_sbatch() -> None:
     def path(pattern: str, workdir: str | None = None) -> str:
         return log_path(pattern, job_id=42, user="alice", job_name="grpo", workdir=workdir)
     assert path("/home/alice/%x-%j.out") == "/home/alice/grpo-42.out"
-    assert path("%u/%5j.%%j") == "alice/00042.%j"
+    assert host_path(path("%u/%5j.%%j"), "n1") == "alice/00042.%j"
     assert path("logs/%j.err", "/w/") == "/w/logs/42.err"
     assert path("/abs/%j", "/w") == "/abs/42"
-    for bad in ("%N.out", "out%", "a\nb", ""):
+    assert path("%A_%a-%3a.out") == "42_4294967294-4294967294.out"   # not an array
+    assert log_path("%A_%2a-%x.%%", job_id=45, user="u", job_name="n", array_job=42,
+                    array_task=3) == "42_03-n.%%"
+    later = path("%N/%%-%j.out", "/w")          # %N: the host that opens the file
+    assert later == "/w/%N/%%-42.out" and host_path(later, "node-3.lan") == "/w/node-3/%-42.out"
+    assert host_path(path("%%N"), "x") == "%N" and host_path("/a/%N", "%N") == "/a/%N"
+    for bad in ("%Z.out", "out%", "a\nb", ""):
         with pytest.raises(ConfigError):
             log_pattern(bad)
 
@@ -128,7 +136,7 @@ def test_the_spec_slurm_table_is_read_and_checked() -> None:
     assert parse_job(base, "t.toml").slurm == JobSlurm()
     for table, match in (('account = "a b"', r"key 'slurm.account' = 'a b': must be a Slurm"),
                          ("time_limit_min = 0", r"key 'slurm.time_limit_min' = 0: must be "),
-                         ('output = "%N"', r"key 'slurm.output' = '%N': unknown replacement"),
+                         ('output = "%Z"', r"key 'slurm.output' = '%Z': unknown replacement"),
                          ('partition = "h20"', r"slurm.partition")):
         with pytest.raises(ConfigError, match=match):
             parse_job(base + f"\n[slurm]\n{table}\n", "t.toml")

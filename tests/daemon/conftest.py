@@ -13,7 +13,7 @@ import pytest
 
 from tests.harness import scratch
 from tests.harness.readme_path import ReadmeRun, readme_path
-from tests.harness.weaved import serving
+from tests.harness.weaved import remove_default_outputs, serving
 from tests.slurm.session_cluster import SessionCluster
 from weave_slurm.daemon.service import DaemonConfig, Weaved
 from weave_slurm.daemon.store import Store
@@ -28,9 +28,13 @@ class Running:
 
 @pytest.fixture
 def public_dir() -> Iterator[Path]:
-    """A directory every uid can traverse (pytest's tmp dirs are 0700)."""
+    """A directory every uid can traverse (pytest's tmp dirs are 0700); the default
+    outputs its weaveds' jobs left in a real home are removed after (a weaved run as a
+    process of its own, too)."""
     with scratch.public_dir("weaved-test-") as d:
         yield d
+        for db in d.glob("**/weaved.db"):
+            remove_default_outputs(db)
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.daemon.conftest import Running
-from tests.harness.specs import typed
+from tests.harness.specs import typed, with_output
 from tests.harness.waits import wait_for
 from tests.harness.weaved import call, state_of
 from weave_slurm.config.render import job_spec_toml
@@ -57,7 +57,8 @@ def as_user(uid: int, fn: Callable[[], Any]) -> Any:
 def test_second_user_cannot_touch_first_users_job(weaved: Running) -> None:
     sock = weaved.socket
     mine = call(sock, Op.SUBMIT, spec=job_spec_toml("root-job"), source="r.toml")["job"]
-    theirs = as_user(NOBODY, lambda: call(sock, Op.SUBMIT, spec=job_spec_toml("nobody-job"),
+    spec = with_output(job_spec_toml("nobody-job"), weaved.state_dir.parent)   # as root
+    theirs = as_user(NOBODY, lambda: call(sock, Op.SUBMIT, spec=spec,
                                           source="n.toml"))["ok"]["job"]
     wait_for(lambda: state_of(sock, mine) == "RUNNING" and state_of(sock, theirs) == "RUNNING",
              20, "both jobs running")

@@ -88,7 +88,7 @@ def test_chdir_is_the_workers_working_directory(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("line", "match"), [
     ("#SBATCH --partition=h20", r"train.sh:2: #SBATCH '--partition' is not honoured by weave "
      r".*; honoured: --account/-A, --qos/-q, --time/-t, --output/-o, --error/-e, "
-     r"--job-name/-J, --chdir/-D, --dependency/-d, --hold/-H$"),
+     r"--job-name/-J, --chdir/-D, --dependency/-d, --hold/-H, --array/-a$"),
     ("#SBATCH -N 2", r"train.sh:2: #SBATCH '-N' is not honoured"),
     ("#SBATCH --gpus=8", r"#SBATCH '--gpus' is not honoured"),
     ("#SBATCH -t 1h", r"train.sh:2: #SBATCH: --time='1h': not one of M, M:S, H:M:S, D-H, "
@@ -96,7 +96,7 @@ def test_chdir_is_the_workers_working_directory(tmp_path: Path) -> None:
     ("#WEAVE --time=soon", r"train.sh:2: #WEAVE: --time='soon': not one of"),
     ("#SBATCH -A 'a;b'", r"train.sh:2: #SBATCH: --account='a;b': must be a Slurm name"),
     ("#WEAVE --qos=a/b", r"#WEAVE: --qos='a/b': must be a Slurm name"),
-    ("#SBATCH -o out.%N", r"#SBATCH: --output='out.%N': unknown replacement '%N'"),
+    ("#SBATCH -o out.%Z", r"#SBATCH: --output='out.%Z': unknown replacement '%Z'"),
     ("#SBATCH --error", r"#SBATCH --error needs a value"),
 ])
 def test_refusals_name_the_line_the_directive_and_why(tmp_path: Path, line: str,

@@ -10,6 +10,7 @@ import pytest
 
 from tests.daemon.conftest import Running
 from tests.daemon.test_api import NOBODY, as_user
+from tests.harness.specs import with_output
 from tests.harness.waits import wait_for
 from tests.harness.weaved import call, state_of
 from weave_slurm.config.render import job_spec_toml
@@ -21,7 +22,8 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to setuid"
 def test_sacct_is_each_users_own(weaved: Running) -> None:
     sock = weaved.socket
     mine = call(sock, Op.SUBMIT, spec=job_spec_toml("root-job"), source="r.toml")["job"]
-    theirs = as_user(NOBODY, lambda: call(sock, Op.SUBMIT, spec=job_spec_toml("nobody-job"),
+    spec = with_output(job_spec_toml("nobody-job"), weaved.state_dir.parent)   # as root
+    theirs = as_user(NOBODY, lambda: call(sock, Op.SUBMIT, spec=spec,
                                           source="n.toml"))["ok"]["job"]
     wait_for(lambda: state_of(sock, mine) == "RUNNING" and state_of(sock, theirs) == "RUNNING",
              20, "both jobs running")

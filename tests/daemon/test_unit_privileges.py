@@ -92,8 +92,8 @@ def test_weaved_under_the_units_capabilities_runs_a_users_job(slurm_cluster: Any
     hosts and completed."""
     from tests.daemon.test_api import as_user
     from tests.harness.hosts import weaved_dirs
-    from tests.harness.scratch import public_dir, python_open_to_users
-    from tests.harness.specs import job_spec
+    from tests.harness.scratch import open_to_users, public_dir, python_open_to_users
+    from tests.harness.specs import job_spec, with_output
     from tests.harness.waits import wait_for
     from tests.harness.weaved import call, pings, release_all
     from weave_slurm.daemon.protocol import Op
@@ -103,7 +103,9 @@ def test_weaved_under_the_units_capabilities_runs_a_users_job(slurm_cluster: Any
     ckpt = weaved_dirs(slurm_cluster.cluster, instance).ckpt
     bounding = ",".join(["-all", *(f"+{c.removeprefix('CAP_').lower()}" for c in unit_caps())])
     backend = SlurmCliBackend(env=dict(slurm_cluster.env))
-    with python_open_to_users(), public_dir("weaved-caps-") as public:  # users reach it
+    work = slurm_cluster.shared.work   # the job's output: the nodes and nobody reach it
+    with python_open_to_users(), open_to_users(work / "outputs"), \
+            public_dir("weaved-caps-") as public:  # users reach it
         state = public / "state"
         argv = ["setpriv", "--bounding-set", bounding, "--inh-caps", "-all", "--",
                 sys.executable, "-m", "weave_slurm.cli", "daemon", "--backend", "slurm",
@@ -117,7 +119,8 @@ def test_weaved_under_the_units_capabilities_runs_a_users_job(slurm_cluster: Any
             wait_for(lambda: pings(sock), 60, f"weaved answering on {sock}")
             status = Path(f"/proc/{proc.pid}/status").read_text()
             assert "CapBnd:\t00000000000000e4" in status    # setuid, setgid, kill, dac_r_s
-            got = as_user(NOBODY, lambda: call(sock, Op.SUBMIT, spec=job_spec("caps", 5, 2),
+            spec = with_output(job_spec("caps", 5, 2), slurm_cluster.shared.work)
+            got = as_user(NOBODY, lambda: call(sock, Op.SUBMIT, spec=spec,
                                                source="caps.toml"))
             assert "ok" in got, got
             job = got["ok"]["job"]

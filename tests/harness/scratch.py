@@ -46,8 +46,16 @@ def python_open_to_users() -> Iterator[list[str]]:
     read Python (on a site it lives in /usr or a shared prefix). Here it may sit under a
     0700 home: each such ancestor of ``sys.base_prefix`` gets o+x (traverse, not list)
     and its old mode back after. Yields the directories changed."""
+    with open_to_users(Path(sys.base_prefix)) as changed:
+        yield changed
+
+
+@contextmanager
+def open_to_users(path: Path) -> Iterator[list[str]]:
+    """Let other uids traverse to ``path`` while inside: each ancestor without o+x gets
+    it, and its old mode back after. Yields the directories changed."""
     changed: list[tuple[Path, int]] = []
-    for d in reversed(Path(sys.base_prefix).resolve().parents):
+    for d in reversed(path.resolve().parents):
         mode = stat.S_IMODE(d.stat().st_mode)
         if not mode & stat.S_IXOTH:
             os.chmod(d, mode | stat.S_IXOTH)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from weave_slurm.config.job import JobSpec, parse_job
@@ -15,6 +16,16 @@ OPTIONS = {"prompts_per_step": 4, "group_size": 4}
 def job_spec(name: str, seed: int, iterations: int) -> str:
     """The reference GRPO toy with :data:`OPTIONS`, ``iterations`` steps from ``seed``."""
     return job_spec_toml(name, iterations=iterations, seed=seed, options=OPTIONS)
+
+
+def with_output(text: str, parent: Path) -> str:
+    """``text`` writing its output in a directory under ``parent`` that every uid may
+    write to (a job of a user with no home, ``nobody``: without one its default
+    ``weave-%j.out`` in that home is refused at submission)."""
+    out = parent / "outputs"
+    out.mkdir(exist_ok=True)
+    out.chmod(0o1777)
+    return f'{text}\n[slurm]\noutput = "{out}/weave-%j.out"\n'
 
 
 def stored(name: str, text: str | None = None) -> dict[str, Any]:

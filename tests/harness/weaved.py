@@ -14,8 +14,10 @@ from typing import Any
 from tests.harness.waits import wait_for
 from weave_slurm.daemon.client import DaemonClient
 from weave_slurm.daemon.driver import DriverKind
+from weave_slurm.daemon.job_output import log_files
 from weave_slurm.daemon.protocol import Op
 from weave_slurm.daemon.service import DaemonConfig, Weaved
+from weave_slurm.daemon.store import Store
 from weave_slurm.errors import WeaveError
 from weave_slurm.slurm.backend import Backend, StepHandle
 
@@ -110,6 +112,23 @@ def serving(cfg: DaemonConfig, backend: Backend | None = None, *, prefix: str = 
     finally:
         served.stop(join_s)
         release_all(served.weaved.backend, prefix)
+        remove_default_outputs(cfg.state_dir / "weaved.db")
+
+
+def remove_default_outputs(db: Path) -> None:
+    """Remove the ``weave-%j.out`` files that this weaved's jobs naming neither an
+    ``--output`` nor a ``workdir`` wrote in their user's home (weave's default, as
+    sbatch's ``slurm-%j.out``): a test leaves no file in a real home."""
+    if not db.exists():
+        return
+    store = Store(db)
+    try:
+        for job in store.jobs():
+            out, spec = log_files(job)[0], job.spec
+            if out and spec is not None and spec.slurm.output is None and spec.workdir is None:
+                Path(out).unlink(missing_ok=True)
+    finally:
+        store.close()
 
 
 @contextmanager

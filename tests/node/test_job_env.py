@@ -35,3 +35,22 @@ def test_apply_drops_the_daemons_step_variables() -> None:
         assert os.environ["RANK"] == "2"
         assert "SLURM_STEP_ID" not in os.environ and "SLURM_NODEID" not in os.environ
     assert os.environ.get("RANK") != "2"          # the test process's environment is back
+
+
+def test_cuda_visible_devices_is_the_members_gpus_on_the_node() -> None:
+    """weave's assignment (0..n-1) on a node whose allocation named no GPUs; the first n
+    of the allocation's own where it did; the node's list kept across a resident
+    worker's phases (its own CUDA_VISIBLE_DEVICES changed after the first)."""
+    def cvd(gpus: int, source: dict[str, str]) -> dict[str, str]:
+        env = job_environment(node="h800-0", job_name=None, daemon_env=source, gpus=gpus)
+        return {k: v for k, v in env.items() if k in ("CUDA_VISIBLE_DEVICES",
+                                                      "WEAVE_NODE_GPUS")}
+    assert cvd(2, {}) == {"CUDA_VISIBLE_DEVICES": "0,1", "WEAVE_NODE_GPUS": ""}
+    slurm = {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}
+    first = cvd(2, slurm)
+    assert first == {"CUDA_VISIBLE_DEVICES": "4,5", "WEAVE_NODE_GPUS": "4,5,6,7"}
+    assert cvd(3, {**slurm, **first}) == {"CUDA_VISIBLE_DEVICES": "4,5,6",
+                                          "WEAVE_NODE_GPUS": "4,5,6,7"}
+    assert cvd(1, cvd(2, {})) == {"CUDA_VISIBLE_DEVICES": "0", "WEAVE_NODE_GPUS": ""}
+    assert "CUDA_VISIBLE_DEVICES" not in job_environment(node="n", job_name=None,
+                                                         daemon_env=slurm)   # not known

@@ -4,6 +4,7 @@ phase read back as one state or one fault."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -173,8 +174,8 @@ def test_activate_starts_every_rank_in_one_world() -> None:
             "job": "j" if rank == 0 else f"j.r{rank}", "phase": "train", "entry": FN,
             "workdir": "/jobs/j", "tenant": "j"}   # one device tenant: the member
         got = _ranked(call)
-        assert (got.rank, got.local_rank, got.world_size, got.init_method, got.job_id) == (
-            rank, rank % 2, 4, world, "j")
+        assert (got.rank, got.local_rank, got.world_size, got.init_method, got.job_id,
+                got.gpus) == (rank, rank % 2, 4, world, "j", 2)   # 2 ranks on each node
         assert (got.entry_point, got.seed, got.options) == ("builtin:grpo-toy", 7, {"lr": 0.1})
 
 
@@ -237,7 +238,7 @@ def test_a_single_rank_activates_with_its_own_arguments_and_no_world() -> None:
     [call] = link.calls
     assert (call[1], call[2], call[3]["job"], call[3]["phase"]) == (
         "h800-0", Op.ACTIVATE, "j", "rollout")
-    assert call[3]["args"] == [ARGS.encode()]
+    assert call[3]["args"] == [dataclasses.replace(ARGS, gpus=1).encode()]
     got = _ranked(call)
     assert (got.rank, got.world_size, got.init_method, got.job_id) == (0, 1, None, None)
 
@@ -384,10 +385,10 @@ def test_engines_activate_with_their_place_but_form_no_world() -> None:
     engines.activate(link, PORTS, (), "weave_slurm.hosted.phases:rollout", ARGS, {},
                      Phase.ROLLOUT)
     got = [(c[1], c[3]["job"], _ranked(c)) for c in link.of(Op.ACTIVATE)]
-    assert [(n, j, a.rank, a.local_rank, a.world_size, a.init_method, a.job_id)
-            for n, j, a in got] == [("h20-2", "j", 0, 0, 3, None, "j"),
-                                    ("h20-2", "j.e1", 1, 1, 3, None, "j"),
-                                    ("h20-0", "j.e2", 2, 0, 3, None, "j")]
+    assert [(n, j, a.rank, a.local_rank, a.world_size, a.init_method, a.job_id, a.gpus)
+            for n, j, a in got] == [("h20-2", "j", 0, 0, 3, None, "j", 2),
+                                    ("h20-2", "j.e1", 1, 1, 3, None, "j", 2),
+                                    ("h20-0", "j.e2", 2, 0, 3, None, "j", 1)]
     assert (engines.world, engines.port, engines.formations) == (None, None, 0)
     engines.stop(link)      # engines hold no world: nothing to drop
     assert link.of(Op.DROP) == []

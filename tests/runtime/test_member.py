@@ -57,3 +57,16 @@ def test_backoff_doubles_up_to_its_cap() -> None:
         m.recoveries = n
         got.append(m.backoff_s(CFG))
     assert got == [1.0, 1.0, 2.0, 4.0, 5.0, 5.0]
+
+
+def test_gpus_on_a_node_are_the_layouts() -> None:
+    """A member's GPUs on each of its nodes (CUDA_VISIBLE_DEVICES of its processes there):
+    its training ranks there; its rollout engines there x GPUs per engine."""
+    from weave_slurm.model.layout import MemberLayout, RolloutLayout, TrainLayout
+    from weave_slurm.runtime.group import MemberSpec
+    from weave_slurm.vocab import Phase
+
+    spec = MemberSpec("j", layout=MemberLayout(TrainLayout((3, 2)), RolloutLayout(2, (2, 1))))
+    assert [spec.gpus_on(Phase.TRAIN, i) for i in (0, 1)] == [3, 2]
+    assert [spec.gpus_on(Phase.ROLLOUT, i) for i in (0, 1)] == [4, 2]
+    assert MemberSpec("k").gpus_on(Phase.TRAIN) == 1       # no layout: one rank, one engine

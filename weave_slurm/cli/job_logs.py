@@ -1,8 +1,8 @@
 """``weave logs ID [-f] [-e]``: a job's output file, as ``cat`` (``-f``: ``tail -f``).
 
 weaved says where the job's output goes (``weave show job``'s ``stdout``/``stderr``:
-the ``--output`` and ``--error`` it was submitted with; a cooperative job's
-``weave-%j.out`` by default); the file itself is read here, as you, on
+the ``--output`` and ``--error`` it was submitted with; ``weave-%j.out`` in its
+workdir, else its home, by default); the file itself is read here, as you, on
 the file system the login host shares with the nodes. ``-f`` follows it until the job
 has ended and nothing more came for a moment, as ``tail -f`` would (Ctrl-C stops
 earlier).
@@ -42,8 +42,8 @@ def logs(
     shown = _show(sock, job_id)
     path = str(shown.get("stderr" if errors else "stdout") or "")
     if not path:
-        raise ConfigError(f"job {job_id} has no output file: it was submitted without "
-                          "--output (-o PATH)")
+        raise ConfigError(f"job {job_id} has no output file: an older weaved stored it "
+                          "without one")
     out = sys.stdout.buffer
     done = JobState(shown["state"]).final
     opened: BinaryIO | None = _open(path)

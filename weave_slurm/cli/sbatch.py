@@ -48,6 +48,9 @@ def submit(
     dependency: Annotated[str | None, typer.Option(
         "--dependency", "-d", help="Start after other weave jobs: after|afterany|afterok|"
         "afternotok:ID[:ID...][,...].")] = None,
+    array: Annotated[str | None, typer.Option(
+        "--array", "-a", help="One job per element: a-b[:s][%n] or a list 1,3,5-7 (%n: at "
+        "most n running at once).")] = None,
     hold: Annotated[bool, typer.Option("--hold", "-H", help="Submit held: PENDING until "
                                        "weave release ID.")] = False,
     slo: Annotated[float | None, typer.Option("--slo", help="Permitted slowdown.")] = None,
@@ -98,7 +101,7 @@ def submit(
     path, text = _script(None if script is None else Path(script), wrap)
     given: dict[str, Any] = {
         **sbatch_flags(account=account, qos=qos, time=time, output=output, error=error,
-                       dependency=dependency),
+                       dependency=dependency, array=array),
         "hold": hold or None,
         "job-name": job_name, "slo": slo, "rollout-gpus": rollout_gpus,
         "train-gpus": train_gpus, "engine-gpus": engine_gpus, "max-tokens": max_tokens,
@@ -115,6 +118,8 @@ def submit(
     check_access(spec, worker_needs(spec, None) + output_needs(spec))   # as you: you run this
     with DaemonClient(default_socket(socket_path)) as client:   # weaved knows its site
         result = client.call(Op.SUBMIT, spec=spec_text, source=str(path), test_only=test_only)
+    for warning in result.get("warnings") or ():   # an output file the nodes may not share
+        typer.echo(f"weave-sbatch: warning: {warning}", err=True)
     if test_only:
         typer.echo(f"weave-sbatch: {path}: job {spec.name!r} would fit this site: "
                    f"{result['rollout_nodes']} rollout and {result['train_nodes']} training "

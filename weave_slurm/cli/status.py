@@ -90,7 +90,7 @@ def layout_cell(j: dict[str, Any]) -> str:
 
 
 CODES: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
-    "i": ("JOBID", lambda j: str(j["job"])),
+    "i": ("JOBID", lambda j: str(j.get("id") or j["job"])),   # an element: ID_TASK
     "u": ("USER", lambda j: str(j["user"])),
     "U": ("UID", lambda j: str(j["uid"])),
     "A": ("SLURM_JOBIDS", lambda j: ",".join(j.get("slurm_job_ids") or []) or "-"),
@@ -274,7 +274,8 @@ CANCEL_FAILED = 1
 
 
 def cancel(
-    job_ids: Annotated[list[int] | None, typer.Argument(help="Job ids.")] = None,
+    job_ids: Annotated[list[str] | None, typer.Argument(
+        help="Job ids (an array's id: all its elements; ID_TASK: one element).")] = None,
     user: _Users = None,
     name: _Names = None,
     states: _States = None,
@@ -287,25 +288,47 @@ def cancel(
     With ``-u``, ``-n`` or ``-t`` the jobs are those that match every filter (and are
     among the ids, if any are given); without ``-u``, only your own jobs."""
     sel = selection(states, None, name)
-    ids = list(job_ids or [])
+    ids, whole = _cancel_ids(socket_path, job_ids or [])
     if not sel.empty or user or mine:
         # without -u only the caller's own jobs (root too: never another user's by a
         # name or a state alone)
         rows = _call(socket_path, Op.STATUS, users=users_of(user, mine or not user),
                      jobs=ids, all=False)["jobs"]
-        ids = [int(j["job"]) for j in rows if sel(j)]
+        ids, whole = [int(j["job"]) for j in rows if sel(j)], False
         if not ids:
             return                             # as scancel: no job matched, nothing to do
     elif not ids:
         raise ConfigError("cancel: no job id and no filter (-u, -n, -t, --me): "
                           "name the jobs to cancel")
-    result = _call(socket_path, Op.CANCEL, jobs=ids)
+    result = _call(socket_path, Op.CANCEL, jobs=ids, arrays=whole)
     # as scancel: quiet about jobs that had ended; one line per other failure, exit 1
     failed = [r for r in result["results"] if not r["ok"] and not r.get("ended")]
     for r in failed:
         typer.echo(f"weave cancel: error: {r['message']}", err=True)
     if failed:
         raise typer.Exit(CANCEL_FAILED)
+
+
+def _cancel_ids(socket_path: Path | None, words: list[str]) -> tuple[list[int], bool]:
+    """The job ids ``weave cancel`` names, and whether an array's id means all its
+    elements (not when an ``ID_TASK`` names one of them, as scancel's)."""
+    ids: list[tuple[int, str]] = []
+    tasks: list[tuple[int, str]] = []
+    for word in words:
+        head, sep, task = word.partition("_")
+        if not head.isdigit() or (sep and not task.isdigit()):
+            raise typer.BadParameter(f"{word!r} is not a job id: an integer ID, or ID_TASK "
+                                     "for one element of an array", param_hint="JOB_IDS")
+        (tasks if sep else ids).append((int(head), word))
+    if tasks:
+        rows = _call(socket_path, Op.STATUS, jobs=sorted({h for h, _ in tasks}),
+                     all=True)["jobs"]
+        by_id = {str(r.get("id")): int(r["job"]) for r in rows}
+        for _, word in tasks:
+            if word not in by_id:
+                raise ConfigError(f"cancel: no array element {word}")
+        return [h for h, _ in ids] + [by_id[w] for _, w in tasks], not tasks
+    return [h for h, _ in ids], True
 
 
 def show(

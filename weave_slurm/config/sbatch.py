@@ -5,7 +5,8 @@ Honoured (:data:`SBATCH_OPTIONS`): ``--account``/``-A``, ``--qos``/``-q``,
 ``--time``/``-t`` (sbatch's formats: ``M``, ``M:S``, ``H:M:S``, ``D-H``, ``D-H:M``,
 ``D-H:M:S``; seconds round up to the next minute, ``0``/``UNLIMITED`` = none, as
 Slurm), ``--output``/``-o``, ``--error``/``-e``, ``--job-name``/``-J`` and
-``--chdir``/``-D`` (the workers' working directory). Each is written ``--opt value``,
+``--chdir``/``-D`` (the workers' working directory), ``--dependency``/``-d``,
+``--hold``/``-H`` and ``--array``/``-a`` (``config/job_array.py``). Each is written ``--opt value``,
 ``--opt=value``, ``-X value`` or ``-Xvalue``. Any other sbatch option is refused in one
 line listing these: weave chooses the partitions, nodes and GPUs of a group itself.
 
@@ -17,10 +18,11 @@ pattern as sbatch does.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from weave_slurm.config.dependency import dependency_text
+from weave_slurm.config.job_array import array_text
 from weave_slurm.config.reader import TableReader
 from weave_slurm.config.site import MAX_TIME_LIMIT_MIN, SlurmConfig
 from weave_slurm.errors import ConfigError, InfeasibleRequest
@@ -50,6 +52,7 @@ SBATCH_OPTIONS: tuple[SbatchOption, ...] = (
     SbatchOption("chdir", "D", "workdir"),
     SbatchOption("dependency", "d", "dependency"),
     SbatchOption("hold", "H", "hold"),
+    SbatchOption("array", "a", "array"),
 )
 #: Honoured options that take no value.
 SBATCH_SWITCHES = frozenset({"hold"})
@@ -65,10 +68,13 @@ class JobSlurm:
     account: str | None = None
     qos: str | None = None
     time_limit_min: int | None = None   # the job ends once it has run this long
-    output: str | None = None           # stdout pattern (%j %u %x %%), as sbatch's
+    output: str | None = None           # stdout pattern (LOG_CODES), as sbatch's
     error: str | None = None            # stderr pattern; None: with stdout
     dependency: str | None = None       # --dependency (config/dependency.py)
     hold: bool = False                  # --hold: PENDING until `weave release`
+    array: str | None = None            # --array (config/job_array.py)
+    array_job: int | None = None        # an element's array job id (set by weaved)
+    array_task: int | None = None       # an element's task id (set by weaved)
 
 
 #: A job with no ``[slurm]`` table: the site's terms, no limit of its own.
@@ -117,7 +123,6 @@ _ADVICE: dict[str, str] = {
                     "weave sends no mail: follow the job with weave status -i or weave logs"),
     "export": "a hosted job runs in its workers' environment; a cooperative job gets "
               "yours ([launch.env] in a spec)",
-    "array": "not supported by weave yet: submit each job with weave-sbatch",
     "wrap": "give --wrap on weave-sbatch's command line",
     **dict.fromkeys(("requeue", "no-requeue"),
                     "weaved requeues a job whose group cannot start (the site's "
@@ -126,7 +131,7 @@ _ADVICE: dict[str, str] = {
 #: sbatch's one-letter options weave refuses, by long name (for their advice).
 _SHORT_NAMES = {"N": "nodes", "n": "ntasks", "c": "cpus-per-task", "G": "gpus",
                 "w": "nodelist", "x": "exclude", "C": "constraint", "p": "partition",
-                "a": "array", "m": "distribution"}
+                "m": "distribution"}
 #: sbatch options that take no value (so the word after one is not its value).
 _SWITCH = frozenset(("exclusive", "requeue", "no-requeue", "hold", "H", "overcommit", "O",
                      "contiguous", "use-min-nodes", "spread-job", "quiet", "Q", "verbose",
@@ -244,14 +249,20 @@ def _name_problem(raw: str) -> str | None:
 _CODE = re.compile(r"%([0-9]*)(.?)", re.DOTALL)
 
 
+#: The replacements of an ``--output``/``--error`` pattern, as sbatch's.
+LOG_CODES = ("%j (job id), %x (job name), %u (user), %N (short host name of the node that "
+             "writes it), %A (array job id), %a (array task id), %% (a '%')")
+#: ``%a`` of a job not in an array, as Slurm writes it (its NO_VAL).
+NO_TASK = "4294967294"
+
+
 def _pattern_problem(raw: str) -> str | None:
     if not raw.strip() or not raw.isprintable() or len(raw) > MAX_LOG_PATTERN:
         return (f"must be a printable file name pattern of 1-{MAX_LOG_PATTERN} characters "
-                "(%j job id, %u user, %x job name)")
+                f"({LOG_CODES})")
     for m in _CODE.finditer(raw):
-        if m.group(2) not in ("j", "u", "x", "%"):
-            return (f"unknown replacement '%{m.group(1)}{m.group(2)}'; valid: %j (job id), "
-                    "%u (user), %x (job name), %% (a '%')")
+        if m.group(2) not in ("j", "u", "x", "N", "a", "A", "%"):
+            return f"unknown replacement '%{m.group(1)}{m.group(2)}'; valid: {LOG_CODES}"
     return None
 
 
@@ -272,28 +283,46 @@ def log_pattern(raw: str) -> str:
 
 
 def log_path(pattern: str, *, job_id: int | str, user: str, job_name: str,
-             workdir: str | None = None) -> str:
+             workdir: str | None = None, array_job: int | None = None,
+             array_task: int | None = None) -> str:
     """Where a job's output goes: ``pattern`` with ``%j`` (the weave job id), ``%u``
-    (user), ``%x`` (job name) and ``%%`` expanded as sbatch does (``%5j``: zero-padded to
-    5), relative to ``workdir`` when not absolute. The one resolution every job kind
-    uses (hosted jobs' event log, cooperative jobs' stdout/stderr)."""
+    (user), ``%x`` (job name), ``%A``/``%a`` (array job and task id; a job not in an
+    array: its own id and :data:`NO_TASK`, as Slurm) and ``%%`` expanded as sbatch does
+    (``%5j``: zero-padded to 5), relative to ``workdir`` when not absolute. ``%N`` and
+    ``%%`` are left to the host that opens the file (:func:`host_path`, once). The one
+    resolution every job kind uses (hosted jobs' event log and workers, cooperative
+    jobs' stdout/stderr)."""
+    later = any(m.group(2) in ("N", "%") for m in _CODE.finditer(pattern))
+    numbers = {"j": str(job_id), "A": str(job_id if array_job is None else array_job),
+               "a": NO_TASK if array_task is None else str(array_task)}
+
     def one(m: re.Match[str]) -> str:
         width, code = m.group(1), m.group(2)
-        if code == "%":
-            return "%"
-        value = {"j": str(job_id), "u": user, "x": job_name}.get(code)
-        if value is None:
-            return m.group(0)
-        return value.zfill(int(width)) if width and code == "j" else value
+        if code in ("%", "N"):
+            return m.group(0) if later else "%"
+        if code in numbers:
+            return numbers[code].zfill(int(width)) if width else numbers[code]
+        return {"u": user, "x": job_name}.get(code, m.group(0))
     path = _CODE.sub(one, pattern)
     if workdir and not path.startswith("/"):
         path = f"{workdir.rstrip('/')}/{path}"
     return path
 
 
+def host_path(path: str, host: str) -> str:
+    """``path`` from :func:`log_path` with ``%N`` (``host``'s short name) and ``%%``
+    expanded: where the file is opened, once (``host="%N"``: the name shown, as
+    ``weave show job`` shows it before a node writes it)."""
+    if "%" not in path:
+        return path
+    short = host.split(".")[0]
+    return _CODE.sub(lambda m: short if m.group(2) == "N" else
+                     "%" if m.group(2) == "%" else m.group(0), path)
+
+
 def read_job_slurm(r: TableReader | None) -> JobSlurm:
     """``[slurm]`` of a job spec: account, qos, time_limit_min, output, error,
-    dependency, hold."""
+    dependency, hold, array."""
     if r is None:
         return JobSlurm()
     values: dict[str, str | None] = {}
@@ -308,17 +337,25 @@ def read_job_slurm(r: TableReader | None) -> JobSlurm:
     if limit is not None and not 1 <= limit <= MAX_TIME_LIMIT_MIN:
         raise r.fail("time_limit_min", limit, f"must be minutes between 1 and "
                      f"{MAX_TIME_LIMIT_MIN}; leave it out for no limit of its own")
-    dependency = r.opt_string("dependency")
-    if dependency is not None:
-        try:
-            dependency = dependency_text(dependency)
-        except ConfigError as exc:
-            raise r.fail("dependency", dependency, str(exc)) from None
+    dependency = _checked(r, "dependency", dependency_text)
     hold = r.boolean("hold", False)
+    array = _checked(r, "array", array_text)
     r.done()
     return JobSlurm(account=values["account"], qos=values["qos"], time_limit_min=limit,
                     output=values["output"], error=values["error"], dependency=dependency,
-                    hold=hold)
+                    hold=hold, array=array)
+
+
+def _checked(r: TableReader, key: str, check: Callable[[str], str]) -> str | None:
+    """String ``key`` of ``[slurm]`` as ``check`` writes it (None: not given); its
+    refusal names the key."""
+    value = r.opt_string(key)
+    if value is None:
+        return None
+    try:
+        return check(value)
+    except ConfigError as exc:
+        raise r.fail(key, value, str(exc)) from None
 
 
 def refuse_over_site(job: JobSlurm, site: SlurmConfig, where: str) -> None:

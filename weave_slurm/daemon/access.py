@@ -37,6 +37,7 @@ import os
 import pwd
 import select
 import signal
+import socket
 import stat
 import sys
 import sysconfig
@@ -44,9 +45,11 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
-from weave_slurm.config.job import SHOWN_CHARS, JobSpec
-from weave_slurm.config.sbatch import log_path
+from weave_slurm.config.job import SHOWN_CHARS, JobSpec, user_dirs
+from weave_slurm.config.launch import DEFAULT_OUTPUT
+from weave_slurm.config.sbatch import host_path, log_path
 from weave_slurm.errors import ConfigError
 from weave_slurm.node.zygotes import weave_package_dir
 
@@ -95,22 +98,39 @@ def worker_needs(job: JobSpec, node_python: str | None) -> list[Need]:
 
 
 def output_needs(job: JobSpec, uid: int | None = None) -> list[Need]:
-    """The job's ``--output``/``--error`` files (``[slurm]``), which its workers or
-    processes open as ``uid`` (None: this process's): checked at submission, not first
-    when the job runs. Patterns are filled in as at run time (``%j`` with a stand-in id:
-    it names the file, not its directory); a relative name is in ``workdir``, else the
-    user's home."""
+    """The job's ``--output`` (default ``weave-%j.out``) and ``--error`` files
+    (``[slurm]``), which its workers or processes open as ``uid`` (None: this
+    process's): checked at submission, not first when the job runs. Patterns are filled
+    in as at run time (``%j`` with a stand-in id: it names the file, not its directory);
+    a relative name is in ``workdir``, else the user's home."""
     home = None
     if job.workdir is None:
         with contextlib.suppress(KeyError):
             home = pwd.getpwuid(os.geteuid() if uid is None else uid).pw_dir
     user = _name(uid)
     out = []
-    for key, pattern in (("slurm.output", job.slurm.output), ("slurm.error", job.slurm.error)):
+    for key, pattern in (("slurm.output", job.slurm.output or DEFAULT_OUTPUT),
+                         ("slurm.error", job.slurm.error)):
         if pattern:
-            path = log_path(pattern, job_id=0, user=user, job_name=job.name,
-                            workdir=job.workdir or home)
+            path = host_path(log_path(pattern, job_id=0, user=user, job_name=job.name,
+                                      workdir=job.workdir or home), socket.gethostname())
             out.append(Need(key, path, Kind.LOG))
+    return out
+
+
+def unshared_outputs(job: JobSpec, uid: int, roots: Sequence[Path]) -> list[str]:
+    """A line for each of the job's output files outside ``uid``'s home and the site's
+    shared ``roots``: the hosts that write it (weaved, each node) may each have their
+    own copy of that directory, and the user another (said at submission, not lost)."""
+    allowed = user_dirs(uid, roots)
+    out = []
+    for need in output_needs(job, uid):
+        real = Path(os.path.realpath(os.path.dirname(need.path)))
+        if not any(real == d or d in real.parents for d in allowed):
+            out.append(f"{need.key} {need.path[:SHOWN_CHARS]!r} is outside your home and "
+                       f"this site's shared roots ({', '.join(map(str, allowed)) or 'none'}):"
+                       " the nodes may not share that directory, so the file may be "
+                       "written where you do not look; give -o or -D under one of them")
     return out
 
 

@@ -23,11 +23,17 @@ from typing import Any
 from weave_slurm.config.job import check_paths, parse_job
 from weave_slurm.config.sbatch import refuse_over_site
 from weave_slurm.config.site import SiteConfig
-from weave_slurm.daemon import limits, membership
-from weave_slurm.daemon.access import check_access, output_needs, worker_needs
+from weave_slurm.daemon import job_arrays, limits, membership
+from weave_slurm.daemon.access import (
+    check_access,
+    output_needs,
+    unshared_outputs,
+    worker_needs,
+)
 from weave_slurm.daemon.dependencies import unknown_jobs
 from weave_slurm.daemon.driver import job_nodes
 from weave_slurm.daemon.fault_points import FaultPoint, crossing
+from weave_slurm.daemon.job_arrays import array_of
 from weave_slurm.daemon.job_output import log_files
 from weave_slurm.daemon.job_update import update_job
 from weave_slurm.daemon.layout_view import layout_row
@@ -124,7 +130,7 @@ class Api:
             return self.submit(uid, args.get("spec"), args.get("source"),
                                test_only=args.get("test_only") is True)
         if op is Op.CANCEL:
-            return self.cancel(uid, _int_list(args, "jobs"))
+            return self.cancel(uid, _int_list(args, "jobs"), args.get("arrays", True) is True)
         if op in (Op.HOLD, Op.RELEASE):
             return self.hold(uid, _int_list(args, "jobs"), op is Op.HOLD)
         if op is Op.UPDATE:
@@ -172,9 +178,10 @@ class Api:
                 raise ConfigError(f"{where}: key 'slurm.dependency' = "
                                   f"'{job.slurm.dependency}': no job {unknown[0]} (Slurm: "
                                   "Job dependency problem)")
+        warnings = unshared_outputs(job, uid, self.path_roots)
         if test_only:
-            return {"job": None, "valid": True, "rollout_nodes": profile.rollout_nodes,
-                    "train_nodes": profile.train_nodes,
+            return {"job": None, "valid": True, "warnings": warnings,
+                    "rollout_nodes": profile.rollout_nodes, "train_nodes": profile.train_nodes,
                     "solo_iteration_s": profile.solo_s, "slo": profile.slo}
         user = user_name(uid)
         account = (profile.charge.account if profile.charge else None) \
@@ -184,18 +191,22 @@ class Api:
                                                 self.now())
             if refused is not None:
                 raise InsufficientResources(f"{where}: job refused: {refused}")
-            job_id = self.store.add_job(uid=uid, user=user, name=job.name, spec=job,
-                                        spec_toml=spec, source=where, profile=profile,
-                                        now=self.now())
+            ids = self.store.add_jobs(   # an array: one job per element (job_arrays.py)
+                uid=uid, user=user, name=job.name, spec_toml=spec, source=where,
+                profile=profile, now=self.now(),
+                specs=job_arrays.elements(job) if job.slurm.array else lambda first: [job])
         crossing(FaultPoint.SUBMIT_STORED)
         self.wake()
-        return {"job": job_id}
+        return {"job": ids[0], "jobs": ids, "warnings": warnings}
 
-    def cancel(self, uid: int, ids: list[int]) -> dict[str, Any]:
+    def cancel(self, uid: int, ids: list[int], arrays: bool = True) -> dict[str, Any]:
+        """Cancel jobs (``arrays``: an array's job id means all its elements, as scancel)."""
         if not ids:
             raise ConfigError("cancel: give at least one job id")
         results = []
-        for job_id in ids:
+        jobs = self.store.jobs() if arrays else []
+        for job_id in dict.fromkeys(e for i in ids for e in (job_arrays.members(i, jobs)
+                                                             or [i])):
             try:
                 results.append({"job": job_id, "ok": True, "message": self._cancel(uid, job_id)})
             except WeaveError as exc:   # "ended": the job had ended already (typed, not words)
@@ -294,7 +305,8 @@ class Api:
             it = None if version is None else f"{version}/{live.get('iterations')}"
             if live.get("slowdown") is not None:
                 slowdown, slo_ok = live["slowdown"], live.get("slo_ok")
-        return {"job": job.job_id, "user": job.user, "uid": job.uid, "name": job.name,
+        return {"job": job.job_id, "id": job_arrays.shown_id(job), "user": job.user,
+                "uid": job.uid, "name": job.name,
                 "group": job.group_id, "state": job.state.value, "phase": phase,
                 "iter": it, "slowdown": slowdown, "slo_ok": slo_ok, "slo": job.profile.slo,
                 "time_s": end - job.started_s if job.started_s is not None else 0.0,
@@ -319,8 +331,8 @@ class Api:
         rows = [self._job_view(j, groups, allocs, models, now, requeued.get(j.job_id, ()))
                 for j in jobs.values()
                 if (show_all or ids or not j.state.final)
-                and (not ids or j.job_id in ids) and (not users or j.user in users
-                                                      or str(j.uid) in users)
+                and (not ids or j.job_id in ids or (array_of(j) or (0,))[0] in ids)
+                and (not users or j.user in users or str(j.uid) in users)
                 and (not states or j.state.value in states)
                 and (not names or j.name in names)]
         usage = self.store.usage()

@@ -15,11 +15,12 @@ Lines of failures (a FAILED, REFUSED or CANCELLED state, a member's error or rec
 also go to ``--error`` when it names another file (as sbatch: without ``--error`` both
 streams are in ``--output``). Paths are expanded by :func:`weave_slurm.config.sbatch.
 log_path` (``%j`` the weave job id, ``%u``, ``%x``), relative ones against the job's
-``workdir``. A job naming neither gets no file (weave writes nothing the user did not
-ask for). Each file is opened (append, created 0644) **as the job's uid**, in a child
-that became it and passes the descriptor back, so weaved never writes where the user
-could not; a file that cannot be opened is said once in weaved's log and the job's
-``reason`` is left alone (the job runs on).
+``workdir`` (else the user's home). A job naming neither writes to ``weave-%j.out``
+there (:data:`~weave_slurm.config.launch.DEFAULT_OUTPUT`, as sbatch's ``slurm-%j.out``;
+a cooperative job's processes too). Each file is opened (append, created 0644) **as
+the job's uid**, in a child that became it and passes the descriptor back, so weaved
+never writes where the user could not; a file that cannot be opened is said once in
+weaved's log and the job's ``reason`` is left alone (the job runs on).
 """
 
 from __future__ import annotations
@@ -28,12 +29,14 @@ import contextlib
 import logging
 import os
 import pwd
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from weave_slurm.config.sbatch import JobSlurm, log_path
+from weave_slurm.config.launch import DEFAULT_OUTPUT
+from weave_slurm.config.sbatch import JobSlurm, host_path, log_path
 from weave_slurm.daemon.job_terms import JobTerms
 from weave_slurm.daemon.records import JobRow
 from weave_slurm.daemon.states import JobState
@@ -87,10 +90,6 @@ class JobOutputs:
         for job in jobs.values():
             if job.job_id in self._done:
                 continue
-            terms = self.terms.of(job)
-            if terms.output is None and terms.error is None:
-                self._done.add(job.job_id)
-                continue
             if job.job_id not in self._logs and not _hosted(job):
                 self._done.add(job.job_id)   # a cooperative job: its processes write them
                 continue
@@ -107,7 +106,9 @@ class JobOutputs:
             state.written = sum(t.ts < self.since
                                 for t in self.store.transitions("job", job.job_id))
         try:
-            out_path, err_path = hosted_paths(job, terms)
+            # weaved's event lines: %N is weaved's host (each node's workers: theirs)
+            out_path, err_path = (None if p is None else host_path(p, socket.gethostname())
+                                  for p in hosted_paths(job, terms))
             if out_path is not None:
                 state.out = self.opener(job.uid, out_path)
             if err_path is not None and err_path != out_path:
@@ -181,20 +182,23 @@ class JobOutputs:
 
 
 def hosted_paths(job: JobRow, terms: JobSlurm) -> tuple[str | None, str | None]:
-    """``--output`` and ``--error`` of ``job`` (its ``[slurm]`` ``terms``) as absolute
-    paths (None: not named): weaved's event lines and the job's workers' stdout/stderr
-    (``node/job_streams.py``, through ``MemberSpec.output/error``) go to the same files."""
+    """``--output`` (default ``weave-%j.out``) and ``--error`` (None: not named) of
+    ``job`` (its ``[slurm]`` ``terms``) as absolute paths: weaved's event lines and the
+    job's workers' stdout/stderr (``node/job_streams.py``, through
+    ``MemberSpec.output/error``) go to the same files."""
     base = _workdir(job)
     out, err = (log_path(p, job_id=job.job_id, user=job.user, job_name=job.name,
-                         workdir=base) if p else None for p in (terms.output, terms.error))
+                         workdir=base, array_job=terms.array_job,
+                         array_task=terms.array_task) if p else None
+                for p in (terms.output or DEFAULT_OUTPUT, terms.error))
     return out, err
 
 
 def log_files(job: JobRow) -> tuple[str | None, str | None]:
     """Where the job's output and errors go, as ``weave show job`` and ``weave logs`` say
-    (``StdOut``/``StdErr`` of scontrol): a hosted job's ``--output``/``--error`` (None:
-    it named none), a cooperative job's files (``weave-%j.out`` by default); errors
-    with the output when ``--error`` names no other file."""
+    (``StdOut``/``StdErr`` of scontrol): its ``--output``/``--error`` (``weave-%j.out``
+    by default); errors with the output when ``--error`` names no other file (``%N``
+    shown as it is: each host writes its own)."""
     if job.spec is None:
         return None, None
     if job.spec.launch is None:
@@ -202,7 +206,8 @@ def log_files(job: JobRow) -> tuple[str | None, str | None]:
     else:
         plan = plan_for(job.spec, str(job.job_id), job.uid)
         out, err = (plan.output, plan.error) if plan is not None else (None, None)
-    return out, err or out
+    shown = [None if p is None else host_path(p, "%N") for p in (out, err)]
+    return shown[0], shown[1] or shown[0]
 
 
 def _hosted(job: JobRow) -> bool:

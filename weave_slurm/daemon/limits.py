@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from weave_slurm.config.fairshare import JobLimits
 from weave_slurm.config.site import SiteConfig
 from weave_slurm.daemon.dependencies import wait_reason
+from weave_slurm.daemon.job_arrays import limit_holds
 from weave_slurm.daemon.records import JobRow
 from weave_slurm.daemon.states import JobState
 from weave_slurm.daemon.store import Store
@@ -96,7 +97,8 @@ class Queue:
 
 def queue(store: Store, site: SiteConfig, pending: Sequence[JobRow], now: float) -> Queue:
     """Order ``pending`` and hold what its user's hold, its dependency
-    (:mod:`~weave_slurm.daemon.dependencies`) or a ``max_running`` limit holds (module
+    (:mod:`~weave_slurm.daemon.dependencies`), its array's ``%n``
+    (:mod:`~weave_slurm.daemon.job_arrays`) or a ``max_running`` limit holds (module
     doc)."""
     states: dict[int, JobState | None] = {}
 
@@ -115,7 +117,9 @@ def queue(store: Store, site: SiteConfig, pending: Sequence[JobRow], now: float)
                                                                for j in pending], now)
         priority = {j.job_id: share.priority(_claimant(j, site)) for j in pending}
         ordered.sort(key=lambda j: (-priority[j.job_id], j.submitted_s, j.job_id))
-    out = Queue([], held=dict(waits), priority=priority)
+    arrays = limit_holds(store.jobs(HOLDING), ordered)    # an array's %n
+    ordered = [j for j in ordered if j.job_id not in arrays]
+    out = Queue([], held={**waits, **arrays}, priority=priority)
     caps = [(kind, limits.max_running) for kind, limits in _limits(site)
             if limits.max_running is not None]
     if not caps:

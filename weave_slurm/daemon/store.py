@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -194,15 +194,35 @@ class Store:
                 source: str, profile: JobProfile, now: float) -> int:
         """Insert a PENDING job (one transaction): ``spec`` as parsed at submission, and
         ``spec_toml``, the text it was parsed from; returns its id."""
+        return self.add_jobs(uid=uid, user=user, name=name, specs=lambda first: [spec],
+                             spec_toml=spec_toml, source=source, profile=profile, now=now)[0]
+
+    def add_jobs(self, *, uid: int, user: str, name: str,
+                 specs: Callable[[int], Sequence[JobSpec]], spec_toml: str, source: str,
+                 profile: JobProfile, now: float) -> list[int]:
+        """Insert PENDING jobs in one transaction (the elements of an array): ``specs``,
+        given the first one's id, says each one's spec; returns their ids."""
         with self._tx() as db:
-            cur = db.execute(
-                "INSERT INTO jobs (uid, user, name, spec, spec_json, source, profile, state, "
-                "submitted_s, held) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (uid, user, name, spec_toml, spec_to_json(spec), source,
-                 profile_to_json(profile), JobState.PENDING.value, now, int(spec.slurm.hold)))
-            job_id = int(cur.lastrowid or 0)
-            self._log(db, now, "job", job_id, None, JobState.PENDING, f"submitted by uid {uid}")
-        return job_id
+            ids: list[int] = []
+            sql = ("INSERT INTO jobs (uid, user, name, spec, spec_json, source, profile, "
+                   "state, submitted_s, held) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+            first = int(db.execute(sql, (uid, user, name, spec_toml, None, source,
+                                         profile_to_json(profile), JobState.PENDING.value,
+                                         now, 0)).lastrowid or 0)
+            for i, spec in enumerate(specs(first)):
+                if i == 0:
+                    db.execute("UPDATE jobs SET spec_json=?, held=? WHERE job_id=?",
+                               (spec_to_json(spec), int(spec.slurm.hold), first))
+                    job_id = first
+                else:
+                    job_id = int(db.execute(sql, (
+                        uid, user, name, spec_toml, spec_to_json(spec), source,
+                        profile_to_json(profile), JobState.PENDING.value, now,
+                        int(spec.slurm.hold))).lastrowid or 0)
+                ids.append(job_id)
+                self._log(db, now, "job", job_id, None, JobState.PENDING,
+                          f"submitted by uid {uid}")
+        return ids
 
     @staticmethod
     def _job(r: sqlite3.Row) -> JobRow:

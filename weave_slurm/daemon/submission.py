@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from weave_slurm.config import dependency, launch, sbatch
+from weave_slurm.config import dependency, job_array, launch, sbatch
 from weave_slurm.config.job import JobSpec, parse_job
 from weave_slurm.errors import ConfigError
 
@@ -51,6 +51,8 @@ DIRECTIVES: tuple[Directive, ...] = (
               "where the job's errors go (-e; default: with --output)", sbatch.log_pattern),
     Directive("dependency", ("slurm", "dependency"), str,
               f"start after other jobs (-d): {dependency.FORMS}", dependency.dependency_text),
+    Directive("array", ("slurm", "array"), str, f"one job per element (-a): "
+              f"{job_array.FORMS}", job_array.array_text),
     Directive("hold", ("slurm", "hold"), bool, "submit held: PENDING until weave release "
               "(-H)", launch.yes),
     Directive("slo", ("slo",), float, "permitted slowdown, >= 1.0 (e.g. 1.5)"),
@@ -264,7 +266,8 @@ def _script_name(path: Path) -> str:
 #: ``SBATCH_PARTITION``, are left alone: weave picks a group's partitions itself.
 SBATCH_ENV: dict[str, str] = {"SBATCH_ACCOUNT": "account", "SBATCH_QOS": "qos",
                               "SBATCH_TIMELIMIT": "time", "SBATCH_JOB_NAME": "job-name",
-                              "SBATCH_OUTPUT": "output", "SBATCH_ERROR": "error"}
+                              "SBATCH_OUTPUT": "output", "SBATCH_ERROR": "error",
+                              "SBATCH_ARRAY_INX": "array"}
 
 
 def env_options(environ: Mapping[str, str]) -> dict[str, Any]:

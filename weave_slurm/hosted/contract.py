@@ -126,6 +126,12 @@ class PhaseArgs:
     # when the worker moves its device state to the node's shm for another member
     # (weave_slurm.device.switch.SwitchMode: auto = CUDA devices only, on, off)
     device_switch: str = "auto"
+    # the job's own variables besides a rank's place (an array element's SLURM_ARRAY_*:
+    # config/job_array.py), put into the worker's environment for the phase
+    env: tuple[tuple[str, str], ...] = ()
+    # the member's GPUs on this rank's node (its CUDA_VISIBLE_DEVICES: node/job_env.py;
+    # None: not known, left as it is)
+    gpus: int | None = None
 
     def encode(self) -> str:
         return json.dumps({"entry_point": self.entry_point, "seed": self.seed,
@@ -139,7 +145,8 @@ class PhaseArgs:
                            "world_timeout_s": self.world_timeout_s,
                            "job_id": self.job_id, "engines": self.engines,
                            "shard_sync": self.shard_sync,
-                           "device_switch": self.device_switch},
+                           "device_switch": self.device_switch,
+                           "env": dict(self.env), "gpus": self.gpus},
                           sort_keys=True)
 
     @classmethod
@@ -161,4 +168,6 @@ class PhaseArgs:
                    float(raw.get("world_timeout_s", 120.0)),
                    None if job is None else str(job), int(raw.get("engines", 1)),
                    bool(raw.get("shard_sync", False)),
-                   str(raw.get("device_switch", "auto")))
+                   str(raw.get("device_switch", "auto")),
+                   tuple((str(k), str(v)) for k, v in dict(raw.get("env") or {}).items()),
+                   None if raw.get("gpus") is None else int(raw["gpus"]))

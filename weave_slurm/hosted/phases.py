@@ -87,10 +87,10 @@ def _args(ctx: PhaseContext) -> PhaseArgs:
     """The phase's arguments; the process's environment then says this rank's place, as
     Slurm and torchrun would (``node/job_env.py``) for the job's own code."""
     args = PhaseArgs.decode(ctx.args, f"phase {ctx.phase} of {ctx.job.job_id}")
-    job_env.apply(job_env.job_environment(
+    job_env.apply({**job_env.job_environment(
         node=os.environ.get("SLURMD_NODENAME") or socket.gethostname(), job_name=None,
         rank=args.rank, local_rank=args.local_rank, world_size=args.world_size,
-        init_method=args.init_method))
+        init_method=args.init_method, gpus=args.gpus), **dict(args.env)})
     return args
 
 

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from filelock import FileLock, Timeout
 
 from weave_slurm import wire
+from weave_slurm.config.sbatch import host_path
 from weave_slurm.errors import ConfigError, InfeasibleRequest, StateError, WeaveError
 from weave_slurm.node import protocol
 from weave_slurm.node.autosave import AutosaveTimer, check_interval, run_timer
@@ -374,6 +375,10 @@ class NodeDaemon:
         entry, args = request.args.get("entry"), request.args.get("args") or []
         pythonpath = request.args.get("pythonpath") or []
         code = {k: request.args.get(k) for k in ("workdir", "python", "output", "error")}
+        for key in ("output", "error"):   # their %N: this node (config/sbatch.host_path)
+            value = code[key]
+            if isinstance(value, str):
+                code[key] = host_path(value, self.config.node_name)
         if not isinstance(entry, str) or not isinstance(args, list) or \
                 not isinstance(pythonpath, list):
             raise ConfigError(f"activate of {job.job_id}: 'entry' must be a string "

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from weave_slurm.config.sbatch import host_path
 from weave_slurm.errors import ConfigError, GateRefused, PhaseRevoked, StateError, WeaveError
 from weave_slurm.node import reaper
 from weave_slurm.node.index import JobRef
@@ -319,15 +320,20 @@ class GateOps:
             raise ConfigError(f"launch of {job.job_id}: uid {job.uid} has no passwd "
                               "entry on this node") from None
         workdir = args.get("workdir") or user.pw_dir
-        output, error = args.get("output"), args.get("error")
+        output, error = (host_path(v, self.daemon.config.node_name)   # %N: this node
+                         if isinstance(v, str) else v
+                         for v in (args.get("output"), args.get("error")))
         for key, value in (("workdir", workdir), ("output", output), ("error", error)):
             if value is not None and not (isinstance(value, str) and os.path.isabs(value)):
                 raise ConfigError(f"launch of {job.job_id}: {key!r} must be an absolute "
                                   f"path, got {value!r}")
         base = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": user.pw_dir,
                 "USER": user.pw_name, "LOGNAME": user.pw_name}
-        env = {**base, **env, **job_environment(node=self.daemon.config.node_name,
-                                                job_name=env.get("WEAVE_JOB_NAME")),
+        gpus = args.get("gpus")   # the member's GPUs on this node (CUDA_VISIBLE_DEVICES)
+        env = {**base, **env, **job_environment(
+                   node=self.daemon.config.node_name, job_name=env.get("WEAVE_JOB_NAME"),
+                   gpus=gpus if isinstance(gpus, int) and not isinstance(gpus, bool)
+                   and gpus >= 0 else None),
                "WEAVE_NODE_SOCKET": str(self.daemon.config.socket),
                "WEAVE_JOB_ID": job.job_id, "WEAVE_ROLE": role,
                "WEAVE_NODE": self.daemon.config.node_name}

@@ -243,7 +243,8 @@ class Cooperative:
             node = self.node_of(member, PHASE_OF[role])
             self.link.call(node, Op.REGISTER, job=member.spec.job_id, checkpoint_interval_s=0,
                            resident=False, **owner)
-            self.link.call(node, Op.LAUNCH, job=member.spec.job_id,
+            self.link.call(node, Op.LAUNCH, job=member.spec.job_id,   # its GPUs there
+                           gpus=member.spec.gpus_on(PHASE_OF[role]),
                            **plan.request(role, net.env(role)))
             where.append(f"{role} on {node.name}")
         member.initialised, member.next_kind = True, Phase.ROLLOUT

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import zlib
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -158,11 +159,17 @@ class Gang:
             self.formations += 1
             self.world = f"tcp://{self.lead.node.address or '127.0.0.1'}:{self.port}"
         sharded = shard_sync and bool(self.weight_senders())
+        # the member's GPUs on each node: its ranks there (a rollout: x GPUs per engine)
+        per_node = Counter(slot.node.name for slot in self.slots)
+        each = args.engine_gpus if phase is Phase.ROLLOUT else 1
         try:
             for slot in self.slots:
-                ranked = args if self.size == 1 else dataclasses.replace(
-                    args, rank=slot.rank, local_rank=slot.local_rank, world_size=self.size,
-                    init_method=self.world, job_id=self.lead.job.job_id, shard_sync=sharded)
+                gpus = per_node[slot.node.name] * each
+                ranked = dataclasses.replace(args, gpus=gpus) if self.size == 1 else \
+                    dataclasses.replace(
+                        args, rank=slot.rank, local_rank=slot.local_rank, world_size=self.size,
+                        init_method=self.world, job_id=self.lead.job.job_id,
+                        shard_sync=sharded, gpus=gpus)
                 link.call(slot.node, Op.ACTIVATE, job=slot.job.job_id, phase=phase.value,
                           entry=fn, args=[ranked.encode()], tenant=self.lead.job.job_id,
                           **code)

@@ -134,6 +134,7 @@ class MemberSpec:
     output: str | None = None                # its --output/--error, absolute: its workers'
     error: str | None = None                 # stdout/stderr (node/job_streams.py)
     launch: LaunchPlan | None = None         # a cooperative job: its own processes run
+    env: tuple[tuple[str, str], ...] = ()    # its own variables (an array's SLURM_ARRAY_*)
 
     @property
     def train_node(self) -> int:
@@ -154,6 +155,16 @@ class MemberSpec:
         lay = self.layout
         return tuple((p, lay.rollout.engines_on(i) if lay is not None else range(1))
                      for i, p in enumerate(self.rollout_pins))
+
+    def gpus_on(self, kind: Phase, index: int = 0) -> int:
+        """Its GPUs on its ``index``-th node of ``kind``'s pool, as its layout places them
+        (training: its ranks there; rollout: its engines there x GPUs per engine)."""
+        lay = self.layout
+        if lay is None:
+            return 1
+        if kind is Phase.TRAIN:
+            return len(lay.train.ranks_on(index))
+        return len(lay.rollout.engines_on(index)) * lay.rollout.engine_gpus
 
     @property
     def engine_gpus(self) -> int:
@@ -177,7 +188,7 @@ class MemberSpec:
         weights version it must read)."""
         k = self.staleness
         args = PhaseArgs(self.entry_point, self.seed, dict(self.options), k,
-                         engine_gpus=self.engine_gpus)
+                         engine_gpus=self.engine_gpus, env=self.env)
         if k == 0:
             return args
         traj = buffer_name(TRAJ_BUFFER, step, k)
