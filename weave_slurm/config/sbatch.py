@@ -5,13 +5,14 @@ Honoured (:data:`SBATCH_OPTIONS`): ``--account``/``-A``, ``--qos``/``-q``,
 ``--time``/``-t`` (sbatch's formats: ``M``, ``M:S``, ``H:M:S``, ``D-H``, ``D-H:M``,
 ``D-H:M:S``; seconds round up to the next minute, ``0``/``UNLIMITED`` = none, as
 Slurm), ``--output``/``-o``, ``--error``/``-e``, ``--job-name``/``-J`` and
-``--chdir``/``-D`` (the workers' working directory). Each is written ``--opt value``,
+``--chdir``/``-D`` (the workers' working directory), ``--container`` (an OCI bundle
+the job's processes run in: config/oci.py). Each is written ``--opt value``,
 ``--opt=value``, ``-X value`` or ``-Xvalue``. Any other sbatch option is refused in one
 line listing these: weave chooses the partitions, nodes and GPUs of a group itself.
 
 The spec's ``[slurm]`` table (:class:`JobSlurm`) holds ``account``, ``qos``,
-``time_limit_min``, ``output`` and ``error``; :func:`log_path` expands an output
-pattern as sbatch does.
+``time_limit_min``, ``output``, ``error``, ``dependency``, ``hold`` and ``container``;
+:func:`log_path` expands an output pattern as sbatch does.
 """
 
 from __future__ import annotations
@@ -50,12 +51,14 @@ SBATCH_OPTIONS: tuple[SbatchOption, ...] = (
     SbatchOption("chdir", "D", "workdir"),
     SbatchOption("dependency", "d", "dependency"),
     SbatchOption("hold", "H", "hold"),
+    SbatchOption("container", None, "container"),
 )
 #: Honoured options that take no value.
 SBATCH_SWITCHES = frozenset({"hold"})
 _BY_LONG = {o.long: o for o in SBATCH_OPTIONS}
 _BY_SHORT = {o.short: o for o in SBATCH_OPTIONS if o.short}
-HONOURED = ", ".join(f"--{o.long}/-{o.short}" for o in SBATCH_OPTIONS)
+HONOURED = ", ".join(f"--{o.long}/-{o.short}" if o.short else f"--{o.long}"
+                     for o in SBATCH_OPTIONS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +72,7 @@ class JobSlurm:
     error: str | None = None            # stderr pattern; None: with stdout
     dependency: str | None = None       # --dependency (config/dependency.py)
     hold: bool = False                  # --hold: PENDING until `weave release`
+    container: str | None = None        # --container: an OCI bundle (config/oci.py)
 
 
 #: A job with no ``[slurm]`` table: the site's terms, no limit of its own.
@@ -293,7 +297,7 @@ def log_path(pattern: str, *, job_id: int | str, user: str, job_name: str,
 
 def read_job_slurm(r: TableReader | None) -> JobSlurm:
     """``[slurm]`` of a job spec: account, qos, time_limit_min, output, error,
-    dependency, hold."""
+    dependency, hold, container."""
     if r is None:
         return JobSlurm()
     values: dict[str, str | None] = {}
@@ -315,10 +319,14 @@ def read_job_slurm(r: TableReader | None) -> JobSlurm:
         except ConfigError as exc:
             raise r.fail("dependency", dependency, str(exc)) from None
     hold = r.boolean("hold", False)
+    container = r.opt_string("container")
+    if container is not None and not container.startswith("/"):
+        raise r.fail("container", container, "must be an absolute path to an OCI bundle "
+                     "(a directory with config.json and rootfs/)")
     r.done()
     return JobSlurm(account=values["account"], qos=values["qos"], time_limit_min=limit,
                     output=values["output"], error=values["error"], dependency=dependency,
-                    hold=hold)
+                    hold=hold, container=container)
 
 
 def refuse_over_site(job: JobSlurm, site: SlurmConfig, where: str) -> None:

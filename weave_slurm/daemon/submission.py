@@ -53,6 +53,8 @@ DIRECTIVES: tuple[Directive, ...] = (
               f"start after other jobs (-d): {dependency.FORMS}", dependency.dependency_text),
     Directive("hold", ("slurm", "hold"), bool, "submit held: PENDING until weave release "
               "(-H)", launch.yes),
+    Directive("container", ("slurm", "container"), str, "an OCI bundle the job's processes "
+              "run in (a directory with config.json and rootfs/; docs/job_api.md)"),
     Directive("slo", ("slo",), float, "permitted slowdown, >= 1.0 (e.g. 1.5)"),
     Directive("rollout-gpus", ("gpus", "rollout"), int, "GPUs of the rollout phase"),
     Directive("train-gpus", ("gpus", "train"), int, "GPUs of the training phase"),

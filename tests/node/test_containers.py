@@ -1,0 +1,94 @@
+"""node/containers.py: the launch bundle a role's process runs in (the job bundle's
+config.json with the role's process, the job's ids and the node's bind mounts), and the
+runtime's argv from oci.conf. The real run is tests/daemon/test_container_slurm.py."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from weave_slurm.config.oci import parse_oci_conf
+from weave_slurm.errors import ConfigError
+from weave_slurm.node import containers
+
+BUNDLE_CONFIG = {
+    "ociVersion": "1.0.2", "root": {"path": "elsewhere", "readonly": True},
+    "process": {"terminal": True, "args": ["sh"], "cwd": "/", "noNewPrivileges": True},
+    "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"},
+               {"destination": "/dev/shm", "type": "tmpfs", "source": "shm"}],
+    "linux": {"namespaces": [{"type": "pid"}, {"type": "mount"}]},
+}
+
+
+def _bundle(tmp_path: Path) -> Path:
+    bundle = tmp_path / "bundle"
+    (bundle / "rootfs" / "bin").mkdir(parents=True)
+    (bundle / "rootfs" / "bin" / "bash").touch()
+    (bundle / "config.json").write_text(json.dumps(BUNDLE_CONFIG))
+    return bundle
+
+
+def test_the_launch_bundle_runs_the_role_as_the_job_with_the_nodes_binds(tmp_path: Path) -> None:
+    bundle, work = _bundle(tmp_path), tmp_path / "work"
+    work.mkdir()
+    conf = parse_oci_conf('RunTimeRun="runc run --bundle %b %n.%u.%j.%s.%t"\n'
+                          'RunTimeDelete="runc delete --force %n.%u.%j.%s.%t"\n',
+                          tmp_path / "oci.conf")
+    launch = containers.prepare(
+        conf, str(bundle), tmp_path / "launch", command="python3.11 job.py",
+        env={"A": "1", "PYTHONPATH": str(tmp_path)}, workdir=str(work), uid=1000, gid=100,
+        groups=[100, 27], socket_dir="/run/weave/i1",
+        names={"n": "h20-0", "u": "alice", "j": "7", "s": "weave3", "t": "train/x"})
+    assert launch.argv == ["runc", "run", "--bundle", str(tmp_path / "launch"),
+                           "h20-0.alice.7.weave3.train_x"]
+    assert launch.delete == ["runc", "delete", "--force", "h20-0.alice.7.weave3.train_x"]
+    config = json.loads((tmp_path / "launch" / "config.json").read_text())
+    assert config["root"] == {"path": str(bundle / "rootfs"), "readonly": True}
+    process = config["process"]
+    assert process["args"] == ["/bin/bash", "-c", "python3.11 job.py"]
+    assert process["terminal"] is False and process["cwd"] == str(work)
+    assert process["noNewPrivileges"] is True                     # the bundle's own, kept
+    assert process["user"] == {"uid": 1000, "gid": 100, "additionalGids": [27]}
+    env = dict(e.split("=", 1) for e in process["env"])
+    path = env["PYTHONPATH"].split(":")
+    assert env["A"] == "1" and path[0] == str(tmp_path)
+    assert set(containers.weave_import_path()) <= set(path)       # weave's own, after
+    mounts = {m["destination"]: m for m in config["mounts"]}
+    assert mounts["/proc"]["type"] == "proc"                      # the bundle's, kept
+    assert mounts["/dev/shm"] == {"destination": "/dev/shm", "type": "bind",
+                                  "source": "/dev/shm", "options": ["rbind", "rw"]}
+    assert mounts["/run/weave/i1"]["options"] == ["rbind", "rw"]  # the gate's socket
+    assert mounts[str(work)]["options"] == ["rbind", "rw"]
+    weave_pkg = str(Path(containers.__file__).parents[2])
+    assert any(weave_pkg.startswith(d) and m["options"][1] == "ro"
+               for d, m in mounts.items()), sorted(mounts)
+    assert "/" not in mounts
+
+
+def test_weave_import_path_leaves_out_the_standard_library() -> None:
+    ours = containers.weave_import_path()
+    assert ours and all(not p.startswith(sys.base_prefix) for p in ours)
+    assert "/" not in ours
+
+
+def test_binds_are_each_once_parents_first() -> None:
+    got = containers.binds(socket_dir="/run/weave/i", workdir="/tmp",
+                           pythonpath=["/tmp", "/", "relative"], import_path=["/usr/lib"])
+    assert [(b.path, b.writable) for b in got] == [
+        ("/tmp", True), ("/dev/shm", True), ("/usr/lib", False), ("/run/weave/i", True)]
+
+
+def test_a_bundle_without_config_is_refused_at_launch(tmp_path: Path) -> None:
+    conf = parse_oci_conf('RunTimeRun="runc run --bundle %b x"\n', tmp_path / "oci.conf")
+    (tmp_path / "b" / "rootfs").mkdir(parents=True)
+    with pytest.raises(ConfigError, match=r"container '.*/b': has no config.json"):
+        containers.prepare(conf, str(tmp_path / "b"), tmp_path / "l", command="true", env={},
+                           workdir="/", uid=0, gid=0, groups=[], socket_dir="/run/w",
+                           names={})
+    with pytest.raises(ConfigError, match=r"configures no OCI runtime"):
+        containers.prepare(parse_oci_conf("", tmp_path / "oci.conf"), str(tmp_path / "b"),
+                           tmp_path / "l", command="true", env={}, workdir="/", uid=0, gid=0,
+                           groups=[], socket_dir="/run/w", names={})
