@@ -1,18 +1,31 @@
 """node/containers.py: the launch bundle a role's process runs in (the job bundle's
-config.json with the role's process, the job's ids and the node's bind mounts), and the
-runtime's argv from oci.conf. The real run is tests/daemon/test_container_slurm.py."""
+config.json with the role's process, the job's ids and the node's bind mounts), the
+runtime's argv from oci.conf, and a node daemon running a role in a real container with
+runc (no Slurm): it ran inside, and a drop ends it and deletes the container. On the
+Slurm cluster: tests/daemon/test_container_slurm.py."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+from unittest import mock
 
 import pytest
 
+from tests.harness.oci_bundle import MARKER, MARKER_TEXT, make_bundle
+from tests.harness.processes import pid_alive
+from tests.harness.waits import wait_for
 from weave_slurm.config.oci import parse_oci_conf
 from weave_slurm.errors import ConfigError
 from weave_slurm.node import containers
+from weave_slurm.node.node_client import NodeClient
+from weave_slurm.node.protocol import Op
+from weave_slurm.slurm.cluster_config import render_oci_conf
+from weave_slurm.slurm.local_cluster import oci_runtime
 
 BUNDLE_CONFIG = {
     "ociVersion": "1.0.2", "root": {"path": "elsewhere", "readonly": True},
@@ -92,3 +105,41 @@ def test_a_bundle_without_config_is_refused_at_launch(tmp_path: Path) -> None:
         containers.prepare(parse_oci_conf("", tmp_path / "oci.conf"), str(tmp_path / "b"),
                            tmp_path / "l", command="true", env={}, workdir="/", uid=0, gid=0,
                            groups=[], socket_dir="/run/w", names={})
+
+
+def _call(sock: Path, op: Op, **args: Any) -> dict[str, Any]:
+    with NodeClient(sock) as client:
+        return client.call(op, **args)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the OCI runtime runs as root")
+def test_a_role_runs_in_its_container_and_a_drop_ends_and_deletes_it(node: Any,
+                                                                     tmp_path: Path) -> None:
+    runtime = oci_runtime()
+    if runtime is None:
+        pytest.skip("no OCI runtime (runc, crun) installed")
+    bundle = make_bundle(tmp_path / "bundle")
+    state = tmp_path / "runtime-state"
+    conf = render_oci_conf(runtime).replace("/run/weave-oci", str(state))
+    (tmp_path / "oci.conf").write_text(conf)
+    out = tmp_path / "out.txt"
+    sock = node.config.socket
+    with mock.patch.dict(os.environ, {"SLURM_CONF": str(tmp_path / "slurm.conf")}):
+        _call(sock, Op.REGISTER, job="k1")
+        pid = _call(sock, Op.LAUNCH, job="k1", action="start", role="train",
+                    command=f"cat {MARKER}; readlink /proc/self/ns/mnt; sleep 60",
+                    container=str(bundle), workdir=str(tmp_path), output=str(out))["pid"]
+        wait_for(lambda: out.exists() and len(out.read_text().splitlines()) >= 2, 30,
+                 f"the contained process's output in {out}")
+        marker, mntns = out.read_text().splitlines()[:2]
+        assert marker == MARKER_TEXT
+        assert mntns != os.readlink("/proc/self/ns/mnt")
+        listed = subprocess.run([runtime, f"--root={state}", "list", "-q"], check=True,
+                                capture_output=True, text=True).stdout.split()
+        assert listed == [f"{os.uname().nodename}.root.0.weavek1.train"], listed
+        _call(sock, Op.DROP, job="k1")
+        wait_for(lambda: not pid_alive(pid), 15, f"launcher {pid} gone after the drop")
+        wait_for(lambda: not subprocess.run([runtime, f"--root={state}", "list", "-q"],
+                                            check=True, capture_output=True,
+                                            text=True).stdout.split(), 15,
+                 "the container deleted (RunTimeDelete)")

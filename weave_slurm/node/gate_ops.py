@@ -389,7 +389,7 @@ class GateOps:
         if conf is None:
             raise ConfigError(f"launch of {job.job_id}: container {bundle!r}: this node has "
                               f"no OCI runtime configured ({oci_conf_path()} does not exist)")
-        names = {"n": self.daemon.config.node_name, "u": user,
+        names = {"n": self.daemon.config.node_name or os.uname().nodename, "u": user,
                  "j": os.environ.get("SLURM_JOB_ID", "0"), "s": f"weave{job.job_id}",
                  "t": role}
         launch = containers.prepare(
