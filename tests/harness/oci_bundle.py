@@ -1,13 +1,15 @@
 """The test container: an OCI bundle whose rootfs is Debian's, built from packages.
 
 No image registry is reachable from CI; Debian's package mirror is. :func:`cached_rootfs`
-builds the smallest rootfs that runs a cooperative job's processes (``mmdebstrap
---variant=essential`` with ``python3.11``: ~190 MB, ~22 s on this kind of machine), once
-per machine, under :data:`CACHE` (outside any cluster's state dir, so every separate host
-sees it), with a file only the rootfs holds (:data:`MARKER`). :func:`make_bundle` makes a
-bundle of it where a test wants one: ``rootfs/`` as hard links (a fraction of a second),
+builds the smallest rootfs that runs a job's processes (``mmdebstrap --variant=essential``
+with ``python3.11`` and ``libstdc++6``, which torch's wheel needs: ~194 MB; 22-63 s on
+this kind of machine, network and load permitting), once per machine, under
+:data:`CACHE` (outside any cluster's state dir, so every separate host sees it), with a
+file only the rootfs holds (:data:`MARKER`). :func:`make_bundle` makes a bundle of it
+where a test wants one: ``rootfs/`` as hard links (a fraction of a second),
 ``config.json`` from the runtime's own ``spec``, without a network namespace (the job's
-processes talk between nodes, as in HPC images) and with a read-only root.
+processes talk between nodes, as in HPC images), with a read-only root and a tmpfs
+``/tmp`` (Python's tempfile, which torch imports, needs a writable one).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from weave_slurm.slurm.command_runner import run_command
 from weave_slurm.slurm.local_cluster import oci_runtime
 
 CACHE = Path("/var/cache/weave-slurm/oci")
-ROOTFS = CACHE / "bookworm-python3.11" / "rootfs"
+ROOTFS = CACHE / "bookworm-python3.11-libstdc++6" / "rootfs"
+PACKAGES = "python3.11,libstdc++6"
 MIRROR = "http://deb.debian.org/debian"
 #: A file only the test rootfs has, and what it says.
 MARKER = Path("/etc/weave-container-marker")
@@ -45,7 +48,7 @@ def cached_rootfs() -> Path:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.parent.mkdir(parents=True, exist_ok=True)
             start = time.monotonic()
-            run_command(["mmdebstrap", "--quiet", "--variant=essential", "--include=python3.11",
+            run_command(["mmdebstrap", "--quiet", "--variant=essential", f"--include={PACKAGES}",
                          "--mode=root", "bookworm", str(tmp), MIRROR], timeout_s=BUILD_TIMEOUT_S)
             (tmp / MARKER.relative_to("/")).write_text(MARKER_TEXT + "\n")
             (tmp.parent / "built.json").write_text(json.dumps(
@@ -68,5 +71,7 @@ def make_bundle(dest: Path) -> Path:
     config["process"]["terminal"] = False
     spaces = config["linux"]["namespaces"]
     config["linux"]["namespaces"] = [n for n in spaces if n["type"] != "network"]
+    config["mounts"].append({"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
+                             "options": ["nosuid", "nodev", "mode=1777"]})
     (dest / "config.json").write_text(json.dumps(config, indent=1) + "\n")
     return dest

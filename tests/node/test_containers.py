@@ -45,15 +45,17 @@ def _bundle(tmp_path: Path) -> Path:
 
 
 def test_the_launch_bundle_runs_the_role_as_the_job_with_the_nodes_binds(tmp_path: Path) -> None:
-    bundle, work = _bundle(tmp_path), tmp_path / "work"
+    bundle, work, sock = _bundle(tmp_path), tmp_path / "work", tmp_path / "sock"
     work.mkdir()
+    sock.mkdir()
     conf = parse_oci_conf('RunTimeRun="runc run --bundle %b %n.%u.%j.%s.%t"\n'
                           'RunTimeDelete="runc delete --force %n.%u.%j.%s.%t"\n',
                           tmp_path / "oci.conf")
     launch = containers.prepare(
-        conf, str(bundle), tmp_path / "launch", command="python3.11 job.py",
+        conf, str(bundle), tmp_path / "launch",
+        args=containers.shell_args(str(bundle), "python3.11 job.py"),
         env={"A": "1", "PYTHONPATH": str(tmp_path)}, workdir=str(work), uid=1000, gid=100,
-        groups=[100, 27], socket_dir="/run/weave/i1",
+        groups=[100, 27], socket_dir=str(sock),
         names={"n": "h20-0", "u": "alice", "j": "7", "s": "weave3", "t": "train/x"})
     assert launch.argv == ["runc", "run", "--bundle", str(tmp_path / "launch"),
                            "h20-0.alice.7.weave3.train_x"]
@@ -73,7 +75,7 @@ def test_the_launch_bundle_runs_the_role_as_the_job_with_the_nodes_binds(tmp_pat
     assert mounts["/proc"]["type"] == "proc"                      # the bundle's, kept
     assert mounts["/dev/shm"] == {"destination": "/dev/shm", "type": "bind",
                                   "source": "/dev/shm", "options": ["rbind", "rw"]}
-    assert mounts["/run/weave/i1"]["options"] == ["rbind", "rw"]  # the gate's socket
+    assert mounts[str(sock)]["options"] == ["rbind", "rw"]        # the gate's socket
     assert mounts[str(work)]["options"] == ["rbind", "rw"]
     weave_pkg = str(Path(containers.__file__).parents[2])
     assert any(weave_pkg.startswith(d) and m["options"][1] == "ro"
@@ -87,23 +89,28 @@ def test_weave_import_path_leaves_out_the_standard_library() -> None:
     assert "/" not in ours
 
 
-def test_binds_are_each_once_parents_first() -> None:
-    got = containers.binds(socket_dir="/run/weave/i", workdir="/tmp",
-                           pythonpath=["/tmp", "/", "relative"], import_path=["/usr/lib"])
+def test_binds_are_each_once_parents_first(tmp_path: Path) -> None:
+    sock, out = tmp_path / "s" / "i", tmp_path / "out"
+    sock.mkdir(parents=True)
+    out.mkdir()
+    got = containers.binds(socket_dir=str(sock), workdir=str(tmp_path),
+                           pythonpath=[str(tmp_path), "/", "relative", str(tmp_path / "no")],
+                           import_path=["/usr/lib"], writable=[str(out)])
     assert [(b.path, b.writable) for b in got] == [
-        ("/tmp", True), ("/dev/shm", True), ("/usr/lib", False), ("/run/weave/i", True)]
+        ("/dev/shm", True), ("/usr/lib", False), (str(tmp_path), True), (str(out), True),
+        (str(sock), True)]
 
 
 def test_a_bundle_without_config_is_refused_at_launch(tmp_path: Path) -> None:
     conf = parse_oci_conf('RunTimeRun="runc run --bundle %b x"\n', tmp_path / "oci.conf")
     (tmp_path / "b" / "rootfs").mkdir(parents=True)
     with pytest.raises(ConfigError, match=r"container '.*/b': has no config.json"):
-        containers.prepare(conf, str(tmp_path / "b"), tmp_path / "l", command="true", env={},
+        containers.prepare(conf, str(tmp_path / "b"), tmp_path / "l", args=["true"], env={},
                            workdir="/", uid=0, gid=0, groups=[], socket_dir="/run/w",
                            names={})
     with pytest.raises(ConfigError, match=r"configures no OCI runtime"):
         containers.prepare(parse_oci_conf("", tmp_path / "oci.conf"), str(tmp_path / "b"),
-                           tmp_path / "l", command="true", env={}, workdir="/", uid=0, gid=0,
+                           tmp_path / "l", args=["true"], env={}, workdir="/", uid=0, gid=0,
                            groups=[], socket_dir="/run/w", names={})
 
 

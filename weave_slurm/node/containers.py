@@ -68,22 +68,25 @@ def weave_import_path() -> list[str]:
     return out
 
 
-def binds(*, socket_dir: str, workdir: str, pythonpath: Sequence[str],
-          import_path: Sequence[str]) -> list[Bind]:
-    """What a role's process needs from the node (module doc), each once, parents first."""
-    wanted = [Bind(socket_dir, True), Bind("/dev/shm", True), Bind(workdir, True)]
-    wanted += [Bind(p, False) for p in [*pythonpath, *import_path]
-               if os.path.isabs(p) and os.path.isdir(p) and os.path.normpath(p) != "/"]
+def binds(*, socket_dir: str, workdir: str | None, pythonpath: Sequence[str],
+          import_path: Sequence[str], writable: Sequence[str] = ()) -> list[Bind]:
+    """What a process needs from the node (module doc), each once, parents first;
+    ``writable``: more directories it writes (a hosted job's output files')."""
+    wanted = [Bind(socket_dir, True), Bind("/dev/shm", True)]
+    wanted += [Bind(p, True) for p in [*filter(None, [workdir]), *writable]]
+    wanted += [Bind(p, False) for p in [*pythonpath, *import_path]]
     seen: dict[str, Bind] = {}
     for b in wanted:
-        seen.setdefault(os.path.normpath(b.path), b)
+        if os.path.isabs(b.path) and os.path.isdir(b.path) and os.path.normpath(b.path) != "/":
+            seen.setdefault(os.path.normpath(b.path), b)
     return sorted(seen.values(), key=lambda b: b.path.count("/"))
 
 
 def launch_config(bundle: str, *, args: Sequence[str], env: Mapping[str, str], cwd: str,
-                  uid: int, gid: int, groups: Sequence[int], mounts: Sequence[Bind]
-                  ) -> dict[str, Any]:
-    """The launch's ``config.json``: the job bundle's, with the process and mounts above."""
+                  uid: int, gid: int, groups: Sequence[int], mounts: Sequence[Bind],
+                  host_pids: bool = False) -> dict[str, Any]:
+    """The launch's ``config.json``: the job bundle's, with the process and mounts above
+    (``host_pids``: without the bundle's pid namespace)."""
     why = bundle_problem(bundle)
     if why:
         raise ConfigError(f"container {bundle!r}: {why}")
@@ -103,6 +106,11 @@ def launch_config(bundle: str, *, args: Sequence[str], env: Mapping[str, str], c
     kept = [m for m in config.get("mounts") or []
             if not (isinstance(m, dict) and m.get("destination") in ours)]
     config["mounts"] = kept + [m.to_json() for m in mounts]
+    linux = _table(config, "linux")
+    if host_pids and isinstance(linux.get("namespaces"), list):
+        linux["namespaces"] = [n for n in linux["namespaces"]
+                               if not (isinstance(n, dict) and n.get("type") == "pid")]
+        config["linux"] = linux
     return config
 
 
@@ -120,25 +128,31 @@ class Launch:
     bundle_dir: Path                 # the launch's own bundle (removed after the delete)
 
 
-def prepare(conf: OciConf, bundle: str, bundle_dir: Path, *, command: str,
+def shell_args(bundle: str, command: str) -> list[str]:
+    """``command`` run by the container's ``/bin/bash`` (else ``/bin/sh``)."""
+    bash = os.path.exists(os.path.join(bundle, "rootfs", "bin", "bash"))
+    return ["/bin/bash" if bash else "/bin/sh", "-c", command]
+
+
+def prepare(conf: OciConf, bundle: str, bundle_dir: Path, *, args: Sequence[str],
             env: Mapping[str, str], workdir: str, uid: int, gid: int, groups: Sequence[int],
-            socket_dir: str, names: Mapping[str, str]) -> Launch:
-    """Write the launch's bundle for ``command`` (run by the container's shell) and say
-    how to run it (module doc). ``names``: ``n u j s t`` of the runtime's patterns."""
+            socket_dir: str, names: Mapping[str, str], writable: Sequence[str] = (),
+            host_pids: bool = False) -> Launch:
+    """Write the launch's bundle for ``args`` (in ``workdir``) and say how to run it
+    (module doc). ``names``: ``n u j s t`` of the runtime's patterns."""
     why = conf.problem()
     if why:
         raise ConfigError(f"container {bundle!r}: {why}")
-    rootfs = os.path.join(bundle, "rootfs")
-    shell = "/bin/bash" if os.path.exists(os.path.join(rootfs, "bin", "bash")) else "/bin/sh"
     ours = weave_import_path()
     given = [p for p in env.get("PYTHONPATH", "").split(":") if p]
     inside = {**env, "PYTHONPATH": ":".join([*given, *(p for p in ours if p not in given)])}
-    mounts = binds(socket_dir=socket_dir, workdir=workdir, pythonpath=given, import_path=ours)
-    config = launch_config(bundle, args=[shell, "-c", command], env=inside, cwd=workdir,
-                           uid=uid, gid=gid, groups=groups, mounts=mounts)
+    mounts = binds(socket_dir=socket_dir, workdir=workdir, pythonpath=given, import_path=ours,
+                   writable=writable)
+    config = launch_config(bundle, args=args, env=inside, cwd=workdir, uid=uid, gid=gid,
+                           groups=groups, mounts=mounts, host_pids=host_pids)
     write_bundle(bundle_dir, config)
     values = {**{k: _NAME_BAD.sub("_", v) for k, v in names.items()},
-              "b": str(bundle_dir), "r": rootfs, "U": str(uid)}
+              "b": str(bundle_dir), "r": os.path.join(bundle, "rootfs"), "U": str(uid)}
     delete = runtime_argv(conf.delete, values) if conf.delete else None
     return Launch(runtime_argv(conf.run or "", values), delete, bundle_dir)
 

@@ -393,8 +393,9 @@ class GateOps:
                  "j": os.environ.get("SLURM_JOB_ID", "0"), "s": f"weave{job.job_id}",
                  "t": role}
         launch = containers.prepare(
-            conf, bundle, self.daemon.store.job_dir(job) / f"oci-{role}", command=command,
-            env=env, workdir=workdir, uid=job.uid, gid=gid, groups=groups,
+            conf, bundle, self.daemon.store.job_dir(job) / f"oci-{role}",
+            args=containers.shell_args(bundle, command), env=env, workdir=workdir,
+            uid=job.uid, gid=gid, groups=groups,
             socket_dir=str(self.daemon.config.socket.parent), names=names)
         with self._cond:
             self._launches[(job.job_id, role)] = launch
