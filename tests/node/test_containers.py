@@ -141,12 +141,64 @@ def test_a_role_runs_in_its_container_and_a_drop_ends_and_deletes_it(node: Any,
         marker, mntns = out.read_text().splitlines()[:2]
         assert marker == MARKER_TEXT
         assert mntns != os.readlink("/proc/self/ns/mnt")
-        listed = subprocess.run([runtime, f"--root={state}", "list", "-q"], check=True,
-                                capture_output=True, text=True).stdout.split()
+        listed = _listed(runtime, state)
         assert listed == [f"{os.uname().nodename}.root.0.weavek1.train"], listed
         _call(sock, Op.DROP, job="k1")
         wait_for(lambda: not pid_alive(pid), 15, f"launcher {pid} gone after the drop")
-        wait_for(lambda: not subprocess.run([runtime, f"--root={state}", "list", "-q"],
-                                            check=True, capture_output=True,
-                                            text=True).stdout.split(), 15,
-                 "the container deleted (RunTimeDelete)")
+        wait_for(lambda: not _listed(runtime, state), 15, "the container deleted (RunTimeDelete)")
+
+
+ENTRY = """
+import os, sys, torch
+
+def where(ctx):
+    with open("/etc/weave-container-marker") as f:
+        marker = f.read().strip()
+    return {"marker": marker, "mntns": os.readlink("/proc/self/ns/mnt"), "pid": os.getpid(),
+            "executable": sys.executable, "version": sys.version.split()[0],
+            "torch": torch.__version__}
+"""
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(os.geteuid() != 0, reason="the OCI runtime runs as root")
+def test_a_hosted_jobs_worker_runs_in_its_container(resident_node: Any,
+                                                    tmp_path: Path) -> None:
+    """Its zygote starts in the bundle (the image's python3.11 importing torch from the
+    node's venv, bound in read-only), forks its worker there; the pool sees its pid."""
+    runtime = oci_runtime()
+    if runtime is None:
+        pytest.skip("no OCI runtime (runc, crun) installed")
+    bundle = make_bundle(tmp_path / "bundle")
+    state = tmp_path / "runtime-state"
+    (tmp_path / "oci.conf").write_text(render_oci_conf(runtime).replace("/run/weave-oci",
+                                                                        str(state)))
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "entry.py").write_text(ENTRY)
+    sock = resident_node.config.socket
+    with mock.patch.dict(os.environ, {"SLURM_CONF": str(tmp_path / "slurm.conf")}):
+        _call(sock, Op.REGISTER, job="h1")
+        reply = _call(sock, Op.ACTIVATE, job="h1", phase="train",
+                      entry=f"{code / 'entry.py'}:where", pythonpath=[str(code)],
+                      workdir=str(code), container=str(bundle))
+        assert reply["resident"], reply
+        done = wait_for(lambda: _call(sock, Op.PHASE, job="h1")["worker"], 120,
+                        "h1's phase in its container", interval_s=0.05,
+                        until=lambda w: w["state"] != "running")
+        assert done["state"] == "exited", done
+        got = done["result"]
+        assert got["marker"] == MARKER_TEXT
+        assert got["mntns"] != os.readlink("/proc/self/ns/mnt")
+        assert got["executable"] == "/usr/bin/python3.11" and got["version"] == "3.11.2"
+        assert got["torch"] == __import__("torch").__version__
+        assert pid_alive(got["pid"])            # the host's pid: the pool tracks it
+        _call(sock, Op.DROP, job="h1")
+        # no job needs its zygote any more: it is retired, its container deleted
+        wait_for(lambda: not _listed(runtime, state), 30, "the zygote's container deleted")
+        assert not pid_alive(got["pid"])
+
+
+def _listed(runtime: str, state: Path) -> list[str]:
+    return subprocess.run([runtime, f"--root={state}", "list", "-q"], check=True,
+                          capture_output=True, text=True).stdout.split()

@@ -150,15 +150,10 @@ def container_refusal(bundle: str, conf: OciConf | None, conf_path: Path) -> str
 
 def check_container(job: JobSpec, conf_path: Path, where: str) -> None:
     """ConfigError (one line) when the job names a container that cannot run here: no
-    bundle, no ``config.json`` or ``rootfs/``, no OCI runtime in the site's ``oci.conf``,
-    or a hosted job (only a cooperative job's processes run in a container yet)."""
+    bundle, no ``config.json`` or ``rootfs/``, no OCI runtime in the site's ``oci.conf``."""
     bundle = job.slurm.container
     if bundle is None:
         return
-    if job.launch is None:
-        raise ConfigError(f"{where}: key 'slurm.container' = {bundle!r}: only a cooperative "
-                          "job's processes ([launch], #WEAVE --cooperative) run in a container; "
-                          "a hosted job's workers run in the node's environment")
     why = container_refusal(bundle, read_oci_conf(conf_path), conf_path)
     if why:
         raise ConfigError(f"{where}: {why}")

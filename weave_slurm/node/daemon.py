@@ -373,7 +373,8 @@ class NodeDaemon:
                                     "(resident_workers=false): activate with 'argv'")
         entry, args = request.args.get("entry"), request.args.get("args") or []
         pythonpath = request.args.get("pythonpath") or []
-        code = {k: request.args.get(k) for k in ("workdir", "python", "output", "error")}
+        code = {k: request.args.get(k)
+                for k in ("workdir", "python", "output", "error", "container")}
         if not isinstance(entry, str) or not isinstance(args, list) or \
                 not isinstance(pythonpath, list):
             raise ConfigError(f"activate of {job.job_id}: 'entry' must be a string "
