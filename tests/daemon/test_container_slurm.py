@@ -1,12 +1,16 @@
-"""A cooperative job in a container on the session's Slurm cluster (separate hosts).
+"""Jobs in a container on the session's Slurm cluster (separate hosts).
 
-Two weave-sbatch scripts run tests/runtime/coop_job.py in one group, one of them with
-``#SBATCH --container=BUNDLE`` (the test bundle: Debian's python3.11 rootfs built from
-packages, tests/harness/oci_bundle.py). The container job's roles run inside it (they
-read a file only its rootfs has, with the rootfs's own interpreter, in a mount namespace
-other than the plain job's processes on the same host), still take every turn through
-their host's node daemon socket (bind-mounted in), and both jobs end COMPLETED with the
-same weights."""
+``srun --container`` runs a step in the test bundle (Slurm's own path, with the
+cluster's oci.conf; the bundle: Debian's python3.11 rootfs built from packages,
+tests/harness/oci_bundle.py). Two weave-sbatch scripts run tests/runtime/coop_job.py in
+one group, one of them with ``#SBATCH --container=BUNDLE``: its roles run inside it
+(they read a file only its rootfs has, with the rootfs's own interpreter, in a mount
+namespace other than the plain job's processes on the same host), still take every
+turn through their host's node daemon socket (bind-mounted in), and both jobs end
+COMPLETED with the same weights. Two reference GRPO jobs of one seed, one in the
+bundle: the boxed one's resident worker on its training host runs in it (its root
+holds the rootfs's file), and both end COMPLETED with the same weights, bit for bit.
+"""
 
 from __future__ import annotations
 
@@ -18,9 +22,10 @@ from typing import Any
 
 import pytest
 
-from tests.harness.hosts import weaved_dirs
+from tests.harness.hosts import node_status, weaved_dirs
 from tests.harness.oci_bundle import MARKER, MARKER_TEXT, make_bundle
-from tests.harness.waits import settle
+from tests.harness.specs import job_spec
+from tests.harness.waits import settle, wait_for
 from tests.harness.weaved import call, rl_on_slurm, serving_on_slurm, wait_states
 from tests.slurm.session_cluster import SessionCluster
 from weave_slurm.config.oci import read_oci_conf
@@ -114,3 +119,38 @@ def test_cooperative_job_runs_in_its_container(slurm_cluster: SessionCluster,
         assert f"{role} done" in boxed and f"{role} done" in plain, texts
     weights = {n: (specs[n][2] / "weights.json").read_text() for n in ids}
     assert weights["boxed"] == weights["plain"] == f'{{"version": {STEPS}}}'
+
+
+@pytest.mark.torch
+def test_hosted_job_runs_in_its_container(slurm_cluster: SessionCluster,
+                                          shared_tmp: Path) -> None:
+    bundle = _bundle_or_skip(slurm_cluster, shared_tmp)
+    instance = f"ocih{os.getpid()}"
+    dirs = weaved_dirs(slurm_cluster.cluster, instance)
+    cfg = rl_on_slurm(dirs, instance, dict(slurm_cluster.env), shared_tmp)
+    with serving_on_slurm(cfg) as w:
+        sock = w.config.socket
+        ids = {name: call(sock, Op.SUBMIT, spec=job_spec(name, 31, 2) + extra,
+                          source=f"{name}.toml")["job"]
+               for name, extra in (("plain", ""),
+                                   ("boxed", f'\n[slurm]\ncontainer = "{bundle}"\n'))}
+        groups = settle(lambda: [g for g in call(sock, Op.GROUPS)["groups"]
+                                 if g["state"] == "ACTIVE"], 120, interval_s=0.3)
+        train = next(a["nodes"][0] for a in groups[0]["allocations"] if a["role"] == "train")
+
+        def boxed_worker() -> int | None:
+            status = node_status(slurm_cluster.cluster, train, instance) or {}
+            for j in status.get("jobs", []):
+                pid = (j.get("worker") or {}).get("pid")
+                if j.get("job") == str(ids["boxed"]) and pid:
+                    return int(pid)
+            return None
+        pid = wait_for(boxed_worker, 240, "the boxed job's worker on its training host",
+                       interval_s=0.2)
+        inside = Path(f"/proc/{pid}/root") / MARKER.relative_to("/")
+        assert inside.read_text().strip() == MARKER_TEXT   # its root is the bundle's
+        rows = wait_states(sock, list(ids.values()), {"COMPLETED", "FAILED"}, 300, [])
+        assert [r["state"] for r in rows] == ["COMPLETED"] * 2, rows
+        digests = {name: (w.driver.live(job) or {}).get("weights_sha256")
+                   for name, job in ids.items()}
+    assert digests["boxed"] == digests["plain"] is not None, digests

@@ -92,13 +92,15 @@ class Interpreter:
 
 def interpreter_of(request: dict[str, Any], uid: int) -> Interpreter:
     """The zygote an ``activate`` request's job needs: its ``python``, and in its
-    ``container`` its working directory and output files' directories (read-write) and
-    its ``pythonpath`` (read-only) bound in."""
+    ``container`` its working directory, its output files' directories and the node
+    daemon's socket directory (read-write) and its ``pythonpath`` (read-only) bound in."""
     python, container = request.get("python"), request.get("container")
     python = python if isinstance(python, str) else None
     if not isinstance(container, str):
         return Interpreter.of(python, uid)
-    files = [request.get(k) for k in ("output", "error")]
+    env = request.get("env")
+    env = env if isinstance(env, dict) else {}
+    files = [*(request.get(k) for k in ("output", "error")), env.get("WEAVE_NODE_SOCKET")]
     writes = [request.get("workdir"), *(os.path.dirname(f) for f in files if isinstance(f, str))]
     reads = request.get("pythonpath") or []
     return Interpreter.of(python, uid, container,
