@@ -1,24 +1,27 @@
-"""A role's process inside the job's container: the node daemon runs the site's OCI runtime.
+"""A job's processes inside its container: the node daemon runs the site's OCI runtime.
 
-A cooperative role's process is the node daemon's child, not a Slurm step, so Slurm's
-``srun --container`` cannot wrap it; the node daemon does what slurmstepd does for a
-step's task, with the same ``oci.conf`` (config/oci.py): it writes a bundle of the
-launch's own (``config.json`` only) whose
+A job's processes (a cooperative role's, node/gate_ops.py; a hosted job's zygote and
+the resident workers it forks, node/zygotes.py) are the node daemon's children, not
+Slurm steps, so Slurm's ``srun --container`` cannot wrap them; the node daemon does
+what slurmstepd does for a step's task, with the same ``oci.conf`` (config/oci.py): it
+writes a bundle of the launch's own (``config.json`` only) whose
 
 - ``root.path`` is the job's bundle's ``rootfs`` (absolute; its ``readonly`` kept);
-- ``process`` is the role's line (``args``), its environment, working directory and the
-  job's uid, gid and groups (as slurmstepd sets a task's), no terminal;
+- ``process`` is the launch's argv, its environment, working directory and the job's
+  uid, gid and groups (as slurmstepd sets a task's), no terminal;
 - ``mounts`` are the bundle's, plus bind mounts of what the process needs from the node
   (:func:`binds`): this daemon's socket directory (the gate), ``/dev/shm`` (the node's
-  warm state, instead of the bundle's private tmpfs), the working directory, and weave's
-  own import path (read-only) with ``PYTHONPATH`` naming it, so the container's
-  ``python3.11`` imports ``weave_slurm.gate`` (and the job's ``pythonpath``) as the
-  node's does; the container's interpreter must be the same minor version;
+  warm state, instead of the bundle's private tmpfs), the working directory (and a
+  hosted job's output files' directories), and weave's own import path (read-only)
+  with ``PYTHONPATH`` naming it, so the container's ``python3.11`` imports
+  ``weave_slurm`` (and torch, and the job's ``pythonpath``) as the node's does; the
+  container's interpreter must be the same minor version;
+- for a zygote, no pid namespace (``host_pids``): the pool follows its workers by pid;
 
-then runs ``RunTimeRun`` with ``%b`` that bundle (``%j`` the allocation, ``%s`` the weave
-job, ``%t`` the role), and ``RunTimeDelete`` once the process has ended. The bundle's
-namespaces are kept as written: a bundle for jobs that talk between nodes shares the
-host's network (no ``network`` namespace), as HPC images do.
+then runs ``RunTimeRun`` with ``%b`` that bundle, and ``RunTimeDelete`` once the process
+has ended (:func:`remove`). The bundle's other namespaces are kept as written: a bundle
+for jobs that talk between nodes shares the host's network (no ``network`` namespace),
+as HPC images do.
 """
 
 from __future__ import annotations

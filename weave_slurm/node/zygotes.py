@@ -9,7 +9,11 @@ own ``python`` gets workers from a zygote of that interpreter (:class:`Interpret
 - a job's own ``python``: the user's code (its ``site-packages``, ``.pth`` files and
   ``sitecustomize`` run when it starts), so its zygote runs as that job's uid from the
   start, never as root, and forks workers of that uid only: one zygote per
-  interpreter and uid, reused by every job of that user that names that interpreter.
+  interpreter and uid, reused by every job of that user that names that interpreter;
+- a job's container (``[slurm] container``): the image's ``python3.11`` (or the job's
+  ``python`` inside it), started by the site's OCI runtime as the job's uid with the
+  job's directories bound in (node/containers.py), connected back over a socket in the
+  node's store: one zygote per container, uid and those directories.
 
 A job's interpreter imports weave from the node daemon's installation: the zygote's
 ``PYTHONPATH`` is a directory holding only a ``weave_slurm`` link to the installed
