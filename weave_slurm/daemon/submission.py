@@ -266,7 +266,8 @@ def _script_name(path: Path) -> str:
 #: ``SBATCH_PARTITION``, are left alone: weave picks a group's partitions itself.
 SBATCH_ENV: dict[str, str] = {"SBATCH_ACCOUNT": "account", "SBATCH_QOS": "qos",
                               "SBATCH_TIMELIMIT": "time", "SBATCH_JOB_NAME": "job-name",
-                              "SBATCH_OUTPUT": "output", "SBATCH_ERROR": "error"}
+                              "SBATCH_OUTPUT": "output", "SBATCH_ERROR": "error",
+                              "SBATCH_CONTAINER": "container"}
 
 
 def env_options(environ: Mapping[str, str]) -> dict[str, Any]:
