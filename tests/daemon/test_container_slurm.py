@@ -77,9 +77,7 @@ def test_srun_container_runs_a_step_in_the_bundle(slurm_cluster: SessionCluster,
 def test_cooperative_job_runs_in_its_container(slurm_cluster: SessionCluster,
                                                shared_tmp: Path) -> None:
     bundle = _bundle_or_skip(slurm_cluster, shared_tmp)
-    env = dict(slurm_cluster.env)
     instance = f"oci{os.getpid()}"
-    dirs = weaved_dirs(slurm_cluster.cluster, instance)
     environ = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "COOP_STEPS": str(STEPS),
                "COOP_BODY_S": "0.2"}
     specs = {}
@@ -92,7 +90,8 @@ def test_cooperative_job_runs_in_its_container(slurm_cluster: SessionCluster,
             container=f" --container={bundle}" if contained else "",
             python="python3.11" if contained else sys.executable))
         specs[name] = (build_spec(script, {}, environ)[0], script, work)
-    cfg = rl_on_slurm(dirs, instance, env, shared_tmp)
+    cfg = rl_on_slurm(weaved_dirs(slurm_cluster.cluster, instance), instance,
+                      dict(slurm_cluster.env), shared_tmp)
     with serving_on_slurm(cfg) as w:
         sock = w.config.socket
         # refused at submission, in one line: a bundle without config.json
