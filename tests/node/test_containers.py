@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -21,7 +22,7 @@ from tests.harness.processes import pid_alive
 from tests.harness.waits import wait_for
 from weave_slurm.config.oci import parse_oci_conf
 from weave_slurm.errors import ConfigError
-from weave_slurm.node import containers
+from weave_slurm.node import containers, zygotes
 from weave_slurm.node.node_client import NodeClient
 from weave_slurm.node.protocol import Op
 from weave_slurm.slurm.cluster_config import render_oci_conf
@@ -197,6 +198,28 @@ def test_a_hosted_jobs_worker_runs_in_its_container(resident_node: Any,
         # no job needs its zygote any more: it is retired, its container deleted
         wait_for(lambda: not _listed(runtime, state), 30, "the zygote's container deleted")
         assert not pid_alive(got["pid"])
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the OCI runtime runs as root")
+def test_an_interpreter_the_image_lacks_fails_the_phase_at_once(resident_node: Any,
+                                                                tmp_path: Path) -> None:
+    runtime = oci_runtime()
+    if runtime is None:
+        pytest.skip("no OCI runtime (runc, crun) installed")
+    bundle = make_bundle(tmp_path / "bundle")
+    state = tmp_path / "runtime-state"
+    (tmp_path / "oci.conf").write_text(render_oci_conf(runtime).replace("/run/weave-oci",
+                                                                        str(state)))
+    sock = resident_node.config.socket
+    with mock.patch.dict(os.environ, {"SLURM_CONF": str(tmp_path / "slurm.conf")}):
+        _call(sock, Op.REGISTER, job="h2")
+        start = time.monotonic()
+        with pytest.raises(ConfigError, match=r"no worker with its python: /opt/none/python3 "
+                                              r"in container .*/bundle .*exited .*before it was "
+                                              r"ready: .*/opt/none/python3: no such file"):
+            _call(sock, Op.ACTIVATE, job="h2", phase="train", entry="os:getpid",
+                  python="/opt/none/python3", container=str(bundle))
+        assert time.monotonic() - start < zygotes.CONNECT_TIMEOUT_S / 2
 
 
 def _listed(runtime: str, state: Path) -> list[str]:

@@ -32,6 +32,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,6 +51,7 @@ log = logging.getLogger(__name__)
 TAIL_LINES = 8
 #: Longest wait for a contained zygote to connect (its runtime starts it first).
 CONNECT_TIMEOUT_S = 60.0
+ACCEPT_POLL_S = 0.1
 _CONTAINED = itertools.count(1)
 
 
@@ -241,9 +243,16 @@ class ZygoteProcess:
 
     def _accept(self, listener: socket.socket, path: Path) -> None:
         """The contained zygote's connection (or its end, if it never comes), then read."""
-        listener.settimeout(CONNECT_TIMEOUT_S)
+        listener.settimeout(ACCEPT_POLL_S)
+        deadline = time.monotonic() + CONNECT_TIMEOUT_S
         try:
-            conn, _ = listener.accept()
+            while True:
+                try:
+                    conn, _ = listener.accept()
+                    break
+                except TimeoutError:   # one that could not start ends at once
+                    if self.poll() is not None or time.monotonic() > deadline:
+                        raise
             conn.settimeout(None)
             self._ctl = conn
         except OSError:
