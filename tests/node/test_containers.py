@@ -23,6 +23,7 @@ from tests.harness.waits import wait_for
 from weave_slurm.config.oci import parse_oci_conf
 from weave_slurm.errors import ConfigError
 from weave_slurm.node import containers, zygotes
+from weave_slurm.node.index import JobRef
 from weave_slurm.node.node_client import NodeClient
 from weave_slurm.node.protocol import Op
 from weave_slurm.slurm.cluster_config import render_oci_conf
@@ -144,6 +145,11 @@ def test_a_role_runs_in_its_container_and_a_drop_ends_and_deletes_it(node: Any,
         assert mntns != os.readlink("/proc/self/ns/mnt")
         listed = _listed(runtime, state)
         assert listed == [f"{os.uname().nodename}.root.0.weavek1.train"], listed
+        with pytest.raises(ConfigError, match=r"cannot open its rollout output file"):
+            _call(sock, Op.LAUNCH, job="k1", action="start", role="rollout", command="true",
+                  container=str(bundle), output=str(tmp_path / "no" / "such" / "out"))
+        job_dir = node.store.job_dir(JobRef("k1", os.geteuid()))
+        assert not (job_dir / "oci-rollout").exists()     # its launch bundle went with it
         _call(sock, Op.DROP, job="k1")
         wait_for(lambda: not pid_alive(pid), 15, f"launcher {pid} gone after the drop")
         wait_for(lambda: not _listed(runtime, state), 15, "the container deleted (RunTimeDelete)")

@@ -27,6 +27,7 @@ import contextlib
 import logging
 import os
 import pwd
+import shutil
 import signal
 import subprocess
 import sys
@@ -302,8 +303,15 @@ class GateOps:
             if old is not None and old.returncode is None:
                 raise StateError(f"job {job.job_id!r}: its {role} process runs already "
                                  f"(pid {old.popen.pid})")
-        popen = self._spawn(job, role, command, {str(k): str(v) for k, v in env.items()},
-                            request.args)
+        try:
+            popen = self._spawn(job, role, command, {str(k): str(v) for k, v in env.items()},
+                                request.args)
+        except WeaveError:
+            with self._cond:   # a container prepared for it never ran: its bundle goes
+                unused = self._launches.pop((job.job_id, role), None)
+            if unused is not None:
+                shutil.rmtree(unused.bundle_dir, ignore_errors=True)
+            raise
         proc = _Proc(role, popen)
         with self._cond:
             self._slot(job).procs[role] = proc
