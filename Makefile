@@ -6,7 +6,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha1sum | cut -c1-12)
-APT_PACKAGES := slurm-wlm munge libslurm-dev openmpi-bin libopenmpi-dev iproute2 gcc make
+APT_PACKAGES := slurm-wlm munge libslurm-dev openmpi-bin libopenmpi-dev iproute2 gcc make runc mmdebstrap
 EXTRAS := dev,rl,mpi,deepspeed,trl,ray
 
 .PHONY: demo test test-vllm install system spank lint typecheck bench clean

@@ -257,3 +257,17 @@ def test_wrap_stdin_and_chdir_as_sbatch(weaved: Running, tmp_path: Path,  # noqa
     assert "--wrap: give the command or a script" in capsys.readouterr().err
     assert run_app(app, "weave-sbatch", ["--help"]) == 0
     assert "H:M:S" in capsys.readouterr().out
+
+
+def test_container_from_sbatch_directive_environment_and_flag(tmp_path: Path) -> None:
+    from weave_slurm.daemon.submission import env_options
+
+    script = tmp_path / "train.sh"
+    script.write_text(SCRIPT.replace("#SBATCH -J my-rl", "#SBATCH -J my-rl --container=/img/a"))
+    assert build_spec(script, {})[1].slurm.container == "/img/a"      # sbatch's own flag
+    env = env_options({"SBATCH_CONTAINER": "/img/b"})
+    assert build_spec(script, env)[1].slurm.container == "/img/b"     # env beats #SBATCH
+    assert build_spec(script, {**env, "container": "/img/c"})[1].slurm.container == "/img/c"
+    script.write_text(SCRIPT.replace("#SBATCH -J my-rl", "#SBATCH --container=img"))
+    with pytest.raises(ConfigError, match=r"slurm.container.*must be an absolute path"):
+        build_spec(script, {})

@@ -94,7 +94,7 @@ def test_any_other_option_is_refused_in_one_line_listing_what_is_honoured(
     assert msg.endswith(f"honoured: {HONOURED}")
     assert HONOURED == ("--account/-A, --qos/-q, --time/-t, --output/-o, --error/-e, "
                         "--job-name/-J, --chdir/-D, --dependency/-d, --hold/-H, "
-                        "--array/-a")
+                        "--array/-a, --container")
 
 
 def test_an_option_without_its_value_is_refused() -> None:

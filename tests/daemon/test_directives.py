@@ -88,7 +88,7 @@ def test_chdir_is_the_workers_working_directory(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("line", "match"), [
     ("#SBATCH --partition=h20", r"train.sh:2: #SBATCH '--partition' is not honoured by weave "
      r".*; honoured: --account/-A, --qos/-q, --time/-t, --output/-o, --error/-e, "
-     r"--job-name/-J, --chdir/-D, --dependency/-d, --hold/-H, --array/-a$"),
+     r"--job-name/-J, --chdir/-D, --dependency/-d, --hold/-H, --array/-a, --container$"),
     ("#SBATCH -N 2", r"train.sh:2: #SBATCH '-N' is not honoured"),
     ("#SBATCH --gpus=8", r"#SBATCH '--gpus' is not honoured"),
     ("#SBATCH -t 1h", r"train.sh:2: #SBATCH: --time='1h': not one of M, M:S, H:M:S, D-H, "

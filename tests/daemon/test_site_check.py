@@ -4,6 +4,7 @@ session's Slurm cluster, once where everything holds and once where each part fa
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import stat
 import sys
@@ -92,6 +93,20 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def test_containers_needs_a_runtime_this_host_has(tmp_path: Path) -> None:
+    conf = tmp_path / "oci.conf"
+    assert preflight.containers(conf).status is Status.SKIP            # none: refused
+    conf.write_text('RunTimeCreate="runc create %n"\n')
+    assert "RunTimeRun" in preflight.containers(conf).detail
+    conf.write_text('RunTimeRun="/nonexistent/runc run --bundle %b %n"\n')
+    bad = preflight.containers(conf)
+    assert bad.status is Status.FAIL and "'/nonexistent/runc' is not installed" in bad.detail
+    conf.write_text('RunTimeRun="/bin/true run --bundle %b %n"\n')
+    assert preflight.containers(conf).line() == (
+        f"ok   containers: {conf}: RunTimeRun runs /bin/true (every node needs it and this "
+        "file)")
+
+
 @pytest.fixture
 def slurm_env(slurm_cluster: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     for key, value in slurm_cluster.env.items():
@@ -123,6 +138,8 @@ def test_site_check_passes_on_a_site_that_has_it_all(
         else "ok   munge",
         f"ok   checkpoint root {shared.ckpt}", f"ok   path root {shared.work}",
         f"ok   node interpreter {sys.executable}",
+        "ok   containers" if shutil.which("runc") or shutil.which("crun")
+        else "skip containers",
         f"ok   state dir {public_dir / 'state'}",
         f"ok   api socket {public_dir / 'state' / 'weaved.sock'}",
         "ok   metrics port 127.0.0.1"]

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from weave_slurm.config.oci import parse_oci_conf
 from weave_slurm.errors import ConfigError
 from weave_slurm.slurm.cluster_config import (
     ClusterLayout,
@@ -14,6 +15,7 @@ from weave_slurm.slurm.cluster_config import (
     PoolShape,
     parse_layout,
     render_gres_conf,
+    render_oci_conf,
     render_plugstack_conf,
     render_slurm_conf,
 )
@@ -73,3 +75,14 @@ def test_parse_layout() -> None:
 def test_parse_layout_errors(spec: str, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         parse_layout(spec)
+
+
+def test_oci_conf_names_the_runtime_for_srun_container(tmp_path: Path) -> None:
+    conf = parse_oci_conf(render_oci_conf("/usr/sbin/runc"), tmp_path / "oci.conf")
+    assert conf.problem() is None
+    assert conf.run == "/usr/sbin/runc --root=/run/weave-oci run --bundle %b %n.%u.%j.%s.%t"
+    # Slurm 22.05 refuses RunTimeRun unless query, kill and delete are set too
+    assert {"runtimequery", "runtimekill", "runtimedelete"} <= set(conf.values)
+    none = parse_oci_conf(render_oci_conf(None), tmp_path / "oci.conf")
+    assert "configures no OCI runtime" in str(none.problem())
+    assert ClusterPaths(tmp_path).oci_conf in ClusterPaths(tmp_path).conf_files

@@ -91,7 +91,7 @@ def test_host_argv_and_setup_argv() -> None:
     assert host_argv(node, ["ls"], cwd=Path("/w"))[-3:] == ["--wd=/w", "--", "ls"]
     argv = setup_argv(node, Path("/s/run/setup-h20-1.sh"))
     assert argv[:3] == ["nsenter", f"--net=/run/netns/{PLAN.tag}-h20-1", "unshare"]
-    assert argv[-5:] == ["--propagation", "private", "sh", "-e", "/s/run/setup-h20-1.sh"]
+    assert argv[-5:] == ["--propagation", "private", "bash", "-e", "/s/run/setup-h20-1.sh"]
 
 
 def test_create_steps_build_bridges_then_links_then_hosts() -> None:

@@ -53,6 +53,9 @@ def submit(
         "most n running at once).")] = None,
     hold: Annotated[bool, typer.Option("--hold", "-H", help="Submit held: PENDING until "
                                        "weave release ID.")] = False,
+    container: Annotated[str | None, typer.Option(
+        "--container", help="OCI bundle the job's processes run in (a directory with "
+        "config.json and rootfs/).")] = None,
     slo: Annotated[float | None, typer.Option("--slo", help="Permitted slowdown.")] = None,
     rollout_gpus: Annotated[int | None, typer.Option("--rollout-gpus")] = None,
     train_gpus: Annotated[int | None, typer.Option("--train-gpus")] = None,
@@ -103,6 +106,7 @@ def submit(
         **sbatch_flags(account=account, qos=qos, time=time, output=output, error=error,
                        dependency=dependency, array=array),
         "hold": hold or None,
+        "container": None if container is None else os.path.abspath(container),
         "job-name": job_name, "slo": slo, "rollout-gpus": rollout_gpus,
         "train-gpus": train_gpus, "engine-gpus": engine_gpus, "max-tokens": max_tokens,
         "prompts-per-step": prompts_per_step, "samples-per-prompt": samples_per_prompt,

@@ -40,8 +40,10 @@ def check(
     as_user: Annotated[str, typer.Option(
         "--as-user", help="An ordinary user to check the node interpreter as.")] = "nobody",
 ) -> None:
-    """Check partitions and GRES, munge, shared paths, the node interpreter, the state
-    dir and the ports; one line each, exit code 1 if any failed."""
+    """Check partitions and GRES, munge, shared paths, the node interpreter, the OCI
+    runtime (oci.conf), the state dir and the ports; one line each, exit code 1 if any
+    failed."""
+    from weave_slurm.config.oci import oci_conf_path
     from weave_slurm.config.site import default_site, load_site
     from weave_slurm.daemon.preflight import SiteFacts, Status, run_checks
     from weave_slurm.slurm.cli_backend import SlurmCliBackend
@@ -55,7 +57,8 @@ def check(
         socket=socket_path or state_dir / SOCKET_NAME, checkpoint_root=checkpoint_root,
         path_roots=tuple(path_root or ()), node_python=sys.executable, user=as_user,
         munge_socket=munge_socket,
-        metrics=None if metrics_port is None else (metrics_addr, metrics_port))
+        metrics=None if metrics_port is None else (metrics_addr, metrics_port),
+        oci_conf=oci_conf_path())
     backend = SlurmCliBackend(env={k: v for k, v in os.environ.items()
                                    if k in ("SLURM_CONF", "MUNGE_SOCKET")})
     checks = run_checks(facts, backend.nodes)

@@ -6,13 +6,14 @@ Honoured (:data:`SBATCH_OPTIONS`): ``--account``/``-A``, ``--qos``/``-q``,
 ``D-H:M:S``; seconds round up to the next minute, ``0``/``UNLIMITED`` = none, as
 Slurm), ``--output``/``-o``, ``--error``/``-e``, ``--job-name``/``-J`` and
 ``--chdir``/``-D`` (the workers' working directory), ``--dependency``/``-d``,
-``--hold``/``-H`` and ``--array``/``-a`` (``config/job_array.py``). Each is written ``--opt value``,
+``--hold``/``-H``, ``--array``/``-a`` (``config/job_array.py``) and ``--container`` (an OCI
+bundle the job's processes run in: config/oci.py). Each is written ``--opt value``,
 ``--opt=value``, ``-X value`` or ``-Xvalue``. Any other sbatch option is refused in one
 line listing these: weave chooses the partitions, nodes and GPUs of a group itself.
 
 The spec's ``[slurm]`` table (:class:`JobSlurm`) holds ``account``, ``qos``,
-``time_limit_min``, ``output`` and ``error``; :func:`log_path` expands an output
-pattern as sbatch does.
+``time_limit_min``, ``output``, ``error``, ``dependency``, ``hold`` and ``container``;
+:func:`log_path` expands an output pattern as sbatch does.
 """
 
 from __future__ import annotations
@@ -53,12 +54,14 @@ SBATCH_OPTIONS: tuple[SbatchOption, ...] = (
     SbatchOption("dependency", "d", "dependency"),
     SbatchOption("hold", "H", "hold"),
     SbatchOption("array", "a", "array"),
+    SbatchOption("container", None, "container"),
 )
 #: Honoured options that take no value.
 SBATCH_SWITCHES = frozenset({"hold"})
 _BY_LONG = {o.long: o for o in SBATCH_OPTIONS}
 _BY_SHORT = {o.short: o for o in SBATCH_OPTIONS if o.short}
-HONOURED = ", ".join(f"--{o.long}/-{o.short}" for o in SBATCH_OPTIONS)
+HONOURED = ", ".join(f"--{o.long}/-{o.short}" if o.short else f"--{o.long}"
+                     for o in SBATCH_OPTIONS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +78,7 @@ class JobSlurm:
     array: str | None = None            # --array (config/job_array.py)
     array_job: int | None = None        # an element's array job id (set by weaved)
     array_task: int | None = None       # an element's task id (set by weaved)
+    container: str | None = None        # --container: an OCI bundle (config/oci.py)
 
 
 #: A job with no ``[slurm]`` table: the site's terms, no limit of its own.
@@ -322,7 +326,7 @@ def host_path(path: str, host: str) -> str:
 
 def read_job_slurm(r: TableReader | None) -> JobSlurm:
     """``[slurm]`` of a job spec: account, qos, time_limit_min, output, error,
-    dependency, hold, array."""
+    dependency, hold, array, container."""
     if r is None:
         return JobSlurm()
     values: dict[str, str | None] = {}
@@ -340,10 +344,14 @@ def read_job_slurm(r: TableReader | None) -> JobSlurm:
     dependency = _checked(r, "dependency", dependency_text)
     hold = r.boolean("hold", False)
     array = _checked(r, "array", array_text)
+    container = r.opt_string("container")
+    if container is not None and not container.startswith("/"):
+        raise r.fail("container", container, "must be an absolute path to an OCI bundle "
+                     "(a directory with config.json and rootfs/)")
     r.done()
     return JobSlurm(account=values["account"], qos=values["qos"], time_limit_min=limit,
                     output=values["output"], error=values["error"], dependency=dependency,
-                    hold=hold, array=array)
+                    hold=hold, array=array, container=container)
 
 
 def _checked(r: TableReader, key: str, check: Callable[[str], str]) -> str | None:

@@ -84,6 +84,8 @@ def worker_needs(job: JobSpec, node_python: str | None) -> list[Need]:
     """What the job's workers must reach as its uid; ``node_python``: the interpreter
     the node daemons fork default workers from (None: not known here)."""
     out = [Need(key, value, Kind.DIR) for key, value in _dirs(job)]
+    if job.slurm.container is not None:   # its python is the image's (node/containers.py)
+        return out
     if job.python is not None:
         out.append(Need("python", job.python, Kind.PROGRAM))
     elif node_python is not None:

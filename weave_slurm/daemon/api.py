@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from weave_slurm.config.job import check_paths, parse_job
+from weave_slurm.config.oci import check_container, oci_conf_path
 from weave_slurm.config.sbatch import refuse_over_site
 from weave_slurm.config.site import SiteConfig
 from weave_slurm.daemon import job_arrays, limits, membership
@@ -109,7 +110,8 @@ class Api:
                  path_roots: Sequence[Path] = (),
                  world_error: Callable[[], tuple[float, str] | None] = lambda: None,
                  node_python: str | None = None,
-                 waiting: Callable[[int], str | None] = lambda job_id: None) -> None:
+                 waiting: Callable[[int], str | None] = lambda job_id: None,
+                 oci_conf: Path | None = None) -> None:
         self.store, self.site, self.capacity, self.now = store, site, capacity, now
         self._submitting = threading.Lock()
         self.path_roots = tuple(path_roots)  # shared dirs a spec path may name, besides home
@@ -124,6 +126,7 @@ class Api:
         self.live = live
         self.waiting = waiting
         self.world_error = world_error
+        self.oci_conf = oci_conf_path() if oci_conf is None else oci_conf   # the site's
 
     def handle(self, op: Op, args: dict[str, Any], uid: int) -> dict[str, Any]:
         if op is Op.SUBMIT:
@@ -164,6 +167,7 @@ class Api:
             where = repr(where)[:256]
         job = parse_job(spec, where)
         refuse_over_site(job.slurm, self.site.slurm, where)
+        check_container(job, self.oci_conf, where)
         check_paths(job, uid, self.path_roots)
         check_access(job, worker_needs(job, self.node_python) + output_needs(job, uid), uid)
         profile = profile_job(job, self.site)

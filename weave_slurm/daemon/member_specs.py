@@ -32,6 +32,7 @@ def member_spec(job: JobRow, group: GroupRow, pins: tuple[int, ...] | None = Non
                       steps=spec.iterations, options=dict(spec.options),
                       staleness=spec.staleness, uid=job.uid, workdir=spec.workdir,
                       python=spec.python, pythonpath=spec.pythonpath,
+                      container=spec.slurm.container,
                       output=files[0], error=files[1], rollout_pins=tuple(pins) or (0,),
                       turns=planned.turns if planned is not None else 1,
                       train_nodes=train, layout=layout,

@@ -13,6 +13,8 @@ One :class:`Check` per line, each a fact weaved relies on (docs/deploy.md):
   used by an ordinary user, asked of the kernel as that user
   (:func:`weave_slurm.daemon.access.probe`, as weaved checks a submission): the
   workers of every job import from there as its user;
+- the site's ``oci.conf`` (beside ``slurm.conf``) names an OCI runtime this host has, for
+  jobs that name a container (none: skipped, such jobs are refused);
 - the state dir is not on a network file system (SQLite must not live there);
 - the API socket and the metrics port are free.
 """
@@ -23,12 +25,14 @@ import enum
 import errno
 import os
 import pwd
+import shutil
 import socket
 import sysconfig
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from weave_slurm.config.oci import read_oci_conf, runtime_argv
 from weave_slurm.config.runtime import transfer_refusal
 from weave_slurm.config.site import PoolConfig, SiteConfig
 from weave_slurm.daemon.access import Kind, Need, probe
@@ -70,6 +74,7 @@ class SiteFacts:
     user: str                          # the ordinary user the interpreter is checked as
     munge_socket: str | None
     metrics: tuple[str, int] | None    # (address, port)
+    oci_conf: Path | None = None       # the site's oci.conf (None: not checked)
 
 
 def run_checks(facts: SiteFacts, nodes: Callable[[], Sequence[NodeInfo]]) -> list[Check]:
@@ -79,6 +84,8 @@ def run_checks(facts: SiteFacts, nodes: Callable[[], Sequence[NodeInfo]]) -> lis
     out.append(munge(facts.munge_socket))
     out += shared_paths(facts.checkpoint_root, facts.path_roots)
     out.append(interpreter(facts.node_python, facts.user))
+    if facts.oci_conf is not None:
+        out.append(containers(facts.oci_conf))
     out.append(state_dir(facts.state_dir))
     out.append(api_socket(facts.socket))
     if facts.metrics is not None:
@@ -185,6 +192,26 @@ def interpreter(python: str, user: str) -> Check:
 def _why(code: int) -> str:
     return {-1: "not a file", -2: "not a directory",
             errno.ETIMEDOUT: "timed out"}.get(code, os.strerror(code))
+
+
+def containers(path: Path) -> Check:
+    """The OCI runtime of ``oci.conf``, for jobs naming a container (docs/deploy.md)."""
+    try:
+        conf = read_oci_conf(path)
+    except WeaveError as exc:
+        return Check("containers", Status.FAIL, str(exc))
+    if conf is None:
+        return Check("containers", Status.SKIP, f"no {path}: a job naming a container is "
+                     "refused (docs/deploy.md, 'Containers')")
+    why = conf.problem()
+    if why is not None:
+        return Check("containers", Status.FAIL, why)
+    program = runtime_argv(conf.run or "", {})[0]
+    if shutil.which(program) is None:
+        return Check("containers", Status.FAIL, f"{path}: RunTimeRun's {program!r} is not "
+                     "installed here (every node needs it: apt-get install runc)")
+    return Check("containers", Status.OK, f"{path}: RunTimeRun runs {program} (every node "
+                 "needs it and this file)")
 
 
 def state_dir(path: Path) -> Check:

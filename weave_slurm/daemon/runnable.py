@@ -74,6 +74,8 @@ def check_runnable(job: JobSpec, layout: MemberLayout | None, site: SiteConfig,
                           f"{site.source} starts one process per role ([runtime] gangs = "
                           "false): set gpus.train = 1 and gpus.rollout = 1, or run it on a "
                           "site with gangs = true")
+    if job.slurm.container is not None:
+        return      # its interpreter is the image's: not probed from here
     python = job.python or node_python
     if is_builtin(job.entry):
         b = builtin(job.entry, job.source)

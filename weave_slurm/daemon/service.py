@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from filelock import FileLock, Timeout
 
 from weave_slurm.clock import SystemClock
+from weave_slurm.config.oci import oci_conf_path
 from weave_slurm.config.runtime import RuntimeConfig, transfer_refusal
 from weave_slurm.config.site import SiteConfig, default_site, load_site
 from weave_slurm.daemon.api import Api
@@ -172,7 +173,8 @@ class Weaved:
                        phase=self.driver.phase, live=self.driver.live,
                        waiting=self.driver.waiting,
                        world_error=lambda: self.reconciler.world_error,
-                       node_python=self.nodes.s.python if cfg.node_command is None else None)
+                       node_python=self.nodes.s.python if cfg.node_command is None else None,
+                       oci_conf=oci_conf_path({**os.environ, **cfg.env}))
         self.metrics_port = None if self.metrics is None or cfg.metrics_port is None \
             else self.metrics.serve(cfg.metrics_port, cfg.metrics_addr)
         try:

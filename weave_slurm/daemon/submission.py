@@ -55,6 +55,8 @@ DIRECTIVES: tuple[Directive, ...] = (
               f"{job_array.FORMS}", job_array.array_text),
     Directive("hold", ("slurm", "hold"), bool, "submit held: PENDING until weave release "
               "(-H)", launch.yes),
+    Directive("container", ("slurm", "container"), str, "an OCI bundle the job's processes "
+              "run in (a directory with config.json and rootfs/; docs/job_api.md)"),
     Directive("slo", ("slo",), float, "permitted slowdown, >= 1.0 (e.g. 1.5)"),
     Directive("rollout-gpus", ("gpus", "rollout"), int, "GPUs of the rollout phase"),
     Directive("train-gpus", ("gpus", "train"), int, "GPUs of the training phase"),
@@ -267,7 +269,8 @@ def _script_name(path: Path) -> str:
 SBATCH_ENV: dict[str, str] = {"SBATCH_ACCOUNT": "account", "SBATCH_QOS": "qos",
                               "SBATCH_TIMELIMIT": "time", "SBATCH_JOB_NAME": "job-name",
                               "SBATCH_OUTPUT": "output", "SBATCH_ERROR": "error",
-                              "SBATCH_ARRAY_INX": "array"}
+                              "SBATCH_ARRAY_INX": "array",
+                              "SBATCH_CONTAINER": "container"}
 
 
 def env_options(environ: Mapping[str, str]) -> dict[str, Any]:

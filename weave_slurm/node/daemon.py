@@ -374,7 +374,8 @@ class NodeDaemon:
                                     "(resident_workers=false): activate with 'argv'")
         entry, args = request.args.get("entry"), request.args.get("args") or []
         pythonpath = request.args.get("pythonpath") or []
-        code = {k: request.args.get(k) for k in ("workdir", "python", "output", "error")}
+        code = {k: request.args.get(k)
+                for k in ("workdir", "python", "output", "error", "container")}
         for key in ("output", "error"):   # their %N: this node (config/sbatch.host_path)
             value = code[key]
             if isinstance(value, str):

@@ -27,6 +27,7 @@ import contextlib
 import logging
 import os
 import pwd
+import shutil
 import signal
 import subprocess
 import sys
@@ -36,9 +37,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from weave_slurm.config.oci import oci_conf_path, read_oci_conf
 from weave_slurm.config.sbatch import host_path
 from weave_slurm.errors import ConfigError, GateRefused, PhaseRevoked, StateError, WeaveError
-from weave_slurm.node import reaper
+from weave_slurm.node import containers, reaper
 from weave_slurm.node.index import JobRef
 from weave_slurm.node.job_env import job_environment
 from weave_slurm.node.open_as import open_as
@@ -139,6 +141,7 @@ class GateOps:
         self.daemon = daemon
         self._cond = threading.Condition()
         self._slots: dict[str, _Slot] = {}
+        self._launches: dict[tuple[str, str], containers.Launch] = {}   # (job, role)
 
     def _slot(self, job: JobRef) -> _Slot:
         return self._slots.setdefault(job.job_id, _Slot())
@@ -301,12 +304,19 @@ class GateOps:
             if old is not None and old.returncode is None:
                 raise StateError(f"job {job.job_id!r}: its {role} process runs already "
                                  f"(pid {old.popen.pid})")
-        popen = self._spawn(job, role, command, {str(k): str(v) for k, v in env.items()},
-                            request.args)
+        try:
+            popen = self._spawn(job, role, command, {str(k): str(v) for k, v in env.items()},
+                                request.args)
+        except WeaveError:
+            with self._cond:   # a container prepared for it never ran: its bundle goes
+                unused = self._launches.pop((job.job_id, role), None)
+            if unused is not None:
+                shutil.rmtree(unused.bundle_dir, ignore_errors=True)
+            raise
         proc = _Proc(role, popen)
         with self._cond:
             self._slot(job).procs[role] = proc
-        threading.Thread(target=self._reap, args=(proc,), name=f"launch-{job.job_id}",
+        threading.Thread(target=self._reap, args=(proc, job.job_id), name=f"launch-{job.job_id}",
                          daemon=True).start()
         log.info("job %s: %s process started as uid %d (pid %d)", job.job_id, role, job.uid,
                  popen.pid)
@@ -344,6 +354,7 @@ class GateOps:
         line = [shell, "-c", command]
         argv = [sys.executable, "-I", "-S", REAPER, *reaper.command_line(line)]
         gid, groups = os.getgid(), list(os.getgroups())
+        container = args.get("container")
         if os.geteuid() == 0 and job.uid != 0:   # the launcher takes the job's ids itself
             gid = gid_of(job.uid)
             groups = os.getgrouplist(user.pw_name, gid)
@@ -352,6 +363,10 @@ class GateOps:
         elif os.geteuid() != job.uid:
             raise StateError(f"launch of {job.job_id}: this node daemon runs as uid "
                              f"{os.geteuid()}, it cannot start processes of uid {job.uid}")
+        if container is not None:   # the runtime runs as root; the process as the job's uid
+            launch = self._contained(job, role, str(container), command, env, workdir,
+                                     user.pw_name, gid, groups)
+            argv = [sys.executable, "-I", "-S", REAPER, *reaper.command_line(launch.argv)]
         # the output files are opened as the job's uid with its groups (never as root):
         # one it cannot create refuses the launch, naming the file
         fds: list[int] = []
@@ -376,8 +391,36 @@ class GateOps:
             for fd in fds:
                 os.close(fd)
 
-    def _reap(self, proc: _Proc) -> None:
+    def _contained(self, job: JobRef, role: str, bundle: str, command: str,
+                   env: dict[str, str], workdir: str, user: str, gid: int,
+                   groups: list[int]) -> containers.Launch:
+        """The role's launch inside ``bundle`` (node/containers.py), kept for its delete."""
+        if os.geteuid() != 0:
+            raise StateError(f"launch of {job.job_id}: its container needs a node daemon "
+                             f"running as root (the OCI runtime runs as root, as slurmstepd "
+                             f"runs it); this one runs as uid {os.geteuid()}")
+        conf = read_oci_conf()
+        if conf is None:
+            raise ConfigError(f"launch of {job.job_id}: container {bundle!r}: this node has "
+                              f"no OCI runtime configured ({oci_conf_path()} does not exist)")
+        names = {"n": self.daemon.config.node_name or os.uname().nodename, "u": user,
+                 "j": os.environ.get("SLURM_JOB_ID", "0"), "s": f"weave{job.job_id}",
+                 "t": role}
+        launch = containers.prepare(
+            conf, bundle, self.daemon.store.job_dir(job) / f"oci-{role}",
+            args=containers.shell_args(bundle, command), env=env, workdir=workdir,
+            uid=job.uid, gid=gid, groups=groups,
+            socket_dir=str(self.daemon.config.socket.parent), names=names)
+        with self._cond:
+            self._launches[(job.job_id, role)] = launch
+        return launch
+
+    def _reap(self, proc: _Proc, job_id: str) -> None:
         rc = proc.popen.wait()
+        with self._cond:
+            launch = self._launches.pop((job_id, proc.role), None)
+        if launch is not None:
+            containers.remove(launch)
         with self._cond:
             proc.returncode = rc
             self._cond.notify_all()

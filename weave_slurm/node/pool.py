@@ -40,7 +40,7 @@ from weave_slurm.node.index import JobRef
 from weave_slurm.node.protocol import WorkerState
 from weave_slurm.node.segments import gid_of
 from weave_slurm.node.seqpacket import receive, send
-from weave_slurm.node.zygotes import Interpreter, ZygoteProcess
+from weave_slurm.node.zygotes import Interpreter, ZygoteProcess, interpreter_of
 from weave_slurm.vocab import Phase
 
 log = logging.getLogger(__name__)
@@ -402,8 +402,7 @@ class ResidentPool:
     def activate(self, job: JobRef, phase: Phase, request: dict[str, Any]) -> Activation:
         """Hand ``request`` (entry, args, env, this job's segments, maybe its own
         ``python``: None = the node daemon's) to the job's worker."""
-        python = request.get("python")
-        key = Interpreter.of(python if isinstance(python, str) else None, job.uid)
+        key = interpreter_of(request, job.uid)
         with self._cond:
             slot = self._slots.get(job.job_id)
             if slot is None or not slot.wanted:

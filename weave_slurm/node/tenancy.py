@@ -122,7 +122,10 @@ class DeviceTenancy:
                     "root": str(d.store.root),
                     "segments": {k: str(v) for k, v in segments.items()},
                     "pythonpath": list(code.get("pythonpath") or []),
-                    **{k: code.get(k) for k in ("python", "workdir")}})
+                    **{k: code.get(k) for k in ("python", "workdir", "container")},
+                    # in a container its files' directories are part of its zygote's key
+                    **({k: code.get(k) for k in ("output", "error")}
+                       if code.get("container") else {})})
             except WeaveError as exc:
                 log.error("job %s: no switch-out for %s (%s); killing its worker",
                           job_id, incoming, exc)

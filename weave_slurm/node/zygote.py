@@ -154,7 +154,11 @@ def run(ctl: socket.socket) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    ctl = socket.socket(fileno=int(args[0]))
+    if args[0].startswith("unix:"):   # in a container: no descriptor is passed in
+        ctl = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        ctl.connect(args[0].removeprefix("unix:"))
+    else:
+        ctl = socket.socket(fileno=int(args[0]))
     import torch  # noqa: F401  (the point of a zygote: import once, fork many)
 
     from weave_slurm.node import resident  # noqa: F401

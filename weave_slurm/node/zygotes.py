@@ -9,7 +9,11 @@ own ``python`` gets workers from a zygote of that interpreter (:class:`Interpret
 - a job's own ``python``: the user's code (its ``site-packages``, ``.pth`` files and
   ``sitecustomize`` run when it starts), so its zygote runs as that job's uid from the
   start, never as root, and forks workers of that uid only: one zygote per
-  interpreter and uid, reused by every job of that user that names that interpreter.
+  interpreter and uid, reused by every job of that user that names that interpreter;
+- a job's container (``[slurm] container``): the image's ``python3.11`` (or the job's
+  ``python`` inside it), started by the site's OCI runtime as the job's uid with the
+  job's directories bound in (node/containers.py), connected back over a socket in the
+  node's store: one zygote per container, uid and those directories.
 
 A job's interpreter imports weave from the node daemon's installation: the zygote's
 ``PYTHONPATH`` is a directory holding only a ``weave_slurm`` link to the installed
@@ -21,12 +25,14 @@ dependencies, torch (same major version) first (docs/job_api.md, "Your own code"
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import socket
 import subprocess
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,12 +40,19 @@ from pathlib import Path
 from typing import IO, Any
 
 import weave_slurm
+from weave_slurm.config.oci import oci_conf_path, read_oci_conf
+from weave_slurm.errors import ConfigError
+from weave_slurm.node import containers
 from weave_slurm.node.seqpacket import receive, send
 
 log = logging.getLogger(__name__)
 
 #: Lines of a job zygote's stderr kept for the message when it cannot start.
 TAIL_LINES = 8
+#: Longest wait for a contained zygote to connect (its runtime starts it first).
+CONNECT_TIMEOUT_S = 60.0
+ACCEPT_POLL_S = 0.1
+_CONTAINED = itertools.count(1)
 
 
 def weave_package_dir() -> str:
@@ -54,10 +67,19 @@ class Interpreter:
 
     python: str | None = None
     uid: int | None = None
+    container: str | None = None            # an OCI bundle it runs in (node/containers.py)
+    writes: tuple[str, ...] = ()            # ... with these directories bound read-write
+    reads: tuple[str, ...] = ()             # ... and these read-only (on its PYTHONPATH)
 
     @classmethod
-    def of(cls, python: str | None, uid: int) -> Interpreter:
-        """The zygote a job of ``uid`` naming ``python`` (None: none) needs."""
+    def of(cls, python: str | None, uid: int, container: str | None = None,
+           writes: tuple[str, ...] = (), reads: tuple[str, ...] = ()) -> Interpreter:
+        """The zygote a job of ``uid`` naming ``python`` (None: none) needs; in
+        ``container``, ``python`` is the container's (default: ``python3.X`` of the node
+        daemon's version), with the job's directories bound in."""
+        if container is not None:
+            return cls(python or f"python{sys.version_info[0]}.{sys.version_info[1]}", uid,
+                       container, writes, reads)
         if python is None or os.path.normpath(python) == os.path.normpath(sys.executable):
             return cls()
         return cls(os.path.normpath(python), uid)
@@ -70,7 +92,26 @@ class Interpreter:
     def words(self) -> str:
         if self.python is None:
             return "the node daemon's interpreter"
-        return f"{self.python} (as uid {self.uid})"
+        where = f" in container {self.container}" if self.container else ""
+        return f"{self.python}{where} (as uid {self.uid})"
+
+
+def interpreter_of(request: dict[str, Any], uid: int) -> Interpreter:
+    """The zygote an ``activate`` request's job needs: its ``python``, and in its
+    ``container`` its working directory, its output files' directories and the node
+    daemon's socket directory (read-write) and its ``pythonpath`` (read-only) bound in."""
+    python, container = request.get("python"), request.get("container")
+    python = python if isinstance(python, str) else None
+    if not isinstance(container, str):
+        return Interpreter.of(python, uid)
+    env = request.get("env")
+    env = env if isinstance(env, dict) else {}
+    files = [*(request.get(k) for k in ("output", "error")), env.get("WEAVE_NODE_SOCKET")]
+    writes = [request.get("workdir"), *(os.path.dirname(f) for f in files if isinstance(f, str))]
+    reads = request.get("pythonpath") or []
+    return Interpreter.of(python, uid, container,
+                          tuple(dict.fromkeys(w for w in writes if isinstance(w, str) and w)),
+                          tuple(str(r) for r in reads))
 
 
 def link_dir(root: Path) -> Path:
@@ -118,6 +159,7 @@ class ZygoteProcess:
         self._proc: subprocess.Popen[bytes] | None = None
         self._ctl: socket.socket | None = None
         self._stderr: threading.Thread | None = None
+        self._launch: containers.Launch | None = None   # in a container: its runtime's
 
     @property
     def pid(self) -> int | None:
@@ -129,6 +171,9 @@ class ZygoteProcess:
     def start(self) -> None:
         """Start the process (it imports torch in the background; does not wait).
         OSError: it could not be started (e.g. the interpreter is not there)."""
+        if self.key.container is not None:
+            self._start_contained()
+            return
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         argv = [self.key.python or sys.executable, "-m", "weave_slurm.node.zygote",
                 str(theirs.fileno())]
@@ -147,6 +192,76 @@ class ZygoteProcess:
                                             args=(self._proc.stderr,),
                                             name="zygote-stderr", daemon=True)
             self._stderr.start()
+
+    def _start_contained(self) -> None:
+        """In the key's container (node/containers.py: the site's RunTimeRun, as the
+        job's uid, the host's pids so the pool sees its workers'), connected back over
+        a socket in the node's store (no descriptor passes into a container)."""
+        key = self.key
+        uid = 0 if key.uid is None else key.uid
+        conf = read_oci_conf()
+        if conf is None:
+            raise OSError(f"no OCI runtime configured ({oci_conf_path()} does not exist)")
+        if os.geteuid() != 0:
+            raise OSError("a container needs a node daemon running as root")
+        n = next(_CONTAINED)
+        path = self.root / f"zygote-{os.getpid()}-{n}.sock"
+        path.unlink(missing_ok=True)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            listener.bind(str(path))
+            os.chown(path, uid, _gid_of(uid))
+            os.chmod(path, 0o600)
+            listener.listen(1)
+            names = {"n": os.uname().nodename, "u": str(uid),
+                     "j": os.environ.get("SLURM_JOB_ID", "0"), "s": f"zygote{os.getpid()}",
+                     "t": str(n)}
+            try:
+                self._launch = containers.prepare(
+                    conf, str(key.container), self.root / f"oci-zygote-{n}",
+                    args=[str(key.python), "-m", "weave_slurm.node.zygote", f"unix:{path}"],
+                    env={"PATH": "/usr/local/bin:/usr/bin:/bin", "PYTHONSAFEPATH": "1",
+                         "PYTHONPATH": ":".join(key.reads)},
+                    workdir="/", uid=uid, gid=_gid_of(uid), groups=[],
+                    socket_dir=str(self.root), names=names, writable=key.writes,
+                    host_pids=True)
+            except ConfigError as exc:
+                raise OSError(str(exc)) from None
+            self._proc = subprocess.Popen(self._launch.argv, stdin=subprocess.DEVNULL,
+                                          stderr=subprocess.PIPE, start_new_session=True)
+        except BaseException:
+            listener.close()
+            path.unlink(missing_ok=True)
+            raise
+        threading.Thread(target=self._accept, args=(listener, path), name="zygote-reader",
+                         daemon=True).start()
+        if self._proc.stderr is not None:
+            self._stderr = threading.Thread(target=self._read_stderr,
+                                            args=(self._proc.stderr,),
+                                            name="zygote-stderr", daemon=True)
+            self._stderr.start()
+
+    def _accept(self, listener: socket.socket, path: Path) -> None:
+        """The contained zygote's connection (or its end, if it never comes), then read."""
+        listener.settimeout(ACCEPT_POLL_S)
+        deadline = time.monotonic() + CONNECT_TIMEOUT_S
+        try:
+            while True:
+                try:
+                    conn, _ = listener.accept()
+                    break
+                except TimeoutError:   # one that could not start ends at once
+                    if self.poll() is not None or time.monotonic() > deadline:
+                        raise
+            conn.settimeout(None)
+            self._ctl = conn
+        except OSError:
+            self._on_gone(self)
+            return
+        finally:
+            listener.close()
+            path.unlink(missing_ok=True)
+        self._read()
 
     def _how(self) -> dict[str, Any]:
         """Popen's arguments: a job interpreter runs as its uid, importing weave from
@@ -213,7 +328,7 @@ class ZygoteProcess:
                 self._ctl.shutdown(socket.SHUT_RDWR)
         proc = self._proc
         if proc is not None:
-            threading.Thread(target=_reap, args=(proc,), daemon=True).start()
+            threading.Thread(target=_reap, args=(proc, self._launch), daemon=True).start()
 
     def wait(self, timeout_s: float) -> None:
         """Wait for the process to exit; SIGKILL it after ``timeout_s``."""
@@ -230,9 +345,11 @@ class ZygoteProcess:
             self._ctl.close()
 
 
-def _reap(proc: subprocess.Popen[bytes]) -> None:
+def _reap(proc: subprocess.Popen[bytes], launch: containers.Launch | None = None) -> None:
     try:
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+    if launch is not None:
+        containers.remove(launch)

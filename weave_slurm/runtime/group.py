@@ -133,6 +133,7 @@ class MemberSpec:
     pythonpath: tuple[str, ...] = ()
     output: str | None = None                # its --output/--error, absolute: its workers'
     error: str | None = None                 # stdout/stderr (node/job_streams.py)
+    container: str | None = None             # an OCI bundle its processes run in
     launch: LaunchPlan | None = None         # a cooperative job: its own processes run
     env: tuple[tuple[str, str], ...] = ()    # its own variables (an array's SLURM_ARRAY_*)
 
@@ -176,7 +177,8 @@ class MemberSpec:
         its spec sets)."""
         return {k: v for k, v in (("workdir", self.workdir), ("python", self.python),
                                   ("pythonpath", list(self.pythonpath)),
-                                  ("output", self.output), ("error", self.error)) if v}
+                                  ("output", self.output), ("error", self.error),
+                                  ("container", self.container)) if v}
 
     def owner_uid(self) -> int:
         """The uid its workers, segments and checkpoints belong to."""

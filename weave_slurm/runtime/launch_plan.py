@@ -4,7 +4,8 @@ A pure value built by weaved from the job's ``[launch]`` table
 (:mod:`weave_slurm.config.launch`), its own code keys and its ``[slurm]`` output and
 error (:func:`weave_slurm.config.sbatch.log_path`: patterns filled in, a relative name
 in the working directory, as sbatch's ``--output``): each role's shell line, the
-environment, the working directory and the output files.
+environment, the working directory, the output files and the container its processes
+run in (``[slurm] container``, node/containers.py).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class LaunchPlan:
     workdir: str | None = None                    # None: the user's home on the node
     output: str | None = None                     # absolute; None: discarded
     error: str | None = None                      # absolute; None: with the output
+    container: str | None = None                  # an OCI bundle (node/containers.py)
 
     @classmethod
     def build(cls, launch: LaunchSpec, slurm: JobSlurm, *, job_id: str, name: str,
@@ -53,14 +55,15 @@ class LaunchPlan:
             env["WEAVE_OBJECT_STORE_BYTES"] = str(int(launch.object_store_gib * 2**30))
         return cls(tuple((role, launch.command(role)) for role in ROLES),
                    tuple(sorted(env.items())), workdir,
-                   place(slurm.output or DEFAULT_OUTPUT), place(slurm.error))
+                   place(slurm.output or DEFAULT_OUTPUT), place(slurm.error), slurm.container)
 
     def request(self, role: str, env: Mapping[str, str] | None = None) -> dict[str, Any]:
         """The node daemon's ``launch`` arguments for ``role`` (``env``: weave's own
         variables of this launch, runtime/member_net.py)."""
         return {"action": "start", "role": role, "command": dict(self.commands)[role],
                 "env": {**dict(self.env), **(env or {})}, "workdir": self.workdir,
-                "output": self.output, "error": self.error}
+                "output": self.output, "error": self.error,
+                **({"container": self.container} if self.container else {})}
 
 
 def plan_for(spec: JobSpec, job_id: str, uid: int | None) -> LaunchPlan | None:

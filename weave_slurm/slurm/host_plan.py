@@ -286,10 +286,11 @@ def setup_argv(node: NodeHost, script: Path) -> list[str]:
     """Create ``node``'s persistent mount and UTS namespaces and run ``script`` in them.
 
     ``unshare`` runs inside the node's netns so that the fresh sysfs shows its
-    interfaces. sh keeps the script open, so it may cover the script's own dir.
+    interfaces. bash, not sh: dash takes no descriptor past 9, and the config files need
+    more; it keeps the script open, so it may cover the script's own dir.
     """
     return ["nsenter", f"--net={node.netns_file}", "unshare", f"--mount={node.mnt_file}",
-            f"--uts={node.uts_file}", "--propagation", "private", "sh", "-e", str(script)]
+            f"--uts={node.uts_file}", "--propagation", "private", "bash", "-e", str(script)]
 
 
 def render_setup_script(node: NodeHost, paths: ClusterPaths, munge_dir: Path) -> str:

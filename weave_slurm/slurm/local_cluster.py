@@ -46,6 +46,7 @@ from weave_slurm.slurm.cluster_config import (
     HostMode,
     SharedPaths,
     render_gres_conf,
+    render_oci_conf,
     render_plugstack_conf,
     render_slurm_conf,
 )
@@ -150,6 +151,11 @@ def _wait(what: str, ready: Callable[[], bool], alive: Callable[[], bool],
             raise StateError(f"local cluster: {what}: a daemon died; {evidence()}")
         time.sleep(_POLL_S)
     raise StateError(f"local cluster: {what}: not ready after {timeout_s:g} s; {evidence()}")
+
+
+def oci_runtime() -> str | None:
+    """The OCI runtime oci.conf names: runc, else crun (absolute), else None."""
+    return next(filter(None, (shutil.which(t) for t in ("runc", "crun"))), None)
 
 
 def _check_tools(mode: HostMode) -> None:
@@ -320,6 +326,7 @@ class LocalCluster:
         p.gres_conf.write_text(render_gres_conf(layout, p, mode))
         p.plugstack_conf.write_text(render_plugstack_conf(
             spank_plugin.resolve() if spank_plugin else None, socket_dir))
+        p.oci_conf.write_text(render_oci_conf(oci_runtime()))
         host_munge = host_munge_dir(p, private=munge_socket is not None)
         if plan is not None:
             (p.site_dir / "hosts").write_text(render_hosts_file(plan))
