@@ -11,7 +11,7 @@ import pytest
 
 from weave_slurm.cli.error_lines import run_app
 from weave_slurm.cli.sbatch import app as sbatch_app
-from weave_slurm.config.job_array import JobArray, element_env, parse_array
+from weave_slurm.config.job_array import JobArray, parse_array
 from weave_slurm.config.render import job_spec_toml
 from weave_slurm.config.sbatch import NO_SLURM
 from weave_slurm.daemon.job_arrays import elements
@@ -55,9 +55,9 @@ def test_the_environment_of_an_element_is_sbatchs() -> None:
         "SLURM_ARRAY_JOB_ID": "40", "SLURM_ARRAY_TASK_ID": "5",
         "SLURM_ARRAY_TASK_COUNT": "4", "SLURM_ARRAY_TASK_MIN": "1",
         "SLURM_ARRAY_TASK_MAX": "7", "SLURM_ARRAY_TASK_STEP": "2"}
-    assert element_env(NO_SLURM) == {}
-    assert element_env(dataclasses.replace(NO_SLURM, array="0-1", array_job=9,
-                                           array_task=1))["SLURM_ARRAY_TASK_ID"] == "1"
+    assert NO_SLURM.array_env() == {}
+    element = dataclasses.replace(NO_SLURM, array="0-1", array_job=9, array_task=1)
+    assert element.array_env()["SLURM_ARRAY_TASK_ID"] == "1"
 
 
 def test_each_element_gets_its_task_and_the_seed_plus_its_task(tmp_path: Path) -> None:

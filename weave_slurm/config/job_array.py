@@ -14,12 +14,8 @@ places jobs: an element held back by it says so in its REASON (squeue's
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from weave_slurm.errors import ConfigError
-
-if TYPE_CHECKING:
-    from weave_slurm.config.sbatch import JobSlurm
 
 #: The largest task index (Slurm's default MaxArraySize 1001: indices 0-1000).
 MAX_TASK_ID = 1000
@@ -85,11 +81,3 @@ def array_text(text: str) -> str:
     """``text`` checked and written as weave keeps it (as given, without spaces)."""
     parse_array(text)
     return "".join(text.split())
-
-
-def element_env(slurm: JobSlurm) -> dict[str, str]:
-    """The ``SLURM_ARRAY_*`` variables of a job whose ``[slurm]`` is ``slurm`` (none: a
-    job not in an array)."""
-    if slurm.array is None or slurm.array_job is None or slurm.array_task is None:
-        return {}
-    return parse_array(slurm.array).env(slurm.array_job, slurm.array_task)

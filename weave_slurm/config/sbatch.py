@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from weave_slurm.config.dependency import dependency_text
-from weave_slurm.config.job_array import array_text
+from weave_slurm.config.job_array import array_text, parse_array
 from weave_slurm.config.reader import TableReader
 from weave_slurm.config.site import MAX_TIME_LIMIT_MIN, SlurmConfig
 from weave_slurm.errors import ConfigError, InfeasibleRequest
@@ -79,6 +79,13 @@ class JobSlurm:
     array_job: int | None = None        # an element's array job id (set by weaved)
     array_task: int | None = None       # an element's task id (set by weaved)
     container: str | None = None        # --container: an OCI bundle (config/oci.py)
+
+    def array_env(self) -> dict[str, str]:
+        """The ``SLURM_ARRAY_*`` variables of an array's element (none: a job not in an
+        array)."""
+        if self.array is None or self.array_job is None or self.array_task is None:
+            return {}
+        return parse_array(self.array).env(self.array_job, self.array_task)
 
 
 #: A job with no ``[slurm]`` table: the site's terms, no limit of its own.

@@ -7,7 +7,6 @@ layout, its group's plan) into what the runtime's ``Join``/``Adopt`` commands ca
 from __future__ import annotations
 
 from weave_slurm.config.job import LEGACY_ENTRY, JobSpec
-from weave_slurm.config.job_array import element_env
 from weave_slurm.daemon.job_output import hosted_paths
 from weave_slurm.daemon.records import GroupRow, JobRow
 from weave_slurm.runtime.group import DeclaredProfile, MemberSpec
@@ -37,7 +36,7 @@ def member_spec(job: JobRow, group: GroupRow, pins: tuple[int, ...] | None = Non
                       turns=planned.turns if planned is not None else 1,
                       train_nodes=train, layout=layout,
                       launch=plan_for(spec, str(job.job_id), job.uid),
-                      env=tuple(sorted(element_env(spec.slurm).items())),
+                      env=tuple(sorted(spec.slurm.array_env().items())),
                       declared=DeclaredProfile(job.profile.rollout_mean_s or None,
                                                job.profile.train_mean_s or None,
                                                job.profile.slo))

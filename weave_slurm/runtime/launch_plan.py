@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from weave_slurm.config.job import JobSpec
-from weave_slurm.config.job_array import element_env
 from weave_slurm.config.launch import DEFAULT_OUTPUT, ROLES, LaunchSpec
 from weave_slurm.config.sbatch import JobSlurm, log_path
 
@@ -50,7 +49,7 @@ class LaunchPlan:
         env["WEAVE_JOB_NAME"] = name
         if iterations is not None:   # how many versions the train role must produce
             env["WEAVE_ITERATIONS"] = str(iterations)
-        env.update(element_env(slurm))   # an array's element: SLURM_ARRAY_*
+        env.update(slurm.array_env())   # an array's element: SLURM_ARRAY_*
         if launch.object_store_gib:   # Ray's --object-store-memory takes bytes
             env["WEAVE_OBJECT_STORE_BYTES"] = str(int(launch.object_store_gib * 2**30))
         return cls(tuple((role, launch.command(role)) for role in ROLES),
