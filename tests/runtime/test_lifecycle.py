@@ -245,3 +245,23 @@ def test_a_carried_gang_moves_each_ranks_checkpoint_to_its_new_node() -> None:
     adopts = [(n, j) for n, op, j in log if op is Op.ADOPT]
     assert adopts == [("h800-2", "g"), ("h800-3", "g.r1")]
     assert member.state is MemberState.RECOVERING
+
+
+def test_a_checkpoint_that_cannot_be_moved_is_said_in_the_jobs_words() -> None:
+    """A warning about a member (here: its checkpoint not moved to its new training node)
+    is not only in weaved's log: the port's view of it carries it, so the job's REASON and
+    its outcome say it (issue #30, item 5)."""
+    from weave_slurm.daemon.runtime_view import member_row, outcome_words
+    from weave_slurm.runtime.resume import ResumeKind
+
+    runner, nodes, _, _ = _runner()
+    nodes[T].raises[Op.ADOPT] = StateError("disk full")
+    _adopt(runner, MemberSpec("a"), Resume(ResumeKind.CARRIED, "lost", readmit="lost; moved",
+                                           root=Path("/shared/ckpt/h800-9"), version=3))
+    view = GroupPort(runner).members["a"]
+    assert view.warning == ("its checkpoint under /shared/ckpt/h800-9 could not be moved to "
+                            "h800-0: disk full")
+    assert f"warning: {view.warning}" in outcome_words(view)
+    assert member_row(view)["event"] == (
+        "its training node was lost and its last checkpoint could not be moved to the new "
+        f"one; restarted from scratch; warning: {view.warning}")

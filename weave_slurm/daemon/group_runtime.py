@@ -383,12 +383,17 @@ class GroupRuntime:
         """A DONE or FAILED member leaves; its outcome, with its faults in words."""
         done = member.state is MemberState.DONE
         why = outcome_words(member)
-        self._leave(port, member)
+        note = self._leave(port, member)
+        if note is not None:
+            why += f"; warning: {note}"
         return JobOutcome(job_id, JobState.COMPLETED if done else JobState.FAILED, why,
                           (self.rows.get(job_id) or {}).get("weights_sha256"))
 
-    def _leave(self, port: GroupPort, member: MemberView) -> None:
+    def _leave(self, port: GroupPort, member: MemberView) -> str | None:
+        """``member`` leaves the port (a DONE hosted one's final weights read first);
+        what went wrong that its outcome must say (None: nothing)."""
         key = member.job_id
+        note = None
         final = {**member_row(member), "phase": "-"}
         if member.state is MemberState.DONE and not member.cooperative:   # hosted:
             # record what it learned before the drop (a cooperative job's is its own)
@@ -397,12 +402,14 @@ class GroupRuntime:
                     if isinstance(event, Digested):
                         final["weights_sha256"] = event.sha256
             except (WeaveError, OSError) as exc:
-                log.warning("job %s: cannot read its final weights: %s", key, exc)
+                note = f"its final weights could not be read (no SHA-256 to show): {exc}"
+                log.warning("job %s: %s", key, note)
         self.rows.put(int(key), final)
         try:
             port.apply(cmd.Leave(key))
-        except WeaveError as exc:
+        except WeaveError as exc:   # it ended; what its nodes kept is swept with the group
             log.warning("leave of job %s: %s", key, exc)
+        return note
 
     def release_group(self, group_id: int) -> None:
         """The group drains: leave (drop) its members now, while its node daemons still

@@ -184,7 +184,9 @@ class Handoffs:
             try:
                 old.apply(Leave(key))
             except WeaveError as exc:
-                log.warning("job %s: leaving group %s: %s", key, src, exc)
+                words = f"warning: leaving group {src}: {exc}"
+                log.warning("job %s: %s", key, words)
+                reason = f"{reason}; {words}" if reason else words
         self.since.pop(job.job_id, None)
         self.waiting.pop(job.job_id, None)
         _drop_place(store, src, job.job_id)

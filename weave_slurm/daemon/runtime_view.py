@@ -34,13 +34,21 @@ def member_row(m: MemberView) -> dict[str, Any]:
         "node": m.node, "reward": m.rewards[-1] if m.rewards else None,
         "rewards": list(m.rewards), "recoveries": m.recoveries, "error": m.error,
         "member_state": m.state.value,
-        # its last fault, else why it started over, else its gate's last refusal
-        "event": m.event or m.restart_note or m.refusal,
+        "event": _event(m),
         "current_staleness": m.current_staleness}
     if prof is not None:
         row.update({"slowdown": prof.slowdown, "slo_ok": prof.slo_ok,
                     "drift": list(prof.drift), "measured": prof.to_json()})
     return row
+
+
+def _event(m: MemberView) -> str | None:
+    """Its last fault, else why it started over, else its gate's last refusal; and the
+    last warning about it."""
+    words = m.event or m.restart_note or m.refusal
+    if m.warning is None:
+        return words
+    return f"{words}; warning: {m.warning}" if words else f"warning: {m.warning}"
 
 
 def outcome_words(m: MemberView) -> str:
@@ -54,6 +62,8 @@ def outcome_words(m: MemberView) -> str:
         why += f" after {n} recover{'y' if n == 1 else 'ies'} (last: {event})"
     if m.restart_note is not None:
         why += f"; earlier: {m.restart_note}"
+    if m.warning is not None:
+        why += f"; warning: {m.warning}"
     return why
 
 

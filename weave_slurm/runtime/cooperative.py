@@ -212,9 +212,8 @@ class Cooperative:
     # -- one member ----------------------------------------------------------------------
     def _tick_one(self, member: RunningMember) -> bool:
         if member.repin is not None:   # its rollout process runs where it was started
-            log.warning("job %s: a cooperative member stays on its rollout node %s (its "
-                        "process runs there); re-pin ignored", member.spec.job_id,
-                        member.rollout_nodes[0].name)
+            member.warn(f"it stays on its rollout node {member.rollout_nodes[0].name} (its "
+                        "process runs there): the group's re-pin is not followed")
             member.repin = None
         if member.state is MemberState.STARTING and not member.initialised:
             self._launch(member)

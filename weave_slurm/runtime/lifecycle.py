@@ -163,8 +163,8 @@ class Lifecycle:
         gang = training_gang(member)     # a gang's ranks 1.. come with rank 0 (their roots)
         moves = [(gang.lead, root), *zip(gang.others, resume.rank_roots, strict=False)]
         if len(moves) < gang.size:
-            log.warning("job %s: no checkpoint roots of its ranks 1.. were kept",
-                        member.spec.job_id)
+            member.warn("no checkpoint roots of its ranks 1.. were kept: it cannot be "
+                        "restored on its new training node")
             return False
         for slot, old in moves:
             if old.name == slot.node.name:
@@ -175,8 +175,8 @@ class Lifecycle:
                 info = self.link.call(slot.node, Op.ADOPT, job=slot.job.job_id,
                                       from_root=str(old))
             except (WeaveError, OSError) as exc:
-                log.warning("job %s: its checkpoint under %s could not be moved to %s: %s",
-                            slot.job.job_id, old, slot.node.name, exc)
+                member.warn(f"its checkpoint under {old} could not be moved to "
+                            f"{slot.node.name}: {exc}")
                 return False
             log.info("job %s: checkpoint %s moved to %s (%s)", slot.job.job_id,
                      info.get("versions"), slot.node.name, info.get("path"))
@@ -247,8 +247,8 @@ class Lifecycle:
                 try:   # its newest step checkpointed (checkpoint_every may have skipped it)
                     training_gang(member).checkpoint(self.link)
                 except WeaveError as exc:   # its newest earlier checkpoint goes instead
-                    log.warning("job %s: checkpoint before its move: %s",
-                                member.spec.job_id, exc)
+                    member.warn(f"no checkpoint of its newest step before its move "
+                                f"({exc}); its newest earlier checkpoint goes instead")
             resume = handoff_resume(member, checkpoint_base, source)
             self.move(member, MemberState.MOVED, resume.why)
             out[member.spec.job_id] = resume

@@ -9,6 +9,7 @@ daemon's status only read). Every change of a member's state goes through
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -24,6 +25,8 @@ from weave_slurm.runtime.ordering import rollout_ready
 from weave_slurm.runtime.staleness import VersionLog
 from weave_slurm.runtime.transfer import TransferConfig
 from weave_slurm.vocab import Phase
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +126,7 @@ class RunningMember:
     outcome: str | None = None                   # ... and what was done about it
     restarts: int = 0                            # fresh starts (killed in its first phase)
     restart_note: str | None = None              # why it last started again from scratch
+    warning: str | None = None                   # the last warning about it, in words
     retry_at_s: float = 0.0
     ready_s: float | None = None
     # the rollout nodes it moves to at its next phase boundary (the group's plan re-pinned
@@ -153,6 +157,13 @@ class RunningMember:
         self.error, self.fault, self.outcome = None, None, None
         self.retry_at_s, self.ready_s = 0.0, None
         self.restarts, self.restart_note = restarts, note
+
+    def warn(self, words: str) -> None:
+        """Something went wrong that neither fails nor recovers it (a checkpoint not
+        moved, a re-pin not followed): weaved's log says so, and so does the job's
+        REASON (``weave status``) and, once it ends, its outcome."""
+        log.warning("job %s: %s", self.spec.job_id, words)
+        self.warning = words
 
     def event(self) -> str | None:
         """Its last fault and what was done about it, in words (None: no fault)."""

@@ -33,6 +33,7 @@ class MemberView:
     event: str | None                 # its last fault and what was done (words)
     restart_note: str | None          # why it last started again from scratch
     refusal: str | None               # its gate's last refusal (a cooperative member)
+    warning: str | None               # the last warning about it (RunningMember.warn)
     handoff: bool                     # moving to another group at its step boundary
     turns: int                        # steps per round
     cooperative: bool                 # its own processes run it (a launch plan)
@@ -55,5 +56,5 @@ def view_of(m: RunningMember, measured: MemberProfile | None,
         m.error, tuple(m.rewards), None if run is None else run.node.name,
         None if m.versions is None else m.versions.current_staleness(), m.event(),
         m.restart_note,
-        refusal, m.handoff, m.spec.turns, m.spec.launch is not None, m.rollout_nodes,
+        refusal, m.warning, m.handoff, m.spec.turns, m.spec.launch is not None, m.rollout_nodes,
         m.repin, measured)
