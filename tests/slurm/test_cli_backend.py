@@ -76,7 +76,7 @@ def test_allocate_submits_the_script_and_reads_back_from_squeue(tmp_path: Path) 
 
 def test_a_site_template_is_what_is_submitted(tmp_path: Path) -> None:
     site = tmp_path / "site-alloc.sbatch"
-    site.write_text(ALLOCATION_TEMPLATE.read_text().replace("exec sleep", "# SITE\nexec sleep"))
+    site.write_text(ALLOCATION_TEMPLATE.read_text().replace("exec @@", "# SITE\nexec @@"))
     fake = FakeRunner()
     fake.on(["sbatch", "--parsable"], FakeReply(stdout="3;cluster\n"))
     backend = SlurmCliBackend(runner=fake, env=ENV, uid=0, log_dir=tmp_path, template=site)

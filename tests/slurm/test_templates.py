@@ -24,11 +24,13 @@ GOLDEN = Path(__file__).parent / "golden"
 H20 = ResourceSpec("h20", 2, 8, "h20", 16)
 H800 = ResourceSpec("h800", 1, 8, "h800", 32)
 
+HOLD = ("/opt/weave/bin/python", "-m", "weave_slurm.cli.node", "hold")   # not this machine's
 CASES = {
     "allocation_h20.sbatch": lambda: render_allocation(
-        AllocationRequest("7", "h20", (H20,), time_limit_min=240), output="/var/log/w/%j.out"),
+        AllocationRequest("7", "h20", (H20,), time_limit_min=240), output="/var/log/w/%j.out",
+        hold=HOLD),
     "allocation_het.sbatch": lambda: render_allocation(
-        AllocationRequest("8", "het", (H20, H800))),
+        AllocationRequest("8", "het", (H20, H800)), hold=HOLD),
 }
 
 
@@ -60,7 +62,7 @@ def test_a_sites_template_must_use_every_placeholder(tmp_path: Path) -> None:
     check_allocation_template(ALLOCATION_TEMPLATE)
     site = tmp_path / "alloc.sbatch"
     site.write_text(ALLOCATION_TEMPLATE.read_text().replace(
-        "exec sleep", "module load cuda\nexec sleep"))
+        "exec @@{hold_command}", "module load cuda\nexec @@{hold_command}"))
     check_allocation_template(site)
     assert "module load cuda" in render_allocation(AllocationRequest("7", "h20", (H20,)),
                                                    template=site)

@@ -22,7 +22,12 @@ from weave_slurm.cli.logs import setup_logging
 from weave_slurm.errors import ConfigError, WeaveError
 from weave_slurm.node.index import DEFAULT_ROOT
 from weave_slurm.node.protocol import Op
-from weave_slurm.slurm.allocation_watch import AllocationWatch, interval_from, start_watch
+from weave_slurm.slurm.allocation_watch import (
+    DEFAULT_INTERVAL_S,
+    AllocationWatch,
+    interval_from,
+    start_watch,
+)
 
 if TYPE_CHECKING:
     from weave_slurm.node.daemon import NodeDaemon
@@ -175,6 +180,25 @@ def status(
                           f"{seg.get('size_bytes', 0) / gib:.3f}", worker.get("phase", "-"),
                           worker.get("state", "-"), resident)
     Console().print(table)
+
+
+@node_app.command()
+def hold(
+    allocation_watch_s: Annotated[float | None, typer.Option(
+        help="How often to ask Slurm whether the job still runs (default "
+             "$WEAVE_NODE_ALLOCATION_WATCH_S, else 30 s).")] = None,
+) -> None:
+    """Hold this allocation's nodes: the body of the allocation script weaved submits
+    (sbatch_templates/allocation.sbatch). It ends at weaved's scancel, and by itself
+    once Slurm says its job ($SLURM_JOB_ID) no longer runs: on a host that was cut off
+    and comes back after Slurm ended the job, nothing of the lost allocation stays."""
+    setup_logging(logging.INFO, "weave node hold")
+    job_id = (os.environ.get("SLURM_JOB_ID") or "").strip()
+    if not job_id:
+        raise ConfigError("node hold: SLURM_JOB_ID is not set; it runs as the body of an "
+                          "allocation's batch script")
+    interval = interval_from(allocation_watch_s, os.environ) or DEFAULT_INTERVAL_S
+    AllocationWatch(job_id, interval, lambda why: None, who="allocation hold").run()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -98,8 +98,9 @@ class AllocationWatch:
 
     def __init__(self, job_id: str, interval_s: float, on_gone: Callable[[str], None],
                  runner: CommandRunner | None = None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+                 timeout_s: float = DEFAULT_TIMEOUT_S, who: str = "node daemon") -> None:
         self.job_id, self.interval_s, self.on_gone = job_id, interval_s, on_gone
+        self.who = who   # what ends when the allocation is gone, for the log line
         self.runner: CommandRunner = runner or SubprocessRunner()
         self.timeout_s = min(timeout_s, max(interval_s, 1.0))
         self.gone: str | None = None
@@ -125,7 +126,7 @@ class AllocationWatch:
             self._silent_since = None
         if answer.verdict is Verdict.GONE and self.gone is None:
             self.gone = answer.detail
-            log.warning("node daemon exits: its allocation no longer runs (%s)",
+            log.warning("%s exits: its allocation no longer runs (%s)", self.who,
                         answer.detail)
             self.on_gone(answer.detail)
         return answer

@@ -12,8 +12,10 @@ when it ends, Slurm ends the allocation with it.
 
 from __future__ import annotations
 
+import shlex
 import string
-from collections.abc import Mapping
+import sys
+from collections.abc import Mapping, Sequence
 from importlib.resources import files
 from pathlib import Path
 
@@ -26,7 +28,11 @@ ALLOCATION_TEMPLATE = TEMPLATE_DIR / "allocation.sbatch"
 #: Every placeholder the allocation template must use: the name and comment are how a
 #: restarted weaved finds its allocations, the component lines what Slurm gives.
 ALLOCATION_PLACEHOLDERS = frozenset({"pool", "group_id", "job_name", "comment", "output",
-                                     "time_directive", "component_directives"})
+                                     "time_directive", "component_directives",
+                                     "hold_command"})
+#: What holds the nodes (the script's last line): ``weave node hold`` with weaved's own
+#: interpreter, which the nodes run weave with (as the node daemons).
+HOLD_ARGV = (sys.executable, "-m", "weave_slurm.cli.node", "hold")
 
 
 class _Template(string.Template):
@@ -78,7 +84,8 @@ def render(path: Path, values: Mapping[str, str]) -> str:
 
 
 def render_allocation(request: AllocationRequest, output: str = "/dev/null",
-                      template: Path = ALLOCATION_TEMPLATE) -> str:
+                      template: Path = ALLOCATION_TEMPLATE,
+                      hold: Sequence[str] = HOLD_ARGV) -> str:
     """The sbatch script that holds a group's allocation (one ``hetjob`` per component)."""
     request.validate()
     blocks = []
@@ -94,4 +101,4 @@ def render_allocation(request: AllocationRequest, output: str = "/dev/null",
     return render(template, {
         "pool": request.pool, "group_id": request.group_id, "job_name": request.job_name,
         "comment": request.comment, "output": output, "time_directive": time_line,
-        "component_directives": "\n".join(blocks)})
+        "component_directives": "\n".join(blocks), "hold_command": shlex.join(hold)})
