@@ -134,6 +134,7 @@ class MemberSpec:
     output: str | None = None                # its --output/--error, absolute: its workers'
     error: str | None = None                 # stdout/stderr (node/job_streams.py)
     launch: LaunchPlan | None = None         # a cooperative job: its own processes run
+    recoveries: int = 0                      # counted before it joined (a previous weaved)
 
     @property
     def train_node(self) -> int:
