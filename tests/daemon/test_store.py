@@ -111,6 +111,24 @@ def test_a_schema_4_file_is_migrated_and_its_jobs_have_no_digest(tmp_path: Path)
     assert row is not None and row.weights_sha256 is None
 
 
+def test_a_jobs_recoveries_are_stored_and_a_schema_7_file_counts_none(
+        tmp_path: Path) -> None:
+    db = tmp_path / "w.db"
+    store = Store(db)
+    a = _job(store)
+    store.close()
+    make_old(db, 7)   # what a weaved of schema 7 left behind: no count
+    store = Store(db)
+    row = store.job(a)
+    assert row is not None and row.recoveries == 0
+    store.set_recoveries(a, 5)
+    store.close()
+    row = Store(db).job(a)
+    assert row is not None and row.recoveries == 5
+    with pytest.raises(StateError, match="job 999 does not exist"):
+        Store(db).set_recoveries(999, 1)
+
+
 def test_corrupt_or_foreign_database_is_refused(tmp_path: Path) -> None:
     bad = tmp_path / "bad.db"
     bad.write_bytes(b"this is not sqlite" * 100)

@@ -54,7 +54,7 @@ def kill_worker(sock: Path, job_id: str) -> int:
 def daemons_gone(marker: Path, timeout_s: float) -> bool:
     """True once no process's command line names ``marker`` (node daemons and their
     workers name their checkpoint root); after ``timeout_s``, prints them and is False."""
-    pids = settle(lambda: _pids_naming(marker), timeout_s, interval_s=0.5,
+    pids = settle(lambda: pids_naming(marker), timeout_s, interval_s=0.5,
                   until=lambda pids: not pids)
     for pid in pids:
         with contextlib.suppress(OSError):
@@ -63,7 +63,8 @@ def daemons_gone(marker: Path, timeout_s: float) -> bool:
     return not pids
 
 
-def _pids_naming(marker: Path) -> list[str]:
+def pids_naming(marker: Path) -> list[str]:
+    """The pids of the processes whose command line names ``marker``."""
     return subprocess.run(["pgrep", "-f", str(marker)], capture_output=True,
                           text=True).stdout.split()
 

@@ -1,7 +1,8 @@
 """What ``weave node serve`` does once its allocation watch says the job has ended
 (docs/reliability.md, F17): every job's segments go, since nothing reads them again
-(weaved re-admits the members elsewhere from their checkpoints), and the checkpoints
-on the shared file system stay."""
+(weaved re-admits the members elsewhere from their checkpoints) and the jobs are
+forgotten, so nothing of them stays in /dev/shm; the checkpoints on the shared file
+system stay."""
 
 from __future__ import annotations
 
@@ -23,5 +24,8 @@ def test_an_ended_allocations_segments_are_removed_and_its_checkpoints_kept(
     assert len(node.store.list_segments()) == 2
     _discard_state(node, "job 7 is NODE_FAIL")
     assert node.store.list_jobs() == [] and node.store.used_bytes() == 0
+    assert node.registry.jobs() == []   # forgotten: the shutdown leaves no file of them
+    node.shutdown()
+    assert not node.config.root.exists(), sorted(node.config.root.rglob("*"))
     assert [node.ckpt.read(p).versions for p in node.ckpt.checkpoints(jobs[0])] == \
         [{"weights": 1}]

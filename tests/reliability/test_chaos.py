@@ -7,7 +7,8 @@ Asserted: no accepted job lost and none listed twice (checked at every poll); ev
 job COMPLETED with the weights of its solo run; the flood bounded by the site's
 ``[limits.user]`` (refusals in one line naming the limit); the quiet user's job placed
 in its fair-share turn, before a flood job that was already pending when it came; no
-zombie child of weaved, no node daemon or worker and no segment left on any host.
+zombie child of weaved, no node daemon or worker and no segment or other file of a
+job (its ``.lock``) left in any host's /dev/shm.
 """
 
 from __future__ import annotations
@@ -70,6 +71,5 @@ def test_chaos_kills_down_node_stopped_slurmd_and_a_flooding_user(
     assert rep.zombies == [], rep.zombies
     assert not rep.processes_left
     assert rep.segments_left == {}, rep.segments_left
-    # a job's lock and registry files may outlive it on a node whose daemon did not stop
-    # cleanly (issue 33, defect 6): shown, not asserted
-    print(f"chaos: other shm files of the jobs left: {rep.shm_left}")
+    # nor any other file of the jobs (a job directory's .lock: issue 33, C4)
+    assert rep.shm_left == {}, rep.shm_left

@@ -14,7 +14,7 @@ from weave_slurm.runtime.agents import AgentGroup
 from weave_slurm.runtime.group import GroupLayout, NodeRef
 from weave_slurm.slurm.backend import StepSpec
 from weave_slurm.slurm.command_runner import PipedProcess
-from weave_slurm.sync.sync_errors import SyncError
+from weave_slurm.sync.sync_errors import AgentDidNotStart
 from weave_slurm.vocab import Pool
 
 #: What each stand-in agent does, by node: "rendezvous" says where to meet and then
@@ -55,8 +55,9 @@ def test_an_agent_that_dies_fails_the_start_at_once_naming_its_node(tmp_path: Pa
     group = _group(tmp_path, {"t0": "rendezvous", "r0": "dies"}, start_timeout_s=60)
     began = time.monotonic()
     try:
-        with pytest.raises(SyncError, match=r"sync agent on r0 \(pid \d+, exit 3\) exited "
-                                            "before it could join the group"):
+        # typed as the node's fault: Slurm did not start it there (issue 33, C1)
+        with pytest.raises(AgentDidNotStart, match=r"sync agent on r0 \(pid \d+, exit 3\) "
+                                                   "exited before it could join the group"):
             group.start()
         assert time.monotonic() - began < 30   # not the 60 s rank 0 would have waited
     finally:

@@ -23,7 +23,7 @@ from weave_slurm.runtime.faults import Fault, FaultKind, error_kind
 from weave_slurm.runtime.group import MemberSpec, MemberState, NodeRef
 from weave_slurm.runtime.member import RunningMember
 from weave_slurm.runtime.resume import ResumeKind, plan_detach
-from weave_slurm.sync.sync_errors import SyncError
+from weave_slurm.sync.sync_errors import AgentDidNotStart, SyncError
 from weave_slurm.vocab import Phase, Pool
 
 ROLL = Phase.ROLLOUT
@@ -58,6 +58,7 @@ def test_words_name_the_worker_or_daemon_what_and_when(fault: Fault, words: str)
     (NoCheckpoint("none"), FaultKind.NO_CHECKPOINT),
     (VersionMismatch("stale"), FaultKind.VERSION_REFUSED),
     (SyncError("peer died"), FaultKind.SYNC_FAILED),
+    (AgentDidNotStart("srun: Job step aborted"), FaultKind.STEP_FAILED),
     (StateError("has no checkpoint"), FaultKind.REQUEST_FAILED),   # words never decide
 ])
 def test_an_errors_kind_comes_from_its_type_not_its_words(exc: Exception, kind: FaultKind) -> None:
@@ -65,11 +66,11 @@ def test_an_errors_kind_comes_from_its_type_not_its_words(exc: Exception, kind: 
 
 
 def test_only_node_faults_are_free_and_only_kills_and_nodes_restart_a_first_phase() -> None:
-    assert {k for k in FaultKind if k.node_fault} == {FaultKind.NODE_GONE,
-                                                      FaultKind.NODE_STOPPING}
-    assert {k for k in FaultKind if k.restartable} == {FaultKind.WORKER_KILLED,
-                                                       FaultKind.NODE_GONE,
-                                                       FaultKind.NODE_STOPPING}
+    # a sync agent Slurm could not start on its node (its slurmd stopped) is the node's
+    # fault: a member in its first phase starts again, it does not fail (issue 33, C1)
+    nodes = {FaultKind.NODE_GONE, FaultKind.NODE_STOPPING, FaultKind.STEP_FAILED}
+    assert {k for k in FaultKind if k.node_fault} == nodes
+    assert {k for k in FaultKind if k.restartable} == {FaultKind.WORKER_KILLED, *nodes}
 
 
 def _member(job: str, train: NodeRef, roll: NodeRef, state: MemberState,

@@ -12,7 +12,7 @@ import pytest
 from tests.runtime.fakes import FakeTransfer
 from weave_slurm.errors import NoCheckpoint, NodeGone, StateError
 from weave_slurm.node.protocol import Op
-from weave_slurm.runtime.faults import FaultKind
+from weave_slurm.runtime.faults import Fault, FaultKind
 from weave_slurm.runtime.group import (
     TRANSITIONS,
     GroupLayout,
@@ -26,6 +26,7 @@ from weave_slurm.runtime.port_commands import Adopt, Join
 from weave_slurm.runtime.port_events import MemberChanged
 from weave_slurm.runtime.resume import Resume
 from weave_slurm.runtime.runner import GroupRunner
+from weave_slurm.sync.sync_errors import AgentDidNotStart
 from weave_slurm.vocab import Phase, Pool
 
 R, T = Path("/nowhere/r.sock"), Path("/nowhere/t.sock")
@@ -152,6 +153,24 @@ def test_a_node_gone_in_the_first_phase_is_waited_for_without_spending_restarts(
     assert m.state is MemberState.FAILED
     assert m.history[-1][2].startswith("gave up after waiting 30 s for an unavailable node: "
                                        "restart of a: node daemon at"), m.history[-1]
+
+
+def test_a_sync_agent_slurm_could_not_start_restarts_a_first_phase_not_fails_it() -> None:
+    """Issue 33, C1: a node's slurmd stopped during a weaved restart; the sync agent's
+    srun there aborts. A member with no checkpoint yet starts again from scratch (its
+    REASON says why) and spends no restart: the node's fault, not the job's."""
+    runner, _nodes, _log, _clock = _runner(max_fresh_restarts=0)
+    m = _join(runner, MemberSpec("a"))
+    runner.tick()                                       # init on the training node
+    assert m.state is MemberState.STARTING and not m.initialised
+    agent = AgentDidNotStart("sync agent on h20-0 (pid 7, exit 140) exited before it "
+                             "could say where to meet: srun: Job step aborted")
+    runner.recovery.fail(m, Fault.from_error(agent, "h20-0", Phase.TRAIN, "after"))
+    assert m.state is MemberState.RECOVERING and m.fault is not None
+    assert m.fault.kind is FaultKind.STEP_FAILED and m.faults == 0
+    runner.tick()
+    assert m.state is MemberState.STARTING and m.restarts == 0, m.history
+    assert m.restart_note is not None and "srun: Job step aborted" in m.restart_note
 
 
 def test_adopting_warm_state_reattaches_then_restores_the_newest_checkpoint() -> None:

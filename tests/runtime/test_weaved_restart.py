@@ -1,8 +1,10 @@
-"""A weaved restart re-attaches to a running group: the node daemons keep the warm
+"""weaved restarts re-attach to a running group: the node daemons keep the warm
 state, the member resumes from its newest node checkpoint and still ends with the
-weights of its solo run, bit for bit."""
+weights of its solo run, bit for bit; its recoveries are counted across the restarts."""
 
 from __future__ import annotations
+
+import functools
 
 import pytest
 
@@ -29,20 +31,24 @@ def test_restart_reattaches_and_matches_solo() -> None:
             w = served.weaved
             job = call(cfg.socket, Op.SUBMIT, spec=job_spec("rs", 5, STEPS),
                        source="rs")["job"]
-            wait_for(lambda: w.driver.live(job), 120, f"job {job} at version 2",
-                     interval_s=0.1, until=lambda live: live is not None
-                     and live["version"] >= 2)
-            allocs = {a.alloc_id for a in w.backend.list_allocations("")}
-            served.stop()
-            assert not served.thread.is_alive()
-            served = serve(cfg)   # a fresh weaved on the same state dir
-            w = served.weaved
-            assert {a.alloc_id for a in w.backend.list_allocations("")} == allocs  # adopted
+            allocs: set[str | None] = set()
+            for version in (2, 4):   # two restarts: the recoveries add up (issue 33)
+                wait_for(functools.partial(w.driver.live, job), 120, f"job {job} at version "
+                         f"{version}", interval_s=0.1, until=lambda live, v=version:
+                         live is not None and (live["version"] or 0) >= v)
+                allocs = {a.alloc_id for a in w.backend.list_allocations("")}
+                served.stop()
+                assert not served.thread.is_alive()
+                served = serve(cfg)   # a fresh weaved on the same state dir
+                w = served.weaved
+                assert {a.alloc_id for a in w.backend.list_allocations("")} == allocs
             rows = wait_states(cfg.socket, [job], {"COMPLETED", "FAILED"}, 180, [])
             assert rows[0]["state"] == "COMPLETED", rows
             live = w.driver.live(job)
             assert live is not None and live["version"] == STEPS
-            assert live["recoveries"] >= 1   # resumed from its checkpoint, not from scratch
+            # resumed from its checkpoint each time, not from scratch, and counted so
+            assert live["recoveries"] == 2, live
+            assert "after 2 recoveries" in rows[0]["reason"], rows
             solo = run_solo(MemberSpec(str(job), seed=5, steps=STEPS, options=OPTIONS))
             assert live["weights_sha256"] == weights_digest(solo.weights)
             assert daemons_gone(cfg.state_dir.resolve() / "ckpt", 30)

@@ -30,7 +30,7 @@ def runner(reply: FakeReply) -> FakeRunner:
     return fake
 
 
-@pytest.mark.parametrize("state", ["RUNNING", "COMPLETING", "SUSPENDED", "PENDING"])
+@pytest.mark.parametrize("state", ["RUNNING", "SUSPENDED", "PENDING"])
 def test_a_live_job_is_running(state: str) -> None:
     fake = runner(FakeReply(stdout=f"{state}\n"))
     answer = ask(fake, "42")
@@ -38,8 +38,8 @@ def test_a_live_job_is_running(state: str) -> None:
     assert fake.argvs() == [SQUEUE]
 
 
-@pytest.mark.parametrize("state", sorted(FINAL_STATES))
-def test_a_final_state_is_gone(state: str) -> None:
+@pytest.mark.parametrize("state", [*sorted(FINAL_STATES), "COMPLETING"])
+def test_a_final_or_ending_state_is_gone(state: str) -> None:
     answer = ask(runner(FakeReply(stdout=f"{state}\n")), "42")
     assert answer.verdict is Verdict.GONE and state in answer.detail
 
@@ -119,10 +119,10 @@ def test_interval_from_flag_env_default() -> None:
 
 
 @pytest.mark.parametrize("remote", [False, True])
-def test_weaveds_node_command_turns_the_watch_off_on_the_local_backend(
+def test_weaveds_node_command_watches_often_on_the_local_backend(
         remote: bool, tmp_path: Path) -> None:
     from weave_slurm.config.site import default_site
-    from weave_slurm.daemon.node_daemons import NodeDaemons, NodeDaemonSettings
+    from weave_slurm.daemon.node_daemons import LOCAL_WATCH_S, NodeDaemons, NodeDaemonSettings
     from weave_slurm.daemon.records import AllocRow
     from weave_slurm.daemon.states import AllocState
 
@@ -134,7 +134,8 @@ def test_weaveds_node_command_turns_the_watch_off_on_the_local_backend(
     if remote:   # Slurm: the default interval, or $WEAVE_NODE_ALLOCATION_WATCH_S
         assert "--allocation-watch-s" not in argv
     else:
-        assert argv[argv.index("--allocation-watch-s") + 1] == "0"
+        # its state file, read every LOCAL_WATCH_S (cheap), not squeue
+        assert argv[argv.index("--allocation-watch-s") + 1] == f"{LOCAL_WATCH_S:g}"
 
 
 def test_ended_now_asks_once_and_calls_nothing() -> None:

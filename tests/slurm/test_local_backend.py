@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -10,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from weave_slurm.errors import ConfigError, InfeasibleRequest, InsufficientResources, StateError
+from weave_slurm.slurm.allocation_watch import LOCAL_STATE_ENV, Verdict, ask_local
 from weave_slurm.slurm.backend import AllocationRequest, ResourceSpec, StepSpec, StepState
 from weave_slurm.slurm.cluster_config import ClusterLayout, PoolShape
 from weave_slurm.slurm.local_backend import LocalBackend
@@ -200,3 +203,46 @@ def test_a_piped_step_talks_over_its_stdin_and_stdout(tmp_path: Path) -> None:
     assert proc.wait(timeout=20) == 0 and log.read_text().strip() == "bye"
     with pytest.raises(ConfigError, match="one task"):
         b.open_step(a.alloc_id, StepSpec("two", ("true",), ntasks=2))
+
+
+def _zombies() -> list[str]:
+    """This process's children that exited and were not waited for (``<defunct>``)."""
+    out = []
+    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+        for pid in (task / "children").read_text().split():
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            if stat.rsplit(")", 1)[1].split()[0] == "Z":
+                out.append(stat.split(")")[0])
+    return out
+
+
+def test_a_released_allocation_leaves_no_defunct_child(tmp_path: Path) -> None:
+    """Issue 33, defect 6: a released allocation's tasks are waited for, not left
+    ``[sleep] <defunct>`` under the process that launched them."""
+    b = LocalBackend(tmp_path / "state")
+    a = b.allocate(AllocationRequest("1", "h20", (_h20(),)))
+    h = b.launch_step(a.alloc_id, StepSpec("hold", ("sleep", "30"), ntasks=2))
+    b.release(a.alloc_id)
+    assert _zombies() == []
+    assert b.poll_step(h).state is StepState.CANCELLED
+
+
+def test_a_task_sees_its_allocation_held_until_it_is_released(tmp_path: Path) -> None:
+    """The local backend's tasks read its state file for their allocation watch
+    (slurm/allocation_watch.py): listed while held, gone once released or removed."""
+    b = LocalBackend(tmp_path / "state")
+    a = b.allocate(AllocationRequest("1", "h20", (_h20(nodes=1),)))
+    out = tmp_path / "env"
+    h = b.launch_step(a.alloc_id, StepSpec("dump", (sys.executable, "-c", ENV_DUMP, str(out))))
+    _wait(b, h)
+    state = Path(json.loads((tmp_path / "env0").read_text())[LOCAL_STATE_ENV])
+    assert ask_local(state, a.alloc_id).verdict is Verdict.RUNNING
+    b.release(a.alloc_id)
+    gone = ask_local(state, a.alloc_id)
+    assert gone.verdict is Verdict.GONE and a.alloc_id in gone.detail
+    shutil.rmtree(tmp_path / "state")
+    gone = ask_local(state, a.alloc_id)
+    assert gone.verdict is Verdict.GONE and "is gone" in gone.detail
+    state.parent.mkdir()
+    state.write_text("{not json")
+    assert ask_local(state, a.alloc_id).verdict is Verdict.NO_ANSWER

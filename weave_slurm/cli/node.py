@@ -33,6 +33,8 @@ if TYPE_CHECKING:
     from weave_slurm.node.daemon import NodeDaemon
 
 log = logging.getLogger(__name__)
+#: How long a stopping node daemon waits for its shutdown (its workers stop) to end.
+STOP_JOIN_S = 60.0
 
 node_app = typer.Typer(help="The per-node warm-state daemon.", no_args_is_help=True)
 
@@ -117,11 +119,18 @@ def serve(
             _discard_state(daemon, ended)
         daemon.shutdown()
 
+    stopping: list[threading.Thread] = []
+
+    def _begin(ended: str | None) -> None:
+        thread = threading.Thread(target=_shutdown, args=(ended,), daemon=True)
+        stopping.append(thread)
+        thread.start()
+
     def _stop(signum: int, frame: FrameType | None) -> None:
-        threading.Thread(target=_shutdown, args=(None,), daemon=True).start()
+        _begin(None)
 
     def _allocation_gone(reason: str) -> None:   # the watch knows: no second question
-        threading.Thread(target=_shutdown, args=(reason,), daemon=True).start()
+        _begin(reason)
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
@@ -132,20 +141,36 @@ def serve(
     finally:
         if watch is not None:
             watch.stop()
+        # serve returns as soon as the shutdown stops the server: let the shutdown end
+        # (workers stopped, the root's files removed) before the process exits
+        for thread in list(stopping):
+            thread.join(STOP_JOIN_S)
 
 
 def _discard_state(daemon: NodeDaemon, why: str) -> None:
     """Remove every job's segments from this node: its allocation has ended, so weaved
     re-admits the members elsewhere from their checkpoints (on the shared file system,
     kept), and nothing here is read again; the host's memory is freed once the workers'
-    mappings go with the shutdown that follows (docs/reliability.md, F17)."""
-    jobs = daemon.store.list_jobs()
-    for job in jobs:
-        try:
-            daemon.store.delete_job(job)
-        except WeaveError as exc:
-            log.warning("node daemon: could not remove job %s's segments: %s",
-                        job.job_id, exc)
+    mappings go with the shutdown that follows (docs/reliability.md, F17). The jobs are
+    forgotten too, so that the shutdown leaves nothing of them (not even a ``.lock``
+    or the registry) in /dev/shm (issue 33, defect 6 and C4)."""
+    from weave_slurm.node.startup import remove_empty_root
+
+    with daemon.lock:
+        jobs = sorted({*daemon.store.list_jobs(), *daemon.registry.jobs()},
+                      key=lambda j: (j.uid, j.job_id))
+        for job in jobs:
+            try:
+                daemon.store.delete_job(job)
+            except WeaveError as exc:
+                log.warning("node daemon: could not remove job %s's segments: %s",
+                            job.job_id, exc)
+                continue
+            daemon.registry.remove(job.job_id)
+        daemon.registry.save()
+        # the root's own files too, now: Slurm kills what still runs KillWait after its
+        # SIGTERM, maybe before the shutdown's workers have stopped
+        remove_empty_root(daemon.config.root)
     log.warning("node daemon: removed the segments of %d job(s): its allocation no longer "
                 "runs (%s)", len(jobs), why)
 

@@ -187,8 +187,11 @@ class GroupRuntime:
                     outcome = self._member_of(port, group, job, allocs, store)
                     if outcome is not None:
                         outcomes.append(outcome)
-                    elif job.state is JobState.RUNNING and self.config.plan_from_measurements:
-                        self._feed_back(store, port.view(str(job.job_id)), job)
+                    elif job.state is JobState.RUNNING:
+                        view = port.view(str(job.job_id))
+                        self._count(store, view, job)
+                        if self.config.plan_from_measurements:
+                            self._feed_back(store, view, job)
             self.rows.refresh(self.ports.values(), time.monotonic(), force=True)
         return outcomes
 
@@ -364,6 +367,13 @@ class GroupRuntime:
                 and member.state is not MemberState.CANCELLED:
             self._leave(port, member)
         return None
+
+    @staticmethod
+    def _count(store: Store, member: MemberView | None, job: JobRow) -> None:
+        """Store the member's recoveries so far: a restarted weaved counts on from them
+        (its re-attach is one more), so a job's REASON counts them all."""
+        if member is not None and member.recoveries != job.recoveries:
+            store.set_recoveries(job.job_id, member.recoveries)
 
     @staticmethod
     def _feed_back(store: Store, member: MemberView | None, job: JobRow) -> None:

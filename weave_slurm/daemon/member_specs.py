@@ -37,6 +37,7 @@ def member_spec(job: JobRow, group: GroupRow, pins: tuple[int, ...] | None = Non
                       train_nodes=train, layout=layout,
                       launch=plan_for(spec, str(job.job_id), job.uid),
                       env=tuple(sorted(spec.slurm.array_env().items())),
+                      recoveries=job.recoveries,
                       declared=DeclaredProfile(job.profile.rollout_mean_s or None,
                                                job.profile.train_mean_s or None,
                                                job.profile.slo))

@@ -35,6 +35,9 @@ from weave_slurm.vocab import Pool
 
 #: The node-local socket directory the weave SPANK plugin points job tasks at.
 SPANK_SOCKET_DIR = Path("/run/weave")
+#: How often a local-backend node daemon reads whether its allocation is still held
+#: (a node daemon whose allocation was released, or whose state dir is gone, ends).
+LOCAL_WATCH_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -155,8 +158,8 @@ class NodeDaemons:
             argv += ["--listen-port", "0", "--trusted-uid", str(os.getuid())]
             if self.s.munge_socket:
                 argv += ["--munge-socket", self.s.munge_socket]
-        else:               # the local backend's jobs are no Slurm jobs: no squeue to ask
-            argv += ["--allocation-watch-s", "0"]
+        else:   # the local backend's: its state file is read, not Slurm (cheap: often)
+            argv += ["--allocation-watch-s", f"{LOCAL_WATCH_S:g}"]
         return tuple(argv)
 
     def step(self, group: GroupRow, alloc: AllocRow) -> StepSpec:

@@ -57,6 +57,7 @@ class JobRow:
     moving_from: int | None = None  # a re-plan moves it from this group (None: not moving)
     weights_sha256: str | None = None  # its final weights' digest (a completed hosted job)
     held: bool = False  # held by its user: not placed until weave release (schema 7)
+    recoveries: int = 0  # its recoveries so far, across weaved restarts (schema 8)
 
     def readable_spec(self) -> JobSpec:
         """Its spec; ``ConfigError`` where an older weaved stored one this weave cannot read."""

@@ -15,7 +15,7 @@ from weave_slurm.config.job_codec import spec_to_json
 from weave_slurm.daemon import usage_sql
 from weave_slurm.errors import WeaveError
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 #: version -> statements that bring a file of that version to the next one
 MIGRATIONS: dict[str, tuple[str, ...]] = {
     # 2: the runtime's measured planning profile of a job (NULL until measured)
@@ -34,6 +34,8 @@ MIGRATIONS: dict[str, tuple[str, ...]] = {
     "5": ("ALTER TABLE jobs ADD COLUMN spec_json TEXT",),
     # 7: a job held by its user (weave-sbatch --hold, weave hold; weave release clears it)
     "6": ("ALTER TABLE jobs ADD COLUMN held INTEGER NOT NULL DEFAULT 0",),
+    # 8: a job's recoveries so far, across weaved restarts (its REASON counts them)
+    "7": ("ALTER TABLE jobs ADD COLUMN recoveries INTEGER NOT NULL DEFAULT 0",),
 }
 
 
@@ -59,7 +61,8 @@ CREATE TABLE jobs (
   name TEXT NOT NULL, spec TEXT NOT NULL, source TEXT NOT NULL, profile TEXT NOT NULL,
   measured TEXT, state TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '', group_id INTEGER,
   submitted_s REAL NOT NULL, started_s REAL, ended_s REAL, moving_from INTEGER,
-  weights_sha256 TEXT, spec_json TEXT, held INTEGER NOT NULL DEFAULT 0);
+  weights_sha256 TEXT, spec_json TEXT, held INTEGER NOT NULL DEFAULT 0,
+  recoveries INTEGER NOT NULL DEFAULT 0);
 CREATE INDEX jobs_state ON jobs(state);
 CREATE TABLE groups (
   group_id INTEGER PRIMARY KEY, label TEXT NOT NULL UNIQUE, state TEXT NOT NULL,

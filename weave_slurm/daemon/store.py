@@ -232,7 +232,8 @@ class Store:
                       state_of(JobState, r["state"]), r["reason"], r["group_id"],
                       r["submitted_s"], r["started_s"], r["ended_s"],
                       profile_from_json(r["measured"]) if r["measured"] else None,
-                      r["moving_from"], r["weights_sha256"], bool(r["held"]))
+                      r["moving_from"], r["weights_sha256"], bool(r["held"]),
+                      r["recoveries"])
 
     def update_job(self, job_id: int, *, spec: JobSpec, profile: JobProfile, reason: str,
                    now: float, expect: Sequence[JobState]) -> None:
@@ -254,6 +255,14 @@ class Store:
         with self._tx() as db:
             if db.execute("UPDATE jobs SET measured=? WHERE job_id=?",
                           (profile_to_json(profile), job_id)).rowcount != 1:
+                raise StateError(f"job {job_id} does not exist")
+
+    def set_recoveries(self, job_id: int, count: int) -> None:
+        """Record how many recoveries a job has had so far (a restarted weaved goes on
+        counting from it)."""
+        with self._tx() as db:
+            if db.execute("UPDATE jobs SET recoveries=? WHERE job_id=?",
+                          (count, job_id)).rowcount != 1:
                 raise StateError(f"job {job_id} does not exist")
 
     def job(self, job_id: int) -> JobRow | None:

@@ -116,7 +116,8 @@ class NodeDaemon:
         self.gates = GateOps(self)           # cooperative jobs: the gate, their processes
         self.tenancy = DeviceTenancy(self, config.socket)   # who holds the GPUs; switching them out
         self.door: RemoteDoor | None = None
-        self._life_lock = FileLock(str(config.root / ".daemon.lock"))
+        # not thread-local: a signal's shutdown thread releases what the main one took
+        self._life_lock = FileLock(str(config.root / ".daemon.lock"), thread_local=False)
         self._node_lock = FileLock(str(config.root / ".lock"))
         self._server: socketserver.ThreadingUnixStreamServer | None = None
         self._handlers: dict[Op, protocol.Handle] = {

@@ -35,7 +35,7 @@ from weave_slurm.errors import StateError, VersionMismatch, WeaveError
 from weave_slurm.runtime.group import GroupLayout, NodeRef
 from weave_slurm.slurm.backend import StepSpec
 from weave_slurm.slurm.command_runner import PipedProcess
-from weave_slurm.sync.sync_errors import SyncError
+from weave_slurm.sync.sync_errors import AgentDidNotStart, SyncError
 from weave_slurm.vocab import Pool
 
 log = logging.getLogger(__name__)
@@ -157,7 +157,8 @@ class AgentGroup:
                     agent = waiting[ev.data]
                     chunk = os.read(ev.fd, 1 << 16)
                     if not chunk:
-                        raise self._dead(agent, f"exited before it could {what}")
+                        raise self._dead(agent, f"exited before it could {what}",
+                                         AgentDidNotStart)
                     agent.buf.extend(chunk)
                     if b"\n" in agent.buf:
                         sel.unregister(ev.fileobj)
@@ -259,7 +260,8 @@ class AgentGroup:
         agent.buf[:] = rest
         return dict(json.loads(line))
 
-    def _dead(self, agent: _Agent, what: str) -> WeaveError:
+    def _dead(self, agent: _Agent, what: str,
+              error: type[SyncError] = SyncError) -> WeaveError:
         with contextlib.suppress(Exception):
             agent.proc.wait(timeout=0.2)
         code = agent.proc.poll()
@@ -268,8 +270,8 @@ class AgentGroup:
             lines = agent.log_path.read_text(errors="replace").strip().splitlines()
             tail = f": {lines[-1]}" if lines else ""
         state = "running" if code is None else f"exit {code}"
-        return SyncError(f"sync agent on {agent.key[1]} (pid {agent.pid or agent.proc.pid}, "
-                         f"{state}) {what}{tail}")
+        return error(f"sync agent on {agent.key[1]} (pid {agent.pid or agent.proc.pid}, "
+                     f"{state}) {what}{tail}")
 
     # -- stop --------------------------------------------------------------------------
     def stop(self, grace_s: float = 5.0) -> None:

@@ -19,7 +19,7 @@ from weave_slurm.errors import (
     VersionMismatch,
     WeaveError,
 )
-from weave_slurm.sync.sync_errors import SyncError
+from weave_slurm.sync.sync_errors import AgentDidNotStart, SyncError
 from weave_slurm.vocab import Phase
 
 
@@ -37,6 +37,8 @@ class FaultKind(StrEnum):
     NO_CHECKPOINT = "no-checkpoint"      # a restore found no checkpoint of the member
     VERSION_REFUSED = "version-refused"  # a copy or phase refused a weights version
     SYNC_FAILED = "sync-failed"          # the weight transfer between nodes failed
+    STEP_FAILED = "step-failed"          # Slurm could not start a step on the node (its
+                                         # slurmd does not answer): the node's fault
     REQUEST_FAILED = "request-failed"    # a node daemon refused a request (budget, ...)
     REATTACHED = "reattached"            # not a failure of its own: its warm state was
                                          # adopted (a weaved restart, lost nodes) and is
@@ -45,7 +47,7 @@ class FaultKind(StrEnum):
     @property
     def node_fault(self) -> bool:
         """The node's fault, not the member's: it costs no recovery budget."""
-        return self in (FaultKind.NODE_GONE, FaultKind.NODE_STOPPING)
+        return self in (FaultKind.NODE_GONE, FaultKind.NODE_STOPPING, FaultKind.STEP_FAILED)
 
     @property
     def restartable(self) -> bool:
@@ -114,6 +116,8 @@ def error_kind(exc: WeaveError) -> FaultKind:
         return FaultKind.NO_CHECKPOINT
     if isinstance(exc, VersionMismatch):
         return FaultKind.VERSION_REFUSED
+    if isinstance(exc, AgentDidNotStart):
+        return FaultKind.STEP_FAILED
     if isinstance(exc, SyncError):
         return FaultKind.SYNC_FAILED
     return FaultKind.REQUEST_FAILED

@@ -136,6 +136,7 @@ class MemberSpec:
     container: str | None = None             # an OCI bundle its processes run in
     launch: LaunchPlan | None = None         # a cooperative job: its own processes run
     env: tuple[tuple[str, str], ...] = ()    # its own variables (an array's SLURM_ARRAY_*)
+    recoveries: int = 0                      # counted before it joined (a previous weaved)
 
     @property
     def train_node(self) -> int:

@@ -108,7 +108,8 @@ class Lifecycle:
         spec.validate(len(self.layout.rollout), len(self.layout.train))
         member = RunningMember(spec, JobRef(spec.job_id, spec.owner_uid()),
                         self.layout.train[spec.train_node],
-                        tuple(self.layout.rollout[p] for p in spec.rollout_pins))
+                        tuple(self.layout.rollout[p] for p in spec.rollout_pins),
+                        recoveries=spec.recoveries)
         # a cooperative job's processes are its own: one gated process per role
         whole = self.config.gangs and spec.launch is None
         member.gang = Gang.of(spec, member.job, self.layout.train, whole=whole)

@@ -116,7 +116,7 @@ class RunningMember:
     delivered: int = 0                           # batches on the training node
     deferred: dict[str, list[Callable[[], None]]] = field(default_factory=dict)
     versions: VersionLog | None = None
-    recoveries: int = 0                          # recovery attempts
+    recoveries: int = 0                          # recovery attempts, a previous weaved's too
     faults: int = 0                              # failures of its own (budgeted)
     node_fault_since: float | None = None        # waiting for an unavailable node
     rewards: list[float] = field(default_factory=list)
@@ -199,7 +199,8 @@ class RunningMember:
 
     def backoff_s(self, cfg: RunnerConfig) -> float:
         """Time before the next recovery attempt (a restarting node daemon gets time)."""
-        doubled = cfg.recovery_backoff_s * float(2 ** min(max(self.recoveries - 1, 0), 16))
+        ours = self.recoveries - self.spec.recoveries   # this weaved's attempts
+        doubled = cfg.recovery_backoff_s * float(2 ** min(max(ours - 1, 0), 16))
         return min(cfg.recovery_backoff_max_s, doubled)
 
     @property

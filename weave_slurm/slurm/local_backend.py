@@ -29,6 +29,7 @@ from filelock import FileLock
 
 from weave_slurm.errors import ConfigError, InfeasibleRequest, InsufficientResources, StateError
 from weave_slurm.slurm import daemons
+from weave_slurm.slurm.allocation_watch import LOCAL_STATE_ENV
 from weave_slurm.slurm.backend import (
     NAME_PREFIX,
     AllocatedComponent,
@@ -229,6 +230,10 @@ class LocalBackend:
             self._terminate(step["tasks"])
             if (alloc_id, name) in self._launched:
                 self._launched[(alloc_id, name)].cancelled = True
+        for key in [k for k in self._launched if k[0] == alloc_id]:   # no <defunct> left
+            for proc in self._launched[key].procs:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=10)
 
     def nodes(self) -> tuple[NodeInfo, ...]:
         with self._state() as state:
@@ -347,7 +352,9 @@ class LocalBackend:
                "SLURM_NNODES": str(len(nodes)), "SLURM_STEP_NODELIST": ",".join(nodes),
                "SLURM_CPUS_PER_TASK": str(spec.cpus_per_task), "SLURMD_NODENAME": node,
                "CUDA_VISIBLE_DEVICES": visible, "SLURM_STEP_GPUS": visible,
-               "WEAVE_BACKEND": self.kind, STEP_TAG_ENV: tag}
+               "WEAVE_BACKEND": self.kind, STEP_TAG_ENV: tag,
+               # where the task's allocation watch sees it held (slurm/allocation_watch.py)
+               LOCAL_STATE_ENV: str(self._path.resolve())}
         sink: Any = subprocess.DEVNULL
         if spec.log_path is not None:
             spec.log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -13,5 +13,10 @@ class SyncError(WeaveError):
     """A weight transfer failed: a peer died, timed out, or the bytes arrived corrupt."""
 
 
+class AgentDidNotStart(SyncError):
+    """A sync agent's step exited before its rendezvous: Slurm could not start it on
+    its node (e.g. that node's slurmd does not answer). The node's fault, not the job's."""
+
+
 class ShardCorrupt(SyncError):
     """A shard failed its checksum on the first attempt and again on the retry."""
