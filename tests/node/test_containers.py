@@ -116,6 +116,19 @@ def test_a_bundle_without_config_is_refused_at_launch(tmp_path: Path) -> None:
                            groups=[], socket_dir="/run/w", names={})
 
 
+def _oci(tmp_path: Path) -> tuple[str, Path, Path]:
+    """An OCI runtime (the test skips without one), a bundle, and an oci.conf in
+    ``tmp_path`` whose runtime state is under ``tmp_path``: (runtime, bundle, state)."""
+    runtime = oci_runtime()
+    if runtime is None:
+        pytest.skip("no OCI runtime (runc, crun) installed")
+    bundle = make_bundle(tmp_path / "bundle")
+    state = tmp_path / "runtime-state"
+    (tmp_path / "oci.conf").write_text(render_oci_conf(runtime).replace("/run/weave-oci",
+                                                                        str(state)))
+    return runtime, bundle, state
+
+
 def _call(sock: Path, op: Op, **args: Any) -> dict[str, Any]:
     with NodeClient(sock) as client:
         return client.call(op, **args)
@@ -124,13 +137,7 @@ def _call(sock: Path, op: Op, **args: Any) -> dict[str, Any]:
 @pytest.mark.skipif(os.geteuid() != 0, reason="the OCI runtime runs as root")
 def test_a_role_runs_in_its_container_and_a_drop_ends_and_deletes_it(node: Any,
                                                                      tmp_path: Path) -> None:
-    runtime = oci_runtime()
-    if runtime is None:
-        pytest.skip("no OCI runtime (runc, crun) installed")
-    bundle = make_bundle(tmp_path / "bundle")
-    state = tmp_path / "runtime-state"
-    conf = render_oci_conf(runtime).replace("/run/weave-oci", str(state))
-    (tmp_path / "oci.conf").write_text(conf)
+    runtime, bundle, state = _oci(tmp_path)
     out = tmp_path / "out.txt"
     sock = node.config.socket
     with mock.patch.dict(os.environ, {"SLURM_CONF": str(tmp_path / "slurm.conf")}):
@@ -173,13 +180,7 @@ def test_a_hosted_jobs_worker_runs_in_its_container(resident_node: Any,
                                                     tmp_path: Path) -> None:
     """Its zygote starts in the bundle (the image's python3.11 importing torch from the
     node's venv, bound in read-only), forks its worker there; the pool sees its pid."""
-    runtime = oci_runtime()
-    if runtime is None:
-        pytest.skip("no OCI runtime (runc, crun) installed")
-    bundle = make_bundle(tmp_path / "bundle")
-    state = tmp_path / "runtime-state"
-    (tmp_path / "oci.conf").write_text(render_oci_conf(runtime).replace("/run/weave-oci",
-                                                                        str(state)))
+    runtime, bundle, state = _oci(tmp_path)
     code = tmp_path / "code"
     code.mkdir()
     (code / "entry.py").write_text(ENTRY)
@@ -209,13 +210,7 @@ def test_a_hosted_jobs_worker_runs_in_its_container(resident_node: Any,
 @pytest.mark.skipif(os.geteuid() != 0, reason="the OCI runtime runs as root")
 def test_an_interpreter_the_image_lacks_fails_the_phase_at_once(resident_node: Any,
                                                                 tmp_path: Path) -> None:
-    runtime = oci_runtime()
-    if runtime is None:
-        pytest.skip("no OCI runtime (runc, crun) installed")
-    bundle = make_bundle(tmp_path / "bundle")
-    state = tmp_path / "runtime-state"
-    (tmp_path / "oci.conf").write_text(render_oci_conf(runtime).replace("/run/weave-oci",
-                                                                        str(state)))
+    _, bundle, _ = _oci(tmp_path)
     sock = resident_node.config.socket
     with mock.patch.dict(os.environ, {"SLURM_CONF": str(tmp_path / "slurm.conf")}):
         _call(sock, Op.REGISTER, job="h2")
