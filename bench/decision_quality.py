@@ -2,18 +2,21 @@
 mixes"; issue #35 item 3).
 
     .venv/bin/python bench/decision_quality.py [--jobs 200] [--days 14] [--seeds 1,2,3]
-        [--mixes rollout-heavy,train-heavy,mixed] [--slos tight,loose] [--json OUT]
+        [--mixes rollout-heavy,train-heavy,mixed,synthetic-train-heavy]
+        [--slos tight,loose] [--json OUT]
 
 Every trace is ``weave trace generate --jobs N --days D --seed S --mix MIX --slo-dist
-SLO`` (the same ``generate_trace`` call): the three mixes of ``sim.generate`` (kinds
-chosen by their solo rollout / training time per iteration: rollout-heavy >= 2.0,
-train-heavy <= 1.25, mixed half of each), tight SLOs ``uniform:1.0,1.2`` and loose ones
-``uniform:1.5,2``, three seeds each. Each trace is replayed in both accountings
-(``reference``, ``consistent``) with weave (default flags: pinned rollout, charged
-re-planning, groups <= 5), isolated and co-located on the reference's site, and reports
-weave's cost against isolated, co-located and the zero-bubble lower bound, its SLO
-attainment and its bubbles per pool. ``loses`` marks a trace where weave costs more than
-the lower of isolated and co-located. Nothing is tuned here: it is a baseline.
+SLO`` (the same ``generate_trace`` call): the mixes of ``sim.generate`` (kinds chosen by
+their solo rollout / training time per iteration: rollout-heavy >= 2.0, train-heavy
+<= 1.25, mixed half of each; and synthetic-train-heavy, jobs without a kind whose
+profiles are the reference generator's train-heavy classes, 0.125-0.5), tight SLOs
+``uniform:1.0,1.2`` and loose ones ``uniform:1.5,2``, three seeds each. Each trace is
+replayed in both accountings (``reference``, ``consistent``) with weave (default flags:
+pinned rollout, charged re-planning, groups <= 5), isolated and co-located on the
+reference's site, and reports weave's cost against isolated, co-located and the
+zero-bubble lower bound, its SLO attainment and its bubbles per pool. ``loses`` marks a
+trace where weave costs more than the lower of isolated and co-located. Nothing is tuned
+here: it is a baseline.
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ from weave_slurm.sim.slo import SloDistribution
 GPUS = {"rollout": 8, "train": 8}
 POLICIES = ("weave", "isolated", "colocated")
 SLOS = {"tight": "uniform:1.0,1.2", "loose": "uniform:1.5,2"}
-MIXES = (TraceMix.ROLLOUT_HEAVY, TraceMix.TRAIN_HEAVY, TraceMix.MIXED)
+MIXES = (TraceMix.ROLLOUT_HEAVY, TraceMix.TRAIN_HEAVY, TraceMix.MIXED,
+         TraceMix.SYNTHETIC_TRAIN_HEAVY)
 ACCOUNTINGS = (Accounting.REFERENCE, Accounting.CONSISTENT)
 
 

@@ -24,13 +24,14 @@ def test_tiny_table_shape_and_consistent_ratios(tmp_path: Path) -> None:
     out = tmp_path / "dq.json"
     proc = _run("--jobs", "10", "--days", "1", "--seeds", "1,2", "--json", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "vs co-located" in proc.stdout and "of 24" in proc.stdout
+    assert "vs co-located" in proc.stdout and "of 32" in proc.stdout
     doc: dict[str, Any] = json.loads(out.read_text())
     assert doc["jobs"] == 10 and doc["seeds"] == [1, 2]
     assert doc["slos"] == {"tight": "uniform:1.0,1.2", "loose": "uniform:1.5,2"}
     cases = doc["cases"]
     assert set(cases) == {f"{mix}/{slo}/{seed}/{acc}"
-                          for mix in ("rollout-heavy", "train-heavy", "mixed")
+                          for mix in ("rollout-heavy", "train-heavy", "mixed",
+                                      "synthetic-train-heavy")
                           for slo in ("tight", "loose") for seed in (1, 2)
                           for acc in ("reference", "consistent")}
     for name, c in cases.items():

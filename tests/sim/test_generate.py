@@ -99,6 +99,14 @@ def test_mixes_choose_kinds_by_rollout_over_training() -> None:
     mixed = generate_trace(GeneratorConfig(n_jobs=2000, seed=3, mix=TraceMix.MIXED))
     share = sum(j.kind in heavy for j in mixed.jobs) / len(mixed.jobs)
     assert share == pytest.approx(0.5, abs=0.04)   # half from each set
+    light_trace = generate_trace(GeneratorConfig(n_jobs=400, seed=2, mix=TraceMix.TRAIN_HEAVY))
+    synthetic = generate_trace(GeneratorConfig(n_jobs=400, seed=2,
+                                               mix=TraceMix.SYNTHETIC_TRAIN_HEAVY))
+    assert all(j.kind is None and j.t_rollout_colo_s is None for j in synthetic.jobs)
+    assert all(0.125 <= (j.t_rollout_s or 0) / (j.t_train_s or 1) <= 0.5
+               for j in synthetic.jobs)
+    assert [(j.arrival_s, j.departure_s, j.slo) for j in synthetic.jobs] == [
+        (j.arrival_s, j.departure_s, j.slo) for j in light_trace.jobs]
     with pytest.raises(ConfigError, match="kind_weights and mix 'mixed' both given"):
         GeneratorConfig(kind_weights=(("7B_8k", 1.0),), mix=TraceMix.MIXED)
 
@@ -118,7 +126,7 @@ def test_generate_cli_mix_and_slo_knobs(tmp_path: Path,
     capsys.readouterr()
     for flag, value, words in (
             ("--mix", "heavy", ("'--mix'", "'heavy'", "valid: wild, rollout-heavy, "
-                                "train-heavy, mixed")),
+                                "train-heavy, mixed, synthetic-train-heavy")),
             ("--slo-dist", "tight", ("--slo-dist", "'tight'", "uniform:LOW,HIGH",
                                      "fixed:VALUE")),
             ("--slo-dist", "uniform:0.9,1.2", ("--slo-dist", "1 <= LOW <= HIGH"))):

@@ -151,8 +151,8 @@ def generate(
     seed: Annotated[int, typer.Option()] = 0,
     mix: Annotated[TraceMix, typer.Option(
         "--mix", help="Kinds drawn: wild (wild.trace's counts), rollout-heavy (solo "
-        "rollout / training >= 2), train-heavy (<= 1.25) or mixed (half each; "
-        "docs/traces.md).")] = TraceMix.WILD,
+        "rollout / training >= 2), train-heavy (<= 1.25), mixed (half each) or "
+        "synthetic-train-heavy (no kind; 0.125-0.5; docs/traces.md).")] = TraceMix.WILD,
     slo_dist: Annotated[str, typer.Option(
         "--slo-dist", help="SLOs: uniform:LOW,HIGH or fixed:V, e.g. uniform:1.0,1.2 "
         "(tight) or uniform:1.5,2 (loose).")] = "uniform:1,2",

@@ -20,6 +20,12 @@ training on h800; ``profile.json``'s ``disagg``): ``wild`` draws kinds with
 whose ratio is at least :data:`ROLLOUT_HEAVY_MIN_RATIO` (2.0); ``train-heavy`` those at
 most :data:`TRAIN_HEAVY_MAX_RATIO` (1.25); ``mixed`` half its jobs from each of those two
 sets (equal weights inside each). Kinds in between (ratio 1.25-2.0) are in ``wild`` only.
+``synthetic-train-heavy`` jobs have no kind: their profiles come from the reference
+generator's three train-heavy classes (``profiles.SYNTHETIC_TRAIN_HEAVY``, ratio
+0.125-0.5, as in the ``*_parsed_all`` Philly traces), drawn from a second stream
+``random.Random(f"weave-profile:{seed}")`` so that arrivals, lifetimes and SLOs are those
+of the other mixes with the same seed; with no ``colo`` profile, co-location runs them
+at their disaggregated phase times (``sim.policies`` falls back to those).
 """
 
 from __future__ import annotations
@@ -33,7 +39,12 @@ from datetime import datetime
 
 from weave_slurm.data import reference_file
 from weave_slurm.errors import ConfigError
-from weave_slurm.sim.profiles import ProfileTable, load_profile_table
+from weave_slurm.sim.profiles import (
+    SYNTHETIC_TRAIN_HEAVY,
+    ProfileTable,
+    SyntheticProfileDistribution,
+    load_profile_table,
+)
 from weave_slurm.sim.reference_traces import parse_event_lines
 from weave_slurm.sim.slo import SloDistribution
 from weave_slurm.sim.traces import Trace, TraceFormat, TraceJob
@@ -54,6 +65,7 @@ class TraceMix(enum.StrEnum):
     ROLLOUT_HEAVY = "rollout-heavy"
     TRAIN_HEAVY = "train-heavy"
     MIXED = "mixed"
+    SYNTHETIC_TRAIN_HEAVY = "synthetic-train-heavy"
 
 
 @dataclass(frozen=True)
@@ -140,7 +152,7 @@ def rollout_train_ratio(profiles: ProfileTable, kind: str) -> float:
 def mix_kind_weights(mix: TraceMix, profiles: ProfileTable
                      ) -> tuple[tuple[str, float], ...]:
     """The kinds a mix draws and their weights (sorted by kind name)."""
-    if mix is TraceMix.WILD:
+    if mix in (TraceMix.WILD, TraceMix.SYNTHETIC_TRAIN_HEAVY):  # the latter: kinds unused
         return wild_kind_weights()
     ratios = {kind: rollout_train_ratio(profiles, kind) for kind in profiles.kinds}
     bands = {TraceMix.ROLLOUT_HEAVY: (f">= {ROLLOUT_HEAVY_MIN_RATIO}",
@@ -187,6 +199,9 @@ def generate_trace(config: GeneratorConfig | None = None,
     profiles = profiles or load_profile_table()
     kinds, cumulative = _kind_table(config, profiles)
     rng = random.Random(config.seed)
+    synthetic = (SyntheticProfileDistribution(SYNTHETIC_TRAIN_HEAVY)
+                 if config.mix is TraceMix.SYNTHETIC_TRAIN_HEAVY else None)
+    profile_rng = random.Random(f"weave-profile:{config.seed}")
     arrivals = sorted(rng.uniform(0.0, config.arrival_window_s) for _ in range(config.n_jobs))
     arrivals = [a - arrivals[0] for a in arrivals]  # the trace starts at its first arrival
     sigma = config.lifetime_log_sd
@@ -198,9 +213,16 @@ def generate_trace(config: GeneratorConfig | None = None,
         kind = kinds[min(bisect.bisect_right(cumulative, pick), len(kinds) - 1)]
         lifetime_s = _draw_lifetime(rng, mu, sigma, config)
         slo = config.slo.draw(rng)
+        job_id = f"{config.id_prefix}{index:0{width}d}"
+        if synthetic is not None:
+            drawn = synthetic.draw(profile_rng)
+            jobs.append(TraceJob(job_id=job_id, arrival_s=arrival_s,
+                                 departure_s=arrival_s + lifetime_s, kind=None,
+                                 t_rollout_s=drawn.rollout_s, t_train_s=drawn.train_s, slo=slo))
+            continue
         disagg, colo = profiles.disagg[kind], profiles.colo[kind]
         jobs.append(TraceJob(
-            job_id=f"{config.id_prefix}{index:0{width}d}", arrival_s=arrival_s,
+            job_id=job_id, arrival_s=arrival_s,
             departure_s=arrival_s + lifetime_s, kind=kind, t_rollout_s=disagg.rollout_s,
             t_train_s=disagg.train_s, slo=slo, t_rollout_colo_s=colo.rollout_s,
             t_train_colo_s=colo.train_s))
