@@ -18,7 +18,7 @@ from weave_slurm.sim.accounting import reference_site
 from weave_slurm.sim.drift import DriftModel, DriftPattern
 from weave_slurm.sim.execution import GroupExecution, RolloutModel
 from weave_slurm.sim.failures import FailureModel
-from weave_slurm.sim.generate import GeneratorConfig, generate_trace
+from weave_slurm.sim.generate import GeneratorConfig, TraceMix, generate_trace
 from weave_slurm.sim.loader import load_trace, save_trace
 from weave_slurm.sim.plots import plot_all
 from weave_slurm.sim.policies import Accounting, StalenessMix, parse_policies, refuse_pooled
@@ -149,13 +149,21 @@ def generate(
     jobs: Annotated[int, typer.Option("--jobs", min=1)] = 200,
     days: Annotated[float, typer.Option(help="Arrival window in days.")] = 14.0,
     seed: Annotated[int, typer.Option()] = 0,
+    mix: Annotated[TraceMix, typer.Option(
+        "--mix", help="Kinds drawn: wild (wild.trace's counts), rollout-heavy (solo "
+        "rollout / training >= 2), train-heavy (<= 1.25), mixed (half each) or "
+        "synthetic-train-heavy (no kind; 0.125-0.5; docs/traces.md).")] = TraceMix.WILD,
+    slo_dist: Annotated[str, typer.Option(
+        "--slo-dist", help="SLOs: uniform:LOW,HIGH or fixed:V, e.g. uniform:1.0,1.2 "
+        "(tight) or uniform:1.5,2 (loose).")] = "uniform:1,2",
     fmt: Annotated[str, typer.Option("--format", help="toml, wild or philly-parsed.")
                    ] = "toml",
 ) -> None:
-    """Generate a trace shaped like the paper's production mix."""
+    """Generate a trace shaped like the paper's production mix (or another --mix)."""
     if days <= 0:
         raise ConfigError(f"--days {days!r}: expected a positive number of days")
+    slo = SloDistribution.parse(slo_dist, flag="--slo-dist")
     trace = generate_trace(GeneratorConfig(n_jobs=jobs, arrival_window_s=days * 86400.0,
-                                           seed=seed))
+                                           seed=seed, mix=mix, slo=slo))
     save_trace(trace, out, fmt)
     typer.echo(f"wrote {out}: {len(trace.jobs)} jobs over {trace.end_s / 86400:.2f} days")

@@ -12,11 +12,26 @@ SLO. Lifetimes are log-normal with log-sd ``lifetime_log_sd`` (1.03, fitted to
 ``wild.trace``), truncated to [``min_lifetime_s``, ``max_lifetime_s``] by redrawing (wild's
 longest job ran 6.5 days), with the log-mean solved so that the truncated mean is
 ``mean_lifetime_s``.
+
+Mixes (``mix``, ``weave trace generate --mix``) choose the kinds by the ratio of a kind's
+solo rollout time to its solo training time per iteration, disaggregated (rollout on h20,
+training on h800; ``profile.json``'s ``disagg``): ``wild`` draws kinds with
+``wild.trace``'s arrival counts; ``rollout-heavy`` draws, with equal weights, the kinds
+whose ratio is at least :data:`ROLLOUT_HEAVY_MIN_RATIO` (2.0); ``train-heavy`` those at
+most :data:`TRAIN_HEAVY_MAX_RATIO` (1.25); ``mixed`` half its jobs from each of those two
+sets (equal weights inside each). Kinds in between (ratio 1.25-2.0) are in ``wild`` only.
+``synthetic-train-heavy`` jobs have no kind: their profiles come from the reference
+generator's three train-heavy classes (``profiles.SYNTHETIC_TRAIN_HEAVY``, ratio
+0.125-0.5, as in the ``*_parsed_all`` Philly traces), drawn from a second stream
+``random.Random(f"weave-profile:{seed}")`` so that arrivals, lifetimes and SLOs are those
+of the other mixes with the same seed; with no ``colo`` profile, co-location runs them
+at their disaggregated phase times (``sim.policies`` falls back to those).
 """
 
 from __future__ import annotations
 
 import bisect
+import enum
 import math
 import random
 from dataclasses import dataclass, field
@@ -24,13 +39,33 @@ from datetime import datetime
 
 from weave_slurm.data import reference_file
 from weave_slurm.errors import ConfigError
-from weave_slurm.sim.profiles import ProfileTable, load_profile_table
+from weave_slurm.sim.profiles import (
+    SYNTHETIC_TRAIN_HEAVY,
+    ProfileTable,
+    SyntheticProfileDistribution,
+    load_profile_table,
+)
 from weave_slurm.sim.reference_traces import parse_event_lines
 from weave_slurm.sim.slo import SloDistribution
 from weave_slurm.sim.traces import Trace, TraceFormat, TraceJob
 
 DAY_S = 86400.0
 HOUR_S = 3600.0
+
+#: A kind is rollout-heavy where solo rollout / solo training per iteration >= this.
+ROLLOUT_HEAVY_MIN_RATIO = 2.0
+#: A kind is train-heavy where solo rollout / solo training per iteration <= this.
+TRAIN_HEAVY_MAX_RATIO = 1.25
+
+
+class TraceMix(enum.StrEnum):
+    """Which kinds a generated trace draws (module docstring: the ratios)."""
+
+    WILD = "wild"
+    ROLLOUT_HEAVY = "rollout-heavy"
+    TRAIN_HEAVY = "train-heavy"
+    MIXED = "mixed"
+    SYNTHETIC_TRAIN_HEAVY = "synthetic-train-heavy"
 
 
 @dataclass(frozen=True)
@@ -44,7 +79,8 @@ class GeneratorConfig:
     min_lifetime_s: float = 1800.0
     max_lifetime_s: float = 7 * DAY_S
     slo: SloDistribution = field(default_factory=lambda: SloDistribution.uniform(1.0, 2.0))
-    kind_weights: tuple[tuple[str, float], ...] | None = None  # None: wild.trace's mix
+    kind_weights: tuple[tuple[str, float], ...] | None = None  # None: from ``mix``
+    mix: TraceMix = TraceMix.WILD
     seed: int = 0
     id_prefix: str = "job"
     start_time: datetime = datetime(2025, 7, 30, 0, 0, 0)
@@ -63,6 +99,9 @@ class GeneratorConfig:
             raise ConfigError(f"lifetime bounds min={self.min_lifetime_s!r}, "
                               f"mean={self.mean_lifetime_s!r}, max={self.max_lifetime_s!r} "
                               f"invalid; expected 0 <= min < mean < max")
+        if self.kind_weights is not None and self.mix is not TraceMix.WILD:
+            raise ConfigError(f"kind_weights and mix {self.mix.value!r} both given; "
+                              f"expected one of them")
 
 
 def _phi(z: float) -> float:
@@ -104,9 +143,39 @@ def wild_kind_weights() -> tuple[tuple[str, float], ...]:
     return tuple(sorted((k, float(n)) for k, n in trace.kind_counts().items()))
 
 
+def rollout_train_ratio(profiles: ProfileTable, kind: str) -> float:
+    """A kind's solo rollout time over its solo training time per iteration (disagg)."""
+    phases = profiles.disagg[kind]
+    return phases.rollout_s / phases.train_s
+
+
+def mix_kind_weights(mix: TraceMix, profiles: ProfileTable
+                     ) -> tuple[tuple[str, float], ...]:
+    """The kinds a mix draws and their weights (sorted by kind name)."""
+    if mix in (TraceMix.WILD, TraceMix.SYNTHETIC_TRAIN_HEAVY):  # the latter: kinds unused
+        return wild_kind_weights()
+    ratios = {kind: rollout_train_ratio(profiles, kind) for kind in profiles.kinds}
+    bands = {TraceMix.ROLLOUT_HEAVY: (f">= {ROLLOUT_HEAVY_MIN_RATIO}",
+                                      [k for k, r in ratios.items()
+                                       if r >= ROLLOUT_HEAVY_MIN_RATIO]),
+             TraceMix.TRAIN_HEAVY: (f"<= {TRAIN_HEAVY_MAX_RATIO}",
+                                    [k for k, r in ratios.items()
+                                     if r <= TRAIN_HEAVY_MAX_RATIO])}
+    parts = list(bands) if mix is TraceMix.MIXED else [mix]
+    weights: dict[str, float] = {}
+    for part in parts:
+        bound, kinds = bands[part]
+        if not kinds:
+            raise ConfigError(f"--mix {mix.value}: no kind in {profiles.source} has rollout / "
+                              f"training {bound}; valid: wild, or a profile with such kinds")
+        weights.update((kind, 1.0 / (len(parts) * len(kinds))) for kind in kinds)
+    return tuple(sorted(weights.items()))
+
+
 def _kind_table(config: GeneratorConfig, profiles: ProfileTable
                 ) -> tuple[list[str], list[float]]:
-    weights = config.kind_weights if config.kind_weights is not None else wild_kind_weights()
+    weights = (config.kind_weights if config.kind_weights is not None
+               else mix_kind_weights(config.mix, profiles))
     kinds, cumulative, total = [], [], 0.0
     for kind, weight in weights:
         if kind not in profiles.kinds:
@@ -130,6 +199,9 @@ def generate_trace(config: GeneratorConfig | None = None,
     profiles = profiles or load_profile_table()
     kinds, cumulative = _kind_table(config, profiles)
     rng = random.Random(config.seed)
+    synthetic = (SyntheticProfileDistribution(SYNTHETIC_TRAIN_HEAVY)
+                 if config.mix is TraceMix.SYNTHETIC_TRAIN_HEAVY else None)
+    profile_rng = random.Random(f"weave-profile:{config.seed}")
     arrivals = sorted(rng.uniform(0.0, config.arrival_window_s) for _ in range(config.n_jobs))
     arrivals = [a - arrivals[0] for a in arrivals]  # the trace starts at its first arrival
     sigma = config.lifetime_log_sd
@@ -141,13 +213,22 @@ def generate_trace(config: GeneratorConfig | None = None,
         kind = kinds[min(bisect.bisect_right(cumulative, pick), len(kinds) - 1)]
         lifetime_s = _draw_lifetime(rng, mu, sigma, config)
         slo = config.slo.draw(rng)
+        job_id = f"{config.id_prefix}{index:0{width}d}"
+        if synthetic is not None:
+            drawn = synthetic.draw(profile_rng)
+            jobs.append(TraceJob(job_id=job_id, arrival_s=arrival_s,
+                                 departure_s=arrival_s + lifetime_s, kind=None,
+                                 t_rollout_s=drawn.rollout_s, t_train_s=drawn.train_s, slo=slo))
+            continue
         disagg, colo = profiles.disagg[kind], profiles.colo[kind]
         jobs.append(TraceJob(
-            job_id=f"{config.id_prefix}{index:0{width}d}", arrival_s=arrival_s,
+            job_id=job_id, arrival_s=arrival_s,
             departure_s=arrival_s + lifetime_s, kind=kind, t_rollout_s=disagg.rollout_s,
             t_train_s=disagg.train_s, slo=slo, t_rollout_colo_s=colo.rollout_s,
             t_train_colo_s=colo.train_s))
-    source = f"generated(n={config.n_jobs}, seed={config.seed})"
+    mix = "" if config.kind_weights is not None or config.mix is TraceMix.WILD else (
+        f", mix={config.mix.value}")
+    source = f"generated(n={config.n_jobs}, seed={config.seed}{mix})"
     return Trace.from_jobs(jobs, start_time=config.start_time, source=source)
 
 

@@ -161,6 +161,8 @@ _SYNTHETIC_CLASSES: tuple[tuple[tuple[float, float], tuple[float, float]], ...] 
     ((100, 200), (25, 50)), ((200, 400), (50, 100)), ((400, 600), (100, 200)),  # rollout-heavy
     ((25, 50), (100, 200)), ((50, 100), (200, 400)), ((100, 200), (400, 600)),  # train-heavy
 )
+#: The reference generator's three train-heavy classes (rollout / training 0.125-0.5).
+SYNTHETIC_TRAIN_HEAVY = _SYNTHETIC_CLASSES[6:]
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,73 @@
+"""bench/decision_quality.py on tiny traces: the JSON's shape, positive costs, ratios that
+agree with the costs, and its usage errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "bench" / "decision_quality.py"
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True,
+                          text=True, timeout=300, cwd=REPO)
+
+
+def test_tiny_table_shape_and_consistent_ratios(tmp_path: Path) -> None:
+    out = tmp_path / "dq.json"
+    proc = _run("--jobs", "10", "--days", "1", "--seeds", "1,2", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "vs co-located" in proc.stdout and "of 32" in proc.stdout
+    doc: dict[str, Any] = json.loads(out.read_text())
+    assert doc["jobs"] == 10 and doc["seeds"] == [1, 2]
+    assert doc["slos"] == {"tight": "uniform:1.0,1.2", "loose": "uniform:1.5,2"}
+    cases = doc["cases"]
+    assert set(cases) == {f"{mix}/{slo}/{seed}/{acc}"
+                          for mix in ("rollout-heavy", "train-heavy", "mixed",
+                                      "synthetic-train-heavy")
+                          for slo in ("tight", "loose") for seed in (1, 2)
+                          for acc in ("reference", "consistent")}
+    for name, c in cases.items():
+        mix, slo, seed, acc = name.split("/")
+        assert (c["mix"], c["slo"], str(c["seed"]), c["accounting"]) == (mix, slo, seed, acc)
+        assert c["jobs"] == 10
+        cost = c["cost"]
+        assert set(cost) == {"weave", "isolated", "colocated"}
+        assert all(v > 0 for v in cost.values()) and c["bound"] > 0
+        assert all(v > 0 for v in c["reference_units"].values())
+        assert c["vs_isolated"] == pytest.approx(cost["isolated"] / cost["weave"], abs=1e-3)
+        assert c["vs_colocated"] == pytest.approx(cost["colocated"] / cost["weave"], abs=1e-3)
+        assert c["cost_over_bound"]["total"] == pytest.approx(cost["weave"] / c["bound"],
+                                                              rel=1e-3)
+        best = min(cost["isolated"], cost["colocated"])
+        assert c["over_best_baseline"] == pytest.approx(cost["weave"] / best, abs=1e-3)
+        assert c["loses"] is (cost["weave"] > best)
+        assert 0.0 <= c["slo_attainment"] <= 1.0
+        assert set(c["bubble"]) == {"rollout", "train"}
+        assert all(0.0 <= b < 1.0 for b in c["bubble"].values())
+        if acc == "consistent":   # no policy can go below the bound there
+            assert c["cost_over_bound"]["total"] >= 1.0 - 1e-9
+            assert c["cost_over_bound"]["rollout"] == pytest.approx(
+                1 / (1 - c["bubble"]["rollout"]), rel=1e-3)
+    assert doc["losses"] == [n for n, c in cases.items() if c["loses"]]
+
+
+@pytest.mark.parametrize(("flag", "value", "words"), [
+    ("--mixes", "train-heavy,bogus", ("--mixes", "rollout-heavy", "train-heavy", "mixed")),
+    ("--slos", "strict", ("--slos", "tight", "loose")),
+    ("--seeds", "1,x", ("--seeds", "integers")),
+])
+def test_a_bad_choice_is_one_line_and_exit_2(flag: str, value: str,
+                                             words: tuple[str, ...]) -> None:
+    proc = _run(flag, value)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert all(w in lines[0] for w in words), lines[0]
