@@ -156,8 +156,8 @@ def test_the_login_side_is_hidden_from_the_hosts(separate: Hosts) -> None:
     state = paths.state_dir
     listing = separate.sh("h800-1", f"ls -A {state}; echo --; ls -A {state}/hosts; "
                                     f"test -e {marker} && echo VISIBLE || true").split()
-    assert listing == ["gres.conf", "hosts", "plugstack.conf", "shared", "site", "slurm.conf",
-                       "--", "h800-1"]
+    assert listing == ["gres.conf", "hosts", "oci.conf", "plugstack.conf", "shared", "site",
+                       "slurm.conf", "--", "h800-1"]
     assert paths.ctld_state_dir.is_dir() and paths.run_dir.is_dir(), "they exist, on the login"
     res = run_command(separate.cluster.host_argv("h20-1", ["cat", str(marker)]), check=False)
     assert res.returncode != 0 and "No such file" in res.stderr
