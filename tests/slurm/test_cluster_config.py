@@ -12,6 +12,8 @@ from weave_slurm.slurm.cluster_config import (
     ClusterLayout,
     ClusterPaths,
     ClusterPorts,
+    HostAddressing,
+    HostMode,
     PoolShape,
     parse_layout,
     render_gres_conf,
@@ -86,3 +88,20 @@ def test_oci_conf_names_the_runtime_for_srun_container(tmp_path: Path) -> None:
     none = parse_oci_conf(render_oci_conf(None), tmp_path / "oci.conf")
     assert "configures no OCI runtime" in str(none.problem())
     assert ClusterPaths(tmp_path).oci_conf in ClusterPaths(tmp_path).conf_files
+
+
+def test_a_long_state_dir_puts_the_spool_where_slurmstepd_sockets_fit() -> None:
+    """A batch step's slurmstepd socket is <spool>/<node>_<job>.4294967291: under a long
+    state dir (pytest's tmp paths) it passes the 107 bytes of a Unix socket path and
+    Slurm cannot start any batch job on that node ("Unix socket name exceeded maximum
+    length"; the allocation script is one). The spool then goes to a short dir in /run."""
+    long = ClusterPaths(Path("/tmp/pytest-of-root/pytest-329/test_the_group_a_move_waits_to0"
+                             "/cluster"))
+    assert long.spool_in_run and not PATHS.spool_in_run
+    separate = HostAddressing("login", "10.0.0.1", tuple(
+        (n, f"10.0.0.{i + 2}") for i, n in enumerate(LAYOUT.node_names())))
+    for hosts in (None, separate):
+        spool = _kv(render_slurm_conf(LAYOUT, long, PORTS, Path("/m"), hosts))["SlurmdSpoolDir"]
+        assert spool == f"{long.run_spool_root}/%n"
+        assert len(f"{spool.replace('%n', 'h800-0')}/h800-0_4294967295.4294967291") <= 107
+    assert long.node_spool_dir("h800-0", HostMode.SEPARATE) == long.run_spool_root / "h800-0"

@@ -36,7 +36,12 @@ from pathlib import Path
 from typing import Any
 
 from weave_slurm.errors import ConfigError, StateError
-from weave_slurm.slurm.cluster_config import ClusterLayout, ClusterPaths, HostAddressing
+from weave_slurm.slurm.cluster_config import (
+    ClusterLayout,
+    ClusterPaths,
+    HostAddressing,
+    HostMode,
+)
 
 DEFAULT_SUBNET = "10.214.0.0/24"
 NS_ROOT = Path("/run/weave-hosts")
@@ -333,6 +338,7 @@ def render_setup_script(node: NodeHost, paths: ClusterPaths, munge_dir: Path) ->
         f"chown munge:munge {q(str(munge_dir))}",
         f"chmod 0755 {q(str(munge_dir))}",
         f"install -o munge -g munge -m 0400 {q(str(MUNGE_KEY))} {q(str(munge_dir / 'munge.key'))}",
+        f"mkdir -p {q(str(paths.node_spool_dir(node.name, HostMode.SEPARATE)))}",
     ]
     return "\n".join(lines) + "\n"
 
