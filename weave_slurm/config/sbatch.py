@@ -303,14 +303,13 @@ def log_path(pattern: str, *, job_id: int | str, user: str, job_name: str,
     ``%%`` are left to the host that opens the file (:func:`host_path`, once). The one
     resolution every job kind uses (hosted jobs' event log and workers, cooperative
     jobs' stdout/stderr)."""
-    later = any(m.group(2) in ("N", "%") for m in _CODE.finditer(pattern))
     numbers = {"j": str(job_id), "A": str(job_id if array_job is None else array_job),
                "a": NO_TASK if array_task is None else str(array_task)}
 
     def one(m: re.Match[str]) -> str:
         width, code = m.group(1), m.group(2)
-        if code in ("%", "N"):
-            return m.group(0) if later else "%"
+        if code in ("%", "N"):   # host_path's, where the file is opened
+            return m.group(0)
         if code in numbers:
             return numbers[code].zfill(int(width)) if width else numbers[code]
         return {"u": user, "x": job_name}.get(code, m.group(0))

@@ -20,7 +20,7 @@ there (:data:`~weave_slurm.config.launch.DEFAULT_OUTPUT`, as sbatch's ``slurm-%j
 a cooperative job's processes too). Each file is opened (append, created 0644) **as
 the job's uid**, in a child that became it and passes the descriptor back, so weaved
 never writes where the user could not; a file that cannot be opened is said once in
-weaved's log and the job's ``reason`` is left alone (the job runs on).
+weaved's log and in the job's ``reason`` (the job runs on).
 """
 
 from __future__ import annotations

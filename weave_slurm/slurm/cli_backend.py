@@ -126,8 +126,9 @@ class SlurmCliBackend:
                 return found[0]
             if not found and pause > 0.5:   # listed by then if it was ever queued
                 raise StateError(f"sbatch queued job {alloc_id} ({request.job_name}) but "
-                                 "squeue does not list it (ended at once? see the "
-                                 "allocation template's output)")
+                                 "squeue does not list it: its batch script ended at once "
+                                 "(Slurm could not start it; the node's slurmd log says "
+                                 "why)")
             if time.monotonic() >= deadline:
                 self.release(alloc_id)
                 raise InsufficientResources(

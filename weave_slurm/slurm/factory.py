@@ -19,7 +19,7 @@ from weave_slurm.slurm.cli_backend import SlurmCliBackend
 from weave_slurm.slurm.cluster_config import ClusterLayout
 from weave_slurm.slurm.command_runner import CommandRunner, SlurmCommandError, SubprocessRunner
 from weave_slurm.slurm.local_backend import LocalBackend
-from weave_slurm.slurm.templates import check_allocation_template
+from weave_slurm.slurm.templates import ALLOCATION_TEMPLATE, check_allocation_template
 
 _VERSION_RE = re.compile(r"(\d+)\.(\d+)")
 
@@ -73,10 +73,10 @@ def make_backend(kind: str | BackendKind = BackendKind.LOCAL, *,
         return LocalBackend(state_dir, layout)
     runner = runner or SubprocessRunner()
     if which is BackendKind.SLURM:
-        if template is None:
-            return SlurmCliBackend(runner=runner, env=env, log_dir=log_dir)
-        check_allocation_template(template)
-        return SlurmCliBackend(runner=runner, env=env, log_dir=log_dir, template=template)
+        if template is not None:
+            check_allocation_template(template)
+        return SlurmCliBackend(runner=runner, env=env, log_dir=log_dir,
+                               template=template or ALLOCATION_TEMPLATE)
     reason = check_pyslurm(runner, env)
     raise ConfigError(f"backend 'pyslurm' refused: {reason}; use backend 'slurm' (the CLI "
                       "with --json) instead")
