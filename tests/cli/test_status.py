@@ -31,6 +31,13 @@ def test_format_codes_and_presets() -> None:
         format_rows([ROW], "%i %Z")
 
 
+def test_array_columns_as_squeue() -> None:
+    """%F and %K: an element's array job and task ids; N/A as task outside an array."""
+    element = {**ROW, "job": 9, "id": "7_2"}
+    assert format_rows([element, ROW], "%i %F %K", header=False) == ["7_2 7 2", "7 7 N/A"]
+    assert format_rows([ROW], "%F %K")[0] == "ARRAY_JOB_ID ARRAY_TASK_ID"
+
+
 def _app() -> typer.Typer:
     app = typer.Typer()
     mount(app)

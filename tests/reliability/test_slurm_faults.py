@@ -67,6 +67,7 @@ from weave_slurm.node.segments import SEG_SUFFIX, weights_digest
 from weave_slurm.runtime.group import MemberSpec
 from weave_slurm.slurm import daemons
 from weave_slurm.slurm.allocation_watch import ENV_INTERVAL
+from weave_slurm.slurm.backend import AllocationState
 from weave_slurm.slurm.cli_backend import SlurmCliBackend
 from weave_slurm.slurm.command_runner import run_command
 from weave_slurm.slurm.local_cluster import LocalCluster
@@ -112,9 +113,11 @@ class Place:
         return f"weave-g{self.instance}."
 
     def allocations(self) -> dict[str, str]:
-        """Slurm's allocations under this daemon's prefix: id -> name (no name twice)."""
+        """Slurm's allocations under this daemon's prefix: id -> name (no name twice
+        among those pending or running; one ending is being released: an orphan of a
+        hung sbatch that weaved cancelled may still be ending beside its replacement)."""
         allocs = self.backend.list_allocations(self.prefix)
-        names = Counter(a.name for a in allocs)
+        names = Counter(a.name for a in allocs if a.state is not AllocationState.ENDING)
         assert all(n == 1 for n in names.values()), f"duplicate allocations: {allocs}"
         return {a.alloc_id: a.name for a in allocs}
 

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from tests.runtime.fakes import FakeTransfer
+from weave_slurm.daemon.runtime_view import member_row
 from weave_slurm.errors import NoCheckpoint, NodeGone, StateError
 from weave_slurm.node.protocol import Op
 from weave_slurm.runtime.faults import Fault, FaultKind
@@ -24,7 +25,7 @@ from weave_slurm.runtime.member import RunnerConfig, RunningMember
 from weave_slurm.runtime.port import GroupPort
 from weave_slurm.runtime.port_commands import Adopt, Join
 from weave_slurm.runtime.port_events import MemberChanged
-from weave_slurm.runtime.resume import Resume
+from weave_slurm.runtime.resume import Resume, ResumeKind
 from weave_slurm.runtime.runner import GroupRunner
 from weave_slurm.sync.sync_errors import AgentDidNotStart
 from weave_slurm.vocab import Phase, Pool
@@ -190,6 +191,41 @@ def test_adopting_warm_state_reattaches_then_restores_the_newest_checkpoint() ->
     transfer = runner.transfer
     assert isinstance(transfer, FakeTransfer)
     assert transfer.copies == [("weights", "h800-0", ("h20-0",))]
+
+
+def test_an_adopted_members_version_is_unknown_until_restored() -> None:
+    """A member adopted with recoveries of a previous weaved (or runtime) counted: its
+    version reads as unknown, never as 0, until its checkpoint is restored (status's
+    ITER must not go backwards while it is re-attached)."""
+    runner, nodes, _log, _clock = _runner()
+    nodes[T].segments = {"state": {"index": {"version": 3}}, "weights": {}}
+    m = _adopt(runner, MemberSpec("a", steps=10, recoveries=3))
+    port = GroupPort(runner)
+    assert m.recoveries == 3 and member_row(port.members["a"])["version"] is None
+    runner.tick()
+    assert m.version == 3 and member_row(port.members["a"])["version"] == 3
+
+
+def test_a_warm_member_whose_training_node_is_silent_at_adoption_waits_for_it() -> None:
+    """A lost rollout node's group is re-formed; its training node (kept) does not answer
+    at the moment of adoption: the member waits for it and is restored from what it
+    learned, instead of silently starting again from scratch."""
+    runner, nodes, log, clock = _runner(recovery_backoff_s=1.0)
+    nodes[T].segments = {"state": {"index": {"version": 3}}, "weights": {}}
+    nodes[T].raises[Op.ATTACH_INFO] = NodeGone("node daemon at h800-0: timed out")
+    warm = Resume(ResumeKind.WARM, "rollout node h20-9 lost",
+                  readmit="rollout node h20-9 lost; re-attached on a new allocation",
+                  version=3)
+    m = _adopt(runner, MemberSpec("a", steps=10), warm)
+    assert m.state is MemberState.RECOVERING and not m.version_known
+    assert not [op for _n, op, _j in log if op is Op.DROP]      # nothing of it dropped
+    runner.tick()                                  # still silent: tried again later
+    assert m.state is MemberState.RECOVERING and m.error is not None
+    del nodes[T].raises[Op.ATTACH_INFO]
+    clock.t += 60
+    runner.tick()
+    assert m.version == 3 and m.version_known and m.restarts == 0
+    assert m.event() is not None and "re-admitted from checkpoint v3" in m.event()
     assert m.state is MemberState.ROLLOUT          # dispatched at once on the rollout node
 
 

@@ -1,16 +1,17 @@
 """``weave status | groups | cancel | show``: the user's view of weaved, squeue-style.
 
 ``weave status -o`` takes squeue-like ``%[.][width]code`` fields ('.' right-justifies)
-or a preset name; codes: %i JOBID, %u USER, %U UID, %j NAME, %g GROUP, %p PHASE,
-%I ITER, %s SLOWDOWN/SLO, %w STALE/WIN (versions behind / window), %T STATE, %t ST,
-%M TIME, %D NODE COUNT, %N NODES, %R NODELIST(REASON) (the nodes of a job that has
-them, else its reason in parentheses, as squeue), %A SLURM_JOBIDS (its allocations'
-Slurm job ids), %L LAYOUT (training ranks / rollout engines per node, GPUs per engine),
-%o SOLO (``solo``: it runs alone, ``weave-sbatch --solo``; in the long preset), %r
-REASON. SLOWDOWN is the member's iteration time over its solo iteration time; a member
-faster than its solo estimate shows ``<1:r`` (r the ratio: no slowdown). The job filters
-and ``-S`` are squeue's (``cli/selection.py``). Errors are one line and an exit code,
-like scancel's.
+or a preset name; codes: %i JOBID (``ARRAYID_TASK`` for an array element), %F
+ARRAY_JOB_ID and %K ARRAY_TASK_ID (N/A outside an array, as squeue), %u USER, %U UID, %j
+NAME, %g GROUP, %p PHASE, %I ITER, %s SLOWDOWN/SLO, %w STALE/WIN (versions behind /
+window), %T STATE, %t ST, %M TIME, %D NODE COUNT, %N NODES, %R NODELIST(REASON) (the
+nodes of a job that has them, else its reason in parentheses, as squeue), %A
+SLURM_JOBIDS (its allocations' Slurm job ids), %L LAYOUT (training ranks / rollout
+engines per node, GPUs per engine), %o SOLO (``solo``: it runs alone, ``weave-sbatch
+--solo``; in the long preset), %r REASON. SLOWDOWN is the member's iteration time over
+its solo iteration time; a member faster than its solo estimate shows ``<1:r`` (r the
+ratio: no slowdown). The job filters and ``-S`` are squeue's (``cli/selection.py``).
+Errors are one line and an exit code, like scancel's.
 """
 
 from __future__ import annotations
@@ -63,6 +64,11 @@ def _slowdown(j: dict[str, Any]) -> str:
     return f"{ratio(j.get('slowdown'))}/{j['slo']:.2f}{over}"
 
 
+def _shown(j: dict[str, Any]) -> str:
+    """The id squeue shows: ``ARRAYID_TASK`` for an array element, else the job id."""
+    return str(j.get("id") or j["job"])
+
+
 def _nodes_or_reason(j: dict[str, Any]) -> str:
     """squeue's NODELIST(REASON): the nodes, else ``(reason)``."""
     if j["nodes"]:
@@ -90,7 +96,11 @@ def layout_cell(j: dict[str, Any]) -> str:
 
 
 CODES: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
-    "i": ("JOBID", lambda j: str(j.get("id") or j["job"])),   # an element: ID_TASK
+    "i": ("JOBID", _shown),   # an array element: ID_TASK
+    # squeue's array columns: an element's array job id and task id (else its own id
+    # and N/A, as squeue shows a job outside an array)
+    "F": ("ARRAY_JOB_ID", lambda j: _shown(j).split("_")[0]),
+    "K": ("ARRAY_TASK_ID", lambda j: _shown(j).partition("_")[2] or "N/A"),
     "u": ("USER", lambda j: str(j["user"])),
     "U": ("UID", lambda j: str(j["uid"])),
     "A": ("SLURM_JOBIDS", lambda j: ",".join(j.get("slurm_job_ids") or []) or "-"),

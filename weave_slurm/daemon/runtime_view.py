@@ -29,8 +29,7 @@ def member_row(m: MemberView) -> dict[str, Any]:
     row: dict[str, Any] = {
         "phase": PHASE_WORDS[m.state], "iterations": m.steps,
         # unknown (None) until a re-attached member is restored from its checkpoint
-        "version": None if m.state is MemberState.RECOVERING and m.recoveries == 0
-        and m.initialised else m.version,
+        "version": m.version if m.version_known else None,
         "node": m.node, "reward": m.rewards[-1] if m.rewards else None,
         "rewards": list(m.rewards), "recoveries": m.recoveries, "error": m.error,
         "member_state": m.state.value,

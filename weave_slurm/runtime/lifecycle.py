@@ -133,6 +133,11 @@ class Lifecycle:
             member.restart_note = resume.note
         info = self.link.best_effort(member.train_node, Op.ATTACH_INFO, job=spec.job_id)
         held = info is not None and contract.STATE in dict(info.get("segments") or {})
+        if info is None and resume is not None and resume.kind is ResumeKind.WARM \
+                and resume.version is not None:
+            # its training node kept what it learned but did not answer now: recovery
+            # restores it once it does (waiting for the node), never a fresh start
+            held = True
         if not held and resume is not None and resume.kind is ResumeKind.CARRIED:
             held = self._move_checkpoint(member, resume)
             if not held:
@@ -144,7 +149,7 @@ class Lifecycle:
                 else "re-attached after a weaved restart"
             for node in member_nodes(member):   # stop what a previous weaved left running
                 self.link.best_effort(node, Op.DEACTIVATE, job=spec.job_id)
-            member.initialised = True
+            member.initialised, member.version_known = True, False
             member.fault, member.outcome = Fault(FaultKind.REATTACHED, evidence=why), None
             self.move(member, MemberState.RECOVERING, why)
         elif info is not None:

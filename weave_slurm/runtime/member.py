@@ -109,6 +109,9 @@ class RunningMember:
     rollout_nodes: tuple[NodeRef, ...]
     state: MemberState = MemberState.STARTING
     version: int = 0                             # versions trained (train side)
+    # False while an adopted member's version is not read from its checkpoint yet
+    # (``version`` is a placeholder then: status shows it as unknown)
+    version_known: bool = True
     next_kind: Phase = Phase.TRAIN       # init runs on the training node
     initialised: bool = False
     runs: dict[Phase, PhaseRun] = field(default_factory=dict)
@@ -148,6 +151,7 @@ class RunningMember:
         """Forget everything learned and every fault: the member starts from scratch
         (the lifecycle then moves it to STARTING)."""
         self.version, self.next_kind, self.initialised = 0, Phase.TRAIN, False
+        self.version_known = True
         self.runs.clear()
         self.deferred.clear()
         self.rolled = self.delivered = 0

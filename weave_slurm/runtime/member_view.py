@@ -24,6 +24,7 @@ class MemberView:
     state: MemberState
     steps: int                        # its iterations
     version: int                      # versions trained
+    version_known: bool               # False: adopted, not restored yet (version is 0)
     initialised: bool
     recoveries: int
     error: str | None                 # its last failure, in words
@@ -52,7 +53,8 @@ def view_of(m: RunningMember, measured: MemberProfile | None,
     """The snapshot of ``m`` (``measured``: its profile; ``refusal``: its gate's)."""
     run = m.running
     return MemberView(
-        m.spec.job_id, m.state, m.spec.steps, m.version, m.initialised, m.recoveries,
+        m.spec.job_id, m.state, m.spec.steps, m.version, m.version_known, m.initialised,
+        m.recoveries,
         m.error, tuple(m.rewards), None if run is None else run.node.name,
         None if m.versions is None else m.versions.current_staleness(), m.event(),
         m.restart_note,

@@ -92,6 +92,7 @@ class Recovery:
             self.lc.link.call(member.train_node, Op.RESTORE, job=job_id)
             info = self.lc.link.call(member.train_node, Op.ATTACH_INFO, job=job_id)
             member.version = int(info["segments"][contract.STATE]["index"]["version"])
+            member.version_known = True
             gang.restore_ranks(self.lc.link, member.version)   # rank 0's is the manifest
             self.lc.mover.transfer.forget(member.job)   # versions start over from the checkpoint
             self.restore_weights(member, info)

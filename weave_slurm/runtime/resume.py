@@ -49,7 +49,9 @@ class Resume:
     root: Path | None = None    # CARRIED: the lost node's checkpoint root
     # CARRIED, a training gang: the checkpoint roots of its ranks 1.. (in rank order)
     rank_roots: tuple[Path, ...] = ()
-    version: int | None = None  # CARRIED: the version of that checkpoint
+    # CARRIED: the version of that checkpoint; WARM: the version it had reached (None:
+    # nothing learned yet)
+    version: int | None = None
 
 
 def plan_detach(members: Sequence[RunningMember], lost: Sequence[NodeRef],
@@ -75,7 +77,8 @@ def _resume(m: RunningMember, names: str, train_lost: bool, base: Path | None) -
         return Resume(ResumeKind.WARM,
                       f"{names} lost (allocation vanished from Slurm); waiting for a new "
                       "allocation, then re-admitted from its checkpoint",
-                      readmit=f"{names} lost; re-attached on a new allocation")
+                      readmit=f"{names} lost; re-attached on a new allocation",
+                      version=m.version if m.initialised else None)
     carry = carried_checkpoint(m, base)
     if carry is not None:
         root, version = carry
