@@ -6,7 +6,8 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha1sum | cut -c1-12)
-APT_PACKAGES := slurm-wlm munge libslurm-dev openmpi-bin libopenmpi-dev iproute2 gcc make runc mmdebstrap
+APT_PACKAGES := slurm-wlm munge libslurm-dev openmpi-bin libopenmpi-dev iproute2 gcc make runc mmdebstrap \
+  slurmdbd mariadb-server
 EXTRAS := dev,rl,mpi,deepspeed,trl,ray
 
 .PHONY: demo test test-vllm install system spank lint typecheck bench clean

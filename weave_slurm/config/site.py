@@ -71,6 +71,10 @@ class LimitsConfig:
     max_rollout_nodes_per_group: int = 8
     user: JobLimits = NO_LIMITS        # [limits.user]: what one user may have
     account: JobLimits = NO_LIMITS     # [limits.account]: one account, its users together
+    # Slurm's associations and QOS limits too, read with sacctmgr (docs/fairshare.md)
+    from_slurm: bool = False
+    slurm_refresh_s: float = 60.0      # how often weaved reads them again
+    slurm_cluster: str | None = None   # their cluster (None: slurm.conf's ClusterName)
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,7 +210,10 @@ def _site_from_data(data: object, source: str) -> SiteConfig:
             max_rollout_nodes_per_group=ltab.integer(
                 "max_rollout_nodes_per_group", limits.max_rollout_nodes_per_group, ge=1),
             user=read_limits(ltab.table("user", required=False)),
-            account=read_limits(ltab.table("account", required=False)))
+            account=read_limits(ltab.table("account", required=False)),
+            from_slurm=ltab.boolean("from_slurm", limits.from_slurm),
+            slurm_refresh_s=ltab.number("slurm_refresh_s", limits.slurm_refresh_s, gt=0),
+            slurm_cluster=ltab.opt_string("slurm_cluster"))
         ltab.done()
     model = base.model
     mtab = top.table("model", required=False)

@@ -31,6 +31,7 @@ from weave_slurm.daemon.access import (
     unshared_outputs,
     worker_needs,
 )
+from weave_slurm.daemon.accounting_limits import AccountingFeed
 from weave_slurm.daemon.dependencies import unknown_jobs
 from weave_slurm.daemon.driver import job_nodes
 from weave_slurm.daemon.fault_points import FaultPoint, crossing
@@ -111,8 +112,10 @@ class Api:
                  world_error: Callable[[], tuple[float, str] | None] = lambda: None,
                  node_python: str | None = None,
                  waiting: Callable[[int], str | None] = lambda job_id: None,
-                 oci_conf: Path | None = None) -> None:
+                 oci_conf: Path | None = None,
+                 accounting: AccountingFeed | None = None) -> None:
         self.store, self.site, self.capacity, self.now = store, site, capacity, now
+        self.accounting = accounting   # Slurm's limits ([limits] from_slurm)
         self._submitting = threading.Lock()
         self.path_roots = tuple(path_roots)  # shared dirs a spec path may name, besides home
         # the interpreter node daemons fork a job's default workers from; not given:
@@ -191,8 +194,9 @@ class Api:
         account = (profile.charge.account if profile.charge else None) \
             or self.site.slurm.account or limits.NO_ACCOUNT
         with self._submitting:   # a limit's count and the new row, one at a time
-            refused = limits.submission_refusal(self.store, self.site, user, account,
-                                                self.now())
+            refused = limits.submission_refusal(
+                self.store, self.site, user, account, self.now(), self.accounting,
+                (profile.charge.qos if profile.charge else None) or self.site.slurm.qos)
             if refused is not None:
                 raise InsufficientResources(f"{where}: job refused: {refused}")
             ids = self.store.add_jobs(   # an array: one job per element (job_arrays.py)

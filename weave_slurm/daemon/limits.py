@@ -19,11 +19,14 @@ A job's account is its own (``#SBATCH -A``), else the site's ``[slurm] account``
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from weave_slurm.config.fairshare import JobLimits
+from weave_slurm.config.fairshare import FairShareConfig, JobLimits
 from weave_slurm.config.site import SiteConfig
+from weave_slurm.daemon import accounting_limits
+from weave_slurm.daemon.accounting_limits import AccountingFeed
 from weave_slurm.daemon.dependencies import wait_reason
 from weave_slurm.daemon.job_arrays import limit_holds
 from weave_slurm.daemon.records import JobRow
@@ -31,6 +34,7 @@ from weave_slurm.daemon.states import JobState
 from weave_slurm.daemon.store import Store
 from weave_slurm.placement import Placement, Refusal
 from weave_slurm.placement.priority import Claimant, FairShare, Usage
+from weave_slurm.slurm.accounting import Accounting
 
 #: The account of jobs that name none where the site names none either.
 NO_ACCOUNT = "(none)"
@@ -62,9 +66,26 @@ def _words(kind: str, name: str, key: str, have: int, limit: int, what: str) -> 
             f"{limit}; as Slurm's {_SLURM_NAME[(kind, key)]})")
 
 
+def qos_of(job: JobRow, site: SiteConfig) -> str | None:
+    """The QOS a job asked for (its own, else the site's; None: its association's
+    default)."""
+    charge = job.profile.charge
+    return (charge.qos if charge else None) or site.slurm.qos
+
+
 def submission_refusal(store: Store, site: SiteConfig, user: str, account: str,
-                       now: float) -> str | None:
-    """Why a new job of ``user`` in ``account`` is refused now (None: it is taken)."""
+                       now: float, feed: AccountingFeed | None = None,
+                       qos: str | None = None) -> str | None:
+    """Why a new job of ``user`` in ``account`` (asking for ``qos``) is refused now
+    (None: it is taken); ``feed``: Slurm's accounting, with ``[limits] from_slurm``."""
+    acct = feed.current if feed is not None else None
+    if acct is not None:
+        live = store.jobs([JobState.PENDING, *HOLDING])
+        counts = accounting_limits.count(acct, ((j.user, account_of(j, site), qos_of(j, site))
+                                                for j in live))
+        refused = accounting_limits.submit_refusal(acct, user, account, qos, counts)
+        if refused is not None:
+            return refused
     if not any(limits.any for _, limits in _limits(site)):
         return None
     pending = store.jobs([JobState.PENDING])
@@ -95,10 +116,12 @@ class Queue:
     priority: dict[int, int] = field(default_factory=dict)   # with [fairshare]
 
 
-def queue(store: Store, site: SiteConfig, pending: Sequence[JobRow], now: float) -> Queue:
+def queue(store: Store, site: SiteConfig, pending: Sequence[JobRow], now: float,
+          feed: AccountingFeed | None = None) -> Queue:
     """Order ``pending`` and hold what its user's hold, its dependency
     (:mod:`~weave_slurm.daemon.dependencies`), its array's ``%n``
-    (:mod:`~weave_slurm.daemon.job_arrays`) or a ``max_running`` limit holds (module
+    (:mod:`~weave_slurm.daemon.job_arrays`), a ``max_running`` limit or one of Slurm's
+    accounting (``feed``, :mod:`~weave_slurm.daemon.accounting_limits`) holds (module
     doc)."""
     states: dict[int, JobState | None] = {}
 
@@ -113,36 +136,76 @@ def queue(store: Store, site: SiteConfig, pending: Sequence[JobRow], now: float)
     ordered = sorted(pending, key=lambda j: j.job_id)
     priority: dict[int, int] = {}
     if site.fairshare.enabled:
-        share = FairShare(site.fairshare, _usage(store, site, now), [_claimant(j, site)
-                                                               for j in pending], now)
+        share = FairShare(_fairshare(site, feed), _usage(store, site, now),
+                          [_claimant(j, site) for j in pending], now)
         priority = {j.job_id: share.priority(_claimant(j, site)) for j in pending}
         ordered.sort(key=lambda j: (-priority[j.job_id], j.submitted_s, j.job_id))
     arrays = limit_holds(store.jobs(HOLDING), ordered)    # an array's %n
     ordered = [j for j in ordered if j.job_id not in arrays]
     out = Queue([], held={**waits, **arrays}, priority=priority)
-    caps = [(kind, limits.max_running) for kind, limits in _limits(site)
-            if limits.max_running is not None]
-    if not caps:
+    if feed is not None and feed.current is None:   # no limits known yet: all wait
+        why = feed.waiting() or ""
+        out.held.update({j.job_id: why for j in ordered})
+        return out
+    acct = feed.current if feed is not None else None
+    site_caps = [(kind, limits.max_running) for kind, limits in _limits(site)
+                 if limits.max_running is not None]
+    if not site_caps and acct is None:
         out.ordered = ordered
         return out
-    running: dict[tuple[str, str], int] = {}
+    running: dict[tuple[str, ...], int] = {}
     for job in store.jobs(HOLDING):
-        for key in (("user", job.user), ("account", account_of(job, site))):
+        for key in _keys(job, site, acct):
             running[key] = running.get(key, 0) + 1
     for job in ordered:
-        names = {"user": job.user, "account": account_of(job, site)}
-        over = next(((kind, cap) for kind, cap in caps
-                     if running.get((kind, names[kind]), 0) >= cap), None)
-        if over is not None:
-            kind, cap = over
-            out.held[job.job_id] = "held: " + _words(
-                kind, names[kind], "max_running", running.get((kind, names[kind]), 0), cap,
-                "job placed or running")
+        why = _held_by(job, site, site_caps, acct, running)
+        if why is not None:
+            out.held[job.job_id] = "held: " + why
             continue
         out.ordered.append(job)      # counted as if placed: later ones wait their turn
-        for kind in ("user", "account"):
-            running[(kind, names[kind])] = running.get((kind, names[kind]), 0) + 1
+        for key in _keys(job, site, acct):
+            running[key] = running.get(key, 0) + 1
     return out
+
+
+def _fairshare(site: SiteConfig, feed: AccountingFeed | None) -> FairShareConfig:
+    """``[fairshare]``, with the shares of Slurm's associations where weaved reads them
+    (they replace the site file's)."""
+    if feed is None or feed.current is None:
+        return site.fairshare
+    users, accounts = feed.current.shares()
+    return dataclasses.replace(site.fairshare, users=users, accounts=accounts)
+
+
+def _keys(job: JobRow, site: SiteConfig, acct: Accounting | None) -> list[tuple[str, ...]]:
+    """The counters a job placed or running counts under (the site's, Slurm's)."""
+    account = account_of(job, site)
+    out: list[tuple[str, ...]] = [("user", job.user), ("account", account)]
+    if acct is not None:
+        out += accounting_limits.keys(acct, job.user, account, qos_of(job, site))
+    return out
+
+
+def _held_by(job: JobRow, site: SiteConfig, site_caps: Sequence[tuple[str, int]],
+             acct: Accounting | None, running: dict[tuple[str, ...], int]) -> str | None:
+    """The first limit that holds ``job`` now, in words (None: it may be placed)."""
+    names = {"user": job.user, "account": account_of(job, site)}
+    for kind, cap in site_caps:
+        have = running.get((kind, names[kind]), 0)
+        if have >= cap:
+            return _words(kind, names[kind], "max_running", have, cap,
+                          "job placed or running")
+    if acct is None:
+        return None
+    missing = accounting_limits.no_association(acct, job.user, names["account"])
+    if missing is not None:
+        return missing
+    for cap_ in accounting_limits.running_caps(acct, job.user, names["account"],
+                                               qos_of(job, site)):
+        have = running.get(cap_.key, 0)
+        if have >= cap_.limit:
+            return cap_.words(have)
+    return None
 
 
 def overtaken(decisions: Sequence[Placement | Refusal]) -> bool:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from weave_slurm.config.site import SiteConfig
 from weave_slurm.daemon import limits, membership
+from weave_slurm.daemon.accounting_limits import AccountingFeed
 from weave_slurm.daemon.fault_points import FaultPoint, crossing
 from weave_slurm.daemon.records import AllocRow
 from weave_slurm.daemon.states import JobState
@@ -34,8 +35,10 @@ class Placer:
     """Places the pending jobs of a store (module doc)."""
 
     def __init__(self, store: Store, capacity: Capacity, policy: Policy, site: SiteConfig,
-                 instance: str, on_placement: Callable[[float], object]) -> None:
+                 instance: str, on_placement: Callable[[float], object],
+                 accounting: AccountingFeed | None = None) -> None:
         self.store, self.capacity, self.policy = store, capacity, policy
+        self.accounting = accounting   # Slurm's limits ([limits] from_slurm)
         self.site, self.instance = site, instance
         self.on_placement = on_placement   # told each decision's seconds (metrics)
 
@@ -56,7 +59,10 @@ class Placer:
         waiting = self.store.jobs([JobState.PENDING])
         if not waiting:
             return
-        queue = limits.queue(self.store, self.site, waiting, now)   # fair share, limits
+        if self.accounting is not None:
+            self.accounting.refresh(now)
+        queue = limits.queue(self.store, self.site, waiting, now,   # fair share, limits
+                             self.accounting)
         for job in waiting:
             held = queue.held.get(job.job_id)
             if held is not None and held != job.reason:

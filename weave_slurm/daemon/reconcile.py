@@ -22,6 +22,7 @@ from weave_slurm.clock import Clock
 from weave_slurm.config.runtime import RuntimeConfig
 from weave_slurm.config.site import SiteConfig, default_site
 from weave_slurm.daemon import membership
+from weave_slurm.daemon.accounting_limits import AccountingFeed
 from weave_slurm.daemon.allocations import GroupAllocations, PoolRequest
 from weave_slurm.daemon.driver import Driver
 from weave_slurm.daemon.fault_points import FaultPoint, crossing
@@ -81,7 +82,8 @@ class Reconciler:
                  instance: str = "", node_step: NodeStepFactory | None = None,
                  immediate_s: int = 10, site: SiteConfig | None = None,
                  on_placement: Callable[[float], None] | None = None,
-                 open_output: Opener = open_as, replan: RuntimeConfig | None = None) -> None:
+                 open_output: Opener = open_as, replan: RuntimeConfig | None = None,
+                 accounting: AccountingFeed | None = None) -> None:
         self.store, self.backend, self.capacity = store, backend, capacity
         self.pools, self.driver, self.clock = pools, driver, clock
         self.instance = instance
@@ -100,7 +102,8 @@ class Reconciler:
             immediate_s=immediate_s, fail_placed=self._fail_placed, end_step=self._end_step,
             charge=site.slurm, terms=self.terms)
         self.placer = Placer(store, capacity, self.policy, site, instance,
-                             lambda seconds: self.on_placement and self.on_placement(seconds))
+                             lambda seconds: self.on_placement and self.on_placement(seconds),
+                             accounting)
         self.usage = UsageMeter(store, CostRates.from_site(site), driver)
         self.outputs = JobOutputs(store, self.terms, driver.live, open_output)   # -o, -e
         # re-planning running jobs (daemon/replanning.py): only where jobs can be moved

@@ -24,6 +24,7 @@ from weave_slurm.clock import SystemClock
 from weave_slurm.config.oci import oci_conf_path
 from weave_slurm.config.runtime import RuntimeConfig, transfer_refusal
 from weave_slurm.config.site import SiteConfig, default_site, load_site
+from weave_slurm.daemon.accounting_limits import AccountingFeed
 from weave_slurm.daemon.api import Api
 from weave_slurm.daemon.client import SOCKET_NAME
 from weave_slurm.daemon.driver import Driver, DriverKind, IdleDriver
@@ -34,7 +35,9 @@ from weave_slurm.daemon.server import ApiServer
 from weave_slurm.daemon.store import Store
 from weave_slurm.errors import ConfigError, StateError, WeaveError
 from weave_slurm.placement import Capacity
+from weave_slurm.slurm.accounting import read_accounting
 from weave_slurm.slurm.backend import Backend
+from weave_slurm.slurm.command_runner import SubprocessRunner
 from weave_slurm.slurm.factory import make_backend
 
 if TYPE_CHECKING:
@@ -144,6 +147,7 @@ class Weaved:
         if refusal is not None:
             raise ConfigError(f"{self.site.source}: {refusal}")
         self.capacity = capacity_for(self.site, self.backend)
+        self.accounting = self._accounting_feed()
         self.nodes = NodeDaemons(NodeDaemonSettings(
             state_dir=cfg.state_dir, instance=cfg.instance,
             remote=self.backend.kind != "local", node_command=cfg.node_command,
@@ -166,7 +170,7 @@ class Weaved:
                                      self.driver, self.clock, site=self.site, instance=cfg.instance,
                                      node_step=self.nodes.step, immediate_s=cfg.immediate_s,
                                      on_placement=self.metrics.placed if self.metrics else None,
-                                     replan=self._replan_config())
+                                     replan=self._replan_config(), accounting=self.accounting)
         self.api = Api(self.store, self.site, self.capacity, self.clock.now,
                        admin_uids=cfg.admin_uids, path_roots=cfg.path_roots,
                        wake=self._wake.set,
@@ -174,7 +178,8 @@ class Weaved:
                        waiting=self.driver.waiting,
                        world_error=lambda: self.reconciler.world_error,
                        node_python=self.nodes.s.python if cfg.node_command is None else None,
-                       oci_conf=oci_conf_path({**os.environ, **cfg.env}))
+                       oci_conf=oci_conf_path({**os.environ, **cfg.env}),
+                       accounting=self.accounting)
         self.metrics_port = None if self.metrics is None or cfg.metrics_port is None \
             else self.metrics.serve(cfg.metrics_port, cfg.metrics_addr)
         try:
@@ -183,6 +188,20 @@ class Weaved:
             if self.metrics is not None:
                 self.metrics.close()
             raise
+
+    def _accounting_feed(self) -> AccountingFeed | None:
+        """Slurm's association and QOS limits, with ``[limits] from_slurm`` (read with
+        sacctmgr in weaved's Slurm environment; docs/fairshare.md)."""
+        lim = self.site.limits
+        if not lim.from_slurm:
+            return None
+        if self.backend.kind == "local":
+            raise ConfigError(f"{self.site.source}: key 'limits.from_slurm' = true reads "
+                              "Slurm's accounting, but weaved runs the local backend (no "
+                              "Slurm): set it to false, or run weaved with --backend slurm")
+        env = self.config.env or None
+        return AccountingFeed(lambda: read_accounting(SubprocessRunner(), env,
+                                                      lim.slurm_cluster), lim.slurm_refresh_s)
 
     def _replan_config(self) -> RuntimeConfig | None:
         """Re-planning running jobs, where weaved can move them (daemon/replanning.py):
