@@ -173,3 +173,11 @@ def test_a_schema_5_file_gets_its_specs_parsed_once_more(tmp_path: Path) -> None
     old_a, old_b = store.job(a), store.job(b)
     assert old_a is not None and old_a.spec == stored("a")["spec"]
     assert old_b is not None and old_b.spec is None and old_b.spec_toml == 'name = "b"'
+
+
+def test_jobs_by_id_in_one_query(tmp_path: Path) -> None:
+    store = Store(tmp_path / "w.db")
+    ids = [_job(store) for _ in range(4)]
+    assert [j.job_id for j in store.jobs(ids=[ids[3], ids[1], 999])] == [ids[1], ids[3]]
+    assert store.jobs(ids=[]) == []
+    store.close()

@@ -233,10 +233,7 @@ def _usage(store: Store, site: SiteConfig, now: float) -> list[Usage]:
     """The booked GPU-seconds of every job that still counts, with its user and account
     (read each tick with pending jobs: old jobs' rows are not parsed)."""
     since = now - _FORGOTTEN_HALF_LIVES * site.fairshare.half_life_h * 3600.0
-    out = []
-    for job_id, u in store.usage().items():
-        job = store.job(job_id) if u.updated_s >= since else None
-        if job is not None:
-            out.append(Usage(job.user, account_of(job, site), sum(u.gpu_s.values()),
-                             u.updated_s))
-    return out
+    recent = {job_id: u for job_id, u in store.usage().items() if u.updated_s >= since}
+    return [Usage(job.user, account_of(job, site), sum(recent[job.job_id].gpu_s.values()),
+                  recent[job.job_id].updated_s)
+            for job in store.jobs(ids=list(recent))]

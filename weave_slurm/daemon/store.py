@@ -270,10 +270,14 @@ class Store:
         return self._job(rows[0]) if rows else None
 
     def jobs(self, states: Sequence[JobState] | None = None,
-             group_id: int | None = None, moving: bool = False) -> list[JobRow]:
+             group_id: int | None = None, moving: bool = False,
+             ids: Sequence[int] | None = None) -> list[JobRow]:
         """Jobs in ``states`` (None: any), of ``group_id``; ``moving``: only those a
-        re-plan is moving (``moving_from`` set)."""
+        re-plan is moving (``moving_from`` set); ``ids``: only these (one query)."""
         sql, args = "SELECT * FROM jobs WHERE 1=1", list[Any]()
+        if ids is not None:
+            sql += " AND job_id IN (SELECT value FROM json_each(?))"
+            args.append(json.dumps(list(ids)))
         if moving:
             sql += " AND moving_from IS NOT NULL"
         if states is not None:
