@@ -42,6 +42,22 @@ def test_a_pool_needs_its_partition_and_gres() -> None:
                             "set [pools.*] partition")
 
 
+def test_slurms_accounting_is_checked_where_the_site_reads_it() -> None:
+    from tests.slurm.test_accounting import ASSOC, QOS
+    from weave_slurm.errors import ExternalCommandError
+    from weave_slurm.slurm.accounting import Accounting, parse_associations, parse_qos
+
+    acct = Accounting("wtest", parse_associations(ASSOC), parse_qos(QOS))
+    assert preflight.slurm_accounting(lambda: acct).line() == (
+        "ok   slurm accounting (limits.from_slurm): cluster wtest: 4 user associations, "
+        "2 QOS")
+
+    def down() -> Accounting:
+        raise ExternalCommandError(["sacctmgr"], 1, "", "Connection refused")
+    failed = preflight.slurm_accounting(down)
+    assert failed.status is Status.FAIL and "sacctmgr failed" in failed.detail
+
+
 def test_the_state_dir_must_not_be_on_nfs(monkeypatch: pytest.MonkeyPatch,
                                           tmp_path: Path) -> None:
     assert preflight.state_dir(tmp_path / "not" / "yet").status is Status.OK

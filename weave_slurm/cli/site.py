@@ -40,13 +40,15 @@ def check(
     as_user: Annotated[str, typer.Option(
         "--as-user", help="An ordinary user to check the node interpreter as.")] = "nobody",
 ) -> None:
-    """Check partitions and GRES, munge, shared paths, the node interpreter, the OCI
-    runtime (oci.conf), the state dir and the ports; one line each, exit code 1 if any
-    failed."""
+    """Check partitions and GRES, Slurm's accounting (limits.from_slurm), munge, shared
+    paths, the node interpreter, the OCI runtime (oci.conf), the state dir and the ports;
+    one line each, exit code 1 if any failed."""
     from weave_slurm.config.oci import oci_conf_path
     from weave_slurm.config.site import default_site, load_site
     from weave_slurm.daemon.preflight import SiteFacts, Status, run_checks
+    from weave_slurm.slurm.accounting import read_accounting
     from weave_slurm.slurm.cli_backend import SlurmCliBackend
+    from weave_slurm.slurm.command_runner import SubprocessRunner
 
     if metrics_port is not None and not 0 <= metrics_port <= 65535:
         from weave_slurm.errors import ConfigError
@@ -59,9 +61,10 @@ def check(
         munge_socket=munge_socket,
         metrics=None if metrics_port is None else (metrics_addr, metrics_port),
         oci_conf=oci_conf_path())
-    backend = SlurmCliBackend(env={k: v for k, v in os.environ.items()
-                                   if k in ("SLURM_CONF", "MUNGE_SOCKET")})
-    checks = run_checks(facts, backend.nodes)
+    env = {k: v for k, v in os.environ.items() if k in ("SLURM_CONF", "MUNGE_SOCKET")}
+    backend = SlurmCliBackend(env=env)
+    checks = run_checks(facts, backend.nodes, lambda: read_accounting(
+        SubprocessRunner(), env, facts.site.limits.slurm_cluster))
     for c in checks:
         typer.echo(c.line())
     failed = sum(c.status is Status.FAIL for c in checks)

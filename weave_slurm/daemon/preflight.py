@@ -38,6 +38,7 @@ from weave_slurm.config.site import PoolConfig, SiteConfig
 from weave_slurm.daemon.access import Kind, Need, probe
 from weave_slurm.errors import WeaveError
 from weave_slurm.node.zygotes import weave_package_dir
+from weave_slurm.slurm.accounting import Accounting
 from weave_slurm.slurm.backend import NodeInfo
 
 #: File systems SQLite's locking cannot trust (the state dir must not be on one).
@@ -77,9 +78,13 @@ class SiteFacts:
     oci_conf: Path | None = None       # the site's oci.conf (None: not checked)
 
 
-def run_checks(facts: SiteFacts, nodes: Callable[[], Sequence[NodeInfo]]) -> list[Check]:
-    """Every check, in order (``nodes``: the backend's ``sinfo --json``)."""
+def run_checks(facts: SiteFacts, nodes: Callable[[], Sequence[NodeInfo]],
+               accounting: Callable[[], Accounting] | None = None) -> list[Check]:
+    """Every check, in order (``nodes``: the backend's ``sinfo --json``;
+    ``accounting``: a read of Slurm's, checked with ``[limits] from_slurm``)."""
     out = pools(facts.site, nodes)
+    if facts.site.limits.from_slurm and accounting is not None:
+        out.append(slurm_accounting(accounting))
     out.append(transfer(facts.site))
     out.append(munge(facts.munge_socket))
     out += shared_paths(facts.checkpoint_root, facts.path_roots)
@@ -101,6 +106,18 @@ def pools(site: SiteConfig, nodes: Callable[[], Sequence[NodeInfo]]) -> list[Che
     except WeaveError as exc:
         return [Check("slurm", Status.FAIL, f"sinfo --json failed: {exc}")]
     return [pool(p, listed) for p in (site.rollout, site.train)]
+
+
+def slurm_accounting(read: Callable[[], Accounting]) -> Check:
+    """weaved can read the associations and QOS it is to hold users to."""
+    name = "slurm accounting (limits.from_slurm)"
+    try:
+        acct = read()
+    except WeaveError as exc:
+        return Check(name, Status.FAIL, f"sacctmgr failed: {exc}")
+    users = sum(user is not None for _, user in acct.associations)
+    return Check(name, Status.OK, f"cluster {acct.cluster}: {users} user associations, "
+                                  f"{len(acct.qos)} QOS")
 
 
 def transfer(site: SiteConfig) -> Check:
