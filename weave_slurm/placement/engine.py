@@ -23,6 +23,12 @@ from dataclasses import dataclass
 from weave_slurm.model.profile import JobProfile
 from weave_slurm.placement.capacity import Capacity
 from weave_slurm.placement.cluster_state import ClusterState
+from weave_slurm.placement.colocation import (
+    cheaper_per_work,
+    colocation_placement,
+    join_colocated,
+    may_join_colocated,
+)
 from weave_slurm.placement.decision import Admission, Decision, Placement
 from weave_slurm.placement.fit import (
     capacity_refusal,
@@ -202,37 +208,62 @@ class WeavePolicy:
 
     def place(self, state: ClusterState, job: JobProfile) -> Decision:
         cap = state.capacity
+        colo = colocation_placement(state, job) if cap.colocation else None
         never = refuse_if_never_fits(job, cap)
         if never is not None:
-            return never
+            return never if colo is None else colo
         if cap.rollout_pooled and widens(job):   # pools pay only through width
-            return place_pooled(state, job, self.join_turns)
-        return self._pinned(state, job)
+            found: Decision = place_pooled(state, job, self.join_turns)
+            options = [found] if isinstance(found, Placement) else []
+        else:
+            options = self._pinned_options(state, job)
+            if not cap.colocation:
+                return options[0] if options else capacity_refusal(state, job)
+        if colo is not None:
+            options.append(colo)
+        if not options:
+            return capacity_refusal(state, job)
+        # the option that leaves the cluster cheapest per unit of work
+        return cheaper_per_work(state, options)
 
-    def _pinned(self, state: ClusterState, job: JobProfile) -> Decision:
-        """The tiers above over the node-pinned groups."""
+    def _pinned_options(self, state: ClusterState, job: JobProfile) -> list[Placement]:
+        """The tiers above over the node-pinned groups (and, with co-location, joining
+        a co-located job as rollout scaling: placement/colocation.py): the first
+        tier's winner, else a new group; with co-location, a new group as well."""
         cap = state.capacity
         free_r = cap.rollout_pool_nodes - state.rollout_nodes_used
         free_t = cap.train_pool_nodes - state.train_nodes_used
         groups: list[Group] = []
         turning: list[Group] = []   # groups only a newcomer taking turns may join
+        colocated: list[Group] = []   # co-located jobs it may join, disaggregating them
         for g in state.open_groups():
             if g.pooled:
+                continue
+            if g.colocated:
+                if cap.colocation and may_join_colocated(g, job, cap, free_t,
+                                                         self.join_turns):
+                    colocated.append(g)
                 continue
             if may_fit(g, job, cap, free_t):
                 groups.append(g)
             elif self.join_turns and may_fit(g, job, cap, free_t, True):
                 turning.append(g)
         tiers = ((self._direct, self._repack), (self._scale, self._repack_scaled))
+        options = []
         for k, tier in enumerate(tiers):
             cands = [c for make in tier for c in make(groups, job, cap, free_r)]
             if k and turning:   # rollout scaling, taking turns (one turn cannot fit)
                 cands += self._scale(turning, job, cap, free_r, several=True)
+            if k and colocated:
+                cands += self._join_colocated(colocated, job, cap, free_r, free_t)
             found = _most_slack(cands)
             if found is not None:
-                return found
+                options.append(found)
+                break
         fresh = new_group_placement(state, job)
-        return fresh if fresh is not None else capacity_refusal(state, job)
+        if fresh is not None and (cap.colocation or not options):
+            options.append(fresh)
+        return options
 
     @staticmethod
     def _direct(groups: list[Group], job: JobProfile, cap: Capacity,
@@ -283,6 +314,23 @@ class WeavePolicy:
 
             def build(g: Group = g) -> Placement | None:
                 return _repacked(g, job, cap, free_r, added, self.join_turns)
+
+            out.append(_Candidate(slack, g.group_id, (), build, expensive=True))
+        return out
+
+    def _join_colocated(self, groups: list[Group], job: JobProfile, cap: Capacity,
+                        free_r: float, free_t: int) -> list[_Candidate]:
+        """Rollout scaling of co-located groups: ``job`` beside each one's job, both
+        disaggregated on new rollout nodes (re-pinning searches, so examined last)."""
+        out = []
+        for g in groups:
+            jobs = (g.members[0].job, job)
+            sets = turn_sets(jobs) if self.join_turns else ((1, 1),)
+            nodes = sum(j.rollout_nodes for j in jobs)
+            slack = max(_repinned_slack_bound(jobs, turns, nodes) for turns in sets)
+
+            def build(g: Group = g) -> Placement | None:
+                return join_colocated(g, job, cap, free_r, free_t, self.join_turns)
 
             out.append(_Candidate(slack, g.group_id, (), build, expensive=True))
         return out
