@@ -11,8 +11,10 @@ from weave_slurm.model.profile import simple_profile
 from weave_slurm.placement.admission import place_batch
 from weave_slurm.placement.cluster_state import ClusterState, apply
 from weave_slurm.placement.colocation import (
+    beats_grouping,
     cheaper_per_work,
     colocation_placement,
+    grouped_floor,
     join_colocated,
     may_join_colocated,
 )
@@ -102,9 +104,24 @@ def test_a_newcomer_joins_a_colocated_job_which_goes_back_to_disaggregation() ->
     assert set(pauses(state, after, free=["b"])) == {"a"}
 
 
+def test_a_job_whose_colocation_beats_any_grouping_stays_colocated() -> None:
+    # one h800 for 500 s against 100 s of h20 + 400 s of h800 of work: 1.154 per unit of
+    # work; two like it on one h800 + one h20 (period 800 s, within SLO 1.6): 1.231
+    stays = placed(colocation_placement(ClusterState(COLO), train_heavy("a", slo=1.6)))
+    assert grouped_floor(stays.group.members[0].job, COLO) == pytest.approx(
+        4 / 3 * 800 / (2 * (100 / 3 + 400)))
+    assert beats_grouping(stays, COLO)
+    fits = simple_profile("c", 300.0, 30.0, 2.0)
+    assert not may_join_colocated(stays.group, fits, COLO, 10)
+    # balanced jobs: two on one h800 + one h20 leave no bubble (1.0), co-located 1.5
+    balanced = simple_profile("b", 300.0, 300.0, 2.0)
+    joins = placed(colocation_placement(ClusterState(COLO), balanced))
+    assert grouped_floor(balanced, COLO) == pytest.approx(1.0)
+    assert not beats_grouping(joins, COLO)
+
+
 def test_joining_is_pruned_and_refused_as_a_group_would_be() -> None:
-    a = train_heavy("a")
-    g = colocated_group(1, a)
+    g = colocated_group(1, simple_profile("a", 300.0, 300.0, 1.2))
     assert may_join_colocated(g, train_heavy("b"), COLO, 10) is False   # training: 2x
     assert may_join_colocated(g.disaggregated, train_heavy("b"), COLO, 10) is False
     fits = simple_profile("c", 300.0, 30.0, 2.0)

@@ -32,9 +32,9 @@ from weave_slurm.placement.capacity import Capacity
 from weave_slurm.placement.cluster_state import ClusterState
 from weave_slurm.placement.decision import Admission, Placement
 from weave_slurm.placement.fit import may_fit
-from weave_slurm.placement.group import Group, colocated_group
+from weave_slurm.placement.group import Group, Member, colocated_group
 from weave_slurm.placement.repack import best_group
-from weave_slurm.placement.work import group_work_rate
+from weave_slurm.placement.work import group_work_rate, member_value
 
 _EPS = 1e-9
 
@@ -56,11 +56,63 @@ def colocation_placement(state: ClusterState, job: JobProfile) -> Placement | No
                      group.train_nodes)
 
 
-def may_join_colocated(group: Group, job: JobProfile, cap: Capacity, free_t: int,
+def beats_grouping(colo: Placement, cap: Capacity) -> bool:
+    """Whether ``colo`` (a job co-located) costs less per unit of work than any group of
+    jobs like it could disaggregated (:func:`grouped_floor`). Where it does not, a job
+    that can join a group joins it: a group's first members cost more per unit of work
+    than co-location, its later ones less, so comparing each arrival's options alone
+    would co-locate every job and grow no group."""
+    return _beats(colo.group, cap)
+
+
+def _beats(group: Group, cap: Capacity) -> bool:
+    job = group.members[0].job
+    own = cap.rate_of(group) * group.schedule.expected_period_s
+    return own / member_value(group.members[0], cap) < grouped_floor(job, cap)
+
+
+def grouped_floor(job: JobProfile, cap: Capacity) -> float:
+    """The least cost per unit of work of ``n`` jobs like ``job`` (``n`` up to the
+    largest group) sharing one training node within its SLO: period at least ``n``
+    trainings and its solo iteration, on the fewest rollout nodes that hold ``n``
+    rollouts per period (expected times; inf where even one cannot)."""
+    value = member_value(Member(job, ()), cap)
+    best = math.inf
+    for n in range(1, cap.max_group_size + 1):
+        period = max(n * job.train_max_s, job.solo_s)
+        if period > job.budget_s * (1 + _EPS) or value <= 0:
+            break
+        nodes = max(job.rollout_nodes,
+                    math.ceil(n * job.rollout_max_s * job.rollout_nodes / period - _EPS))
+        expected = max(n * job.train_mean_s, job.solo_mean_s)
+        best = min(best, cap.rates.rate(nodes, job.train_nodes) * expected / (n * value))
+    return best
+
+
+def may_join_colocated(group: Group, job: JobProfile | None, cap: Capacity, free_t: int,
                        turns: bool = False) -> bool:
-    """O(1) necessary conditions for ``job`` to join co-located ``group``: those of
-    :func:`~weave_slurm.placement.fit.may_fit` for its job alone, disaggregated."""
-    return group.colocated and may_fit(group.disaggregated, job, cap, free_t, turns)
+    """Whether ``job`` may join co-located ``group``: not where that job's co-location
+    beats any grouping of jobs like it (:func:`beats_grouping`: it stays co-located),
+    and the O(1) necessary conditions of :func:`~weave_slurm.placement.fit.may_fit` for
+    its job alone, disaggregated (``job`` None: the group's part alone)."""
+    return group.colocated and not _stays(group, cap) and (
+        job is None or may_fit(group.disaggregated, job, cap, free_t, turns))
+
+
+def _stays(group: Group, cap: Capacity) -> bool:
+    """:func:`beats_grouping` of a co-located group's job (memoised per group object and
+    capacity: placement asks about every co-located group on every arrival)."""
+    hit = _STAYS.get(id(group))
+    if hit is not None and hit[0] is group and hit[1] is cap:
+        return hit[2]
+    if len(_STAYS) > 1 << 16:
+        _STAYS.clear()
+    stays = _beats(group, cap)
+    _STAYS[id(group)] = (group, cap, stays)   # holding both keeps their ids unique
+    return stays
+
+
+_STAYS: dict[int, tuple[Group, Capacity, bool]] = {}
 
 
 def join_colocated(group: Group, job: JobProfile, cap: Capacity, free_r: float,

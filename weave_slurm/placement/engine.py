@@ -24,6 +24,7 @@ from weave_slurm.model.profile import JobProfile
 from weave_slurm.placement.capacity import Capacity
 from weave_slurm.placement.cluster_state import ClusterState
 from weave_slurm.placement.colocation import (
+    beats_grouping,
     cheaper_per_work,
     colocation_placement,
     join_colocated,
@@ -212,44 +213,40 @@ class WeavePolicy:
         never = refuse_if_never_fits(job, cap)
         if never is not None:
             return never if colo is None else colo
+        fresh: Placement | None = None
         if cap.rollout_pooled and widens(job):   # pools pay only through width
-            found: Decision = place_pooled(state, job, self.join_turns)
-            options = [found] if isinstance(found, Placement) else []
+            pooled = place_pooled(state, job, self.join_turns)
+            found = pooled if isinstance(pooled, Placement) else None
         else:
-            options = self._pinned_options(state, job)
-            if not cap.colocation:
-                return options[0] if options else capacity_refusal(state, job)
-        if colo is not None:
-            options.append(colo)
-        if not options:
-            return capacity_refusal(state, job)
+            found, fresh = self._pinned_options(state, job)
+        if colo is None:
+            best = found or fresh
+            return best if best is not None else capacity_refusal(state, job)
+        if found is not None and not beats_grouping(colo, cap):
+            return found   # groups of jobs like it could beat co-location: join
         # the option that leaves the cluster cheapest per unit of work
-        return cheaper_per_work(state, options)
+        return cheaper_per_work(state, [p for p in (found, fresh, colo) if p is not None])
 
-    def _pinned_options(self, state: ClusterState, job: JobProfile) -> list[Placement]:
+    def _pinned_options(self, state: ClusterState, job: JobProfile
+                        ) -> tuple[Placement | None, Placement | None]:
         """The tiers above over the node-pinned groups (and, with co-location, joining
         a co-located job as rollout scaling: placement/colocation.py): the first
-        tier's winner, else a new group; with co-location, a new group as well."""
+        tier's winner, and a new group where there is none or co-location is on."""
         cap = state.capacity
         free_r = cap.rollout_pool_nodes - state.rollout_nodes_used
         free_t = cap.train_pool_nodes - state.train_nodes_used
         groups: list[Group] = []
         turning: list[Group] = []   # groups only a newcomer taking turns may join
-        colocated: list[Group] = []   # co-located jobs it may join, disaggregating them
-        for g in state.open_groups():
-            if g.pooled:
-                continue
-            if g.colocated:
-                if cap.colocation and may_join_colocated(g, job, cap, free_t,
-                                                         self.join_turns):
-                    colocated.append(g)
-                continue
+        pinned, joinable = _pinned_groups(state)
+        # co-located jobs it may join, disaggregating them
+        colocated = [g for g in joinable if may_join_colocated(g, job, cap, free_t,
+                                                               self.join_turns)]
+        for g in pinned:
             if may_fit(g, job, cap, free_t):
                 groups.append(g)
             elif self.join_turns and may_fit(g, job, cap, free_t, True):
                 turning.append(g)
         tiers = ((self._direct, self._repack), (self._scale, self._repack_scaled))
-        options = []
         for k, tier in enumerate(tiers):
             cands = [c for make in tier for c in make(groups, job, cap, free_r)]
             if k and turning:   # rollout scaling, taking turns (one turn cannot fit)
@@ -258,12 +255,8 @@ class WeavePolicy:
                 cands += self._join_colocated(colocated, job, cap, free_r, free_t)
             found = _most_slack(cands)
             if found is not None:
-                options.append(found)
-                break
-        fresh = new_group_placement(state, job)
-        if fresh is not None and (cap.colocation or not options):
-            options.append(fresh)
-        return options
+                return found, new_group_placement(state, job) if cap.colocation else None
+        return None, new_group_placement(state, job)
 
     @staticmethod
     def _direct(groups: list[Group], job: JobProfile, cap: Capacity,
@@ -365,6 +358,24 @@ class WeavePolicy:
                 out.append(_Candidate(_slack(min(g.min_budget_s, turns * job.budget_s),
                                              bound), g.group_id, (turns,), build))
         return out
+
+
+_LAST_STATE: list[tuple[ClusterState, tuple[Group, ...], tuple[Group, ...]]] = []
+
+
+def _pinned_groups(state: ClusterState) -> tuple[tuple[Group, ...], tuple[Group, ...]]:
+    """The open node-pinned groups of ``state``, and its open co-located groups a
+    newcomer may join (``colocation.may_join_colocated``'s per-group part); computed
+    once per state (a batch, a re-plan and the benchmark place many jobs on one)."""
+    if _LAST_STATE and _LAST_STATE[0][0] is state:
+        return _LAST_STATE[0][1], _LAST_STATE[0][2]
+    cap = state.capacity
+    opened = state.open_groups()
+    pinned = tuple(g for g in opened if not g.pooled and not g.colocated)
+    joinable = tuple(g for g in opened if g.colocated and cap.colocation
+                     and may_join_colocated(g, None, cap, 0))
+    _LAST_STATE[:] = [(state, pinned, joinable)]
+    return pinned, joinable
 
 
 @dataclass(frozen=True, slots=True)
