@@ -12,7 +12,8 @@ their solo rollout / training time per iteration: rollout-heavy >= 2.0, train-he
 profiles are the reference generator's train-heavy classes, 0.125-0.5), tight SLOs
 ``uniform:1.0,1.2`` and loose ones ``uniform:1.5,2``, three seeds each. Each trace is
 replayed in both accountings (``reference``, ``consistent``) with weave (default flags:
-pinned rollout, charged re-planning, groups <= 5), isolated and co-located on the
+pinned rollout, co-location as an admission option, charged re-planning, groups <= 5;
+``--no-colocation``: without co-location), isolated and co-located on the
 reference's site, and reports weave's cost against isolated, co-located and the
 zero-bubble lower bound, its SLO attainment and its bubbles per pool. ``loses`` marks a
 trace where weave costs more than the lower of isolated and co-located. Nothing is tuned
@@ -70,8 +71,8 @@ def row(policies: dict[str, Any]) -> dict[str, Any]:
 
 
 def run(jobs: int, days: float, seeds: list[int], mixes: list[TraceMix],
-        slos: list[str], echo: bool = True) -> dict[str, Any]:
-    cap = Capacity.from_site(reference_site(), 5)
+        slos: list[str], echo: bool = True, colocation: bool = True) -> dict[str, Any]:
+    cap = Capacity.from_site(reference_site(), 5, colocation=colocation)
     cases: dict[str, Any] = {}
     for mix in mixes:
         for slo in slos:
@@ -94,6 +95,7 @@ def run(jobs: int, days: float, seeds: list[int], mixes: list[TraceMix],
                         print(f"{name}: {case['cpu_s']} s CPU", file=sys.stderr)
     return {"jobs": jobs, "days": days, "seeds": seeds, "policies": list(POLICIES),
             "max_group_size": 5, "site": "reference", "slos": {s: SLOS[s] for s in slos},
+            "colocation": colocation,
             "cases": cases,
             "losses": [name for name, c in cases.items() if c["loses"]]}
 
@@ -105,6 +107,12 @@ def _choices(text: str, valid: list[str], flag: str) -> list[str]:
         raise ConfigError(f"{flag} {text!r}: expected a comma-separated list of "
                           f"{', '.join(valid)}")
     return picked
+
+
+def _pct(share: float | None) -> str:
+    """A pool's bubble in percent; '-' where weave held none of that pool (every job
+    co-located: no rollout node)."""
+    return "-" if share is None else f"{100 * share:.1f}%"
 
 
 def print_table(out: dict[str, Any], console: Console) -> None:
@@ -120,7 +128,7 @@ def print_table(out: dict[str, Any], console: Console) -> None:
                       f"{c['cost_over_bound']['total']:.3f}",
                       f"{100 * c['slo_attainment']:.2f}%",
                       f"{c['slo_violations']} / {c['life_slo_violations']}",
-                      f"{100 * b['rollout']:.1f} / {100 * b['train']:.1f}%",
+                      f"{_pct(b['rollout'])} / {_pct(b['train'])}",
                       f"{c['over_best_baseline']:.3f}x" if c["loses"] else "-")
     console.print(table)
 
@@ -132,6 +140,8 @@ def main() -> None:
     ap.add_argument("--seeds", default="1,2,3")
     ap.add_argument("--mixes", default=",".join(m.value for m in MIXES))
     ap.add_argument("--slos", default=",".join(SLOS))
+    ap.add_argument("--no-colocation", action="store_true",
+                    help="weave without co-location as an admission option (as before it)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     try:
@@ -146,17 +156,18 @@ def main() -> None:
         if args.days <= 0:
             raise ConfigError(f"--days {args.days!r}: expected a positive number of days")
         c0 = time.process_time()
-        out = run(args.jobs, args.days, seeds, mixes, slos)
+        out = run(args.jobs, args.days, seeds, mixes, slos,
+                  colocation=not args.no_colocation)
     except ConfigError as exc:
         print(f"decision_quality.py: error: {exc}", file=sys.stderr)
         sys.exit(exc.exit_code)
     out["cpu_s"] = round(time.process_time() - c0, 1)
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1) + "\n")
     print_table(out, Console(width=160))
     print(f"weave costs more than the lower of isolated and co-located on "
           f"{len(out['losses'])} of {len(out['cases'])}: {', '.join(out['losses']) or '-'}; "
           f"{out['cpu_s']} s CPU")
-    if args.json:
-        args.json.write_text(json.dumps(out, indent=1) + "\n")
 
 
 if __name__ == "__main__":

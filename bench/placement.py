@@ -14,7 +14,10 @@ one lone arrival at a time,
 after each arrival the last ``--recent`` jobs are placed again together when that pays
 (placement.replan.replace_jobs; moves charged as in the simulator, with no known
 remaining time, so over the default one-hour horizon). ``moves_per_set`` counts the
-running jobs that re-placement moved or re-pinned. ``--pooled`` times weave's placement
+running jobs that re-placement moved or re-pinned. Co-location is an admission option
+of the greedy and of the optimum alike (a drawn job's co-located iteration is its
+rollout plus its training, on its one training node; ``--no-colocation``: neither has
+it). ``--pooled`` times weave's placement
 with pooled rollout instead (docs/placement.md "Pooled rollout"; its optimality is not
 measured: it places by cost per unit of work, the optimum minimises cost per hour).
 """
@@ -46,21 +49,22 @@ REFERENCE_MS = {100: 104.0, 500: 338.0, 1000: 453.0, 2000: 689.0}
 REFERENCE_RATIO = {6: 1.078, 7: 1.065, 8: 1.110}
 
 
-def capacity(pooled: bool = False) -> Capacity:
+def capacity(pooled: bool = False, colocation: bool = True) -> Capacity:
     return Capacity(max_group_size=3, max_rollout_nodes_per_group=64, rollout_mem_gib=1e9,
                     train_mem_gib=1e9, rollout_pool_nodes=10**7, train_pool_nodes=10**7,
-                    rates=reference_unit_rates(), rollout_pooled=pooled)
+                    rates=reference_unit_rates(), rollout_pooled=pooled,
+                    colocation=colocation)
 
 
 def draw(rng: random.Random, job_id: str) -> JobProfile:
     return simple_profile(job_id, rng.uniform(25, 600), rng.uniform(25, 600), rng.uniform(1.1, 2))
 
 
-def time_decisions(active: int, probes: int, seed: int, pooled: bool = False
-                   ) -> dict[str, float]:
+def time_decisions(active: int, probes: int, seed: int, pooled: bool = False,
+                   colocation: bool = True) -> dict[str, float]:
     rng = random.Random(seed)
     jobs = [draw(rng, f"j{i}") for i in range(active)]
-    state = place_batch(WeavePolicy(), ClusterState(capacity(pooled)), jobs,
+    state = place_batch(WeavePolicy(), ClusterState(capacity(pooled, colocation)), jobs,
                         ordered=False).state
     policy = WeavePolicy()
     wall, cpu = [], []
@@ -112,8 +116,9 @@ def online_with_replacement(jobs: list[JobProfile], cap: Capacity,
     return state, moves
 
 
-def optimality(n: int, sets: int, seed: int, recent: int = 6) -> dict[str, float]:
-    cap = capacity()
+def optimality(n: int, sets: int, seed: int, recent: int = 6,
+               colocation: bool = True) -> dict[str, float]:
+    cap = capacity(colocation=colocation)
     batch, online, replaced, moves = [], [], [], []
     for s in range(sets):
         rng = random.Random(seed * 1000 + n * 100 + s)
@@ -145,10 +150,14 @@ def main() -> None:
                     help="arrivals re-placed together after each arrival")
     ap.add_argument("--pooled", action="store_true",
                     help="time weave's placement with pooled rollout (docs/placement.md)")
+    ap.add_argument("--no-colocation", action="store_true",
+                    help="without co-location as an admission option (placement and "
+                    "optimum; docs/placement.md \"Co-location\")")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
+    colo = not args.no_colocation
     console = Console()
-    results = [time_decisions(int(a), args.probes, args.seed, args.pooled)
+    results = [time_decisions(int(a), args.probes, args.seed, args.pooled, colo)
                for a in args.active.split(",") if a]
     table = Table(title="Placement time per arrival (weave policy"
                   f"{', pooled rollout' if args.pooled else ''})")
@@ -161,7 +170,7 @@ def main() -> None:
                       f"{r['p99_ms']:.3f}", f"{r['cpu_median_ms']:.3f}",
                       f"{r['cpu_p99_ms']:.3f}", "-" if ref is None else f"{ref:.0f}")
     console.print(table)
-    opt = [optimality(int(n), args.sets, args.seed, args.recent)
+    opt = [optimality(int(n), args.sets, args.seed, args.recent, colo)
            for n in args.optimality.split(",") if n]
     table = Table(title="Greedy cost / exact optimum (random sets)")
     for col in ("jobs", "sets", "batch mean", "batch max", "online mean", "online max",

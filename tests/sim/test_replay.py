@@ -33,7 +33,8 @@ def test_reference_accounting_matches_hand_computed_case() -> None:
     expected = 4 / 3 * 5400 + 5 / 3 * 1800 + 4 / 3 * 3600
     assert res["weave"].reference_units == pytest.approx(expected)
     assert res["weave"].cost == pytest.approx(expected / 3600 * 42.24)
-    assert res["weave"].admissions == {"direct": 1, "scale_rollout": 1, "new_group": 1}
+    assert res["weave"].admissions == {"direct": 1, "scale_rollout": 1, "new_group": 1,
+                                       "colocated": 0}
     assert res["isolated"].reference_units == pytest.approx(
         reference_baseline_cost(trace, Baseline.ISOLATED))
     assert res["colocated"].reference_units == pytest.approx(

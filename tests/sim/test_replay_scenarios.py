@@ -87,7 +87,7 @@ def test_simulate_cli_writes_json_and_plots(tmp_path: Path) -> None:
     for key in ("cost", "cost_per_hour", "slo_violations", "slo_attainment", "admissions",
                 "peak_gpus", "bubble", "ratios", "slo_check"):
         assert key in weave
-    assert set(weave["admissions"]) == {"direct", "scale_rollout", "new_group"}
+    assert set(weave["admissions"]) == {"direct", "scale_rollout", "new_group", "colocated"}
     assert weave["ratios"]["vs_isolated"] > 1
     assert {p.name for p in (tmp_path / "plots").iterdir()} == {
         "cost_rate.png", "gpus.png", "gantt.png"}

@@ -21,7 +21,13 @@ from weave_slurm.sim.failures import FailureModel
 from weave_slurm.sim.generate import GeneratorConfig, TraceMix, generate_trace
 from weave_slurm.sim.loader import load_trace, save_trace
 from weave_slurm.sim.plots import plot_all
-from weave_slurm.sim.policies import Accounting, StalenessMix, parse_policies, refuse_pooled
+from weave_slurm.sim.policies import (
+    Accounting,
+    StalenessMix,
+    parse_policies,
+    refuse_colocation,
+    refuse_pooled,
+)
 from weave_slurm.sim.profiles import load_profile_table
 from weave_slurm.sim.replay import ReplayOptions, ReplayResult, replay_policies
 from weave_slurm.sim.report import build_report, render
@@ -69,6 +75,11 @@ def simulate(
         "--rollout", help="How weave's groups hold their rollout side: pinned (whole "
         "nodes, as weaved runs them) or pooled (GPUs every member's rollout spans in "
         "turn; docs/placement.md).")] = "pinned",
+    colocation: Annotated[bool | None, typer.Option(
+        "--colocation/--no-colocation", help="Whether weave may admit a job co-located "
+        "(its rollout on its own training nodes; docs/placement.md). Default: the site's "
+        "[limits] colocation, else on; weave-live never (weaved does not run it yet).")
+                          ] = None,
     verify: Annotated[bool, typer.Option(help="Event-level SLO check of grouped policies.")
                       ] = True,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the report here.")
@@ -82,6 +93,8 @@ def simulate(
     pooled = RolloutSharing.parse(rollout) is RolloutSharing.POOLED
     if pooled:
         refuse_pooled(names)   # before any replay runs
+    if colocation:
+        refuse_colocation(names)
     if not 0 < rollout_mean <= 1:
         raise ConfigError(f"--rollout-mean {rollout_mean!r}: expected a fraction in (0, 1]")
     tr = load_trace(trace, fmt=fmt, slo=SloDistribution.parse(slo_dist, flag="--slo-dist"),
@@ -95,7 +108,9 @@ def simulate(
         staleness=StalenessMix.parse(staleness_mix, seed),
         failures=FailureModel(failure_rate, seed=seed) if failure_rate > 0 else None,
         drift=DriftModel(DriftPattern.parse(drift), seed=seed) if drift else None)
-    cap = Capacity.from_site(site_cfg, max_group_size, pooled=pooled)
+    if colocation is None:
+        colocation = site_cfg.limits.colocation is not False
+    cap = Capacity.from_site(site_cfg, max_group_size, pooled=pooled, colocation=colocation)
     results = _run(tr, cap, names, options)
     gpus = {"rollout": site_cfg.rollout.gpus_per_node, "train": site_cfg.train.gpus_per_node}
     grouped = tuple(n for n in names if n not in ("isolated", "colocated"))

@@ -15,7 +15,7 @@ from weave_slurm.placement.fit import (
     new_group_placement,
     refuse_if_never_fits,
 )
-from weave_slurm.placement.group import Group, Member
+from weave_slurm.placement.group import colocated_group
 from weave_slurm.placement.policy import Policy
 
 
@@ -45,8 +45,7 @@ class ColocatedPolicy:
             return never
         if state.train_nodes_used + nodes > cap.train_pool_nodes:
             return capacity_refusal(state, job)
-        group = Group(state.next_group_id, (Member(job, ()),), rollout_nodes=0,
-                      train_nodes=nodes, colocated=True)
+        group = colocated_group(state.next_group_id, job)
         return Placement(job.job_id, Admission.NEW_GROUP, group, cap.rates.rate(0, nodes),
                          0, nodes)
 

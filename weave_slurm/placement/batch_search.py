@@ -51,7 +51,7 @@ def improve_batch(before: ClusterState, after: ClusterState) -> ClusterState:
     by the local search above; ``after`` itself when nothing improves."""
     cap = after.capacity
     fresh = [g for g in after.groups if g.group_id >= before.next_group_id
-             and not g.pooled and not g.colocated]
+             and not g.pooled and (cap.colocation or not g.colocated)]
     if cap.max_group_size < 2 or len(fresh) < 2:
         return after
     groups, next_id = fresh, after.next_group_id
@@ -112,8 +112,12 @@ def _sets(groups: Sequence[Group], most_jobs: int) -> Iterator[tuple[Group, ...]
 def _cost_floor(jobs: Sequence[JobProfile], cap: Capacity) -> float:
     """A lower bound on the cost per hour of ``jobs`` in any grouping: at least
     ``ceil(n / max_group_size)`` groups, each holding at least the smallest of the jobs'
-    node counts in each pool (and some group the largest)."""
+    node counts in each pool (and some group the largest); where jobs may be co-located,
+    a group may hold no rollout node and its co-located nodes."""
     n_groups = -(-len(jobs) // cap.max_group_size)
+    if cap.colocation:
+        train_least = min(min(j.train_nodes, j.colo_nodes or j.train_nodes) for j in jobs)
+        return cap.rates.rate(0, n_groups * train_least)
     rollout = max(n_groups * min(j.rollout_nodes for j in jobs),
                   max(j.rollout_nodes for j in jobs))
     train = max(n_groups * min(j.train_nodes for j in jobs), max(j.train_nodes for j in jobs))

@@ -33,6 +33,10 @@ class Capacity:
     # rollout"); rollout node counts above stay in nodes
     rollout_pooled: bool = False
     rollout_gpus_per_node: int = 8
+    # weave may admit a job co-located: its rollout on its own training nodes, no
+    # rollout node held (docs/placement.md "Co-location"; weaved keeps it off until its
+    # runtime can run such a member)
+    colocation: bool = False
 
     def rate_of(self, group: Group) -> float:
         """What ``group``'s nodes cost per hour (a pool's GPUs as the nodes' share)."""
@@ -45,9 +49,12 @@ class Capacity:
 
     @classmethod
     def from_site(cls, site: SiteConfig, max_group_size: int | None = None,
-                  pooled: bool = False) -> Capacity:
+                  pooled: bool = False, colocation: bool | None = None) -> Capacity:
+        """The site's limits (``colocation``: None takes the site's ``[limits]
+        colocation``)."""
         return cls(
             rollout_pooled=pooled, rollout_gpus_per_node=site.rollout.gpus_per_node,
+            colocation=bool(site.limits.colocation) if colocation is None else colocation,
             max_group_size=max_group_size or site.limits.max_group_size,
             max_rollout_nodes_per_group=site.limits.max_rollout_nodes_per_group,
             rollout_mem_gib=site.rollout.host_mem_gib, train_mem_gib=site.train.host_mem_gib,

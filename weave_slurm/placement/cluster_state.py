@@ -12,6 +12,7 @@ from weave_slurm.placement.capacity import Capacity
 from weave_slurm.placement.decision import Placement
 from weave_slurm.placement.group import Group, Member
 from weave_slurm.placement.pooled import narrowed
+from weave_slurm.placement.work import group_work_rate
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,12 @@ class ClusterState:
     @property
     def cost_per_hour(self) -> float:
         return self.capacity.rates.rate(self.rollout_nodes_used, self.train_nodes_used)
+
+    @cached_property
+    def work_per_hour(self) -> float:
+        """Busy-time value of all members per hour (placement/work.py): what the pools
+        would cost with no bubble."""
+        return sum(group_work_rate(g, self.capacity) for g in self.groups)
 
     @property
     def jobs(self) -> int:

@@ -30,7 +30,7 @@ def consolidation(policy: Policy, state: ClusterState, group_id: int,
     never loses in either accounting; None keeps the group as it is.
     """
     group = state.by_id.get(group_id)
-    if group is None or group.colocated:
+    if group is None or group.colocated:   # a co-located group does not shrink
         return None
     rest = replace(state, groups=tuple(g for g in state.groups if g.group_id != group_id))
     # Only worth searching if some member could join another group at all.

@@ -10,11 +10,12 @@ from weave_slurm.placement.group import Group
 
 
 class Admission(StrEnum):
-    """How an arrival was admitted (the paper's three cases)."""
+    """How an arrival was admitted (the paper's three cases, and co-location)."""
 
     DIRECT = "direct"  # packed into an existing group's idle slots
     SCALE_ROLLOUT = "scale_rollout"  # joined a group that grew its rollout nodes
     NEW_GROUP = "new_group"  # provisioned in isolation
+    COLOCATED = "colocated"  # rollout on its own training nodes (docs/placement.md)
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,13 @@ from dataclasses import dataclass
 from weave_slurm.model.profile import JobProfile
 from weave_slurm.placement.capacity import Capacity
 from weave_slurm.placement.cluster_state import ClusterState
+from weave_slurm.placement.colocation import (
+    beats_grouping,
+    cheaper_per_work,
+    colocation_placement,
+    join_colocated,
+    may_join_colocated,
+)
 from weave_slurm.placement.decision import Admission, Decision, Placement
 from weave_slurm.placement.fit import (
     capacity_refusal,
@@ -202,23 +209,39 @@ class WeavePolicy:
 
     def place(self, state: ClusterState, job: JobProfile) -> Decision:
         cap = state.capacity
+        colo = colocation_placement(state, job) if cap.colocation else None
         never = refuse_if_never_fits(job, cap)
         if never is not None:
-            return never
+            return never if colo is None else colo
+        fresh: Placement | None = None
         if cap.rollout_pooled and widens(job):   # pools pay only through width
-            return place_pooled(state, job, self.join_turns)
-        return self._pinned(state, job)
+            pooled = place_pooled(state, job, self.join_turns)
+            found = pooled if isinstance(pooled, Placement) else None
+        else:
+            found, fresh = self._pinned_options(state, job)
+        if colo is None:
+            best = found or fresh
+            return best if best is not None else capacity_refusal(state, job)
+        if found is not None and not beats_grouping(colo, cap):
+            return found   # groups of jobs like it could beat co-location: join
+        # the option that leaves the cluster cheapest per unit of work
+        return cheaper_per_work(state, [p for p in (found, fresh, colo) if p is not None])
 
-    def _pinned(self, state: ClusterState, job: JobProfile) -> Decision:
-        """The tiers above over the node-pinned groups."""
+    def _pinned_options(self, state: ClusterState, job: JobProfile
+                        ) -> tuple[Placement | None, Placement | None]:
+        """The tiers above over the node-pinned groups (and, with co-location, joining
+        a co-located job as rollout scaling: placement/colocation.py): the first
+        tier's winner, and a new group where there is none or co-location is on."""
         cap = state.capacity
         free_r = cap.rollout_pool_nodes - state.rollout_nodes_used
         free_t = cap.train_pool_nodes - state.train_nodes_used
         groups: list[Group] = []
         turning: list[Group] = []   # groups only a newcomer taking turns may join
-        for g in state.open_groups():
-            if g.pooled:
-                continue
+        pinned, joinable = _pinned_groups(state)
+        # co-located jobs it may join, disaggregating them
+        colocated = [g for g in joinable if may_join_colocated(g, job, cap, free_t,
+                                                               self.join_turns)]
+        for g in pinned:
             if may_fit(g, job, cap, free_t):
                 groups.append(g)
             elif self.join_turns and may_fit(g, job, cap, free_t, True):
@@ -228,11 +251,12 @@ class WeavePolicy:
             cands = [c for make in tier for c in make(groups, job, cap, free_r)]
             if k and turning:   # rollout scaling, taking turns (one turn cannot fit)
                 cands += self._scale(turning, job, cap, free_r, several=True)
+            if k and colocated:
+                cands += self._join_colocated(colocated, job, cap, free_r, free_t)
             found = _most_slack(cands)
             if found is not None:
-                return found
-        fresh = new_group_placement(state, job)
-        return fresh if fresh is not None else capacity_refusal(state, job)
+                return found, new_group_placement(state, job) if cap.colocation else None
+        return None, new_group_placement(state, job)
 
     @staticmethod
     def _direct(groups: list[Group], job: JobProfile, cap: Capacity,
@@ -287,6 +311,23 @@ class WeavePolicy:
             out.append(_Candidate(slack, g.group_id, (), build, expensive=True))
         return out
 
+    def _join_colocated(self, groups: list[Group], job: JobProfile, cap: Capacity,
+                        free_r: float, free_t: int) -> list[_Candidate]:
+        """Rollout scaling of co-located groups: ``job`` beside each one's job, both
+        disaggregated on new rollout nodes (re-pinning searches, so examined last)."""
+        out = []
+        for g in groups:
+            jobs = (g.members[0].job, job)
+            sets = turn_sets(jobs) if self.join_turns else ((1, 1),)
+            nodes = sum(j.rollout_nodes for j in jobs)
+            slack = max(_repinned_slack_bound(jobs, turns, nodes) for turns in sets)
+
+            def build(g: Group = g) -> Placement | None:
+                return join_colocated(g, job, cap, free_r, free_t, self.join_turns)
+
+            out.append(_Candidate(slack, g.group_id, (), build, expensive=True))
+        return out
+
     def _repack_scaled(self, groups: list[Group], job: JobProfile, cap: Capacity,
                        free_r: float) -> list[_Candidate]:
         return self._repack(groups, job, cap, free_r, added=job.rollout_nodes)
@@ -317,6 +358,25 @@ class WeavePolicy:
                 out.append(_Candidate(_slack(min(g.min_budget_s, turns * job.budget_s),
                                              bound), g.group_id, (turns,), build))
         return out
+
+
+_LAST_STATE: list[tuple[ClusterState, tuple[Group, ...], tuple[Group, ...]]] = []
+
+
+def _pinned_groups(state: ClusterState) -> tuple[tuple[Group, ...], tuple[Group, ...]]:
+    """The open node-pinned groups of ``state``, and its open co-located groups a
+    newcomer may join (``colocation.may_join_colocated``'s per-group part); computed
+    once per state (a batch, a re-plan and the benchmark place many jobs on one)."""
+    last = _LAST_STATE[0] if _LAST_STATE else None   # one read: other threads may place
+    if last is not None and last[0] is state:
+        return last[1], last[2]
+    cap = state.capacity
+    opened = state.open_groups()
+    pinned = tuple(g for g in opened if not g.pooled and not g.colocated)
+    joinable = tuple(g for g in opened if g.colocated and cap.colocation
+                     and may_join_colocated(g, None, cap, 0))
+    _LAST_STATE[:] = [(state, pinned, joinable)]   # holding the state keeps its id unique
+    return pinned, joinable
 
 
 @dataclass(frozen=True, slots=True)

@@ -103,6 +103,15 @@ class Group:
         return len(self.members)
 
     @cached_property
+    def disaggregated(self) -> Group:
+        """A co-located group's job alone on rollout and training nodes of its own (what
+        a newcomer joining it starts from: placement/colocation.py); the group itself
+        otherwise."""
+        if not self.colocated:
+            return self
+        return solo_group(self.group_id, self.members[0].job)
+
+    @cached_property
     def job_ids(self) -> tuple[str, ...]:
         return tuple(m.job.job_id for m in self.members)
 
@@ -127,7 +136,12 @@ class Group:
 
     @cached_property
     def train_mem_gib(self) -> float:
-        """Host memory used on training node 0, which every member trains on."""
+        """Host memory used on training node 0, which every member trains on; a
+        co-located member keeps both roles' warm state on its training nodes (its
+        rollout state spread over them)."""
+        if self.colocated:
+            j = self.members[0].job
+            return j.train_state_gib + j.rollout_state_gib * j.rollout_nodes / self.train_nodes
         return sum(m.job.train_state_gib for m in self.members)
 
     @cached_property
@@ -240,6 +254,12 @@ class Group:
             return False
         if not self.pooled and not self.turns_apart:   # a pool keeps to the turn order
             return False
+        if self.colocated:
+            # a co-located iteration is an expected time (the simulator's) or an
+            # admission bound (profile_job's): within the SLO of the expected solo one
+            j = self.members[0].job
+            return j.colo_iter_s > 0 and \
+                j.colo_iter_s <= j.slo * j.solo_mean_s * (1 + _EPS) + _EPS
         p = self.period_s
         return p <= self.min_budget_s * (1 + _EPS) + _EPS
 
@@ -333,7 +353,7 @@ def _evaluate_colocated(group: Group) -> GroupSchedule:
     return GroupSchedule(
         period_s=j.colo_iter_s, expected_period_s=j.colo_iter_s,
         slowdowns=(j.colo_iter_s / j.solo_s,), rollout_busy=0.0, train_busy=1.0,
-        rollout_mem_gib=(), train_mem_gib=(j.train_state_gib,) * group.train_nodes,
+        rollout_mem_gib=(), train_mem_gib=(group.train_mem_gib,) * group.train_nodes,
         train_gpu_mem_gib=group.train_gpu_used_gib)
 
 
@@ -343,6 +363,13 @@ def with_profile(group: Group, job: JobProfile) -> Group:
     members = tuple(Member(job if m.job.job_id == job.job_id else m.job, m.rollout_pins,
                            m.turns) for m in group.members)
     return replace(group, members=members)
+
+
+def colocated_group(group_id: int, job: JobProfile) -> Group:
+    """The group of a job admitted co-located: both phases on its own training nodes
+    (``colo_nodes``, else its training nodes), no rollout node."""
+    return Group(group_id, (Member(job, ()),), rollout_nodes=0,
+                 train_nodes=job.colo_nodes or job.train_nodes, colocated=True)
 
 
 def solo_group(group_id: int, job: JobProfile) -> Group:

@@ -29,38 +29,21 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 
-from weave_slurm.placement.capacity import Capacity
 from weave_slurm.placement.cluster_state import ClusterState
-from weave_slurm.placement.group import Group, Member
+from weave_slurm.placement.group import Group
+from weave_slurm.placement.work import group_work_rate, member_value, member_work_rate
+
+__all__ = ["MoveBooks", "books", "changed_groups", "group_work_rate", "member_value",
+           "member_work_rate", "pauses", "pays", "relabel", "work_rate"]
 
 _EPS = 1e-9
 SECONDS_PER_HOUR = 3600.0
 
 
-def member_value(member: Member, cap: Capacity) -> float:
-    """Busy-time value of one meta-iteration of a member (its turns), at its own shape's
-    busy node-time whatever its group's width, as the bound prices it (currency x s/h)."""
-    j = member.job
-    return member.turns * (j.rollout_mean_s * j.rollout_nodes * cap.rates.rollout_node_hour
-                           + j.train_mean_s * j.train_nodes * cap.rates.train_node_hour)
-
-
-def member_work_rate(member: Member, group: Group, cap: Capacity) -> float:
-    """Busy-time value a member delivers per hour in its group (currency per hour)."""
-    period = group.schedule.expected_period_s
-    if period <= 0 or group.colocated:
-        return 0.0
-    return member_value(member, cap) / period
-
-
-def group_work_rate(group: Group, cap: Capacity) -> float:
-    """Busy-time value a group's members deliver per hour."""
-    return sum(member_work_rate(m, group, cap) for m in group.members)
-
-
 def work_rate(state: ClusterState) -> float:
-    """Busy-time value of all members per hour: what the pools would cost with no bubble."""
-    return sum(group_work_rate(g, state.capacity) for g in state.groups)
+    """Busy-time value of all members per hour: what the pools would cost with no bubble
+    (:attr:`ClusterState.work_per_hour`, computed once per state)."""
+    return state.work_per_hour
 
 
 def changed_groups(before: ClusterState, after: ClusterState
@@ -136,6 +119,10 @@ def pauses(before: ClusterState, after: ClusterState,
                 continue
             if job_id not in stayers:
                 out[job_id] = cost.move_s(m.job.rollout_state_gib, m.job.train_state_gib)
+            elif old is not None and old.colocated != g.colocated:
+                # its rollout moves between its training nodes and rollout nodes: its
+                # rollout state is copied, its workers restart in the new layout
+                out[job_id] = cost.move_s(m.job.rollout_state_gib, 0.0)
             elif old is not None and not g.colocated and (
                     _sharers(old, job_id, stayers) != _sharers(g, job_id, stayers)
                     or old.pool_gpus != g.pool_gpus):   # a pool of another width

@@ -16,7 +16,14 @@ from functools import cache, lru_cache
 from weave_slurm.model.profile import JobProfile
 from weave_slurm.placement.capacity import Capacity
 from weave_slurm.placement.constraints import may_group
-from weave_slurm.placement.group import Group, Member, period_floor_s, turns_apart, turns_for
+from weave_slurm.placement.group import (
+    Group,
+    Member,
+    colocated_group,
+    period_floor_s,
+    turns_apart,
+    turns_for,
+)
 from weave_slurm.placement.pooled import fewest_gpus, max_pool_gpus
 
 
@@ -61,7 +68,9 @@ def best_group(jobs: Sequence[JobProfile], cap: Capacity, group_id: int = 0,
     again and again. None when there is none, or when the jobs' charges differ or a
     solo job is among others (``constraints.may_group``). Where groups may pool their
     rollout GPUs (``pooled``; default: the capacity's), the pooled group on the fewest
-    GPUs wins where it is cheaper per hour (placement/pooled.py).
+    GPUs wins where it is cheaper per hour (placement/pooled.py); where jobs may be
+    co-located (``Capacity.colocation``), a job alone co-located wins where that is
+    cheaper per hour (placement/colocation.py).
     """
     if not may_group(jobs):   # one account and QOS, no solo job (placement/constraints.py)
         return None
@@ -70,6 +79,10 @@ def best_group(jobs: Sequence[JobProfile], cap: Capacity, group_id: int = 0,
         p = _best_pooled(tuple(jobs), cap, max_rollout_nodes, turns)
         if p is not None and (g is None or cap.rate_of(p) < cap.rate_of(g) * (1 - 1e-9)):
             g = p
+    if cap.colocation and len(jobs) == 1 and jobs[0].colo_iter_s > 0 and not jobs[0].solo:
+        c = colocated_group(group_id, jobs[0])
+        if cap.fits(c) and (g is None or cap.rate_of(c) < cap.rate_of(g) * (1 - 1e-9)):
+            g = c
     return None if g is None else (g if g.group_id == group_id
                                    else replace(g, group_id=group_id))
 

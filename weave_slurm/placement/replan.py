@@ -249,8 +249,8 @@ def replace_jobs(policy: Policy, state: ClusterState, job_ids: Iterable[str],
     if not ids:
         return None
     own = {state.job_group[j] for j in ids}
-    if any(state.by_id[g].colocated for g in own):
-        return None
+    if not state.capacity.colocation and any(state.by_id[g].colocated for g in own):
+        return None   # the co-located baseline's groups are not re-planned
     profiles = [m.job for g in state.groups if g.group_id in own for m in g.members
                 if m.job.job_id in ids]
     profiles.sort(key=lambda p: ids.index(p.job_id))
@@ -309,10 +309,11 @@ def replan_worst(policy: Policy, state: ClusterState, groups: int,
 def regroup_all(policy: Policy, state: ClusterState,
                 remaining_s: Mapping[str, float] | None = None) -> Replan | None:
     """Every running job placed again from scratch; taken only if it pays."""
-    jobs = [m.job for g in state.groups if not g.colocated for m in g.members]
+    again = state.capacity.colocation   # weave's co-located jobs are placed again too
+    jobs = [m.job for g in state.groups if again or not g.colocated for m in g.members]
     if len(jobs) < 2:
         return None
-    kept = tuple(g for g in state.groups if g.colocated)
+    kept = tuple(g for g in state.groups if g.colocated and not again)
     fresh = ClusterState(state.capacity, kept, state.next_group_id)
     return best_paying(state, batch_outcomes(policy, fresh, jobs), remaining_s)
 

@@ -65,7 +65,10 @@ class Ledger:
     def pause(self, group: Group, job_id: str, pause_s: float) -> None:
         """A member of ``group`` is paused for ``pause_s``: its phases do not run."""
         period = group.schedule.expected_period_s
-        if period <= 0 or group.colocated:
+        if period <= 0:
+            return
+        if group.colocated:   # its training nodes run both of its phases
+            self.busy_s["train"] -= group.train_nodes * group.schedule.train_busy * pause_s
             return
         i = group.job_ids.index(job_id)
         member = group.members[i]

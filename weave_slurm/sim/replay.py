@@ -26,7 +26,7 @@ from weave_slurm.placement.admission import place_batch
 from weave_slurm.placement.capacity import Capacity
 from weave_slurm.placement.cluster_state import ClusterState, apply, depart
 from weave_slurm.placement.consolidate import consolidation, regrouped
-from weave_slurm.placement.decision import Placement, Refusal
+from weave_slurm.placement.decision import Admission, Placement, Refusal
 from weave_slurm.placement.group import Group, Member, with_profile
 from weave_slurm.placement.moves import pauses, relabel
 from weave_slurm.placement.replan import Replan, replace_jobs, replan_worst, waiting_refusal
@@ -88,6 +88,10 @@ class Replay:
         if capacity.rollout_pooled and not policy.pooling:
             refuse_pooled([policy.name])
             capacity = replace(capacity, rollout_pooled=False)   # baselines: whole nodes
+        if capacity.colocation and not policy.colocating:
+            # the baselines have their own rules; weave-live runs as weaved (which does
+            # not co-locate yet): docs/simulator.md "Co-location"
+            capacity = replace(capacity, colocation=False)
         self.cap = capacity = replace(capacity, moves=replace(
             capacity.moves, restart_s=self.opt.migration_s))
         self.sim = Simulator()
@@ -104,7 +108,7 @@ class Replay:
         self.result = ReplayResult(
             policy.name, self.opt.accounting, capacity, start_s, start_s, {}, {},
             0.0, 0.0, {}, [], self.runs,
-            {"direct": 0, "scale_rollout": 0, "new_group": 0}, [], [])
+            {a.value: 0 for a in Admission}, [], [])
 
     # ---------------------------------------------------------------- driving
 

@@ -175,7 +175,7 @@ def render(summaries: Mapping[str, Mapping[str, Any]], currency: str, console: C
     row("SLO attainment (job-time)", lambda s: f"{100 * s['slo_attainment']:.2f}%")
     row("jobs ever over SLO", lambda s: str(s["slo_violations"]))
     row("jobs over SLO over their life", lambda s: str(s["life_slo_violations"]))
-    for kind in ("direct", "scale_rollout", "new_group"):
+    for kind in ("direct", "scale_rollout", "new_group", "colocated"):
         row(f"admitted {kind} (% arrivals)",
             lambda s, k=kind: f"{s['admissions_pct'].get(k, 0):.1f}%")
     for pool in POOLS:
