@@ -28,10 +28,14 @@ weaved launched for its group's allocations.
   (:mod:`~weave_slurm.daemon.allocplan`), so it names the same node across all of this
   and across weaved restarts, where the runtime is built from the store's allocations
   and plan.
-- A runtime thread (:meth:`start`) ticks every group's runtime every ``poll_s``, so
-  phases hand over in milliseconds while the reconcile loop ticks once a second;
-  it wakes the loop when a member ends (a ``MemberEnded`` event). Both threads share
-  one lock.
+- Each group's runtime has a worker thread of its own (:meth:`start`,
+  :mod:`~weave_slurm.daemon.group_workers`): it ticks the group's port every ``poll_s``,
+  so phases hand over in milliseconds while the reconcile loop ticks once a second, and
+  wakes the loop when a member ends (a ``MemberEnded`` event). :meth:`drive` hands each
+  group's membership work to that worker and waits ``drive_wait_s`` at most: a group
+  whose node calls block holds only itself, never another group's phases, joins or
+  re-attach, nor a status read (docs/reliability.md, C2). Moves between groups are done
+  by the reconcile loop under the locks of the groups they touch.
 - :meth:`live` is what ``weave status`` / ``weave show job`` read: phase, version,
   the four measured quantities, live slowdown vs SLO and drift flags (a snapshot
   refreshed by the runtime thread; API threads never touch a node daemon).
@@ -49,12 +53,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from weave_slurm.daemon import allocplan
 from weave_slurm.daemon.driver import JobOutcome, JobStep, pool_nodes
+from weave_slurm.daemon.group_workers import GroupSlot, Rounds, acquire_all
 from weave_slurm.daemon.handoff import Handoffs
 from weave_slurm.daemon.member_specs import member_spec
 from weave_slurm.daemon.node_answers import first_silent
@@ -85,8 +91,6 @@ from weave_slurm.vocab import Pool
 log = logging.getLogger(__name__)
 
 _ENDED = (JobState.CANCELLING, JobState.CANCELLED, JobState.COMPLETED, JobState.FAILED)
-#: How long the runtime thread leaves its lock free between two ticks that had work.
-HANDOFF_S = 0.002
 _GONE = (MemberState.CANCELLED, MemberState.DONE, MemberState.FAILED)
 
 
@@ -94,7 +98,10 @@ _GONE = (MemberState.CANCELLED, MemberState.DONE, MemberState.FAILED)
 class GroupRuntimeConfig:
     """Its own pacing; every site setting is its runner's (the ``[runtime]`` table)."""
 
-    poll_s: float = 0.01           # runtime thread tick when nothing changed
+    poll_s: float = 0.01           # a group's worker ticks this often when nothing changed
+    # the reconcile loop waits this long for the groups' membership work; a group whose
+    # node calls take longer (they block on its nodes) reports on a later tick
+    drive_wait_s: float = 0.5
     snapshot_s: float = 0.2        # how often the status snapshot is refreshed
     ping_timeout_s: float = 2.0    # a node daemon must answer this fast to build a group
     # each node daemon's checkpoint root is <checkpoint_base>/<node>, on a file system
@@ -130,23 +137,25 @@ class GroupRuntime:
         self.launcher = launcher        # how sync agents start on remote nodes
         self.resolve = resolve          # a remote node daemon's current port
         self.config = config or GroupRuntimeConfig()
-        self.ports: dict[int, GroupPort] = {}          # active groups' runtimes
+        # active groups' runtimes: set and popped by their workers, read by anyone
+        self.ports: dict[int, GroupPort] = {}
         self.spans: dict[int, list[Span]] = {}         # group id -> spans (kept after end)
         self.wake: Callable[[], None] = lambda: None
-        self._lock = threading.RLock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._slots: dict[int, GroupSlot] = {}         # each active group's worker
+        self._slots_lock = threading.Lock()            # for the dicts only, never held long
+        self._started = False
+        self._rounds = Rounds()                        # membership work handed out
         self.rows = LiveRows(self.config.snapshot_s)   # status: each job's last row
         self._resume: dict[int, Resume] = {}    # job -> how it goes on (its group lost nodes)
         self.waits = GroupWaits(self.config.deadlines)   # groups not reaching their nodes
-        self.moves = Handoffs(self.ports, self._resume, self.waits.jobs,
+        self.moves = Handoffs({}, self._resume, self.waits.jobs,
                               self.config.checkpoint_base, self.config.move_wait_s)
 
     @property
     def groups(self) -> dict[int, GroupRunner]:
         """The runners of the active groups, for tests that look inside; weaved drives
         them through :attr:`ports`, and reads their timelines there (metrics)."""
-        return {gid: port.runner for gid, port in self.ports.items()}
+        return {gid: port.runner for gid, port in dict(self.ports).items()}
 
     # -- the Driver seam -------------------------------------------------------------
     def job_steps(self, job: JobRow, group: GroupRow,
@@ -154,48 +163,100 @@ class GroupRuntime:
         return []
 
     def drive(self, store: Store, now: float) -> list[JobOutcome]:
-        """Membership from the store: join, leave, and the jobs that ended."""
+        """Membership from the store: join, leave, and the jobs that ended. Each group's
+        part is its worker's (:meth:`_round`); the moves between groups follow here."""
+        live_groups = {g.group_id: g for g in store.groups()}
+        with self._slots_lock:
+            for gid, row in live_groups.items():
+                if row.state is GroupState.ACTIVE and gid not in self._slots:
+                    self._slots[gid] = self._new_slot(gid)
+            slots = dict(self._slots)
+        rows = {gid: store.allocs(gid, live_only=False) for gid in live_groups}
+        for gid, slot in slots.items():
+            group = live_groups.get(gid)
+            if group is None or group.state in (GroupState.DRAINING, GroupState.RELEASED):
+                self._rounds.hand(slot, functools.partial(self._end_slot, slot))
+                continue
+            jobs = [j for j in store.jobs(group_id=gid) if not _moving(j, gid)]
+            self._rounds.hand(slot, functools.partial(self._round, slot, group, rows[gid],
+                                                      jobs, store, now))
+        outcomes = self._rounds.finished(self.config.drive_wait_s)
+        outcomes += self.waits.overdue(store, now)
+        if self.moves.pending(store):
+            outcomes += self._moves(store, live_groups, rows, now)
+        return outcomes
+
+    def _round(self, slot: GroupSlot, group: GroupRow, allocs: Sequence[AllocRow],
+               jobs: Sequence[JobRow], store: Store, now: float) -> list[JobOutcome]:
+        """One group's membership work, on its worker: detach from lost nodes, build,
+        follow the plan, then its jobs (those a re-plan moves in are :meth:`_moves`')."""
+        outcomes = self._detach_if_lost(slot, allocs) if slot.port is not None else []
+        if group.state is GroupState.ACTIVE and slot.port is None:
+            slot.port = self._build(group, allocs, now)
+            if slot.port is not None:
+                with self._slots_lock:
+                    self.ports[group.group_id] = slot.port
+                    self.spans[group.group_id] = slot.port.spans
+        port = slot.port
+        if port is None:
+            return outcomes
+        self._follow(port, group, allocs, now)
+        outcomes += self._members(port, group, jobs, allocs, store)
+        self.rows.refresh(slot.group_id, port, time.monotonic(), force=True)
+        return outcomes
+
+    def _moves(self, store: Store, live_groups: Mapping[int, GroupRow],
+               rows: Mapping[int, Sequence[AllocRow]], now: float) -> list[JobOutcome]:
+        """The moves between groups (module doc of :mod:`~weave_slurm.daemon.handoff`),
+        under the locks of every group whose worker lets go of its lock now; a move that
+        touches a group busy on its nodes waits for a later tick."""
         outcomes: list[JobOutcome] = []
-        with self._lock:
-            live_groups = {g.group_id: g for g in store.groups()}
-            for gid in [g for g in self.ports if g not in live_groups
-                        or live_groups[g].state in (GroupState.DRAINING, GroupState.RELEASED)]:
-                self._close(gid)
-            for gid in [g for g in self.ports if g in live_groups]:
-                outcomes += self._detach_if_lost(gid, store.allocs(gid))
-            rows = {gid: store.allocs(gid, live_only=False) for gid in live_groups}
-            for group in live_groups.values():
-                allocs = rows[group.group_id]
-                if group.state is GroupState.ACTIVE and group.group_id not in self.ports:
-                    self._build(group, allocs, now)
-                port = self.ports.get(group.group_id)
-                if port is not None:
-                    self._follow(port, group, allocs, now)
-            outcomes += self.waits.overdue(store, now)
+        with self._slots_lock:
+            slots = dict(self._slots)
+        busy = self._rounds.busy()
+        held = acquire_all([s for gid, s in slots.items() if gid not in busy],
+                           self.config.drive_wait_s)
+        try:
+            ports = {s.group_id: s.port for s in held if s.port is not None}
+            self.moves.groups = ports
+            self.moves.busy = set(slots) - {s.group_id for s in held}
             placed = functools.partial(self._placed, live_groups, rows)
             self.moves.hand_off(store, placed, now)
             movers = self.moves.movers(store)   # after hand_off: it may withdraw some
             for job_id, port, member in self.moves.ended(store, movers):   # while moving
                 outcomes.append(self._ended(port, job_id, member))
-            for group in live_groups.values():
-                port = self.ports.get(group.group_id)
-                if port is None:
+            for gid, port in ports.items():
+                group = live_groups.get(gid)
+                if group is None:
                     continue
-                allocs = rows[group.group_id]
-                for job in self.moves.waiting_out(movers, group.group_id, port, placed) \
-                        + store.jobs(group_id=group.group_id):   # (its waiting movers too)
-                    outcome = self._member_of(port, group, job, allocs, store)
-                    if outcome is not None:
-                        outcomes.append(outcome)
-                    elif job.state is JobState.RUNNING:
-                        view = port.view(str(job.job_id))
-                        self._count(store, view, job)
-                        if self.config.plan_from_measurements:
-                            self._feed_back(store, view, job)
-            self.rows.refresh(self.ports.values(), time.monotonic(), force=True)
+                jobs = self.moves.waiting_out(movers, gid, port, placed) + \
+                    [j for j in store.jobs(group_id=gid) if _moving(j, gid)]
+                outcomes += self._members(port, group, jobs, rows[gid], store)
+                self.rows.refresh(gid, port, time.monotonic(), force=True)
+        finally:
+            self.moves.groups = {}
+            for slot in held:
+                slot.lock.release()
         return outcomes
 
-    def _build(self, group: GroupRow, allocs: Sequence[AllocRow], now: float) -> None:
+    def _members(self, port: GroupPort, group: GroupRow, jobs: Sequence[JobRow],
+                 allocs: Sequence[AllocRow], store: Store) -> list[JobOutcome]:
+        """Each of ``jobs`` joins, leaves or is reported; a running one's counts stored."""
+        outcomes = []
+        for job in jobs:
+            outcome = self._member_of(port, group, job, allocs, store)
+            if outcome is not None:
+                outcomes.append(outcome)
+            elif job.state is JobState.RUNNING:
+                view = port.view(str(job.job_id))
+                self._count(store, view, job)
+                if self.config.plan_from_measurements:
+                    self._feed_back(store, view, job)
+        return outcomes
+
+    def _build(self, group: GroupRow, allocs: Sequence[AllocRow],
+               now: float) -> GroupPort | None:
+        """The group's runtime, once its node daemons answer (None: it waits)."""
         try:
             refs = {"rollout": [self.node_ref(a, node, Pool.ROLLOUT)
                                 for a, node in allocplan.kept_nodes(group.plan, allocs)],
@@ -203,19 +264,18 @@ class GroupRuntime:
                               for a, node in pool_nodes(allocs, "train")]}
         except WeaveError as exc:   # a node daemon still starting: the next tick tries again
             self.waits.wait(group, WaitCause.NODE_PORT, str(exc), now)
-            return
+            return None
         if not refs["rollout"] or not refs["train"]:
-            return
+            return None
         layout = GroupLayout(tuple(refs["rollout"]), tuple(refs["train"]))
         if not self._all_answer(group, (*layout.rollout, *layout.train), now):
-            return
+            return None
         self.waits.done(group)
         port = GroupPort.open(layout, config=self.config.runner, launcher=self.launcher,
                               resolve=self.resolve, observer=self.observer)
-        self.ports[group.group_id] = port
-        self.spans[group.group_id] = port.spans
         log.info("group %s: runtime attached to %d rollout and %d training node(s)",
                  group.group_id, len(layout.rollout), len(layout.train))
+        return port
 
     def _follow(self, port: GroupPort, group: GroupRow,
                 allocs: Sequence[AllocRow], now: float) -> None:
@@ -281,18 +341,21 @@ class GroupRuntime:
         return tuple(index[node] for _, node in nodes)
 
     def in_use(self, group_id: int) -> frozenset[str]:
-        """The nodes the group's runtime drives (none while it has no runtime)."""
-        with self._lock:
-            port = self.ports.get(group_id)
-            if port is None:
-                return frozenset()
-            return frozenset(n.name for n in (*port.layout.rollout, *port.layout.train))
+        """The nodes the group's runtime drives (none while it has no runtime); read
+        without waiting on the group (its layout is a frozen value, swapped whole)."""
+        port = self.ports.get(group_id)
+        if port is None:
+            return frozenset()
+        layout = port.layout
+        return frozenset(n.name for n in (*layout.rollout, *layout.train))
 
-    def _detach_if_lost(self, gid: int, allocs: Sequence[AllocRow]) -> list[JobOutcome]:
+    def _detach_if_lost(self, slot: GroupSlot,
+                        allocs: Sequence[AllocRow]) -> list[JobOutcome]:
         """A node of the group's layout is no longer in a held allocation (it went down):
         stop driving the group without dropping any state; each member goes on as
         ``Detach`` decides once the group is active on a new allocation."""
-        port = self.ports[gid]
+        gid, port = slot.group_id, slot.port
+        assert port is not None
         held = {n for a in allocs if a.state is AllocState.HELD for n in a.nodes}
         lost = [r for r in (*port.layout.rollout, *port.layout.train) if r.name not in held]
         if not lost:
@@ -315,8 +378,8 @@ class GroupRuntime:
                 outcomes.append(JobOutcome(job_id, JobState.FAILED, resume.why))
             else:
                 self._resume[job_id] = resume
+        self._unset(slot)
         port.close()
-        del self.ports[gid]
         return outcomes
 
     def _all_answer(self, group: GroupRow, refs: Sequence[NodeRef], now: float,
@@ -423,59 +486,87 @@ class GroupRuntime:
 
     def release_group(self, group_id: int) -> None:
         """The group drains: leave (drop) its members now, while its node daemons still
-        answer; the next ``drive`` would be too late (their steps are ended first)."""
-        with self._lock:
-            if group_id in self.ports:
-                self._close(group_id)
+        answer; the next ``drive`` would be too late (their steps are ended first). Its
+        worker does it; a worker that a node call holds does it once that call returns."""
+        with self._slots_lock:
+            slot = self._slots.get(group_id)
+        if slot is None:
+            return
+        done = slot.submit(functools.partial(self._end_slot, slot))
+        if wait([done], timeout=self.config.drive_wait_s).not_done:
+            log.warning("group %s: its runtime still waits on its nodes; its members "
+                        "leave once it is free", group_id)
 
-    def _close(self, gid: int) -> None:
-        port = self.ports.pop(gid)
-        views = port.members
-        for key in port.order:
-            self._leave(port, views[key])
-        port.close()
+    def _end_slot(self, slot: GroupSlot) -> list[JobOutcome]:
+        """The group ended: its members leave, its runtime closes, its worker ends."""
+        if slot.port is not None:
+            port = slot.port
+            self._unset(slot)
+            views = port.members
+            for key in port.order:
+                self._leave(port, views[key])
+            port.close()
+        slot.closed = True
+        slot.stop()
+        with self._slots_lock:
+            if self._slots.get(slot.group_id) is slot:
+                del self._slots[slot.group_id]
+        return []
 
-    # -- the runtime thread ----------------------------------------------------------
+    def _unset(self, slot: GroupSlot) -> None:
+        """The slot's runtime is no longer driven (it is closed next)."""
+        slot.port = None
+        self.rows.forget(slot.group_id)
+        with self._slots_lock:
+            self.ports.pop(slot.group_id, None)
+
+    # -- the groups' workers ---------------------------------------------------------
+    def _new_slot(self, group_id: int) -> GroupSlot:
+        slot = GroupSlot(group_id, self._tick, self.config.poll_s)
+        if self._started:
+            slot.start()
+        return slot
+
     def start(self) -> None:
-        if self._thread is None:
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._loop, name="weaved-runtime",
-                                            daemon=True)
-            self._thread.start()
+        """Start each group's worker (and those of groups built later)."""
+        with self._slots_lock:
+            self._started = True
+            slots = list(self._slots.values())
+        for slot in slots:
+            slot.start()
 
-    def close(self) -> None:
-        """Stop ticking; node daemons and members stay (a restart re-attaches)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-            self._thread = None
-        with self._lock:
-            for port in self.ports.values():
-                port.close()
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Stop ticking; node daemons and members stay (a restart re-attaches). A port
+        is closed once its worker ended (never under a running tick)."""
+        with self._slots_lock:
+            self._started = False
+            slots = list(self._slots.values())
+        for slot in slots:
+            slot.stop()
+        end = time.monotonic() + timeout_s
+        for slot in slots:
+            if not slot.join(max(0.0, end - time.monotonic())):
+                log.warning("group %s: its worker still waits on its nodes at weaved's "
+                            "stop; left to end with weaved", slot.group_id)
+                continue
+            with slot.lock:
+                if slot.port is not None:
+                    slot.port.close()
 
-    def tick(self) -> bool:
-        """One pass over every group's runtime; True if anything changed. A member
-        that ended wakes the reconcile loop (it reports the job)."""
-        changed = False
-        with self._lock:
-            for gid, port in list(self.ports.items()):
-                try:
-                    tick = port.tick()
-                except Exception:
-                    log.exception("group %s: runtime tick failed; retrying", gid)
-                    continue
-                changed |= tick.changed
-                if any(isinstance(e, MemberEnded) for e in tick.events):
-                    self.wake()
-            self.rows.refresh(self.ports.values(), time.monotonic())
-        return changed
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            # Between ticks the lock is free for a moment even when there is more to do:
-            # the reconcile and API threads waiting on it get in (a lock is not fair: a
-            # loop that takes it straight back would starve them while jobs run).
-            self._stop.wait(HANDOFF_S if self.tick() else self.config.poll_s)
+    def _tick(self, slot: GroupSlot) -> bool:
+        """One pass of the group's runtime (its worker holds its lock); True if anything
+        changed. A member that ended wakes the reconcile loop (it reports the job)."""
+        port = slot.port
+        assert port is not None
+        try:
+            tick = port.tick()
+        except Exception:
+            log.exception("group %s: runtime tick failed; retrying", slot.group_id)
+            return False
+        if any(isinstance(e, MemberEnded) for e in tick.events):
+            self.wake()
+        self.rows.refresh(slot.group_id, port, time.monotonic())
+        return tick.changed
 
     # -- the read side ---------------------------------------------------------------
     def live(self, job_id: int) -> dict[str, Any] | None:
@@ -485,3 +576,8 @@ class GroupRuntime:
     def waiting(self, job_id: int) -> str | None:
         """Why the job's group has not started it: its node daemons (None: not waiting)."""
         return self.waits.jobs.get(job_id)
+
+
+def _moving(job: JobRow, group_id: int) -> bool:
+    """Whether a re-plan moves ``job`` into ``group_id`` (from another group)."""
+    return job.moving_from is not None and job.moving_from != group_id

@@ -72,6 +72,17 @@ class Handoffs:
         self.wait_s = wait_s
         self.ending: set[int] = set()   # ended before their hand-off (reported once)
         self.since: dict[int, float] = {}   # job -> when its move was committed
+        # groups whose worker is busy on its nodes this tick (their ports are not in
+        # ``groups``): a move out of or into one waits for a later tick
+        self.busy: set[int] = set()
+
+    def pending(self, store: Store) -> bool:
+        """Whether any move is in flight (running, or ended while moving)."""
+        return bool(store.jobs([JobState.RUNNING], moving=True)
+                    or store.jobs(_ENDED, moving=True))
+
+    def _touches_busy(self, job: JobRow) -> bool:
+        return bool({job.moving_from, job.group_id} & self.busy)
 
     def hand_off(self, store: Store, placed: Callable[[JobRow], bool], now: float) -> None:
         """Start each move whose new group can take the job now (``placed``: its pinned
@@ -112,10 +123,10 @@ class Handoffs:
                     log.info("job %s: handed off by group %s (%s)", event.job_id, gid,
                              event.resume.kind.value)
 
-    @staticmethod
-    def movers(store: Store) -> list[JobRow]:
-        """The RUNNING jobs a re-plan is moving."""
-        return store.jobs([JobState.RUNNING], moving=True)
+    def movers(self, store: Store) -> list[JobRow]:
+        """The RUNNING jobs a re-plan is moving (but those touching a busy group)."""
+        return [job for job in store.jobs([JobState.RUNNING], moving=True)
+                if not self._touches_busy(job)]
 
     def waiting_out(self, movers: list[JobRow], group_id: int, port: GroupPort,
                     placed: Callable[[JobRow], bool]) -> list[JobRow]:
@@ -169,7 +180,8 @@ class Handoffs:
                and m.state in (MemberState.DONE, MemberState.FAILED)]
         self.ending.update(job_id for job_id, _, _ in out)
         for job in store.jobs(_ENDED, moving=True):
-            self._let_go(store, job)
+            if job.moving_from not in self.busy:
+                self._let_go(store, job)
         return out
 
     def _let_go(self, store: Store, job: JobRow, reason: str | None = None) -> bool:
@@ -197,8 +209,8 @@ class Handoffs:
     def ready(self, store: Store, job: JobRow) -> bool:
         """Whether the moving ``job``'s new group may adopt it now: its old group handed
         it off, or no runtime holds it any more (weaved restarted meanwhile)."""
-        if job.job_id in self.ending:   # it ended in its old group: not adopted
-            return False
+        if job.job_id in self.ending or self._touches_busy(job):   # ended in its old
+            return False                                           # group: not adopted
         if job.job_id in self.resume:
             return True
         old = self.groups.get(job.moving_from or 0)

@@ -8,7 +8,7 @@ is computed on its node).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import threading
 from typing import Any
 
 from weave_slurm.runtime.group import MemberState
@@ -68,29 +68,36 @@ def outcome_words(m: MemberView) -> str:
 
 class LiveRows:
     """Each job's status row (:func:`member_row`), as ``weave status`` reads it: a
-    snapshot of the groups' ports refreshed at most every ``every_s`` by the runtime
-    thread (API threads never touch a node daemon); a job that left keeps its last row."""
+    snapshot of each group's port, refreshed at most every ``every_s`` by that group's
+    worker (API threads never touch a node daemon, nor wait on a group's lock); a job
+    that left keeps its last row."""
 
     def __init__(self, every_s: float) -> None:
         self.every_s = every_s
         self._rows: dict[int, dict[str, Any]] = {}
-        self._at = 0.0
+        self._at: dict[int, float] = {}      # group -> when its rows were last refreshed
+        self._write = threading.Lock()       # writers are the groups' workers
 
-    def refresh(self, ports: Iterable[GroupPort], now: float, force: bool = False) -> None:
-        """Every member's row from ``ports`` (``now``: a monotonic clock's)."""
-        if not force and now - self._at < self.every_s:
+    def refresh(self, group_id: int, port: GroupPort, now: float,
+                force: bool = False) -> None:
+        """The rows of ``port``'s members (``now``: a monotonic clock's)."""
+        last = self._at.get(group_id)
+        if not force and last is not None and now - last < self.every_s:
             return
-        self._at = now
-        rows = dict(self._rows)
-        for port in ports:
-            for key, m in port.members.items():
-                if m.state is not MemberState.CANCELLED:
-                    rows[int(key)] = member_row(m)
-        self._rows = rows   # one swap: a reader sees the old rows or the new ones
+        self._at[group_id] = now
+        new = {int(key): member_row(m) for key, m in port.members.items()
+               if m.state is not MemberState.CANCELLED}
+        with self._write:   # one swap: a reader sees the old rows or the new ones
+            self._rows = {**self._rows, **new}
+
+    def forget(self, group_id: int) -> None:
+        """The group's runtime closed (its jobs keep their last rows)."""
+        self._at.pop(group_id, None)
 
     def put(self, job_id: int, row: dict[str, Any]) -> None:
         """A job's last row (it left, ended or its group lost nodes)."""
-        self._rows = {**self._rows, job_id: row}
+        with self._write:
+            self._rows = {**self._rows, job_id: row}
 
     def get(self, job_id: int) -> dict[str, Any] | None:
         return self._rows.get(job_id)

@@ -166,7 +166,8 @@ class GroupWaits:
         for gid, wait in list(self._waits.items()):
             if now - wait.since[wait.cause] < self.deadlines.of(wait.cause):
                 continue
-            del self._waits[gid]
+            if self._waits.pop(gid, None) is None:   # its worker reached its nodes meanwhile
+                continue
             for job_id in wait.jobs:
                 self.jobs.pop(job_id, None)
                 job = store.job(job_id)
