@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from tests.harness.old_store import make_old
 from tests.harness.specs import stored
 from weave_slurm.daemon import membership
-from weave_slurm.daemon.group_runtime import GroupRuntime
+from weave_slurm.daemon.feedback import feed_back
 from weave_slurm.daemon.records import GroupPlan, MemberPlan
 from weave_slurm.daemon.schema import SCHEMA_VERSION
 from weave_slurm.daemon.states import JobState
@@ -58,7 +58,7 @@ def test_measured_profile_is_stored_and_changes_the_next_decision(tmp_path: Path
     row = store.job(job)
     assert row is not None
     member = SimpleNamespace(measured=prof.snapshot()[str(job)])   # the port's snapshot
-    GroupRuntime._feed_back(store, member, row)  # type: ignore[arg-type]
+    feed_back(store, member, row)  # type: ignore[arg-type]
     row = store.job(job)
     assert row is not None and row.measured is not None
     assert row.measured.rollout_mean_s == 25.0 and row.profile.rollout_mean_s == 10.0
@@ -66,7 +66,7 @@ def test_measured_profile_is_stored_and_changes_the_next_decision(tmp_path: Path
     assert _arrival_group(store) == 2
     # a second call with the same measurements writes nothing new
     member = SimpleNamespace(measured=prof.snapshot()[str(job)])   # the port's snapshot
-    GroupRuntime._feed_back(store, member, row)  # type: ignore[arg-type]
+    feed_back(store, member, row)  # type: ignore[arg-type]
     assert store.job(job) == row
 
 

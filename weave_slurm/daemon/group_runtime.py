@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import wait
@@ -58,14 +57,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from weave_slurm.daemon import allocplan
+from weave_slurm.daemon import allocplan, feedback, member_exit
 from weave_slurm.daemon.driver import JobOutcome, JobStep, pool_nodes
-from weave_slurm.daemon.group_workers import GroupSlot, Rounds, acquire_all
+from weave_slurm.daemon.group_workers import GroupSlot, Rounds, Workers, acquire_all
 from weave_slurm.daemon.handoff import Handoffs
 from weave_slurm.daemon.member_specs import member_spec
 from weave_slurm.daemon.node_answers import first_silent
 from weave_slurm.daemon.records import AllocRow, GroupRow, JobRow
-from weave_slurm.daemon.runtime_view import LiveRows, member_row, outcome_words
+from weave_slurm.daemon.runtime_view import LiveRows, member_row
 from weave_slurm.daemon.states import AllocState, GroupState, JobState
 from weave_slurm.daemon.store import Store
 from weave_slurm.daemon.waits import Deadlines, GroupWaits, WaitCause, answer_cause
@@ -78,11 +77,9 @@ from weave_slurm.runtime.group import (
     NodeRef,
 )
 from weave_slurm.runtime.member import RunnerConfig
-from weave_slurm.runtime.member_view import MemberView
 from weave_slurm.runtime.nodes import Resolver
 from weave_slurm.runtime.port import GroupPort
-from weave_slurm.runtime.port_events import Detached, Digested, MemberChanged, MemberEnded
-from weave_slurm.runtime.profiler import planning_profile
+from weave_slurm.runtime.port_events import Detached, MemberChanged, MemberEnded
 from weave_slurm.runtime.resume import Resume, ResumeKind
 from weave_slurm.runtime.runner import GroupRunner
 from weave_slurm.runtime.timeline import Span, TimelineObserver
@@ -137,13 +134,12 @@ class GroupRuntime:
         self.launcher = launcher        # how sync agents start on remote nodes
         self.resolve = resolve          # a remote node daemon's current port
         self.config = config or GroupRuntimeConfig()
-        # active groups' runtimes: set and popped by their workers, read by anyone
+        # active groups' runtimes: set and popped by their workers (one each), read by
+        # anyone (a dict's get, set, pop and copy are atomic)
         self.ports: dict[int, GroupPort] = {}
         self.spans: dict[int, list[Span]] = {}         # group id -> spans (kept after end)
         self.wake: Callable[[], None] = lambda: None
-        self._slots: dict[int, GroupSlot] = {}         # each active group's worker
-        self._slots_lock = threading.Lock()            # for the dicts only, never held long
-        self._started = False
+        self.workers = Workers(self._tick, self.config.poll_s)   # one per active group
         self._rounds = Rounds()                        # membership work handed out
         self.rows = LiveRows(self.config.snapshot_s)   # status: each job's last row
         self._resume: dict[int, Resume] = {}    # job -> how it goes on (its group lost nodes)
@@ -166,11 +162,8 @@ class GroupRuntime:
         """Membership from the store: join, leave, and the jobs that ended. Each group's
         part is its worker's (:meth:`_round`); the moves between groups follow here."""
         live_groups = {g.group_id: g for g in store.groups()}
-        with self._slots_lock:
-            for gid, row in live_groups.items():
-                if row.state is GroupState.ACTIVE and gid not in self._slots:
-                    self._slots[gid] = self._new_slot(gid)
-            slots = dict(self._slots)
+        slots = self.workers.slots(gid for gid, g in live_groups.items()
+                                   if g.state is GroupState.ACTIVE)
         rows = {gid: store.allocs(gid, live_only=False) for gid in live_groups}
         for gid, slot in slots.items():
             group = live_groups.get(gid)
@@ -190,13 +183,14 @@ class GroupRuntime:
                jobs: Sequence[JobRow], store: Store, now: float) -> list[JobOutcome]:
         """One group's membership work, on its worker: detach from lost nodes, build,
         follow the plan, then its jobs (those a re-plan moves in are :meth:`_moves`')."""
+        if slot.closed:   # its group ended meanwhile (release_group)
+            return []
         outcomes = self._detach_if_lost(slot, allocs) if slot.port is not None else []
         if group.state is GroupState.ACTIVE and slot.port is None:
             slot.port = self._build(group, allocs, now)
             if slot.port is not None:
-                with self._slots_lock:
-                    self.ports[group.group_id] = slot.port
-                    self.spans[group.group_id] = slot.port.spans
+                self.ports[group.group_id] = slot.port
+                self.spans[group.group_id] = slot.port.spans
         port = slot.port
         if port is None:
             return outcomes
@@ -211,8 +205,7 @@ class GroupRuntime:
         under the locks of every group whose worker lets go of its lock now; a move that
         touches a group busy on its nodes waits for a later tick."""
         outcomes: list[JobOutcome] = []
-        with self._slots_lock:
-            slots = dict(self._slots)
+        slots = self.workers.slots()
         busy = self._rounds.busy()
         held = acquire_all([s for gid, s in slots.items() if gid not in busy],
                            self.config.drive_wait_s)
@@ -224,7 +217,7 @@ class GroupRuntime:
             self.moves.hand_off(store, placed, now)
             movers = self.moves.movers(store)   # after hand_off: it may withdraw some
             for job_id, port, member in self.moves.ended(store, movers):   # while moving
-                outcomes.append(self._ended(port, job_id, member))
+                outcomes.append(member_exit.ended(port, self.rows, job_id, member))
             for gid, port in ports.items():
                 group = live_groups.get(gid)
                 if group is None:
@@ -249,9 +242,9 @@ class GroupRuntime:
                 outcomes.append(outcome)
             elif job.state is JobState.RUNNING:
                 view = port.view(str(job.job_id))
-                self._count(store, view, job)
+                feedback.count(store, view, job)
                 if self.config.plan_from_measurements:
-                    self._feed_back(store, view, job)
+                    feedback.feed_back(store, view, job)
         return outcomes
 
     def _build(self, group: GroupRow, allocs: Sequence[AllocRow],
@@ -370,7 +363,7 @@ class GroupRuntime:
                 continue
             job_id, resume, member = int(event.job_id), event.resume, views[event.job_id]
             if resume.kind is ResumeKind.ENDED:
-                outcomes.append(self._ended(port, job_id, member))
+                outcomes.append(member_exit.ended(port, self.rows, job_id, member))
                 continue
             self.rows.put(job_id, {**member_row(member), "phase": "recover",
                                    "event": resume.why})
@@ -425,71 +418,17 @@ class GroupRuntime:
                     self.moves.moved_in(store, job, group.group_id)
                 return None
             if member.state in (MemberState.DONE, MemberState.FAILED):
-                return self._ended(port, job.job_id, member)
+                return member_exit.ended(port, self.rows, job.job_id, member)
         elif job.state in _ENDED and member is not None \
                 and member.state is not MemberState.CANCELLED:
-            self._leave(port, member)
+            member_exit.leave(port, self.rows, member)
         return None
-
-    @staticmethod
-    def _count(store: Store, member: MemberView | None, job: JobRow) -> None:
-        """Store the member's recoveries so far: a restarted weaved counts on from them
-        (its re-attach is one more), so a job's REASON counts them all."""
-        if member is not None and member.recoveries != job.recoveries:
-            store.set_recoveries(job.job_id, member.recoveries)
-
-    @staticmethod
-    def _feed_back(store: Store, member: MemberView | None, job: JobRow) -> None:
-        """Store what the runtime measured as the job's planning profile, once it has
-        enough samples and it moved (placement's later decisions read it)."""
-        measured = None if member is None else member.measured
-        if measured is None:
-            return
-        new = planning_profile(job.plan_profile, job.profile, measured)
-        if new is not None:
-            store.set_measured(job.job_id, new)
-            log.info("job %s: planning profile from measurements: rollout %.3f/%.3f s, "
-                     "train %.3f/%.3f s (mean/max)", job.job_id, new.rollout_mean_s,
-                     new.rollout_max_s, new.train_mean_s, new.train_max_s)
-
-    def _ended(self, port: GroupPort, job_id: int, member: MemberView) -> JobOutcome:
-        """A DONE or FAILED member leaves; its outcome, with its faults in words."""
-        done = member.state is MemberState.DONE
-        why = outcome_words(member)
-        note = self._leave(port, member)
-        if note is not None:
-            why += f"; warning: {note}"
-        return JobOutcome(job_id, JobState.COMPLETED if done else JobState.FAILED, why,
-                          (self.rows.get(job_id) or {}).get("weights_sha256"))
-
-    def _leave(self, port: GroupPort, member: MemberView) -> str | None:
-        """``member`` leaves the port (a DONE hosted one's final weights read first);
-        what went wrong that its outcome must say (None: nothing)."""
-        key = member.job_id
-        note = None
-        final = {**member_row(member), "phase": "-"}
-        if member.state is MemberState.DONE and not member.cooperative:   # hosted:
-            # record what it learned before the drop (a cooperative job's is its own)
-            try:
-                for event in port.apply(cmd.FinalDigest(key)):
-                    if isinstance(event, Digested):
-                        final["weights_sha256"] = event.sha256
-            except (WeaveError, OSError) as exc:
-                note = f"its final weights could not be read (no SHA-256 to show): {exc}"
-                log.warning("job %s: %s", key, note)
-        self.rows.put(int(key), final)
-        try:
-            port.apply(cmd.Leave(key))
-        except WeaveError as exc:   # it ended; what its nodes kept is swept with the group
-            log.warning("leave of job %s: %s", key, exc)
-        return note
 
     def release_group(self, group_id: int) -> None:
         """The group drains: leave (drop) its members now, while its node daemons still
         answer; the next ``drive`` would be too late (their steps are ended first). Its
         worker does it; a worker that a node call holds does it once that call returns."""
-        with self._slots_lock:
-            slot = self._slots.get(group_id)
+        slot = self.workers.get(group_id)
         if slot is None:
             return
         done = slot.submit(functools.partial(self._end_slot, slot))
@@ -504,51 +443,26 @@ class GroupRuntime:
             self._unset(slot)
             views = port.members
             for key in port.order:
-                self._leave(port, views[key])
+                member_exit.leave(port, self.rows, views[key])
             port.close()
-        slot.closed = True
-        slot.stop()
-        with self._slots_lock:
-            if self._slots.get(slot.group_id) is slot:
-                del self._slots[slot.group_id]
+        self.workers.end(slot)
         return []
 
     def _unset(self, slot: GroupSlot) -> None:
         """The slot's runtime is no longer driven (it is closed next)."""
         slot.port = None
         self.rows.forget(slot.group_id)
-        with self._slots_lock:
-            self.ports.pop(slot.group_id, None)
+        self.ports.pop(slot.group_id, None)
 
     # -- the groups' workers ---------------------------------------------------------
-    def _new_slot(self, group_id: int) -> GroupSlot:
-        slot = GroupSlot(group_id, self._tick, self.config.poll_s)
-        if self._started:
-            slot.start()
-        return slot
-
     def start(self) -> None:
         """Start each group's worker (and those of groups built later)."""
-        with self._slots_lock:
-            self._started = True
-            slots = list(self._slots.values())
-        for slot in slots:
-            slot.start()
+        self.workers.start()
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Stop ticking; node daemons and members stay (a restart re-attaches). A port
         is closed once its worker ended (never under a running tick)."""
-        with self._slots_lock:
-            self._started = False
-            slots = list(self._slots.values())
-        for slot in slots:
-            slot.stop()
-        end = time.monotonic() + timeout_s
-        for slot in slots:
-            if not slot.join(max(0.0, end - time.monotonic())):
-                log.warning("group %s: its worker still waits on its nodes at weaved's "
-                            "stop; left to end with weaved", slot.group_id)
-                continue
+        for slot in self.workers.stop(timeout_s):
             with slot.lock:
                 if slot.port is not None:
                     slot.port.close()

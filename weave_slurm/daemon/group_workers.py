@@ -11,6 +11,8 @@ group whose node calls block (a stopped slurmd under its sync agent's ``srun``, 
 daemon that does not answer) holds only its own worker: the other groups tick and take
 their members in meanwhile, and the reconcile loop, which waits a bounded time for each
 group's work (:class:`Rounds`), reads the late group's result on a later tick.
+:class:`Workers` keeps the slots: one per active group, forgotten (its worker ended)
+when the group ends, so the threads are as many as the active groups.
 
 Before :meth:`GroupSlot.start` (unit tests, or a runtime not started) submitted work
 runs at once in the caller's thread, under the slot's lock.
@@ -120,6 +122,65 @@ class GroupSlot:
             self._run(*item)
 
 
+class Workers:
+    """Every active group's :class:`GroupSlot`, by group id. A slot made once the
+    workers run starts its worker at once; one whose group ended is forgotten."""
+
+    def __init__(self, tick: Callable[[GroupSlot], bool], poll_s: float) -> None:
+        self._tick, self._poll_s = tick, poll_s
+        self._slots: dict[int, GroupSlot] = {}
+        self._lock = threading.Lock()    # for the dict only, never held long
+        self._started = False
+
+    def slots(self, new: Iterable[int] = ()) -> dict[int, GroupSlot]:
+        """Every slot, after making one for each group of ``new`` that has none."""
+        with self._lock:
+            for gid in new:
+                if gid not in self._slots:
+                    slot = self._slots[gid] = GroupSlot(gid, self._tick, self._poll_s)
+                    if self._started:
+                        slot.start()
+            return dict(self._slots)
+
+    def get(self, group_id: int) -> GroupSlot | None:
+        return self._slots.get(group_id)
+
+    def end(self, slot: GroupSlot) -> None:
+        """The slot's group ended: its worker stops once its work is done (when called
+        on that worker: right after), and the slot is forgotten."""
+        slot.closed = True
+        slot.stop()
+        with self._lock:
+            if self._slots.get(slot.group_id) is slot:
+                del self._slots[slot.group_id]
+
+    def start(self) -> None:
+        """Start every slot's worker, and from now on each new slot's."""
+        with self._lock:
+            self._started = True
+            slots = list(self._slots.values())
+        for slot in slots:
+            slot.start()
+
+    def stop(self, timeout_s: float) -> list[GroupSlot]:
+        """Stop every worker; the slots whose worker ended within ``timeout_s`` in all
+        (their ports may be closed now; the others wait on their nodes)."""
+        with self._lock:
+            self._started = False
+            slots = list(self._slots.values())
+        for slot in slots:
+            slot.stop()
+        end = time.monotonic() + timeout_s
+        ended = []
+        for slot in slots:
+            if slot.join(max(0.0, end - time.monotonic())):
+                ended.append(slot)
+            else:
+                log.warning("group %s: its worker still waits on its nodes at weaved's "
+                            "stop; left to end with weaved", slot.group_id)
+        return ended
+
+
 class Rounds:
     """The membership work one reconcile tick hands each group's worker, and the work of
     earlier ticks still running: a group is handed new work only once its last is done,
@@ -128,6 +189,7 @@ class Rounds:
     def __init__(self) -> None:
         self._running: dict[int, Future[list[JobOutcome]]] = {}
         self._ended: list[tuple[int, Future[list[JobOutcome]]]] = []
+        self._told: set[int] = set()   # groups whose running round was logged
 
     def busy(self) -> set[int]:
         """The groups whose last round still runs."""
@@ -151,11 +213,13 @@ class Rounds:
         for gid, future in list(self._running.items()):
             if future.done():
                 ended.append((gid, self._running.pop(gid)))
-            else:
+            elif gid not in self._told:
+                self._told.add(gid)
                 log.info("group %s: its membership work still waits on its nodes; its "
                          "outcomes come on a later tick", gid)
         out: list[JobOutcome] = []
         for gid, future in ended:
+            self._told.discard(gid)
             try:
                 out += future.result()
             except Exception:
