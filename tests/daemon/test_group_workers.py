@@ -90,6 +90,10 @@ def test_a_stuck_group_holds_no_other_and_reports_its_round_later() -> None:
     assert time.monotonic() - start < 2
     assert rounds.busy() == {2}
     rounds.hand(slots[2], _done(21))   # busy: not handed a second round
+    rounds.hand(slots[1], _done(11))
+    start = time.monotonic()           # a late round is not waited for again
+    assert [o.job_id for o in rounds.finished(10)] == [11]
+    assert time.monotonic() - start < 2
     before = ticks.count[1]
     assert _until(lambda: ticks.count[1] >= before + 5)   # group 1 ticks on meanwhile
     assert acquire_all(slots.values(), 0.2) == [slots[1]]  # group 2's lock is held

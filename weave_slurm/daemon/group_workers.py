@@ -189,7 +189,7 @@ class Rounds:
     def __init__(self) -> None:
         self._running: dict[int, Future[list[JobOutcome]]] = {}
         self._ended: list[tuple[int, Future[list[JobOutcome]]]] = []
-        self._told: set[int] = set()   # groups whose running round was logged
+        self._fresh: dict[int, Future[list[JobOutcome]]] = {}   # handed since the last read
 
     def busy(self) -> set[int]:
         """The groups whose last round still runs."""
@@ -202,24 +202,25 @@ class Rounds:
             if not last.done():
                 return
             self._ended.append((slot.group_id, last))
-        self._running[slot.group_id] = slot.submit(work)
+        future = self._running[slot.group_id] = slot.submit(work)
+        self._fresh[slot.group_id] = future
 
     def finished(self, wait_s: float) -> list[JobOutcome]:
-        """The outcomes of every round that ended; waits up to ``wait_s`` for the running
-        ones (a round still running then reports on a later call)."""
-        if self._running:
-            wait(list(self._running.values()), timeout=wait_s)
+        """The outcomes of every round that ended; waits up to ``wait_s`` for the rounds
+        handed since the last call (one still running then reports on a later call; a
+        round already late is not waited for again)."""
+        fresh, self._fresh = self._fresh, {}
+        if fresh:
+            wait(list(fresh.values()), timeout=wait_s)
         ended, self._ended = self._ended, []
         for gid, future in list(self._running.items()):
             if future.done():
                 ended.append((gid, self._running.pop(gid)))
-            elif gid not in self._told:
-                self._told.add(gid)
+            elif gid in fresh:
                 log.info("group %s: its membership work still waits on its nodes; its "
                          "outcomes come on a later tick", gid)
         out: list[JobOutcome] = []
         for gid, future in ended:
-            self._told.discard(gid)
             try:
                 out += future.result()
             except Exception:
