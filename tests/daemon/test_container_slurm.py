@@ -25,8 +25,14 @@ import pytest
 from tests.harness.hosts import node_status, weaved_dirs
 from tests.harness.oci_bundle import MARKER, MARKER_TEXT, make_bundle
 from tests.harness.specs import job_spec
-from tests.harness.waits import settle, wait_for
-from tests.harness.weaved import call, rl_on_slurm, serving_on_slurm, wait_states
+from tests.harness.waits import wait_for
+from tests.harness.weaved import (
+    active_groups,
+    call,
+    rl_on_slurm,
+    serving_on_slurm,
+    wait_states,
+)
 from tests.slurm.session_cluster import SessionCluster
 from weave_slurm.config.oci import read_oci_conf
 from weave_slurm.daemon.protocol import Op
@@ -102,8 +108,7 @@ def test_cooperative_job_runs_in_its_container(slurm_cluster: SessionCluster,
             call(sock, Op.SUBMIT, spec=bad, source="bad.sh")
         ids = {name: call(sock, Op.SUBMIT, spec=text, source=str(path))["job"]
                for name, (text, path, _) in specs.items()}
-        settle(lambda: [g for g in call(sock, Op.GROUPS)["groups"] if g["state"] == "ACTIVE"],
-               120, interval_s=0.3)
+        active_groups(sock, list(ids.values()), 120)
         seen: list[dict[str, Any]] = []
         rows = wait_states(sock, list(ids.values()), {"COMPLETED", "FAILED"}, 300, seen)
     assert [r["state"] for r in rows] == ["COMPLETED"] * 2, rows
@@ -133,8 +138,7 @@ def test_hosted_job_runs_in_its_container(slurm_cluster: SessionCluster,
                           source=f"{name}.toml")["job"]
                for name, extra in (("plain", ""),
                                    ("boxed", f'\n[slurm]\ncontainer = "{bundle}"\n'))}
-        groups = settle(lambda: [g for g in call(sock, Op.GROUPS)["groups"]
-                                 if g["state"] == "ACTIVE"], 120, interval_s=0.3)
+        groups = active_groups(sock, list(ids.values()), 120)
         train = next(a["nodes"][0] for a in groups[0]["allocations"] if a["role"] == "train")
 
         def boxed_worker() -> int | None:

@@ -16,8 +16,13 @@ from typing import Any
 import pytest
 
 from tests.harness.hosts import weaved_dirs
-from tests.harness.waits import settle
-from tests.harness.weaved import call, rl_on_slurm, serving_on_slurm, wait_states
+from tests.harness.weaved import (
+    active_groups,
+    call,
+    rl_on_slurm,
+    serving_on_slurm,
+    wait_states,
+)
 from tests.slurm.session_cluster import SessionCluster
 from weave_slurm.daemon.protocol import Op
 from weave_slurm.daemon.submission import build_spec
@@ -57,8 +62,7 @@ def test_cooperative_scripts_run_in_the_groups_allocations(slurm_cluster: Sessio
         sock = w.config.socket
         ids = {name: call(sock, Op.SUBMIT, spec=text, source=str(path))["job"]
                for name, (text, path, _) in specs.items()}
-        groups = settle(lambda: [g for g in call(sock, Op.GROUPS)["groups"]
-                                 if g["state"] == "ACTIVE"], 120, interval_s=0.3)
+        groups = active_groups(sock, list(ids.values()), 120)
         assert len(groups) == 1 and sorted(groups[0]["members"]) == sorted(ids.values())
         nodes = {a["role"]: set(a["nodes"]) for a in groups[0]["allocations"]}
         seen: list[dict[str, Any]] = []

@@ -23,7 +23,7 @@ from tests.harness.scratch import public_dir
 from tests.harness.solo import run_solo
 from tests.harness.specs import OPTIONS, job_spec
 from tests.harness.waits import settle
-from tests.harness.weaved import call, serving, wait_states
+from tests.harness.weaved import active_groups, call, serving, wait_states
 from tests.slurm.session_cluster import SessionCluster
 from weave_slurm.apps.demo import stats
 from weave_slurm.cli.error_lines import run_app
@@ -89,14 +89,7 @@ def _grouped_then_alone(w: Weaved, backend: SlurmCliBackend, instance: str, publ
     settle(sock.exists, 30, interval_s=0.1)
     ids = run_jobs(sock, w, [(f"grpo{i}", 31 + i) for i in range(3)], public, capsys)
     seen: list[dict[str, Any]] = []
-    # each weave-sbatch is its own arrival: under load the group may start with the
-    # first before the others are placed (they join it then); wait until all three are
-
-    def active() -> list[dict[str, Any]]:
-        groups = [g for g in call(sock, Op.GROUPS)["groups"] if g["state"] == "ACTIVE"]
-        placed = {j for g in groups for j in g["members"]}
-        return groups if placed >= set(ids) else []
-    groups = settle(active, 60, interval_s=0.3)
+    groups = active_groups(sock, ids, 60)
     assert len(groups) == 1 and sorted(groups[0]["members"]) == sorted(ids)
     parts = {a["role"]: a["partition"] for a in groups[0]["allocations"]}
     assert parts == {"rollout": "h20", "train": "h800"}

@@ -43,6 +43,18 @@ def state_of(sock: Path, job: int) -> str:
     return str(call(sock, Op.STATUS, jobs=[job])["jobs"][0]["state"])
 
 
+def active_groups(sock: Path, ids: list[int], timeout_s: float) -> list[dict[str, Any]]:
+    """weaved's ACTIVE groups once every job of ``ids`` is a member of one. Each
+    submission is an arrival of its own: under load a group may start with the first
+    before the others are placed (they join it then), so waiting for any ACTIVE group
+    would read it too early."""
+    def placed() -> list[dict[str, Any]]:
+        groups = [g for g in call(sock, Op.GROUPS)["groups"] if g["state"] == "ACTIVE"]
+        return groups if {j for g in groups for j in g["members"]} >= set(ids) else []
+    return list(wait_for(placed, timeout_s, f"jobs {ids} in active groups",
+                         interval_s=0.3))
+
+
 def wait_states(sock: Path, ids: list[int], want: set[str], timeout_s: float,
                 seen: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The status rows of ``ids`` once every one is in a state of ``want``; every row
