@@ -243,9 +243,10 @@ def test_adopted_without_a_checkpoint_starts_again_from_scratch() -> None:
     runner, nodes, _log, _clock = _runner()
     nodes[T].segments = {"state": {"index": {"version": 0}}}
     nodes[T].raises[Op.RESTORE] = NoCheckpoint("job a has no checkpoint")
-    m = _adopt(runner, MemberSpec("a"))
+    m = _adopt(runner, MemberSpec("a", recoveries=2))   # two of a previous weaved
     runner.tick()
     assert m.state is MemberState.STARTING and m.restarts == 1
+    assert m.recoveries == 3       # counted on across the fresh start (stored, said)
     assert m.restart_note is not None
     assert m.restart_note.startswith("weaved restarted before its first checkpoint")
 

@@ -149,13 +149,14 @@ class RunningMember:
 
     def start_over(self, note: str, restarts: int) -> None:
         """Forget everything learned and every fault: the member starts from scratch
-        (the lifecycle then moves it to STARTING)."""
+        (the lifecycle then moves it to STARTING); the recoveries it had are still
+        counted (stored, and said in its outcome)."""
         self.version, self.next_kind, self.initialised = 0, Phase.TRAIN, False
         self.version_known = True
         self.runs.clear()
         self.deferred.clear()
         self.rolled = self.delivered = 0
-        self.recoveries = self.faults = 0
+        self.faults = 0   # a fresh budget; ``recoveries`` counts on (its REASON says all)
         self.node_fault_since = None
         self.rewards.clear()
         self.error, self.fault, self.outcome = None, None, None
