@@ -17,15 +17,18 @@ everything but the CUDA calls). What must hold:
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.harness.fleet import running_fleet
+from tests.harness.munged import private_munged
 from tests.harness.processes import node_status
 from tests.harness.specs import OPTIONS
 from tests.runtime.helpers import assert_same_as_solo, leave_all
+from weave_slurm.config.runtime import WeightTransferKind
 from weave_slurm.errors import ConfigError
 from weave_slurm.model.layout import MemberLayout, RolloutLayout, TrainLayout
 from weave_slurm.node.node_client import NodeClient
@@ -34,6 +37,7 @@ from weave_slurm.runtime.group import GroupLayout, MemberSpec, MemberState, Node
 from weave_slurm.runtime.runner import GroupRunner, RunnerConfig
 from weave_slurm.runtime.staleness import VersionLog
 from weave_slurm.runtime.timeline import Span
+from weave_slurm.runtime.twotier_transfer import TwoTierTransfer
 from weave_slurm.vocab import Phase, Pool
 
 STEPS = 3
@@ -140,6 +144,50 @@ def test_colocated_k1_alone_serialises_its_roles_and_matches_solo(local_fleet: A
         assert scratch["device.train"] > 2 * weights
         moved = _last_result(train, "co1")["device_role_switch"]["switches"]
         assert [(s["role"], s["moved_bytes"]) for s in moved] == [("rollout", 0)]
+    finally:
+        leave_all(ex, [spec])
+
+
+@pytest.fixture(scope="module")
+def remote_train(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[NodeRef, Path]]:
+    """A training node daemon reached as another host (TCP, munge), and munge's socket."""
+    with private_munged() as sock, \
+            running_fleet(tmp_path_factory.mktemp("colo"), "co", "weave-test-co-",
+                          munge_socket=str(sock)) as fleet:
+        assert fleet.layout is not None
+        yield fleet.layout.train[0], sock
+
+
+@pytest.mark.torch
+def test_colocated_on_a_remote_host_starts_no_sync_agent(
+        remote_train: tuple[NodeRef, Path]) -> None:
+    """As on a separate host (the ``twotier`` transfer): nothing crosses to another
+    host, so no sync agent is started; its ring buffers are its node daemon's own copy."""
+    train, munge = remote_train
+    assert train.remote
+    spec = MemberSpec("co2", seed=34, steps=STEPS, options=OPTIONS, rollout_pins=(),
+                      colocated=True, staleness=1)
+    ex = GroupRunner(GroupLayout((), (train,)), [spec], config=RunnerConfig(
+        weight_transfer=WeightTransferKind.AUTO, sync_timeout_s=30.0,
+        munge_socket=str(munge)))
+    transfer = ex.transfer
+    assert isinstance(transfer, TwoTierTransfer) and not transfer.local
+    copies: list[str] = []
+    real_call = ex.link.call
+
+    def counted(node: NodeRef, op: Op, **args: Any) -> dict[str, Any]:
+        if op is Op.COPY:
+            copies.append(str(args["as_name"]))
+        return real_call(node, op, **args)
+
+    transfer.call = counted
+    try:
+        ex.run(timeout_s=300)
+        assert ex.members["co2"].state is MemberState.DONE, ex.status()
+        assert_same_as_solo(ex, spec)
+        assert transfer.agents is None and not transfer.records
+        assert len(copies) == STEPS + 1 and set(copies) == {"weights.b0", "weights.b1"}
+        assert ex.profiler.snapshot()["co2"].sync_bytes["trajectories"] == 0
     finally:
         leave_all(ex, [spec])
 
