@@ -25,15 +25,18 @@ import pytest
 
 from tests.harness.fleet import running_fleet
 from tests.harness.munged import private_munged
-from tests.harness.processes import node_status
+from tests.harness.processes import kill_worker, node_status, worker_pid
 from tests.harness.specs import OPTIONS
-from tests.runtime.helpers import assert_same_as_solo, leave_all
+from tests.runtime.helpers import assert_same_as_solo, each_change, leave_all
 from weave_slurm.config.runtime import WeightTransferKind
 from weave_slurm.errors import ConfigError
 from weave_slurm.model.layout import MemberLayout, RolloutLayout, TrainLayout
 from weave_slurm.node.node_client import NodeClient
 from weave_slurm.node.protocol import Op
 from weave_slurm.runtime.group import GroupLayout, MemberSpec, MemberState, NodeRef
+from weave_slurm.runtime.member import RunningMember
+from weave_slurm.runtime.port import GroupPort
+from weave_slurm.runtime.port_events import MemberChanged
 from weave_slurm.runtime.runner import GroupRunner, RunnerConfig
 from weave_slurm.runtime.staleness import VersionLog
 from weave_slurm.runtime.timeline import Span
@@ -60,6 +63,11 @@ def _last_result(node: NodeRef, job_id: str) -> dict[str, Any]:
     with NodeClient(node.socket_path) as client:
         worker = client.call(Op.PHASE, job=job_id).get("worker") or {}
     return dict(worker.get("result") or {})
+
+
+def _jobs_on(node: NodeRef) -> set[str]:
+    """The jobs registered on ``node``."""
+    return {str(j["job"]) for j in node_status(node.socket_path)["jobs"]}
 
 
 def _segments(node: NodeRef, job_id: str) -> dict[str, int]:
@@ -99,9 +107,8 @@ def test_colocated_beside_a_disaggregated_member_both_match_solo(local_fleet: An
         assert prof["dis0"].sync_bytes["trajectories"] > 0
         # registered once on its one node, and never on the rollout node
         assert ex.lifecycle.nodes_in_use() >= {train.name}
-        with NodeClient(layout.rollout[0].socket_path) as client:
-            jobs = client.call(Op.STATUS).get("jobs") or {}
-        assert "co0" not in jobs
+        assert "co0" in _jobs_on(train) and "dis0" in _jobs_on(layout.rollout[0])
+        assert "co0" not in _jobs_on(layout.rollout[0])
     finally:
         leave_all(ex, [co, dis])
 
@@ -146,6 +153,42 @@ def test_colocated_k1_alone_serialises_its_roles_and_matches_solo(local_fleet: A
         assert [(s["role"], s["moved_bytes"]) for s in moved] == [("rollout", 0)]
     finally:
         leave_all(ex, [spec])
+
+
+@pytest.mark.torch
+def test_colocated_worker_killed_mid_rollout_recovers_to_its_solo_weights(
+        local_fleet: Any) -> None:
+    """Its one worker holds both roles: a SIGKILL in its rollout loses both, recovery
+    restores its checkpoint on its node and it still ends as alone; the other member
+    training on that node is untouched. Leaving drops it from its one node."""
+    layout: GroupLayout = local_fleet.layout
+    train = layout.train[0]
+    co = MemberSpec("co3", seed=35, steps=STEPS, options=OPTIONS, rollout_pins=(),
+                    colocated=True)
+    dis = MemberSpec("dis3", seed=36, steps=STEPS, options=OPTIONS)
+    ex = GroupRunner(layout, [co, dis], config=RunnerConfig(device_switch="on"))
+    killed: list[int] = []
+
+    def kill_mid_rollout(member: RunningMember, change: MemberChanged) -> None:
+        if member.spec.job_id == "co3" and member.state is change.state is MemberState.ROLLOUT \
+                and member.version == 2 and not killed:
+            killed.append(kill_worker(train.socket_path, "co3"))
+
+    try:
+        ex.run(timeout_s=300, on_tick=each_change(ex, kill_mid_rollout))
+        assert killed, "the test never killed the worker"
+        assert [ex.members[s.job_id].state for s in (co, dis)] == [MemberState.DONE] * 2
+        assert (ex.members["co3"].recoveries, ex.members["dis3"].recoveries) == (1, 0)
+        failed = [s for s in ex.spans if not s.ok]
+        assert [(s.job_id, s.kind, s.node) for s in failed] == \
+            [("co3", Phase.ROLLOUT, train.name)]
+        for spec in (co, dis):
+            assert_same_as_solo(ex, spec)
+        assert GroupPort(ex).members["co3"].colocated
+    finally:
+        leave_all(ex, [co, dis])
+    assert worker_pid(train.socket_path, "co3") is None
+    assert "co3" not in _jobs_on(train)
 
 
 @pytest.fixture(scope="module")
