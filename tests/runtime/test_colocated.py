@@ -77,14 +77,21 @@ def _segments(node: NodeRef, job_id: str) -> dict[str, int]:
     return {k: int(v["index"]["size_bytes"]) for k, v in segs.items()}
 
 
+def _beside(layout: GroupLayout, tag: str, seed: int
+            ) -> tuple[GroupRunner, MemberSpec, MemberSpec]:
+    """A runner of a co-located member and a disaggregated one (pinned to rollout node
+    0), both training on training node 0, the device switch on."""
+    co = MemberSpec(f"co{tag}", seed=seed, steps=STEPS, options=OPTIONS, rollout_pins=(),
+                    colocated=True)
+    dis = MemberSpec(f"dis{tag}", seed=seed + 1, steps=STEPS, options=OPTIONS)
+    return GroupRunner(layout, [co, dis], config=RunnerConfig(device_switch="on")), co, dis
+
+
 @pytest.mark.torch
 def test_colocated_beside_a_disaggregated_member_both_match_solo(local_fleet: Any) -> None:
     layout: GroupLayout = local_fleet.layout
     train = layout.train[0]
-    co = MemberSpec("co0", seed=31, steps=STEPS, options=OPTIONS, rollout_pins=(),
-                    colocated=True)
-    dis = MemberSpec("dis0", seed=32, steps=STEPS, options=OPTIONS)
-    ex = GroupRunner(layout, [co, dis], config=RunnerConfig(device_switch="on"))
+    ex, co, dis = _beside(layout, "0", 31)
     try:
         ex.run(timeout_s=300)
         assert [ex.members[s.job_id].state for s in (co, dis)] == [MemberState.DONE] * 2, \
@@ -163,10 +170,7 @@ def test_colocated_worker_killed_mid_rollout_recovers_to_its_solo_weights(
     training on that node is untouched. Leaving drops it from its one node."""
     layout: GroupLayout = local_fleet.layout
     train = layout.train[0]
-    co = MemberSpec("co3", seed=35, steps=STEPS, options=OPTIONS, rollout_pins=(),
-                    colocated=True)
-    dis = MemberSpec("dis3", seed=36, steps=STEPS, options=OPTIONS)
-    ex = GroupRunner(layout, [co, dis], config=RunnerConfig(device_switch="on"))
+    ex, co, dis = _beside(layout, "3", 35)
     killed: list[int] = []
 
     def kill_mid_rollout(member: RunningMember, change: MemberChanged) -> None:
