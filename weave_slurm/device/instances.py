@@ -161,14 +161,16 @@ def switch_in(job_id: str, role: str, scratch: Scratch,
     return sw.into(seg.tensors, seg.storage).to_json()
 
 
-def switch_out(job_id: str, scratch: Scratch) -> dict[str, Any]:
+def switch_out(job_id: str, scratch: Scratch, keep: str | None = None) -> dict[str, Any]:
     """Every instance of ``job_id`` that holds device memory moves it to its scratch
-    segment and frees it; what moved, and what the worker still holds."""
+    segment and frees it (but the instance of role ``keep``: a co-located member's
+    role switch, the other role out before this one's phase); what moved, and what the
+    worker still holds."""
     reports: list[dict[str, Any]] = []
     host = 0
     for (jid, role), held in list(_TRACKED.items()):
         sw = held.switch
-        if jid != job_id or not sw.active or sw.switched_out:
+        if jid != job_id or role == keep or not sw.active or sw.switched_out:
             continue
         if sw.own:
             reports.append({"role": role, **sw.out_own().to_json()})

@@ -16,6 +16,10 @@ weaved's group runner activates, through the node daemon, one of
   device state into their scratch segments ``device.<role>`` and free the device
   (:mod:`weave_slurm.device.instances`; docs/node.md, "Device switch").
 
+A co-located member (docs/runtime.md, "Co-located members") runs both roles in its one
+worker on its training node; each phase first switches the *other* role's instance out
+(``device_role_switch`` in its result), before the incoming role is built or switched in.
+
 A member with a staleness window ``k >= 1`` names its buffers in the argument: its
 rollout reads the weights buffer ``weights.b<v % (k+1)>`` and refuses unless it holds
 exactly version ``v = max(0, m - k)`` with an intact CRC32, and puts ``traj.b<m % (k+1)>``
@@ -128,6 +132,14 @@ def _switched_in(ctx: PhaseContext, args: PhaseArgs, role: Role, runner: JobRunn
         return _runner(ctx, args, role, fresh=True), None
 
 
+def _other_role_out(ctx: PhaseContext, role: Role) -> dict[str, Any]:
+    """A co-located member's role switch: this job's instance of the other role, if it
+    holds device memory in this worker, moves to its scratch segment first (before the
+    incoming role builds or switches in); what moved (empty: nothing did)."""
+    report = instances.switch_out(ctx.job.job_id, _Scratch(ctx), keep=role.value)
+    return {"device_role_switch": report} if report["switches"] else {}
+
+
 def _drop(ctx: PhaseContext, role: Role) -> None:
     """Forget a runner that may be half-updated (its phase failed)."""
     _RUNNERS.pop((ctx.job.job_id, role), None)
@@ -199,9 +211,10 @@ def _nbytes(tensors: dict[str, Tensor]) -> int:
 def init_train(ctx: PhaseContext) -> dict[str, Any]:
     """Build the job at version 0 and put its warm state and weights on this node."""
     args = _args(ctx)
+    role_switch = _other_role_out(ctx, Role.TRAIN)
     runner = _runner(ctx, args, Role.TRAIN, fresh=True)
     return {**_put_train_state(ctx, args, runner, runner.weights_version),
-            **_device(ctx, Role.TRAIN, None)}
+            **_device(ctx, Role.TRAIN, None), **role_switch}
 
 
 def _put_train_state(ctx: PhaseContext, args: PhaseArgs, runner: JobRunner,
@@ -249,6 +262,7 @@ def rollout(ctx: PhaseContext) -> dict[str, Any]:
     args = _args(ctx)
     seg = _weights(ctx, args)
     version = seg.index.version
+    role_switch = _other_role_out(ctx, Role.ROLLOUT)
     runner = _runner(ctx, args, Role.ROLLOUT)
     if version < runner.weights_version:   # rolled back to a checkpoint: start afresh
         runner = _runner(ctx, args, Role.ROLLOUT, fresh=True)
@@ -274,7 +288,8 @@ def rollout(ctx: PhaseContext) -> dict[str, Any]:
         client.put_state(_owner(ctx, args), traj_part(args.traj, args.rank, args.world_size),
                          tensors, version, extra=extra)
     return {"version": version, "metrics": dict(batch.metrics),
-            "traj_bytes": _nbytes(tensors), **_device(ctx, Role.ROLLOUT, switched)}
+            "traj_bytes": _nbytes(tensors), **_device(ctx, Role.ROLLOUT, switched),
+            **role_switch}
 
 
 class _Progress:
@@ -312,6 +327,7 @@ def train(ctx: PhaseContext) -> dict[str, Any]:
     """One training step on this node's ``traj``; puts the new ``state`` and ``weights``."""
     args = _args(ctx)
     state_seg = _segment(ctx, STATE)
+    role_switch = _other_role_out(ctx, Role.TRAIN)
     runner, switched = _switched_in(ctx, args, Role.TRAIN, _runner(ctx, args, Role.TRAIN))
     if runner.weights_version != state_seg.index.version:
         runner = _runner(ctx, args, Role.TRAIN, fresh=True)
@@ -326,7 +342,7 @@ def train(ctx: PhaseContext) -> dict[str, Any]:
         raise
     out = _put_train_state(ctx, args, runner, version)
     return {**out, "metrics": {**batch.trajectories.metrics, **runner.last_train_metrics},
-            **_device(ctx, Role.TRAIN, switched)}
+            **_device(ctx, Role.TRAIN, switched), **role_switch}
 
 
 def _batch(ctx: PhaseContext, args: PhaseArgs, job_id: str,

@@ -41,7 +41,18 @@ class Mover:
     def copy(self, member: RunningMember, name: str, src: NodeRef, dsts: Sequence[NodeRef],
              what: str, as_name: str | None = None, from_gang: bool = False) -> None:
         """Copy segment ``name`` to ``dsts`` (``as_name``: into that checked buffer;
-        ``from_gang``: the training gang's weights, sent from each of its nodes)."""
+        ``from_gang``: the training gang's weights, sent from each of its nodes).
+
+        A destination that is ``src`` itself under the same name already holds it (a
+        co-located member's weights and batches, docs/runtime.md "Co-located members"):
+        nothing moves, and when nothing else is asked the sync is recorded as what it
+        is, 0 bytes in 0 s, with no span on the timeline.
+        """
+        dsts = [d for d in dsts if d != src or as_name not in (None, name)]
+        if not dsts:
+            self.profiler.sync(member.spec.job_id, what, 0)
+            self.profiler.phase(member.spec.job_id, Phase.SYNC, 0.0)
+            return
         start = self.clock.now()
         senders = member.gang.weight_senders() if from_gang and member.gang else ()
         if senders and isinstance(self.transfer, TwoTierTransfer):

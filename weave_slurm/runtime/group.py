@@ -119,6 +119,9 @@ class MemberSpec:
     steps: int = 10
     options: Mapping[str, Any] = field(default_factory=dict)
     rollout_pins: tuple[int, ...] = (0,)     # indices into the group's rollout nodes
+    # verl's hybrid way: its rollout runs on its own training node (rank 0's), on the
+    # same GPUs as its training, never beside it; rollout_pins is () then
+    colocated: bool = False
     train_nodes: tuple[int, ...] = (0,)      # indices into the group's training nodes
     # its ranks on train_nodes and engines on rollout_pins, node for node (None: one
     # rank, one engine); the runtime runs every rank (runtime/gang.py), one engine
@@ -145,6 +148,13 @@ class MemberSpec:
         A rollout runs as one process on one of its pins at a time; the layout's
         other engines are not started."""
         return self.train_nodes[0]
+
+    def rollout_nodes_in(self, layout: GroupLayout) -> tuple[NodeRef, ...]:
+        """The nodes of ``layout`` its rollouts run on: its pins', or, co-located, its
+        training node."""
+        if self.colocated:
+            return (layout.train[self.train_node],)
+        return tuple(layout.rollout[p] for p in self.rollout_pins)
 
     def placed_ranks(self) -> tuple[tuple[int, range], ...]:
         """``(training node index, its global ranks)`` for each of ``train_nodes``."""
@@ -216,24 +226,43 @@ class MemberSpec:
                 or not 1 <= self.turns <= MAX_TURNS:
             raise ConfigError(f"{where}: turns={self.turns!r}; valid: 1..{MAX_TURNS} "
                               "(steps per round of the group's cyclic order)")
-        if not self.rollout_pins:
-            raise ConfigError(f"{where}: rollout_pins is empty; pin at least one node")
-        bad = [p for p in self.rollout_pins if not 0 <= p < rollout_nodes]
-        if bad or len(set(self.rollout_pins)) != len(self.rollout_pins):
-            raise ConfigError(f"{where}: rollout_pins={list(self.rollout_pins)!r}; valid: "
-                              f"distinct indices in 0..{rollout_nodes - 1}")
         bad = [t for t in self.train_nodes if not 0 <= t < train_nodes]
         if not self.train_nodes or bad or len(set(self.train_nodes)) != len(self.train_nodes):
             raise ConfigError(f"{where}: train_nodes={list(self.train_nodes)!r}; valid: "
                               f"distinct indices in 0..{train_nodes - 1}")
+        if not isinstance(self.colocated, bool):
+            raise ConfigError(f"{where}: colocated={self.colocated!r}; valid: true, false")
+        if self.colocated:
+            if self.rollout_pins:
+                raise ConfigError(f"{where}: co-located, with rollout_pins="
+                                  f"{list(self.rollout_pins)!r}; a co-located member rolls "
+                                  "out on its training node: valid: rollout_pins=()")
+            if self.launch is not None:
+                raise ConfigError(f"{where}: co-located cooperative job: not supported "
+                                  "(its own processes hold one node per role); valid: a "
+                                  "hosted job, or colocated=false")
+            self._validate_layout(where)
+            return
+        if not self.rollout_pins:
+            raise ConfigError(f"{where}: rollout_pins is empty; pin at least one node "
+                              "(or colocated=true: its rollout on its training node)")
+        if rollout_nodes == 0:
+            raise ConfigError(f"{where}: rollout_pins={list(self.rollout_pins)!r}, but the "
+                              "group has no rollout nodes; valid: colocated=true")
+        bad = [p for p in self.rollout_pins if not 0 <= p < rollout_nodes]
+        if bad or len(set(self.rollout_pins)) != len(self.rollout_pins):
+            raise ConfigError(f"{where}: rollout_pins={list(self.rollout_pins)!r}; valid: "
+                              f"distinct indices in 0..{rollout_nodes - 1}")
         self._validate_layout(where)
 
     def _validate_layout(self, where: str) -> None:
         lay = self.layout
         if lay is None:
             return
+        pins = () if self.colocated else \
+            (("rollout_pins", len(self.rollout_pins), lay.rollout.nodes),)
         for key, have, want in (("train_nodes", len(self.train_nodes), lay.train.nodes),
-                                ("rollout_pins", len(self.rollout_pins), lay.rollout.nodes)):
+                                *pins):
             if have != want:
                 raise ConfigError(f"{where}: {key} names {have} node(s) but its layout "
                                   f"({lay.words()}) has {want}; valid: {want} node(s)")
@@ -241,12 +270,18 @@ class MemberSpec:
 
 @dataclass(frozen=True)
 class GroupLayout:
-    """The nodes of a group, by pool, in allocation order."""
+    """The nodes of a group, by pool, in allocation order. A group of co-located
+    members only (``MemberSpec.colocated``) may have no rollout node."""
 
     rollout: tuple[NodeRef, ...]
     train: tuple[NodeRef, ...]
 
     def validate(self) -> None:
-        if not self.rollout or not self.train:
-            raise ConfigError("group layout: needs at least one rollout and one training "
-                              f"node (got {len(self.rollout)} and {len(self.train)})")
+        if not self.train:
+            raise ConfigError("group layout: needs at least one training node (got "
+                              f"{len(self.rollout)} rollout and 0 training nodes)")
+        both = sorted({n.name for n in self.rollout} & {n.name for n in self.train})
+        if both:
+            raise ConfigError(f"group layout: {', '.join(both)} in both pools; a member "
+                              "that rolls out on its training node is co-located "
+                              "(MemberSpec.colocated), its node only a training node")

@@ -107,13 +107,17 @@ class Lifecycle:
             raise ConfigError(f"member {spec.job_id!r} is already in the group")
         spec.validate(len(self.layout.rollout), len(self.layout.train))
         member = RunningMember(spec, JobRef(spec.job_id, spec.owner_uid()),
-                        self.layout.train[spec.train_node],
-                        tuple(self.layout.rollout[p] for p in spec.rollout_pins),
+                        self.layout.train[spec.train_node], spec.rollout_nodes_in(self.layout),
                         recoveries=spec.recoveries)
         # a cooperative job's processes are its own: one gated process per role
         whole = self.config.gangs and spec.launch is None
         member.gang = Gang.of(spec, member.job, self.layout.train, whole=whole)
         self.set_engines(member, whole)
+        if spec.colocated and member.gang.size > 1:
+            raise ConfigError(f"member {spec.job_id!r}: co-located with {member.gang.size} "
+                              "training ranks: not supported yet (one resident worker "
+                              "switches between its two roles); valid: one rank and one "
+                              "engine, or the site's [runtime] gangs = false")
         member.history.append((self.clock.now(), MemberState.STARTING, "joined"))
         records = self.config.records_dir
         member.versions = VersionLog(spec.job_id, spec.staleness, None if records is None
@@ -217,9 +221,18 @@ class Lifecycle:
         self.slots.free_run(member.spec.job_id, run)
 
     def set_engines(self, member: RunningMember, whole: bool) -> None:
-        """The member's rollout engines on its pins, when its layout has several."""
-        engines = Gang.engines_of(member.spec, member.job, self.layout.rollout)
-        member.engines = engines if whole and engines.size > 1 else None
+        """The member's rollout engines on its pins, when its layout has several (a
+        co-located member has one, in its one worker on its training node)."""
+        spec = member.spec
+        engines = None if spec.colocated else \
+            Gang.engines_of(spec, member.job, self.layout.rollout)
+        member.engines = engines if whole and engines is not None and engines.size > 1 \
+            else None
+        if spec.colocated and whole and spec.layout is not None \
+                and spec.layout.rollout.engines > 1:
+            raise ConfigError(f"member {spec.job_id!r}: co-located with "
+                              f"{spec.layout.rollout.engines} rollout engines: not supported "
+                              "yet; valid: one engine, or the site's [runtime] gangs = false")
 
     @staticmethod
     def ranks(member: RunningMember) -> tuple[Gang, ...]:
@@ -278,5 +291,5 @@ def training_gang(member: RunningMember) -> Gang:
 
 
 def member_nodes(member: RunningMember) -> tuple[NodeRef, ...]:
-    """Its training node and its rollout nodes."""
-    return (member.train_node, *member.rollout_nodes)
+    """Its training node and its rollout nodes (a co-located member's one node once)."""
+    return tuple(dict.fromkeys((member.train_node, *member.rollout_nodes)))

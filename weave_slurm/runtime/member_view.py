@@ -38,6 +38,7 @@ class MemberView:
     handoff: bool                     # moving to another group at its step boundary
     turns: int                        # steps per round
     cooperative: bool                 # its own processes run it (a launch plan)
+    colocated: bool                   # it rolls out on its training node (never re-pinned)
     rollout_nodes: tuple[NodeRef, ...]
     repin: tuple[NodeRef, ...] | None   # where it moves at its next phase boundary
     measured: MemberProfile | None    # the runtime's measurements of it
@@ -58,5 +59,5 @@ def view_of(m: RunningMember, measured: MemberProfile | None,
         m.error, tuple(m.rewards), None if run is None else run.node.name,
         None if m.versions is None else m.versions.current_staleness(), m.event(),
         m.restart_note,
-        refusal, m.warning, m.handoff, m.spec.turns, m.spec.launch is not None, m.rollout_nodes,
-        m.repin, measured)
+        refusal, m.warning, m.handoff, m.spec.turns, m.spec.launch is not None,
+        m.spec.colocated, m.rollout_nodes, m.repin, measured)

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import replace
 
-from weave_slurm.errors import StateError, WeaveError
+from weave_slurm.errors import ConfigError, StateError, WeaveError
 from weave_slurm.hosted import contract
 from weave_slurm.hosted.contract import WEIGHTS_BUFFER, buffer_name, rollout_version
 from weave_slurm.node.protocol import Op
@@ -40,7 +40,9 @@ class Relayout:
         every member keeps its nodes, its pins renumbered to their places in it."""
         layout.validate()
         index = {n.name: i for i, n in enumerate(layout.rollout)}
-        live = [m for m in self.lc.members.values() if m.state is not MemberState.CANCELLED]
+        # a co-located member's rollout node is its training node: no pins to renumber
+        live = [m for m in self.lc.members.values()
+                if m.state is not MemberState.CANCELLED and not m.spec.colocated]
         gone = sorted({n.name for m in live for n in (*m.rollout_nodes, *(m.repin or ()))
                        if n.name not in index})
         if gone:
@@ -52,7 +54,12 @@ class Relayout:
 
     def repin(self, member: RunningMember, pins: Sequence[int]) -> None:
         """Move the member's rollouts to the layout's rollout nodes ``pins`` at its next
-        phase boundary (see module doc); the same nodes: nothing to do."""
+        phase boundary (see module doc); the same nodes: nothing to do. A co-located
+        member rolls out on its training node, and is not re-pinned."""
+        if member.spec.colocated:
+            raise ConfigError(f"re-pin of {member.spec.job_id!r} to rollout nodes "
+                              f"{list(pins)!r}: it is co-located (its rollout runs on its "
+                              f"training node {member.train_node.name}); valid: none")
         replace(member.spec, rollout_pins=tuple(pins)).validate(len(self.lc.layout.rollout),
                                                                  len(self.lc.layout.train))
         nodes = tuple(self.lc.layout.rollout[p] for p in pins)

@@ -111,7 +111,9 @@ class GroupRunner:
         # members with their own processes
         self.coop = Cooperative(self.lifecycle, self.recovery, self.clock)
         self.tail_moves: list[TailMove] = []
-        self._last_served: dict[str, int] = {}   # node -> its last place in the turns
+        # (pool, node) -> the place in the turns it served last (a co-located member's
+        # training node serves both pools)
+        self._last_served: dict[tuple[Pool, str], int] = {}
         self._run_ids = 0
         self._ended: list[_Ended] = []
         for spec in members:
@@ -158,7 +160,7 @@ class GroupRunner:
         self._relayout(GroupLayout(tuple(n for n in self.layout.rollout if n.name not in names),
                                    self.layout.train))
         for name in names:
-            self._last_served.pop(name, None)
+            self._last_served.pop((Pool.ROLLOUT, name), None)
 
     def nodes_in_use(self) -> set[str]:
         """Names of the nodes some member is on, moving to or runs a phase on."""
@@ -208,7 +210,7 @@ class GroupRunner:
         # start the next members first: a node's next phase need not wait for the
         # previous member's data moves and checkpoint (other jobs, other segments)
         changed |= self._dispatch(self.layout.train, Pool.TRAIN)
-        changed |= self._dispatch(self.layout.rollout, Pool.ROLLOUT)
+        changed |= self._dispatch(self._rollout_places(), Pool.ROLLOUT)
         ended, self._ended = self._ended, []
         for member, run, result, worker_s, end in ended:
             # a member that failed or left since has released the run
@@ -221,8 +223,15 @@ class GroupRunner:
                                                              "after"))
         if ended:
             self._dispatch(self.layout.train, Pool.TRAIN)
-            self._dispatch(self.layout.rollout, Pool.ROLLOUT)
+            self._dispatch(self._rollout_places(), Pool.ROLLOUT)
         return changed
+
+    def _rollout_places(self) -> tuple[NodeRef, ...]:
+        """Where rollouts run: the rollout nodes, then the training nodes co-located
+        members roll out on (one node, one set of GPUs: its busy mark serialises
+        every phase there, whatever its pool)."""
+        colocated = {m.train_node.name for m in self.members.values() if m.spec.colocated}
+        return (*self.layout.rollout, *(n for n in self.layout.train if n.name in colocated))
 
     # -- dispatch --------------------------------------------------------------------
     def _ready_on(self, node: NodeRef, pool: Pool) -> set[str]:
@@ -256,26 +265,26 @@ class GroupRunner:
                 continue
             order = turns if cycling is None else \
                 tuple(j for j in turns if self.members[j].train_node == node)
-            slot = next_slot(order, self._last_served.get(node.name),
+            slot = next_slot(order, self._last_served.get((pool, node.name)),
                              self._ready_on(node, pool), cycling)
             if slot is None:
                 continue
-            self._last_served[node.name] = slot
+            self._last_served[(pool, node.name)] = slot
             job_id = order[slot]
             member = self.members[job_id]
             try:
-                self._start(member, node)
+                self._start(member, node, pool)
                 started = True
             except WeaveError as exc:
                 self.recovery.fail(member, Fault.from_error(exc, node.name,
                                                              member.next_kind, "start of"))
         return started
 
-    def _start(self, member: RunningMember, node: NodeRef) -> None:
+    def _start(self, member: RunningMember, node: NodeRef, pool: Pool) -> None:
         init = not member.initialised
         if init:
             self.lifecycle.register(member)
-        kind = Phase.TRAIN if node.pool is Pool.TRAIN else Phase.ROLLOUT
+        kind = Phase.TRAIN if pool is Pool.TRAIN else Phase.ROLLOUT
         deadline = phase_deadline_s(
             member.spec.declared.rollout_s if kind is Phase.ROLLOUT
             else member.spec.declared.train_s,
@@ -286,7 +295,9 @@ class GroupRunner:
         args = dataclasses.replace(member.spec.phase_args(kind, step),
                                    device_switch=self.config.device_switch)
         run_id = None
-        if kind is Phase.ROLLOUT and self.config.long_tail_migration and member.engines is None:
+        # no tail on a co-located member's training node: what it frees is its training
+        if kind is Phase.ROLLOUT and self.config.long_tail_migration and member.engines is None \
+                and node.pool is Pool.ROLLOUT:
             self._run_ids += 1
             run_id = f"{member.spec.job_id}.{step}.{self._run_ids}"
             args = dataclasses.replace(args, progress=run_id,
@@ -442,7 +453,7 @@ class GroupRunner:
                  from_gang=True)
             return
         buf = buffer_name(WEIGHTS_BUFFER, version, k)
-        for node in (member.train_node, *member.rollout_nodes):
+        for node in dict.fromkeys((member.train_node, *member.rollout_nodes)):
             self._write(member, node, lambda node=node: copy(  # type: ignore[misc]
                 member, contract.WEIGHTS, member.train_node, [node], "weights", buf, True))
 
