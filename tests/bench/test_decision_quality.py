@@ -51,11 +51,17 @@ def test_tiny_table_shape_and_consistent_ratios(tmp_path: Path) -> None:
         assert c["loses"] is (cost["weave"] > best)
         assert 0.0 <= c["slo_attainment"] <= 1.0
         assert set(c["bubble"]) == {"rollout", "train"}
-        assert all(0.0 <= b < 1.0 for b in c["bubble"].values())
+        # None: weave held none of that pool (every job co-located)
+        assert all(b is None or 0.0 <= b < 1.0 for b in c["bubble"].values())
         if acc == "consistent":   # no policy can go below the bound there
             assert c["cost_over_bound"]["total"] >= 1.0 - 1e-9
-            assert c["cost_over_bound"]["rollout"] == pytest.approx(
-                1 / (1 - c["bubble"]["rollout"]), rel=1e-3)
+            # a pool's cost over its part of the bound is its held time over its busy
+            # time, 1 / (1 - bubble), where all its work ran in it; a co-located job's
+            # rollout runs on training nodes (in the rollout bound, not in the rollout
+            # pool's busy time), so it is at most that
+            if c["bubble"]["rollout"] is not None:
+                assert c["cost_over_bound"]["rollout"] <= \
+                    1 / (1 - c["bubble"]["rollout"]) * (1 + 1e-3)
     assert doc["losses"] == [n for n, c in cases.items() if c["loses"]]
 
 
