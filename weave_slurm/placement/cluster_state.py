@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from weave_slurm.errors import StateError
@@ -23,6 +23,10 @@ class ClusterState:
     # groups no job may join now (weaved: a move out of them waits for nodes elsewhere,
     # so they run a plan placement does not see whole); their nodes still count as used
     closed: frozenset[int] = frozenset()
+    # what placement worked out of this state once (it never changes; a new state,
+    # from ``replace`` too, starts empty): engine._pinned_groups
+    memo: dict[str, object] = field(default_factory=dict, init=False, compare=False,
+                                    repr=False)
 
     def open_groups(self) -> tuple[Group, ...]:
         """The groups a job may join."""

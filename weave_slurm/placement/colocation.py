@@ -100,19 +100,14 @@ def may_join_colocated(group: Group, job: JobProfile | None, cap: Capacity, free
 
 
 def _stays(group: Group, cap: Capacity) -> bool:
-    """:func:`beats_grouping` of a co-located group's job (memoised per group object and
+    """:func:`beats_grouping` of a co-located group's job (memoised on the group, per
     capacity: placement asks about every co-located group on every arrival)."""
-    hit = _STAYS.get(id(group))
-    if hit is not None and hit[0] is group and hit[1] is cap:
-        return hit[2]
-    if len(_STAYS) > 1 << 16:
-        _STAYS.clear()
+    hit = group.memo.get(id(cap))
+    if hit is not None and hit[0] is cap:
+        return hit[1]
     stays = _beats(group, cap)
-    _STAYS[id(group)] = (group, cap, stays)   # holding both keeps their ids unique
+    group.memo[id(cap)] = (cap, stays)   # holding the capacity keeps its id unique
     return stays
-
-
-_STAYS: dict[int, tuple[Group, Capacity, bool]] = {}
 
 
 def join_colocated(group: Group, job: JobProfile, cap: Capacity, free_r: float,

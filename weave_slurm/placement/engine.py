@@ -360,22 +360,19 @@ class WeavePolicy:
         return out
 
 
-_LAST_STATE: list[tuple[ClusterState, tuple[Group, ...], tuple[Group, ...]]] = []
-
-
 def _pinned_groups(state: ClusterState) -> tuple[tuple[Group, ...], tuple[Group, ...]]:
     """The open node-pinned groups of ``state``, and its open co-located groups a
     newcomer may join (``colocation.may_join_colocated``'s per-group part); computed
     once per state (a batch, a re-plan and the benchmark place many jobs on one)."""
-    last = _LAST_STATE[0] if _LAST_STATE else None   # one read: other threads may place
-    if last is not None and last[0] is state:
-        return last[1], last[2]
+    hit = state.memo.get("pinned_groups")
+    if hit is not None:
+        return hit   # type: ignore[return-value]
     cap = state.capacity
     opened = state.open_groups()
     pinned = tuple(g for g in opened if not g.pooled and not g.colocated)
     joinable = tuple(g for g in opened if g.colocated and cap.colocation
                      and may_join_colocated(g, None, cap, 0))
-    _LAST_STATE[:] = [(state, pinned, joinable)]   # holding the state keeps its id unique
+    state.memo["pinned_groups"] = (pinned, joinable)
     return pinned, joinable
 
 

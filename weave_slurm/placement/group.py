@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
 
 from weave_slurm.model.profile import JobProfile
@@ -69,6 +69,10 @@ class Group:
     colocated: bool = False  # the co-located baseline: both phases on training nodes
     pool_gpus: int = 0  # > 0: a pooled group's rollout GPUs (module doc)
     gpus_per_node: int = 8  # of the rollout pool (what a pooled group's GPUs are worth)
+    # what placement worked out of this group once, by capacity (the group never
+    # changes; ``replace`` starts a new one empty): colocation._stays
+    memo: dict[int, tuple[object, bool]] = field(default_factory=dict, init=False,
+                                                 compare=False, repr=False)
 
     @property
     def pooled(self) -> bool:
