@@ -28,7 +28,9 @@ from weave_slurm.slurm.cli_backend import SlurmCliBackend
 
 pytestmark = [pytest.mark.slurm, pytest.mark.netns, pytest.mark.torch, pytest.mark.slow]
 
-LONG = 40   # iterations of a and b; c runs until it is cancelled
+LONG = 40   # iterations of b; c runs until it is cancelled
+A_LONG = 4 * LONG   # a's: it outlasts the start of b's group (groups do not wait on
+                    # each other: a runs ~0.2 s per step meanwhile)
 
 SITE = """\
 [site]
@@ -60,7 +62,7 @@ def test_a_job_moved_between_hosts_ends_with_its_solo_weights(
     with serving(cfg, backend, prefix=f"weave-g{instance}.") as w:
         sock = cfg.socket
         wait_for(sock.exists, 30, "weaved's socket", interval_s=0.1)
-        a, b = consolidating(w, sock, (91, 92, 93), LONG, 1, 240)
+        a, b = consolidating(w, sock, (91, 92, 93), LONG, 1, 240, a_iterations=A_LONG)
         settle(lambda: (row(w, a), row(w, b)), 240, interval_s=0.2,
                until=lambda rows: rows[0].group_id == rows[1].group_id
                and rows[0].moving_from is None and rows[1].moving_from is None)
@@ -71,7 +73,7 @@ def test_a_job_moved_between_hosts_ends_with_its_solo_weights(
         emptied = settle(lambda: w.store.group(src), 120, interval_s=0.3,
                          until=lambda g: g is not None and g.state is GroupState.RELEASED)
         assert emptied is not None and emptied.state is GroupState.RELEASED
-        ended_as_solo(w, sock, {a: 91, b: 92}, LONG, 480)
+        ended_as_solo(w, sock, {a: 91, b: 92}, {a: A_LONG, b: LONG}, 480)
         # the mover stepped on its old group's hosts and then on the new group's, which
         # are other hosts: its state crossed hosts only through the shared checkpoint
         old, new = nodes(w, src, mover), nodes(w, gid, mover)
@@ -79,7 +81,8 @@ def test_a_job_moved_between_hosts_ends_with_its_solo_weights(
         moved, stayed = w.driver.live(mover), w.driver.live(stayer)
         assert moved is not None and moved["recoveries"] == 1, moved
         at = checkpoint_at(moved)
-        assert 1 <= at < LONG, moved["event"]   # moved mid-run, from its newest step
+        # moved mid-run, from its newest step
+        assert 1 <= at < (A_LONG if mover == a else LONG), moved["event"]
         assert stayed is not None and stayed["recoveries"] == 0
     plan = slurm_cluster.cluster.hosts_plan()
     assert plan is not None

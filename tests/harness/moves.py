@@ -56,12 +56,15 @@ def at(w: Weaved, job: int, version: int, timeout_s: float) -> None:
 
 def consolidating(w: Weaved, sock: Path, seeds: tuple[int, int, int], iterations: int,
                   b_version: int, timeout_s: float,
-                  declared: Mapping[str, Mapping[str, float]] | None = None) -> tuple[int, int]:
-    """Sets the scene (``seeds`` of a, b, c; a and b run ``iterations``; ``declared``:
-    what each job's spec declares, by name, as :func:`submit` takes it) and cancels
-    ``c``: (a, b), each RUNNING in its own group then."""
+                  declared: Mapping[str, Mapping[str, float]] | None = None,
+                  a_iterations: int | None = None) -> tuple[int, int]:
+    """Sets the scene (``seeds`` of a, b, c; a and b run ``iterations``, a
+    ``a_iterations`` where given: enough to outlast b's group's start, as each group
+    runs on while another starts; ``declared``: what each job's spec declares, by name,
+    as :func:`submit` takes it) and cancels ``c``: (a, b), each RUNNING in its own group
+    then."""
     of = declared or {}
-    a = submit(sock, "a", seeds[0], iterations, **of.get("a", {}))
+    a = submit(sock, "a", seeds[0], a_iterations or iterations, **of.get("a", {}))
     c = submit(sock, "c", seeds[2], 10 * iterations, **of.get("c", {}))
     at(w, a, 1, timeout_s)
     b = submit(sock, "b", seeds[1], iterations, **of.get("b", {}))
@@ -69,20 +72,24 @@ def consolidating(w: Weaved, sock: Path, seeds: tuple[int, int, int], iterations
     groups = [row(w, j).group_id for j in (a, c, b)]
     assert groups == [1, 1, 2], groups
     at(w, b, b_version, timeout_s)
-    assert [row(w, j).state.value for j in (a, b, c)] == ["RUNNING"] * 3
+    rows = [row(w, j) for j in (a, b, c)]
+    assert [r.state.value for r in rows] == ["RUNNING"] * 3, \
+        [(r.job_id, r.state.value, r.reason) for r in rows]
     assert call(sock, Op.CANCEL, jobs=[c])["results"][0]["ok"]
     return a, b
 
 
-def ended_as_solo(w: Weaved, sock: Path, seeds: dict[int, int], iterations: int,
-                  timeout_s: float) -> None:
-    """The jobs (job -> seed) complete with the weights of their solo runs."""
+def ended_as_solo(w: Weaved, sock: Path, seeds: dict[int, int],
+                  iterations: int | Mapping[int, int], timeout_s: float) -> None:
+    """The jobs (job -> seed) complete with the weights of their solo runs of
+    ``iterations`` (one count, or job -> its count)."""
     rows = wait_states(sock, list(seeds), {"COMPLETED", "FAILED"}, timeout_s, [])
     assert [r["state"] for r in rows] == ["COMPLETED"] * len(seeds), rows
     for job, seed in seeds.items():
+        steps = iterations if isinstance(iterations, int) else iterations[job]
         done = w.driver.live(job)
-        assert done is not None and done["version"] == iterations
-        solo = run_solo(MemberSpec(str(job), seed=seed, steps=iterations, options=OPTIONS))
+        assert done is not None and done["version"] == steps
+        solo = run_solo(MemberSpec(str(job), seed=seed, steps=steps, options=OPTIONS))
         assert done["weights_sha256"] == weights_digest(solo.weights), f"job {job}"
 
 
