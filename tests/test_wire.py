@@ -64,3 +64,33 @@ def test_a_full_queue_past_the_timeout_is_unavailable_in_words(tmp_path: Path) -
         for s in queued:
             s.close()
         server.close()
+
+
+def test_a_refusal_sent_before_the_server_closed_is_what_the_caller_reads(
+        tmp_path: Path) -> None:
+    """A server that refuses a connection says why and closes without reading the
+    request (weaved past a user's connections): the caller's write then breaks the pipe,
+    and the caller reports the server's words, not 'Broken pipe'."""
+    path = tmp_path / "refusing.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(1)
+    said = threading.Event()
+
+    def refuse() -> None:
+        conn, _ = server.accept()
+        conn.sendall(encode({"ok": False, "error": "StateError",
+                             "message": "at most 16 per user; close one and retry"}))
+        conn.close()
+        said.set()
+
+    thread = threading.Thread(target=refuse)
+    thread.start()
+    try:
+        with LineClient(path, timeout_s=10) as client:
+            said.wait(10)
+            with pytest.raises(StateError, match="at most 16 per user"):
+                client.request({"op": "submit", "spec": "x" * (1 << 22)})   # > the buffer
+    finally:
+        thread.join(10)
+        server.close()

@@ -189,8 +189,16 @@ class LineClient:
         """Send one request; return its result or raise the error it names."""
         where = f"{self.server} at {str(self.socket_path)!r}"
         try:
-            self._sock.sendall(encode(message))
-            line = read_line(self._sock, self._buf, self._limit)
+            try:
+                self._sock.sendall(encode(message))
+            except (BrokenPipeError, ConnectionResetError):
+                # the server may have answered and closed before reading the request (a
+                # refused connection says why first): its answer, not the broken pipe
+                line = read_line(self._sock, self._buf, self._limit)
+                if line is None:
+                    raise
+            else:
+                line = read_line(self._sock, self._buf, self._limit)
         except OSError as exc:
             raise self.unavailable(f"{where}: {exc}") from exc
         if line is None:
