@@ -26,7 +26,6 @@ from weave_slurm.placement.admission import place_batch
 from weave_slurm.placement.baselines import make_policy
 from weave_slurm.placement.capacity import Capacity
 from weave_slurm.placement.cluster_state import ClusterState
-from weave_slurm.placement.moves import work_rate
 from weave_slurm.placement.optimum import optimum
 from weave_slurm.sim.accounting import reference_site
 from weave_slurm.sim.drift import DriftModel, DriftPattern
@@ -139,7 +138,7 @@ def floor_snapshots(every_h: float = 6.0, max_jobs: int = 9) -> dict[str, Any]:
         exact = ClusterState(cap, optimum(jobs, cap).groups, 1 + len(jobs))
         batch = place_batch(make_policy("weave"), ClusterState(cap), jobs).state
         rows.append({"t_h": round(t / 3600, 1), "jobs": len(jobs),
-                     "optimum_cost_over_bound": round(exact.cost_per_hour / work_rate(exact), 4),
+                     "optimum_cost_over_bound": round(exact.cost_per_hour / exact.work_per_hour, 4),
                      "optimum_bubble": _bubbles(exact),
                      "batch_cost_over_optimum": round(batch.cost_per_hour
                                                       / exact.cost_per_hour, 4)})

@@ -43,7 +43,7 @@ def _feed(acct: Accounting | None = ACCT) -> AccountingFeed:
 
 def _job(store: Store, user: str, account: str | None = None, qos: str | None = None) -> int:
     profile = dataclasses.replace(simple_profile("j", 10, 10, 1.5),
-                                  charge=Charge(account, qos) if account or qos else None)
+                                  charge=Charge(account, qos))
     return store.add_job(uid=1000 + len(user), user=user, name="j", **stored("j"),
                          source="s.toml", now=T0, profile=profile)
 
@@ -141,3 +141,24 @@ def test_weaved_refuses_the_key_without_slurm(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"key 'limits.from_slurm' = true reads Slurm's "
                                           r"accounting, but weaved runs the local backend"):
         Weaved(DaemonConfig(state_dir=tmp_path / "state", backend="local", site_path=site))
+
+
+def test_the_accounting_is_read_each_tick_with_no_job_pending(store: Store) -> None:
+    """Submissions are checked against the last read: it is read on every placement
+    tick, also when no job waits (before, only a tick with pending jobs read it, so the
+    first submissions were never checked and later ones against an old read)."""
+    from weave_slurm.daemon.placing import Placer
+    from weave_slurm.placement import Capacity, WeavePolicy
+
+    reads: list[float] = []
+
+    def read() -> Accounting:
+        reads.append(T0)
+        return ACCT
+    feed = AccountingFeed(read, 60.0)
+    site = _site()
+    placer = Placer(store, Capacity.from_site(site), WeavePolicy(), site, "t",
+                    lambda seconds: None, feed)
+    placer.place(T0)
+    assert feed.current is ACCT and len(reads) == 1
+    assert limits.submission_refusal(store, site, "carol", "physics", T0, feed) is not None

@@ -21,7 +21,7 @@ from weave_slurm.placement.colocation import (
 from weave_slurm.placement.decision import Admission, Placement
 from weave_slurm.placement.engine import WeavePolicy
 from weave_slurm.placement.group import colocated_group
-from weave_slurm.placement.moves import pauses, relabel, work_rate
+from weave_slurm.placement.moves import pauses, relabel
 from weave_slurm.placement.optimum import optimum
 from weave_slurm.placement.repack import best_group
 
@@ -136,7 +136,7 @@ def test_work_of_a_colocated_job_is_priced_as_disaggregated() -> None:
     state = apply(ClusterState(COLO), placed(colocation_placement(ClusterState(COLO), job)))
     # one iteration is worth 100 s of an h20 node and 400 s of an h800 node
     value = 100.0 / 3 + 400.0
-    assert work_rate(state) == pytest.approx(value / 500.0)
+    assert state.work_per_hour == pytest.approx(value / 500.0)
 
 
 def test_cheaper_per_work_takes_the_lower_ratio_first_on_ties() -> None:

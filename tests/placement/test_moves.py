@@ -17,7 +17,6 @@ from weave_slurm.placement.moves import (
     pauses,
     pays,
     relabel,
-    work_rate,
 )
 
 from .conftest import capacity
@@ -89,7 +88,7 @@ def test_work_rate_is_the_busy_time_value_of_every_member() -> None:
     s = state(group(1, (A, (0,)), (B, (0,))))  # period 200 s, one rollout node
     rates = s.capacity.rates
     per_job = (100 * rates.rollout_node_hour + 100 * rates.train_node_hour) / 200.0
-    assert work_rate(s) == pytest.approx(2 * per_job)
+    assert s.work_per_hour == pytest.approx(2 * per_job)
 
 
 def test_a_proposal_pays_only_if_no_dearer_and_cheaper_per_unit_of_work() -> None:

@@ -15,7 +15,6 @@ from weave_slurm.placement.consolidate import consolidation
 from weave_slurm.placement.decision import Placement
 from weave_slurm.placement.engine import WeavePolicy
 from weave_slurm.placement.group import Group, Member, with_profile
-from weave_slurm.placement.moves import work_rate
 from weave_slurm.placement.replan import (
     DEFAULT_HORIZON_S,
     MAX_HORIZON_S,
@@ -54,7 +53,7 @@ def assert_pays(before: ClusterState, plan: Replan) -> None:
     b = plan.books
     assert b.efficiency_after < b.efficiency_before
     assert b.cost_before == pytest.approx(before.cost_per_hour)
-    assert b.work_after == pytest.approx(work_rate(after))
+    assert b.work_after == pytest.approx(after.work_per_hour)
     assert set(plan.pauses) <= set(before.job_group)
     assert all(p > 0 for p in plan.pauses.values())
 

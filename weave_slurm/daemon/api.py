@@ -191,12 +191,10 @@ class Api:
                     "rollout_nodes": profile.rollout_nodes, "train_nodes": profile.train_nodes,
                     "solo_iteration_s": profile.solo_s, "slo": profile.slo}
         user = user_name(uid)
-        account = (profile.charge.account if profile.charge else None) \
-            or self.site.slurm.account or limits.NO_ACCOUNT
+        account, qos = limits.charged(profile.charge, self.site)
         with self._submitting:   # a limit's count and the new row, one at a time
-            refused = limits.submission_refusal(
-                self.store, self.site, user, account, self.now(), self.accounting,
-                (profile.charge.qos if profile.charge else None) or self.site.slurm.qos)
+            refused = limits.submission_refusal(self.store, self.site, user, account,
+                                                self.now(), self.accounting, qos)
             if refused is not None:
                 raise InsufficientResources(f"{where}: job refused: {refused}")
             ids = self.store.add_jobs(   # an array: one job per element (job_arrays.py)

@@ -32,6 +32,7 @@ from weave_slurm.daemon.job_arrays import limit_holds
 from weave_slurm.daemon.records import JobRow
 from weave_slurm.daemon.states import JobState
 from weave_slurm.daemon.store import Store
+from weave_slurm.model.charge import Charge
 from weave_slurm.placement import Placement, Refusal
 from weave_slurm.placement.priority import Claimant, FairShare, Usage
 from weave_slurm.slurm.accounting import Accounting
@@ -49,10 +50,17 @@ _SLURM_NAME = {("user", "max_running"): "QOSMaxJobsPerUserLimit",
                ("account", "submissions_per_minute"): "a submission rate limit"}
 
 
+def charged(charge: Charge, site: SiteConfig) -> tuple[str, str | None]:
+    """(account, QOS) of a job that asks for ``charge``: its own, else the site's; the
+    account else ``(none)`` (module doc), the QOS else None (its association's
+    default)."""
+    return (charge.account or site.slurm.account or NO_ACCOUNT,
+            charge.qos or site.slurm.qos)
+
+
 def account_of(job: JobRow, site: SiteConfig) -> str:
     """The Slurm account a job is charged to (module doc)."""
-    charge = job.profile.charge
-    return (charge.account if charge else None) or site.slurm.account or NO_ACCOUNT
+    return charged(job.profile.charge, site)[0]
 
 
 def _limits(site: SiteConfig) -> tuple[tuple[str, JobLimits], ...]:
@@ -67,10 +75,8 @@ def _words(kind: str, name: str, key: str, have: int, limit: int, what: str) -> 
 
 
 def qos_of(job: JobRow, site: SiteConfig) -> str | None:
-    """The QOS a job asked for (its own, else the site's; None: its association's
-    default)."""
-    charge = job.profile.charge
-    return (charge.qos if charge else None) or site.slurm.qos
+    """The QOS a job asked for (None: its association's default)."""
+    return charged(job.profile.charge, site)[1]
 
 
 def submission_refusal(store: Store, site: SiteConfig, user: str, account: str,

@@ -46,6 +46,8 @@ class Placer:
         """Place the pending jobs as one batch. A job cancelled while the batch was being
         decided makes the decision stale (nothing of it is written): decide again on what
         is pending now, in this tick, rather than drop the tick's placement."""
+        if self.accounting is not None:   # every tick: submissions are checked against it
+            self.accounting.refresh(now)
         for _ in range(_PLACE_TRIES):
             try:
                 self._place_batch(now)
@@ -59,8 +61,6 @@ class Placer:
         waiting = self.store.jobs([JobState.PENDING])
         if not waiting:
             return
-        if self.accounting is not None:
-            self.accounting.refresh(now)
         queue = limits.queue(self.store, self.site, waiting, now,   # fair share, limits
                              self.accounting)
         for job in waiting:

@@ -21,7 +21,7 @@ questions decide whether to take it:
    subtracted (fixed work per job, the consistent accounting, where the cost of a run
    is its busy time divided by the pools' busy fraction). Work is priced as the
    zero-bubble bound prices it: each member's busy node-time per second at the pools'
-   rates (:func:`work_rate`).
+   rates (:attr:`~weave_slurm.placement.cluster_state.ClusterState.work_per_hour`).
 """
 
 from __future__ import annotations
@@ -31,19 +31,10 @@ from dataclasses import dataclass, replace
 
 from weave_slurm.placement.cluster_state import ClusterState
 from weave_slurm.placement.group import Group
-from weave_slurm.placement.work import group_work_rate, member_value, member_work_rate
-
-__all__ = ["MoveBooks", "books", "changed_groups", "group_work_rate", "member_value",
-           "member_work_rate", "pauses", "pays", "relabel", "work_rate"]
+from weave_slurm.placement.work import group_work_rate, member_work_rate
 
 _EPS = 1e-9
 SECONDS_PER_HOUR = 3600.0
-
-
-def work_rate(state: ClusterState) -> float:
-    """Busy-time value of all members per hour: what the pools would cost with no bubble
-    (:attr:`ClusterState.work_per_hour`, computed once per state)."""
-    return state.work_per_hour
 
 
 def changed_groups(before: ClusterState, after: ClusterState
@@ -156,14 +147,14 @@ class MoveBooks:
 def books(before: ClusterState, after: ClusterState, charged: Mapping[str, float],
           horizon_s: float, work_before: float | None = None) -> MoveBooks:
     """The books of a proposal, ``charged`` = job id -> pause seconds (``work_before``:
-    :func:`work_rate` of ``before``, when the caller has it)."""
+    :attr:`ClusterState.work_per_hour` of ``before``, when the caller has it)."""
     cap = after.capacity
     lost = 0.0
     for job_id, pause_s in charged.items():
         g = after.by_id[after.job_group[job_id]]
         member = next(m for m in g.members if m.job.job_id == job_id)
         lost += member_work_rate(member, g, cap) * pause_s / SECONDS_PER_HOUR
-    w0 = work_rate(before) if work_before is None else work_before
+    w0 = before.work_per_hour if work_before is None else work_before
     gone, new = changed_groups(before, after)
     w1 = w0 + sum(group_work_rate(g, cap) for g in new) - sum(
         group_work_rate(g, cap) for g in gone)

@@ -26,7 +26,6 @@ from weave_slurm.placement.cluster_state import ClusterState
 from weave_slurm.placement.decision import Admission, Decision, Placement
 from weave_slurm.placement.fit import capacity_refusal, may_fit, turn_options
 from weave_slurm.placement.group import Group, Member
-from weave_slurm.placement.moves import group_work_rate, member_value, work_rate
 from weave_slurm.placement.pooled import (
     efficient_width,
     fewest_gpus,
@@ -34,6 +33,7 @@ from weave_slurm.placement.pooled import (
     max_pool_gpus,
     step_gpus,
 )
+from weave_slurm.placement.work import group_work_rate, member_value
 
 _EPS = 1e-9
 
@@ -47,7 +47,7 @@ def place_pooled(state: ClusterState, job: JobProfile, join_turns: bool) -> Deci
     free_t = cap.train_pool_nodes - state.train_nodes_used
     free_gpus = math.floor((cap.rollout_pool_nodes - state.rollout_nodes_used)
                            * cap.rollout_gpus_per_node + _EPS)
-    cost, work = state.cost_per_hour, work_rate(state)
+    cost, work = state.cost_per_hour, state.work_per_hour
 
     def ratio(old: Group | None, placed: Placement) -> float:
         """The cluster's cost per unit of work once ``placed`` replaces ``old``."""

@@ -37,13 +37,12 @@ from weave_slurm.placement.group import Group
 from weave_slurm.placement.moves import (
     MoveBooks,
     books,
-    group_work_rate,
     pauses,
     pays,
     relabel,
-    work_rate,
 )
 from weave_slurm.placement.policy import Policy
+from weave_slurm.placement.work import group_work_rate
 
 #: Remaining time assumed for a job whose work is not known (seconds).
 DEFAULT_HORIZON_S = 3600.0
@@ -324,7 +323,7 @@ def best_paying(before: ClusterState, outcomes: Iterable[BatchResult],
     """Of the outcomes that place every job and pay, the one cheapest per unit of work
     once charged (ties: the first)."""
     best: Replan | None = None
-    work_before = work_rate(before)
+    work_before = before.work_per_hour
     for outcome in outcomes:
         if refusals(outcome):
             continue
