@@ -103,6 +103,24 @@ def test_a_lost_group_plan_keeps_warm_carries_checkpoints_and_restarts_fresh(
     assert plan_detach([carried], [t0], None)["2"].kind is ResumeKind.FAILED  # no shared root
 
 
+def test_a_done_member_whose_training_node_was_lost_is_carried_to_read_its_weights(
+        tmp_path: Path) -> None:
+    """It reached its last version, but the node went before weaved read its final
+    weights: they come back from its final checkpoint; with none, it ended as it did."""
+    t0, t1 = NodeRef("h800-0", Pool.TRAIN, Path("t0")), NodeRef("h800-1", Pool.TRAIN, Path("t1"))
+    r0 = NodeRef("h20-0", Pool.ROLLOUT, Path("r0"))
+    done, kept = _member("1", t0, r0, MemberState.DONE, True), _member("2", t1, r0,
+                                                                     MemberState.DONE, True)
+    shm = SegmentStore(tmp_path / "shm")
+    shm.put_state(done.job, "state", {"w": torch.ones(3)}, version=3)
+    CheckpointStore(tmp_path / "ckpt" / "h800-0").save(shm, done.job)
+    plan = plan_detach([done, kept], [t0], tmp_path / "ckpt")
+    assert plan["1"].kind is ResumeKind.CARRIED and plan["1"].version == 3
+    assert "before its final weights were read" in plan["1"].why
+    assert plan["2"].kind is ResumeKind.ENDED          # its training node is still there
+    assert plan_detach([done], [t0], None)["1"].kind is ResumeKind.ENDED   # none in reach
+
+
 def test_a_gang_whose_second_node_was_lost_carries_every_ranks_checkpoint(
         tmp_path: Path) -> None:
     """A gang's state lives on all its training nodes: losing rank 2's node (not rank

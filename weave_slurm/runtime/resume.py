@@ -13,7 +13,9 @@ group is active on a new allocation, where ``Lifecycle.adopt`` carries it out:
 - lost during its first phase: nothing learned yet, started again from scratch
   (``FRESH``);
 - otherwise it is not resumable (``FAILED``); a member that had ended already is
-  reported as it ended (``ENDED``).
+  reported as it ended (``ENDED``), unless its training node was lost before weaved
+  read its final weights: then it is carried from its final checkpoint like the above,
+  and ends again on the new node, where they are read.
 """
 
 from __future__ import annotations
@@ -70,8 +72,10 @@ def _train_nodes(m: RunningMember) -> tuple[NodeRef, ...]:
 
 
 def _resume(m: RunningMember, names: str, train_lost: bool, base: Path | None) -> Resume:
-    if m.state in (MemberState.DONE, MemberState.FAILED):
+    if m.state is MemberState.FAILED or (m.state is MemberState.DONE and not train_lost):
         return Resume(ResumeKind.ENDED)
+    if m.state is MemberState.DONE:
+        return _final_weights_lost(m, names, base)
     train = m.train_node.name
     if not train_lost:
         return Resume(ResumeKind.WARM,
@@ -100,6 +104,24 @@ def _resume(m: RunningMember, names: str, train_lost: bool, base: Path | None) -
                   f"its training node {train} was lost with its warm state, and no "
                   "checkpoint of it is on a shared file system (allocation vanished from "
                   "Slurm); not resumable")
+
+
+def _final_weights_lost(m: RunningMember, names: str, base: Path | None) -> Resume:
+    """A member that reached its last version, but whose training node was lost before
+    weaved read its final weights: re-admitted from its final checkpoint (every last
+    step is checkpointed) on the new training node, where they are read; with no
+    checkpoint in reach it ended as it did, without its weights' digest."""
+    carry = carried_checkpoint(m, base)
+    if carry is None:
+        return Resume(ResumeKind.ENDED)
+    root, version = carry
+    return Resume(ResumeKind.CARRIED,
+                  f"{names} lost (allocation vanished from Slurm) before its final weights "
+                  f"were read; waiting for a new allocation, then re-admitted there from its "
+                  f"final checkpoint (v{version}, {root})",
+                  readmit=f"{names} lost before its final weights were read; re-admitted "
+                          f"on a new training node from its final checkpoint (v{version})",
+                  root=root, version=version, rank_roots=_rank_roots(m, root))
 
 
 def handoff_resume(m: RunningMember, base: Path | None, source: str) -> Resume:
