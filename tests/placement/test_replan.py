@@ -14,7 +14,7 @@ from weave_slurm.placement.cluster_state import ClusterState, apply, depart
 from weave_slurm.placement.consolidate import consolidation
 from weave_slurm.placement.decision import Placement
 from weave_slurm.placement.engine import WeavePolicy
-from weave_slurm.placement.group import Group, Member, with_profile
+from weave_slurm.placement.group import Group, Member, colocated_group, with_profile
 from weave_slurm.placement.replan import (
     DEFAULT_HORIZON_S,
     MAX_HORIZON_S,
@@ -29,6 +29,7 @@ from weave_slurm.placement.replan import (
     slo_allows,
     waiting_moves,
     waiting_refusal,
+    worst_groups,
 )
 
 from .conftest import capacity, job_lists
@@ -247,3 +248,21 @@ def test_a_move_may_wait_for_nodes_only_where_its_old_group_needs_nothing_new() 
     grown = ClusterState(cap, (Group(1, (Member(a, (0,)), Member(c, (1,))), 2, 1),
                                Group(2, (Member(b, (0,)), Member(d, (1,))), 2, 1)), 5)
     assert waiting_moves(before, grown) == {"d"}
+
+
+def test_the_hourly_re_plan_regroups_co_located_jobs_a_group_would_beat() -> None:
+    # Two 300 + 300 s jobs co-located on an h800 node each: 2 per hour for two
+    # iterations per 600 s. On one h800 and one h20 node (one rollout node each:
+    # 5/3 per hour) they run at the same period: cheaper per hour and per unit of work.
+    # The re-plan of the least efficient groups picks co-located groups too (it left
+    # them out: a co-located job stayed so until a newcomer joined it).
+    cap = replace(capacity(max_group_size=3), colocation=True)
+    jobs = [simple_profile(f"c{i}", 300.0, 300.0, 1.5) for i in range(2)]
+    state = ClusterState(cap, tuple(colocated_group(i + 1, j) for i, j in enumerate(jobs)), 3)
+    assert {g.group_id for g in worst_groups(state, 8)} == {1, 2}
+    assert worst_groups(replace(state, capacity=replace(cap, colocation=False)), 8) == []
+    plan = replan_worst(WeavePolicy(), state, 8, dict.fromkeys(state.job_group, 86_400.0))
+    assert plan is not None
+    assert_pays(state, plan)
+    assert not any(g.colocated for g in plan.state.groups)
+    assert plan.state.cost_per_hour < state.cost_per_hour

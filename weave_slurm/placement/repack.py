@@ -25,6 +25,7 @@ from weave_slurm.placement.group import (
     turns_for,
 )
 from weave_slurm.placement.pooled import fewest_gpus, max_pool_gpus
+from weave_slurm.placement.work import group_work_rate
 
 
 def pinnings(needs: Sequence[int]) -> Iterator[tuple[tuple[int, ...], ...]]:
@@ -61,16 +62,19 @@ def best_group(jobs: Sequence[JobProfile], cap: Capacity, group_id: int = 0,
     """The cheapest feasible configuration of one group holding exactly ``jobs``.
 
     Every pinning of the members onto rollout nodes, each of :func:`turn_sets` (one turn
-    each without ``turns``) and
-    every cyclic order up to rotation; pinnings are tried in order of rollout node
-    count, so the first feasible one is the cheapest; ``max_rollout_nodes`` stops the
-    search early. Memoised on (jobs, capacity, limit): re-plans ask for the same groups
-    again and again. None when there is none, or when the jobs' charges differ or a
-    solo job is among others (``constraints.may_group``). Where groups may pool their
-    rollout GPUs (``pooled``; default: the capacity's), the pooled group on the fewest
-    GPUs wins where it is cheaper per hour (placement/pooled.py); where jobs may be
-    co-located (``Capacity.colocation``), a job alone co-located wins where that is
-    cheaper per hour (placement/colocation.py).
+    each without ``turns``) and every cyclic order up to rotation; pinnings are tried in
+    order of rollout node count, so the first feasible one is the cheapest per hour, and
+    of the feasible ones on that many nodes (the same cost per hour) the one whose
+    members deliver the most work per hour wins (``work.group_work_rate``: the shortest
+    period for the same turns; ties: the first found): the same job set on the same
+    nodes then costs less per unit of work. ``max_rollout_nodes`` stops the search
+    early. Memoised on (jobs, capacity, limit): re-plans ask for the same groups again
+    and again. None when there is none, or when the jobs' charges differ or a solo job
+    is among others (``constraints.may_group``). Where groups may pool their rollout GPUs
+    (``pooled``; default: the capacity's), the pooled group on the fewest GPUs wins
+    where it is cheaper per hour (placement/pooled.py); where jobs may be co-located
+    (``Capacity.colocation``), a job alone co-located wins where that is cheaper per
+    hour (placement/colocation.py).
     """
     if not may_group(jobs):   # one account and QOS, no solo job (placement/constraints.py)
         return None
@@ -122,9 +126,12 @@ def _best_group(jobs: tuple[JobProfile, ...], cap: Capacity,
     train_nodes = max(j.train_nodes for j in jobs)
     limit = cap.max_rollout_nodes_per_group if max_rollout_nodes is None else max_rollout_nodes
     sets = turn_sets(jobs) if turns else ((1,) * n,)
+    best: Group | None = None
+    best_rate = 0.0
     for pins in _pinnings_by_nodes(tuple(j.rollout_nodes for j in jobs)):
         rollout_nodes = 1 + max(p for member in pins for p in member)
-        if rollout_nodes > limit and n > 1:
+        if (rollout_nodes > limit and n > 1) or (best is not None
+                                                 and rollout_nodes > best.rollout_nodes):
             break
         for each in sets:
             if not _could_meet_slos(jobs, pins, each, rollout_nodes):
@@ -134,8 +141,10 @@ def _best_group(jobs: tuple[JobProfile, ...], cap: Capacity,
                 group = Group(group_id, tuple(Member(jobs[i], pins[i], each[i])
                                               for i in order), rollout_nodes, train_nodes)
                 if cap.fits(group):
-                    return group
-    return None
+                    rate = group_work_rate(group, cap)
+                    if rate > best_rate * (1 + 1e-9):
+                        best, best_rate = group, rate
+    return best
 
 
 @lru_cache(maxsize=1 << 15)

@@ -284,7 +284,10 @@ def _merged(state: ClusterState, scope: ClusterState, outcome: BatchResult) -> B
 
 
 def worst_groups(state: ClusterState, count: int) -> list[Group]:
-    """The ``count`` groups with the highest cost per unit of work (most bubble)."""
+    """The ``count`` groups with the highest cost per unit of work (most bubble; a
+    co-located group's rollout on the dear training GPUs counts as such: where
+    co-location is an option, co-located groups are candidates too, so a job co-located
+    while nothing could take it is grouped once something can)."""
     cap = state.capacity
 
     def key(g: Group) -> tuple[float, int]:
@@ -292,7 +295,8 @@ def worst_groups(state: ClusterState, count: int) -> list[Group]:
         cost = cap.rate_of(g)
         return (-(cost / work) if work > 0 else -math.inf, g.group_id)
 
-    return sorted((g for g in state.groups if not g.colocated), key=key)[:count]
+    return sorted((g for g in state.groups if not g.colocated or cap.colocation),
+                  key=key)[:count]
 
 
 def replan_worst(policy: Policy, state: ClusterState, groups: int,
