@@ -34,6 +34,7 @@ def profile_from_json(text: str) -> JobProfile:
         raw["layout"] = MemberLayout.from_json(raw["layout"])
     if isinstance(raw.get("charge"), dict):
         raw["charge"] = Charge(**raw["charge"])
+    raw["rollout_width_s"] = tuple((int(g), float(t)) for g, t in raw.get("rollout_width_s", ()))
     return JobProfile(**raw)
 
 
