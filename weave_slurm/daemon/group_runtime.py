@@ -24,7 +24,10 @@ weaved launched for its group's allocations.
   its next phase boundary, and a node no member is on any more (the group shrank) is
   retired, after which the reconcile loop returns its allocation (:meth:`in_use`). A
   lost allocation instead detaches the runtime: its members are re-admitted from their
-  checkpoints on a rebuilt one. A pin names a slot of the group's allocations
+  checkpoints on a rebuilt one. A co-located group (``GroupPlan.colocated``) has no
+  rollout node: its runtime is built on its training nodes alone, its member joins with
+  no pin (it rolls out on its training node) and is never re-pinned
+  (:mod:`~weave_slurm.daemon.colocating`). A pin names a slot of the group's allocations
   (:mod:`~weave_slurm.daemon.allocplan`), so it names the same node across all of this
   and across weaved restarts, where the runtime is built from the store's allocations
   and plan.
