@@ -18,18 +18,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness import weaved
 from tests.harness.hosts import weaved_dirs
 from tests.harness.scratch import public_dir
 from tests.harness.solo import run_solo
 from tests.harness.specs import OPTIONS, job_spec
 from tests.harness.waits import settle
-from tests.harness.weaved import active_groups, call, serving, smoke_site, wait_states
 from tests.slurm.session_cluster import SessionCluster
 from weave_slurm.cli.error_lines import run_app
 from weave_slurm.cli.sbatch import app as sbatch_app
-from weave_slurm.daemon.driver import DriverKind
 from weave_slurm.daemon.protocol import Op
-from weave_slurm.daemon.service import DaemonConfig
 from weave_slurm.node.segments import weights_digest
 from weave_slurm.runtime.group import MemberSpec
 from weave_slurm.slurm.cli_backend import SlurmCliBackend
@@ -61,24 +59,21 @@ def test_a_colocated_and_a_disaggregated_group_run_side_by_side_and_match_solo(
     dirs = weaved_dirs(slurm_cluster.cluster, instance)
     with public_dir("weaved-slurm-colo-") as public:
         site = public / "site.toml"
-        site.write_text(smoke_site(SITE))
-        cfg = DaemonConfig(state_dir=dirs.state, backend="slurm", instance=instance,
-                           tick_s=0.3, runtime=DriverKind.RL, client_timeout_s=5.0, env=env,
-                           checkpoint_root=dirs.ckpt, site_path=site)
-        with serving(cfg, backend, prefix=f"weave-g{instance}.") as w:
+        site.write_text(weaved.smoke_site(SITE))
+        cfg = weaved.rl_on_slurm(dirs, instance, env, public, site)
+        with weaved.serving_on_slurm(cfg) as w:
             sock = w.config.socket
-            settle(sock.exists, 30, interval_s=0.1)
             assert w.capacity.colocation
             colo = _submit(sock, public, "colo", 41, 12.0, capsys)
-            (group,) = active_groups(sock, [colo], 60)
+            (group,) = weaved.active_groups(sock, [colo], 60)
             assert [a["role"] for a in group["allocations"]] == ["train"], group
             # a newcomer may not join it: a disaggregated group of its own, beside it
             apart = _submit(sock, public, "apart", 42, 1000.0, capsys)
-            groups = {g["group"]: g for g in active_groups(sock, [colo, apart], 60)}
+            groups = {g["group"]: g for g in weaved.active_groups(sock, [colo, apart], 60)}
             other = next(g for g in groups.values() if apart in g["members"])
             assert other["group"] != group["group"] and other["members"] == [apart]
             assert sorted(a["role"] for a in other["allocations"]) == ["rollout", "train"]
-            rows = wait_states(sock, [colo, apart], {"COMPLETED", "FAILED"}, 150, [])
+            rows = weaved.wait_states(sock, [colo, apart], {"COMPLETED", "FAILED"}, 150, [])
             assert [r["state"] for r in rows] == ["COMPLETED"] * 2, rows
             (train_host,) = group["allocations"][0]["nodes"]
             spans = list(w.driver.spans[group["group"]])  # type: ignore[attr-defined]
@@ -86,7 +81,7 @@ def test_a_colocated_and_a_disaggregated_group_run_side_by_side_and_match_solo(
             assert rollouts == {train_host}, spans
             assert not [s for s in spans if s.kind is Phase.SYNC], spans   # nothing moved
             for job, seed in ((colo, 41), (apart, 42)):
-                shown = call(sock, Op.SHOW, kind="job", id=job)
+                shown = weaved.call(sock, Op.SHOW, kind="job", id=job)
                 solo = run_solo(MemberSpec(str(job), seed=seed, steps=K, options=OPTIONS))
                 assert shown["runtime"]["weights_sha256"] == weights_digest(solo.weights), job
             settle(lambda: not backend.list_allocations(f"weave-g{instance}."), 30,

@@ -12,20 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness import weaved
 from tests.harness.processes import daemons_gone
-from tests.harness.scratch import public_dir, shm_dir
 from tests.harness.solo import run_solo
 from tests.harness.specs import OPTIONS
 from tests.harness.waits import settle, wait_for
-from tests.harness.weaved import (
-    Served,
-    call,
-    release_all,
-    rl_config,
-    serve,
-    smoke_site,
-    wait_states,
-)
 from weave_slurm.config.render import job_spec_toml
 from weave_slurm.daemon.protocol import Op
 from weave_slurm.daemon.service import DaemonConfig
@@ -49,9 +40,8 @@ plan_from_measurements = false
 
 @pytest.fixture
 def cfg() -> Iterator[DaemonConfig]:
-    with public_dir("weaved-co-") as public, shm_dir("weaved-co-") as shm:
-        (public / "site.toml").write_text(smoke_site(SITE))
-        yield rl_config(public, shm, site_path=public / "site.toml")
+    with weaved.rl_site("weaved-co-", SITE) as config:
+        yield config
 
 
 def _submit(sock: Path) -> int:
@@ -59,25 +49,25 @@ def _submit(sock: Path) -> int:
     disaggregated group of its own."""
     spec = job_spec_toml("colo", iterations=STEPS, seed=61, options=OPTIONS).replace(
         "[profile]\n", "[profile]\ncolo_iter_s = 12.0\n", 1)
-    return int(call(sock, Op.SUBMIT, spec=spec, source="colo.toml")["job"])
+    return int(weaved.call(sock, Op.SUBMIT, spec=spec, source="colo.toml")["job"])
 
 
 def test_a_colocated_job_is_re_attached_after_a_weaved_restart(cfg: DaemonConfig) -> None:
-    served = serve(cfg)
+    served = weaved.serve(cfg)
     try:
         w, sock = served.weaved, cfg.socket
         job = _submit(sock)
         wait_for(lambda: w.driver.live(job), 120, f"job {job} at version 1", interval_s=0.1,
                  until=lambda live: live is not None and live["version"] >= 1)
-        (group,) = call(sock, Op.GROUPS)["groups"]
+        (group,) = weaved.call(sock, Op.GROUPS)["groups"]
         assert [(a["role"], a["nodes"]) for a in group["allocations"]] == \
             [("train", ["h800-0"])], group
         served.stop()
         at = w.driver.live(job)
         assert at is not None and at["version"] < STEPS, at   # rollouts are left
-        served = serve(cfg)   # a fresh weaved on the same state dir
+        served = weaved.serve(cfg)   # a fresh weaved on the same state dir
         w = served.weaved
-        rows = wait_states(sock, [job], {"COMPLETED", "FAILED"}, 240, [])
+        rows = weaved.wait_states(sock, [job], {"COMPLETED", "FAILED"}, 240, [])
         assert rows[0]["state"] == "COMPLETED", rows
         live = w.driver.live(job)
         assert live is not None and live["recoveries"] >= 1   # re-attached, not afresh
@@ -89,9 +79,4 @@ def test_a_colocated_job_is_re_attached_after_a_weaved_restart(cfg: DaemonConfig
         assert not w.backend.list_allocations("")
         assert daemons_gone(w.config.state_dir.resolve() / "ckpt", 30)
     finally:
-        _stop(served)
-
-
-def _stop(served: Served) -> None:
-    served.stop()
-    release_all(served.weaved.backend)
+        weaved.stop_released(served)
