@@ -1,6 +1,6 @@
 """Replays with co-location as weave's admission option (the default of ``weave
 simulate``): co-located groups beside disaggregated ones, their cost, SLOs and bubbles;
-weaved's own policy (``weave-live``) never co-locates (docs/simulator.md)."""
+the replay of weaved's policy (``weave-live``) does not co-locate (docs/simulator.md)."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def test_train_heavy_tight_slos_cost_no_more_than_colocation() -> None:
     assert w["slo_check"]["steady"]["worst_ratio"] <= 1.0 + 1e-6
     for run in res["weave"].runs.values():   # every job does all its work
         assert run.done == pytest.approx(run.work, rel=1e-6)
-    # weaved's policy does not co-locate: it pays what isolated does here
+    # weave-live does not replay weaved's co-location: it pays what isolated does here
     live = res["weave-live"]
     assert not any(s.group.colocated for s in live.segments)
     assert rep["weave-live"]["admissions"]["colocated"] == 0
@@ -99,6 +99,6 @@ def test_simulate_colocation_flags(tmp_path: Path, capsys: pytest.CaptureFixture
     assert run_app(app, "weave", ["simulate", str(src), "--colocation", "--policy",
                                   "weave-live,isolated"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["weave: error: --colocation with --policy weave-live: weaved does not run "
-                   "co-located groups yet; co-location applies to weave, weave-online, "
+    assert err == ["weave: error: --colocation with --policy weave-live: it does not replay "
+                   "weaved's co-location yet; co-location applies to weave, weave-online, "
                    "optimal, regroup (without the flag, weave-live runs without it)"]

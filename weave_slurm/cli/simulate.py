@@ -78,7 +78,8 @@ def simulate(
     colocation: Annotated[bool | None, typer.Option(
         "--colocation/--no-colocation", help="Whether weave may admit a job co-located "
         "(its rollout on its own training nodes; docs/placement.md). Default: the site's "
-        "[limits] colocation, else on; weave-live never (weaved does not run it yet).")
+        "[limits] colocation, else on; weave-live never (it does not replay weaved's "
+        "co-location yet: docs/simulator.md).")
                           ] = None,
     verify: Annotated[bool, typer.Option(help="Event-level SLO check of grouped policies.")
                       ] = True,

@@ -190,7 +190,8 @@ class SimPolicy:
     regroup: bool = False
     optimal: bool = False
     pooling: bool = False  # places with weave's policy, so may pool rollout GPUs
-    # ... and may admit jobs co-located (weave-live does not: weaved cannot run them)
+    # ... and may admit jobs co-located (weave-live does not: it does not replay weaved's
+    # rules for them yet, docs/simulator.md)
     colocating: bool = False
 
     @classmethod
@@ -220,12 +221,13 @@ def refuse_pooled(names: Sequence[str]) -> None:
 
 def refuse_colocation(names: Sequence[str]) -> None:
     """ConfigError where ``--colocation`` is asked with a policy that runs as weaved
-    does: weaved does not run co-located groups yet (docs/placement.md "Co-location")."""
+    does: it does not replay weaved's co-location yet (closed co-located groups, re-plans
+    without co-location: docs/placement.md "Co-location")."""
     live = [n for n in names if SimPolicy.make(n).weaved_moves]
     if live:
         colocating = [n for n in SIM_POLICIES if SimPolicy.make(n).colocating]
-        raise ConfigError(f"--colocation with --policy {live[0]}: weaved does not run "
-                          "co-located groups yet; co-location applies to "
+        raise ConfigError(f"--colocation with --policy {live[0]}: it does not replay "
+                          "weaved's co-location yet; co-location applies to "
                           f"{', '.join(colocating)} (without the flag, {live[0]} runs "
                           "without it)")
 

@@ -89,8 +89,8 @@ class Replay:
             refuse_pooled([policy.name])
             capacity = replace(capacity, rollout_pooled=False)   # baselines: whole nodes
         if capacity.colocation and not policy.colocating:
-            # the baselines have their own rules; weave-live runs as weaved (which does
-            # not co-locate yet): docs/simulator.md "Co-location"
+            # the baselines have their own rules; weave-live does not replay weaved's
+            # co-location yet: docs/simulator.md "Co-location"
             capacity = replace(capacity, colocation=False)
         self.cap = capacity = replace(capacity, moves=replace(
             capacity.moves, restart_s=self.opt.migration_s))
