@@ -1,0 +1,120 @@
+"""``weave-live`` replays weaved's co-location (sim/live.py, daemon/colocating.py): it
+co-locates where placement finds it cheapest, never lets a newcomer join a co-located
+group, re-plans running jobs without co-location (a member never switches between
+co-located and disaggregated), and co-locates no job weaved's runtime could not run so."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import replace
+
+from weave_slurm.model.profile import simple_profile
+from weave_slurm.placement.capacity import Capacity
+from weave_slurm.placement.cluster_state import ClusterState
+from weave_slurm.placement.group import colocated_group
+from weave_slurm.sim.accounting import reference_site
+from weave_slurm.sim.generate import GeneratorConfig, TraceMix, generate_trace
+from weave_slurm.sim.live import barrier, placeable, placing, planning
+from weave_slurm.sim.outcome import ReplayResult
+from weave_slurm.sim.policies import Accounting, SimPolicy
+from weave_slurm.sim.replay import ReplayOptions, replay_policies
+from weave_slurm.sim.slo import SloDistribution
+from weave_slurm.sim.traces import Trace
+
+CAP = Capacity.from_site(reference_site(), 5, colocation=True)
+
+
+def _trace(mix: TraceMix, slo: str, seed: int) -> Trace:
+    return generate_trace(GeneratorConfig(n_jobs=30, seed=seed, mix=mix,
+                                          slo=SloDistribution.parse(slo)))
+
+
+def _replayed(tr: Trace, gang_gpus: int | None = None, colocation: bool = True
+              ) -> dict[str, ReplayResult]:
+    opts = ReplayOptions(accounting=Accounting.CONSISTENT, gang_gpus=gang_gpus)
+    return replay_policies(tr, replace(CAP, colocation=colocation),
+                           ("weave", "weave-live"), opts)
+
+
+def _switched(res: ReplayResult) -> int:
+    """Jobs that ran both co-located and disaggregated."""
+    ways: dict[str, set[bool]] = defaultdict(set)
+    for s in res.segments:
+        for j in s.group.job_ids:
+            ways[j].add(s.group.colocated)
+    return sum(len(w) > 1 for w in ways.values())
+
+
+def _joined(res: ReplayResult) -> int:
+    """Co-located groups that took a newcomer (or became disaggregated) later."""
+    seen: dict[int, set[tuple[bool, int]]] = defaultdict(set)
+    for s in res.segments:
+        seen[s.group.group_id].add((s.group.colocated, s.group.size))
+    return sum(len(v) > 1 for v in seen.values() if (True, 1) in v)
+
+
+def test_weave_live_colocates_where_colocation_beats_grouping() -> None:
+    # training-heavy jobs with tight SLOs: no job shares a training node within its SLO,
+    # so co-location beats every group (weave-live paid isolated's h20 nodes before)
+    tr = _trace(TraceMix.SYNTHETIC_TRAIN_HEAVY, "uniform:1.0,1.2", 2)
+    res = _replayed(tr)
+    live = res["weave-live"]
+    assert live.admissions["colocated"] == len(tr.jobs)
+    off = _replayed(tr, colocation=False)["weave-live"]
+    assert off.admissions["colocated"] == 0 and live.cost < off.cost / 1.2
+    assert live.cost <= res["weave"].cost * (1 + 1e-9)
+    assert not any(r.ever_violated for r in live.runs.values())
+
+
+def test_weave_live_keeps_colocated_groups_closed_and_members_in_their_way() -> None:
+    # a mixed trace where weave lets newcomers join co-located jobs and re-plans
+    # co-located jobs again: weaved does neither
+    tr = _trace(TraceMix.MIXED, "uniform:1.5,2", 2)
+    res = _replayed(tr)
+    weave, live = res["weave"], res["weave-live"]
+    assert _joined(weave) > 0 and _switched(weave) > 0        # what weaved does not do
+    assert live.admissions["colocated"] > 0
+    assert any(not s.group.colocated and s.group.size > 1 for s in live.segments)
+    assert _joined(live) == 0 and _switched(live) == 0
+    assert not any(r.ever_violated for r in live.runs.values())
+
+
+def test_weave_live_colocates_no_job_of_several_ranks_on_a_gangs_site() -> None:
+    # weaved's default runtime starts one rank per training GPU: a trace job on whole
+    # 8-GPU nodes has 8, so weaved co-locates none of them (weave may)
+    res = _replayed(_trace(TraceMix.SYNTHETIC_TRAIN_HEAVY, "uniform:1.0,1.2", 2), gang_gpus=8)
+    assert res["weave-live"].admissions["colocated"] == 0
+    assert res["weave"].admissions["colocated"] > 0
+
+
+def test_barrier_counts_ranks_of_whole_nodes() -> None:
+    p = simple_profile("a", 100.0, 400.0, 1.5, colo_iter_s=450.0)
+    assert barrier(p, None) is None and placeable(p, None) is p
+    assert barrier(p, 1) is None                     # one GPU a node: one rank
+    assert barrier(replace(p, colo_nodes=2), 1) == ("2 training ranks; a co-located member "
+                                                    "runs one rank and one engine")
+    assert barrier(p, 8) is not None
+    assert placeable(p, 8).colo_iter_s == 0.0
+    assert placeable(p, 8).solo_mean_s == p.solo_mean_s
+
+
+def test_views_close_colocated_groups_and_plan_running_jobs_without_colocation() -> None:
+    p = simple_profile("a", 100.0, 400.0, 1.5, colo_iter_s=450.0)
+    state = ClusterState(CAP, (colocated_group(3, p),), 4)
+    assert placing(state).closed == {3} and placing(state).capacity.colocation
+    assert placing(state).open_groups() == ()
+    plan = planning(state)
+    assert plan.closed == {3} and not plan.capacity.colocation
+    empty = ClusterState(CAP)
+    assert placing(empty) is empty
+    off = ClusterState(replace(CAP, colocation=False), state.groups)
+    assert planning(off) is off
+
+
+def test_weave_live_places_with_colocation_only_where_its_capacity_allows() -> None:
+    # a capacity without co-location (the site's [limits] colocation unset, as weaved)
+    tr = _trace(TraceMix.SYNTHETIC_TRAIN_HEAVY, "uniform:1.0,1.2", 3)
+    res = _replayed(tr, colocation=False)
+    assert res["weave-live"].admissions["colocated"] == 0
+    assert SimPolicy.make("weave-live").colocating
+    assert not SimPolicy.make("isolated").colocating
