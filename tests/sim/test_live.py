@@ -13,13 +13,14 @@ from weave_slurm.placement.capacity import Capacity
 from weave_slurm.placement.cluster_state import ClusterState
 from weave_slurm.placement.group import colocated_group
 from weave_slurm.sim.accounting import reference_site
+from weave_slurm.sim.drift import DriftModel, DriftPattern
 from weave_slurm.sim.generate import GeneratorConfig, TraceMix, generate_trace
 from weave_slurm.sim.live import barrier, placeable, placing, planning
 from weave_slurm.sim.outcome import ReplayResult
 from weave_slurm.sim.policies import Accounting, SimPolicy
 from weave_slurm.sim.replay import ReplayOptions, replay_policies
 from weave_slurm.sim.slo import SloDistribution
-from weave_slurm.sim.traces import Trace
+from weave_slurm.sim.traces import Trace, TraceJob
 
 CAP = Capacity.from_site(reference_site(), 5, colocation=True)
 
@@ -118,3 +119,29 @@ def test_weave_live_places_with_colocation_only_where_its_capacity_allows() -> N
     assert res["weave-live"].admissions["colocated"] == 0
     assert SimPolicy.make("weave-live").colocating
     assert not SimPolicy.make("isolated").colocating
+
+
+def test_weave_live_keeps_a_colocated_member_colocated_when_drift_breaks_its_slo() -> None:
+    # co-located first (no pair of such jobs keeps a 1.05 SLO on one training node); its
+    # rollout then grows 1.5x, its training 1.25x: co-located 1.1x its solo time, over
+    # its SLO; weave re-places it disaggregated, weaved cannot switch a running member
+    job = TraceJob("a", 0.0, 20_000.0, t_rollout_s=100.0, t_train_s=400.0, slo=1.05,
+                   t_rollout_colo_s=120.0, t_train_colo_s=400.0)
+    tr = Trace.from_jobs([job], start_time=None, source="test")
+    opts = ReplayOptions(accounting=Accounting.CONSISTENT, gang_gpus=None,
+                         drift=DriftModel(DriftPattern.INCREASING, steps=1))
+    res = replay_policies(tr, CAP, ("weave", "weave-live"), opts)
+    assert res["weave"].admissions["colocated"] == 1 and _switched(res["weave"]) == 1
+    live = res["weave-live"]
+    assert live.admissions["colocated"] == 1 and _switched(live) == 0
+    assert all(s.group.colocated for s in live.segments) and live.runs["a"].ever_violated
+
+
+def test_weave_live_replans_running_jobs_without_colocation() -> None:
+    # on this trace re-plans made with co-location on would co-locate 4 running jobs
+    # (measured by planning() left on); weaved's are made with it off
+    tr = generate_trace(GeneratorConfig(n_jobs=40, seed=4, mix=TraceMix.TRAIN_HEAVY,
+                                        slo=SloDistribution.parse("uniform:1.1,2")))
+    live = _replayed(tr)["weave-live"]
+    assert live.replans > 0 and live.admissions["colocated"] > 0
+    assert _switched(live) == 0 and _joined(live) == 0
