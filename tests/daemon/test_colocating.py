@@ -95,8 +95,9 @@ def test_weaved_never_colocates_a_job_its_runtime_cannot_run_so(tmp_path: Path) 
     for job in (gang, coop):
         row = rows[job]
         assert row is not None
-        assert colocating.placeable(row, SITE, True).colo_iter_s == 0.0
-        assert colocating.placeable(row, SITE, False).colo_iter_s == 12.0
+        assert colocating.placeable(row, SITE, CAP).colo_iter_s == 0.0
+        assert colocating.placeable(row, SITE, replace(CAP, colocation=False)
+                                    ).colo_iter_s == 12.0
         _place(store)
         assert not _group_of(store, job).plan.colocated
 
@@ -105,3 +106,20 @@ def test_plans_of_running_jobs_are_made_without_colocation() -> None:
     assert CAP.colocation and not colocating.running(CAP).colocation
     off = replace(CAP, colocation=False)
     assert colocating.running(off) is off
+
+
+def test_a_job_is_colocated_only_where_that_beats_any_group_of_jobs_like_it(
+        tmp_path: Path) -> None:
+    """A co-located group takes no newcomer, so a job co-located only because a group of
+    one costs more would stay alone, dearer, for life. 20 s co-located (its solo
+    iteration: 20.4 s) beats a group of its own but not a group of jobs like it: placed
+    disaggregated, where the next ones can join it (12 s beats both: co-located, as
+    the first test shows)."""
+    store = Store(tmp_path / "w.db")
+    first = _add(store, "first", 20.0)
+    row = store.job(first)
+    assert row is not None and colocating.placeable(row, SITE, CAP).colo_iter_s == 0.0
+    assert colocating.placeable(row, SITE, replace(CAP, colocation=False)) == \
+        row.profile.with_id(str(first))
+    _place(store)   # alone: co-location would be its cheapest option now
+    assert not _group_of(store, first).plan.colocated

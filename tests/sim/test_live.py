@@ -68,9 +68,9 @@ def test_weave_live_colocates_where_colocation_beats_grouping() -> None:
 
 
 def test_weave_live_keeps_colocated_groups_closed_and_members_in_their_way() -> None:
-    # a mixed trace where weave lets newcomers join co-located jobs and re-plans
-    # co-located jobs again: weaved does neither
-    tr = _trace(TraceMix.MIXED, "uniform:1.5,2", 2)
+    # a train-heavy trace with loose SLOs, where weave lets newcomers join co-located
+    # jobs and re-plans co-located jobs again: weaved does neither
+    tr = _trace(TraceMix.SYNTHETIC_TRAIN_HEAVY, "uniform:1.5,2", 2)
     res = _replayed(tr)
     weave, live = res["weave"], res["weave-live"]
     assert _joined(weave) > 0 and _switched(weave) > 0        # what weaved does not do
@@ -90,13 +90,26 @@ def test_weave_live_colocates_no_job_of_several_ranks_on_a_gangs_site() -> None:
 
 def test_barrier_counts_ranks_of_whole_nodes() -> None:
     p = simple_profile("a", 100.0, 400.0, 1.5, colo_iter_s=450.0)
-    assert barrier(p, None) is None and placeable(p, None) is p
+    assert barrier(p, None) is None and placeable(p, None, CAP) is p
     assert barrier(p, 1) is None                     # one GPU a node: one rank
     assert barrier(replace(p, colo_nodes=2), 1) == ("2 training ranks; a co-located member "
                                                     "runs one rank and one engine")
     assert barrier(p, 8) is not None
-    assert placeable(p, 8).colo_iter_s == 0.0
-    assert placeable(p, 8).solo_mean_s == p.solo_mean_s
+    assert placeable(p, 8, CAP).colo_iter_s == 0.0
+    assert placeable(p, 8, CAP).solo_mean_s == p.solo_mean_s
+    assert placeable(p, 8, replace(CAP, colocation=False)) is p
+
+
+def test_a_job_is_colocated_only_where_that_beats_any_group_of_jobs_like_it() -> None:
+    """weaved's co-located groups are closed: a job co-located because a group of one
+    costs more would stay alone for life. Train-heavy (400 s of training a 500 s
+    iteration): no two share a training node within the SLO, and co-located it is
+    cheaper: it may be co-located. Rollout-heavy (100 s of training): five share one
+    training node, cheaper than each co-located: it is placed disaggregated."""
+    train_heavy = simple_profile("t", 100.0, 400.0, 1.5, colo_iter_s=450.0)
+    rollout_heavy = simple_profile("r", 400.0, 100.0, 1.5, colo_iter_s=450.0)
+    assert placeable(train_heavy, None, CAP) is train_heavy
+    assert placeable(rollout_heavy, None, CAP).colo_iter_s == 0.0
 
 
 def test_views_close_colocated_groups_and_plan_running_jobs_without_colocation() -> None:

@@ -80,7 +80,7 @@ class Placer:
                                           self.store.next_group_id(), allocs)
         started = time.perf_counter()   # how long the decision took: not an input to it
         colo = self.capacity.colocation
-        profiles = [colocating.placeable(j, self.site, colo) for j in pending]
+        profiles = [colocating.placeable(j, self.site, self.capacity) for j in pending]
         result = place_batch(self.policy, before, profiles)
         if queue.priority and limits.overtaken(result.decisions):   # fair share first
             result = place_batch(self.policy, before, profiles, ordered=False)

@@ -6,7 +6,8 @@ plans running ones as weaved does:
 
 - **placement** of jobs not running yet (arrivals, waiting jobs, jobs a failure
   stopped: weaved requeues them) may co-locate a job, except one weaved's runtime could
-  not run so (:func:`barrier`); a co-located group is *closed*: no newcomer joins it
+  not run so (:func:`barrier`) or one whose co-location does not beat any group of jobs
+  like it (:func:`placeable`); a co-located group is *closed*: no newcomer joins it
   (daemon/membership.py), so :func:`placing` shows placement every co-located group
   closed;
 - **plans of running jobs** (a departure's consolidation, the periodic re-plan, a re-plan
@@ -26,7 +27,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from weave_slurm.model.profile import JobProfile
+from weave_slurm.placement.capacity import Capacity
 from weave_slurm.placement.cluster_state import ClusterState
+from weave_slurm.placement.colocation import alone_beats_grouping
 
 
 def barrier(p: JobProfile, gang_gpus: int | None) -> str | None:
@@ -41,10 +44,13 @@ def barrier(p: JobProfile, gang_gpus: int | None) -> str | None:
     return None
 
 
-def placeable(p: JobProfile, gang_gpus: int | None) -> JobProfile:
-    """``p`` as placement decides it: without co-located time where :func:`barrier`
-    holds (placement never co-locates a job without one)."""
-    if p.colo_iter_s > 0 and barrier(p, gang_gpus) is not None:
+def placeable(p: JobProfile, gang_gpus: int | None, cap: Capacity) -> JobProfile:
+    """``p`` as placement decides it: without co-located time (placement never
+    co-locates a job without one) where :func:`barrier` holds or its co-location does
+    not beat any group of jobs like it (weaved's ``colocating.placeable``: a co-located
+    group is closed, so a job co-located alone stays alone)."""
+    if cap.colocation and p.colo_iter_s > 0 and (
+            barrier(p, gang_gpus) is not None or not alone_beats_grouping(p, cap)):
         return replace(p, colo_iter_s=0.0)
     return p
 

@@ -188,7 +188,7 @@ class Replay:
                         self.opt.rollout_mean_fraction,
                         self.opt.staleness.staleness_of(job.job_id))
         # weave-live: what weaved's runtime cannot run co-located is never placed so
-        return placeable(p, self.opt.gang_gpus) if self.policy.weaved_moves else p
+        return placeable(p, self.opt.gang_gpus, self.cap) if self.policy.weaved_moves else p
 
     def _placing(self) -> ClusterState:
         """The state placement places jobs not running yet into (weave-live: weaved's
