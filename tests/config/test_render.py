@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from weave_slurm.config.job import Durations, options_dict, parse_job
+from weave_slurm.config.job import options_dict, parse_job
+from weave_slurm.config.profile_table import Durations
 from weave_slurm.config.render import job_spec_toml, toml_tables
 from weave_slurm.errors import ConfigError
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from weave_slurm.config.site import colocation_refusal, default_site, load_site, parse_site
+from weave_slurm.config.site import default_site, load_site, parse_site
 from weave_slurm.errors import ConfigError
 from weave_slurm.vocab import Pool
 
@@ -73,14 +73,11 @@ def test_custom_gpu_kind() -> None:
     assert parse_site(text).rollout.gpu.hbm_gib == 48
 
 
-def test_colocation_is_unset_by_default_and_weaved_refuses_it_on() -> None:
+def test_colocation_is_unset_by_default_and_read_as_a_boolean() -> None:
     assert parse_site(MINIMAL).limits.colocation is None
-    assert colocation_refusal(parse_site(MINIMAL)) is None
     off = parse_site(MINIMAL + "[limits]\ncolocation = false\n")
-    assert off.limits.colocation is False and colocation_refusal(off) is None
+    assert off.limits.colocation is False
     on = parse_site(MINIMAL + "[limits]\ncolocation = true\n")
     assert on.limits.colocation is True
-    why = colocation_refusal(on)
-    assert why is not None and why.startswith("key 'limits.colocation' = true: weaved ")
     with pytest.raises(ConfigError, match=r"'limits.colocation'.* must be a boolean"):
         parse_site(MINIMAL + "[limits]\ncolocation = 'yes'\n", "site.toml")

@@ -1,4 +1,5 @@
-"""The stored plan of a group keeps what placement decided, turns included."""
+"""The stored plan of a group keeps what placement decided, turns and co-location
+included."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from weave_slurm.daemon.store import Store
 from weave_slurm.model.cost import CostRates
 from weave_slurm.model.profile import simple_profile
 from weave_slurm.placement import Capacity, Group, Member
+from weave_slurm.placement.group import colocated_group
 
 CAP = Capacity(4, 8, 1000.0, 1000.0, 16, 16, CostRates(1.0, 2.85))
 LONG = simple_profile("long", 100, 40, 1.5)
@@ -41,3 +43,13 @@ def test_placement_sees_a_stored_groups_turns_again(tmp_path: Path) -> None:
     (rebuilt,) = state.groups
     assert rebuilt.turns == (1, 3)
     assert rebuilt.schedule.period_s == group.schedule.period_s
+
+
+def test_a_colocated_plan_survives_its_json_and_an_old_plan_reads_as_disaggregated() -> None:
+    plan = membership.plan_of(colocated_group(3, SHORT.with_id("7")))
+    assert plan == GroupPlan(0, 1, (MemberPlan(7, ()),), colocated=True)
+    assert GroupPlan.from_json(plan.to_json()) == plan
+    assert plan.without({8}).colocated and plan.without({7}).members == ()
+    raw = json.loads(GroupPlan(1, 1, (MemberPlan(1, (0,)),)).to_json())
+    assert "colocated" not in raw   # the plan as weaved wrote it before
+    assert not GroupPlan.from_json(json.dumps(raw)).colocated

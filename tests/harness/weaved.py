@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.harness.scratch import public_dir, shm_dir
 from tests.harness.waits import wait_for
 from weave_slurm.daemon.client import DaemonClient
 from weave_slurm.daemon.driver import DriverKind
@@ -86,6 +87,15 @@ def rl_config(public: Path, shm: Path, **more: Any) -> DaemonConfig:
                         client_timeout_s=5.0, runtime=DriverKind.RL, **more)
 
 
+@contextmanager
+def rl_site(prefix: str, site: str) -> Iterator[DaemonConfig]:
+    """:func:`rl_config` on the smoke site of ``site`` (its TOML), in a public dir and a
+    /dev/shm dir of their own (removed at the end)."""
+    with public_dir(prefix) as public, shm_dir(prefix) as shm:
+        (public / "site.toml").write_text(smoke_site(site))
+        yield rl_config(public, shm, site_path=public / "site.toml")
+
+
 @dataclass
 class Served:
     """A Weaved whose :meth:`~Weaved.run` loop runs on a thread of this process."""
@@ -103,6 +113,12 @@ def serve(cfg: DaemonConfig, backend: Backend | None = None) -> Served:
     thread = threading.Thread(target=w.run, daemon=True)
     thread.start()
     return Served(w, thread)
+
+
+def stop_released(served: Served) -> None:
+    """Stop ``served`` and release every allocation of its backend."""
+    served.stop()
+    release_all(served.weaved.backend)
 
 
 def release_all(backend: Backend, prefix: str = "", instance: str | None = None) -> None:

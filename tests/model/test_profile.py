@@ -102,3 +102,22 @@ def test_rollout_width_is_linear_down_to_the_weights_floor() -> None:
         perf.width_factor(8, 0)
     h20 = default_site().rollout.gpu
     assert [perf.replica_gpus(b, h20) for b in (7, 14, 32, 72)] == [1, 1, 2, 4]
+
+
+def test_a_measured_width_curve_prices_the_width_instead_of_the_rule() -> None:
+    """``[profile] rollout_width_s``: the rollout's seconds on 2, 4, 8 and 16 GPUs (the
+    job's own: 4). Between counts the time is linear in 1 / GPUs, wider than measured no
+    faster than the widest, narrower than measured linear; the floor is the widest's."""
+    curve = "[profile]\nrollout_width_s = {2 = 80.0, 4 = 44.0, 8 = 26.0, 16 = 20.0}\n"
+    p = profile_job(parse_job(spec(params=7, tokens=8192, rgpus=4, extra=curve)), default_site())
+    assert p.rollout_width_s == ((2, 80.0), (4, 44.0), (8, 26.0), (16, 20.0))
+    assert p.width_factor(4, 8) == 1.0
+    assert p.width_factor(8, 8) == pytest.approx(26 / 44)     # the rule: max(0.5, floor)
+    assert p.width_factor(2, 8) == pytest.approx(80 / 44)     # the rule: 2.0
+    assert p.width_factor(64, 8) == pytest.approx(20 / 44)
+    assert p.width_factor(1, 8) == pytest.approx(160 / 44)
+    # 12 GPUs: 1/12 lies two thirds of the way from 1/8 to 1/16
+    assert p.width_factor(12, 8) == pytest.approx((26 - 6 * 2 / 3) / 44)
+    assert p.rollout_floor_fraction == pytest.approx(20 / 44)
+    with pytest.raises(ValueError, match="rollout width 0 GPUs"):
+        perf.curve_rollout_s(p.rollout_width_s, 0)

@@ -1,6 +1,6 @@
 """Replays with co-location as weave's admission option (the default of ``weave
-simulate``): co-located groups beside disaggregated ones, their cost, SLOs and bubbles;
-weaved's own policy (``weave-live``) never co-locates (docs/simulator.md)."""
+simulate``): co-located groups beside disaggregated ones, their cost, SLOs and bubbles
+(``weave-live``, weaved's rules for it: tests/sim/test_live.py)."""
 
 from __future__ import annotations
 
@@ -50,10 +50,6 @@ def test_train_heavy_tight_slos_cost_no_more_than_colocation() -> None:
     assert w["slo_check"]["steady"]["worst_ratio"] <= 1.0 + 1e-6
     for run in res["weave"].runs.values():   # every job does all its work
         assert run.done == pytest.approx(run.work, rel=1e-6)
-    # weaved's policy does not co-locate: it pays what isolated does here
-    live = res["weave-live"]
-    assert not any(s.group.colocated for s in live.segments)
-    assert rep["weave-live"]["admissions"]["colocated"] == 0
     before, _ = replayed(trace(TraceMix.SYNTHETIC_TRAIN_HEAVY, "uniform:1.0,1.2"), False)
     assert before["weave"].cost > w["cost"] * 1.2
 
@@ -80,7 +76,7 @@ def test_a_paused_colocated_job_takes_back_its_training_nodes_busy_time() -> Non
     assert books.busy_s == {"rollout": 0.0, "train": pytest.approx(-60.0)}
 
 
-def test_simulate_colocation_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_simulate_colocation_flags(tmp_path: Path) -> None:
     src = tmp_path / "t.toml"
     assert run_app(app, "weave", ["trace", "generate", str(src), "--jobs", "12", "--mix",
                                   "synthetic-train-heavy", "--slo-dist",
@@ -95,10 +91,3 @@ def test_simulate_colocation_flags(tmp_path: Path, capsys: pytest.CaptureFixture
     assert runs[0]["admissions"]["colocated"] > 0        # on by default
     assert runs[1]["admissions"]["colocated"] == 0
     assert runs[0]["cost"] < runs[1]["cost"]
-    capsys.readouterr()
-    assert run_app(app, "weave", ["simulate", str(src), "--colocation", "--policy",
-                                  "weave-live,isolated"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["weave: error: --colocation with --policy weave-live: weaved does not run "
-                   "co-located groups yet; co-location applies to weave, weave-online, "
-                   "optimal, regroup (without the flag, weave-live runs without it)"]

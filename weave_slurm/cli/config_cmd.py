@@ -10,7 +10,7 @@ import typer
 
 from weave_slurm.config.job import load_job
 from weave_slurm.config.runtime import transfer_refusal
-from weave_slurm.config.site import colocation_refusal, load_site
+from weave_slurm.config.site import load_site
 from weave_slurm.errors import ConfigError, WeaveError
 from weave_slurm.model.profile import profile_job
 from weave_slurm.slurm.templates import check_allocation_template
@@ -47,9 +47,6 @@ def check(
     refusal = transfer_refusal(cfg.runtime, remote_nodes=backend is Backend.SLURM)
     if refusal is not None:
         raise ConfigError(f"{site}: {refusal} (or check it with --backend local)")
-    refusal = colocation_refusal(cfg)
-    if refusal is not None:
-        raise ConfigError(f"{site}: {refusal}")
     typer.echo(f"{site}: ok (rollout: {cfg.rollout.partition} {cfg.rollout.gpu.name} "
                f"x{cfg.rollout.gpus_per_node}, {cfg.rollout.max_nodes} nodes; train: "
                f"{cfg.train.partition} {cfg.train.gpu.name} x{cfg.train.gpus_per_node}, "

@@ -23,9 +23,9 @@ from weave_slurm.sim.loader import load_trace, save_trace
 from weave_slurm.sim.plots import plot_all
 from weave_slurm.sim.policies import (
     Accounting,
+    SimPolicy,
     StalenessMix,
     parse_policies,
-    refuse_colocation,
     refuse_pooled,
 )
 from weave_slurm.sim.profiles import load_profile_table
@@ -78,7 +78,10 @@ def simulate(
     colocation: Annotated[bool | None, typer.Option(
         "--colocation/--no-colocation", help="Whether weave may admit a job co-located "
         "(its rollout on its own training nodes; docs/placement.md). Default: the site's "
-        "[limits] colocation, else on; weave-live never (weaved does not run it yet).")
+        "\\[limits] colocation, else on; weave-live as weaved: the site's, else off, "
+        "and with weaved's rules (co-located groups closed, running jobs re-planned "
+        "without co-location, no job of more than one training rank on a \\[runtime] "
+        "gangs site: docs/simulator.md).")
                           ] = None,
     verify: Annotated[bool, typer.Option(help="Event-level SLO check of grouped policies.")
                       ] = True,
@@ -93,8 +96,6 @@ def simulate(
     pooled = RolloutSharing.parse(rollout) is RolloutSharing.POOLED
     if pooled:
         refuse_pooled(names)   # before any replay runs
-    if colocation:
-        refuse_colocation(names)
     if not 0 < rollout_mean <= 1:
         raise ConfigError(f"--rollout-mean {rollout_mean!r}: expected a fraction in (0, 1]")
     tr = load_trace(trace, fmt=fmt, slo=SloDistribution.parse(slo_dist, flag="--slo-dist"),
@@ -107,17 +108,25 @@ def simulate(
         recent_jobs=recent_jobs, replan_interval_s=replan_interval_h * 3600,
         staleness=StalenessMix.parse(staleness_mix, seed),
         failures=FailureModel(failure_rate, seed=seed) if failure_rate > 0 else None,
-        drift=DriftModel(DriftPattern.parse(drift), seed=seed) if drift else None)
-    if colocation is None:
-        colocation = site_cfg.limits.colocation is not False
-    cap = Capacity.from_site(site_cfg, max_group_size, pooled=pooled, colocation=colocation)
-    results = _run(tr, cap, names, options)
+        drift=DriftModel(DriftPattern.parse(drift), seed=seed) if drift else None,
+        gang_gpus=site_cfg.train.gpus_per_node if site_cfg.runtime.gangs else None)
+    # weave's default: on unless the site sets it false; weaved's (weave-live): the
+    # site's, unset off (daemon/colocating.py)
+    colo = {False: site_cfg.limits.colocation is not False,
+            True: bool(site_cfg.limits.colocation)} if colocation is None \
+        else {False: colocation, True: colocation}
+    caps = {n: Capacity.from_site(site_cfg, max_group_size, pooled=pooled,
+                                  colocation=colo[SimPolicy.make(n).weaved_moves])
+            for n in names}
+    cap = caps[names[0]]
+    results = _run(tr, caps, options)
     gpus = {"rollout": site_cfg.rollout.gpus_per_node, "train": site_cfg.train.gpus_per_node}
     grouped = tuple(n for n in names if n not in ("isolated", "colocated"))
     report = build_report(results, gpus, grouped if verify else ())
     report["trace"] = {"source": tr.source, "jobs": len(tr.jobs), "span_h": tr.end_s / 3600}
     report["site"] = {"name": site_cfg.name, "currency": site_cfg.currency,
-                      "max_group_size": cap.max_group_size, "rollout": rollout}
+                      "max_group_size": cap.max_group_size, "rollout": rollout,
+                      "colocation": {n: r.capacity.colocation for n, r in results.items()}}
     render(report["policies"], site_cfg.currency, Console())
     if json_out is not None:
         _write_json(json_out, report)
@@ -125,16 +134,20 @@ def simulate(
         _plot(results, plot, site_cfg, gpus)
 
 
-def _run(tr: Trace, cap: Capacity, names: tuple[str, ...], options: ReplayOptions
+def _run(tr: Trace, caps: dict[str, Capacity], options: ReplayOptions
          ) -> dict[str, ReplayResult]:
+    """Each policy replayed on its own capacity (``caps``, in order)."""
     span = max(tr.end_s, 1.0)
     with Progress(transient=True) as bar:
-        tasks = {n: bar.add_task(f"replaying {n}", total=span) for n in names}
+        tasks = {n: bar.add_task(f"replaying {n}", total=span) for n in caps}
 
         def tick(name: str, now_s: float) -> None:
             bar.update(tasks[name], completed=min(now_s, span))
 
-        return replay_policies(tr, cap, names, options, tick)
+        out: dict[str, ReplayResult] = {}
+        for name, cap in caps.items():
+            out |= replay_policies(tr, cap, (name,), options, tick)
+        return out
 
 
 def _write_json(path: Path, report: dict[str, Any]) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from weave_slurm.config.launch import LaunchSpec, parse_launch
+from weave_slurm.config.profile_table import MeasuredProfile, read_profile
 from weave_slurm.config.reader import TableReader, parse_toml, read_toml
 from weave_slurm.config.sbatch import NO_SLURM, JobSlurm, read_job_slurm
 from weave_slurm.errors import ConfigError
@@ -91,33 +92,6 @@ class TrainingSpec:
 
 
 @dataclass(frozen=True, slots=True)
-class Durations:
-    """A measured phase-duration distribution, in seconds."""
-
-    mean_s: float
-    max_s: float
-    samples: tuple[float, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class MeasuredProfile:
-    """The quantities an operator records (any subset may be given); ``*_gpu_*_gib``
-    are per GPU: the peak while the phase runs and what stays resident switched out."""
-
-    rollout: Durations | None = None
-    train: Durations | None = None
-    rollout_state_gib: float | None = None
-    train_state_gib: float | None = None
-    sync_inter_gib: float | None = None
-    sync_intra_gib: float | None = None
-    colo_iter_s: float | None = None
-    rollout_gpu_peak_gib: float | None = None
-    rollout_gpu_resident_gib: float | None = None
-    train_gpu_peak_gib: float | None = None
-    train_gpu_resident_gib: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
 class JobSpec:
     name: str
     user: str
@@ -186,7 +160,7 @@ def _job_from_data(data: object, source: str) -> JobSpec:
     engine_gpus = gpus.opt_integer("engine", gt=0)  # checked against the site: model/layout
     gpus.done()
     ptab = top.table("profile", required=False)
-    profile = _profile(ptab) if ptab is not None else MeasuredProfile()
+    profile = read_profile(ptab) if ptab is not None else MeasuredProfile()
     slurm = read_job_slurm(top.table("slurm", required=False))
     launch = parse_launch(top, staleness)
     top.done()
@@ -350,55 +324,6 @@ def _rollout(r: TableReader) -> RolloutSpec:
                      f"must be <= max_response_tokens ({spec.max_response_tokens})")
     r.done()
     return spec
-
-
-def _durations(r: TableReader, name: str) -> Durations | None:
-    if not r.has(name):
-        r.opt_number(name)  # marks the key as known
-        return None
-    if not r.is_table(name):  # a plain number is shorthand for mean = max
-        value = r.number(name, gt=0)
-        return Durations(mean_s=value, max_s=value)
-    t = r.table(name)
-    assert t is not None
-    samples = t.number_list("samples", gt=0) or ()
-    mean = t.opt_number("mean", gt=0)
-    peak = t.opt_number("max", gt=0)
-    if mean is None:
-        if not samples:
-            raise ConfigError(f"{r.source}: key '{t.key('mean')}' missing: give 'mean' "
-                              "(and 'max') or 'samples'")
-        mean = sum(samples) / len(samples)
-    if peak is None:
-        peak = max(samples) if samples else mean
-    if peak < mean:
-        raise t.fail("max", peak, f"must be >= mean ({mean:g})")
-    t.done()
-    return Durations(mean_s=mean, max_s=peak, samples=samples)
-
-
-def _profile(r: TableReader) -> MeasuredProfile:
-    prof = MeasuredProfile(
-        rollout=_durations(r, "rollout_s"),
-        train=_durations(r, "train_s"),
-        rollout_state_gib=r.opt_number("rollout_state_gib", gt=0),
-        train_state_gib=r.opt_number("train_state_gib", gt=0),
-        sync_inter_gib=r.opt_number("sync_inter_gib", ge=0),
-        sync_intra_gib=r.opt_number("sync_intra_gib", ge=0),
-        colo_iter_s=r.opt_number("colo_iter_s", gt=0),
-        rollout_gpu_peak_gib=r.opt_number("rollout_gpu_peak_gib", gt=0),
-        rollout_gpu_resident_gib=r.opt_number("rollout_gpu_resident_gib", ge=0),
-        train_gpu_peak_gib=r.opt_number("train_gpu_peak_gib", gt=0),
-        train_gpu_resident_gib=r.opt_number("train_gpu_resident_gib", ge=0),
-    )
-    for role, peak, held in (
-            ("rollout", prof.rollout_gpu_peak_gib, prof.rollout_gpu_resident_gib),
-            ("train", prof.train_gpu_peak_gib, prof.train_gpu_resident_gib)):
-        if peak is not None and held is not None and held > peak:
-            raise r.fail(f"{role}_gpu_resident_gib", held, f"must be <= {role}_gpu_peak_gib "
-                         f"({peak:g}): what a member holds switched out is part of its peak")
-    r.done()
-    return prof
 
 
 def _looks_like_path(value: str) -> bool:

@@ -71,7 +71,7 @@ class LimitsConfig:
     max_rollout_nodes_per_group: int = 8
     # placement may admit a job co-located (its rollout on its own training nodes;
     # docs/placement.md "Co-location"); None: not set (the simulator's default is on,
-    # weaved's off); weaved refuses true until its runtime can run such a member
+    # weaved's off: daemon/colocating.py)
     colocation: bool | None = None
     user: JobLimits = NO_LIMITS        # [limits.user]: what one user may have
     account: JobLimits = NO_LIMITS     # [limits.account]: one account, its users together
@@ -137,17 +137,6 @@ class SiteConfig:
 # GPU-hour; 5.28 $/h per H800 GPU is the reference artifact's dollar rate.
 H800_PRICE_PER_GPU_HOUR = 5.28
 H20_PRICE_PER_GPU_HOUR = round(H800_PRICE_PER_GPU_HOUR / 2.85, 4)
-
-
-def colocation_refusal(site: SiteConfig) -> str | None:
-    """Why weaved cannot take this site's ``[limits] colocation`` (None: it can): its
-    runtime does not run a member whose rollout is on its training nodes yet, so weaved
-    places no co-located group (docs/placement.md "Co-location")."""
-    if site.limits.colocation:
-        return ("key 'limits.colocation' = true: weaved cannot run co-located groups yet "
-                "(a member whose rollout runs on its own training nodes; weave simulate "
-                "models them); remove the key or set it to false")
-    return None
 
 
 def default_site() -> SiteConfig:

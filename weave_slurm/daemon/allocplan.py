@@ -29,7 +29,7 @@ row once the driver no longer uses its nodes.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from weave_slurm.daemon.records import AllocRow, GroupPlan, MemberPlan
 from weave_slurm.daemon.states import AllocState
@@ -123,9 +123,9 @@ def normalized(plan: GroupPlan, allocs: Sequence[AllocRow]) -> GroupPlan:
 
 def _remapped(plan: GroupPlan, remap: dict[int, int]) -> GroupPlan:
     """``plan`` (and the plan it takes next) with its pins renamed by ``remap``."""
-    return GroupPlan(plan.rollout_nodes, plan.train_nodes, tuple(
+    return replace(plan, members=tuple(
         MemberPlan(m.job_id, tuple(remap.get(p, p) for p in m.rollout_pins), m.turns)
-        for m in plan.members), None if plan.then is None else _remapped(plan.then, remap))
+        for m in plan.members), then=None if plan.then is None else _remapped(plan.then, remap))
 
 
 def surplus(plan: GroupPlan, allocs: Sequence[AllocRow]) -> list[AllocRow]:

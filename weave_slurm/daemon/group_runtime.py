@@ -24,7 +24,10 @@ weaved launched for its group's allocations.
   its next phase boundary, and a node no member is on any more (the group shrank) is
   retired, after which the reconcile loop returns its allocation (:meth:`in_use`). A
   lost allocation instead detaches the runtime: its members are re-admitted from their
-  checkpoints on a rebuilt one. A pin names a slot of the group's allocations
+  checkpoints on a rebuilt one. A co-located group (``GroupPlan.colocated``) has no
+  rollout node: its runtime is built on its training nodes alone, its member joins with
+  no pin (it rolls out on its training node) and is never re-pinned
+  (:mod:`~weave_slurm.daemon.colocating`). A pin names a slot of the group's allocations
   (:mod:`~weave_slurm.daemon.allocplan`), so it names the same node across all of this
   and across weaved restarts, where the runtime is built from the store's allocations
   and plan.
@@ -258,8 +261,8 @@ class GroupRuntime:
         except WeaveError as exc:   # a node daemon still starting: the next tick tries again
             self.waits.wait(group, WaitCause.NODE_PORT, str(exc), now)
             return None
-        if not refs["rollout"] or not refs["train"]:
-            return None
+        if not refs["train"] or not (refs["rollout"] or group.plan.colocated):
+            return None   # a co-located group alone has no rollout node
         layout = GroupLayout(tuple(refs["rollout"]), tuple(refs["train"]))
         if not self._all_answer(group, (*layout.rollout, *layout.train), now):
             return None
@@ -284,7 +287,7 @@ class GroupRuntime:
             member = views.get(str(m.job_id))
             pins = self._pins(port, group, m.job_id, allocs)
             if member is None or member.state in _GONE or pins is None \
-                    or member.cooperative:   # its own process holds its node
+                    or member.cooperative or member.colocated:   # its nodes are its own
                 continue
             if tuple(port.layout.rollout[p] for p in pins) != member.next_rollout_nodes:
                 port.apply(cmd.Repin(str(m.job_id), pins))
@@ -326,10 +329,12 @@ class GroupRuntime:
     def _pins(port: GroupPort, group: GroupRow, job_id: int,
               allocs: Sequence[AllocRow]) -> tuple[int, ...] | None:
         """Where the plan's pins of ``job_id`` are in the runtime's layout (None: one of
-        its nodes is not held, or not in the runtime yet)."""
+        its nodes is not held, or not in the runtime yet); () for a member of a
+        co-located group (it rolls out on its training node)."""
         nodes = allocplan.member_nodes(group.plan, job_id, allocs)
         index = {n.name: i for i, n in enumerate(port.layout.rollout)}
-        if not nodes or any(node not in index for _, node in nodes):
+        if nodes is None or (not nodes and not group.plan.colocated) \
+                or any(node not in index for _, node in nodes):
             return None
         return tuple(index[node] for _, node in nodes)
 

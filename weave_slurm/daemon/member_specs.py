@@ -19,10 +19,15 @@ def member_spec(job: JobRow, group: GroupRow, pins: tuple[int, ...] | None = Non
     in the runner's layout (default: the plan's pins as they are). Its layout is the
     one stored with its profile at submission (:mod:`weave_slurm.model.layout`): its
     training nodes are the group's first ``layout.train.nodes`` training nodes (those
-    ``driver.job_nodes`` names), its engines sit on its pins in order."""
+    ``driver.job_nodes`` names), its engines sit on its pins in order. A member of a
+    co-located group (``GroupPlan.colocated``) has no pins: it is ``colocated``, its
+    rollout on its training node."""
     spec = job.readable_spec()
     planned = next((m for m in group.plan.members if m.job_id == job.job_id), None)
-    if pins is None:
+    colocated = group.plan.colocated and planned is not None
+    if colocated:
+        pins = ()   # it rolls out on its training node (rank 0's)
+    elif pins is None:
         pins = planned.rollout_pins if planned is not None else (0,)
     layout = job.profile.layout   # None: stored by a weaved before layouts (one rank)
     train = tuple(range(layout.train.nodes if layout is not None else 1))
@@ -32,7 +37,9 @@ def member_spec(job: JobRow, group: GroupRow, pins: tuple[int, ...] | None = Non
                       staleness=spec.staleness, uid=job.uid, workdir=spec.workdir,
                       python=spec.python, pythonpath=spec.pythonpath,
                       container=spec.slurm.container,
-                      output=files[0], error=files[1], rollout_pins=tuple(pins) or (0,),
+                      output=files[0], error=files[1],
+                      rollout_pins=tuple(pins) if colocated else tuple(pins) or (0,),
+                      colocated=colocated,
                       turns=planned.turns if planned is not None else 1,
                       train_nodes=train, layout=layout,
                       launch=plan_for(spec, str(job.job_id), job.uid),

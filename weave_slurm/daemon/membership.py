@@ -18,6 +18,11 @@ does not see the job there (its row names the new group), and the old group is
 *closed*: no arrival joins it (only jobs whose moves wait for its next plan, listed in
 that plan alone) and no departure re-pins its members while the job may still come
 back to its place.
+
+**Co-located groups** (``GroupPlan.colocated``: placement's ``colocated_group``, one
+member rolling out on its own training nodes) are closed too: a newcomer joining one
+would move its running member's rollout off its training node, which weaved's runtime
+does not do (a co-located member is never re-pinned: ``runtime/relayout.py``).
 """
 
 from __future__ import annotations
@@ -49,7 +54,8 @@ def plan_of(group: Group, before: GroupPlan | None = None,
     slot = _slots_for(group, before, allocs)
     plan = GroupPlan(group.rollout_nodes, group.train_nodes,
                      tuple(MemberPlan(int(m.job.job_id), tuple(slot[p] for p in m.rollout_pins),
-                                      m.turns) for m in group.members))
+                                      m.turns) for m in group.members),
+                     colocated=group.colocated)
     return allocplan.normalized(plan, allocs)
 
 
@@ -96,7 +102,8 @@ def group_model(row: GroupRow, jobs: Mapping[int, JobRow],
                     and jobs[m.job_id].group_id == row.group_id)
     if not members:
         return None
-    return Group(row.group_id, members, len(index), row.plan.train_nodes)
+    return Group(row.group_id, members, len(index), row.plan.train_nodes,
+                 colocated=row.plan.colocated)
 
 
 def cluster_state(capacity: Capacity, groups: Sequence[GroupRow], jobs: Sequence[JobRow],
@@ -106,7 +113,7 @@ def cluster_state(capacity: Capacity, groups: Sequence[GroupRow], jobs: Sequence
     rows = allocs or {}
     shown = [g for g in groups if g.state.value in ("FORMING", "ACTIVE")]
     models = [group_model(g, by_id, rows.get(g.group_id, ())) for g in shown]
-    closed = frozenset(g.group_id for g in shown if kept_places(g, by_id))
+    closed = frozenset(g.group_id for g in shown if kept_places(g, by_id) or g.plan.colocated)
     return ClusterState(capacity, tuple(m for m in models if m is not None), next_group_id,
                         closed)
 
@@ -127,8 +134,9 @@ def plan_writes(before: ClusterState, after: ClusterState, groups: Sequence[Grou
     out = []
     for g in after.groups:
         old = before.by_id.get(g.group_id)
-        if old is not None and (old.members, old.rollout_nodes, old.train_nodes) \
-                == (g.members, g.rollout_nodes, g.train_nodes):
+        if old is not None and (old.members, old.rollout_nodes, old.train_nodes,
+                                old.colocated) \
+                == (g.members, g.rollout_nodes, g.train_nodes, g.colocated):
             continue
         row = rows.get(g.group_id)
         out.append((g.group_id, group_label(instance, g.group_id),

@@ -6,6 +6,8 @@ those a limit holds (:mod:`~weave_slurm.daemon.limits`); the new and changed gro
 and the jobs' move to PLACED are written in one transaction, or, when a job changed
 meanwhile (cancelled while the batch was being decided), not at all and decided again.
 A job that can never be placed is REFUSED; one that waits for room says why in REASON.
+With the site's ``[limits] colocation``, placement may co-locate a job, except one
+weaved's runtime cannot run so (:mod:`~weave_slurm.daemon.colocating`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import time
 from collections.abc import Callable
 
 from weave_slurm.config.site import SiteConfig
-from weave_slurm.daemon import limits, membership
+from weave_slurm.daemon import colocating, limits, membership
 from weave_slurm.daemon.accounting_limits import AccountingFeed
 from weave_slurm.daemon.fault_points import FaultPoint, crossing
 from weave_slurm.daemon.records import AllocRow
@@ -77,7 +79,8 @@ class Placer:
         before = membership.cluster_state(self.capacity, groups, self.store.jobs(_LIVE_JOB),
                                           self.store.next_group_id(), allocs)
         started = time.perf_counter()   # how long the decision took: not an input to it
-        profiles = [j.profile.with_id(str(j.job_id)) for j in pending]
+        colo = self.capacity.colocation
+        profiles = [colocating.placeable(j, self.site, self.capacity) for j in pending]
         result = place_batch(self.policy, before, profiles)
         if queue.priority and limits.overtaken(result.decisions):   # fair share first
             result = place_batch(self.policy, before, profiles, ordered=False)
@@ -89,6 +92,10 @@ class Placer:
             if isinstance(decision, Placement):
                 placed.append((job.job_id, decision.group_id,
                                f"{decision.admission.value} into group {decision.group_id}"))
+                why = colocating.barrier(job, self.site) if colo else None
+                if why is not None:
+                    log.info("job %s: placed disaggregated, never co-located: %s",
+                             job.job_id, why)
             elif isinstance(decision, Refusal) and not decision.retry:
                 try:
                     self.store.transition("job", job.job_id, JobState.REFUSED,

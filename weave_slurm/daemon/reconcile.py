@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from weave_slurm.clock import Clock
 from weave_slurm.config.runtime import RuntimeConfig
 from weave_slurm.config.site import SiteConfig, default_site
-from weave_slurm.daemon import membership
+from weave_slurm.daemon import colocating, membership
 from weave_slurm.daemon.accounting_limits import AccountingFeed
 from weave_slurm.daemon.allocations import GroupAllocations, PoolRequest
 from weave_slurm.daemon.driver import Driver
@@ -107,8 +107,10 @@ class Reconciler:
         self.usage = UsageMeter(store, CostRates.from_site(site), driver)
         self.outputs = JobOutputs(store, self.terms, driver.live, open_output)   # -o, -e
         # re-planning running jobs (daemon/replanning.py): only where jobs can be moved
+        # (with co-location off: a running member keeps its way, daemon/colocating.py)
         self.replanner = None if replan is None else Replanner(
-            store, capacity, self.policy, instance, replan, driver.live, clock.now())
+            store, colocating.running(capacity), self.policy, instance, replan, driver.live,
+            clock.now())
         self.ticks = 0
         # since when reading the world (squeue) fails, and the last error in words
         self.world_error: tuple[float, str] | None = None
@@ -317,7 +319,8 @@ class Reconciler:
         if group is None or group.state.final or (job.job_id not in group.plan.job_ids
                                                   and job.job_id not in group.plan.next_ids):
             return
-        plan = membership.plan_without(self.capacity, group, self.store.jobs(_LIVE_JOB),
+        plan = membership.plan_without(colocating.running(self.capacity), group,
+                                       self.store.jobs(_LIVE_JOB),
                                        self.store.next_group_id(), job.job_id,
                                        self.store.allocs(group.group_id, live_only=False))
         self.store.update("group", group.group_id, plan=(plan or GroupPlan(

@@ -34,6 +34,7 @@ def profile_from_json(text: str) -> JobProfile:
         raw["layout"] = MemberLayout.from_json(raw["layout"])
     if isinstance(raw.get("charge"), dict):
         raw["charge"] = Charge(**raw["charge"])
+    raw["rollout_width_s"] = tuple((int(g), float(t)) for g, t in raw.get("rollout_width_s", ()))
     return JobProfile(**raw)
 
 
@@ -86,12 +87,17 @@ class GroupPlan:
     ``then``: the plan the group takes once the jobs that keep a place in it while their
     move out of it waits have left (every member not in ``then``); jobs whose move into
     the group waits for it are in ``then`` only. :meth:`without` applies it
-    (docs/daemon.md, "Moves that wait for nodes")."""
+    (docs/daemon.md, "Moves that wait for nodes").
+
+    ``colocated``: placement co-located the group (placement.group.colocated_group): its
+    members roll out on their own training nodes, it holds no rollout node and their
+    pins are empty."""
 
     rollout_nodes: int
     train_nodes: int
     members: tuple[MemberPlan, ...]
     then: GroupPlan | None = None
+    colocated: bool = False
 
     def to_json(self) -> str:
         return json.dumps(self._raw())
@@ -102,6 +108,8 @@ class GroupPlan:
             "members": [{"job": m.job_id, "pins": list(m.rollout_pins),
                          **({"turns": m.turns} if m.turns != 1 else {})}
                         for m in self.members]}
+        if self.colocated:
+            raw["colocated"] = True
         if self.then is not None:
             raw["then"] = self.then._raw()
         return raw
@@ -117,7 +125,7 @@ class GroupPlan:
                    tuple(MemberPlan(int(m["job"]), tuple(int(p) for p in m["pins"]),
                                     int(m.get("turns", 1)))
                          for m in raw["members"]),
-                   None if then is None else cls._of(then))
+                   None if then is None else cls._of(then), bool(raw.get("colocated", False)))
 
     @property
     def job_ids(self) -> tuple[int, ...]:
@@ -130,7 +138,7 @@ class GroupPlan:
         then = None if self.then is None else self.then.without(job_ids)
         if then is not None and {m.job_id for m in left} <= set(then.job_ids):
             return then
-        return GroupPlan(self.rollout_nodes, self.train_nodes, left, then)
+        return GroupPlan(self.rollout_nodes, self.train_nodes, left, then, self.colocated)
 
     @property
     def leaving_ids(self) -> tuple[int, ...]:

@@ -23,7 +23,7 @@ from filelock import FileLock, Timeout
 from weave_slurm.clock import SystemClock
 from weave_slurm.config.oci import oci_conf_path
 from weave_slurm.config.runtime import RuntimeConfig, transfer_refusal
-from weave_slurm.config.site import SiteConfig, colocation_refusal, default_site, load_site
+from weave_slurm.config.site import SiteConfig, default_site, load_site
 from weave_slurm.daemon.accounting_limits import AccountingFeed
 from weave_slurm.daemon.api import Api
 from weave_slurm.daemon.client import SOCKET_NAME
@@ -96,8 +96,8 @@ class DaemonConfig:
 
 def capacity_for(site: SiteConfig, backend: Backend) -> Capacity:
     """The site's capacity, with each pool clamped to the nodes the backend really has;
-    no co-location (weaved's runtime does not run co-located groups yet)."""
-    cap = Capacity.from_site(site, colocation=False)
+    co-location as the site's ``[limits] colocation`` says (unset: off)."""
+    cap = Capacity.from_site(site)
     try:
         nodes = backend.nodes()
     except WeaveError as exc:
@@ -144,8 +144,7 @@ class Weaved:
         self.backend = backend or make_backend(
             cfg.backend, state_dir=cfg.state_dir / "local", env=cfg.env or None,
             log_dir=cfg.state_dir / "logs", template=self.site.slurm.allocation_template)
-        refusal = transfer_refusal(self.site.runtime, self.backend.kind != "local") \
-            or colocation_refusal(self.site)
+        refusal = transfer_refusal(self.site.runtime, self.backend.kind != "local")
         if refusal is not None:
             raise ConfigError(f"{self.site.source}: {refusal}")
         self.capacity = capacity_for(self.site, self.backend)

@@ -9,7 +9,9 @@ network tier's bandwidth. The admission bound assumes every response reaches
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from weave_slurm.config.job import Algorithm, JobSpec
@@ -138,6 +140,25 @@ def width_factor(base_gpus: int, gpus: int, floor_fraction: float = 0.0) -> floa
     if gpus <= 0 or base_gpus <= 0:
         raise ValueError(f"rollout width {gpus} GPUs (base {base_gpus}): expected > 0")
     return max(base_gpus / gpus, min(floor_fraction, 1.0))
+
+
+def curve_rollout_s(curve: Sequence[tuple[int, float]], gpus: int) -> float:
+    """A rollout's time on ``gpus`` GPUs from its measured times on some GPU counts
+    (``[profile] rollout_width_s``, GPUs rising): between two counts linear in
+    ``1 / gpus`` (exact for a part that spreads plus a part that does not); below the
+    fewest GPUs linear in them, as :func:`width_factor`; above the most, no faster than
+    the widest measured (nothing says more GPUs would help)."""
+    if gpus <= 0:
+        raise ValueError(f"rollout width {gpus} GPUs: expected > 0")
+    (g0, t0), (gn, tn) = curve[0], curve[-1]
+    if gpus <= g0:
+        return t0 * g0 / gpus
+    if gpus >= gn:
+        return tn
+    for (ga, ta), (gb, tb) in itertools.pairwise(curve):
+        if ga <= gpus <= gb:
+            return ta + (tb - ta) * (1 / gpus - 1 / ga) / (1 / gb - 1 / ga)
+    raise AssertionError("a GPU count between the curve's ends lies between two of them")
 
 
 def train_flops(spec: JobSpec) -> float:

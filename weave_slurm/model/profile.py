@@ -56,6 +56,9 @@ class JobProfile:
     rollout_gpus: int = 0
     rollout_replica_gpus: int = 1
     rollout_floor_s: float = 0.0
+    # measured: its rollout's seconds on GPU counts (``[profile] rollout_width_s``), which
+    # price its width instead of the rule above (the floor then: its widest time)
+    rollout_width_s: tuple[tuple[int, float], ...] = ()
     # Runs alone: no other job joins its group and it joins none (weave-sbatch --solo;
     # placement/constraints.py), e.g. to compare its final weights with a grouped run.
     solo: bool = False
@@ -90,8 +93,11 @@ class JobProfile:
     def width_factor(self, gpus: int, gpus_per_node: int) -> float:
         """Its rollout's time on ``gpus`` GPUs over its rollout times
         (:func:`weave_slurm.model.perf.width_factor`)."""
-        return perf.width_factor(self.base_gpus(gpus_per_node), gpus,
-                                 self.rollout_floor_fraction)
+        base = self.base_gpus(gpus_per_node)
+        if self.rollout_width_s:
+            curve = self.rollout_width_s
+            return perf.curve_rollout_s(curve, gpus) / perf.curve_rollout_s(curve, base)
+        return perf.width_factor(base, gpus, self.rollout_floor_fraction)
 
 
 def solo_period(rollout_s: float, train_s: float, sync_s: float, staleness: int = 0) -> float:
@@ -182,10 +188,20 @@ def profile_job(spec: JobSpec, site: SiteConfig, job_id: str | None = None) -> J
         rollout_gpu_resident_gib=r_gpu[1], train_gpu_peak_gib=t_gpu[0],
         train_gpu_resident_gib=t_gpu[1], colo_gpu_peak_gib=colo_gpu,
         rollout_gpus=spec.rollout_gpus, rollout_replica_gpus=layout.rollout.engine_gpus,
-        rollout_floor_s=perf.decode_floor_s(spec.model.params_b,
-                                            spec.rollout.max_response_tokens,
-                                            layout.rollout.engine_gpus, rp.gpu, site.model),
-        solo=spec.solo)
+        rollout_floor_s=_floor_s(spec, r_max, layout.rollout.engine_gpus, site),
+        rollout_width_s=meas.rollout_width_s, solo=spec.solo)
+
+
+def _floor_s(spec: JobSpec, rollout_s: float, engine_gpus: int, site: SiteConfig) -> float:
+    """The least time its rollout takes on any number of GPUs: its measured curve's
+    widest over its own GPUs' (``[profile] rollout_width_s``), else the weights-bound
+    estimate (:func:`~weave_slurm.model.perf.decode_floor_s`)."""
+    curve = spec.profile.rollout_width_s
+    if curve:
+        own = perf.curve_rollout_s(curve, spec.rollout_gpus)
+        return rollout_s * min(1.0, min(t for _, t in curve) / own)
+    return perf.decode_floor_s(spec.model.params_b, spec.rollout.max_response_tokens,
+                               engine_gpus, site.rollout.gpu, site.model)
 
 
 def _device(spec: JobSpec, role: str, peak: float | None, held: float | None,

@@ -34,8 +34,8 @@ class Capacity:
     rollout_pooled: bool = False
     rollout_gpus_per_node: int = 8
     # weave may admit a job co-located: its rollout on its own training nodes, no
-    # rollout node held (docs/placement.md "Co-location"; weaved keeps it off until its
-    # runtime can run such a member)
+    # rollout node held (docs/placement.md "Co-location"; weaved: the site's [limits]
+    # colocation, daemon/colocating.py)
     colocation: bool = False
 
     def rate_of(self, group: Group) -> float:

@@ -71,6 +71,14 @@ def _beats(group: Group, cap: Capacity) -> bool:
     return own / member_value(group.members[0], cap) < grouped_floor(job, cap)
 
 
+def alone_beats_grouping(job: JobProfile, cap: Capacity) -> bool:
+    """Whether ``job`` co-located in a group of its own costs less per unit of work
+    than any group of jobs like it (:func:`beats_grouping`). Where co-located groups
+    take no newcomer (weaved's: daemon/colocating.py), a job co-located stays alone for
+    life, so only a job for which this holds is co-located there."""
+    return _beats(colocated_group(0, job), cap)
+
+
 def grouped_floor(job: JobProfile, cap: Capacity) -> float:
     """The least cost per unit of work of ``n`` jobs like ``job`` (``n`` up to the
     largest group) sharing one training node within its SLO: period at least ``n``

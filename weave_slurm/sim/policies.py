@@ -190,7 +190,9 @@ class SimPolicy:
     regroup: bool = False
     optimal: bool = False
     pooling: bool = False  # places with weave's policy, so may pool rollout GPUs
-    # ... and may admit jobs co-located (weave-live does not: weaved cannot run them)
+    # ... and may admit jobs co-located where the capacity says so (weave-live: by
+    # weaved's rules, closed co-located groups and re-plans without co-location:
+    # sim/live.py)
     colocating: bool = False
 
     @classmethod
@@ -203,8 +205,7 @@ class SimPolicy:
         return cls(name, make_policy(base, seed), consolidate=weave or live,
                    replace_recent=weave, replan=weave or live, weaved_moves=live,
                    regroup=name == "regroup", optimal=name == "optimal",
-                   pooling=base == "weave" and not live,
-                   colocating=base == "weave" and not live)
+                   pooling=base == "weave" and not live, colocating=base == "weave")
 
 
 def refuse_pooled(names: Sequence[str]) -> None:
@@ -216,18 +217,6 @@ def refuse_pooled(names: Sequence[str]) -> None:
         raise ConfigError(f"--rollout pooled with --policy {live[0]}: weaved runs groups "
                           "pinned to whole rollout nodes; pooled rollout applies to "
                           f"{', '.join(pooling)}")
-
-
-def refuse_colocation(names: Sequence[str]) -> None:
-    """ConfigError where ``--colocation`` is asked with a policy that runs as weaved
-    does: weaved does not run co-located groups yet (docs/placement.md "Co-location")."""
-    live = [n for n in names if SimPolicy.make(n).weaved_moves]
-    if live:
-        colocating = [n for n in SIM_POLICIES if SimPolicy.make(n).colocating]
-        raise ConfigError(f"--colocation with --policy {live[0]}: weaved does not run "
-                          "co-located groups yet; co-location applies to "
-                          f"{', '.join(colocating)} (without the flag, {live[0]} runs "
-                          "without it)")
 
 
 def optimum_rate(jobs: Sequence[JobProfile], cap: Capacity) -> float | None:

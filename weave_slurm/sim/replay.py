@@ -35,6 +35,7 @@ from weave_slurm.sim.drift import DriftModel
 from weave_slurm.sim.events import Simulator
 from weave_slurm.sim.failures import FailureModel, pick_failure
 from weave_slurm.sim.ledger import Ledger
+from weave_slurm.sim.live import placeable, placing, planning
 from weave_slurm.sim.outcome import JobRun, ReplayResult, Segment
 from weave_slurm.sim.policies import (
     Accounting,
@@ -74,6 +75,10 @@ class ReplayOptions:
     drift: DriftModel | None = None
     staleness: StalenessMix = field(default_factory=StalenessMix)
     optimum_max_jobs: int = 10  # larger concurrent sets fall back to the weave plan
+    # weaved's [runtime] gangs: a member trains as one rank per GPU of its training
+    # nodes (this many GPUs each; None: gangs off, one process a member); weave-live
+    # co-locates no job of more than one rank (sim/live.py, daemon/colocating.py)
+    gang_gpus: int | None = 8
     record_segments: bool = True
 
 
@@ -89,9 +94,7 @@ class Replay:
             refuse_pooled([policy.name])
             capacity = replace(capacity, rollout_pooled=False)   # baselines: whole nodes
         if capacity.colocation and not policy.colocating:
-            # the baselines have their own rules; weave-live runs as weaved (which does
-            # not co-locate yet): docs/simulator.md "Co-location"
-            capacity = replace(capacity, colocation=False)
+            capacity = replace(capacity, colocation=False)   # the baselines' own rules
         self.cap = capacity = replace(capacity, moves=replace(
             capacity.moves, restart_s=self.opt.migration_s))
         self.sim = Simulator()
@@ -167,9 +170,7 @@ class Replay:
         now = self.sim.now
         profiles = []
         for job in jobs:
-            p = job_profile(job, self.policy.name, self.opt.accounting,
-                            self.opt.rollout_mean_fraction,
-                            self.opt.staleness.staleness_of(job.job_id))
+            p = self._profile(job)
             self.runs[job.job_id] = JobRun(job, p, p, now, job_work(job, p, self.opt.accounting),
                                            since_s=now)
             self._schedule_drift(job, now)
@@ -182,15 +183,33 @@ class Replay:
                                     self._remaining(), free=[j.job_id for j in jobs],
                                     local=self.opt.recent_local))
 
+    def _profile(self, job: TraceJob) -> JobProfile:
+        p = job_profile(job, self.policy.name, self.opt.accounting,
+                        self.opt.rollout_mean_fraction,
+                        self.opt.staleness.staleness_of(job.job_id))
+        # weave-live: what weaved's runtime cannot run co-located is never placed so
+        return placeable(p, self.opt.gang_gpus, self.cap) if self.policy.weaved_moves else p
+
+    def _placing(self) -> ClusterState:
+        """The state placement places jobs not running yet into (weave-live: weaved's
+        co-located groups closed, sim/live.py)."""
+        return placing(self.state) if self.policy.weaved_moves else self.state
+
+    def _planning(self) -> ClusterState:
+        """The state running jobs are re-planned in (weave-live: with co-location
+        off, as weaved, sim/live.py)."""
+        return planning(self.state) if self.policy.weaved_moves else self.state
+
     def _admit(self, profiles: list[JobProfile], count: bool) -> None:
         t0 = time.perf_counter()
+        view = self._placing()
         if len(profiles) == 1:
             decisions: tuple[Placement | Refusal, ...] = (
-                self.policy.placement.place(self.state, profiles[0]),)
-            state = (apply(self.state, decisions[0]) if isinstance(decisions[0], Placement)
+                self.policy.placement.place(view, profiles[0]),)
+            state = (apply(view, decisions[0]) if isinstance(decisions[0], Placement)
                      else self.state)
         else:
-            batch = place_batch(self.policy.placement, self.state, profiles)
+            batch = place_batch(self.policy.placement, view, profiles)
             state, decisions = batch.state, batch.decisions
         self.result.placement_s.append((time.perf_counter() - t0) / len(profiles))
         for p, d in zip(profiles, decisions, strict=True):
@@ -225,7 +244,7 @@ class Replay:
             return
         self._transition_charged(depart(self.state, job_id))  # compaction re-pins pay
         if self.policy.consolidate:
-            self._take(consolidation(self.policy.placement, self.state, gid,
+            self._take(consolidation(self.policy.placement, self._planning(), gid,
                                      self._remaining()))
         self._retry_pending()
 
@@ -241,8 +260,8 @@ class Replay:
         self._admit([self.runs[j].actual for j in waiting], count=True)
 
     def _on_replan(self) -> None:
-        self._take(replan_worst(self.policy.placement, self.state, self.opt.replan_groups,
-                                self._remaining()))
+        self._take(replan_worst(self.policy.placement, self._planning(),
+                                self.opt.replan_groups, self._remaining()))
         if self.sim.now < self.trace.end_s:
             self.sim.schedule_in(self.opt.replan_interval_s, self._on_replan,
                                  priority=_P_REGROUP)
@@ -291,9 +310,7 @@ class Replay:
         if run.departure_s is not None or run.group_id is None:
             return
         run.settle(self.sim.now)  # the iterations so far ran at the old times
-        base = job_profile(run.job, self.policy.name, self.opt.accounting,
-                           self.opt.rollout_mean_fraction,
-                           self.opt.staleness.staleness_of(run.job.job_id))
+        base = self._profile(run.job)
         run.actual = scale_profile(base, rollout_factor, train_factor)
         gid = run.group_id
         group = self.state.by_id[gid]
@@ -306,13 +323,14 @@ class Replay:
                 group if g.group_id == gid else g for g in self.state.groups)))
         else:
             self._refresh_group(group)
-        if self.policy.consolidate and self._actual_slowdowns_bad(group):
+        if self.policy.consolidate and self._actual_slowdowns_bad(group) and not (
+                group.colocated and self.policy.weaved_moves):   # weaved: never switched
             # The live reconcile loop sees measured phase times miss the plan: re-plan
             # this group's members with what they now do.
             for m in group.members:
                 self.runs[m.job.job_id].planned = self.runs[m.job.job_id].actual
-            rest = replace(self.state, groups=tuple(g for g in self.state.groups
-                                                    if g.group_id != gid))
+            view = self._planning()
+            rest = replace(view, groups=tuple(g for g in view.groups if g.group_id != gid))
             batch = place_batch(self.policy.placement, rest,
                                 [self.runs[m.job.job_id].actual for m in group.members])
             if len(batch.state.job_group) == len(self.state.job_group):
@@ -373,6 +391,9 @@ class Replay:
                     ) -> None:
         now = self.sim.now
         self._advance(now)
+        if self.policy.weaved_moves and (new.closed or new.capacity != self.cap):
+            # a plan made in a view (sim/live.py) runs on the replay's own capacity
+            new = replace(new, capacity=self.cap, closed=frozenset())
         old = self.state
         changed = {gid for gid, g in old.by_id.items() if new.by_id.get(gid) is not g}
         changed |= {gid for gid in new.by_id if gid not in old.by_id}
