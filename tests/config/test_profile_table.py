@@ -6,25 +6,15 @@ import pytest
 
 from weave_slurm.config.job import parse_job
 from weave_slurm.config.job_codec import spec_from_json, spec_to_json
+from weave_slurm.config.render import job_spec_toml
 from weave_slurm.config.site import default_site
 from weave_slurm.daemon.records import profile_from_json, profile_to_json
 from weave_slurm.errors import ConfigError
 from weave_slurm.model.profile import profile_job
 
-SPEC = """
-name = "j"
-algorithm = "grpo"
-[model]
-params_b = 7
-[rollout]
-prompts_per_step = 64
-samples_per_prompt = 8
-max_response_tokens = 4096
-[gpus]
-rollout = 8
-train = 8
-[profile]
-"""
+#: a spec whose ``[profile]`` table is last, its keys left out (each test adds its own)
+SPEC = job_spec_toml("j", rollout_s=None, train_s=None, rollout_state_gib=None,
+                     train_state_gib=None) + "[profile]\n"
 
 
 def test_measured_values_are_read_and_the_width_curve_sorted_by_gpus() -> None:

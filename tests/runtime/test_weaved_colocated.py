@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -46,22 +47,34 @@ def cfg() -> Iterator[DaemonConfig]:
         yield config
 
 
-def _submit(sock: Path) -> int:
-    """The reference job; its declared co-located iteration (12 s) is cheaper than a
-    disaggregated group of its own."""
+def _running(served: weaved.Served, sock: Path, version: int) -> tuple[int, dict[str, Any]]:
+    """The reference job submitted, once at ``version``: its id and its (only) group.
+    Its declared co-located iteration (12 s) beats any group of jobs like it."""
     spec = job_spec_toml("colo", iterations=STEPS, seed=61, options=OPTIONS).replace(
         "[profile]\n", "[profile]\ncolo_iter_s = 12.0\n", 1)
-    return int(weaved.call(sock, Op.SUBMIT, spec=spec, source="colo.toml")["job"])
+    job = int(weaved.call(sock, Op.SUBMIT, spec=spec, source="colo.toml")["job"])
+    live = served.weaved.driver.live
+    wait_for(lambda: live(job), 120, f"job {job} at version {version}", interval_s=0.1,
+             until=lambda at: at is not None and at["version"] >= version)
+    (group,) = weaved.call(sock, Op.GROUPS)["groups"]
+    return job, group
+
+
+def _ended_as_solo(served: weaved.Served, sock: Path, job: int) -> None:
+    """It COMPLETED, re-admitted at least once, with its solo run's weights."""
+    rows = weaved.wait_states(sock, [job], {"COMPLETED", "FAILED"}, 240, [])
+    assert rows[0]["state"] == "COMPLETED", rows
+    live = served.weaved.driver.live(job)
+    assert live is not None and live["recoveries"] >= 1, live   # re-admitted, not afresh
+    solo = run_solo(MemberSpec(str(job), seed=61, steps=STEPS, options=OPTIONS))
+    assert live["weights_sha256"] == weights_digest(solo.weights)
 
 
 def test_a_colocated_job_is_re_attached_after_a_weaved_restart(cfg: DaemonConfig) -> None:
     served = weaved.serve(cfg)
     try:
         w, sock = served.weaved, cfg.socket
-        job = _submit(sock)
-        wait_for(lambda: w.driver.live(job), 120, f"job {job} at version 1", interval_s=0.1,
-                 until=lambda live: live is not None and live["version"] >= 1)
-        (group,) = weaved.call(sock, Op.GROUPS)["groups"]
+        job, group = _running(served, sock, 1)
         assert [(a["role"], a["nodes"]) for a in group["allocations"]] == \
             [("train", ["h800-0"])], group
         served.stop()
@@ -69,12 +82,7 @@ def test_a_colocated_job_is_re_attached_after_a_weaved_restart(cfg: DaemonConfig
         assert at is not None and at["version"] < STEPS, at   # rollouts are left
         served = weaved.serve(cfg)   # a fresh weaved on the same state dir
         w = served.weaved
-        rows = weaved.wait_states(sock, [job], {"COMPLETED", "FAILED"}, 240, [])
-        assert rows[0]["state"] == "COMPLETED", rows
-        live = w.driver.live(job)
-        assert live is not None and live["recoveries"] >= 1   # re-attached, not afresh
-        solo = run_solo(MemberSpec(str(job), seed=61, steps=STEPS, options=OPTIONS))
-        assert live["weights_sha256"] == weights_digest(solo.weights)
+        _ended_as_solo(served, sock, job)
         spans = w.driver.spans[group["group"]]  # type: ignore[attr-defined]
         assert {s.node for s in spans if s.kind is Phase.ROLLOUT} == {"h800-0"}
         settle(lambda: not w.backend.list_allocations(""), 30, interval_s=0.3)
@@ -92,10 +100,7 @@ def test_a_colocated_job_whose_training_allocation_vanished_goes_on_from_its_che
     served = weaved.serve(cfg)
     try:
         w, sock = served.weaved, cfg.socket
-        job = _submit(sock)
-        wait_for(lambda: w.driver.live(job), 120, f"job {job} at version 2", interval_s=0.1,
-                 until=lambda live: live is not None and live["version"] >= 2)
-        (group,) = weaved.call(sock, Op.GROUPS)["groups"]
+        job, group = _running(served, sock, 2)
         (alloc,) = group["allocations"]
         w.backend.release(str(alloc["id"]))     # gone from the backend, not by weaved
 
@@ -106,12 +111,7 @@ def test_a_colocated_job_whose_training_allocation_vanished_goes_on_from_its_che
             return new or None
         new = wait_for(replaced, 120, "a new allocation for the group", interval_s=0.2)
         assert new is not None and [a["role"] for a in new] == ["train"], new   # no rollout node
-        rows = weaved.wait_states(sock, [job], {"COMPLETED", "FAILED"}, 240, [])
-        assert rows[0]["state"] == "COMPLETED", rows
-        live = w.driver.live(job)
-        assert live is not None and live["recoveries"] >= 1, live
-        solo = run_solo(MemberSpec(str(job), seed=61, steps=STEPS, options=OPTIONS))
-        assert live["weights_sha256"] == weights_digest(solo.weights)
+        _ended_as_solo(served, sock, job)
         spans = w.driver.spans[group["group"]]  # type: ignore[attr-defined]
         assert {s.node for s in spans if s.kind is Phase.ROLLOUT} <= {"h800-0", "h800-1"}
     finally:
