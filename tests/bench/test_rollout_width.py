@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from unittest import mock
 
 import pytest
 
@@ -55,7 +56,10 @@ def test_the_floor_is_what_no_width_removes() -> None:
     (["--repeats", "0"], "--repeats: must be >= 1"),
     (["--sizes", "huge"], "--sizes: unknown 'huge'; valid: throughput, few-sequences"),
 ])
-def test_usage_errors_name_the_flag(args: list[str], words: str) -> None:
-    done = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True,
-                          text=True, timeout=120, cwd=REPO)
-    assert done.returncode == 2 and words in done.stderr, done.stderr
+def test_usage_errors_name_the_flag(args: list[str], words: str,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    main = _module().main
+    with mock.patch.object(sys, "argv", [str(SCRIPT), *args]), \
+            pytest.raises(SystemExit) as ended:
+        main()
+    assert ended.value.code == 2 and words in capsys.readouterr().err
