@@ -110,13 +110,9 @@ def simulate(
         failures=FailureModel(failure_rate, seed=seed) if failure_rate > 0 else None,
         drift=DriftModel(DriftPattern.parse(drift), seed=seed) if drift else None,
         gang_gpus=site_cfg.train.gpus_per_node if site_cfg.runtime.gangs else None)
-    # weave's default: on unless the site sets it false; weaved's (weave-live): the
-    # site's, unset off (daemon/colocating.py)
-    colo = {False: site_cfg.limits.colocation is not False,
-            True: bool(site_cfg.limits.colocation)} if colocation is None \
-        else {False: colocation, True: colocation}
     caps = {n: Capacity.from_site(site_cfg, max_group_size, pooled=pooled,
-                                  colocation=colo[SimPolicy.make(n).weaved_moves])
+                                  colocation=_colocation(colocation, site_cfg.limits.colocation,
+                                                         SimPolicy.make(n).weaved_moves))
             for n in names}
     cap = caps[names[0]]
     results = _run(tr, caps, options)
@@ -132,6 +128,15 @@ def simulate(
         _write_json(json_out, report)
     if plot is not None:
         _plot(results, plot, site_cfg, gpus)
+
+
+def _colocation(flag: bool | None, site: bool | None, weaved: bool) -> bool:
+    """Whether a policy may co-locate: ``--colocation``/``--no-colocation`` where given,
+    else the site's ``[limits] colocation``; unset, weave's default is on and weaved's
+    (``weave-live``) off, as weaved (daemon/colocating.py)."""
+    if flag is not None:
+        return flag
+    return bool(site) if weaved else site is not False
 
 
 def _run(tr: Trace, caps: dict[str, Capacity], options: ReplayOptions

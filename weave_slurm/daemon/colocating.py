@@ -24,13 +24,13 @@ that run already (a departure's re-pack, re-plans) are made with co-location off
 
 from __future__ import annotations
 
-from dataclasses import replace
+import dataclasses
 
 from weave_slurm.config.site import SiteConfig
 from weave_slurm.daemon.records import JobRow
 from weave_slurm.model.profile import JobProfile
 from weave_slurm.placement import Capacity
-from weave_slurm.placement.colocation import alone_beats_grouping
+from weave_slurm.placement.colocation import closed_group_profile
 
 
 def barrier(job: JobRow, site: SiteConfig) -> str | None:
@@ -46,19 +46,16 @@ def barrier(job: JobRow, site: SiteConfig) -> str | None:
 
 
 def placeable(job: JobRow, site: SiteConfig, capacity: Capacity) -> JobProfile:
-    """The profile placement decides ``job`` with: its own, with no co-located time
-    (placement then never co-locates it: ``colocation_placement`` needs ``colo_iter_s``
-    > 0) where :func:`barrier` holds, or where its co-location does not beat any group of
-    jobs like it (``alone_beats_grouping``): a co-located group takes no newcomer, so a
-    job co-located only because it arrived first would stay alone, dearer, for life."""
-    profile = job.profile.with_id(str(job.job_id))
-    if capacity.colocation and profile.colo_iter_s > 0 and (
-            barrier(job, site) is not None or not alone_beats_grouping(profile, capacity)):
-        return replace(profile, colo_iter_s=0.0)
-    return profile
+    """The profile placement decides ``job`` with: co-located only where its runtime
+    can run it so (:func:`barrier`) and that beats any group of jobs like it
+    (``closed_group_profile``: a co-located group takes no newcomer, so a job
+    co-located only because it arrived first would stay alone, dearer, for life)."""
+    return closed_group_profile(job.profile.with_id(str(job.job_id)), capacity,
+                                capacity.colocation and barrier(job, site) is not None)
 
 
 def running(capacity: Capacity) -> Capacity:
     """The capacity the plans of running jobs are made with: no co-location (module
     doc)."""
-    return replace(capacity, colocation=False) if capacity.colocation else capacity
+    return dataclasses.replace(capacity, colocation=False) if capacity.colocation \
+        else capacity

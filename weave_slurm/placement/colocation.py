@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 from weave_slurm.model.profile import JobProfile
 from weave_slurm.placement.capacity import Capacity
@@ -71,12 +72,17 @@ def _beats(group: Group, cap: Capacity) -> bool:
     return own / member_value(group.members[0], cap) < grouped_floor(job, cap)
 
 
-def alone_beats_grouping(job: JobProfile, cap: Capacity) -> bool:
-    """Whether ``job`` co-located in a group of its own costs less per unit of work
-    than any group of jobs like it (:func:`beats_grouping`). Where co-located groups
-    take no newcomer (weaved's: daemon/colocating.py), a job co-located stays alone for
-    life, so only a job for which this holds is co-located there."""
-    return _beats(colocated_group(0, job), cap)
+def closed_group_profile(job: JobProfile, cap: Capacity, barred: bool) -> JobProfile:
+    """``job`` as placement decides it where a co-located group takes no newcomer
+    (weaved's: daemon/colocating.py; the simulator's ``weave-live``: sim/live.py):
+    without co-located time (placement never co-locates a job without one) where it is
+    ``barred`` (its runtime could not run it co-located) or where its co-location does
+    not beat any group of jobs like it (:func:`beats_grouping`): co-located there, it
+    would stay alone for life, dearer than the group it could have started."""
+    if cap.colocation and job.colo_iter_s > 0 and (
+            barred or not _beats(colocated_group(0, job), cap)):
+        return replace(job, colo_iter_s=0.0)
+    return job
 
 
 def grouped_floor(job: JobProfile, cap: Capacity) -> float:

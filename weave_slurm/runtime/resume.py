@@ -74,8 +74,8 @@ def _train_nodes(m: RunningMember) -> tuple[NodeRef, ...]:
 def _resume(m: RunningMember, names: str, train_lost: bool, base: Path | None) -> Resume:
     if m.state is MemberState.FAILED or (m.state is MemberState.DONE and not train_lost):
         return Resume(ResumeKind.ENDED)
-    if m.state is MemberState.DONE:
-        return _final_weights_lost(m, names, base)
+    if m.state is MemberState.DONE:   # lost before weaved read its final weights
+        return _carried(m, names, base, final=True) or Resume(ResumeKind.ENDED)
     train = m.train_node.name
     if not train_lost:
         return Resume(ResumeKind.WARM,
@@ -83,16 +83,9 @@ def _resume(m: RunningMember, names: str, train_lost: bool, base: Path | None) -
                       "allocation, then re-admitted from its checkpoint",
                       readmit=f"{names} lost; re-attached on a new allocation",
                       version=m.version if m.initialised else None)
-    carry = carried_checkpoint(m, base)
-    if carry is not None:
-        root, version = carry
-        return Resume(ResumeKind.CARRIED,
-                      f"{names} lost (allocation vanished from Slurm), with its training "
-                      f"state; waiting for a new allocation, then re-admitted there from "
-                      f"its last checkpoint (v{version}, {root})",
-                      readmit=f"{names} lost; re-admitted on a new training node from its "
-                              f"last checkpoint (v{version})", root=root, version=version,
-                      rank_roots=_rank_roots(m, root))
+    carried = _carried(m, names, base)
+    if carried is not None:
+        return carried
     if not m.initialised:   # nothing learned yet: a fresh join loses nothing
         return Resume(ResumeKind.FRESH,
                       f"its training node {train} was lost during its first phase "
@@ -106,21 +99,25 @@ def _resume(m: RunningMember, names: str, train_lost: bool, base: Path | None) -
                   "Slurm); not resumable")
 
 
-def _final_weights_lost(m: RunningMember, names: str, base: Path | None) -> Resume:
-    """A member that reached its last version, but whose training node was lost before
-    weaved read its final weights: re-admitted from its final checkpoint (every last
-    step is checkpointed) on the new training node, where they are read; with no
-    checkpoint in reach it ended as it did, without its weights' digest."""
+def _carried(m: RunningMember, names: str, base: Path | None,
+             final: bool = False) -> Resume | None:
+    """Moved to the new training node from its newest checkpoint on the lost one's root
+    (None: none in reach). ``final``: it had reached its last version, but the node went
+    before weaved read its final weights; every last step is checkpointed, so it ends
+    again on the new node, where they are read."""
     carry = carried_checkpoint(m, base)
     if carry is None:
-        return Resume(ResumeKind.ENDED)
+        return None
     root, version = carry
+    lost, which = ((" before its final weights were read", "final") if final
+                   else ("", "last"))
+    state = "" if final else ", with its training state"
     return Resume(ResumeKind.CARRIED,
-                  f"{names} lost (allocation vanished from Slurm) before its final weights "
-                  f"were read; waiting for a new allocation, then re-admitted there from its "
-                  f"final checkpoint (v{version}, {root})",
-                  readmit=f"{names} lost before its final weights were read; re-admitted "
-                          f"on a new training node from its final checkpoint (v{version})",
+                  f"{names} lost (allocation vanished from Slurm){lost}{state}; waiting for "
+                  f"a new allocation, then re-admitted there from its {which} checkpoint "
+                  f"(v{version}, {root})",
+                  readmit=f"{names} lost{lost}; re-admitted on a new training node from its "
+                          f"{which} checkpoint (v{version})",
                   root=root, version=version, rank_roots=_rank_roots(m, root))
 
 

@@ -29,7 +29,7 @@ from dataclasses import replace
 from weave_slurm.model.profile import JobProfile
 from weave_slurm.placement.capacity import Capacity
 from weave_slurm.placement.cluster_state import ClusterState
-from weave_slurm.placement.colocation import alone_beats_grouping
+from weave_slurm.placement.colocation import closed_group_profile
 
 
 def barrier(p: JobProfile, gang_gpus: int | None) -> str | None:
@@ -45,14 +45,10 @@ def barrier(p: JobProfile, gang_gpus: int | None) -> str | None:
 
 
 def placeable(p: JobProfile, gang_gpus: int | None, cap: Capacity) -> JobProfile:
-    """``p`` as placement decides it: without co-located time (placement never
-    co-locates a job without one) where :func:`barrier` holds or its co-location does
-    not beat any group of jobs like it (weaved's ``colocating.placeable``: a co-located
-    group is closed, so a job co-located alone stays alone)."""
-    if cap.colocation and p.colo_iter_s > 0 and (
-            barrier(p, gang_gpus) is not None or not alone_beats_grouping(p, cap)):
-        return replace(p, colo_iter_s=0.0)
-    return p
+    """``p`` as weaved's placement decides it (``colocating.placeable``): co-located
+    only where :func:`barrier` does not hold and that beats any group of jobs like it
+    (``closed_group_profile``)."""
+    return closed_group_profile(p, cap, barrier(p, gang_gpus) is not None)
 
 
 def closed(state: ClusterState) -> frozenset[int]:
