@@ -18,7 +18,7 @@ to the lowest group id, a new group last.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 from weave_slurm.model.profile import JobProfile
 from weave_slurm.placement.capacity import Capacity
@@ -65,7 +65,13 @@ def place_pooled(state: ClusterState, job: JobProfile, join_turns: bool) -> Deci
     for bound, g in groups:
         if best is not None and bound > best[0][0] + 1e-9:
             break   # sorted: no group left can do better
-        joined = _joined(g, job, cap, join_turns, free_gpus)
+        cutoff = math.inf if best is None else best[0][0] + 1e-9
+
+        def beaten(gpus: int, members: tuple[Member, ...], old: Group = g,
+                   cutoff: float = cutoff) -> bool:
+            return _ratio_bound(old, members, gpus, cap, cost, work) > cutoff
+
+        joined = _joined(g, job, cap, join_turns, free_gpus, beaten)
         if joined is None:
             continue
         key = (round(ratio(g, joined), 12), -_slack(joined.group), float(g.group_id))
@@ -76,25 +82,32 @@ def place_pooled(state: ClusterState, job: JobProfile, join_turns: bool) -> Deci
 
 def _bound(g: Group, job: JobProfile, cap: Capacity, cost: float, work: float,
            join_turns: bool) -> float:
-    """A lower bound on the cluster's cost per unit of work with ``job`` in ``g``: the
-    joined pool costs at least its training nodes and the fewest GPUs its rollouts could
-    fit the tightest budget on (``least_gpus``), and delivers at most its members' value
-    over the longest of its serialised training and its rollouts at their floors."""
-    old_rate, old_work = cap.rate_of(g), group_work_rate(g, cap)
+    """A lower bound on the cluster's cost per unit of work with ``job`` in ``g``
+    (:func:`_ratio_bound` on the fewest GPUs its rollouts could fit the tightest budget
+    on, ``least_gpus``), over ``job``'s turn options."""
     best = math.inf
     for turns in turn_options(g, job, join_turns):
         members = (*g.members, Member(job, (0,), turns))
-        train_s = sum(m.turns * m.job.train_mean_s for m in members)
-        floor_s = sum(m.turns * m.job.rollout_mean_s * m.job.rollout_floor_fraction
-                      for m in members)
-        value = sum(member_value(m, cap) for m in members)
         gpus = max(step_gpus([m.job for m in members]),
                    least_gpus(members, cap.rollout_gpus_per_node))
-        rate = cap.rates.rate(gpus / cap.rollout_gpus_per_node,
-                              max(g.train_nodes, job.train_nodes))
-        gained = value / max(train_s, floor_s, _EPS) - old_work
-        best = min(best, (cost + rate - old_rate) / max(work + gained, _EPS))
+        best = min(best, _ratio_bound(g, members, gpus, cap, cost, work))
     return best
+
+
+def _ratio_bound(g: Group, members: Sequence[Member], gpus: int, cap: Capacity,
+                 cost: float, work: float) -> float:
+    """A lower bound on the cluster's cost per unit of work with ``members`` in place of
+    ``g``'s on at least ``gpus`` GPUs: the pool costs at least its training nodes and
+    those GPUs, and delivers at most its members' value over the longest of its
+    serialised training and its rollouts at their floors."""
+    train_s = sum(m.turns * m.job.train_mean_s for m in members)
+    floor_s = sum(m.turns * m.job.rollout_mean_s * m.job.rollout_floor_fraction
+                  for m in members)
+    value = sum(member_value(m, cap) for m in members)
+    rate = cap.rates.rate(gpus / cap.rollout_gpus_per_node,
+                          max(m.job.train_nodes for m in members))
+    gained = value / max(train_s, floor_s, _EPS) - group_work_rate(g, cap)
+    return (cost + rate - cap.rate_of(g)) / max(work + gained, _EPS)
 
 
 def _orders(group: Group, job: JobProfile, join_turns: bool
@@ -112,8 +125,11 @@ def _slack(group: Group) -> float:
 
 
 def _joined(g: Group, job: JobProfile, cap: Capacity, join_turns: bool,
-            free_gpus: int) -> Placement | None:
-    """``job`` in pooled group ``g`` (module doc), or None where it cannot join."""
+            free_gpus: int, beaten: Callable[[int, tuple[Member, ...]], bool]
+            ) -> Placement | None:
+    """``job`` in pooled group ``g`` (module doc), or None where it cannot join or where
+    ``beaten(gpus, members)`` says that no width from its fewest feasible one on can beat
+    the best placement found so far (it skips the search for the cheapest width)."""
     hi = min(max_pool_gpus(cap), g.pool_gpus + free_gpus)
     best: tuple[tuple[int, float], Group] | None = None
     for members in _orders(g, job, join_turns):
@@ -122,7 +138,7 @@ def _joined(g: Group, job: JobProfile, cap: Capacity, join_turns: bool,
             key = (found.pool_gpus, -_slack(found))
             if best is None or key < best[0]:
                 best = (key, found)
-    if best is None:
+    if best is None or beaten(best[1].pool_gpus, best[1].members):
         return None
     new = efficient_width(g.group_id, best[1].members, cap, 1, hi, narrow=best[1])
     if new is None:
