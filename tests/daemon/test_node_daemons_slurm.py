@@ -1,0 +1,121 @@
+"""Two groups' GPU shares of one h20 host on the session's Slurm cluster of separate
+hosts (issue 34, item 1; daemon/node_daemons.py, "Shares").
+
+Two rollout allocations of 4 of a node's 8 GPUs, asked as weaved asks (the row shape of
+daemon/allocplan.py, the request of daemon/allocations.py), land on the same h20 host.
+Each gets its node daemon as a step (as weaved launches it): both answer, each with its
+own store and socket, each seeing only its share's GPUs (what the workers it starts
+inherit), disjoint from the other's; a task of each allocation is pointed at its own
+share's daemon by the SPANK plugin. Releasing one share ends its daemon, which removes its
+own store, and leaves the other's daemon, store and socket as they were.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.harness.hosts import weaved_dirs
+from tests.harness.waits import wait_for
+from tests.slurm.session_cluster import SessionCluster
+from weave_slurm.config.site import default_site
+from weave_slurm.daemon import allocplan
+from weave_slurm.daemon.allocations import alloc_request
+from weave_slurm.daemon.node_daemons import NodeDaemons, NodeDaemonSettings
+from weave_slurm.daemon.records import AllocRow, GroupPlan, GroupRow
+from weave_slurm.daemon.states import AllocState, GroupState
+from weave_slurm.errors import NodeGone, NodeUnavailable
+from weave_slurm.node.protocol import Op
+from weave_slurm.runtime.group import NodeRef
+from weave_slurm.runtime.nodes import connect
+from weave_slurm.slurm.backend import StepSpec
+from weave_slurm.slurm.cli_backend import SlurmCliBackend
+from weave_slurm.vocab import Pool
+
+pytestmark = [pytest.mark.slurm, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
+
+CPUS = 2   # what weaved asks per whole node (weave daemon --cpus-per-node, its default)
+
+
+def _status(ref: NodeRef, munge: str | None) -> dict[str, Any]:
+    with connect(ref, 10.0, munge) as client:
+        return dict(client.call(Op.STATUS))
+
+
+def _probe(backend: SlurmCliBackend, row: AllocRow, out: Path, check: str) -> list[str]:
+    """A one-task step of ``row``'s allocation (as a job task: no GRES of its own asked)
+    that writes its GPUs and the socket the SPANK plugin gave it, after ``check``."""
+    path = out / f"{row.alloc_id}-{len(list(out.iterdir()))}"
+    handle = backend.launch_step(row.alloc_id or "", StepSpec(
+        "probe", ("sh", "-c", f"{check} && echo \"$SLURM_STEP_GPUS|$CUDA_VISIBLE_DEVICES|"
+                              f"$WEAVE_NODE_SOCKET\" > {path}.tmp && mv {path}.tmp {path}")))
+    wait_for(lambda: backend.poll_step(handle).state.finished, 30, "the probe step")
+    assert path.exists(), f"probe of {row.alloc_id} failed its check: {check}"
+    return path.read_text().strip().split("|")
+
+
+def test_two_groups_gpu_shares_of_one_h20_host_keep_apart(
+        slurm_cluster: SessionCluster, shared_tmp: Path) -> None:
+    env = dict(slurm_cluster.env)
+    munge = env.get("MUNGE_SOCKET")
+    backend = SlurmCliBackend(env=env, log_dir=shared_tmp / "steps")
+    dirs = weaved_dirs(slurm_cluster.cluster, "")
+    (dirs.state / "logs").mkdir(parents=True, exist_ok=True)
+    site = default_site()
+    nodes = NodeDaemons(NodeDaemonSettings(dirs.state, remote=True, checkpoint_root=dirs.ckpt,
+                                           munge_socket=munge), site, backend)
+    shape = allocplan.row_shape(site.rollout.gpus_per_node, CPUS, 4)
+    rows: list[AllocRow] = []
+    try:
+        for gid in (1, 2):
+            group = GroupRow(gid, str(gid), GroupState.FORMING, GroupPlan(1, 0, ()), 0.0, "")
+            row = AllocRow(gid, gid, "rollout", "h20-0", "h20", 1, shape.gpus_per_node,
+                           "h20", shape.cpus_per_node, AllocState.ALLOCATING, None, (), "")
+            got = backend.allocate(alloc_request(group, row, 30, "default"))
+            row = AllocRow(gid, gid, "rollout", "h20-0", "h20", 1, shape.gpus_per_node,
+                           "h20", shape.cpus_per_node, AllocState.HELD, got.alloc_id,
+                           got.nodes, "")
+            rows.append(row)
+            backend.launch_step(got.alloc_id, nodes.step(group, row))
+        (node,) = set(rows[0].nodes) | set(rows[1].nodes)   # both shares on one host
+        refs = [wait_for(partial(nodes.ref, r, node, Pool.ROLLOUT), 90,
+                         "the node daemon's port", ignore=(NodeUnavailable,)) for r in rows]
+        status = [wait_for(partial(_status, ref, munge), 60, "the node daemon to answer",
+                           ignore=(NodeGone,)) for ref in refs]
+        roots = [s["root"] for s in status]
+        assert roots == [f"/dev/shm/weave-nodes/{node}.{r.alloc_id}" for r in rows]
+        assert [s["allocation"] for s in status] == [r.alloc_id for r in rows]
+        gpus = [s["gpus"] for s in status]   # what the workers each daemon starts inherit
+        assert [len(g) for g in gpus] == [4, 4] and not set(gpus[0]) & set(gpus[1]), gpus
+        sockets = [f"/run/weave/node-{node}.{r.alloc_id}.sock" for r in rows]
+        assert [str(ref.socket_path) for ref in refs] == sockets
+        out = shared_tmp / "probes"
+        out.mkdir()
+        seen = [_probe(backend, r, out, f"test -S {sock} && test -d {root}")
+                for r, sock, root in zip(rows, sockets, roots, strict=True)]
+        assert [s[0].split(",") for s in seen] == gpus          # SLURM_STEP_GPUS
+        assert [s[1].split(",") for s in seen] == gpus          # CUDA_VISIBLE_DEVICES
+        assert [s[2] for s in seen] == sockets                  # the SPANK plugin's
+        # releasing group 1's share: its daemon ends and removes its store, group 2's
+        # daemon, store and socket stay
+        backend.release(rows[0].alloc_id or "")
+        wait_for(lambda: _gone(refs[0], munge), 60, "group 1's node daemon to end")
+        _probe(backend, rows[1], out, f"test ! -e {roots[0]} && test ! -e {sockets[0]} "
+                                      f"&& test -S {sockets[1]} && test -d {roots[1]}")
+        assert _status(refs[1], munge) == status[1]
+    finally:
+        for row in rows:
+            backend.release(row.alloc_id or "")
+        wait_for(lambda: not backend.list_allocations(), 60, "the allocations to end")
+
+
+def _gone(ref: NodeRef, munge: str | None) -> bool:
+    try:
+        _status(ref, munge)
+    except NodeGone:
+        return True
+    return False
