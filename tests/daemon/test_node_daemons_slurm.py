@@ -4,10 +4,11 @@ hosts (issue 34, item 1; daemon/node_daemons.py, "Shares").
 Two rollout allocations of 4 of a node's 8 GPUs, asked as weaved asks (the row shape of
 daemon/allocplan.py, the request of daemon/allocations.py), land on the same h20 host.
 Each gets its node daemon as a step (as weaved launches it): both answer, each with its
-own store and socket, each seeing only its share's GPUs (what the workers it starts
-inherit), disjoint from the other's; a task of each allocation is pointed at its own
+own store and socket, each seeing only its share's GPUs, disjoint from the other's, as
+does a worker it starts; a task of each allocation is pointed at its own
 share's daemon by the SPANK plugin. Releasing one share ends its daemon, which removes its
-own store, and leaves the other's daemon, store and socket as they were.
+own store, and leaves the other's daemon, store (its job's state) and socket as they
+were.
 """
 
 from __future__ import annotations
@@ -86,15 +87,24 @@ def test_two_groups_gpu_shares_of_one_h20_host_keep_apart(
                          "the node daemon's port", ignore=(NodeUnavailable,)) for r in rows]
         status = [wait_for(partial(_status, ref, munge), 60, "the node daemon to answer",
                            ignore=(NodeGone,)) for ref in refs]
+        out = shared_tmp / "probes"
+        out.mkdir()
+        for i, ref in enumerate(refs):   # a worker each daemon starts: what it sees
+            with connect(ref, 30.0, munge) as client:
+                client.call(Op.REGISTER, job=f"w{i}", resident=False)
+                client.call(Op.ACTIVATE, job=f"w{i}", phase="rollout", argv=[
+                    "sh", "-c", f"echo $CUDA_VISIBLE_DEVICES > {out}/w{i}.tmp && "
+                                f"mv {out}/w{i}.tmp {out}/w{i}"])
+        workers = [wait_for(partial(_read, out / f"w{i}"), 30, f"worker w{i}'s GPUs")
+                   for i in range(2)]
         roots = [s["root"] for s in status]
         assert roots == [f"/dev/shm/weave-nodes/{node}.{r.alloc_id}" for r in rows]
         assert [s["allocation"] for s in status] == [r.alloc_id for r in rows]
         gpus = [s["gpus"] for s in status]   # what the workers each daemon starts inherit
         assert [len(g) for g in gpus] == [4, 4] and not set(gpus[0]) & set(gpus[1]), gpus
+        assert [(w or "").split(",") for w in workers] == gpus
         sockets = [f"/run/weave/node-{node}.{r.alloc_id}.sock" for r in rows]
         assert [str(ref.socket_path) for ref in refs] == sockets
-        out = shared_tmp / "probes"
-        out.mkdir()
         seen = [_probe(backend, r, out, f"test -S {sock} && test -d {root}")
                 for r, sock, root in zip(rows, sockets, roots, strict=True)]
         assert [s[0].split(",") for s in seen] == gpus          # SLURM_STEP_GPUS
@@ -106,11 +116,18 @@ def test_two_groups_gpu_shares_of_one_h20_host_keep_apart(
         wait_for(lambda: _gone(refs[0], munge), 60, "group 1's node daemon to end")
         _probe(backend, rows[1], out, f"test ! -e {roots[0]} && test ! -e {sockets[0]} "
                                       f"&& test -S {sockets[1]} && test -d {roots[1]}")
-        assert _status(refs[1], munge) == status[1]
+        after = _status(refs[1], munge)
+        assert (after["root"], after["allocation"], after["gpus"]) == \
+            (roots[1], rows[1].alloc_id, gpus[1])
+        assert [j["job"] for j in after["jobs"]] == ["w1"]   # its job's state is there
     finally:
         for row in rows:
             backend.release(row.alloc_id or "")
         wait_for(lambda: not backend.list_allocations(), 60, "the allocations to end")
+
+
+def _read(path: Path) -> str | None:
+    return path.read_text().strip() if path.exists() else None
 
 
 def _gone(ref: NodeRef, munge: str | None) -> bool:
