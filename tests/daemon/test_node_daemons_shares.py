@@ -1,5 +1,5 @@
 """Node daemons of GPU shares (daemon/node_daemons.py, "Shares"): two groups' shares of
-one node each have a daemon whose store, socket, checkpoints and budget are their own,
+one node each have a daemon whose store, socket and budget are their own,
 keyed by the allocation; a whole-node allocation keeps the per-node names."""
 
 from __future__ import annotations
@@ -40,10 +40,11 @@ def test_two_shares_of_a_node_have_daemons_of_their_own() -> None:
         _options(nodes.command(_row(2, 4, "502")))
     assert one["--root"] == "/dev/shm/wn/i1/{node}.501"
     assert one["--socket"] == "/run/weave/i1/node-{node}.501.sock"
-    assert one["--checkpoint-root"] == "/shared/ckpt/i1/{node}.501"
     assert two["--root"] == "/dev/shm/wn/i1/{node}.502"
-    for key in ("--root", "--socket", "--checkpoint-root"):
+    for key in ("--root", "--socket"):
         assert one[key] != two[key]
+    # checkpoints per job in the node's root, where a lost node's are looked for
+    assert one["--checkpoint-root"] == two["--checkpoint-root"] == "/shared/ckpt/i1/{node}"
     # the node's 2048 GiB of warm state in proportion to the share's 4 of 8 GPUs
     assert one["--host-mem-gib"] == "1024"
     group = GroupRow(1, "i1.1", GroupState.ACTIVE, GroupPlan(1, 1, ()), 0.0, "")

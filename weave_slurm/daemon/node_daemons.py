@@ -16,16 +16,17 @@ lost node's checkpoints are re-admitted elsewhere from there).
 
 **Shares.** An allocation that holds some of a node's GPUs (a share,
 :func:`~weave_slurm.daemon.allocplan.is_share`) may sit beside another group's share
-on the same node, each with its own node daemon. A share's daemon keeps everything
-apart, keyed by its allocation (Slurm's job id, ``<key>`` = ``<node>.<job id>``): its
-store ``<shm_root>/[<instance>/]<key>``, its socket ``<socket dir>/node-<key>.sock``
-(where the SPANK plugin points the allocation's own tasks), its checkpoints
-``<checkpoint_root>/[<instance>/]<key>``, and a budget of the node's ``host_mem_gib`` in
-proportion to its GPUs. Releasing one share ends its daemon, which removes its own
-store, and touches nothing of the other's. Each share's daemon is a step of its
-allocation, so Slurm gives it its share's GPUs (``CUDA_VISIBLE_DEVICES``), which the
-workers it starts inherit (node/job_env.py). A whole-node allocation keeps the
-per-node names (``<node>``).
+on the same node, each with its own node daemon. A share's daemon keeps its node-local
+state apart, keyed by its allocation (Slurm's job id, ``<key>`` = ``<node>.<job id>``):
+its store ``<shm_root>/[<instance>/]<key>`` and its socket ``<socket dir>/node-<key>.sock``
+(where the SPANK plugin points the allocation's own tasks), with a budget of the node's
+``host_mem_gib`` in proportion to its GPUs. Its checkpoints stay the node's
+(``<checkpoint_root>/[<instance>/]<node>``, where a lost node's are looked for): they are
+kept per job inside, and the two shares hold different jobs. Releasing one share ends
+its daemon, which removes its own store, and touches nothing of the other's. Each
+share's daemon is a step of its allocation, so Slurm gives it its share's GPUs
+(``CUDA_VISIBLE_DEVICES``), which the workers it starts inherit (node/job_env.py). A
+whole-node allocation keeps the per-node names (``<node>``).
 """
 
 from __future__ import annotations
@@ -163,7 +164,7 @@ class NodeDaemons:
         return allocplan.is_share(alloc, self._pool(alloc).gpus_per_node)
 
     def node_key(self, alloc: AllocRow, node: str) -> str:
-        """What ``alloc``'s daemon on ``node`` keys its store, socket and checkpoints by:
+        """What ``alloc``'s daemon on ``node`` keys its store and socket by:
         the node, and for a share its Slurm job id too (module doc)."""
         if not self.share(alloc):
             return node
@@ -192,7 +193,7 @@ class NodeDaemons:
                 "--host-mem-gib", f"{self.budget_gib(alloc):g}",
                 "--root", f"{self._instanced(self.s.shm_root)}/{key}",
                 "--socket", f"{self.socket_dir}/node-{key}.sock",
-                "--checkpoint-interval-s", "0", "--checkpoint-root", f"{base}/{key}"]
+                "--checkpoint-interval-s", "0", "--checkpoint-root", f"{base}/{{node}}"]
         if self.s.remote:   # its allocation watch: every 30 s or $WEAVE_NODE_ALLOCATION_WATCH_S
             argv += ["--listen-port", "0", "--trusted-uid", str(os.getuid())]
             if self.s.munge_socket:
