@@ -5,15 +5,20 @@ keyed by the allocation; a whole-node allocation keeps the per-node names."""
 from __future__ import annotations
 
 import itertools
+from functools import partial
 from pathlib import Path
 
 import pytest
 
+from tests.harness.scratch import public_dir, shm_dir
+from tests.harness.shares import answering, gone, share_daemons, status
+from tests.harness.waits import wait_for
 from weave_slurm.config.site import default_site
 from weave_slurm.daemon.node_daemons import NodeDaemons, NodeDaemonSettings
 from weave_slurm.daemon.records import AllocRow, GroupPlan, GroupRow
 from weave_slurm.daemon.states import AllocState, GroupState
 from weave_slurm.errors import StateError
+from weave_slurm.slurm.local_backend import LocalBackend
 from weave_slurm.vocab import Pool
 
 ROOTS = NodeDaemonSettings(Path("/w/state"), instance="i1", remote=True,
@@ -70,3 +75,30 @@ def test_a_whole_node_keeps_the_per_node_names() -> None:
 def test_a_share_not_held_yet_has_no_key() -> None:
     with pytest.raises(StateError, match="not held yet, its node daemon has no key"):
         _daemons().node_key(_row(1, 4, None), "h20-0")
+
+
+@pytest.mark.torch
+def test_two_shares_of_a_local_node_run_their_daemons_side_by_side() -> None:
+    """On the local backend (real ``weave node serve`` processes): two groups' 4-GPU
+    shares land on one node, both daemons answer from their own store with their own
+    GPUs; releasing one ends its daemon and removes its store only."""
+    with public_dir("weave-shares-") as public, shm_dir("weave-shares-") as shm:
+        backend = LocalBackend(public / "local")
+        nodes = NodeDaemons(NodeDaemonSettings(public / "state", shm_root=shm),
+                            default_site(), backend)
+        rows: list[AllocRow] = []
+        try:
+            share_daemons(backend, nodes, 4, rows)
+            (node,) = {n for r in rows for n in r.nodes}
+            refs, first = answering(nodes, rows, node)
+            roots = [Path(s["root"]) for s in first]
+            assert roots == [shm / f"{node}.{r.alloc_id}" for r in rows]
+            assert [s["gpus"] for s in first] == [["0", "1", "2", "3"], ["4", "5", "6", "7"]]
+            backend.release(rows[0].alloc_id or "")
+            wait_for(partial(gone, refs[0]), 30, "the released share's node daemon to end")
+            wait_for(lambda: not roots[0].exists(), 30, "its store to be removed")
+            assert status(refs[1])["root"] == str(roots[1]) and roots[1].is_dir()
+        finally:
+            for row in rows:
+                backend.release(row.alloc_id or "")
+            wait_for(lambda: not any(shm.iterdir()), 30, "every share's store to be removed")

@@ -5,10 +5,9 @@ Two rollout allocations of 4 of a node's 8 GPUs, asked as weaved asks (the row s
 daemon/allocplan.py, the request of daemon/allocations.py), land on the same h20 host.
 Each gets its node daemon as a step (as weaved launches it): both answer, each with its
 own store and socket, each seeing only its share's GPUs, disjoint from the other's, as
-does a worker it starts; a task of each allocation is pointed at its own
-share's daemon by the SPANK plugin. Releasing one share ends its daemon, which removes its
-own store, and leaves the other's daemon, store (its job's state) and socket as they
-were.
+does a worker it starts; a task of each allocation is pointed at its own share's daemon
+by the SPANK plugin. Releasing one share ends its daemon, which removes its own store,
+and leaves the other's daemon, store (its job's state) and socket as they were.
 """
 
 from __future__ import annotations
@@ -16,35 +15,22 @@ from __future__ import annotations
 import os
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.harness.hosts import weaved_dirs
+from tests.harness.shares import answering, gone, share_daemons, status
 from tests.harness.waits import wait_for
 from tests.slurm.session_cluster import SessionCluster
 from weave_slurm.config.site import default_site
-from weave_slurm.daemon import allocplan
-from weave_slurm.daemon.allocations import alloc_request
 from weave_slurm.daemon.node_daemons import NodeDaemons, NodeDaemonSettings
-from weave_slurm.daemon.records import AllocRow, GroupPlan, GroupRow
-from weave_slurm.daemon.states import AllocState, GroupState
-from weave_slurm.errors import NodeGone, NodeUnavailable
+from weave_slurm.daemon.records import AllocRow
 from weave_slurm.node.protocol import Op
-from weave_slurm.runtime.group import NodeRef
 from weave_slurm.runtime.nodes import connect
 from weave_slurm.slurm.backend import StepSpec
 from weave_slurm.slurm.cli_backend import SlurmCliBackend
-from weave_slurm.vocab import Pool
 
 pytestmark = [pytest.mark.slurm, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
-
-CPUS = 2   # what weaved asks per whole node (weave daemon --cpus-per-node, its default)
-
-
-def _status(ref: NodeRef, munge: str | None) -> dict[str, Any]:
-    with connect(ref, 10.0, munge) as client:
-        return dict(client.call(Op.STATUS))
 
 
 def _probe(backend: SlurmCliBackend, row: AllocRow, out: Path, check: str) -> list[str]:
@@ -59,6 +45,10 @@ def _probe(backend: SlurmCliBackend, row: AllocRow, out: Path, check: str) -> li
     return path.read_text().strip().split("|")
 
 
+def _read(path: Path) -> str | None:
+    return path.read_text().strip() if path.exists() else None
+
+
 def test_two_groups_gpu_shares_of_one_h20_host_keep_apart(
         slurm_cluster: SessionCluster, shared_tmp: Path) -> None:
     env = dict(slurm_cluster.env)
@@ -66,27 +56,18 @@ def test_two_groups_gpu_shares_of_one_h20_host_keep_apart(
     backend = SlurmCliBackend(env=env, log_dir=shared_tmp / "steps")
     dirs = weaved_dirs(slurm_cluster.cluster, "")
     (dirs.state / "logs").mkdir(parents=True, exist_ok=True)
-    site = default_site()
     nodes = NodeDaemons(NodeDaemonSettings(dirs.state, remote=True, checkpoint_root=dirs.ckpt,
-                                           munge_socket=munge), site, backend)
-    shape = allocplan.row_shape(site.rollout.gpus_per_node, CPUS, 4)
+                                           munge_socket=munge), default_site(), backend)
     rows: list[AllocRow] = []
     try:
-        for gid in (1, 2):
-            group = GroupRow(gid, str(gid), GroupState.FORMING, GroupPlan(1, 0, ()), 0.0, "")
-            row = AllocRow(gid, gid, "rollout", "h20-0", "h20", 1, shape.gpus_per_node,
-                           "h20", shape.cpus_per_node, AllocState.ALLOCATING, None, (), "")
-            got = backend.allocate(alloc_request(group, row, 30, "default"))
-            row = AllocRow(gid, gid, "rollout", "h20-0", "h20", 1, shape.gpus_per_node,
-                           "h20", shape.cpus_per_node, AllocState.HELD, got.alloc_id,
-                           got.nodes, "")
-            rows.append(row)
-            backend.launch_step(got.alloc_id, nodes.step(group, row))
+        share_daemons(backend, nodes, 4, rows)
         (node,) = set(rows[0].nodes) | set(rows[1].nodes)   # both shares on one host
-        refs = [wait_for(partial(nodes.ref, r, node, Pool.ROLLOUT), 90,
-                         "the node daemon's port", ignore=(NodeUnavailable,)) for r in rows]
-        status = [wait_for(partial(_status, ref, munge), 60, "the node daemon to answer",
-                           ignore=(NodeGone,)) for ref in refs]
+        refs, first = answering(nodes, rows, node, munge)
+        roots = [s["root"] for s in first]
+        assert roots == [f"/dev/shm/weave-nodes/{node}.{r.alloc_id}" for r in rows]
+        assert [s["allocation"] for s in first] == [r.alloc_id for r in rows]
+        gpus = [s["gpus"] for s in first]   # what the workers each daemon starts inherit
+        assert [len(g) for g in gpus] == [4, 4] and not set(gpus[0]) & set(gpus[1]), gpus
         out = shared_tmp / "probes"
         out.mkdir()
         for i, ref in enumerate(refs):   # a worker each daemon starts: what it sees
@@ -97,11 +78,6 @@ def test_two_groups_gpu_shares_of_one_h20_host_keep_apart(
                                 f"mv {out}/w{i}.tmp {out}/w{i}"])
         workers = [wait_for(partial(_read, out / f"w{i}"), 30, f"worker w{i}'s GPUs")
                    for i in range(2)]
-        roots = [s["root"] for s in status]
-        assert roots == [f"/dev/shm/weave-nodes/{node}.{r.alloc_id}" for r in rows]
-        assert [s["allocation"] for s in status] == [r.alloc_id for r in rows]
-        gpus = [s["gpus"] for s in status]   # what the workers each daemon starts inherit
-        assert [len(g) for g in gpus] == [4, 4] and not set(gpus[0]) & set(gpus[1]), gpus
         assert [(w or "").split(",") for w in workers] == gpus
         sockets = [f"/run/weave/node-{node}.{r.alloc_id}.sock" for r in rows]
         assert [str(ref.socket_path) for ref in refs] == sockets
@@ -113,10 +89,10 @@ def test_two_groups_gpu_shares_of_one_h20_host_keep_apart(
         # releasing group 1's share: its daemon ends and removes its store, group 2's
         # daemon, store and socket stay
         backend.release(rows[0].alloc_id or "")
-        wait_for(lambda: _gone(refs[0], munge), 60, "group 1's node daemon to end")
+        wait_for(partial(gone, refs[0], munge), 60, "group 1's node daemon to end")
         _probe(backend, rows[1], out, f"test ! -e {roots[0]} && test ! -e {sockets[0]} "
                                       f"&& test -S {sockets[1]} && test -d {roots[1]}")
-        after = _status(refs[1], munge)
+        after = status(refs[1], munge)
         assert (after["root"], after["allocation"], after["gpus"]) == \
             (roots[1], rows[1].alloc_id, gpus[1])
         assert [j["job"] for j in after["jobs"]] == ["w1"]   # its job's state is there
@@ -124,15 +100,3 @@ def test_two_groups_gpu_shares_of_one_h20_host_keep_apart(
         for row in rows:
             backend.release(row.alloc_id or "")
         wait_for(lambda: not backend.list_allocations(), 60, "the allocations to end")
-
-
-def _read(path: Path) -> str | None:
-    return path.read_text().strip() if path.exists() else None
-
-
-def _gone(ref: NodeRef, munge: str | None) -> bool:
-    try:
-        _status(ref, munge)
-    except NodeGone:
-        return True
-    return False
