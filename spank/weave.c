@@ -6,7 +6,9 @@
  *   --weave-group=<id>    co-execution group id ([A-Za-z0-9_.-])    -> WEAVE_GROUP
  *   --weave-spec=<path>   the job spec (TOML) of the RL job         -> WEAVE_SPEC
  * and gives every task of a step WEAVE_NODE_SOCKET=<sockdir>/node-<SLURMD_NODENAME>.sock,
- * the unix socket of the weave node daemon of the task's node.
+ * the unix socket of the weave node daemon of the task's node; where the step's
+ * allocation holds a GPU share of the node, <sockdir>/node-<node>.<SLURM_JOB_ID>.sock,
+ * its own share's daemon, if that socket exists.
  *
  * plugstack.conf:  optional /path/weave.so [sockdir=/run/weave]
  *
@@ -209,6 +211,7 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av)
 int slurm_spank_task_init(spank_t sp, int ac, char **av)
 {
 	char node[256];
+	char job[64];
 	char path[WEAVE_MAX_VALUE];
 
 	(void)ac;
@@ -221,6 +224,14 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 			    " left unset");
 		return ESPANK_SUCCESS;
 	}
+	/* the daemon of this allocation's GPU share, where there is one (a node shared by
+	 * several groups' allocations keys each daemon's socket by its job id) */
+	if (spank_getenv(sp, "SLURM_JOB_ID", job, sizeof(job)) == ESPANK_SUCCESS
+	    && job[0] != '\0'
+	    && snprintf(path, sizeof(path), "%s/node-%s.%s.sock", weave.sockdir, node, job)
+	       < (int)sizeof(path)
+	    && access(path, F_OK) == 0)
+		return set_job_env(sp, "WEAVE_NODE_SOCKET", path);
 	if (snprintf(path, sizeof(path), "%s/node-%s.sock", weave.sockdir, node)
 	    >= (int)sizeof(path))
 		return ESPANK_ERROR;

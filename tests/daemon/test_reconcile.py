@@ -858,6 +858,27 @@ def _pins(rig: Rig) -> dict[int, tuple[int, ...]]:
     return {m.job_id: m.rollout_pins for m in _group(rig.store).plan.members}
 
 
+def test_a_pooled_plan_asks_for_a_gpu_share_of_a_node(rig: Rig) -> None:
+    """A plan with ``rollout_gpus`` (a pooled group) asks for its next rollout row as a
+    share: 4 of the node's 8 GPUs and CPUs in proportion, never --exclusive."""
+    a = _running(rig)
+    plan = _group(rig.store).plan
+    rig.store.update("group", 1, plan=GroupPlan(
+        plan.rollout_nodes, plan.train_nodes, (*plan.members, MemberPlan(9, (1,))),
+        rollout_gpus=4).to_json())
+    before = len(rig.fake.calls)
+    rig.tick(at=T0 + 1)
+    (options,) = rig.argvs("sbatch", before)
+    assert options[4:] == ("--partition=h20", "--nodes=1", "--ntasks-per-node=1",
+                           "--cpus-per-task=1", "--gres=gpu:h20:4")
+    assert not any("exclusive" in o for o in options)
+    row = rig.alloc_rows()[-1]
+    assert (row.role, row.gpus_per_node, row.cpus_per_node) == ("rollout", 4, 1)
+    assert rig.reasons("alloc", row.key)[0][2] == \
+        "rollout scaling: extra rollout allocation of 1 node(s), 4 GPUs of each"
+    assert _pins(rig)[a] == (0,)
+
+
 def test_rollout_scaling_asks_for_exactly_one_more_allocation(rig: Rig) -> None:
     a = _running(rig, **BIG)
     before = len(rig.fake.calls)

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 import torch
@@ -57,6 +58,19 @@ def test_put_attach_status_over_the_socket(node: NodeDaemon) -> None:
     assert status["memory"]["used_bytes"] == 4096
     assert status["memory"]["free_bytes"] == 16 * 2**20 - 4096
     assert status["jobs"][0]["segments"]["weights"]["version"] == 5
+
+
+def test_status_says_the_allocation_and_the_gpus_its_step_got(node: NodeDaemon) -> None:
+    """What the workers it starts inherit: a GPU share's devices only (as Slurm named
+    them to the daemon's step); outside Slurm none."""
+    with _client(node) as c, mock.patch.dict(os.environ):
+        for key in ("SLURM_JOB_ID", "CUDA_VISIBLE_DEVICES", "WEAVE_NODE_GPUS"):
+            os.environ.pop(key, None)
+        outside = c.call(Op.STATUS)
+        os.environ.update({"SLURM_JOB_ID": "77", "CUDA_VISIBLE_DEVICES": "4,5,6,7"})
+        status = c.call(Op.STATUS)
+    assert (outside["allocation"], outside["gpus"]) == (None, [])
+    assert (status["allocation"], status["gpus"]) == ("77", ["4", "5", "6", "7"])
 
 
 def test_state_beyond_the_budget_is_refused_with_a_clear_error(node: NodeDaemon) -> None:

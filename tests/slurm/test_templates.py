@@ -75,3 +75,15 @@ def test_a_sites_template_must_use_every_placeholder(tmp_path: Path) -> None:
 def test_bad_inputs() -> None:
     with pytest.raises(ConfigError, match="group_id"):
         render_allocation(AllocationRequest("bad id", "h20", (H20,)))
+
+
+def test_a_gpu_share_is_asked_as_gres_of_the_node_never_exclusive() -> None:
+    """A share row (4 of an h20 node's 8 GPUs, daemon/allocplan.py "Shares") in the
+    shipped script: the GPUs and CPUs it holds per node, nothing that takes the node."""
+    text = render_allocation(AllocationRequest("9", "h20-1", (
+        ResourceSpec("h20", 1, 4, "h20", 1),)), hold=HOLD)
+    lines = [line for line in text.splitlines() if line.startswith("#SBATCH --")]
+    assert lines[3:] == ["#SBATCH --partition=h20", "#SBATCH --nodes=1",
+                         "#SBATCH --ntasks-per-node=1", "#SBATCH --cpus-per-task=1",
+                         "#SBATCH --gres=gpu:h20:4"]
+    assert "exclusive" not in text and "--mem" not in text

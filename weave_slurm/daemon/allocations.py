@@ -41,6 +41,17 @@ class PoolRequest:
     cpus_per_node: int
 
 
+def alloc_request(group: GroupRow, alloc: AllocRow, immediate_s: int,
+                  tag: str) -> AllocationRequest:
+    """What ``sbatch`` asks for a row: its shape (a share's GPUs and CPUs as the row
+    holds them), and what the row says it is charged to (written when it was wanted: a
+    restart asks the same)."""
+    return AllocationRequest(group.label, alloc.pool, (ResourceSpec(
+        alloc.partition, alloc.node_count, alloc.gpus_per_node, alloc.gpu_type,
+        alloc.cpus_per_node),), immediate_s=immediate_s, instance=tag,
+        time_limit_min=alloc.time_limit_min, account=alloc.account, qos=alloc.qos)
+
+
 #: Fail a group's PLACED jobs with this reason (Slurm refuses its allocation as asked).
 FailPlaced = Callable[[int, str, float], None]
 #: End a step row with this reason (its allocation is being returned).
@@ -62,12 +73,7 @@ class GroupAllocations:
         self.retry = Backoff()   # per alloc key: failed or hung allocate calls
 
     def request(self, group: GroupRow, alloc: AllocRow) -> AllocationRequest:
-        """What ``sbatch`` asks for this row: its shape, and what the row says it is
-        charged to (written when it was wanted: a restart asks the same)."""
-        return AllocationRequest(group.label, alloc.pool, (ResourceSpec(
-            alloc.partition, alloc.node_count, alloc.gpus_per_node, alloc.gpu_type,
-            alloc.cpus_per_node),), immediate_s=self.immediate_s, instance=self.tag,
-            time_limit_min=alloc.time_limit_min, account=alloc.account, qos=alloc.qos)
+        return alloc_request(group, alloc, self.immediate_s, self.tag)
 
     def held(self, row: AllocRow, a: Allocation, now: float, reason: str) -> None:
         self.store.transition("alloc", row.key, AllocState.HELD, reason, now,
@@ -84,8 +90,7 @@ class GroupAllocations:
             if needs.plan != group.plan:   # before the rows that hold its new slots
                 self.store.update("group", group.group_id, plan=needs.plan.to_json())
             for want in needs.wants:
-                self._want(group, want.role, want.nodes, sum(a.role == want.role for a in rows),
-                           now, "replacement for a lost" if want.replaces else "")
+                self._want(group, want, sum(a.role == want.role for a in rows), now)
             unneeded = {a.key for a in needs.surplus}   # returned instead (return_surplus)
             for alloc in self.store.allocs(group.group_id):
                 if alloc.state is AllocState.WANTED and alloc.key not in unneeded \
@@ -103,17 +108,21 @@ class GroupAllocations:
         group = self.store.group(group_id)
         return group is not None and group.state in (GroupState.FORMING, GroupState.ACTIVE)
 
-    def _want(self, group: GroupRow, role: str, nodes: int, seq: int, now: float,
-              kind: str = "") -> None:
-        pool = self.pools[role]
+    def _want(self, group: GroupRow, want: allocplan.Want, seq: int, now: float) -> None:
+        role, nodes, pool = want.role, want.nodes, self.pools[want.role]
         members = self.store.jobs([JobState.PLACED, JobState.RUNNING], group_id=group.group_id)
         terms = self.terms.alloc_terms(self.charge, members, now)
-        kind = kind or ("rollout scaling: extra" if role == "rollout" and seq else "initial")
+        kind = "replacement for a lost" if want.replaces else \
+            "rollout scaling: extra" if role == "rollout" and seq else "initial"
+        shape = allocplan.row_shape(pool.gpus_per_node, pool.cpus_per_node, want.gpus)
+        share = f", {shape.gpus_per_node} GPUs of each" \
+            if shape.gpus_per_node < pool.gpus_per_node else ""
         self.store.add_alloc(group_id=group.group_id, role=role,
                              pool=f"{pool.partition}-{seq}", partition=pool.partition,
-                             node_count=nodes, gpus_per_node=pool.gpus_per_node,
-                             gpu_type=pool.gpu_type, cpus_per_node=pool.cpus_per_node,
-                             now=now, reason=f"{kind} {role} allocation of {nodes} node(s)",
+                             node_count=nodes, gpus_per_node=shape.gpus_per_node,
+                             gpu_type=pool.gpu_type, cpus_per_node=shape.cpus_per_node,
+                             now=now, reason=f"{kind} {role} allocation of {nodes} node(s)"
+                                             f"{share}",
                              account=terms.account, qos=terms.qos,
                              time_limit_min=terms.time_limit_min)
         fresh = self.store.group(group.group_id)   # a first _want this tick made it FORMING

@@ -24,6 +24,14 @@ holding the future slots; training: the nodes the plan has beyond the live rows)
 *surplus*: live rollout rows none of whose slots is pinned any more (the group shrank,
 or a newcomer left before its allocation came). The reconcile loop returns a surplus
 row once the driver no longer uses its nodes.
+
+**Shares** (:func:`row_shape`): a rollout row of a plan with ``rollout_gpus`` g below
+the node's GPU count holds g GPUs of each of its nodes, not the whole node: it asks
+Slurm for ``--gres=gpu:<type>:g`` and the CPUs weaved asks per whole node in proportion
+(x g / the node's GPUs, at least 1), and never ``--exclusive``, so another group's share
+may be placed beside it on the same node (each node daemon of a share keeps its state
+apart: daemon/node_daemons.py). A share row is an allocation row like any other: its
+nodes are slots, it is wanted, held and returned as above.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from dataclasses import dataclass, replace
 
 from weave_slurm.daemon.records import AllocRow, GroupPlan, MemberPlan
 from weave_slurm.daemon.states import AllocState
+from weave_slurm.errors import ConfigError
 
 ROLLOUT, TRAIN = "rollout", "train"
 _LIVE = frozenset({AllocState.WANTED, AllocState.ALLOCATING, AllocState.HELD})
@@ -141,12 +150,39 @@ def surplus(plan: GroupPlan, allocs: Sequence[AllocRow]) -> list[AllocRow]:
 
 
 @dataclass(frozen=True)
+class RowShape:
+    """What one node of an allocation row holds: GPUs and CPUs."""
+
+    gpus_per_node: int
+    cpus_per_node: int
+
+
+def row_shape(node_gpus: int, node_cpus: int, gpus: int | None = None) -> RowShape:
+    """A row of ``gpus`` GPUs per node (None: the whole node) on nodes of ``node_gpus``
+    GPUs for which weaved asks ``node_cpus`` CPUs whole: the CPUs in proportion, at
+    least 1 (module doc, "Shares"). ConfigError where ``gpus`` is not 1..node_gpus."""
+    if gpus is None or gpus == node_gpus:
+        return RowShape(node_gpus, node_cpus)
+    if not 1 <= gpus <= node_gpus:
+        raise ConfigError(f"rollout_gpus={gpus!r}: a share holds 1 to {node_gpus} GPUs "
+                          f"of a node (the pool's gpus_per_node)")
+    return RowShape(gpus, max(1, node_cpus * gpus // node_gpus))
+
+
+def is_share(row: AllocRow, node_gpus: int) -> bool:
+    """``row`` holds fewer GPUs of its nodes than they have (``node_gpus``)."""
+    return 0 < row.gpus_per_node < node_gpus
+
+
+@dataclass(frozen=True)
 class Want:
-    """One allocation to ask for: ``nodes`` of ``role``; ``replaces``: for a lost one."""
+    """One allocation to ask for: ``nodes`` of ``role``; ``replaces``: for a lost one;
+    ``gpus``: GPUs per node of a share (None: whole nodes)."""
 
     role: str
     nodes: int
     replaces: bool = False
+    gpus: int | None = None
 
 
 @dataclass(frozen=True)
@@ -166,7 +202,7 @@ def needs(plan: GroupPlan, allocs: Sequence[AllocRow]) -> Needs:
     wants = []
     future = sum(p >= total for p in pinned(fixed))
     if future:
-        wants.append(Want(ROLLOUT, future, replaces=bool(lost)))
+        wants.append(Want(ROLLOUT, future, replaces=bool(lost), gpus=fixed.rollout_gpus))
     train = [a for a in allocs if a.role == TRAIN]
     have = sum(a.node_count for a in train if not a.state.final)
     if have < fixed.train_nodes:

@@ -13,6 +13,20 @@ keeps is node-local (its store under ``shm_root``, its socket for local clients 
 ``node_socket_dir``), per weaved instance, except the checkpoints: those go under
 ``checkpoint_root``, which must be a file system weaved and every node share (a
 lost node's checkpoints are re-admitted elsewhere from there).
+
+**Shares.** An allocation that holds some of a node's GPUs (a share,
+:func:`~weave_slurm.daemon.allocplan.is_share`) may sit beside another group's share
+on the same node, each with its own node daemon. A share's daemon keeps its node-local
+state apart, keyed by its allocation (Slurm's job id, ``<key>`` = ``<node>.<job id>``):
+its store ``<shm_root>/[<instance>/]<key>`` and its socket ``<socket dir>/node-<key>.sock``
+(where the SPANK plugin points the allocation's own tasks), with a budget of the node's
+``host_mem_gib`` in proportion to its GPUs. Its checkpoints stay the node's
+(``<checkpoint_root>/[<instance>/]<node>``, where a lost node's are looked for): they are
+kept per job inside, and the two shares hold different jobs. Releasing one share ends
+its daemon, which removes its own store, and touches nothing of the other's. Each
+share's daemon is a step of its allocation, so Slurm gives it its share's GPUs
+(``CUDA_VISIBLE_DEVICES``), which the workers it starts inherit (node/job_env.py). A
+whole-node allocation keeps the per-node names (``<node>``).
 """
 
 from __future__ import annotations
@@ -22,8 +36,8 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from weave_slurm.config.site import SiteConfig
-from weave_slurm.daemon import membership
+from weave_slurm.config.site import PoolConfig, SiteConfig
+from weave_slurm.daemon import allocplan, membership
 from weave_slurm.daemon.reconcile import NODE_STEP
 from weave_slurm.daemon.records import AllocRow, GroupRow
 from weave_slurm.errors import NodeUnavailable, StateError, WeaveError
@@ -94,7 +108,8 @@ class NodeDaemons:
     def ref(self, alloc: AllocRow, node: str, pool: Pool) -> NodeRef:
         """``node``'s daemon; on Slurm its address and the port it said it got
         (``NodeUnavailable`` until it said so)."""
-        socket, log = self.socket_dir / f"node-{node}.sock", self.log_path(alloc)
+        key = self.node_key(alloc, node)
+        socket, log = self.socket_dir / f"node-{key}.sock", self.log_path(alloc)
         if not self.s.remote:   # started by weaved's node-daemon step (``step``)
             return NodeRef(node, pool, socket, step_log=log)
         self._logs[(alloc.alloc_id, node)] = log
@@ -141,18 +156,43 @@ class NodeDaemons:
         return self.backend.open_step(node.alloc_id, spec)
 
     # -- the node-daemon step ----------------------------------------------------------
+    def _pool(self, alloc: AllocRow) -> PoolConfig:
+        return self.site.rollout if alloc.role == "rollout" else self.site.train
+
+    def share(self, alloc: AllocRow) -> bool:
+        """``alloc`` holds some of its nodes' GPUs, not all (module doc, "Shares")."""
+        return allocplan.is_share(alloc, self._pool(alloc).gpus_per_node)
+
+    def node_key(self, alloc: AllocRow, node: str) -> str:
+        """What ``alloc``'s daemon on ``node`` keys its store and socket by:
+        the node, and for a share its Slurm job id too (module doc)."""
+        if not self.share(alloc):
+            return node
+        if alloc.alloc_id is None:
+            raise StateError(f"{alloc.role} allocation {alloc.pool} of group "
+                             f"{alloc.group_id}: not held yet, its node daemon has no key")
+        return f"{node}.{alloc.alloc_id}"
+
+    def budget_gib(self, alloc: AllocRow) -> float:
+        """The warm state its node daemons may keep: the node's ``host_mem_gib``, in
+        proportion to a share's GPUs."""
+        pool = self._pool(alloc)
+        if not self.share(alloc):
+            return pool.host_mem_gib
+        return pool.host_mem_gib * alloc.gpus_per_node / pool.gpus_per_node
+
     def command(self, alloc: AllocRow) -> tuple[str, ...]:
         """The node daemon's argv (no shell: ``weave node serve`` expands ``{node}`` from
         ``SLURMD_NODENAME`` and takes its socket from ``WEAVE_NODE_SOCKET``)."""
         if self.s.node_command is not None:
             return self.s.node_command
-        pool = self.site.rollout if alloc.role == "rollout" else self.site.train
         base = self.checkpoint_base
         assert base is not None
+        key = self.node_key(alloc, "{node}")
         argv = [self.s.python, "-m", "weave_slurm.cli.node", "serve",
-                "--host-mem-gib", f"{pool.host_mem_gib:g}",
-                "--root", f"{self._instanced(self.s.shm_root)}/{{node}}",
-                "--socket", f"{self.socket_dir}/node-{{node}}.sock",
+                "--host-mem-gib", f"{self.budget_gib(alloc):g}",
+                "--root", f"{self._instanced(self.s.shm_root)}/{key}",
+                "--socket", f"{self.socket_dir}/node-{key}.sock",
                 "--checkpoint-interval-s", "0", "--checkpoint-root", f"{base}/{{node}}"]
         if self.s.remote:   # its allocation watch: every 30 s or $WEAVE_NODE_ALLOCATION_WATCH_S
             argv += ["--listen-port", "0", "--trusted-uid", str(os.getuid())]
@@ -166,9 +206,8 @@ class NodeDaemons:
         """The node-daemon step of an allocation, one task per node: a plain argv (no
         shell; ``weave node serve`` expands ``{node}`` itself) and, for a site's own
         node command, the group, pool, budget and socket directory in its environment."""
-        pool = self.site.rollout if alloc.role == "rollout" else self.site.train
         env = {"WEAVE_GROUP": group.label, "WEAVE_POOL": alloc.pool,
-               "WEAVE_SHM_BUDGET_GIB": f"{pool.host_mem_gib:g}",
+               "WEAVE_SHM_BUDGET_GIB": f"{self.budget_gib(alloc):g}",
                "WEAVE_NODE_SOCKET_DIR": str(self.socket_dir)}
         return StepSpec(name=NODE_STEP, argv=self.command(alloc), ntasks=alloc.node_count,
                         node_count=alloc.node_count, env=env, log_path=self.log_path(alloc))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from weave_slurm.config.job import JobSpec
@@ -91,13 +91,19 @@ class GroupPlan:
 
     ``colocated``: placement co-located the group (placement.group.colocated_group): its
     members roll out on their own training nodes, it holds no rollout node and their
-    pins are empty."""
+    pins are empty.
+
+    ``rollout_gpus``: the group's pool, as GPUs per rollout slot: each rollout
+    allocation it asks for holds that many GPUs of each of its nodes (a *share*, which
+    another group's share may sit beside; daemon/allocplan.py, "Shares"). None: whole
+    nodes."""
 
     rollout_nodes: int
     train_nodes: int
     members: tuple[MemberPlan, ...]
     then: GroupPlan | None = None
     colocated: bool = False
+    rollout_gpus: int | None = None
 
     def to_json(self) -> str:
         return json.dumps(self._raw())
@@ -110,6 +116,8 @@ class GroupPlan:
                         for m in self.members]}
         if self.colocated:
             raw["colocated"] = True
+        if self.rollout_gpus is not None:
+            raw["rollout_gpus"] = self.rollout_gpus
         if self.then is not None:
             raw["then"] = self.then._raw()
         return raw
@@ -120,12 +128,13 @@ class GroupPlan:
 
     @classmethod
     def _of(cls, raw: dict[str, Any]) -> GroupPlan:
-        then = raw.get("then")
+        then, gpus = raw.get("then"), raw.get("rollout_gpus")
         return cls(int(raw["rollout_nodes"]), int(raw["train_nodes"]),
                    tuple(MemberPlan(int(m["job"]), tuple(int(p) for p in m["pins"]),
                                     int(m.get("turns", 1)))
                          for m in raw["members"]),
-                   None if then is None else cls._of(then), bool(raw.get("colocated", False)))
+                   None if then is None else cls._of(then), bool(raw.get("colocated", False)),
+                   None if gpus is None else int(gpus))
 
     @property
     def job_ids(self) -> tuple[int, ...]:
@@ -138,7 +147,7 @@ class GroupPlan:
         then = None if self.then is None else self.then.without(job_ids)
         if then is not None and {m.job_id for m in left} <= set(then.job_ids):
             return then
-        return GroupPlan(self.rollout_nodes, self.train_nodes, left, then, self.colocated)
+        return replace(self, members=left, then=then)
 
     @property
     def leaving_ids(self) -> tuple[int, ...]:

@@ -71,11 +71,17 @@ def job_environment(*, node: str, job_name: str | None, rank: int = 0, local_ran
 def visible_devices(gpus: int, source: Mapping[str, str]) -> dict[str, str]:
     """``CUDA_VISIBLE_DEVICES`` for ``gpus`` GPUs of this node, and ``WEAVE_NODE_GPUS``,
     the node's own list it was taken from (module doc)."""
-    node = source[NODE_GPUS] if NODE_GPUS in source else \
-        source.get("CUDA_VISIBLE_DEVICES", "")
-    ids = [i.strip() for i in node.split(",") if i.strip()]
+    ids = node_gpus(source)
     mine = ids[:gpus] if ids else [str(i) for i in range(gpus)]
     return {"CUDA_VISIBLE_DEVICES": ",".join(mine), NODE_GPUS: ",".join(ids)}
+
+
+def node_gpus(source: Mapping[str, str]) -> list[str]:
+    """The node's GPUs as its allocation named them to the node daemon (its step's
+    ``CUDA_VISIBLE_DEVICES``, kept as ``WEAVE_NODE_GPUS``): a share's only (module doc)."""
+    node = source[NODE_GPUS] if NODE_GPUS in source else \
+        source.get("CUDA_VISIBLE_DEVICES", "")
+    return [i.strip() for i in node.split(",") if i.strip()]
 
 
 def apply(env: Mapping[str, str]) -> None:

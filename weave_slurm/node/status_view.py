@@ -1,14 +1,17 @@
-"""The node daemon's ``status`` reply: memory, jobs and their segments, workers, and
-the node's device tenants (one's own jobs only; root sees all)."""
+"""The node daemon's ``status`` reply: memory, jobs and their segments, workers, the
+node's device tenants (one's own jobs only; root sees all), and the allocation it runs
+in with the GPUs its step got (what the workers it starts inherit)."""
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any, Protocol
 
 from weave_slurm.node.autosave import AutosaveTimer
 from weave_slurm.node.budget import MemoryBudget
 from weave_slurm.node.index import JobRef
+from weave_slurm.node.job_env import node_gpus
 from weave_slurm.node.pool import ResidentPool
 from weave_slurm.node.registry import JobRegistry
 from weave_slurm.node.segments import SegmentStore
@@ -51,4 +54,5 @@ def node_status(d: Daemon, uid: int) -> dict[str, Any]:
     device["tenants"] = {k: v for k, v in device["tenants"].items() if k in mine}
     if uid != 0:
         device["last"] = None
-    return {"root": str(d.store.root), "memory": memory, "jobs": jobs, "device": device}
+    return {"root": str(d.store.root), "memory": memory, "jobs": jobs, "device": device,
+            "allocation": os.environ.get("SLURM_JOB_ID"), "gpus": node_gpus(os.environ)}
