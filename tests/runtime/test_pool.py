@@ -107,3 +107,41 @@ def test_a_training_step_merges_the_slices_its_batch_was_rolled_out_as() -> None
     m.version = 1
     m.rolled_as(1, 4)
     assert m.sliced == {1: 4}                     # the trained batch is forgotten
+
+
+def test_a_width_change_is_pending_until_a_phase_boundary_and_moves_the_engines() -> None:
+    """Against scripted node daemons: the same pins and pool are no change; a new pool
+    on the same nodes is; a bad one is refused; at the boundary the engines follow
+    (engine 1 leaves h20-1 for h20-0) and the new ones are registered where they run."""
+    from tests.runtime.test_runner_fake import FakeClock, FakeNode
+    from weave_slurm.node.protocol import Op
+    from weave_slurm.runtime.group import GroupLayout
+    from weave_slurm.runtime.port import GroupPort
+    from weave_slurm.runtime.port_commands import Repin
+    from weave_slurm.runtime.runner import GroupRunner
+
+    log: list[tuple[str, Op, str]] = []
+    paths = (Path("/nowhere/r0.sock"), Path("/nowhere/r1.sock"), Path("/nowhere/t.sock"))
+    nodes = {p: FakeNode(log, n) for p, n in zip(paths, ("h20-0", "h20-1", "h800-0"),
+                                                 strict=True)}
+    rollout = tuple(NodeRef(f"h20-{i}", Pool.ROLLOUT, paths[i]) for i in range(2))
+    layout = GroupLayout(rollout, (NodeRef("h800-0", Pool.TRAIN, paths[2]),))
+    spec = MemberSpec("p", options=PER_PROMPT, rollout_pins=(0, 1), pool=(1, 1))
+    ex = GroupRunner(layout, [spec], clock=FakeClock(), client_factory=lambda p: nodes[p])
+    port, m = GroupPort(ex), ex.members["p"]
+    assert m.engines is not None and [(s.job.job_id, s.node.name) for s in m.engines.slots] \
+        == [("p", "h20-0"), ("p.e1", "h20-1")]
+    port.apply(Repin("p", (0, 1), (1, 1)))
+    assert m.repin is None                                  # nothing changes
+    with pytest.raises(ConfigError, match=r"member 'p': pool=\[2, 0\] with 1 GPU"):
+        port.apply(Repin("p", (0, 1), (2, 0)))
+    port.apply(Repin("p", (0, 1), (2, 2)))
+    assert m.repin == rollout and m.repool == (2, 2)        # the same nodes, wider
+    ex.tick()                                               # no phase in flight: it moves
+    assert m.repin is None and m.spec.pool == (2, 2) and m.engines.size == 4
+    assert [(s.job.job_id, s.node.name) for s in m.engines.slots] == [
+        ("p", "h20-0"), ("p.e1", "h20-0"), ("p.e2", "h20-1"), ("p.e3", "h20-1")]
+    assert ("h20-1", Op.DROP, "p.e1") in log                # engine 1 left h20-1
+    assert not [j for n, op, j in log if op is Op.DROP and j in ("p", "p.e2")]
+    registered = {(n, j) for n, op, j in log if op is Op.REGISTER}
+    assert {("h20-0", "p.e1"), ("h20-1", "p.e2"), ("h20-1", "p.e3")} <= registered

@@ -143,3 +143,35 @@ def test_a_killed_engine_of_a_pooled_member_is_recovered(pool_fleet: NodeFleet) 
         assert not pid_alive(killed[0])
     finally:
         leave_all(ex, [spec])
+
+
+def test_a_width_change_between_a_rollout_and_its_training_step(
+        pool_fleet: NodeFleet) -> None:
+    """``pb`` (2 engines) is widened to 4 while its batch of 2 slices waits for the
+    training node (``side`` trains there): that step merges 2 slices, the next 4."""
+    spec = MemberSpec("pb", seed=63, steps=5, options=PER_PROMPT, rollout_pins=(0, 1),
+                      pool=(1, 1))
+    side = MemberSpec("side", seed=64, steps=5, options=OPTIONS, rollout_pins=(1,))
+    ex = GroupRunner(pool_fleet.layout, [spec, side])  # type: ignore[arg-type]
+    port = GroupPort(ex)
+    asked: list[tuple[int, int]] = []   # (batch waiting, its slices)
+
+    def widen_while_it_waits(runner: GroupRunner) -> None:
+        m = runner.members["pb"]
+        if not asked and m.state is MemberState.READY and m.next_kind is Phase.TRAIN \
+                and m.rolled >= 1:
+            port.apply(Repin("pb", (0, 1), (2, 2)))
+            asked.append((m.rolled - 1, m.slices_of(m.rolled - 1)))
+
+    try:
+        ex.run(timeout_s=600, on_tick=widen_while_it_waits)
+        assert asked, "pb never waited for the training node with a batch"
+        assert asked[0][1] == 2
+        member = ex.members["pb"]
+        assert member.state is MemberState.DONE, member.event()
+        assert member.recoveries == 0 and member.fault is None
+        assert member.engines is not None and member.engines.size == 4
+        for s in (spec, side):
+            assert_same_as_solo(ex, s)
+    finally:
+        leave_all(ex, [spec, side])

@@ -82,7 +82,7 @@ class Relayout:
             if member.repin is None or member.runs or member.deferred:
                 continue
             if member.state in ENDED:
-                member.repin = None
+                member.repin = member.repool = None
                 continue
             self._move_rollout(member, member.repin)
             moved = True
@@ -100,8 +100,9 @@ class Relayout:
             if node not in new:   # its rollout state there (its checkpoints are on its
                 self.lc.link.best_effort(node, Op.DROP, job=job_id)   # training node)
         added = [n for n in new if n not in old]
-        log.info("job %s: rollout moved from %s to %s", job_id,
-                 ", ".join(n.name for n in old), ", ".join(n.name for n in new))
+        log.info("job %s: rollout moved from %s to %s (%d engine(s))", job_id,
+                 ", ".join(n.name for n in old), ", ".join(n.name for n in new),
+                 1 if member.engines is None else member.engines.size)
         if member.state is not MemberState.READY:
             return   # nothing warm to move: its first phase or its recovery puts it there
         owner = {} if member.spec.uid is None else {"uid": member.spec.uid}
