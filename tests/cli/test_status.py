@@ -118,6 +118,7 @@ def test_status_long_and_show_job_print_each_members_layout(
     assert train == "layout.train=h800-0:ranks=0-7 h800-1:ranks=8-15"
     rollout = next(line for line in shown if line.startswith("layout.rollout="))
     assert rollout == "layout.rollout=h20-0:engines=0-3 h20-1:engines=4-7 gpus_per_engine=2"
+    assert "layout.pooling=poolable (any width)" in shown      # its sampling is per_prompt
     assert not any(line.startswith("layout.runs=") for line in shown)   # idle driver
     assert run_app(_app(), "weave", ["show", "job", str(wide), "--json", *s]) == 0
     lay = json.loads(capsys.readouterr().out)["layout"]
@@ -138,6 +139,8 @@ def test_layout_cell_and_lines_without_a_stored_layout() -> None:
     assert layout_lines(lay) == ["layout=w", "layout.train=a:ranks=0-4 ?:ranks=5-8",
                                  "layout.rollout=r:engines=0 gpus_per_engine=4",
                                  "layout.runs=only rank 0"]
+    assert layout_lines({**lay, "pooling": "not poolable: why"})[-1] == \
+        "layout.pooling=not poolable: why"
 
 
 def test_groups_marks_a_job_moving_out_and_in(monkeypatch: pytest.MonkeyPatch,

@@ -95,6 +95,18 @@ def test_layout_row_names_the_nodes_of_ranks_and_engines() -> None:
     assert layout_row(_job(WIDE), GROUP, ALLOCS, hosted=False)["runs"] is None  # type: ignore[index]
 
 
+def test_layout_row_says_whether_a_pooled_group_may_spread_the_rollout() -> None:
+    """The spec's sampling decides for the reference job (workloads/builtins.py)."""
+    row = layout_row(_job(WIDE), GROUP, ALLOCS, hosted=True)
+    assert row is not None and row["pooling"] == (
+        "not poolable: options.sampling = 'batch': its stream depends on how the prompts "
+        "are split over engines (valid for pooling: 'per_prompt')")
+    per_prompt = job_spec_toml("x", rollout_gpus=16, train_gpus=16, engine_gpus=2,
+                               options={"sampling": "per_prompt"})
+    row = layout_row(_job(per_prompt), GROUP, ALLOCS, hosted=True)
+    assert row is not None and row["pooling"] == "poolable (any width)"
+
+
 def test_layout_row_before_placement_and_of_one_rank() -> None:
     pending = layout_row(_job(WIDE, JobState.PENDING), None, {}, hosted=True)
     assert pending is not None

@@ -4,10 +4,13 @@ a group runner's clean end."""
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Callable, Sequence
 
 import torch
 
+from tests.harness.fleet import NodeFleet
+from tests.harness.processes import node_status, pid_alive
 from tests.harness.solo import run_solo
 from tests.harness.specs import OPTIONS
 from weave_slurm.node.index import JobRef
@@ -68,4 +71,33 @@ def each_change(ex: GroupRunner, fn: Callable[[RunningMember, MemberChanged], No
         for event in port.events():
             if isinstance(event, MemberChanged):
                 fn(ex.members[event.job_id], event)
+    return on_tick
+
+
+def worker_pids(fleet: NodeFleet, job: str) -> dict[str, int]:
+    """``node/node-level job -> pid`` of every live resident worker of ``job``, its
+    training ranks' (``<job>.r<r>``) and its rollout engines' (``<job>.e<e>``)."""
+    out: dict[str, int] = {}
+    assert fleet.layout is not None
+    for ref in (*fleet.layout.train, *fleet.layout.rollout):
+        for row in node_status(ref.socket_path)["jobs"]:
+            name, resident = str(row["job"]), row.get("resident") or {}
+            if (name == job or name.startswith((f"{job}.r", f"{job}.e"))) and resident.get("pid") \
+                    and pid_alive(int(resident["pid"])):
+                out[f"{ref.name}/{name}"] = int(resident["pid"])
+    return out
+
+
+def kill_once(fleet: NodeFleet, job: str, victim: str, when: Callable[[RunningMember], bool],
+              killed: list[int]) -> Callable[[GroupRunner], None]:
+    """An ``on_tick`` for ``ex.run``: SIGKILL ``job``'s worker ``victim`` (``node/job``,
+    as :func:`worker_pids` names it) the first time ``when(member)`` holds and it runs;
+    its pid goes into ``killed``."""
+    def on_tick(runner: GroupRunner) -> None:
+        if killed or not when(runner.members[job]):
+            return
+        pid = worker_pids(fleet, job).get(victim)
+        if pid is not None:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
     return on_tick

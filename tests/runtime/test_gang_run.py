@@ -11,8 +11,6 @@ member that leaves leaves no rank process and no segment.
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from collections.abc import Iterator
 
@@ -24,11 +22,12 @@ from tests.harness.processes import node_status, pid_alive
 from tests.harness.solo import run_solo
 from tests.harness.solo_gang import run_solo_gang
 from tests.harness.specs import OPTIONS
-from tests.runtime.helpers import group_weights, leave_all
+from tests.runtime.helpers import group_weights, kill_once, leave_all, worker_pids
 from weave_slurm.hosted.contract import rank_job
 from weave_slurm.model.layout import MemberLayout, RolloutLayout, TrainLayout
 from weave_slurm.runtime.faults import FaultKind
 from weave_slurm.runtime.group import MemberSpec, MemberState
+from weave_slurm.runtime.member import RunningMember
 from weave_slurm.runtime.runner import GroupRunner
 from weave_slurm.vocab import Phase
 
@@ -61,19 +60,6 @@ def _specs(steps: int = STEPS) -> list[MemberSpec]:
 def _same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> list[str]:
     assert sorted(got) == sorted(want)
     return [k for k, v in want.items() if not torch.equal(got[k], v)]
-
-
-def _rank_pids(fleet: NodeFleet, job: str) -> dict[str, int]:
-    """``rank job -> pid`` of every resident worker of ``job``'s ranks on the fleet."""
-    out: dict[str, int] = {}
-    assert fleet.layout is not None
-    for ref in (*fleet.layout.train, *fleet.layout.rollout):
-        for row in node_status(ref.socket_path)["jobs"]:
-            name, resident = str(row["job"]), row.get("resident") or {}
-            if (name == job or name.startswith((f"{job}.r", f"{job}.e"))) and resident.get("pid") \
-                    and pid_alive(int(resident["pid"])):
-                out[f"{ref.name}/{name}"] = int(resident["pid"])
-    return out
 
 
 def _all_gone(pids: dict[str, int], timeout_s: float = 10.0) -> list[str]:
@@ -125,14 +111,14 @@ def test_gangs_of_three_layouts_match_their_solo_runs(gang_fleet: NodeFleet) -> 
         # the world was formed once and kept: every training phase after the first is warm
         assert wide.formations == 1
         running = {k: v for j in ("wide", "pair", "duo")
-                   for k, v in _rank_pids(gang_fleet, j).items()}
+                   for k, v in worker_pids(gang_fleet, j).items()}
         assert {k.split("/")[1] for k in running} >= {   # every rank's and engine's worker
             "wide", "wide.r1", "wide.r2", "wide.r3", "pair", "pair.r1", "duo", "duo.e1"}
     finally:
         leave_all(ex, specs)
     assert _all_gone(running) == []      # leaving stopped them (they were seen above)
     for job in ("wide", "pair", "duo"):
-        assert _rank_pids(gang_fleet, job) == {}, job
+        assert worker_pids(gang_fleet, job) == {}, job
     left = [p for p in gang_fleet.config.shm_dir.rglob("*")
             if p.name in {rank_job(j, r) for j in ("wide", "pair", "duo") for r in range(4)}
             | {"duo.e1"}]
@@ -146,19 +132,13 @@ def test_a_killed_rank_forms_its_gang_again_and_the_others_go_on(
     ex = GroupRunner(gang_fleet.layout, specs)  # type: ignore[arg-type]
     killed: list[int] = []
 
-    def kill_rank_mid_train(runner: GroupRunner) -> None:
-        m = runner.members["wide"]
+    def mid_train(m: RunningMember) -> bool:
         run = m.runs.get(Phase.TRAIN)
-        if killed or run is None or run.init or m.version < 1:
-            return
-        pids = _rank_pids(gang_fleet, "wide")
-        victim = pids.get("h800-1/wide.r3")
-        if victim is not None:
-            os.kill(victim, signal.SIGKILL)
-            killed.append(victim)
+        return run is not None and not run.init and m.version >= 1
 
     try:
-        ex.run(timeout_s=600, on_tick=kill_rank_mid_train)
+        ex.run(timeout_s=600, on_tick=kill_once(gang_fleet, "wide", "h800-1/wide.r3",
+                                                mid_train, killed))
         assert killed, "rank 3 of wide was never seen training"
         wide = ex.members["wide"]
         assert [ex.members[s.job_id].state for s in specs] == [MemberState.DONE] * 3, \
@@ -171,12 +151,12 @@ def test_a_killed_rank_forms_its_gang_again_and_the_others_go_on(
             solo = run_solo_gang(spec)
             assert _same(group_weights(ex, spec.job_id), solo.weights) == [], spec.job_id
         assert not pid_alive(killed[0])
-        running = _rank_pids(gang_fleet, "wide")     # the re-formed gang's workers
+        running = worker_pids(gang_fleet, "wide")     # the re-formed gang's workers
         assert {k.split("/")[1] for k in running} >= {"wide", "wide.r1", "wide.r2", "wide.r3"}
     finally:
         leave_all(ex, specs)
     assert _all_gone(running) == []
-    assert _rank_pids(gang_fleet, "wide") == {}
+    assert worker_pids(gang_fleet, "wide") == {}
 
 
 def test_a_gang_rank_state_lives_on_its_own_node(gang_fleet: NodeFleet) -> None:

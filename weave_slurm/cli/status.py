@@ -424,6 +424,8 @@ def layout_lines(lay: dict[str, Any] | None) -> list[str]:
              + f" gpus_per_engine={r['engine_gpus']}"]
     if lay.get("runs"):
         lines.append(f"layout.runs={lay['runs']}")
+    if lay.get("pooling"):   # may a pooled group spread its rollout over any width
+        lines.append(f"layout.pooling={lay['pooling']}")
     return lines
 
 

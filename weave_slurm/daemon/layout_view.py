@@ -12,10 +12,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from weave_slurm.config.job import LEGACY_ENTRY
 from weave_slurm.daemon import allocplan
 from weave_slurm.daemon.driver import pool_nodes
 from weave_slurm.daemon.records import AllocRow, GroupRow, JobRow
 from weave_slurm.model.layout import MemberLayout
+from weave_slurm.workloads.builtins import pooling_words
 
 #: What the group runtime starts of a layout larger than one rank and one engine on a
 #: site with ``[runtime] gangs = false`` (it starts all of it otherwise).
@@ -48,7 +50,16 @@ def layout_row(job: JobRow, group: GroupRow | None,
             or rollout_names
     return {"words": layout.words(), "train": _train(layout, train_names),
             "rollout": _rollout(layout, rollout_names, pins),
-            "runs": _runs(layout, gangs) if hosted else None}
+            "runs": _runs(layout, gangs) if hosted else None, "pooling": _pooling(job)}
+
+
+def _pooling(job: JobRow) -> str | None:
+    """Whether a pooled group may spread its rollout over any width, in words
+    (``workloads.builtins.not_poolable``; None: its spec is unreadable)."""
+    spec = job.spec
+    if spec is None:
+        return None
+    return pooling_words(spec.entry or LEGACY_ENTRY, spec.options, spec.launch is not None)
 
 
 def _runs(layout: MemberLayout, gangs: bool) -> str | None:

@@ -100,6 +100,10 @@ def _args(ctx: PhaseContext) -> PhaseArgs:
 
 def _runner(ctx: PhaseContext, args: PhaseArgs, role: Role, *, fresh: bool = False) -> JobRunner:
     key = (ctx.job.job_id, role)
+    held = _RUNNERS.get(key)
+    if role is Role.ROLLOUT and held is not None and (   # a pooled member's width changed:
+            held.context.rank, held.context.world_size) != (args.rank, args.world_size):
+        fresh = True   # its share of the prompts is another one
     if fresh or key not in _RUNNERS:
         engine = args.engine_gpus if role is Role.ROLLOUT else None   # the layout's T
         gang: dict[str, Any] = {}

@@ -107,9 +107,10 @@ class Gang:
 
     @classmethod
     def engines_of(cls, spec: MemberSpec, job: JobRef, rollout: Sequence[NodeRef]) -> Gang:
-        """The rollout engines ``spec``'s layout places on its pins (``rollout``: the
-        group's rollout nodes), engine ``e`` the node-level job ``engine_job(job, e)``."""
-        if spec.layout is None:    # one engine, on whichever pin is free
+        """The rollout engines ``spec``'s layout (a pooled member: its pool) places on
+        its pins (``rollout``: the group's rollout nodes), engine ``e`` the node-level
+        job ``engine_job(job, e)``."""
+        if spec.rollout_layout is None:    # one engine, on whichever pin is free
             return cls((RankSlot(0, 0, rollout[spec.rollout_pins[0]], job),), collective=False)
         slots = [RankSlot(engine, local, rollout[pin],
                           JobRef(engine_job(job.job_id, engine), job.uid))

@@ -23,9 +23,10 @@ from weave_slurm.hosted.contract import (
     buffer_name,
     rollout_version,
 )
-from weave_slurm.model.layout import MemberLayout
+from weave_slurm.model.layout import MemberLayout, RolloutLayout
 from weave_slurm.placement.cyclic import MAX_TURNS
 from weave_slurm.runtime.launch_plan import LaunchPlan
+from weave_slurm.runtime.pool import pool_layout, validate_pooled
 from weave_slurm.vocab import Phase, Pool
 
 
@@ -126,6 +127,9 @@ class MemberSpec:
     # its ranks on train_nodes and engines on rollout_pins, node for node (None: one
     # rank, one engine); the runtime runs every rank (runtime/gang.py), one engine
     layout: MemberLayout | None = None
+    # pooled (runtime/pool.py): the group's pool GPUs on each of rollout_pins, in pin
+    # order; its engines are derived from it, not from its layout. None: not pooled
+    pool: tuple[int, ...] | None = None
     checkpoint_every: int = 1                # train steps between node checkpoints
     declared: DeclaredProfile = field(default_factory=DeclaredProfile)
     staleness: int = 0                       # window k: rollout m uses version max(0, m - k)
@@ -162,10 +166,19 @@ class MemberSpec:
         return tuple((n, lay.train.ranks_on(i) if lay is not None else range(1))
                      for i, n in enumerate(self.train_nodes))
 
+    @property
+    def rollout_layout(self) -> RolloutLayout | None:
+        """Its engines on its pins: a pooled member's from its pool
+        (:func:`~weave_slurm.runtime.pool.pool_layout`), else its layout's (None: no
+        layout, one engine)."""
+        if self.pool is not None:
+            return pool_layout(f"member {self.job_id!r}", self.pool, self.engine_gpus)
+        return None if self.layout is None else self.layout.rollout
+
     def placed_engines(self) -> tuple[tuple[int, range], ...]:
         """``(rollout pin, its engine ranks)`` for each of ``rollout_pins``."""
-        lay = self.layout
-        return tuple((p, lay.rollout.engines_on(i) if lay is not None else range(1))
+        lay = self.rollout_layout
+        return tuple((p, lay.engines_on(i) if lay is not None else range(1))
                      for i, p in enumerate(self.rollout_pins))
 
     def gpus_on(self, kind: Phase, index: int = 0) -> int:
@@ -176,7 +189,8 @@ class MemberSpec:
             return 1
         if kind is Phase.TRAIN:
             return len(lay.train.ranks_on(index))
-        return len(lay.rollout.engines_on(index)) * lay.rollout.engine_gpus
+        rollout = self.rollout_layout or lay.rollout
+        return len(rollout.engines_on(index)) * rollout.engine_gpus
 
     @property
     def engine_gpus(self) -> int:
@@ -232,6 +246,8 @@ class MemberSpec:
                               f"distinct indices in 0..{train_nodes - 1}")
         if not isinstance(self.colocated, bool):
             raise ConfigError(f"{where}: colocated={self.colocated!r}; valid: true, false")
+        if self.pool is not None:
+            validate_pooled(self, where)
         if self.colocated:
             if self.rollout_pins:
                 raise ConfigError(f"{where}: co-located, with rollout_pins="
@@ -259,7 +275,7 @@ class MemberSpec:
         lay = self.layout
         if lay is None:
             return
-        pins = () if self.colocated else \
+        pins = () if self.colocated or self.pool is not None else \
             (("rollout_pins", len(self.rollout_pins), lay.rollout.nodes),)
         for key, have, want in (("train_nodes", len(self.train_nodes), lay.train.nodes),
                                 *pins):

@@ -221,8 +221,8 @@ class Lifecycle:
         self.slots.free_run(member.spec.job_id, run)
 
     def set_engines(self, member: RunningMember, whole: bool) -> None:
-        """The member's rollout engines on its pins, when its layout has several (a
-        co-located member has one, in its one worker on its training node)."""
+        """The member's rollout engines on its pins, when its layout (or its pool) has
+        several (a co-located member has one, in its one worker on its training node)."""
         spec = member.spec
         engines = None if spec.colocated else \
             Gang.engines_of(spec, member.job, self.layout.rollout)

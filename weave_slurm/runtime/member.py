@@ -135,11 +135,25 @@ class RunningMember:
     # the rollout nodes it moves to at its next phase boundary (the group's plan re-pinned
     # it): no rollout starts until then (``Relayout.repin``)
     repin: tuple[NodeRef, ...] | None = None
+    repool: tuple[int, ...] | None = None   # ... and the pool it then has (None: unpooled)
     # a re-plan moves it to another group: it trains what it has rolled out, starts no
     # rollout, and is handed off once nothing is in flight (``Lifecycle.hand_offs``)
     handoff: bool = False
     gang: Gang | None = None     # its training ranks (runtime/gang.py), set when it joins
     engines: Gang | None = None  # its rollout engines when more than one (None: one)
+    # step -> the engines its batch was rolled out as (a pooled member's width changes
+    # between a rollout and the training step that merges its slices)
+    sliced: dict[int, int] = field(default_factory=dict)
+
+    def rolled_as(self, step: int, engines: int) -> None:
+        """Rollout ``step`` was ``engines`` slices (batches already trained: forgotten)."""
+        self.sliced = {s: n for s, n in self.sliced.items() if s >= self.version}
+        self.sliced[step] = engines
+
+    def slices_of(self, step: int) -> int:
+        """The slices the training step of ``step`` merges: as its batch was rolled out
+        (one it does not know of, e.g. a previous weaved's: as its engines are now)."""
+        return self.sliced.get(step, 1 if self.engines is None else self.engines.size)
 
     def gang_of(self, kind: Phase, node: NodeRef) -> Gang:
         """Who runs its phase of ``kind`` (on ``node``): its training gang, its rollout

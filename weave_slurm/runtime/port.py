@@ -140,8 +140,8 @@ class GroupPort:
             case Drop(job_id=job_id):
                 for node in (*runner.layout.train, *runner.layout.rollout):
                     runner.link.best_effort(node, Op.DROP, job=job_id)
-            case Repin(job_id=job_id, pins=pins):
-                runner.relayout.repin(lc.member(job_id), pins)
+            case Repin(job_id=job_id, pins=pins, pool=pool):
+                runner.relayout.repin(lc.member(job_id), pins, pool)
             case SetTurns(job_id=job_id, turns=turns):
                 lc.set_turns(job_id, turns)
             case Extend(nodes=nodes):

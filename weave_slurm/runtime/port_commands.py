@@ -86,10 +86,12 @@ class Drop:
 @dataclass(frozen=True)
 class Repin:
     """Move the member's rollouts to the layout's rollout nodes ``pins`` (indices) at
-    its next phase boundary."""
+    its next phase boundary; ``pool``: pooled over that many GPUs on each pin, in pin
+    order (a width change, ``runtime/pool.py``; None: not pooled)."""
 
     job_id: str
     pins: tuple[int, ...]
+    pool: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -303,8 +303,8 @@ class GroupRunner:
             args = dataclasses.replace(args, progress=run_id,
                                        tail_fraction=self.config.tail_fraction)
         gang = member.gang_of(kind, node)
-        if kind is Phase.TRAIN and member.engines is not None:   # it merges their slices
-            args = dataclasses.replace(args, engines=member.engines.size)
+        if kind is Phase.TRAIN:   # it merges the slices its batch was rolled out as
+            args = dataclasses.replace(args, engines=member.slices_of(step))
         if self.coop.owns(member):   # a grant: its own process waits at the gate
             self.coop.grant(member, node, kind, step)
         else:                        # every rank of a training gang at once
@@ -397,9 +397,10 @@ class GroupRunner:
         k = member.staleness
         name = contract.TRAJ if k == 0 else buffer_name(TRAJ_BUFFER, run.step, k)
         member.rolled = run.step + 1
+        engines = member.gang_of(Phase.ROLLOUT, run.node).slots
+        member.rolled_as(run.step, len(engines))
 
         def deliver() -> None:   # each engine's slice from its node (one: the batch)
-            engines = member.gang_of(Phase.ROLLOUT, run.node).slots
             for slot in engines:
                 self.lifecycle.mover.copy(member, contract.traj_part(name, slot.rank,
                                                                      len(engines)),

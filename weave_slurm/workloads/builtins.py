@@ -20,7 +20,7 @@ from typing import Any
 from weave_slurm.config.job import Algorithm, JobSpec, options_dict
 from weave_slurm.errors import ConfigError
 from weave_slurm.model.layout import MemberLayout
-from weave_slurm.workloads.grpo_options import GrpoToyOptions
+from weave_slurm.workloads.grpo_options import GrpoToyOptions, Sampling
 
 #: A built-in's check of its ``[options]`` against the member's layout.
 OptionsCheck = Callable[[dict[str, Any], MemberLayout], None]
@@ -142,6 +142,45 @@ def check_builtin(job: JobSpec, layout: MemberLayout, installed: bool = True) ->
         raise ConfigError(f"{where}: {b.entry} needs {', '.join(missing)}, not installed "
                           f"in the workers' Python: pip install 'weave-slurm[{b.extra}]' "
                           "(docs/deploy.md)")
+
+
+#: Built-ins whose batch depends on their engine count whatever their options, and why.
+_WIDTH_BOUND = {
+    "grpo-toy-vllm": "vLLM batches the requests its own way on each engine: its batch at "
+                     "another engine count is not checked bit-identical",
+    "trl-grpo-tiny": "the TRL job runs one engine (its GRPOTrainer refuses world_size > 1)",
+}
+
+
+def not_poolable(entry: str, options: Any, cooperative: bool = False) -> str | None:
+    """Why a job's rollout result would depend on how many engines it runs as, in words
+    (None: it does not: a pooled group may spread it over any width, docs/runtime.md
+    "Pooled members"). Only what is shown to be width-free is poolable: the reference
+    job's and the DeepSpeed job's rollouts (the same generate) with ``options.sampling
+    = "per_prompt"`` (``bench/rollout_width.py`` checks the merged batch bit-identical
+    at 1, 2, 4 and 8 engines); weave cannot look into a job's own code, nor into a
+    cooperative job's processes. ``cooperative``: the spec has a ``[launch]`` table."""
+    if cooperative:
+        return "a cooperative [launch] job: its own process runs its rollout as one engine"
+    if not is_builtin(entry):
+        return (f"entry {entry!r} is the job's own code: weave cannot tell whether its "
+                "batch depends on the engine count")
+    name = entry[len("builtin:"):]
+    if name not in BUILTINS:
+        return f"entry {entry!r} is no built-in job"
+    if name in _WIDTH_BOUND:
+        return _WIDTH_BOUND[name]
+    sampling = options_dict(options).get("sampling", GrpoToyOptions.sampling)
+    if sampling != Sampling.PER_PROMPT.value:
+        return (f"options.sampling = {sampling!r}: its stream depends on how the prompts "
+                "are split over engines (valid for pooling: 'per_prompt')")
+    return None
+
+
+def pooling_words(entry: str, options: Any, cooperative: bool = False) -> str:
+    """``poolable (any width)`` or ``not poolable: <why>`` (:func:`not_poolable`)."""
+    why = not_poolable(entry, options, cooperative)
+    return "poolable (any width)" if why is None else f"not poolable: {why}"
 
 
 def is_builtin(entry: str) -> bool:
