@@ -19,11 +19,10 @@ from typing import Any
 
 import pytest
 
-from tests.harness.scratch import public_dir, shm_dir
 from tests.harness.solo import run_solo
 from tests.harness.specs import OPTIONS
 from tests.harness.waits import settle, wait_for
-from tests.harness.weaved import call, release_all, rl_config, serve, smoke_site, wait_states
+from tests.harness.weaved import call, release_all, rl_site, serve, wait_states
 from weave_slurm.config.render import job_spec_toml
 from weave_slurm.daemon.allocations import alloc_request
 from weave_slurm.daemon.group_runtime import GroupRuntime
@@ -41,19 +40,14 @@ SEED = 61
 #: Enough iterations that the member still runs after its two moves (each waits for
 #: an allocation and its node daemon to start).
 ITERATIONS = 150
-SITE = """
-[pools.rollout]
-[pools.train]
-[runtime]
-plan_from_measurements = false
-"""
+#: Planned with the declared profile only: a measured one fed back would re-plan the group.
+SITE = "[pools.rollout]\n[pools.train]\n[runtime]\nplan_from_measurements = false\n"
 
 
 @pytest.fixture
 def cfg() -> Iterator[DaemonConfig]:
-    with public_dir("weaved-sh-") as public, shm_dir("weaved-sh-") as shm:
-        (public / "site.toml").write_text(smoke_site(SITE))
-        yield rl_config(public, shm, site_path=public / "site.toml")
+    with rl_site("weaved-sh-", SITE) as config:
+        yield config
 
 
 def _repin(w: Weaved, job: int, slot: int) -> None:

@@ -26,7 +26,9 @@ kept per job inside, and the two shares hold different jobs. Releasing one share
 its daemon, which removes its own store, and touches nothing of the other's. Each
 share's daemon is a step of its allocation, so Slurm gives it its share's GPUs
 (``CUDA_VISIBLE_DEVICES``), which the workers it starts inherit (node/job_env.py). A
-whole-node allocation keeps the per-node names (``<node>``).
+whole-node allocation keeps the per-node names (``<node>``). The key is also the node's
+name in its group's runtime (:meth:`NodeDaemons.ref`: ``NodeRef.name``, the host in
+``NodeRef.host``), so one group may hold two shares of one node.
 """
 
 from __future__ import annotations
