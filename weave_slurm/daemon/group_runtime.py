@@ -134,8 +134,7 @@ class GroupRuntime:
                  observer: TimelineObserver | None = None,
                  node_key: Callable[[AllocRow, str], str] | None = None) -> None:
         self.node_ref = node_ref
-        # the name ``node_ref`` gives a row's node (a share's: its daemon's key; None:
-        # whole nodes only, the node)
+        # a row's node as node_ref names it (a share's: its daemon's key; None: the node)
         self.key = node_key or (lambda alloc, node: node)
         self.observer = observer        # told each runner's phases and copies (metrics)
         self.launcher = launcher        # how sync agents start on remote nodes
@@ -343,9 +342,8 @@ class GroupRuntime:
         return tuple(index[key] for key in keys)
 
     def in_use(self, group_id: int) -> frozenset[str]:
-        """The nodes the group's runtime drives, by name (a share's: its daemon's key;
-        none while it has no runtime); read without waiting on the group (its layout is
-        a frozen value, swapped whole)."""
+        """The nodes (by name) the group's runtime drives (none while it has no runtime);
+        read without waiting on the group (its layout is a frozen value, swapped whole)."""
         port = self.ports.get(group_id)
         if port is None:
             return frozenset()
