@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from tests.harness.specs import typed
@@ -117,3 +119,19 @@ def test_layout_row_before_placement_and_of_one_rank() -> None:
         "train 1x1 rank; rollout 1x1 engine x 1 GPU"
     old = _job(job_spec_toml("x"), profile=simple_profile("9", 4.0, 6.0, 2.0))
     assert layout_row(old, GROUP, ALLOCS, hosted=True) is None
+
+
+def test_layout_row_names_a_share_by_its_node_daemon() -> None:
+    """Two pins on two GPU shares of one host: each named as the runtime names it (its
+    node daemon's key), so the status row tells them apart; whole nodes by the host."""
+    shares = [dataclasses.replace(_alloc(k, "rollout", ("h20-a",)), gpus_per_node=4)
+              for k in (1, 3)]
+    group = GroupRow(1, "1", GroupState.ACTIVE, GroupPlan(2, 2, (MemberPlan(9, (1, 0)),),
+                                                          rollout_gpus=4), 0.0, "")
+    allocs = {1: [shares[0], ALLOCS[1][1], shares[1]]}
+    row = layout_row(_job(WIDE), group, allocs, hosted=True, node_gpus=8)
+    assert row is not None
+    assert [n["node"] for n in row["rollout"]["nodes"]] == ["h20-a.3", "h20-a.1"]
+    whole = layout_row(_job(WIDE), GROUP, ALLOCS, hosted=True, node_gpus=8)
+    assert whole is not None
+    assert [n["node"] for n in whole["rollout"]["nodes"]] == ["h20-c", "h20-a"]

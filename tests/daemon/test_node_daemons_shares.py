@@ -5,6 +5,7 @@ keyed by the allocation; a whole-node allocation keeps the per-node names."""
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -18,6 +19,8 @@ from weave_slurm.daemon.node_daemons import NodeDaemons, NodeDaemonSettings
 from weave_slurm.daemon.records import AllocRow, GroupPlan, GroupRow
 from weave_slurm.daemon.states import AllocState, GroupState
 from weave_slurm.errors import StateError
+from weave_slurm.node.remote import ready_line
+from weave_slurm.slurm.backend import NodeInfo
 from weave_slurm.slurm.local_backend import LocalBackend
 from weave_slurm.vocab import Pool
 
@@ -63,6 +66,40 @@ def test_weaved_reaches_each_share_at_its_own_socket() -> None:
     assert ref.socket_path == Path("/w/state/nodes/node-h20-0.7.sock")
     whole = nodes.ref(_row(1, 8, "7"), "h20-0", Pool.ROLLOUT)
     assert whole.socket_path == Path("/w/state/nodes/node-h20-0.sock")
+
+
+class _Nodes:
+    """The one thing ``ref`` asks Slurm on a remote site: the nodes' addresses."""
+
+    def nodes(self) -> list[NodeInfo]:
+        return [NodeInfo("h20-0", ("h20",), "idle", 32, "h20", 8, address="10.0.0.5")]
+
+
+def test_two_shares_of_one_host_are_two_nodes_each_with_its_port(tmp_path: Path) -> None:
+    """A group's two shares of one host: two refs, named by their daemons' keys, on the
+    same host and address, each at its own socket and the port its own daemon said (in
+    its own step's output, under the host's name: SLURMD_NODENAME)."""
+    settings = NodeDaemonSettings(tmp_path, instance="i1", remote=True,
+                                  node_socket_dir=Path("/run/weave"))
+    nodes = NodeDaemons(settings, default_site(), _Nodes())  # type: ignore[arg-type]
+    rows = [AllocRow(1, 1, "rollout", pool, "h20", 1, 4, "h20", 1, AllocState.HELD, job,
+                     ("h20-0",), "") for pool, job in (("h20-0", "501"), ("h20-1", "502"))]
+    for row, port in zip(rows, (4101, 4102), strict=True):
+        nodes.log_path(row).parent.mkdir(parents=True, exist_ok=True)
+        nodes.log_path(row).write_text(ready_line("h20-0", port) + "\n")
+    one, two = (nodes.ref(r, "h20-0", Pool.ROLLOUT) for r in rows)
+    assert (one.name, two.name) == ("h20-0.501", "h20-0.502")
+    assert one.slurm_host == two.slurm_host == "h20-0"
+    assert one.address == two.address == "10.0.0.5"
+    assert (one.port, two.port) == (4101, 4102)
+    assert (one.socket_path.name, two.socket_path.name) == \
+        ("node-h20-0.501.sock", "node-h20-0.502.sock")
+    assert (one.alloc_id, two.alloc_id) == ("501", "502")
+    nodes.log_path(rows[1]).write_text(ready_line("h20-0", 4203) + "\n")   # relaunched
+    assert nodes.resolve(two).port == 4203 and nodes.resolve(one).port == 4101
+    whole = replace(rows[0], gpus_per_node=8)
+    assert nodes.ref(whole, "h20-0", Pool.ROLLOUT).name == "h20-0"
+    assert nodes.ref(whole, "h20-0", Pool.ROLLOUT).host is None
 
 
 def test_a_whole_node_keeps_the_per_node_names() -> None:

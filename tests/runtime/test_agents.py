@@ -3,6 +3,7 @@ standing in for an agent that says where to meet, joins, or dies before joining.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -71,5 +72,38 @@ def test_agents_that_join_are_up_with_their_own_pids(tmp_path: Path) -> None:
         pids = group.pids()
         assert len(pids) == 2 and all(pid > 0 for pid in pids)
         assert sorted(group.nodes()) == [(Pool.ROLLOUT, "r0"), (Pool.TRAIN, "t0")]
+    finally:
+        group.stop(grace_s=0.5)
+
+
+def test_two_shares_of_one_host_get_an_agent_each_stepped_onto_the_host(
+        tmp_path: Path) -> None:
+    """Two GPU shares of one host are two nodes of the layout: an agent each, keyed by
+    its share's name, each a step on the host Slurm knows (``nodelist``), talking to its
+    own share's node daemon."""
+    shares = tuple(NodeRef(f"h20-0.{job}", Pool.ROLLOUT, tmp_path / f"node-h20-0.{job}.sock",
+                           host="h20-0") for job in (501, 502))
+    layout = GroupLayout(rollout=shares, train=(NodeRef("t0", Pool.TRAIN, tmp_path / "t.sock"),))
+    steps: dict[str, StepSpec] = {}
+
+    def launch(node: NodeRef, spec: StepSpec) -> PipedProcess:
+        assert spec.log_path is not None
+        steps[node.name] = spec
+        rank = "0" if node.pool is Pool.TRAIN else "1"
+        with spec.log_path.open("ab") as err:
+            return subprocess.Popen([sys.executable, "-c", SCRIPTS["ready"], rank],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err)
+    group = AgentGroup(layout, timeout_s=5, start_timeout_s=30, mode="full", launcher=launch)
+    try:
+        group.start()
+        assert sorted(group.nodes()) == [(Pool.ROLLOUT, "h20-0.501"),
+                                         (Pool.ROLLOUT, "h20-0.502"), (Pool.TRAIN, "t0")]
+        assert [steps[k].nodelist for k in ("h20-0.501", "h20-0.502", "t0")] == \
+            [("h20-0",), ("h20-0",), ("t0",)]
+        said = {k: json.loads(s.argv[-1]) for k, s in steps.items()}
+        assert [said[k]["node_socket"] for k in ("h20-0.501", "h20-0.502")] == \
+            [str(n.socket_path) for n in shares]
+        assert said["t0"]["world"] == [["train", "t0"], ["rollout", "h20-0.501"],
+                                       ["rollout", "h20-0.502"]]
     finally:
         group.stop(grace_s=0.5)

@@ -166,7 +166,7 @@ class GroupAllocations:
                     continue   # its call may be under way: returned once it is held
                 steps = self.store.steps(alloc_key=row.key)
                 if any(s.job_id is not None for s in steps) \
-                        or set(row.nodes) & self.driver.in_use(group.group_id):
+                        or self._keys(row) & self.driver.in_use(group.group_id):
                     continue
                 for step in steps:
                     self.end_step(step, now, "its allocation is no longer needed")
@@ -175,6 +175,12 @@ class GroupAllocations:
                 log.info("group %s: returning %s allocation %s: %s", group.group_id,
                          row.role, row.alloc_id or row.pool, why)
                 self.release(row, now, why)
+
+    def _keys(self, row: AllocRow) -> set[str]:
+        """How the driver names ``row``'s nodes (a share's: its node daemons' keys, so
+        another share of the same node in use keeps only its own row)."""
+        gpus = self.pools[row.role].gpus_per_node
+        return {allocplan.node_key(row, n, gpus) for n in row.nodes}
 
     def release(self, alloc: AllocRow, now: float, why: str = "") -> None:
         if alloc.state is AllocState.WANTED:

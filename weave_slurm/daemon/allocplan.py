@@ -41,7 +41,7 @@ from dataclasses import dataclass, replace
 
 from weave_slurm.daemon.records import AllocRow, GroupPlan, MemberPlan
 from weave_slurm.daemon.states import AllocState
-from weave_slurm.errors import ConfigError
+from weave_slurm.errors import ConfigError, StateError
 
 ROLLOUT, TRAIN = "rollout", "train"
 _LIVE = frozenset({AllocState.WANTED, AllocState.ALLOCATING, AllocState.HELD})
@@ -172,6 +172,19 @@ def row_shape(node_gpus: int, node_cpus: int, gpus: int | None = None) -> RowSha
 def is_share(row: AllocRow, node_gpus: int) -> bool:
     """``row`` holds fewer GPUs of its nodes than they have (``node_gpus``)."""
     return 0 < row.gpus_per_node < node_gpus
+
+
+def node_key(row: AllocRow, node: str, node_gpus: int) -> str:
+    """What identifies ``row``'s node daemon on ``node`` (its store, socket and its
+    node in the group's runtime): the node, and for a share its Slurm job id too
+    (``<node>.<job id>``): two shares of one node are two node daemons. StateError
+    for a share not held yet (no job id)."""
+    if not is_share(row, node_gpus):
+        return node
+    if row.alloc_id is None:
+        raise StateError(f"{row.role} allocation {row.pool} of group {row.group_id}: not "
+                         "held yet, its node daemon has no key")
+    return f"{node}.{row.alloc_id}"
 
 
 @dataclass(frozen=True)

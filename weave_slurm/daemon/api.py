@@ -321,7 +321,7 @@ class Api:
                 "window": job.profile.staleness, "staleness": behind,
                 "solo": job.profile.solo,
                 "layout": layout_row(job, group, allocs, self.phase == HOSTED_PHASE,
-                                     self.site.runtime.gangs)}
+                                     self.site.runtime.gangs, self.site.rollout.gpus_per_node)}
 
     def status(self, args: dict[str, Any]) -> dict[str, Any]:
         ids = set(_int_list(args, "jobs"))

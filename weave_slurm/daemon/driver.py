@@ -94,8 +94,9 @@ class Driver(Protocol):
         ...
 
     def in_use(self, group_id: int) -> frozenset[str]:
-        """The group's nodes the driver still uses: an allocation the group no longer
-        needs is returned only once none of its nodes is among them."""
+        """The group's nodes the driver still uses, by name (a share's node: its node
+        daemon's key, ``allocplan.node_key``): an allocation the group no longer needs
+        is returned only once none of its nodes is among them."""
         ...
 
     def start(self) -> None: ...

@@ -131,8 +131,11 @@ class GroupRuntime:
     def __init__(self, node_ref: Callable[[AllocRow, str, Pool], NodeRef],
                  config: GroupRuntimeConfig | None = None,
                  launcher: Launcher | None = None, resolve: Resolver | None = None,
-                 observer: TimelineObserver | None = None) -> None:
+                 observer: TimelineObserver | None = None,
+                 node_key: Callable[[AllocRow, str], str] | None = None) -> None:
         self.node_ref = node_ref
+        # a row's node as node_ref names it (a share's: its daemon's key; None: the node)
+        self.key = node_key or (lambda alloc, node: node)
         self.observer = observer        # told each runner's phases and copies (metrics)
         self.launcher = launcher        # how sync agents start on remote nodes
         self.resolve = resolve          # a remote node daemon's current port
@@ -277,9 +280,9 @@ class GroupRuntime:
                 allocs: Sequence[AllocRow], now: float) -> None:
         """The runtime's rollout nodes and its members' pins follow the group's plan
         (module doc): new nodes added, moved members re-pinned, unused nodes retired."""
-        target = allocplan.kept_nodes(group.plan, allocs)
+        target = {self.key(a, n): (a, n) for a, n in allocplan.kept_nodes(group.plan, allocs)}
         have = {n.name for n in port.layout.rollout}
-        new = [(a, n) for a, n in target if n not in have]
+        new = [an for key, an in target.items() if key not in have]
         if new:
             self._extend(port, group, new, now)
         views = port.members
@@ -293,7 +296,7 @@ class GroupRuntime:
                 port.apply(cmd.Repin(str(m.job_id), pins))
             if member.turns != m.turns:
                 port.apply(cmd.SetTurns(str(m.job_id), m.turns))
-        keep, used = {n for _, n in target}, port.nodes_in_use()
+        keep, used = set(target), port.nodes_in_use()
         idle = [r.name for r in port.layout.rollout if r.name not in keep | used]
         if idle and len(idle) < len(port.layout.rollout):
             port.apply(cmd.Retire(frozenset(idle)))
@@ -325,22 +328,22 @@ class GroupRuntime:
         return group is not None and port is not None and \
             self._pins(port, group, job.job_id, allocs[gid]) is not None
 
-    @staticmethod
-    def _pins(port: GroupPort, group: GroupRow, job_id: int,
+    def _pins(self, port: GroupPort, group: GroupRow, job_id: int,
               allocs: Sequence[AllocRow]) -> tuple[int, ...] | None:
         """Where the plan's pins of ``job_id`` are in the runtime's layout (None: one of
         its nodes is not held, or not in the runtime yet); () for a member of a
         co-located group (it rolls out on its training node)."""
         nodes = allocplan.member_nodes(group.plan, job_id, allocs)
         index = {n.name: i for i, n in enumerate(port.layout.rollout)}
+        keys = [self.key(a, node) for a, node in nodes or ()]
         if nodes is None or (not nodes and not group.plan.colocated) \
-                or any(node not in index for _, node in nodes):
+                or any(key not in index for key in keys):
             return None
-        return tuple(index[node] for _, node in nodes)
+        return tuple(index[key] for key in keys)
 
     def in_use(self, group_id: int) -> frozenset[str]:
-        """The nodes the group's runtime drives (none while it has no runtime); read
-        without waiting on the group (its layout is a frozen value, swapped whole)."""
+        """The nodes (by name) the group's runtime drives (none while it has no runtime);
+        read without waiting on the group (its layout is a frozen value, swapped whole)."""
         port = self.ports.get(group_id)
         if port is None:
             return frozenset()
@@ -354,7 +357,7 @@ class GroupRuntime:
         ``Detach`` decides once the group is active on a new allocation."""
         gid, port = slot.group_id, slot.port
         assert port is not None
-        held = {n for a in allocs if a.state is AllocState.HELD for n in a.nodes}
+        held = {self.key(a, n) for a in allocs if a.state is AllocState.HELD for n in a.nodes}
         lost = [r for r in (*port.layout.rollout, *port.layout.train) if r.name not in held]
         if not lost:
             return []

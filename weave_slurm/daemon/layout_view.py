@@ -3,7 +3,9 @@
 The layout (:mod:`weave_slurm.model.layout`) is stored with the job's profile at
 submission; here it is named on the group's nodes: training node ``i`` is the group's
 ``i``-th held training node (those :func:`~weave_slurm.daemon.driver.job_nodes` names),
-rollout node ``i`` the job's ``i``-th pin. ``runs`` says what the group runtime starts
+rollout node ``i`` the job's ``i``-th pin, named as the group's runtime names it (a GPU
+share's node: its node daemon's key ``<host>.<job id>``, daemon/node_daemons.py).
+``runs`` says what the group runtime starts
 of it, where that is less than the layout (a site with ``[runtime] gangs = false``).
 """
 
@@ -28,11 +30,12 @@ RANK0_ONLY = ("the runtime starts 1 training process (on the first training node
 
 def layout_row(job: JobRow, group: GroupRow | None,
                allocs: Mapping[int, Sequence[AllocRow]], hosted: bool,
-               gangs: bool = True) -> dict[str, Any] | None:
+               gangs: bool = True, node_gpus: int = 0) -> dict[str, Any] | None:
     """The job's layout with node names where its group holds them (``allocs``: every
     row of each group, ended ones too: a pin is a slot numbered over all of them; None:
     a job stored before layouts existed). ``hosted``: weaved's group runtime runs it;
-    ``gangs``: the site's ``[runtime] gangs`` (every training rank runs)."""
+    ``gangs``: the site's ``[runtime] gangs`` (every training rank runs); ``node_gpus``:
+    the rollout pool's GPUs per node (a row of fewer is a share; 0: none is)."""
     layout = job.profile.layout
     if layout is None:
         return None
@@ -46,8 +49,8 @@ def layout_row(job: JobRow, group: GroupRow | None,
         pins = next((m.rollout_pins for m in group.plan.members if m.job_id == job.job_id),
                     ())
         slots = allocplan.held_nodes(rows)
-        rollout_names = [slots[p][1] if p in slots else None for p in pins] \
-            or rollout_names
+        rollout_names = [allocplan.node_key(*slots[p], node_gpus) if p in slots else None
+                         for p in pins] or rollout_names
     return {"words": layout.words(), "train": _train(layout, train_names),
             "rollout": _rollout(layout, rollout_names, pins),
             "runs": _runs(layout, gangs) if hosted else None, "pooling": _pooling(job)}

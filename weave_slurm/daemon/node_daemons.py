@@ -26,7 +26,9 @@ kept per job inside, and the two shares hold different jobs. Releasing one share
 its daemon, which removes its own store, and touches nothing of the other's. Each
 share's daemon is a step of its allocation, so Slurm gives it its share's GPUs
 (``CUDA_VISIBLE_DEVICES``), which the workers it starts inherit (node/job_env.py). A
-whole-node allocation keeps the per-node names (``<node>``).
+whole-node allocation keeps the per-node names (``<node>``). The key is also the node's
+name in its group's runtime (:meth:`NodeDaemons.ref`: ``NodeRef.name``, the host in
+``NodeRef.host``), so one group may hold two shares of one node.
 """
 
 from __future__ import annotations
@@ -106,22 +108,24 @@ class NodeDaemons:
 
     # -- how weaved reaches a node daemon --------------------------------------------
     def ref(self, alloc: AllocRow, node: str, pool: Pool) -> NodeRef:
-        """``node``'s daemon; on Slurm its address and the port it said it got
+        """``node``'s daemon, named by its key (a share's: ``<node>.<job id>``, module
+        doc) on host ``node``; on Slurm its address and the port it said it got
         (``NodeUnavailable`` until it said so)."""
         key = self.node_key(alloc, node)
+        host = None if key == node else node
         socket, log = self.socket_dir / f"node-{key}.sock", self.log_path(alloc)
         if not self.s.remote:   # started by weaved's node-daemon step (``step``)
-            return NodeRef(node, pool, socket, step_log=log)
-        self._logs[(alloc.alloc_id, node)] = log
-        return NodeRef(node, pool, socket, self.address(node), self._port(log, node),
-                       alloc.alloc_id, step_log=log)
+            return NodeRef(key, pool, socket, step_log=log, host=host)
+        self._logs[(alloc.alloc_id, key)] = log
+        return NodeRef(key, pool, socket, self.address(node), self._port(log, node),
+                       alloc.alloc_id, step_log=log, host=host)
 
     def resolve(self, node: NodeRef) -> NodeRef:
         """``node`` with the port its daemon said last (a relaunched daemon's new one)."""
         log = self._logs.get((node.alloc_id, node.name))
         if not node.remote or log is None:
             return node
-        return replace(node, port=self._port(log, node.name))
+        return replace(node, port=self._port(log, node.slurm_host))
 
     @staticmethod
     def _port(log: Path, node: str) -> int:
@@ -166,12 +170,7 @@ class NodeDaemons:
     def node_key(self, alloc: AllocRow, node: str) -> str:
         """What ``alloc``'s daemon on ``node`` keys its store and socket by:
         the node, and for a share its Slurm job id too (module doc)."""
-        if not self.share(alloc):
-            return node
-        if alloc.alloc_id is None:
-            raise StateError(f"{alloc.role} allocation {alloc.pool} of group "
-                             f"{alloc.group_id}: not held yet, its node daemon has no key")
-        return f"{node}.{alloc.alloc_id}"
+        return allocplan.node_key(alloc, node, self._pool(alloc).gpus_per_node)
 
     def budget_gib(self, alloc: AllocRow) -> float:
         """The warm state its node daemons may keep: the node's ``host_mem_gib``, in

@@ -239,7 +239,8 @@ class Weaved:
             poll_s=cfg.runtime_poll_s, runner=runner, checkpoint_base=base),
             launcher=self.nodes.launch_agent if self.nodes.s.remote else None,
             resolve=self.nodes.resolve if self.nodes.s.remote else None,
-            observer=self.metrics.runtime if self.metrics else None)
+            observer=self.metrics.runtime if self.metrics else None,
+            node_key=self.nodes.node_key)
 
     def run(self) -> None:
         """Serve and reconcile until :meth:`stop`."""

@@ -123,7 +123,7 @@ class AgentGroup:
         spec = AgentSpec(rank, world, init, str(node.socket_path), self.timeout_s, self.mode)
         log_path = self.dir / f"agent{rank}-{node.name}.err"
         step = StepSpec(STEP_NAME, (self.python, "-m", "weave_slurm.sync.agent", spec.dumps()),
-                        ntasks=1, node_count=1, nodelist=(node.name,),
+                        ntasks=1, node_count=1, nodelist=(node.slurm_host,),
                         env={"OMP_NUM_THREADS": "1"}, log_path=log_path)
         proc = self.launcher(node, step)
         self._agents[(pool, node.name)] = _Agent((pool, node.name), rank, proc, log_path)

@@ -83,7 +83,13 @@ TRANSITIONS: dict[MemberState, frozenset[MemberState]] = {
 class NodeRef:
     """One node of the group, and how weaved reaches its node daemon: over TCP at
     ``address:port`` (munge-authenticated: weaved on another host), else at its
-    node-local ``socket_path`` (weaved on the node's host: the local backend)."""
+    node-local ``socket_path`` (weaved on the node's host: the local backend).
+
+    A node of the group is a node daemon: ``name`` identifies it inside weaved (layout,
+    pins, slots, agents, views), ``host`` is the Slurm host it runs on (step nodelists,
+    ``NodeAddr``, ready lines, checkpoint directories). They differ for a GPU share,
+    whose ``name`` is its daemon's key ``<host>.<Slurm job id>``, so two shares of one
+    host are two nodes of one group (daemon/node_daemons.py, "Shares"); None: ``name``."""
 
     name: str
     pool: Pool
@@ -95,10 +101,16 @@ class NodeRef:
     # weaved's host (a daemon not answering yet is waited for, not started by hand);
     # None: a daemon weaved does not start (the site's, a test's): 'weave node serve'
     step_log: Path | None = field(default=None, compare=False)
+    host: str | None = None         # the Slurm host, where it is not ``name`` (a share)
 
     @property
     def remote(self) -> bool:
         return self.address is not None
+
+    @property
+    def slurm_host(self) -> str:
+        """The Slurm host its daemon runs on (``name`` for a whole node)."""
+        return self.name if self.host is None else self.host
 
 
 @dataclass(frozen=True)
@@ -296,6 +308,13 @@ class GroupLayout:
         if not self.train:
             raise ConfigError("group layout: needs at least one training node (got "
                               f"{len(self.rollout)} rollout and 0 training nodes)")
+        for pool, refs in (("rollout", self.rollout), ("train", self.train)):
+            names = [n.name for n in refs]
+            twice = sorted({n for n in names if names.count(n) > 1})
+            if twice:
+                raise ConfigError(f"group layout: {pool} node(s) {', '.join(twice)} listed "
+                                  "twice; each node of a layout is one node daemon (two "
+                                  "GPU shares of one host: '<host>.<job id>' each)")
         both = sorted({n.name for n in self.rollout} & {n.name for n in self.train})
         if both:
             raise ConfigError(f"group layout: {', '.join(both)} in both pools; a member "

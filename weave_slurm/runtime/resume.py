@@ -133,7 +133,7 @@ def handoff_resume(m: RunningMember, base: Path | None, source: str) -> Resume:
         return Resume(ResumeKind.FAILED,
                       f"a re-plan moved it from {source}, but no checkpoint of it is under "
                       f"its training node's root on a shared file system "
-                      f"({base / m.train_node.name if base else 'none configured'}); "
+                      f"({base / m.train_node.slurm_host if base else 'none configured'}); "
                       "not resumable")
     root, version = carry
     return moved_with(source, root, version, _rank_roots(m, root))
@@ -152,7 +152,7 @@ def moved_with(source: str, root: Path, version: int,
 
 def _rank_roots(m: RunningMember, root: Path) -> tuple[Path, ...]:
     """The checkpoint roots of its training gang's ranks 1.., beside rank 0's ``root``."""
-    return tuple(root.parent / s.node.name for s in m.gang.others) if m.gang else ()
+    return tuple(root.parent / s.node.slurm_host for s in m.gang.others) if m.gang else ()
 
 
 def carried_checkpoint(m: RunningMember, base: Path | None) -> tuple[Path, int] | None:
@@ -160,7 +160,7 @@ def carried_checkpoint(m: RunningMember, base: Path | None) -> tuple[Path, int] 
     training node, when weaved can see that node's root (None: no such checkpoint)."""
     if base is None:
         return None
-    root = base / m.train_node.name
+    root = base / m.train_node.slurm_host
     version = checkpoint_version(root, m.job)
     return (root, version) if version is not None else None
 
