@@ -105,7 +105,7 @@ class ChaosPlan:
     quiet_steps: int = 2       # the quiet user's one job
     max_running: int = 2       # [limits.user]
     max_pending: int = 3
-    slurmd_stop_s: float = 15  # below SlurmdTimeout: Slurm does not give up on the node
+    slurmd_stop_s: float = 10  # below SlurmdTimeout (30 s): Slurm does not give up on the node
     timeout_s: float = 420     # for every job to end
 
 

@@ -445,8 +445,8 @@ def node_down(p: Place, role: str, name: str, seed: int,
 @pytest.mark.parametrize("how", ["cut-off", "set-down"])
 def test_rollout_node_down_reprovisions_and_readmits(place: Place, how: str) -> None:
     """``cut-off``: the rollout node's host is cut off the network (lost for real):
-    weaved loses its node daemon at once, Slurm the node after SlurmdTimeout (60 s,
-    about 90 s in all here). ``set-down``: the admin sets it DOWN; Slurm ends the
+    weaved loses its node daemon at once, Slurm the node after SlurmdTimeout (30 s,
+    about 45 s in all here). ``set-down``: the admin sets it DOWN; Slurm ends the
     allocation and its steps at once, while the host is up."""
     fault, replace_s = (cut_link, 180) if how == "cut-off" else (set_down, 60)
     alloc, seen, _, _ = node_down(place, "rollout", "dn", 81, fault=fault,
@@ -461,7 +461,7 @@ def test_rollout_node_down_reprovisions_and_readmits(place: Place, how: str) -> 
 @pytest.mark.slow
 def test_stopped_slurmd_node_is_replaced_and_its_members_readmitted(place: Place) -> None:
     """A stopped slurmd: the node daemon and workers on it keep running (the jobs go on
-    there), until Slurm marks the node DOWN after SlurmdTimeout (60 s, about 90 s in
+    there), until Slurm marks the node DOWN after SlurmdTimeout (30 s, about 45 s in
     all here) and ends the allocation; weaved treats it as the lost allocation it is.
     The jobs would run 100,000 steps, so that they are still running when Slurm gives
     up; once both trained further on the new allocation they are cancelled (the

@@ -309,7 +309,7 @@ def render_slurm_conf(layout: ClusterLayout, paths: ClusterPaths, ports: Cluster
         "MinJobAge=30",
         "InactiveLimit=0",
         "SlurmctldTimeout=30",
-        "SlurmdTimeout=60",
+        "SlurmdTimeout=30",
     ]
     for pool in layout.pools:
         for name in pool.node_names():
