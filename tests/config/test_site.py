@@ -81,3 +81,14 @@ def test_colocation_is_unset_by_default_and_read_as_a_boolean() -> None:
     assert on.limits.colocation is True
     with pytest.raises(ConfigError, match=r"'limits.colocation'.* must be a boolean"):
         parse_site(MINIMAL + "[limits]\ncolocation = 'yes'\n", "site.toml")
+
+
+def test_rollout_sharing_is_pinned_by_default_and_one_of_two_words() -> None:
+    assert parse_site(MINIMAL).limits.rollout == "pinned"
+    assert parse_site(MINIMAL + "[limits]\nrollout = 'pooled'\n").limits.rollout == "pooled"
+    with pytest.raises(ConfigError, match=r"'limits.rollout'.*valid choices: pinned, pooled"):
+        parse_site(MINIMAL + "[limits]\nrollout = 'shared'\n", "site.toml")
+    with pytest.raises(ConfigError, match=r"site.toml: \[limits\] rollout = 'pooled' with "
+                       r"\[runtime\] gangs = false.*valid: gangs = true"):
+        parse_site(MINIMAL + "[limits]\nrollout = 'pooled'\n[runtime]\ngangs = false\n",
+                   "site.toml")

@@ -145,3 +145,21 @@ def test_a_width_change_is_pending_until_a_phase_boundary_and_moves_the_engines(
     assert not [j for n, op, j in log if op is Op.DROP and j in ("p", "p.e2")]
     registered = {(n, j) for n, op, j in log if op is Op.REGISTER}
     assert {("h20-0", "p.e1"), ("h20-1", "p.e2"), ("h20-1", "p.e3")} <= registered
+
+
+def test_a_pool_of_several_engines_is_refused_where_a_member_is_one_process() -> None:
+    """``[runtime] gangs = false`` starts one process a member: a pool it would run on one
+    engine is refused in one line rather than run narrower than placed."""
+    from tests.runtime.test_runner_fake import FakeClock, FakeNode
+    from weave_slurm.runtime.group import GroupLayout
+    from weave_slurm.runtime.member import RunnerConfig
+    from weave_slurm.runtime.runner import GroupRunner
+
+    paths = (Path("/nowhere/r0.sock"), Path("/nowhere/t.sock"))
+    nodes = {p: FakeNode([], n) for p, n in zip(paths, ("h20-0", "h800-0"), strict=True)}
+    layout = GroupLayout((NodeRef("h20-0", Pool.ROLLOUT, paths[0]),),
+                         (NodeRef("h800-0", Pool.TRAIN, paths[1]),))
+    spec = MemberSpec("p", options=PER_PROMPT, rollout_pins=(0,), pool=(2,))
+    with pytest.raises(ConfigError, match=r"member 'p': pooled over 2 engines .* gangs = true"):
+        GroupRunner(layout, [spec], clock=FakeClock(), client_factory=lambda p: nodes[p],
+                    config=RunnerConfig(gangs=False))

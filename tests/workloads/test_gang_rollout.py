@@ -64,6 +64,19 @@ def test_engines_make_the_single_engine_batch(options: dict[str, object]) -> Non
         _assert_same_batch(_engine(0, world, **options).merge_rollouts(parts), one)
 
 
+@pytest.mark.parametrize("options", [PER_PROMPT, LONG_TAIL], ids=["fixed", "long-tail"])
+def test_more_engines_than_prompts_make_the_single_engine_batch(
+        options: dict[str, object]) -> None:
+    """A pool wider than a rollout's prompts (6 prompts, 8 engines): the engines past
+    the prompts have no share, return no rows and no metric, and the batch is still
+    the one engine's, metrics included."""
+    one = _engine(0, 1, **options).rollout(0)
+    parts = [_engine(r, 8, **options).rollout(0) for r in range(8)]
+    assert [p.trajectories.tensors["prompts"].shape[0] for p in parts] == [4] * 6 + [0] * 2
+    assert parts[-1].metrics == {}
+    _assert_same_batch(_engine(0, 8, **options).merge_rollouts(parts), one)
+
+
 def test_engines_with_trained_weights_make_the_single_engine_batch() -> None:
     train = JobRunner(GrpoToyJob(), JobContext("e", Role.TRAIN, 5, dict(PER_PROMPT)))
     train.train(train.rollout(0))

@@ -73,6 +73,10 @@ class LimitsConfig:
     # docs/placement.md "Co-location"); None: not set (the simulator's default is on,
     # weaved's off: daemon/colocating.py)
     colocation: bool | None = None
+    # how weaved's groups hold their rollout side: "pinned" (whole nodes, each member
+    # pinned to some) or "pooled" (GPU shares every member's rollout spans in turn:
+    # daemon/pooling.py); the simulator's is its --rollout flag
+    rollout: str = "pinned"
     user: JobLimits = NO_LIMITS        # [limits.user]: what one user may have
     account: JobLimits = NO_LIMITS     # [limits.account]: one account, its users together
     # Slurm's associations and QOS limits too, read with sacctmgr (docs/fairshare.md)
@@ -215,6 +219,7 @@ def _site_from_data(data: object, source: str) -> SiteConfig:
                 "max_rollout_nodes_per_group", limits.max_rollout_nodes_per_group, ge=1),
             colocation=ltab.boolean("colocation", False) if ltab.has("colocation")
             else limits.colocation,
+            rollout=ltab.string("rollout", limits.rollout, choices=("pinned", "pooled")),
             user=read_limits(ltab.table("user", required=False)),
             account=read_limits(ltab.table("account", required=False)),
             from_slurm=ltab.boolean("from_slurm", limits.from_slurm),
@@ -240,6 +245,11 @@ def _site_from_data(data: object, source: str) -> SiteConfig:
         default_slo = defaults.number("slo", default_slo, ge=1.0)
         defaults.done()
     top.done()
+    if limits.rollout == "pooled" and not runtime.gangs:
+        raise ConfigError(f"{source}: [limits] rollout = 'pooled' with [runtime] gangs = "
+                          "false: a pooled member's rollout runs as one engine per GPU of its "
+                          "pool, which a member of one process cannot; valid: gangs = true, "
+                          "or rollout = 'pinned'")
     return SiteConfig(name=name, currency=currency, rollout=rollout, train=train,
                       network=network, limits=limits, model=model, runtime=runtime,
                       slurm=slurm, fairshare=fairshare, default_slo=default_slo,

@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from weave_slurm.daemon import allocplan, feedback, member_exit
+from weave_slurm.daemon import allocplan, feedback, member_exit, pooling
 from weave_slurm.daemon.driver import JobOutcome, JobStep, pool_nodes
 from weave_slurm.daemon.group_workers import GroupSlot, Rounds, Workers, acquire_all
 from weave_slurm.daemon.handoff import Handoffs
@@ -74,11 +74,7 @@ from weave_slurm.daemon.waits import Deadlines, GroupWaits, WaitCause, answer_ca
 from weave_slurm.errors import WeaveError
 from weave_slurm.runtime import port_commands as cmd
 from weave_slurm.runtime.agents import Launcher
-from weave_slurm.runtime.group import (
-    GroupLayout,
-    MemberState,
-    NodeRef,
-)
+from weave_slurm.runtime.group import GroupLayout, MemberState, NodeRef
 from weave_slurm.runtime.member import RunnerConfig
 from weave_slurm.runtime.nodes import Resolver
 from weave_slurm.runtime.port import GroupPort
@@ -292,8 +288,10 @@ class GroupRuntime:
             if member is None or member.state in _GONE or pins is None \
                     or member.cooperative or member.colocated:   # its nodes are its own
                 continue
-            if tuple(port.layout.rollout[p] for p in pins) != member.next_rollout_nodes:
-                port.apply(cmd.Repin(str(m.job_id), pins))
+            pool = pooling.member_pool(group.plan, m.job_id, allocs)
+            if tuple(port.layout.rollout[p] for p in pins) != member.next_rollout_nodes \
+                    or pool != member.next_pool:   # a pool's width changed too
+                port.apply(cmd.Repin(str(m.job_id), pins, pool))
             if member.turns != m.turns:
                 port.apply(cmd.SetTurns(str(m.job_id), m.turns))
         keep, used = set(target), port.nodes_in_use()
@@ -414,7 +412,9 @@ class GroupRuntime:
                 if resume is not None and resume.kind is ResumeKind.FAILED:
                     return JobOutcome(job.job_id, JobState.FAILED, resume.why)
                 try:
-                    events = port.apply(cmd.Adopt(member_spec(job, group, pins), resume))
+                    pool = pooling.member_pool(group.plan, job.job_id, allocs)
+                    events = port.apply(cmd.Adopt(member_spec(job, group, pins, pool),
+                                                  resume))
                 except WeaveError as exc:
                     return JobOutcome(job.job_id, JobState.FAILED, f"cannot join: {exc}")
                 self.waits.jobs.pop(job.job_id, None)

@@ -13,7 +13,8 @@ from weave_slurm.runtime.group import DeclaredProfile, MemberSpec
 from weave_slurm.runtime.launch_plan import plan_for
 
 
-def member_spec(job: JobRow, group: GroupRow, pins: tuple[int, ...] | None = None) -> MemberSpec:
+def member_spec(job: JobRow, group: GroupRow, pins: tuple[int, ...] | None = None,
+                pool: tuple[int, ...] | None = None) -> MemberSpec:
     """The runtime's view of a stored job: its spec's entry, seed, iterations, options
     and its own code (workdir, python, pythonpath); ``pins``: its rollout nodes' places
     in the runner's layout (default: the plan's pins as they are). Its layout is the
@@ -21,7 +22,10 @@ def member_spec(job: JobRow, group: GroupRow, pins: tuple[int, ...] | None = Non
     training nodes are the group's first ``layout.train.nodes`` training nodes (those
     ``driver.job_nodes`` names), its engines sit on its pins in order. A member of a
     co-located group (``GroupPlan.colocated``) has no pins: it is ``colocated``, its
-    rollout on its training node."""
+    rollout on its training node. A member of a pooled group (``GroupPlan.rollout_gpus``,
+    daemon/pooling.py) has the group's share on each of its pins as its ``pool`` (the
+    plan's shares where ``pool`` is not given): its engines are spread over all of them
+    (runtime/pool.py)."""
     spec = job.readable_spec()
     planned = next((m for m in group.plan.members if m.job_id == job.job_id), None)
     colocated = group.plan.colocated and planned is not None
@@ -40,6 +44,8 @@ def member_spec(job: JobRow, group: GroupRow, pins: tuple[int, ...] | None = Non
                       output=files[0], error=files[1],
                       rollout_pins=tuple(pins) if colocated else tuple(pins) or (0,),
                       colocated=colocated,
+                      pool=None if colocated or group.plan.rollout_gpus is None
+                      else pool or (group.plan.rollout_gpus,) * len(tuple(pins) or (0,)),
                       turns=planned.turns if planned is not None else 1,
                       train_nodes=train, layout=layout,
                       launch=plan_for(spec, str(job.job_id), job.uid),

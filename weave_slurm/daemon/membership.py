@@ -30,10 +30,11 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
-from weave_slurm.daemon import allocplan
+from weave_slurm.daemon import allocplan, pooling
 from weave_slurm.daemon.records import AllocRow, GroupPlan, GroupRow, JobRow, MemberPlan
 from weave_slurm.errors import ConfigError
 from weave_slurm.placement import Capacity, ClusterState, Group, Member, depart
+from weave_slurm.placement.pooled import step_gpus
 from weave_slurm.slurm.backend import DEFAULT_INSTANCE
 
 #: Members of a group in these states count for placement (they hold warm state).
@@ -51,6 +52,11 @@ def plan_of(group: Group, before: GroupPlan | None = None,
             allocs: Sequence[AllocRow] = ()) -> GroupPlan:
     """The stored plan of placement's ``group``, which was ``before`` (None: a new
     group), its node indices named as slots (see module doc)."""
+    if group.pooled:   # a pool of GPU shares: every member on every node of it
+        return pooling.pooled_plan(
+            [(int(m.job.job_id), m.turns) for m in group.members], group.train_nodes,
+            group.pool_gpus, group.gpus_per_node, step_gpus([m.job for m in group.members]),
+            before, allocs)
     slot = _slots_for(group, before, allocs)
     plan = GroupPlan(group.rollout_nodes, group.train_nodes,
                      tuple(MemberPlan(int(m.job.job_id), tuple(slot[p] for p in m.rollout_pins),
@@ -91,17 +97,28 @@ def _slots_for(group: Group, before: GroupPlan | None,
 
 
 def group_model(row: GroupRow, jobs: Mapping[int, JobRow],
-                allocs: Sequence[AllocRow] = ()) -> Group | None:
+                allocs: Sequence[AllocRow] = (), capacity: Capacity | None = None
+                ) -> Group | None:
     """The placement engine's view of a stored group (None if no live member is left);
-    ``allocs``: its allocation rows (without them it sees the pinned nodes only)."""
+    ``allocs``: its allocation rows (without them it sees the pinned nodes only);
+    ``capacity``: what its jobs are planned with (pools on: daemon/pooling.py) and a
+    pool's GPUs are worth."""
+    pooled = capacity is not None and capacity.rollout_pooled
     index = {s: i for i, s in enumerate(node_slots(row.plan, allocs))}
-    members = tuple(Member(jobs[m.job_id].plan_profile.with_id(str(m.job_id)),
-                           tuple(index[p] for p in m.rollout_pins), m.turns)
+    width = pooling.width(row.plan, allocs)
+    members = tuple(Member(pooling.planned(jobs[m.job_id].plan_profile, jobs[m.job_id],
+                                           pooled).with_id(str(m.job_id)),
+                           (0,) if width else tuple(index[p] for p in m.rollout_pins),
+                           m.turns)
                     for m in row.plan.members
                     if m.job_id in jobs and jobs[m.job_id].state.value in _LIVE
                     and jobs[m.job_id].group_id == row.group_id)
     if not members:
         return None
+    if width:   # placement's pool: one node of ``width`` GPUs every member spans
+        gpn = capacity.rollout_gpus_per_node if capacity is not None else 8
+        return Group(row.group_id, members, 1, row.plan.train_nodes, pool_gpus=width,
+                     gpus_per_node=gpn)
     return Group(row.group_id, members, len(index), row.plan.train_nodes,
                  colocated=row.plan.colocated)
 
@@ -112,7 +129,7 @@ def cluster_state(capacity: Capacity, groups: Sequence[GroupRow], jobs: Sequence
     by_id = {j.job_id: j for j in jobs}
     rows = allocs or {}
     shown = [g for g in groups if g.state.value in ("FORMING", "ACTIVE")]
-    models = [group_model(g, by_id, rows.get(g.group_id, ())) for g in shown]
+    models = [group_model(g, by_id, rows.get(g.group_id, ()), capacity) for g in shown]
     closed = frozenset(g.group_id for g in shown if kept_places(g, by_id) or g.plan.colocated)
     return ClusterState(capacity, tuple(m for m in models if m is not None), next_group_id,
                         closed)
@@ -135,8 +152,8 @@ def plan_writes(before: ClusterState, after: ClusterState, groups: Sequence[Grou
     for g in after.groups:
         old = before.by_id.get(g.group_id)
         if old is not None and (old.members, old.rollout_nodes, old.train_nodes,
-                                old.colocated) \
-                == (g.members, g.rollout_nodes, g.train_nodes, g.colocated):
+                                old.colocated, old.pool_gpus) \
+                == (g.members, g.rollout_nodes, g.train_nodes, g.colocated, g.pool_gpus):
             continue
         row = rows.get(g.group_id)
         out.append((g.group_id, group_label(instance, g.group_id),

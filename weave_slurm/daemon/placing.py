@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 
 from weave_slurm.config.site import SiteConfig
-from weave_slurm.daemon import colocating, limits, membership
+from weave_slurm.daemon import colocating, limits, membership, pooling
 from weave_slurm.daemon.accounting_limits import AccountingFeed
 from weave_slurm.daemon.fault_points import FaultPoint, crossing
 from weave_slurm.daemon.records import AllocRow
@@ -80,7 +80,9 @@ class Placer:
                                           self.store.next_group_id(), allocs)
         started = time.perf_counter()   # how long the decision took: not an input to it
         colo = self.capacity.colocation
-        profiles = [colocating.placeable(j, self.site, self.capacity) for j in pending]
+        pooled = self.capacity.rollout_pooled   # a job pools only where it may
+        profiles = [pooling.planned(colocating.placeable(j, self.site, self.capacity), j,
+                                    pooled) for j in pending]
         result = place_batch(self.policy, before, profiles)
         if queue.priority and limits.overtaken(result.decisions):   # fair share first
             result = place_batch(self.policy, before, profiles, ordered=False)

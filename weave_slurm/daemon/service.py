@@ -96,8 +96,9 @@ class DaemonConfig:
 
 def capacity_for(site: SiteConfig, backend: Backend) -> Capacity:
     """The site's capacity, with each pool clamped to the nodes the backend really has;
-    co-location as the site's ``[limits] colocation`` says (unset: off)."""
-    cap = Capacity.from_site(site)
+    co-location as the site's ``[limits] colocation`` says (unset: off), pooled rollout
+    as its ``[limits] rollout`` (daemon/pooling.py)."""
+    cap = Capacity.from_site(site, pooled=site.limits.rollout == "pooled")
     try:
         nodes = backend.nodes()
     except WeaveError as exc:

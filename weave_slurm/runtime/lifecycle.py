@@ -228,6 +228,10 @@ class Lifecycle:
             Gang.engines_of(spec, member.job, self.layout.rollout)
         member.engines = engines if whole and engines is not None and engines.size > 1 \
             else None
+        if spec.pool is not None and not whole and engines is not None and engines.size > 1:
+            raise ConfigError(f"member {spec.job_id!r}: pooled over {engines.size} engines "
+                              "on a runtime that starts one process a member; valid: the "
+                              "site's [runtime] gangs = true")
         if spec.colocated and whole and spec.layout is not None \
                 and spec.layout.rollout.engines > 1:
             raise ConfigError(f"member {spec.job_id!r}: co-located with "

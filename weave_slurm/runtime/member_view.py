@@ -42,11 +42,18 @@ class MemberView:
     rollout_nodes: tuple[NodeRef, ...]
     repin: tuple[NodeRef, ...] | None   # where it moves at its next phase boundary
     measured: MemberProfile | None    # the runtime's measurements of it
+    pool: tuple[int, ...] | None = None    # pooled: its pool's GPUs per rollout node
+    repool: tuple[int, ...] | None = None  # ... and those it has after a pending re-pin
 
     @property
     def next_rollout_nodes(self) -> tuple[NodeRef, ...]:
         """Its rollout nodes once a pending re-pin is carried out."""
         return self.repin if self.repin is not None else self.rollout_nodes
+
+    @property
+    def next_pool(self) -> tuple[int, ...] | None:
+        """Its pool once a pending re-pin is carried out (None: not pooled)."""
+        return self.repool if self.repin is not None else self.pool
 
 
 def view_of(m: RunningMember, measured: MemberProfile | None,
@@ -60,4 +67,4 @@ def view_of(m: RunningMember, measured: MemberProfile | None,
         None if m.versions is None else m.versions.current_staleness(), m.event(),
         m.restart_note,
         refusal, m.warning, m.handoff, m.spec.turns, m.spec.launch is not None,
-        m.spec.colocated, m.rollout_nodes, m.repin, measured)
+        m.spec.colocated, m.rollout_nodes, m.repin, measured, m.spec.pool, m.repool)

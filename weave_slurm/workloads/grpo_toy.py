@@ -228,6 +228,8 @@ class GrpoToyJob:
         """Sample response digits token by token (full recompute; sequences are short)."""
         import torch
 
+        if prompts.shape[0] == 0:   # an engine of a pool wider than the prompts: no share
+            return torch.zeros((0, self._task.response_len), dtype=torch.int64)
         action_ids = self._action_ids()
         tokens = self._prefix(prompts)
         prompt_of_row = self._prompt_of_row(torch.arange(prompts.shape[0]))
@@ -266,6 +268,8 @@ class GrpoToyJob:
 
         action_ids = self._action_ids()
         n = prompts.shape[0]
+        if n == 0:   # an engine with no share of the prompts
+            return torch.zeros((0, 0), dtype=torch.int64), torch.zeros(0, dtype=torch.int64)
         out = torch.zeros((n, int(caps.max())), dtype=torch.int64)
         lengths = torch.zeros(n, dtype=torch.int64)
         tokens, live = self._prefix(prompts), torch.arange(n)
@@ -476,6 +480,8 @@ def _rollout_metrics(tensors: Mapping[str, Tensor]) -> dict[str, float]:
     import torch
 
     rewards = tensors["rewards"]
+    if rewards.numel() == 0:   # an engine with no share of the prompts: nothing to say
+        return {}
     metrics = {"reward_mean": float(rewards.mean()), "reward_max": float(rewards.max())}
     if "lengths" in tensors:
         lens = tensors["lengths"].to(torch.float32)

@@ -54,8 +54,11 @@ def concat_trajectories(parts: Sequence[Trajectories]) -> Trajectories:
     tensors = {k: _cat_padded([p.tensors[k] for p in parts]) for k in keys}
     rows = [_rows(p) for p in parts]
     weights = rows if sum(rows) else [1] * len(parts)   # no tensors: a plain mean
-    metrics = {m: sum(p.metrics[m] * w for p, w in zip(parts, weights, strict=True))
-               / sum(weights) for m in parts[0].metrics if all(m in p.metrics for p in parts)}
+    # a part of no rows (an engine with no share) says nothing, not even a NaN mean
+    weighed = [(p, w) for p, w in zip(parts, weights, strict=True) if w]
+    names = weighed[0][0].metrics if weighed else {}
+    metrics = {m: sum(p.metrics[m] * w for p, w in weighed) / sum(weights)
+               for m in names if all(m in p.metrics for p, _ in weighed)}
     return Trajectories(tensors, metrics)
 
 

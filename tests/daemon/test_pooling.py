@@ -1,0 +1,118 @@
+"""weaved's pools (daemon/pooling.py): placement's widths as GPU shares of nodes, who
+is pooled, and a stored pooled plan read back as placement's pool."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from tests.harness.specs import stored
+from weave_slurm.config.render import job_spec_toml
+from weave_slurm.daemon import membership, pooling
+from weave_slurm.daemon.records import AllocRow, GroupPlan, MemberPlan
+from weave_slurm.daemon.states import AllocState
+from weave_slurm.daemon.store import Store
+from weave_slurm.errors import ConfigError
+from weave_slurm.model.cost import CostRates
+from weave_slurm.model.profile import simple_profile
+from weave_slurm.placement import Capacity, Member
+from weave_slurm.placement.pooled import pooled_group
+
+CAP = replace(Capacity(4, 8, 1000.0, 1000.0, 16, 16, CostRates(1.0, 2.85)),
+              rollout_pooled=True, rollout_gpus_per_node=8)
+
+
+@pytest.mark.parametrize(("width", "step", "want"), [
+    (4, 1, (1, 4)), (8, 1, (1, 8)), (12, 1, (2, 6)), (11, 1, (2, 6)), (9, 1, (2, 5)),
+    (12, 4, (2, 8)), (6, 2, (1, 6)), (17, 1, (3, 6)), (24, 8, (3, 8))])
+def test_a_width_is_held_on_the_fewest_nodes_with_equal_shares(
+        width: int, step: int, want: tuple[int, int]) -> None:
+    n, g = pooling.shares(width, 8, step)
+    assert (n, g) == want
+    assert n * g >= width and g % step == 0 and g <= 8
+    assert n == -(-width // 8)   # never more nodes than the width needs
+
+
+def test_a_step_that_splits_an_engine_over_nodes_is_refused() -> None:
+    with pytest.raises(ConfigError, match="divides 8"):
+        pooling.shares(6, 8, 3)
+
+
+def _rows(tmp_path: Path, *texts: str) -> tuple[Store, list[int]]:
+    store = Store(tmp_path / "w.db")
+    ids = [store.add_job(uid=1000, user="alice", name=f"j{i}", **stored(f"j{i}", t),
+                         source=f"j{i}.toml", profile=simple_profile(f"j{i}", 100, 40, 1.5),
+                         now=1.0) for i, t in enumerate(texts)]
+    return store, ids
+
+
+PER_PROMPT = job_spec_toml("a", options={"sampling": "per_prompt"})
+BATCH = job_spec_toml("b", options={"sampling": "batch"})
+
+
+def test_only_a_job_whose_batch_is_width_free_may_be_pooled(tmp_path: Path) -> None:
+    store, (a, b) = _rows(tmp_path, PER_PROMPT, BATCH)
+    ja, jb = store.job(a), store.job(b)
+    assert ja is not None and jb is not None
+    assert pooling.why_not(ja) is None
+    assert "options.sampling = 'batch'" in str(pooling.why_not(jb))
+    assert pooling.planned(ja.profile, ja, True) == ja.profile
+    pinned = pooling.planned(jb.profile, jb, True)
+    assert pinned.rollout_floor_fraction == 1.0   # no width speeds it up: never pooled
+    assert pooling.planned(jb.profile, jb, False) == jb.profile   # pools off: as it is
+
+
+def test_a_pooled_plan_pins_every_member_to_every_share_and_reads_back(
+        tmp_path: Path) -> None:
+    store, ids = _rows(tmp_path, PER_PROMPT, PER_PROMPT, PER_PROMPT)
+    jobs = [store.job(i) for i in ids]
+    members = tuple(Member(j.profile.with_id(str(j.job_id)), (0,)) for j in jobs if j)
+    group = pooled_group(1, members, 12, 8)
+    plan = membership.plan_of(group)
+    assert plan == GroupPlan(2, 1, tuple(MemberPlan(i, (0, 1)) for i in ids), rollout_gpus=6)
+    assert GroupPlan.from_json(plan.to_json()) == plan
+    store.commit_placement([(1, "1", plan, True)], [(i, 1, "joined") for i in ids], 2.0)
+    state = membership.cluster_state(CAP, store.groups(), store.jobs(), 2)
+    (rebuilt,) = state.groups
+    assert rebuilt.pooled and rebuilt.pool_gpus == 12
+    assert rebuilt.job_ids == group.job_ids
+    assert rebuilt.schedule.period_s == pytest.approx(group.schedule.period_s)
+
+
+def _row(key: int, nodes: int, gpus: int, state: AllocState = AllocState.HELD) -> AllocRow:
+    names = tuple(f"h20-{i}" for i in range(nodes))
+    return AllocRow(key, 1, "rollout", f"h20-{key}", "h20", nodes, gpus, "h20", 1, state,
+                    str(100 + key), names, "")
+
+
+def test_a_wider_pool_keeps_its_shares_and_asks_only_what_it_lacks() -> None:
+    """Slurm grows no allocation: a wider pool keeps the shares it holds (its members'
+    warm state is there) and asks one new row for the GPUs it lacks, which may land on
+    the same hosts; a narrower one returns whole rows, newest first."""
+    before = GroupPlan(2, 1, (MemberPlan(1, (0, 1)), MemberPlan(2, (0, 1))), rollout_gpus=4)
+    allocs = [_row(1, 2, 4)]
+    assert pooling.width(before, allocs) == 8
+    wider = pooling.pooled_plan([(1, 1), (2, 1)], 1, 12, 8, 1, before, allocs)
+    # 12 GPUs: the 4 + 4 it holds, and 4 more, spread as it is: 2 of each of two nodes
+    pins = (0, 1, 2, 3)
+    assert wider == GroupPlan(4, 1, (MemberPlan(1, pins), MemberPlan(2, pins)),
+                              rollout_gpus=2)
+    assert pooling.width(wider, allocs) == 12
+    assert pooling.member_pool(wider, 1, allocs) == (4, 4, 2, 2)
+    much = pooling.pooled_plan([(1, 1)], 1, 20, 8, 1, before, allocs)
+    assert much.members[0].rollout_pins == pins and much.rollout_gpus == 6
+    assert pooling.slot_gpus(much, allocs) == {0: 4, 1: 4, 2: 6, 3: 6}
+    held = [_row(1, 2, 4), _row(2, 2, 6)]   # once the new row is held: a narrower pool
+    narrow = pooling.pooled_plan([(1, 1)], 1, 8, 8, 1, much, held)
+    assert narrow == GroupPlan(2, 1, (MemberPlan(1, (0, 1)),), rollout_gpus=4)
+    keep = pooling.pooled_plan([(1, 1)], 1, 6, 8, 1, before, allocs)
+    assert keep == before.without({2})   # one row: held whole, though wider than needed
+    # a lost share's slots are never kept: what it held is asked again
+    one = GroupPlan(1, 1, (MemberPlan(1, (0,)),), rollout_gpus=4)
+    lost = pooling.pooled_plan([(1, 1)], 1, 4, 8, 1, one, [_row(1, 1, 4, AllocState.LOST)])
+    assert lost == GroupPlan(1, 1, (MemberPlan(1, (1,)),), rollout_gpus=4)
+    # a newcomer with 8-GPU engines cannot use 4-GPU shares: its pool is new rows
+    big = pooling.pooled_plan([(1, 1), (3, 1)], 1, 8, 8, 8, before, allocs)
+    assert big == GroupPlan(1, 1, (MemberPlan(1, (2,)), MemberPlan(3, (2,))), rollout_gpus=8)

@@ -1,0 +1,132 @@
+"""Pooled groups in weaved (pure): placement's pools as allocation shares, and back.
+
+With the site's ``[limits] rollout = "pooled"``, weaved's placement may put a job in a
+*pooled* group (placement/pooled.py): the group holds ``W`` GPUs of the rollout pool
+rather than whole nodes, and each member's rollout runs, in turn order, as ``W / T``
+engines over all of them (the runtime: ``MemberSpec.pool``, runtime/pool.py).
+
+- **Shares** (:func:`shares`): weaved holds a new pool as one allocation row of ``n``
+  nodes with ``g`` GPUs of each (``GroupPlan.rollout_gpus``: a *share* of each node,
+  which another group's share may sit beside; daemon/allocplan.py, "Shares"): the
+  fewest nodes that hold ``W``, and on them the fewest GPUs per node, a multiple of
+  every member's GPUs per engine, that hold ``W`` together. ``n x g`` may exceed ``W``
+  by less than a node's share; the group is then priced and planned on what it holds
+  (:func:`width`), which only shortens its rollouts. Every member is pinned to every
+  node of the pool (:func:`member_pool`: its engines follow each node's share).
+- **A width change** (:func:`pooled_plan`): Slurm grows no allocation, and a pool's
+  members keep warm state on every share it holds. A wider pool keeps its shares and
+  asks one new row for what it lacks, spread over as many nodes as it spans already
+  (beside its own shares, where free GPUs are likeliest); the new row may land on a
+  host the group holds a share of already (two nodes of the group: docs/daemon.md
+  "Shares"). A narrower pool returns whole rows, newest first, while the rest still
+  hold its width (allocplan's surplus, once no phase runs on them); a single row it
+  cannot split is kept whole. A row whose share is no multiple of a newcomer's GPUs per
+  engine is left for a new one.
+- **Who is pooled** (:func:`planned`): only a job whose batch does not depend on
+  its engine count (workloads/builtins.py ``not_poolable``, shown by ``weave show
+  job``); placement sees any other job as one that no width speeds up, so it never
+  pools it (``placement.pooled.widens``) and it goes to a pinned group, as declared.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from weave_slurm.daemon import allocplan
+from weave_slurm.daemon.records import AllocRow, GroupPlan, JobRow, MemberPlan
+from weave_slurm.errors import ConfigError
+from weave_slurm.model.profile import JobProfile
+from weave_slurm.workloads.builtins import not_poolable
+
+
+def shares(width: int, gpus_per_node: int, step: int = 1, spread: int = 1) -> tuple[int, int]:
+    """``(n, g)``: the fewest nodes of ``gpus_per_node`` GPUs that hold ``width`` GPUs
+    (at least ``spread``, where the width allows one step on each), and the fewest
+    GPUs of each, a multiple of ``step``, with ``n x g >= width`` (module doc).
+    ConfigError where ``step`` does not divide a node's GPUs."""
+    if width < 1 or step < 1 or gpus_per_node % step:
+        raise ConfigError(f"a pool of {width} GPUs in steps of {step} on nodes of "
+                          f"{gpus_per_node} GPUs: valid: a width >= 1 and a step that "
+                          f"divides {gpus_per_node}")
+    n = max(-(-width // gpus_per_node), min(spread, width // step))
+    g = -(-width // n)
+    return n, -(-g // step) * step
+
+
+def why_not(job: JobRow) -> str | None:
+    """Why ``job`` is never pooled (None: it may be): its rollout's batch depends on its
+    engine count (workloads/builtins.py ``not_poolable``)."""
+    spec = job.spec
+    if spec is None:
+        return "its spec was stored by an older weaved (no entry to judge it by)"
+    return not_poolable(spec.entry or "", spec.options, cooperative=spec.launch is not None)
+
+
+def planned(profile: JobProfile, job: JobRow, pooled: bool) -> JobProfile:
+    """``job``'s ``profile`` as placement plans with it where pools are on (``pooled``):
+    a job that may not be pooled as one no width speeds up (its floor its whole
+    rollout), so placement keeps it to pinned groups (module doc)."""
+    if not pooled or why_not(job) is None:
+        return profile
+    return dataclasses.replace(profile, rollout_width_s=(), rollout_floor_s=max(
+        profile.rollout_max_s, profile.rollout_floor_s))
+
+
+def slot_gpus(plan: GroupPlan, allocs: Sequence[AllocRow] = ()) -> dict[int, int]:
+    """Each pinned slot of a pooled plan and the GPUs of it the group holds: its row's
+    share, or for a slot no row holds yet, the plan's ``rollout_gpus`` (the row to ask
+    for next); {} where the plan is not pooled."""
+    if plan.rollout_gpus is None:
+        return {}
+    rows = {s.number: s.row.gpus_per_node for s in allocplan.rollout_slots(allocs)}
+    return {p: rows.get(p, plan.rollout_gpus) for p in sorted(allocplan.pinned(plan))}
+
+
+def width(plan: GroupPlan, allocs: Sequence[AllocRow] = ()) -> int:
+    """A pooled plan's GPUs (0: not pooled): its slots' shares together."""
+    return sum(slot_gpus(plan, allocs).values())
+
+
+def pooled_plan(members: Sequence[tuple[int, int]], train_nodes: int, pool_gpus: int,
+                gpus_per_node: int, step: int, before: GroupPlan | None,
+                allocs: Sequence[AllocRow]) -> GroupPlan:
+    """The stored plan of a pool of ``pool_gpus`` GPUs whose ``members`` are ``(job id,
+    turns)`` in cyclic order, which was ``before`` (None: new), over the group's
+    allocation rows ``allocs`` (module doc, "A width change"): the shares it holds are
+    kept (but rows a narrower pool does without, newest first, and rows whose share is
+    no multiple of ``step``), and what it lacks is one new row of shares."""
+    total = len(allocplan.rollout_slots(allocs))
+    rows: dict[int, list[int]] = {}   # row key -> its kept slots
+    gpus: dict[int, int] = {}         # row key -> GPUs of each of its nodes
+    if before is not None and before.rollout_gpus is not None:
+        live, was = allocplan.live_slots(allocs), allocplan.pinned(before)
+        for slot in allocplan.rollout_slots(allocs):
+            if slot.number in live and slot.number in was \
+                    and slot.row.gpus_per_node % step == 0:
+                rows.setdefault(slot.row.key, []).append(slot.number)
+                gpus[slot.row.key] = slot.row.gpus_per_node
+    have = sum(len(v) * gpus[k] for k, v in rows.items())
+    for key in sorted(rows, reverse=True):   # a narrower pool returns whole rows
+        if have - len(rows[key]) * gpus[key] >= pool_gpus:
+            have -= len(rows[key]) * gpus[key]
+            del rows[key]
+    slots = sorted(s for v in rows.values() for s in v)
+    g = gpus[max(rows)] if rows else None
+    if have < pool_gpus:   # what it lacks: one row of shares beside those it holds,
+        n, g = shares(pool_gpus - have, gpus_per_node, step, len(slots))   # as spread
+        first = max([total, *(s + 1 for s in slots)])
+        slots += range(first, first + n)
+    plan = GroupPlan(len(slots), train_nodes,
+                     tuple(MemberPlan(j, tuple(slots), t) for j, t in members),
+                     rollout_gpus=g)
+    return allocplan.normalized(plan, allocs)
+
+
+def member_pool(plan: GroupPlan, job_id: int,
+                allocs: Sequence[AllocRow]) -> tuple[int, ...] | None:
+    """A pooled member's pool: its pins' shares of GPUs, in pin order (None: not
+    pooled); what it joins with and weaved's re-pin carries (daemon/group_runtime.py)."""
+    gpus = slot_gpus(plan, allocs)
+    pins = next((m.rollout_pins for m in plan.members if m.job_id == job_id), ())
+    return tuple(gpus[p] for p in pins) if gpus else None
