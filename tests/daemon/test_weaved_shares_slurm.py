@@ -25,7 +25,8 @@ pytestmark = [pytest.mark.slurm, pytest.mark.torch,
 
 SEED = 62
 ITERATIONS = 60
-SITE = "[pools.rollout]\n[pools.train]\n[runtime]\nplan_from_measurements = false\n"
+SITE = ("[pools.rollout]\n[pools.train]\n[runtime]\ngangs = true\n"
+        "plan_from_measurements = false\n")
 
 
 def test_a_member_moves_between_two_shares_of_one_h20_host_and_ends_as_solo(

@@ -4,8 +4,10 @@ weaved (issue 34; daemon/node_daemons.py, "Shares"), on any backend: the local o
 (tests/daemon/test_weaved_shares_slurm.py).
 
 The plan's ``rollout_gpus`` and pins are written as a pooled placement would write them
-(placement does not set ``rollout_gpus`` yet: docs/daemon.md, "GPU shares"); the rest is
-weaved's own: the allocations it asks, the runtime that follows the plan, the
+(on a site whose placement pins, so that the job starts on a whole node and the shares'
+hosts are the test's to choose); the rest is weaved's own: the allocations it asks, the
+runtime that follows the plan (a pooled member: one engine per GPU of its share, so the
+job samples per prompt and its site starts every engine, ``gangs = true``), the
 allocations it returns."""
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.harness.solo import run_solo
-from tests.harness.specs import OPTIONS, job_spec
+from tests.harness.specs import OPTIONS
 from tests.harness.waits import settle, wait_for
 from tests.harness.weaved import call, wait_states
+from weave_slurm.config.render import job_spec_toml
 from weave_slurm.daemon.allocations import alloc_request
 from weave_slurm.daemon.group_runtime import GroupRuntime
 from weave_slurm.daemon.protocol import Op
@@ -30,6 +33,8 @@ from weave_slurm.vocab import Phase
 
 #: GPUs of each share (of the default site's 8-GPU h20 nodes).
 SHARE_GPUS = 4
+#: The job: a batch that does not depend on its engine count (it is pooled).
+POOLED = {**OPTIONS, "sampling": "per_prompt"}
 
 
 @dataclass(frozen=True)
@@ -104,8 +109,8 @@ def move_between_shares(w: Weaved, sock: Path, seed: int, iterations: int,
     beside its first: the job is moved over to it while running, the first is returned,
     and the job completes. ``other_tag``: the someone else's allocations' instance tag
     (the caller releases them: ``release_all(backend, instance=other_tag)``)."""
-    job = int(call(sock, Op.SUBMIT, spec=job_spec("shares", seed, iterations),
-                   source="shares.toml")["job"])
+    spec = job_spec_toml("shares", iterations=iterations, seed=seed, options=POOLED)
+    job = int(call(sock, Op.SUBMIT, spec=spec, source="shares.toml")["job"])
     wait_for(lambda: w.driver.live(job), 180, f"job {job} at version 1", interval_s=0.1,
              until=lambda live: live is not None and live["version"] >= 1)
     row = w.store.job(job)
@@ -145,5 +150,5 @@ def matches_solo(w: Weaved, job: int, seed: int, iterations: int) -> None:
     """``job`` ended with its solo run's weights, bit for bit."""
     live = w.driver.live(job)
     assert live is not None and live["version"] == iterations
-    solo = run_solo(MemberSpec(str(job), seed=seed, steps=iterations, options=OPTIONS))
+    solo = run_solo(MemberSpec(str(job), seed=seed, steps=iterations, options=POOLED))
     assert live["weights_sha256"] == weights_digest(solo.weights), f"job {job} differs"

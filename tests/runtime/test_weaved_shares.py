@@ -25,7 +25,8 @@ SEED = 61
 #: an allocation and its node daemon to start).
 ITERATIONS = 150
 #: Planned with the declared profile only: a measured one fed back would re-plan the group.
-SITE = "[pools.rollout]\n[pools.train]\n[runtime]\nplan_from_measurements = false\n"
+SITE = ("[pools.rollout]\n[pools.train]\n[runtime]\ngangs = true\n"
+        "plan_from_measurements = false\n")
 
 
 @pytest.fixture
