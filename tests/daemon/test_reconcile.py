@@ -460,7 +460,7 @@ def test_a_vanished_allocation_is_lost_and_its_group_asks_for_a_replacement(rig:
         None, "WANTED", "replacement for a lost rollout allocation of 1 node(s)")
     assert rig.argvs("sbatch")[-1] == _sbatch("weave-gt1.1-h20-1", "h20")
     assert rig.reasons("group", 1)[-2:] == [
-        ("ACTIVE", "FORMING", "needs 1 more rollout node(s)"),
+        ("ACTIVE", "FORMING", f"needs 1 more rollout node(s): {why}"),
         ("FORMING", "ACTIVE", "allocations ['12', '13'] held")]
     rollout_step = rig.store.steps(job_id=job, live_only=False)[0]
     assert rig.reasons("step", rollout_step.key)[-1] == (
@@ -483,7 +483,8 @@ def test_both_allocations_vanishing_are_replaced_in_the_same_tick(rig: Rig) -> N
     assert rig.argvs("sbatch")[-2:] == [_sbatch("weave-gt1.1-h20-1", "h20"),
                                         _sbatch("weave-gt1.1-h800-1", "h800")]
     assert rig.reasons("group", 1)[-2:] == [
-        ("ACTIVE", "FORMING", "needs 1 more rollout node(s)"),
+        ("ACTIVE", "FORMING", "needs 1 more rollout node(s): rollout allocation 11 "
+                              "(node(s) h20-0) vanished from Slurm"),
         ("FORMING", "ACTIVE", "allocations ['13', '14'] held")]
 
 

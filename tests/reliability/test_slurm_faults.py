@@ -420,6 +420,7 @@ def node_down(p: Place, role: str, name: str, seed: int,
             assert all(r["ok"] for r in call(p.socket, Op.CANCEL, jobs=ids)["results"])
             rows = finish(p, ids, 120)
             assert [r["state"] for r in rows] == ["CANCELLED", "CANCELLED"], rows
+            check_replaced(p, group["group"], alloc)
             check_released(p)
             return alloc, seen, down, seeds
         rows = finish(p, ids, 240)
@@ -430,8 +431,7 @@ def node_down(p: Place, role: str, name: str, seed: int,
             # fault, unless the re-admission came through a fresh join on the new node)
             shown = call(p.socket, Op.SHOW, kind="job", id=job)
             assert shown["reason"].startswith("reached version"), shown["reason"]
-        transitions = call(p.socket, Op.SHOW, kind="group", id=group["group"])["transitions"]
-        assert any(x["dst"] == "FORMING" for x in transitions), transitions
+        check_replaced(p, group["group"], alloc)
         check_solo_digests(p, seeds, steps)
         check_released(p)
         return alloc, seen, down, seeds
@@ -439,6 +439,16 @@ def node_down(p: Place, role: str, name: str, seed: int,
         stop_inproc(w, t)
         if undo is not None:
             undo()
+
+
+def check_replaced(p: Place, group: int, alloc: dict[str, Any]) -> None:
+    """``weave show group`` keeps the fault after the jobs' reasons moved on: the group
+    went FORMING for a replacement, naming the lost allocation and what Slurm did."""
+    transitions = call(p.socket, Op.SHOW, kind="group", id=group)["transitions"]
+    assert any(x["dst"] == "FORMING" and f"allocation {alloc['id']} " in x["reason"]
+               and ("vanished from Slurm" in x["reason"]
+                    or "was ended by Slurm" in x["reason"])
+               for x in transitions), transitions
 
 
 @pytest.mark.slow
@@ -453,9 +463,8 @@ def test_rollout_node_down_reprovisions_and_readmits(place: Place, how: str) -> 
                                   replace_s=replace_s)
     said = " | ".join(str(r["reason"]) for r in seen)
     # weaved's own reason, or the runtime's account of the same fault (whichever the
-    # poll caught first)
-    assert "vanished from Slurm" in said and (f"rollout allocation {alloc['id']}" in said
-                                              or "rollout node" in said), said
+    # poll caught first); show group keeps weaved's (check_replaced)
+    assert (f"rollout allocation {alloc['id']}" in said or "rollout node" in said), said
 
 
 @pytest.mark.slow
@@ -469,7 +478,7 @@ def test_stopped_slurmd_node_is_replaced_and_its_members_readmitted(place: Place
     _, seen, _, _ = node_down(place, "rollout", "sd", 75, fault=stop_slurmd,
                               replace_s=180, steps=100_000, cancel=True)
     said = " | ".join(str(r["reason"]) for r in seen)
-    assert "vanished from Slurm" in said and "re-admitted" in said, said
+    assert "re-admitted" in said, said   # and weaved's account: check_replaced
 
 
 @pytest.mark.slow
@@ -481,7 +490,7 @@ def test_training_node_down_moves_its_checkpoints_and_readmits(place: Place) -> 
     node daemon is told to stop, not cut off)."""
     _, seen, down, seeds = node_down(place, "train", "tn", 85)
     said = " | ".join(str(r["reason"]) for r in seen)
-    assert "vanished from Slurm" in said and "from its last checkpoint" in said, said
+    assert "from its last checkpoint" in said, said   # weaved's: check_replaced
     lost_root = place.dirs.node_ckpt / down   # on the shared root
     assert not [q for q in lost_root.rglob("*") if q.name in {str(j) for j in seeds}]
 

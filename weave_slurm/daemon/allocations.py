@@ -128,7 +128,19 @@ class GroupAllocations:
         fresh = self.store.group(group.group_id)   # a first _want this tick made it FORMING
         if fresh is not None and fresh.state is GroupState.ACTIVE:
             self.store.transition("group", group.group_id, GroupState.FORMING,
-                                  f"needs {nodes} more {role} node(s)", now)
+                                  f"needs {nodes} more {role} node(s)"
+                                  + self._lost(group, role, want.replaces), now)
+
+    def _lost(self, group: GroupRow, role: str, replaces: bool) -> str:
+        """For a replacement: what became of the allocation it replaces (its LOST
+        reason), so that ``weave show group`` keeps the fault once the jobs' reasons
+        have moved on."""
+        lost = [a for a in self.store.allocs(group.group_id, live_only=False)
+                if replaces and a.role == role and a.state is AllocState.LOST]
+        if not lost:
+            return ""
+        last = self.store.transitions("alloc", max(a.key for a in lost))
+        return f": {last[-1].reason}" if last else ""
 
     def _allocate(self, group: GroupRow, alloc: AllocRow, now: float) -> None:
         request = self.request(group, alloc)
