@@ -161,6 +161,7 @@ _STATUS = _STATUS_FN + "print(json.dumps(status(sys.argv[1])))\n"
 #: it at once and print {"pid", "phase"}; exit 1 after the timeout.
 _KILL_RUNNING = _STATUS_FN + """\
 sock, job, end = sys.argv[1], sys.argv[2], time.monotonic() + float(sys.argv[3])
+engine = sys.argv[4] == "engine"
 while time.monotonic() < end:
     try:
         jobs = status(sock)["result"]["jobs"]
@@ -168,7 +169,9 @@ while time.monotonic() < end:
         jobs = []
     for j in jobs:
         act = j.get("worker") or {}
-        if j["job"] == job and act.get("state") == "running" and act.get("pid"):
+        ref = str(j["job"])
+        if (ref == job or ref.startswith(job + ".e") and engine) \
+                and act.get("state") == "running" and act.get("pid"):
             os.kill(int(act["pid"]), signal.SIGKILL)
             print(json.dumps({"pid": int(act["pid"]), "phase": act.get("phase")}))
             sys.exit(0)
@@ -178,13 +181,17 @@ sys.exit(1)
 
 
 def kill_running_worker(cluster: LocalCluster, node: str, instance: str, job: int,
-                        timeout_s: float = 60) -> dict[str, Any] | None:
+                        timeout_s: float = 60, *, key: str | None = None,
+                        engine: bool = False) -> dict[str, Any] | None:
     """SIGKILL ``job``'s worker on ``node`` while it runs a phase, from the node's own
     host (the status read and the kill a few ms apart, as an admin there would);
-    {"pid", "phase"} of the killed worker, or None if none ran within ``timeout_s``."""
+    {"pid", "phase"} of the killed worker, or None if none ran within ``timeout_s``.
+    ``key``: the node daemon's (a share's ``<node>.<job id>``; default ``node``);
+    ``engine``: one of the job's rollout engines (``<job>.e<e>``) will do."""
     res = run_on_host(cluster, node, [sys.executable, "-c", _KILL_RUNNING,
-                                      str(node_socket(instance, node)), str(job),
-                                      str(timeout_s)], timeout_s=timeout_s + 30)
+                                      str(node_socket(instance, key or node)), str(job),
+                                      str(timeout_s), "engine" if engine else "worker"],
+                      timeout_s=timeout_s + 30)
     if res.returncode != 0:
         return None
     killed: dict[str, Any] = json.loads(res.stdout)

@@ -20,7 +20,7 @@ from tests.harness.solo import run_solo
 from tests.harness.specs import OPTIONS
 from tests.harness.waits import settle, wait_for
 from tests.harness.weaved import call, wait_states
-from weave_slurm.config.render import job_spec_toml
+from weave_slurm.config.render import OptionInput, job_spec_toml
 from weave_slurm.daemon.allocations import alloc_request
 from weave_slurm.daemon.group_runtime import GroupRuntime
 from weave_slurm.daemon.protocol import Op
@@ -34,7 +34,7 @@ from weave_slurm.vocab import Phase
 #: GPUs of each share (of the default site's 8-GPU h20 nodes).
 SHARE_GPUS = 4
 #: The job: a batch that does not depend on its engine count (it is pooled).
-POOLED = {**OPTIONS, "sampling": "per_prompt"}
+POOLED: dict[str, OptionInput] = {**OPTIONS, "sampling": "per_prompt"}
 
 
 @dataclass(frozen=True)

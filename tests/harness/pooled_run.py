@@ -1,0 +1,114 @@
+"""Three poolable jobs in one pooled group, widened for a fourth, through a running
+weaved (issue 34; the site's ``[limits] rollout = "pooled"``, daemon/pooling.py), on any
+backend (the test: tests/daemon/test_weaved_pooled_slurm.py, on the Slurm cluster of
+separate hosts; the local backend's shares: tests/runtime/test_weaved_shares.py).
+
+The three are placed in one pooled group, which holds GPU shares of rollout nodes rather
+than the nodes; each member's rollout runs as one engine per ``ENGINE_GPUS`` GPUs of the
+pool, over all of it. A fourth, with a longer rollout, arrives mid-run and the pool
+widens: a new row of shares beside the first, the members re-pinned onto it at their
+phase boundaries. Each job ends with its solo run's weights (a one-engine run)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.harness import weaved
+from tests.harness.solo import run_solo
+from tests.harness.specs import OPTIONS
+from tests.harness.waits import wait_for
+from weave_slurm.config.render import OptionInput, job_spec_toml
+from weave_slurm.daemon import pooling
+from weave_slurm.daemon.protocol import Op
+from weave_slurm.daemon.records import AllocRow, GroupPlan
+from weave_slurm.daemon.service import Weaved
+from weave_slurm.node.segments import weights_digest
+from weave_slurm.runtime.group import MemberSpec
+
+STEPS = 8
+#: The jobs: a batch that does not depend on the engine count (they are pooled).
+POOLED: dict[str, OptionInput] = {**OPTIONS, "sampling": "per_prompt"}
+#: GPUs of each engine (``[gpus] engine``): a pool of 12 GPUs is 12 engines a member.
+ENGINE_GPUS = 1
+#: The site's part for pools (a member's layout's every engine and rank is started).
+SITE = """
+[pools.rollout]
+[pools.train]
+[limits]
+rollout = "pooled"
+[runtime]
+gangs = true
+plan_from_measurements = false
+"""
+
+
+@dataclass(frozen=True)
+class Widened:
+    """What the scenario saw: the jobs (id -> seed), the fourth, the group, its plans
+    before and after the fourth joined and its rollout rows after."""
+
+    seeds: dict[int, int]
+    steps: dict[int, int]
+    fourth: int
+    group: int
+    before: GroupPlan
+    after: GroupPlan
+    rows: tuple[AllocRow, ...]
+
+
+def _submit(sock: Path, k: int, seed: int, steps: int, rollout_gpu_s: float = 60.0) -> int:
+    """Job ``k``: one engine of ``ENGINE_GPUS`` GPUs, its rollout ``rollout_gpu_s``
+    GPU-seconds as declared."""
+    spec = job_spec_toml(f"p{k}", iterations=steps, seed=seed, options=POOLED,
+                         rollout_gpus=ENGINE_GPUS, engine_gpus=ENGINE_GPUS,
+                         rollout_s=rollout_gpu_s / ENGINE_GPUS, train_s=10.0, slo=2.0)
+    return int(weaved.call(sock, Op.SUBMIT, spec=spec, source=f"p{k}.toml")["job"])
+
+
+def _at_version(w: Weaved, jobs: list[int], what: str) -> None:
+    """Until each of ``jobs`` is at version 1 (on timeout: each one's state and reason)."""
+    def seen() -> list[tuple[int, str, str]]:
+        return [(-1 if (live := w.driver.live(r["job"])) is None else live["version"],
+                 r["state"], r["reason"])
+                for r in weaved.call(w.config.socket, Op.STATUS, jobs=jobs)["jobs"]]
+    wait_for(seen, 240, what, interval_s=0.3, until=lambda rows: all(v >= 1 for v, *_ in rows))
+
+
+def widen_for_a_fourth(w: Weaved, sock: Path, seed: int, steps: int = STEPS) -> Widened:
+    """Three jobs (seeds ``seed``, +1, +2; ``steps`` each: enough that they outlive the
+    fourth's arrival) pooled in one group; a fourth (+3, ``STEPS``), with a rollout
+    eight times longer, joins it and the pool widens. Returns once the fourth is at
+    version 1 (the others still running)."""
+    seeds = {_submit(sock, k, seed + k, steps): seed + k for k in range(3)}
+    first = list(seeds)
+    _at_version(w, first, "three jobs at version 1")
+    (group,) = w.store.groups()
+    before = group.plan
+    assert before.rollout_gpus is not None and set(before.job_ids) == set(first), before
+    assert all(m.rollout_pins == before.members[0].rollout_pins for m in before.members)
+    fourth = _submit(sock, 3, seed + 3, STEPS, rollout_gpu_s=480.0)   # a long rollout: a wider pool
+    seeds[fourth] = seed + 3
+    _at_version(w, [fourth], f"job {fourth} at version 1")
+    (group,) = w.store.groups()
+    allocs = w.store.allocs(group.group_id, live_only=False)
+    after = group.plan
+    assert fourth in after.job_ids and len(after.members) == 4, after
+    assert pooling.width(after, allocs) > pooling.width(before, allocs), (before, after)
+    rows = tuple(a for a in allocs if a.role == "rollout")
+    return Widened(seeds, {**{j: steps for j in first}, fourth: STEPS}, fourth,
+                   group.group_id, before, after, rows)
+
+
+def end_as_solo(w: Weaved, sock: Path, run: Widened, timeout_s: float = 300) -> None:
+    """Every job COMPLETED with its solo run's weights; the group held shares (no
+    whole node), the first row and the one the fourth added."""
+    rows = weaved.wait_states(sock, list(run.seeds), {"COMPLETED", "FAILED"}, timeout_s, [])
+    assert [r["state"] for r in rows] == ["COMPLETED"] * 4, rows
+    shares = [a for a in w.store.allocs(run.group, live_only=False) if a.role == "rollout"]
+    assert all(a.gpus_per_node < 8 for a in shares), shares   # shares, not nodes
+    assert len(shares) >= 2, shares   # the first row and the one the fourth added
+    for j, seed in run.seeds.items():
+        solo = run_solo(MemberSpec(str(j), seed=seed, steps=run.steps[j], options=POOLED))
+        live = w.driver.live(j)
+        assert live is not None and live["weights_sha256"] == weights_digest(solo.weights)
