@@ -182,6 +182,9 @@ def test_groups_headers_name_the_sites_partitions(monkeypatch: pytest.MonkeyPatc
     head, row = capsys.readouterr().out.splitlines()
     assert head.split()[3:8] == ["INFER", "A100", "PERIOD_S", "BUB_INFER", "BUB_A100"]
     assert row.split()[3:8] == ["2", "1", "60", "0%", "25%"]
+    answer["groups"] = [{**group, "rollout_nodes": 4, "pool_gpus": 16}]   # a pool: its GPUs
+    assert run_app(_app(), "weave", ["groups"]) == 0
+    assert capsys.readouterr().out.splitlines()[1].split()[3:5] == ["16g", "1"]
 
 
 def test_show_job_prints_each_requeue_with_its_reason(

@@ -10,7 +10,9 @@ import pytest
 
 from tests.harness.specs import stored
 from weave_slurm.config.render import job_spec_toml
+from weave_slurm.config.site import default_site
 from weave_slurm.daemon import membership, pooling
+from weave_slurm.daemon.api import Api
 from weave_slurm.daemon.records import AllocRow, GroupPlan, MemberPlan
 from weave_slurm.daemon.states import AllocState
 from weave_slurm.daemon.store import Store
@@ -116,3 +118,27 @@ def test_a_wider_pool_keeps_its_shares_and_asks_only_what_it_lacks() -> None:
     # a newcomer with 8-GPU engines cannot use 4-GPU shares: its pool is new rows
     big = pooling.pooled_plan([(1, 1), (3, 1)], 1, 8, 8, 8, before, allocs)
     assert big == GroupPlan(1, 1, (MemberPlan(1, (2,)), MemberPlan(3, (2,))), rollout_gpus=8)
+
+
+def test_status_shows_a_pool_as_placement_sees_it_on_the_shares_it_holds(
+        tmp_path: Path) -> None:
+    """A pool of a 6 + 6 row and a 2 + 2 row beside it (a widened pool): ``weave
+    status``'s group is the one placement decides over (16 GPUs, its period), not one
+    priced on the plan's newest share alone."""
+    store, ids = _rows(tmp_path, PER_PROMPT, PER_PROMPT)
+    pins = (0, 1, 2, 3)
+    plan = GroupPlan(4, 1, tuple(MemberPlan(i, pins) for i in ids), rollout_gpus=2)
+    store.commit_placement([(1, "1", plan, True)], [(i, 1, "joined") for i in ids], 2.0)
+    for n, (gpus, job) in enumerate([(6, "101"), (2, "102")]):
+        key = store.add_alloc(group_id=1, role="rollout", pool=f"h20-{n}", partition="h20",
+                              node_count=2, gpus_per_node=gpus, gpu_type="h20",
+                              cpus_per_node=1, now=2.0, reason="test")
+        store.transition("alloc", key, AllocState.ALLOCATING, "asked", 2.0)
+        store.transition("alloc", key, AllocState.HELD, "granted", 2.0, alloc_id=job,
+                         nodes='["h20-0", "h20-1"]')
+    (placed,) = membership.cluster_state(CAP, store.groups(), store.jobs(), 2,
+                                         {1: store.allocs(1)}).groups
+    assert placed.pool_gpus == 16
+    (view,) = Api(store, default_site(), CAP, lambda: 3.0).groups()["groups"]
+    assert view["pool_gpus"] == 16
+    assert view["period_s"] == pytest.approx(placed.schedule.period_s)

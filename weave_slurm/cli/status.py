@@ -261,9 +261,11 @@ def groups(
         members = ",".join([*(f"{j}>" if j in g.get("moving_out", []) else str(j)
                               for j in g["members"]),
                             *(f">{j}" for j in g.get("moving_in", []))]) or "-"
+        # a pool: its GPUs (shares of nodes), not a node count
+        rollout = f"{g['pool_gpus']}g" if g.get("pool_gpus") else str(g["rollout_nodes"])
         lines.append(
             f"{g['group']:>5} {g['state']:>8} {members:<16} "
-            f"{g['rollout_nodes']:>{rw}} {g['train_nodes']:>{tw}} "
+            f"{rollout:>{rw}} {g['train_nodes']:>{tw}} "
             f"{_num(g['period_s'], '.0f'):>8} {share(g['rollout_bubble']):>{bw}} "
             f"{share(g['train_bubble']):>{btw}} {allocs}")
     typer.echo("\n".join(lines))

@@ -24,7 +24,7 @@ from weave_slurm.config.job import check_paths, parse_job
 from weave_slurm.config.oci import check_container, oci_conf_path
 from weave_slurm.config.sbatch import refuse_over_site
 from weave_slurm.config.site import SiteConfig
-from weave_slurm.daemon import job_arrays, limits, membership
+from weave_slurm.daemon import job_arrays, limits, membership, pooling
 from weave_slurm.daemon.access import (
     check_access,
     output_needs,
@@ -279,8 +279,9 @@ class Api:
         allocs: dict[int, list[AllocRow]] = {}
         for a in rows:
             allocs.setdefault(a.group_id, []).append(a)
-        models = {gid: m for gid, g in groups.items() if not g.state.final
-                  for m in [membership.group_model(g, jobs)] if m is not None}
+        models = {gid: m for gid, g in groups.items() if not g.state.final   # as placed
+                  for m in [membership.group_model(g, jobs, allocs.get(gid, ()),
+                                                   self.capacity)] if m is not None}
         return jobs, groups, allocs, models
 
     def _job_view(self, job: JobRow, groups: dict[int, GroupRow],
@@ -374,6 +375,8 @@ class Api:
                 "members": [j for j in g.plan.job_ids if j not in coming],
                 "moving_in": coming, "moving_out": going,
                 "rollout_nodes": g.plan.rollout_nodes,
+                # a pooled group's GPUs (its shares held, or asked for next), else None
+                "pool_gpus": pooling.width(g.plan, allocs) or None,
                 "train_nodes": g.plan.train_nodes,
                 "period_s": sched.period_s if sched else None,
                 "rollout_bubble": 1.0 - sched.rollout_busy if sched else None,

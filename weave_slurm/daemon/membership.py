@@ -96,14 +96,12 @@ def _slots_for(group: Group, before: GroupPlan | None,
     return slot
 
 
-def group_model(row: GroupRow, jobs: Mapping[int, JobRow],
-                allocs: Sequence[AllocRow] = (), capacity: Capacity | None = None
-                ) -> Group | None:
+def group_model(row: GroupRow, jobs: Mapping[int, JobRow], allocs: Sequence[AllocRow],
+                capacity: Capacity) -> Group | None:
     """The placement engine's view of a stored group (None if no live member is left);
-    ``allocs``: its allocation rows (without them it sees the pinned nodes only);
-    ``capacity``: what its jobs are planned with (pools on: daemon/pooling.py) and a
-    pool's GPUs are worth."""
-    pooled = capacity is not None and capacity.rollout_pooled
+    ``allocs``: its allocation rows; ``capacity``: what its jobs are planned with (pools
+    on: daemon/pooling.py) and a pool's GPUs are worth."""
+    pooled = capacity.rollout_pooled
     index = {s: i for i, s in enumerate(node_slots(row.plan, allocs))}
     width = pooling.width(row.plan, allocs)
     members = tuple(Member(pooling.planned(jobs[m.job_id].plan_profile, jobs[m.job_id],
@@ -116,9 +114,8 @@ def group_model(row: GroupRow, jobs: Mapping[int, JobRow],
     if not members:
         return None
     if width:   # placement's pool: one node of ``width`` GPUs every member spans
-        gpn = capacity.rollout_gpus_per_node if capacity is not None else 8
         return Group(row.group_id, members, 1, row.plan.train_nodes, pool_gpus=width,
-                     gpus_per_node=gpn)
+                     gpus_per_node=capacity.rollout_gpus_per_node)
     return Group(row.group_id, members, len(index), row.plan.train_nodes,
                  colocated=row.plan.colocated)
 
