@@ -294,3 +294,23 @@ def test_colocated_gang_is_refused_at_join(lay: MemberLayout, words: str) -> Non
     with pytest.raises(ConfigError, match=f"'c': co-located {words}: not supported yet"):
         GroupRunner(layout, [spec], config=RunnerConfig(gangs=True))
     GroupRunner(layout, [spec], config=RunnerConfig(gangs=False)).close()   # one process
+
+
+def test_a_re_pin_its_spec_refuses_is_a_warning_said_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """weaved re-asks its plan's re-pin every tick: one the member's spec refuses (here a
+    pool that does not match its pins) leaves it where it is, as its warning (its
+    REASON), and the same refusal is not logged again."""
+    layout = GroupLayout((_node("h20-0", Pool.ROLLOUT), _node("h20-1", Pool.ROLLOUT)),
+                         (_node("h800-0", Pool.TRAIN),))
+    ex = GroupRunner(layout, [MemberSpec("p", rollout_pins=(0,))])
+    try:
+        member = ex.members["p"]
+        for _ in range(3):
+            ex.relayout.repin(member, (0, 1), (4,))
+        assert member.warning is not None and member.warning.startswith(
+            "its plan's re-pin to rollout nodes [0, 1] was refused: ")
+        assert sum("was refused" in r.getMessage() for r in caplog.records) == 1
+        assert member.repin is None and member.rollout_nodes == (layout.rollout[0],)
+    finally:
+        ex.close()

@@ -59,14 +59,23 @@ class Relayout:
         phase boundary (see module doc), pooled over ``pool`` GPUs on them (a width
         change: ``runtime/pool.py``; None: not pooled, its layout's engines); the same
         nodes and pool: nothing to do. A co-located member rolls out on its training
-        node, and is not re-pinned."""
+        node, and is not re-pinned. A re-pin its spec refuses (the plan and the member
+        disagree) leaves it where it is and is its warning (``weave status``'s REASON),
+        not an error each time weaved asks again."""
         if member.spec.colocated:
             raise ConfigError(f"re-pin of {member.spec.job_id!r} to rollout nodes "
                               f"{list(pins)!r}: it is co-located (its rollout runs on its "
                               f"training node {member.train_node.name}); valid: none")
         want = None if pool is None else tuple(pool)
-        replace(member.spec, rollout_pins=tuple(pins), pool=want).validate(
-            len(self.lc.layout.rollout), len(self.lc.layout.train))
+        try:
+            replace(member.spec, rollout_pins=tuple(pins), pool=want).validate(
+                len(self.lc.layout.rollout), len(self.lc.layout.train))
+        except ConfigError as exc:   # weaved asks again each tick: said once, in words
+            words = (f"its plan's re-pin to rollout nodes {list(pins)!r} was refused: "
+                     f"{exc}; it rolls out where it is")
+            if member.warning != words:
+                member.warn(words)
+            return
         nodes = tuple(self.lc.layout.rollout[p] for p in pins)
         same = nodes == member.rollout_nodes and want == member.spec.pool
         member.repin, member.repool = (None, None) if same else (nodes, want)
