@@ -95,7 +95,7 @@ def simulate(
     acc = Accounting.parse(accounting)
     pooled = RolloutSharing.parse(rollout) is RolloutSharing.POOLED
     if pooled:
-        refuse_pooled(names)   # before any replay runs
+        refuse_pooled(names, site_cfg.runtime.gangs)   # before any replay runs
     if not 0 < rollout_mean <= 1:
         raise ConfigError(f"--rollout-mean {rollout_mean!r}: expected a fraction in (0, 1]")
     tr = load_trace(trace, fmt=fmt, slo=SloDistribution.parse(slo_dist, flag="--slo-dist"),
