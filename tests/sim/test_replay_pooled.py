@@ -1,6 +1,7 @@
 """Replays with pooled rollout (``weave simulate --rollout pooled``): weave's groups hold
 GPUs of the rollout pool that every member's rollout spans in turn; the baselines keep
-their whole nodes; weaved's own policy (``weave-live``) is refused."""
+their whole nodes; weaved's own policy (``weave-live``) holds each pool as weaved does
+(sim/live_pools.py), and is refused only where weaved would not run pools."""
 
 from __future__ import annotations
 
@@ -61,10 +62,38 @@ def test_pooled_groups_deliver_every_jobs_work_within_its_slo(trace) -> None:  #
     assert rep["weave"]["ratios"]["vs_isolated"] > 1
 
 
-def test_weaved_policy_is_refused_with_pooled_rollout(trace) -> None:  # type: ignore[no-untyped-def]
+def test_weaved_policy_replays_the_pools_weaved_holds() -> None:
+    trace = generate_trace(GeneratorConfig(n_jobs=12, seed=4))
     cap = Capacity.from_site(reference_site(), 5, pooled=True)
-    with pytest.raises(ConfigError, match="weave-live: weaved runs groups pinned"):
-        replay_policies(trace, cap, ("weave-live",), OPTS)
+    res = replay_policies(trace, cap, ("weave-live",), OPTS)["weave-live"]
+    s = build_report({"weave-live": res}, GPUS, ("weave-live",))["policies"]["weave-live"]
+    pooled = [seg.group for seg in res.segments if seg.group.pooled]
+    assert pooled, "every job of this trace widens: weaved pools them"
+    assert s["slo_violations"] == 0 and s["life_slo_violations"] == 0
+    assert s["slo_check"]["steady"]["worst_ratio"] <= 1.0 + 1e-6
+    for run in res.runs.values():
+        assert run.done == pytest.approx(run.work, rel=1e-6), run.job.job_id
+    assert s["cost_over_bound"]["total"] >= 1 - 1e-9
+    # the books pay each pool for the GPUs weaved holds for it, all the time
+    held = sum(seg.group.pool_gpus / 8 * (seg.end_s - seg.start_s) for seg in res.segments
+               if seg.group.pooled)
+    pinned = sum(seg.group.rollout_nodes * (seg.end_s - seg.start_s)
+                 for seg in res.segments if not seg.group.pooled and not seg.group.colocated)
+    assert held + pinned == pytest.approx(res.node_s["rollout"], rel=1e-9)
+    # no job taken as width-free: none pooled, the pinned replay's books
+    none = replay_policies(trace, cap, ("weave-live",), replace(OPTS, width_free=False))
+    as_pinned = replay_policies(trace, replace(cap, rollout_pooled=False), ("weave-live",),
+                                OPTS)
+    assert not any(seg.group.pooled for seg in none["weave-live"].segments)
+    assert none["weave-live"].cost == pytest.approx(as_pinned["weave-live"].cost)
+
+
+def test_weaved_policy_is_refused_pools_where_weaved_runs_none(trace) -> None:  # type: ignore[no-untyped-def]
+    cap = Capacity.from_site(reference_site(), 5, pooled=True)
+    with pytest.raises(ConfigError, match=r"--rollout pooled with --policy weave-live: "
+                       r"weaved runs pooled groups only where the site sets \[runtime\] "
+                       r"gangs = true .*valid: --rollout pinned"):
+        replay_policies(trace, cap, ("weave-live",), replace(OPTS, gang_gpus=None))
 
 
 def test_simulate_takes_rollout_pooled(tmp_path: Path,
@@ -83,9 +112,11 @@ def test_simulate_takes_rollout_pooled(tmp_path: Path,
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "--rollout 'bogus'" in err and "pinned, pooled" in err
-    assert run_app(app, "weave", ["simulate", str(src), "--rollout", "pooled",
-                                  "--policy", "weave-live"]) == 2
-    assert "weave-live" in capsys.readouterr().err
+    site = Path(__file__).parents[2] / "configs" / "reference-colocation.toml"   # gangs off
+    assert run_app(app, "weave", ["simulate", str(src), "--rollout", "pooled", "--site",
+                                  str(site), "--policy", "weave-live"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--policy weave-live" in err and "gangs" in err
 
 
 def test_a_failed_node_of_a_pool_hits_every_member() -> None:

@@ -73,8 +73,9 @@ def simulate(
         "staleness K, e.g. 0.3:1.")] = "0:1",
     rollout: Annotated[str, typer.Option(
         "--rollout", help="How weave's groups hold their rollout side: pinned (whole "
-        "nodes, as weaved runs them) or pooled (GPUs every member's rollout spans in "
-        "turn; docs/placement.md).")] = "pinned",
+        "nodes) or pooled (GPUs every member's rollout spans in turn; docs/placement.md; "
+        "weave-live: rows of GPU shares as weaved holds them, its \\[limits] rollout = "
+        "\"pooled\").")] = "pinned",
     colocation: Annotated[bool | None, typer.Option(
         "--colocation/--no-colocation", help="Whether weave may admit a job co-located "
         "(its rollout on its own training nodes; docs/placement.md). Default: the site's "
@@ -95,7 +96,7 @@ def simulate(
     acc = Accounting.parse(accounting)
     pooled = RolloutSharing.parse(rollout) is RolloutSharing.POOLED
     if pooled:
-        refuse_pooled(names)   # before any replay runs
+        refuse_pooled(names, site_cfg.runtime.gangs)   # before any replay runs
     if not 0 < rollout_mean <= 1:
         raise ConfigError(f"--rollout-mean {rollout_mean!r}: expected a fraction in (0, 1]")
     tr = load_trace(trace, fmt=fmt, slo=SloDistribution.parse(slo_dist, flag="--slo-dist"),

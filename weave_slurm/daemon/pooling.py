@@ -26,32 +26,24 @@ engines over all of them (the runtime: ``MemberSpec.pool``, runtime/pool.py).
   its engine count (workloads/builtins.py ``not_poolable``, shown by ``weave show
   job``); placement sees any other job as one that no width speeds up, so it never
   pools it (``placement.pooled.widens``) and it goes to a pinned group, as declared.
+
+The arithmetic of shares and rows (``shares``, ``pool_rows``, ``no_width``) is
+placement/pooled.py's, so that the simulator's ``weave-live`` (sim/live_pools.py)
+replays a pool's rows by the same functions; this module names them as slots and rows.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 
 from weave_slurm.daemon import allocplan
 from weave_slurm.daemon.records import AllocRow, GroupPlan, JobRow, MemberPlan
-from weave_slurm.errors import ConfigError
 from weave_slurm.model.profile import JobProfile
+from weave_slurm.placement.pooled import no_width, pool_rows, shares
 from weave_slurm.workloads.builtins import not_poolable
 
-
-def shares(width: int, gpus_per_node: int, step: int = 1, spread: int = 1) -> tuple[int, int]:
-    """``(n, g)``: the fewest nodes of ``gpus_per_node`` GPUs that hold ``width`` GPUs
-    (at least ``spread``, where the width allows one step on each), and the fewest
-    GPUs of each, a multiple of ``step``, with ``n x g >= width`` (module doc).
-    ConfigError where ``step`` does not divide a node's GPUs."""
-    if width < 1 or step < 1 or gpus_per_node % step:
-        raise ConfigError(f"a pool of {width} GPUs in steps of {step} on nodes of "
-                          f"{gpus_per_node} GPUs: valid: a width >= 1 and a step that "
-                          f"divides {gpus_per_node}")
-    n = max(-(-width // gpus_per_node), min(spread, width // step))
-    g = -(-width // n)
-    return n, -(-g // step) * step
+__all__ = ["member_pool", "planned", "pooled_plan", "shares", "slot_gpus", "why_not",
+           "width"]
 
 
 def why_not(job: JobRow) -> str | None:
@@ -69,8 +61,7 @@ def planned(profile: JobProfile, job: JobRow, pooled: bool) -> JobProfile:
     rollout), so placement keeps it to pinned groups (module doc)."""
     if not pooled or why_not(job) is None:
         return profile
-    return dataclasses.replace(profile, rollout_width_s=(), rollout_floor_s=max(
-        profile.rollout_max_s, profile.rollout_floor_s))
+    return no_width(profile)
 
 
 def slot_gpus(plan: GroupPlan, allocs: Sequence[AllocRow] = ()) -> dict[int, int]:
@@ -106,15 +97,14 @@ def pooled_plan(members: Sequence[tuple[int, int]], train_nodes: int, pool_gpus:
                     and slot.row.gpus_per_node % step == 0:
                 rows.setdefault(slot.row.key, []).append(slot.number)
                 gpus[slot.row.key] = slot.row.gpus_per_node
-    have = sum(len(v) * gpus[k] for k, v in rows.items())
-    for key in sorted(rows, reverse=True):   # a narrower pool returns whole rows
-        if have - len(rows[key]) * gpus[key] >= pool_gpus:
-            have -= len(rows[key]) * gpus[key]
-            del rows[key]
-    slots = sorted(s for v in rows.values() for s in v)
-    g = gpus[max(rows)] if rows else None
-    if have < pool_gpus:   # what it lacks: one row of shares beside those it holds,
-        n, g = shares(pool_gpus - have, gpus_per_node, step, len(slots))   # as spread
+    keys = sorted(rows)   # oldest first; a narrower pool returns whole rows, newest
+    keep, new = pool_rows([(len(rows[k]), gpus[k]) for k in keys], pool_gpus,
+                          gpus_per_node, step)   # first, and asks one row for the rest
+    kept = [k for k, on in zip(keys, keep, strict=True) if on]
+    slots = sorted(s for k in kept for s in rows[k])
+    g = gpus[max(kept)] if kept else None
+    if new is not None:   # what it lacks: one row of shares beside those it holds
+        n, g = new
         first = max([total, *(s + 1 for s in slots)])
         slots += range(first, first + n)
     plan = GroupPlan(len(slots), train_nodes,

@@ -15,14 +15,22 @@ bisection finds it.
 
 Host memory: each member keeps its warm state per GPU on every GPU of the pool, so a
 node of the pool holds every member's state per node (``Group.rollout_mem_used_gib``).
+
+What weaved *holds* for a width (daemon/pooling.py, whose rules these are, and the
+simulator's ``weave-live``, sim/live_pools.py, call the same functions): allocation
+rows of GPU shares (:func:`shares`), kept while a narrower pool still needs them and
+added to when it widens (:func:`pool_rows`); a job whose batch depends on its engine
+count is planned as one no width speeds up (:func:`no_width`), so it is never pooled.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 from enum import StrEnum
 
+from weave_slurm.errors import ConfigError
 from weave_slurm.model.profile import JobProfile
 from weave_slurm.placement.capacity import Capacity
 from weave_slurm.placement.group import Group, Member
@@ -144,3 +152,44 @@ def narrowed(group: Group, cap: Capacity) -> Group | None:
 def max_pool_gpus(cap: Capacity) -> int:
     """The most GPUs one pooled group may hold (the site's rollout nodes per group)."""
     return cap.max_rollout_nodes_per_group * cap.rollout_gpus_per_node
+
+
+def no_width(job: JobProfile) -> JobProfile:
+    """``job`` as one no width speeds up (its floor its whole rollout): placement never
+    pools it (:func:`widens`) and it goes to a pinned group."""
+    return replace(job, rollout_width_s=(),
+                   rollout_floor_s=max(job.rollout_max_s, job.rollout_floor_s))
+
+
+def shares(width: int, gpus_per_node: int, step: int = 1, spread: int = 1) -> tuple[int, int]:
+    """``(n, g)``: the fewest nodes of ``gpus_per_node`` GPUs that hold ``width`` GPUs
+    (at least ``spread``, where the width allows one step on each), and the fewest
+    GPUs of each, a multiple of ``step``, with ``n x g >= width`` (daemon/pooling.py,
+    "Shares"). ConfigError where ``step`` does not divide a node's GPUs."""
+    if width < 1 or step < 1 or gpus_per_node % step:
+        raise ConfigError(f"a pool of {width} GPUs in steps of {step} on nodes of "
+                          f"{gpus_per_node} GPUs: valid: a width >= 1 and a step that "
+                          f"divides {gpus_per_node}")
+    n = max(-(-width // gpus_per_node), min(spread, width // step))
+    g = -(-width // n)
+    return n, -(-g // step) * step
+
+
+def pool_rows(rows: Sequence[tuple[int, int]], width: int, gpus_per_node: int, step: int
+              ) -> tuple[tuple[bool, ...], tuple[int, int] | None]:
+    """A pool of ``width`` GPUs over the allocation ``rows`` it holds (``(nodes, GPUs of
+    each)``, oldest first): which rows it keeps (a narrower pool returns whole rows,
+    newest first, while the rest still hold ``width``) and the one new row of
+    :func:`shares` it asks for what it then lacks, spread over as many nodes as it keeps
+    (None: nothing; daemon/pooling.py, "A width change")."""
+    keep = [True] * len(rows)
+    have = sum(n * g for n, g in rows)
+    for i in reversed(range(len(rows))):
+        n, g = rows[i]
+        if have - n * g >= width:
+            have -= n * g
+            keep[i] = False
+    if have >= width:
+        return tuple(keep), None
+    spread = sum(n for (n, _), kept in zip(rows, keep, strict=True) if kept)
+    return tuple(keep), shares(width - have, gpus_per_node, step, spread)

@@ -190,6 +190,8 @@ class SimPolicy:
     regroup: bool = False
     optimal: bool = False
     pooling: bool = False  # places with weave's policy, so may pool rollout GPUs
+    # (weave-live: each pool held as weaved holds it, rows of GPU shares:
+    # sim/live_pools.py)
     # ... and may admit jobs co-located where the capacity says so (weave-live: by
     # weaved's rules, closed co-located groups and re-plans without co-location:
     # sim/live.py)
@@ -205,18 +207,18 @@ class SimPolicy:
         return cls(name, make_policy(base, seed), consolidate=weave or live,
                    replace_recent=weave, replan=weave or live, weaved_moves=live,
                    regroup=name == "regroup", optimal=name == "optimal",
-                   pooling=base == "weave" and not live, colocating=base == "weave")
+                   pooling=base == "weave", colocating=base == "weave")
 
 
-def refuse_pooled(names: Sequence[str]) -> None:
+def refuse_pooled(names: Sequence[str], gangs: bool) -> None:
     """ConfigError where ``--rollout pooled`` meets a policy that runs as weaved does
-    (its moves are weaved's): weaved runs groups pinned to whole rollout nodes."""
+    (its moves are weaved's) on a site whose ``[runtime] gangs`` is off: weaved runs
+    pooled groups only with gangs on (config/site.py refuses the site otherwise)."""
     live = [n for n in names if SimPolicy.make(n).weaved_moves]
-    if live:
-        pooling = [n for n in SIM_POLICIES if SimPolicy.make(n).pooling]
-        raise ConfigError(f"--rollout pooled with --policy {live[0]}: weaved runs groups "
-                          "pinned to whole rollout nodes; pooled rollout applies to "
-                          f"{', '.join(pooling)}")
+    if live and not gangs:
+        raise ConfigError(f"--rollout pooled with --policy {live[0]}: weaved runs pooled "
+                          "groups only where the site sets [runtime] gangs = true (this "
+                          "site: false); valid: --rollout pinned, or a site with gangs on")
 
 
 def optimum_rate(jobs: Sequence[JobProfile], cap: Capacity) -> float | None:

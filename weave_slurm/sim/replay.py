@@ -36,6 +36,7 @@ from weave_slurm.sim.events import Simulator
 from weave_slurm.sim.failures import FailureModel, pick_failure
 from weave_slurm.sim.ledger import Ledger
 from weave_slurm.sim.live import placeable, placing, planning
+from weave_slurm.sim.live_pools import LivePools, planned
 from weave_slurm.sim.outcome import JobRun, ReplayResult, Segment
 from weave_slurm.sim.policies import (
     Accounting,
@@ -79,6 +80,9 @@ class ReplayOptions:
     # nodes (this many GPUs each; None: gangs off, one process a member); weave-live
     # co-locates no job of more than one rank (sim/live.py, daemon/colocating.py)
     gang_gpus: int | None = 8
+    # weave-live with pools: whether trace jobs are taken as width-free (their batch
+    # does not depend on their engine count), so weaved may pool them (sim/live_pools.py)
+    width_free: bool = True
     record_segments: bool = True
 
 
@@ -90,9 +94,11 @@ class Replay:
         self.trace = trace
         self.policy = policy
         self.opt = options or ReplayOptions()
-        if capacity.rollout_pooled and not policy.pooling:
-            refuse_pooled([policy.name])
-            capacity = replace(capacity, rollout_pooled=False)   # baselines: whole nodes
+        if capacity.rollout_pooled:
+            refuse_pooled([policy.name], self.opt.gang_gpus is not None)
+            if not policy.pooling:
+                capacity = replace(capacity, rollout_pooled=False)   # baselines: whole nodes
+        self.pools = LivePools() if policy.weaved_moves and capacity.rollout_pooled else None
         if capacity.colocation and not policy.colocating:
             capacity = replace(capacity, colocation=False)   # the baselines' own rules
         self.cap = capacity = replace(capacity, moves=replace(
@@ -187,6 +193,8 @@ class Replay:
         p = job_profile(job, self.policy.name, self.opt.accounting,
                         self.opt.rollout_mean_fraction,
                         self.opt.staleness.staleness_of(job.job_id))
+        if self.pools is not None:   # weave-live: pooled only where weaved may pool it
+            p = planned(p, self.opt.width_free)
         # weave-live: what weaved's runtime cannot run co-located is never placed so
         return placeable(p, self.opt.gang_gpus, self.cap) if self.policy.weaved_moves else p
 
@@ -395,6 +403,10 @@ class Replay:
             # a plan made in a view (sim/live.py) runs on the replay's own capacity
             new = replace(new, capacity=self.cap, closed=frozenset())
         old = self.state
+        if self.pools is not None:   # weave-live: each pool on the GPUs weaved holds
+            new = self.pools.hold(old, new)
+            if charged is not None:
+                charged = self.pools.recharged(old, new, charged)
         changed = {gid for gid, g in old.by_id.items() if new.by_id.get(gid) is not g}
         changed |= {gid for gid in new.by_id if gid not in old.by_id}
         self.books.close_segments(old, now, changed & set(old.by_id), self.result.segments)
