@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from weave_slurm.daemon import allocplan
 from weave_slurm.daemon.records import AllocRow, GroupPlan, JobRow, MemberPlan
 from weave_slurm.model.profile import JobProfile
-from weave_slurm.placement.pooled import no_width, pool_rows, shares
+from weave_slurm.placement.pooled import ShrinkPays, no_width, pool_rows, shares
 from weave_slurm.workloads.builtins import not_poolable
 
 __all__ = ["member_pool", "planned", "pooled_plan", "shares", "slot_gpus", "why_not",
@@ -81,12 +81,14 @@ def width(plan: GroupPlan, allocs: Sequence[AllocRow] = ()) -> int:
 
 def pooled_plan(members: Sequence[tuple[int, int]], train_nodes: int, pool_gpus: int,
                 gpus_per_node: int, step: int, before: GroupPlan | None,
-                allocs: Sequence[AllocRow]) -> GroupPlan:
+                allocs: Sequence[AllocRow], pays: ShrinkPays | None = None) -> GroupPlan:
     """The stored plan of a pool of ``pool_gpus`` GPUs whose ``members`` are ``(job id,
     turns)`` in cyclic order, which was ``before`` (None: new), over the group's
     allocation rows ``allocs`` (module doc, "A width change"): the shares it holds are
     kept (but rows a narrower pool does without, newest first, and rows whose share is
-    no multiple of ``step``), and what it lacks is one new row of shares."""
+    no multiple of ``step``), and what it lacks is one new row of shares; or, where
+    ``pays`` says a replacement pays (``placement.pool_shrink.shrink_pays``), its newest
+    rows are replaced by one smaller new row (module doc, "A replacement of rows")."""
     total = len(allocplan.rollout_slots(allocs))
     rows: dict[int, list[int]] = {}   # row key -> its kept slots
     gpus: dict[int, int] = {}         # row key -> GPUs of each of its nodes
@@ -99,7 +101,7 @@ def pooled_plan(members: Sequence[tuple[int, int]], train_nodes: int, pool_gpus:
                 gpus[slot.row.key] = slot.row.gpus_per_node
     keys = sorted(rows)   # oldest first; a narrower pool returns whole rows, newest
     keep, new = pool_rows([(len(rows[k]), gpus[k]) for k in keys], pool_gpus,
-                          gpus_per_node, step)   # first, and asks one row for the rest
+                          gpus_per_node, step, pays)   # first, asks one row for the rest
     kept = [k for k, on in zip(keys, keep, strict=True) if on]
     slots = sorted(s for k in kept for s in rows[k])
     g = gpus[max(kept)] if kept else None

@@ -322,7 +322,9 @@ class Reconciler:
         plan = membership.plan_without(colocating.running(self.capacity), group,
                                        self.store.jobs(_LIVE_JOB),
                                        self.store.next_group_id(), job.job_id,
-                                       self.store.allocs(group.group_id, live_only=False))
+                                       self.store.allocs(group.group_id, live_only=False),
+                                       self.replanner.remaining
+                                       if self.replanner is not None else None)
         self.store.update("group", group.group_id, plan=(plan or GroupPlan(
             group.plan.rollout_nodes, group.plan.train_nodes, ())).to_json())
         if plan is None and group.state is not GroupState.DRAINING:

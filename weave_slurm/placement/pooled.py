@@ -26,8 +26,8 @@ count is planned as one no width speeds up (:func:`no_width`), so it is never po
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from weave_slurm.errors import ConfigError
@@ -175,13 +175,78 @@ def shares(width: int, gpus_per_node: int, step: int = 1, spread: int = 1) -> tu
     return n, -(-g // step) * step
 
 
-def pool_rows(rows: Sequence[tuple[int, int]], width: int, gpus_per_node: int, step: int
+@dataclass(frozen=True, slots=True)
+class RowShrink:
+    """A pool's rows replaced by one smaller new row (:func:`pool_rows`), in GPUs: what
+    it held (``was``), what the rule of whole rows would hold (``kept``), what it holds
+    once the replacement is done (``shrunk``), the new row, and the held rows it gives
+    back beyond the rule of whole rows (``replaced``: held beside the new row until every
+    member has re-pinned onto it)."""
+
+    was: int
+    kept: int
+    shrunk: int
+    new_row: int
+    replaced: int
+
+
+#: Whether a :class:`RowShrink` pays (placement/pool_shrink.py ``shrink_pays``).
+ShrinkPays = Callable[[RowShrink], bool]
+
+
+def pool_rows(rows: Sequence[tuple[int, int]], width: int, gpus_per_node: int, step: int,
+              pays: ShrinkPays | None = None
               ) -> tuple[tuple[bool, ...], tuple[int, int] | None]:
     """A pool of ``width`` GPUs over the allocation ``rows`` it holds (``(nodes, GPUs of
     each)``, oldest first): which rows it keeps (a narrower pool returns whole rows,
     newest first, while the rest still hold ``width``) and the one new row of
     :func:`shares` it asks for what it then lacks, spread over as many nodes as it keeps
-    (None: nothing; daemon/pooling.py, "A width change")."""
+    (None: nothing; daemon/pooling.py, "A width change").
+
+    ``pays`` (None: never): a pool that would still hold more than ``width`` may instead
+    replace its newest rows by one new row of what the older ones lack, where the new
+    row fits beside the rows it replaces, on their nodes (:func:`replacement`), and the
+    replacement pays (``pays``); of those, the one that holds fewest GPUs."""
+    keep, new = _whole_rows(rows, width, gpus_per_node, step)
+    if pays is None:
+        return keep, new
+    kept = sum(n * g for (n, g), on in zip(rows, keep, strict=True) if on)
+    held = kept + (new[0] * new[1] if new else 0)
+    best: tuple[int, tuple[tuple[bool, ...], tuple[int, int]]] | None = None
+    for k in range(len(rows)):   # keep the k oldest rows, replace the others
+        shrunk = replacement(rows, k, width, gpus_per_node, step)
+        if shrunk is None:
+            continue
+        row = shrunk
+        gpus = sum(n * g for n, g in rows[:k]) + row[0] * row[1]
+        gone = sum(n * g for (n, g), on in zip(rows[k:], keep[k:], strict=True) if on)
+        if gpus < held and (best is None or gpus < best[0]) and pays(
+                RowShrink(sum(n * g for n, g in rows), held, gpus, row[0] * row[1], gone)):
+            best = (gpus, ((True,) * k + (False,) * (len(rows) - k), row))
+    return best[1] if best is not None else (keep, new)
+
+
+def replacement(rows: Sequence[tuple[int, int]], k: int, width: int, gpus_per_node: int,
+                step: int) -> tuple[int, int] | None:
+    """The one new row that, with the ``k`` oldest ``rows``, holds ``width``, in place
+    of the newer rows; None where the ``k`` rows hold it alone or the new row does not
+    fit beside the rows it replaces on their nodes (no more nodes than they span, and a
+    share no larger than the GPUs each of their nodes has beside its own share): the old
+    rows are given back only once every member has re-pinned, so the new row needs GPUs
+    that are free while they are held, and these are the ones the pool can count on."""
+    lack = width - sum(n * g for n, g in rows[:k])
+    gone = rows[k:]
+    if lack <= 0 or not gone:
+        return None
+    nodes = sum(n for n, _ in gone)
+    room = gpus_per_node - max(g for _, g in gone)
+    n, g = shares(lack, gpus_per_node, step, nodes)
+    return (n, g) if n <= nodes and g <= room else None
+
+
+def _whole_rows(rows: Sequence[tuple[int, int]], width: int, gpus_per_node: int, step: int
+                ) -> tuple[tuple[bool, ...], tuple[int, int] | None]:
+    """:func:`pool_rows` by whole rows alone (no replacement)."""
     keep = [True] * len(rows)
     have = sum(n * g for n, g in rows)
     for i in reversed(range(len(rows))):

@@ -42,7 +42,8 @@ from dataclasses import dataclass, replace
 from weave_slurm.model.profile import JobProfile
 from weave_slurm.placement.cluster_state import ClusterState
 from weave_slurm.placement.moves import pauses
-from weave_slurm.placement.pooled import no_width, pool_rows, step_gpus
+from weave_slurm.placement.pool_shrink import overlap_s, pool_horizon, shrink_pays
+from weave_slurm.placement.pooled import ShrinkPays, no_width, pool_rows, step_gpus
 
 
 @dataclass(frozen=True)
@@ -58,13 +59,17 @@ class HeldPool:
 
 
 def held_pool(before: HeldPool | None, width: int, gpus_per_node: int,
-              step: int) -> HeldPool:
+              step: int, pays: ShrinkPays | None = None) -> tuple[HeldPool, int]:
     """The rows a pool that held ``before`` (None: new) holds at ``width`` GPUs, whose
-    members' engines take ``step`` GPUs (module doc, "rows of shares")."""
+    members' engines take ``step`` GPUs, and the GPUs of the rows it replaced (module
+    doc, "rows of shares"; ``pays``: whether a replacement of rows pays, ``pool_rows``')."""
     rows = tuple(r for r in (before.rows if before else ()) if r[1] % step == 0)
-    keep, new = pool_rows(rows, width, gpus_per_node, step)
+    keep, new = pool_rows(rows, width, gpus_per_node, step, pays)
     kept = tuple(r for r, on in zip(rows, keep, strict=True) if on)
-    return HeldPool(kept if new is None else (*kept, new))
+    whole, _ = pool_rows(rows, width, gpus_per_node, step)
+    replaced = sum(n * g for (n, g), w, k in zip(rows, whole, keep, strict=True)
+                   if w and not k)
+    return HeldPool(kept if new is None else (*kept, new)), replaced
 
 
 def planned(p: JobProfile, width_free: bool) -> JobProfile:
@@ -76,19 +81,34 @@ def planned(p: JobProfile, width_free: bool) -> JobProfile:
 class LivePools:
     """Each pooled group's rows, kept from one state of the replay to the next."""
 
-    def __init__(self) -> None:
+    def __init__(self, replace_rows: bool = True) -> None:
+        #: whether a pool may replace rows by a smaller one where that pays (module
+        #: doc, "replaced rows"; False: whole rows only, as weaved did before)
+        self.replace_rows = replace_rows
         self.held: dict[int, HeldPool] = {}
+        #: GPU-seconds of replaced rows held beside their new rows, by the last
+        #: :meth:`hold` (module doc, "replaced rows"); the replay books them
+        self.overlap_gpu_s = 0.0
 
-    def hold(self, before: ClusterState, after: ClusterState) -> ClusterState:
+    def hold(self, before: ClusterState, after: ClusterState,
+             remaining_s: Mapping[str, float] | None = None) -> ClusterState:
         """``after`` (a decision taken on ``before``, whose pools are as held) with each
-        pool it changed on the GPUs weaved holds for it."""
+        pool it changed on the GPUs weaved holds for it (``remaining_s``: each job's
+        remaining seconds where known, the horizon of a replacement of rows)."""
         groups, changed = [], False
+        self.overlap_gpu_s = 0.0
+        cap = after.capacity
         for g in after.groups:
             if not g.pooled or before.by_id.get(g.group_id) is g:
                 groups.append(g)
                 continue
-            pool = held_pool(self.held.get(g.group_id), g.pool_gpus, g.gpus_per_node,
-                             step_gpus([m.job for m in g.members]))
+            was = self.held.get(g.group_id)
+            pool, replaced = held_pool(was, g.pool_gpus, g.gpus_per_node,
+                                       step_gpus([m.job for m in g.members]),
+                                       shrink_pays(g, cap, pool_horizon(g, remaining_s))
+                                       if self.replace_rows else None)
+            if replaced:
+                self.overlap_gpu_s += replaced * overlap_s(g, cap, was.gpus if was else 0)
             self.held[g.group_id] = pool
             changed |= pool.gpus != g.pool_gpus
             groups.append(replace(g, pool_gpus=pool.gpus) if pool.gpus != g.pool_gpus
