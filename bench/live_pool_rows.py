@@ -3,7 +3,7 @@
     .venv/bin/python bench/live_pool_rows.py [--trace wild] [--seed 1] [--json OUT]
 
 Replays ``weave-live`` with pooled rollout (consistent accounting, groups of up to 5)
-four times, each pool held by another rule (sim/live_pools.py):
+five times, each pool held by another rule (sim/live_pools.py):
 
 - ``placement's width``: each pool on the GPUs placement asked for (no rows: what
   weave's own pooled replay charges);
@@ -12,11 +12,14 @@ four times, each pool held by another rule (sim/live_pools.py):
   engines, no row kept;
 - ``whole rows only``: rows kept until wholly spare, a wider pool adding one row (what
   weaved did before a pool could replace rows by a smaller one);
-- ``as weaved holds it``: the replay's own rule (the above, and a pool's newest rows
-  replaced by one smaller row where that pays: ``placement.pool_shrink``), what ``weave
-  simulate --rollout pooled --policy weave-live`` reports.
+- ``replaced only beside them``: the above, and a pool's newest rows replaced by one
+  smaller row where that pays (``placement.pool_shrink``) and the new row fits beside
+  the rows it replaces, on their nodes;
+- ``as weaved holds it``: the replay's own rule (the above, the new row also where the
+  rollout pool's free GPUs hold it), what ``weave simulate --rollout pooled --policy
+  weave-live`` reports.
 
-The first three are not what weaved does; they say where the last one's cost comes
+The first four are not what weaved does; they say where the last one's cost comes
 from.
 """
 
@@ -71,9 +74,17 @@ class WholeRows(LivePools):
         super().__init__(replace_rows=False)
 
 
+class BesideOnly(LivePools):
+    """Rows replaced only where the new row fits beside them, on their nodes."""
+
+    def __init__(self) -> None:
+        super().__init__(beside_only=True)
+
+
 RULES: dict[str, type[LivePools]] = {"placement's width": PlacementWidth,
                                      "shares rounding only": RoundingOnly,
                                      "whole rows only": WholeRows,
+                                     "replaced only beside them": BesideOnly,
                                      "as weaved holds it": LivePools}
 
 

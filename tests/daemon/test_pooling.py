@@ -81,6 +81,8 @@ def test_a_pooled_plan_pins_every_member_to_every_share_and_reads_back(
     assert rebuilt.pooled and rebuilt.pool_gpus == 12
     assert rebuilt.job_ids == group.job_ids
     assert rebuilt.schedule.period_s == pytest.approx(group.schedule.period_s)
+    # what a replacement's new row may count on: the rollout pool's GPUs less the pool's
+    assert membership.free_rollout_gpus(CAP, store.groups(), store.jobs(), 2, {}) == 16 * 8 - 12
 
 
 def _row(key: int, nodes: int, gpus: int, state: AllocState = AllocState.HELD) -> AllocRow:
@@ -162,10 +164,15 @@ def test_a_narrower_pool_may_replace_rows_and_pins_its_members_to_what_it_keeps(
                                rollout_gpus=1)
     assert pooling.slot_gpus(shrunk, held) == {0: 5, 1: 5, 4: 1}
     assert pooling.width(shrunk, held) == 11
-    # a whole node has no GPUs beside it for the new row: kept whole, whatever pays
+    # a whole node has no GPUs beside it for the new row, and no GPUs of the rollout
+    # pool are counted on (free_gpus 0): kept whole, whatever pays
     one = GroupPlan(1, 1, (MemberPlan(1, (0,)),), rollout_gpus=8)
     node = pooling.pooled_plan([(1, 1)], 1, 4, 8, 1, one, [_row(1, 1, 8)], always)
     assert node == one
+    # ... unless the rollout pool's free GPUs hold it elsewhere: a new row of 4
+    freed = pooling.pooled_plan([(1, 1)], 1, 4, 8, 1, one, [_row(1, 1, 8)], always, 4)
+    assert freed == GroupPlan(1, 1, (MemberPlan(1, (1,)),), rollout_gpus=4)
+    assert pooling.pooled_plan([(1, 1)], 1, 4, 8, 1, one, [_row(1, 1, 8)], always, 3) == one
 
 
 def test_weaved_replaces_a_pool_row_only_where_the_model_says_it_pays() -> None:

@@ -11,8 +11,10 @@ import pytest
 from weave_slurm.model.cost import CostRates
 from weave_slurm.model.profile import simple_profile
 from weave_slurm.placement.capacity import Capacity
+from weave_slurm.placement.cluster_state import ClusterState
 from weave_slurm.placement.group import Group, Member
 from weave_slurm.placement.pool_shrink import (
+    free_gpus,
     overlap_s,
     pool_horizon,
     shrink_books,
@@ -51,6 +53,31 @@ def test_a_pool_replaces_rows_by_one_that_fits_beside_them(
     assert (keep, new) == pool_rows(rows, width, 8, step)
     held = sum(n * g for (n, g), on in zip(rows, want[0], strict=True) if on)
     assert held + (want[1][0] * want[1][1] if want[1] else 0) >= width
+
+
+@pytest.mark.parametrize(("rows", "width", "free", "want"), [
+    (((1, 8),), 4, 4, ((False,), (1, 4))),    # a whole node: the new row elsewhere
+    (((1, 8),), 4, 3, ((True,), None)),       # ... only where the pool's free GPUs hold it
+    (((2, 7),), 10, 10, ((False,), (2, 5))),  # 5 do not fit beside 7: 2 x 5 elsewhere
+    (((2, 7),), 10, 9, ((True,), None)),
+    (((1, 4),), 2, 0, ((False,), (1, 2))),    # beside the old row: no free GPUs needed
+])
+def test_a_new_row_that_does_not_fit_beside_counts_on_the_pools_free_gpus(
+        rows: tuple[tuple[int, int], ...], width: int, free: int,
+        want: tuple[tuple[bool, ...], tuple[int, int] | None]) -> None:
+    assert pool_rows(rows, width, 8, 1, _always, free) == want
+
+
+def test_free_gpus_are_the_rollout_pools_less_every_groups_old_and_new() -> None:
+    """16 rollout nodes of 8 GPUs; a pinned group on 2 nodes and a pool of 12 GPUs
+    narrowed to 6: its 12 are held until its members have moved."""
+    job = simple_profile("p", 100.0, 60.0, 2.0)
+    pinned = Group(2, (Member(job, (0, 1)),), 2, 1)
+    before = ClusterState(CAP, (_pair(12), pinned), 3)
+    after = ClusterState(CAP, (_pair(6), pinned), 3)
+    assert free_gpus(before, after) == 128 - 16 - 12
+    assert free_gpus(after, after) == 128 - 16 - 6
+    assert free_gpus(before, ClusterState(CAP, (pinned,), 3)) == 128 - 16 - 12
 
 
 def test_the_rule_is_asked_with_what_each_choice_holds() -> None:

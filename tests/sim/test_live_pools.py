@@ -103,3 +103,17 @@ def test_the_replays_books_charge_rows_held_beside_a_new_one() -> None:
     assert books.cost == pytest.approx(0.5)
     assert books.node_s["rollout"] == pytest.approx(1800.0)
     assert books.busy_s["rollout"] == 0.0   # idle: nobody runs on them
+
+
+def test_a_whole_node_row_is_replaced_only_where_the_pools_free_gpus_hold_the_new_one() -> None:
+    """1 x 8 GPUs narrowed to 2: nothing fits beside the row; the rollout pool's free
+    GPUs (16 nodes of 8, 8 of them held) hold the new row of 2, unless the replay counts
+    only the GPUs beside the rows (``beside_only``)."""
+    empty, hour = ClusterState(CAP, next_group_id=1), {"a": 3600.0, "b": 3600.0}
+    for beside_only, gpus in ((False, 2), (True, 8)):
+        pools = LivePools(beside_only=beside_only)
+        first = pools.hold(empty, ClusterState(CAP, (_pair(8),), 2), hour)
+        assert pools.held[1] == HeldPool(((1, 8),))
+        after = pools.hold(first, ClusterState(CAP, (_pair(2),), 2), hour)
+        assert after.groups[0].pool_gpus == gpus
+        assert pools.overlap_gpu_s == pytest.approx(8 * 1202.0 if gpus == 2 else 0.0)

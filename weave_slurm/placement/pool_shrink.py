@@ -37,6 +37,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from weave_slurm.placement.capacity import Capacity
+from weave_slurm.placement.cluster_state import ClusterState
 from weave_slurm.placement.group import Group
 from weave_slurm.placement.moves import SECONDS_PER_HOUR, MoveBooks, pays
 from weave_slurm.placement.pooled import RowShrink, ShrinkPays
@@ -54,6 +55,21 @@ def pool_horizon(group: Group, remaining_s: Mapping[str, float] | None = None) -
         left.append(DEFAULT_HORIZON_S if value is None or not math.isfinite(value)
                     else max(value, 0.0))
     return min(MAX_HORIZON_S, *left) if left else DEFAULT_HORIZON_S
+
+
+def free_gpus(before: ClusterState, after: ClusterState) -> int:
+    """The rollout pool's GPUs no group holds while ``after`` (a decision) is carried
+    out from ``before``: the site's rollout nodes' GPUs less each group's, at the most
+    of what it holds in ``before`` and what ``after`` gives it (a pool's old rows are
+    held until its members have moved; a group ``after`` drops, until it drains), as
+    placement counts them (``rollout_held_nodes``). What a replacement's new row may
+    count on where it does not fit beside the rows it replaces (``pool_rows``)."""
+    cap = after.capacity
+    used = sum(max(g.rollout_held_nodes, before.by_id[g.group_id].rollout_held_nodes
+                   if g.group_id in before.by_id else 0.0) for g in after.groups)
+    used += sum(g.rollout_held_nodes for g in before.groups if g.group_id not in after.by_id)
+    return max(0, math.floor((cap.rollout_pool_nodes - used) * cap.rollout_gpus_per_node
+                             + 1e-6))
 
 
 def overlap_s(group: Group, cap: Capacity, was: int) -> float:

@@ -19,7 +19,9 @@ node of the pool holds every member's state per node (``Group.rollout_mem_used_g
 What weaved *holds* for a width (daemon/pooling.py, whose rules these are, and the
 simulator's ``weave-live``, sim/live_pools.py, call the same functions): allocation
 rows of GPU shares (:func:`shares`), kept while a narrower pool still needs them and
-added to when it widens (:func:`pool_rows`); a job whose batch depends on its engine
+added to when it widens (:func:`pool_rows`), or its newest rows replaced by one smaller
+row beside them where that pays (``pool_rows``' ``pays``: placement/pool_shrink.py); a
+job whose batch depends on its engine
 count is planned as one no width speeds up (:func:`no_width`), so it is never pooled.
 """
 
@@ -195,7 +197,7 @@ ShrinkPays = Callable[[RowShrink], bool]
 
 
 def pool_rows(rows: Sequence[tuple[int, int]], width: int, gpus_per_node: int, step: int,
-              pays: ShrinkPays | None = None
+              pays: ShrinkPays | None = None, free_gpus: int = 0
               ) -> tuple[tuple[bool, ...], tuple[int, int] | None]:
     """A pool of ``width`` GPUs over the allocation ``rows`` it holds (``(nodes, GPUs of
     each)``, oldest first): which rows it keeps (a narrower pool returns whole rows,
@@ -204,9 +206,10 @@ def pool_rows(rows: Sequence[tuple[int, int]], width: int, gpus_per_node: int, s
     (None: nothing; daemon/pooling.py, "A width change").
 
     ``pays`` (None: never): a pool that would still hold more than ``width`` may instead
-    replace its newest rows by one new row of what the older ones lack, where the new
-    row fits beside the rows it replaces, on their nodes (:func:`replacement`), and the
-    replacement pays (``pays``); of those, the one that holds fewest GPUs."""
+    replace its newest rows by one new row of what the older ones lack (:func:`replacement`:
+    where it fits beside the rows it replaces, or in ``free_gpus``, the rollout pool's
+    GPUs no group holds), where that pays (``pays``); of those, the one that holds fewest
+    GPUs."""
     keep, new = _whole_rows(rows, width, gpus_per_node, step)
     if pays is None:
         return keep, new
@@ -214,10 +217,9 @@ def pool_rows(rows: Sequence[tuple[int, int]], width: int, gpus_per_node: int, s
     held = kept + (new[0] * new[1] if new else 0)
     best: tuple[int, tuple[tuple[bool, ...], tuple[int, int]]] | None = None
     for k in range(len(rows)):   # keep the k oldest rows, replace the others
-        shrunk = replacement(rows, k, width, gpus_per_node, step)
-        if shrunk is None:
+        row = replacement(rows, k, width, gpus_per_node, step, free_gpus)
+        if row is None:
             continue
-        row = shrunk
         gpus = sum(n * g for n, g in rows[:k]) + row[0] * row[1]
         gone = sum(n * g for (n, g), on in zip(rows[k:], keep[k:], strict=True) if on)
         if gpus < held and (best is None or gpus < best[0]) and pays(
@@ -227,21 +229,26 @@ def pool_rows(rows: Sequence[tuple[int, int]], width: int, gpus_per_node: int, s
 
 
 def replacement(rows: Sequence[tuple[int, int]], k: int, width: int, gpus_per_node: int,
-                step: int) -> tuple[int, int] | None:
+                step: int, free_gpus: int = 0) -> tuple[int, int] | None:
     """The one new row that, with the ``k`` oldest ``rows``, holds ``width``, in place
-    of the newer rows; None where the ``k`` rows hold it alone or the new row does not
-    fit beside the rows it replaces on their nodes (no more nodes than they span, and a
-    share no larger than the GPUs each of their nodes has beside its own share): the old
-    rows are given back only once every member has re-pinned, so the new row needs GPUs
-    that are free while they are held, and these are the ones the pool can count on."""
+    of the newer rows; None where the ``k`` rows hold it alone or the new row fits
+    nowhere the pool can count on. The old rows are given back only once every member
+    has re-pinned, so the new row needs GPUs that are free while they are held: beside
+    the rows it replaces, on their nodes (a row of no more nodes than they span, each
+    share no larger than the GPUs each of their nodes has beside its own), the *cheap
+    case*; or else, spread as a wider pool's new row is (over as many nodes as the kept
+    rows span), within ``free_gpus``, the rollout pool's GPUs no group holds (0: none
+    counted on: only the cheap case)."""
     lack = width - sum(n * g for n, g in rows[:k])
     gone = rows[k:]
     if lack <= 0 or not gone:
         return None
     nodes = sum(n for n, _ in gone)
-    room = gpus_per_node - max(g for _, g in gone)
     n, g = shares(lack, gpus_per_node, step, nodes)
-    return (n, g) if n <= nodes and g <= room else None
+    if n <= nodes and g <= gpus_per_node - max(g for _, g in gone):
+        return n, g
+    n, g = shares(lack, gpus_per_node, step, sum(n for n, _ in rows[:k]))
+    return (n, g) if n * g <= free_gpus else None
 
 
 def _whole_rows(rows: Sequence[tuple[int, int]], width: int, gpus_per_node: int, step: int
