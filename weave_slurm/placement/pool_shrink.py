@@ -28,6 +28,13 @@ own books of a move (``placement.moves``), for the group alone:
   subtracted; and each paused member absorbs its pause in its slack before it ends
   (``replan.slo_allows``' rule). No threshold of its own: the freed GPUs must pay the
   re-pins and the overlap within the horizon.
+- **where the new row goes** (``pooled.replacement``): the old rows are held while the
+  members move, so the new row is asked only where it fits beside the rows it
+  replaces, on their nodes, or in :func:`free_gpus`, the rollout pool's GPUs no group
+  holds as placement counts them (the old rows of every changed pool still counted).
+  Both are placement's view: GPUs beside a share may hold another group's share, and
+  free GPUs may be spread over nodes none of which holds the new row's share; weaved
+  then waits for the row while its members run on the old ones (a pending row).
 """
 
 from __future__ import annotations
