@@ -70,6 +70,11 @@ class StateError(WeaveError):
     """Persistent or shared state is missing, corrupt or owned by someone else."""
 
 
+class SegmentMissing(StateError):
+    """A segment is not (or no longer) on the node: never put, dropped, or listed a
+    moment before a writer replaced it."""
+
+
 class AlreadyEnded(StateError):
     """An operation on a job that has ended (cancel: nothing left to do; scancel is
     quiet about it)."""

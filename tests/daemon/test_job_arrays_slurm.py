@@ -84,6 +84,10 @@ def test_array_default_output_and_environment(slurm_cluster: SessionCluster,
         shown = call(sock, Op.SHOW, kind="job", id=plain)
         out = work / f"weave-{plain}.out"
         assert shown["stdout"] == shown["stderr"] == str(out)
-        assert run_app(app, "weave", ["logs", str(plain), "--socket", str(sock)]) == 0
-        logged = capsys.readouterr().out
-        assert f"weave job {plain} (plain): RUNNING" in logged and "COMPLETED" in logged
+
+        def logged() -> str:   # weaved writes how it ended on its next tick after it ended
+            assert run_app(app, "weave", ["logs", str(plain), "--socket", str(sock)]) == 0
+            return capsys.readouterr().out
+        text = wait_for(logged, 15, "weave logs to say COMPLETED", interval_s=0.3,
+                        until=lambda out: "COMPLETED" in out)
+        assert f"weave job {plain} (plain): RUNNING" in text

@@ -12,10 +12,12 @@ import pytest
 import torch
 
 from tests.harness.waits import wait_for
-from weave_slurm.errors import NodeUnavailable
+from weave_slurm.errors import NodeUnavailable, SegmentMissing
 from weave_slurm.node.daemon import NodeDaemon
 from weave_slurm.node.node_client import NodeClient
 from weave_slurm.node.protocol import Op
+from weave_slurm.node.resident import AttachCache
+from weave_slurm.node.segments import JobRef, SegmentStore
 from weave_slurm.node.zygotes import Interpreter
 
 pytestmark = pytest.mark.torch
@@ -224,3 +226,21 @@ def resident_log(daemon: NodeDaemon) -> str:
     """Every job's resident.log on the node (for a failure's message)."""
     return "\n".join(p.read_text(errors="replace")[-3000:]
                      for p in daemon.config.root.rglob("resident.log"))
+
+
+def test_a_segment_listed_then_dropped_by_its_writer_is_skipped_not_fatal(
+        shm_root: Path) -> None:
+    """A resident worker attaches its job's segments as the daemon listed them; a gang
+    engine's slice listed and then replaced or dropped by its writer meanwhile is left
+    out (a phase that needs it finds it missing and says so), the rest attached."""
+    store = SegmentStore(shm_root)
+    job = JobRef("7", os.getuid())
+    store.put_state(job, "weights", {"w": torch.ones(2)}, 1)
+    store.put_state(job, "traj.e3", {"t": torch.zeros(1)}, 1)
+    listed = {n: str(store.seg_path(job, n)) for n in ("weights", "traj.e3")}
+    store.index_path(job, "traj.e3").unlink()   # its writer replaces it right now
+    cache = AttachCache()
+    got = cache.attach(store, job, listed)
+    assert set(got) == {"weights"} and got["weights"].index.version == 1
+    with pytest.raises(SegmentMissing, match="no segment 'traj.e3'"):
+        store.read_index(job, "traj.e3")

@@ -242,8 +242,8 @@ def _weights(ctx: PhaseContext, args: PhaseArgs) -> Any:
     for engine ``r >= 1`` of a rollout gang the job's on this node."""
     owner = _owner(ctx, args)
     if owner != ctx.job:
-        with _client() as client:
-            held = client.attach(owner)
+        with _client() as client:   # only the weights: the gang's slices change meanwhile
+            held = client.attach(owner, {args.weights})
         seg = held.get(args.weights)
         if seg is None:
             raise StateError(f"job {args.job_id}: engine {args.rank} needs segment "

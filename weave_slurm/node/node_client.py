@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +98,12 @@ class NodeClient(LineClient):
         write_staged(Path(reply["stage_seg_path"]), Path(reply["stage_index_path"]),
                      index, tensors)
 
-    def attach(self, job: JobRef) -> dict[str, AttachedState]:
+    def attach(self, job: JobRef, names: Collection[str] | None = None
+               ) -> dict[str, AttachedState]:
+        """``job``'s segments on this node, mapped zero-copy; only ``names`` of them
+        where given (None: all). A reader of another job's (its rollout gang's) segments
+        names what it reads: the others may be replaced by their writers meanwhile."""
         reply = self.call(Op.ATTACH_INFO, job=job.job_id)
         store = SegmentStore(Path(reply["root"]))
-        return {name: store.attach_state(job, name) for name in reply["segments"]}
+        return {name: store.attach_state(job, name) for name in reply["segments"]
+                if names is None or name in names}

@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 
-from weave_slurm.errors import ConfigError, StateError
+from weave_slurm.errors import ConfigError, SegmentMissing, StateError
 from weave_slurm.node.index import JobRef, SegmentIndex
 from weave_slurm.node.job_streams import JobStreams
 from weave_slurm.node.segments import AttachedState, SegmentStore, map_file, tensor_views
@@ -98,7 +98,11 @@ class AttachCache:
             if Path(path) != store.seg_path(job, name):
                 raise StateError(f"segment {name!r} path {path!r} is not job "
                                  f"{job.job_id!r}'s {store.seg_path(job, name)}")
-            index = store.read_index(job, name)
+            try:
+                index = store.read_index(job, name)
+            except SegmentMissing:   # listed, then replaced or dropped by its writer (a
+                self._mapped.pop(name, None)   # gang engine's slice): a phase that needs
+                continue                       # it says so (it is not in its state)
             if not index.complete:
                 raise StateError(f"segment {job.job_id}/{name} is torn: an update of "
                                  f"version {index.version} did not finish")

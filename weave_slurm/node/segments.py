@@ -36,7 +36,7 @@ from typing import Any, BinaryIO, cast
 
 import torch
 
-from weave_slurm.errors import ConfigError, InsufficientResources, StateError
+from weave_slurm.errors import ConfigError, InsufficientResources, SegmentMissing, StateError
 from weave_slurm.node.index import (
     DEFAULT_ALIGN_BYTES,
     DEFAULT_ROOT,
@@ -268,8 +268,8 @@ class SegmentStore:
         try:
             text = path.read_text()
         except FileNotFoundError:
-            raise StateError(f"job {job.job_id!r} has no segment {name!r} "
-                             f"(no index at {path})") from None
+            raise SegmentMissing(f"job {job.job_id!r} has no segment {name!r} "
+                                 f"(no index at {path})") from None
         return SegmentIndex.loads(text, str(path))
 
     def attach_state(self, job: JobRef, name: str, verify: bool = False) -> AttachedState:
