@@ -20,7 +20,7 @@ from weave_slurm.errors import ConfigError
 from weave_slurm.model.cost import CostRates
 from weave_slurm.model.profile import simple_profile
 from weave_slurm.placement import Capacity, Member
-from weave_slurm.placement.pooled import RowShrink, pooled_group
+from weave_slurm.placement.pooled import pooled_group
 
 CAP = replace(Capacity(4, 8, 1000.0, 1000.0, 16, 16, CostRates(1.0, 2.85)),
               rollout_pooled=True, rollout_gpus_per_node=8)
@@ -81,8 +81,6 @@ def test_a_pooled_plan_pins_every_member_to_every_share_and_reads_back(
     assert rebuilt.pooled and rebuilt.pool_gpus == 12
     assert rebuilt.job_ids == group.job_ids
     assert rebuilt.schedule.period_s == pytest.approx(group.schedule.period_s)
-    # what a replacement's new row may count on: the rollout pool's GPUs less the pool's
-    assert membership.free_rollout_gpus(CAP, store.groups(), store.jobs(), 2, {}) == 16 * 8 - 12
 
 
 def _row(key: int, nodes: int, gpus: int, state: AllocState = AllocState.HELD) -> AllocRow:
@@ -144,49 +142,3 @@ def test_status_shows_a_pool_as_placement_sees_it_on_the_shares_it_holds(
     (view,) = Api(store, default_site(), CAP, lambda: 3.0).groups()["groups"]
     assert view["pool_gpus"] == 16
     assert view["period_s"] == pytest.approx(placed.schedule.period_s)
-
-
-def test_a_narrower_pool_may_replace_rows_and_pins_its_members_to_what_it_keeps() -> None:
-    """Where a replacement pays (``pays``), the newest rows are replaced by one smaller
-    row beside them: every member is pinned to the kept rows and the new one only (the
-    replaced row's slots are surplus, given back once nobody runs on them)."""
-    def always(s: RowShrink) -> bool:
-        return True
-
-    pins = (0, 1, 2, 3)
-    before = GroupPlan(4, 1, (MemberPlan(1, pins), MemberPlan(2, pins)), rollout_gpus=2)
-    held = [_row(1, 2, 5), _row(2, 2, 2)]
-    assert pooling.width(before, held) == 14
-    whole = pooling.pooled_plan([(1, 1), (2, 1)], 1, 11, 8, 1, before, held)
-    assert whole == before   # whole rows: both needed in part, both kept
-    shrunk = pooling.pooled_plan([(1, 1), (2, 1)], 1, 11, 8, 1, before, held, always)
-    assert shrunk == GroupPlan(3, 1, (MemberPlan(1, (0, 1, 4)), MemberPlan(2, (0, 1, 4))),
-                               rollout_gpus=1)
-    assert pooling.slot_gpus(shrunk, held) == {0: 5, 1: 5, 4: 1}
-    assert pooling.width(shrunk, held) == 11
-    # a whole node has no GPUs beside it for the new row, and no GPUs of the rollout
-    # pool are counted on (free_gpus 0): kept whole, whatever pays
-    one = GroupPlan(1, 1, (MemberPlan(1, (0,)),), rollout_gpus=8)
-    node = pooling.pooled_plan([(1, 1)], 1, 4, 8, 1, one, [_row(1, 1, 8)], always)
-    assert node == one
-    # ... unless the rollout pool's free GPUs hold it elsewhere: a new row of 4
-    freed = pooling.pooled_plan([(1, 1)], 1, 4, 8, 1, one, [_row(1, 1, 8)], always, 4)
-    assert freed == GroupPlan(1, 1, (MemberPlan(1, (1,)),), rollout_gpus=4)
-    assert pooling.pooled_plan([(1, 1)], 1, 4, 8, 1, one, [_row(1, 1, 8)], always, 3) == one
-
-
-def test_weaved_replaces_a_pool_row_only_where_the_model_says_it_pays() -> None:
-    """Two members whose training binds the period (tests/placement/test_pooled_shrink):
-    1 x 4 GPUs -> 1 x 2 pays back its overlap in ~0.67 h; over their remaining hour it
-    is taken, over half an hour not, and without a capacity never (as before)."""
-    jobs = [simple_profile(n, 100.0, 600.0, 3.0) for n in ("1", "2")]
-    group = pooled_group(1, tuple(Member(j, (0,)) for j in jobs), 2, 8)
-    before = GroupPlan(1, 1, (MemberPlan(1, (0,)), MemberPlan(2, (0,))), rollout_gpus=4)
-    held = [_row(1, 1, 4)]
-    hour = membership.plan_of(group, before, held, CAP, {"1": 3600.0, "2": 4000.0})
-    assert hour == GroupPlan(1, 1, (MemberPlan(1, (1,)), MemberPlan(2, (1,))),
-                             rollout_gpus=2)
-    assert pooling.member_pool(hour, 1, held) == (2,)
-    half = membership.plan_of(group, before, held, CAP, {"1": 1800.0, "2": 4000.0})
-    assert half == before
-    assert membership.plan_of(group, before, held) == before
