@@ -43,6 +43,14 @@ plan_from_measurements = false
 """
 
 
+#: Why the scenario's tests are skipped (issue 34, an open defect of weaved's pools).
+WIDEN_DEFECT = (
+    "issue 34, open defect: a widened pool asks one new row of equal shares on as many "
+    "nodes as it spans (daemon/pooling.pooled_plan); where its first row is one node's "
+    "share (6 of 8 GPUs), the row for 16 (5 + 5) never fits beside it and weaved asks "
+    "again every 15 s (REASON says so): most runs since 2026-12-06 fail so")
+
+
 @dataclass(frozen=True)
 class Widened:
     """What the scenario saw: the jobs (id -> seed), the fourth, the group, its plans
@@ -57,12 +65,15 @@ class Widened:
     rows: tuple[AllocRow, ...]
 
 
-def _submit(sock: Path, k: int, seed: int, steps: int, rollout_gpu_s: float = 60.0) -> int:
+def _submit(sock: Path, k: int, seed: int, steps: int, rollout_gpu_s: float = 60.0,
+            hold: bool = False) -> int:
     """Job ``k``: one engine of ``ENGINE_GPUS`` GPUs, its rollout ``rollout_gpu_s``
-    GPU-seconds as declared."""
+    GPU-seconds as declared; ``hold``: submitted held (``[slurm] hold``)."""
     spec = job_spec_toml(f"p{k}", iterations=steps, seed=seed, options=POOLED,
                          rollout_gpus=ENGINE_GPUS, engine_gpus=ENGINE_GPUS,
                          rollout_s=rollout_gpu_s / ENGINE_GPUS, train_s=10.0, slo=2.0)
+    if hold:
+        spec += "\n[slurm]\nhold = true\n"
     return int(weaved.call(sock, Op.SUBMIT, spec=spec, source=f"p{k}.toml")["job"])
 
 
@@ -72,7 +83,14 @@ def _at_version(w: Weaved, jobs: list[int], what: str) -> None:
         return [(-1 if (live := w.driver.live(r["job"])) is None else live["version"],
                  r["state"], r["reason"])
                 for r in weaved.call(w.config.socket, Op.STATUS, jobs=jobs)["jobs"]]
-    wait_for(seen, 240, what, interval_s=0.3, until=lambda rows: all(v >= 1 for v, *_ in rows))
+    try:
+        wait_for(seen, 240, what, interval_s=0.3,
+                 until=lambda rows: all(v >= 1 for v, *_ in rows))
+    except AssertionError as exc:   # what weaved planned and held, for the reader
+        plans = [(g.group_id, g.plan) for g in w.store.groups(live_only=False)]
+        rows = [(a.key, a.group_id, a.pool, a.gpus_per_node, a.nodes, a.state.value,
+                 a.alloc_id) for a in w.store.allocs(live_only=False)]
+        raise AssertionError(f"{exc}; plans {plans}; allocations {rows}") from None
 
 
 def widen_for_a_fourth(w: Weaved, sock: Path, seed: int, steps: int = STEPS) -> Widened:
@@ -80,8 +98,9 @@ def widen_for_a_fourth(w: Weaved, sock: Path, seed: int, steps: int = STEPS) -> 
     fourth's arrival) pooled in one group; a fourth (+3, ``STEPS``), with a rollout
     eight times longer, joins it and the pool widens. Returns once the fourth is at
     version 1 (the others still running)."""
-    seeds = {_submit(sock, k, seed + k, steps): seed + k for k in range(3)}
-    first = list(seeds)
+    seeds = {_submit(sock, k, seed + k, steps, hold=True): seed + k for k in range(3)}
+    first = list(seeds)   # released together: placed in one tick, as one pool
+    assert all(r["ok"] for r in weaved.call(sock, Op.RELEASE, jobs=first)["results"])
     _at_version(w, first, "three jobs at version 1")
     (group,) = w.store.groups()
     before = group.plan

@@ -242,5 +242,5 @@ def test_a_segment_listed_then_dropped_by_its_writer_is_skipped_not_fatal(
     cache = AttachCache()
     got = cache.attach(store, job, listed)
     assert set(got) == {"weights"} and got["weights"].index.version == 1
-    with pytest.raises(SegmentMissing, match="no segment 'traj.e3'"):
+    with pytest.raises(SegmentMissing, match=r"no segment 'traj\.e3'"):
         store.read_index(job, "traj.e3")
