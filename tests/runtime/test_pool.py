@@ -5,6 +5,7 @@ training step merges when its width changed after the rollout."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -133,8 +134,9 @@ def test_a_width_change_is_pending_until_a_phase_boundary_and_moves_the_engines(
         == [("p", "h20-0"), ("p.e1", "h20-1")]
     port.apply(Repin("p", (0, 1), (1, 1)))
     assert m.repin is None                                  # nothing changes
-    with pytest.raises(ConfigError, match=r"member 'p': pool=\[2, 0\] with 1 GPU"):
-        port.apply(Repin("p", (0, 1), (2, 0)))
+    port.apply(Repin("p", (0, 1), (2, 0)))   # refused: its warning, it stays as it is
+    assert m.repin is None and m.warning is not None
+    assert re.search(r"member 'p': pool=\[2, 0\] with 1 GPU", m.warning), m.warning
     port.apply(Repin("p", (0, 1), (2, 2)))
     assert m.repin == rollout and m.repool == (2, 2)        # the same nodes, wider
     ex.tick()                                               # no phase in flight: it moves
