@@ -20,7 +20,7 @@ from weave_slurm.errors import ConfigError
 from weave_slurm.model.cost import CostRates
 from weave_slurm.model.profile import simple_profile
 from weave_slurm.placement import Capacity, Member
-from weave_slurm.placement.pooled import pooled_group
+from weave_slurm.placement.pooled import pooled_group, shares
 
 CAP = replace(Capacity(4, 8, 1000.0, 1000.0, 16, 16, CostRates(1.0, 2.85)),
               rollout_pooled=True, rollout_gpus_per_node=8)
@@ -31,7 +31,7 @@ CAP = replace(Capacity(4, 8, 1000.0, 1000.0, 16, 16, CostRates(1.0, 2.85)),
     (12, 4, (2, 8)), (6, 2, (1, 6)), (17, 1, (3, 6)), (24, 8, (3, 8))])
 def test_a_width_is_held_on_the_fewest_nodes_with_equal_shares(
         width: int, step: int, want: tuple[int, int]) -> None:
-    n, g = pooling.shares(width, 8, step)
+    n, g = shares(width, 8, step)
     assert (n, g) == want
     assert n * g >= width and g % step == 0 and g <= 8
     assert n == -(-width // 8)   # never more nodes than the width needs
@@ -39,7 +39,7 @@ def test_a_width_is_held_on_the_fewest_nodes_with_equal_shares(
 
 def test_a_step_that_splits_an_engine_over_nodes_is_refused() -> None:
     with pytest.raises(ConfigError, match="divides 8"):
-        pooling.shares(6, 8, 3)
+        shares(6, 8, 3)
 
 
 def _rows(tmp_path: Path, *texts: str) -> tuple[Store, list[int]]:

@@ -135,8 +135,10 @@ class GroupAllocations:
         """For a replacement: what became of the allocation it replaces (its LOST
         reason), so that ``weave show group`` keeps the fault once the jobs' reasons
         have moved on."""
+        if not replaces:
+            return ""
         lost = [a for a in self.store.allocs(group.group_id, live_only=False)
-                if replaces and a.role == role and a.state is AllocState.LOST]
+                if a.role == role and a.state is AllocState.LOST]
         if not lost:
             return ""
         last = self.store.transitions("alloc", max(a.key for a in lost))

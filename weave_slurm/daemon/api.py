@@ -24,7 +24,7 @@ from weave_slurm.config.job import check_paths, parse_job
 from weave_slurm.config.oci import check_container, oci_conf_path
 from weave_slurm.config.sbatch import refuse_over_site
 from weave_slurm.config.site import SiteConfig
-from weave_slurm.daemon import job_arrays, limits, membership, pooling
+from weave_slurm.daemon import job_arrays, limits, membership
 from weave_slurm.daemon.access import (
     check_access,
     output_needs,
@@ -375,8 +375,8 @@ class Api:
                 "members": [j for j in g.plan.job_ids if j not in coming],
                 "moving_in": coming, "moving_out": going,
                 "rollout_nodes": g.plan.rollout_nodes,
-                # a pooled group's GPUs (its shares held, or asked for next), else None
-                "pool_gpus": pooling.width(g.plan, allocs) or None,
+                # a pooled group's GPUs as placement reads them back, else None
+                "pool_gpus": model.pool_gpus if model is not None and model.pooled else None,
                 "train_nodes": g.plan.train_nodes,
                 "period_s": sched.period_s if sched else None,
                 "rollout_bubble": 1.0 - sched.rollout_busy if sched else None,

@@ -5,7 +5,7 @@ With the site's ``[limits] rollout = "pooled"``, weaved's placement may put a jo
 rather than whole nodes, and each member's rollout runs, in turn order, as ``W / T``
 engines over all of them (the runtime: ``MemberSpec.pool``, runtime/pool.py).
 
-- **Shares** (:func:`shares`): weaved holds a new pool as one allocation row of ``n``
+- **Shares** (``placement.pooled.shares``): weaved holds a new pool as one allocation row of ``n``
   nodes with ``g`` GPUs of each (``GroupPlan.rollout_gpus``: a *share* of each node,
   which another group's share may sit beside; daemon/allocplan.py, "Shares"): the
   fewest nodes that hold ``W``, and on them the fewest GPUs per node, a multiple of
@@ -39,11 +39,8 @@ from collections.abc import Sequence
 from weave_slurm.daemon import allocplan
 from weave_slurm.daemon.records import AllocRow, GroupPlan, JobRow, MemberPlan
 from weave_slurm.model.profile import JobProfile
-from weave_slurm.placement.pooled import no_width, pool_rows, shares
+from weave_slurm.placement.pooled import no_width, pool_rows
 from weave_slurm.workloads.builtins import not_poolable
-
-__all__ = ["member_pool", "planned", "pooled_plan", "shares", "slot_gpus", "why_not",
-           "width"]
 
 
 def why_not(job: JobRow) -> str | None:
