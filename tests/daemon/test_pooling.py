@@ -20,7 +20,7 @@ from weave_slurm.errors import ConfigError
 from weave_slurm.model.cost import CostRates
 from weave_slurm.model.profile import simple_profile
 from weave_slurm.placement import Capacity, Member
-from weave_slurm.placement.pooled import pooled_group, shares
+from weave_slurm.placement.pooled import pool_rows, pooled_group, shares, stripe_nodes
 
 CAP = replace(Capacity(4, 8, 1000.0, 1000.0, 16, 16, CostRates(1.0, 2.85)),
               rollout_pooled=True, rollout_gpus_per_node=8)
@@ -142,3 +142,36 @@ def test_status_shows_a_pool_as_placement_sees_it_on_the_shares_it_holds(
     (view,) = Api(store, default_site(), CAP, lambda: 3.0).groups()["groups"]
     assert view["pool_gpus"] == 16
     assert view["period_s"] == pytest.approx(placed.schedule.period_s)
+
+
+@pytest.mark.parametrize(("width", "stripe", "want"), [
+    (6, 2, (2, 3)), (6, 1, (1, 6)), (12, 2, (2, 6)), (3, 8, (3, 1)), (6, 8, (6, 1)),
+    (4, 2, (2, 2)), (7, 2, (2, 4)), (9, 8, (5, 2)), (10, 8, (5, 2))])
+def test_a_new_pool_is_striped_over_the_nodes_a_group_may_span(
+        width: int, stripe: int, want: tuple[int, int]) -> None:
+    """A new pool's first row spreads over up to ``stripe`` nodes where its width allows
+    an engine (here 1 GPU) on each, as long as it holds at most one engine more than on
+    its fewest GPUs (7 on two nodes: 4 + 4; 9 on up to eight: 5 x 2, not 8 x 2)."""
+    keep, new = pool_rows((), width, 8, 1, stripe)
+    assert keep == () and new == want
+
+
+def test_a_striped_pool_widens_on_a_row_that_fits_beside_it() -> None:
+    """The defect the stripe mends (issue 34): a 6-GPU pool on two 8-GPU nodes, widened
+    to 16. On one node (6) the row for the other 10 is 5 + 5, which fits nowhere beside
+    it (2 GPUs free on one node); striped (3 + 3), the row is 5 + 5 again, and each node
+    holds 3 + 5 of its 8."""
+    cap = replace(CAP, max_rollout_nodes_per_group=8, rollout_pool_nodes=2)
+    stripe = stripe_nodes(cap)
+    assert stripe == 2
+    first = pooling.pooled_plan([(1, 1)], 1, 6, 8, 1, None, [], stripe)
+    assert first == GroupPlan(2, 1, (MemberPlan(1, (0, 1)),), rollout_gpus=3)
+    allocs = [_row(1, 2, 3)]
+    wider = pooling.pooled_plan([(1, 1), (2, 1)], 1, 16, 8, 1, first, allocs, stripe)
+    assert pooling.slot_gpus(wider, allocs) == {0: 3, 1: 3, 2: 5, 3: 5}
+    per_node = {n: 3 for n in range(2)}   # the new row's two nodes: the pool's two hosts
+    assert all(g + 5 <= 8 for g in per_node.values())
+    packed = pooling.pooled_plan([(1, 1)], 1, 6, 8, 1, None, [], 1)   # one node: 6
+    lacks = pooling.pooled_plan([(1, 1), (2, 1)], 1, 16, 8, 1, packed, [_row(1, 1, 6)])
+    assert pooling.slot_gpus(lacks, [_row(1, 1, 6)]) == {0: 6, 1: 5, 2: 5}   # 2 free: no
+    assert stripe_nodes(replace(CAP, max_rollout_nodes_per_group=1)) == 1

@@ -15,15 +15,14 @@ import pytest
 
 from tests.harness import weaved
 from tests.harness.hosts import kill_running_worker, weaved_dirs
-from tests.harness.pooled_run import SITE, WIDEN_DEFECT, end_as_solo, widen_for_a_fourth
+from tests.harness.pooled_run import SITE, end_as_solo, widen_for_a_fourth
 from tests.harness.scratch import public_dir
 from tests.slurm.session_cluster import SessionCluster
 from weave_slurm.daemon import allocplan
 from weave_slurm.daemon.protocol import Op
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.slow,
-              pytest.mark.skipif(os.geteuid() != 0, reason="needs root"),
-              pytest.mark.skip(reason=WIDEN_DEFECT)]
+              pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
 
 
 def test_a_pool_widens_on_two_h20_hosts_an_engine_is_killed_and_each_ends_as_solo(
@@ -37,7 +36,7 @@ def test_a_pool_widens_on_two_h20_hosts_an_engine_is_killed_and_each_ends_as_sol
         with weaved.serving_on_slurm(weaved.rl_on_slurm(dirs, instance, env, public,
                                                         site)) as w:
             sock = w.config.socket
-            run = widen_for_a_fourth(w, sock, 91, steps=24)
+            run = widen_for_a_fourth(w, sock, 91)
             hosts = {n for a in run.rows for n in a.nodes}
             assert hosts == {"h20-0", "h20-1"}, run.rows   # one pool over both hosts
             newest = max((a for a in run.rows if a.alloc_id is not None),

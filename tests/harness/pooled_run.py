@@ -43,14 +43,6 @@ plan_from_measurements = false
 """
 
 
-#: Why the scenario's tests are skipped (issue 34, an open defect of weaved's pools).
-WIDEN_DEFECT = (
-    "issue 34, open defect: a widened pool asks one new row of equal shares on as many "
-    "nodes as it spans (daemon/pooling.pooled_plan); where its first row is one node's "
-    "share (6 of 8 GPUs), the row for 16 (5 + 5) never fits beside it and weaved asks "
-    "again every 15 s (REASON says so): most runs since 2026-12-06 fail so")
-
-
 @dataclass(frozen=True)
 class Widened:
     """What the scenario saw: the jobs (id -> seed), the fourth, the group, its plans
@@ -108,12 +100,15 @@ def widen_for_a_fourth(w: Weaved, sock: Path, seed: int, steps: int = STEPS) -> 
     assert all(m.rollout_pins == before.members[0].rollout_pins for m in before.members)
     fourth = _submit(sock, 3, seed + 3, STEPS, rollout_gpu_s=480.0)   # a long rollout: a wider pool
     seeds[fourth] = seed + 3
-    _at_version(w, [fourth], f"job {fourth} at version 1")
-    (group,) = w.store.groups()
+    after = wait_for(lambda: w.store.groups()[0].plan, 60, f"job {fourth} placed in the pool",
+                     interval_s=0.2, until=lambda plan: fourth in plan.job_ids)
+    states = {r["job"]: r["state"] for r in weaved.call(sock, Op.STATUS, jobs=first)["jobs"]}
+    assert set(states.values()) == {"RUNNING"}, states   # the width changes mid-run
+    assert len(after.members) == 4, after
     allocs = w.store.allocs(group.group_id, live_only=False)
-    after = group.plan
-    assert fourth in after.job_ids and len(after.members) == 4, after
     assert pooling.width(after, allocs) > pooling.width(before, allocs), (before, after)
+    _at_version(w, [fourth], f"job {fourth} at version 1")
+    allocs = w.store.allocs(group.group_id, live_only=False)
     rows = tuple(a for a in allocs if a.role == "rollout")
     return Widened(seeds, {**{j: steps for j in first}, fourth: STEPS}, fourth,
                    group.group_id, before, after, rows)

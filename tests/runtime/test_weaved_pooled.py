@@ -9,10 +9,10 @@ from collections.abc import Iterator
 import pytest
 
 from tests.harness import weaved
-from tests.harness.pooled_run import SITE, WIDEN_DEFECT, end_as_solo, widen_for_a_fourth
+from tests.harness.pooled_run import SITE, end_as_solo, widen_for_a_fourth
 from weave_slurm.daemon.service import DaemonConfig
 
-pytestmark = [pytest.mark.torch, pytest.mark.skip(reason=WIDEN_DEFECT)]
+pytestmark = [pytest.mark.torch]
 
 
 @pytest.fixture

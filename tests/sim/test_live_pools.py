@@ -47,7 +47,8 @@ def test_a_pool_is_charged_for_the_gpus_it_holds_not_its_width() -> None:
     pools, empty = LivePools(), ClusterState(CAP, next_group_id=1)
     first = pools.hold(empty, ClusterState(CAP, (_group(9, "a", "b"),), 2))
     (g,) = first.groups
-    assert g.pool_gpus == 10   # two shares of 5 GPUs
+    assert g.pool_gpus == 10   # striped (up to 8 nodes): five shares of 2 GPUs
+    assert pools.held[1].rows == ((5, 2),)
     assert first.cost_per_hour == pytest.approx(10 / 8 * 1.0 + 3.0)
     # b leaves and placement narrows the pool to 6 GPUs: its one row is kept whole
     narrow = ClusterState(CAP, (_group(6, "a"),), 2)
@@ -56,8 +57,8 @@ def test_a_pool_is_charged_for_the_gpus_it_holds_not_its_width() -> None:
     # a member whose pool holds what it held is not re-pinned; the caller's pause goes
     assert pools.recharged(first, after, {"a": 30.0}) == {}
     # a pool that takes a row re-pins its members
-    wide = pools.hold(after, ClusterState(CAP, (_group(14, "a", "c"),), 2))
-    assert wide.groups[0].pool_gpus == 14   # (2 x 5) + (2 x 2)
+    wide = pools.hold(after, ClusterState(CAP, (_group(15, "a", "c"),), 2))
+    assert wide.groups[0].pool_gpus == 15   # (5 x 2) + (5 x 1): as many nodes again
     assert set(pools.recharged(after, wide, {})) == {"a"}
     # a group placement left alone is left as held; a group gone drops its rows
     assert pools.hold(wide, wide) is wide

@@ -34,7 +34,7 @@ from weave_slurm.daemon import allocplan, pooling
 from weave_slurm.daemon.records import AllocRow, GroupPlan, GroupRow, JobRow, MemberPlan
 from weave_slurm.errors import ConfigError
 from weave_slurm.placement import Capacity, ClusterState, Group, Member, depart
-from weave_slurm.placement.pooled import step_gpus
+from weave_slurm.placement.pooled import step_gpus, stripe_nodes
 from weave_slurm.slurm.backend import DEFAULT_INSTANCE
 
 #: Members of a group in these states count for placement (they hold warm state).
@@ -49,14 +49,15 @@ def node_slots(plan: GroupPlan, allocs: Sequence[AllocRow] = ()) -> tuple[int, .
 
 
 def plan_of(group: Group, before: GroupPlan | None = None,
-            allocs: Sequence[AllocRow] = ()) -> GroupPlan:
+            allocs: Sequence[AllocRow] = (), stripe: int = 1) -> GroupPlan:
     """The stored plan of placement's ``group``, which was ``before`` (None: a new
-    group), its node indices named as slots (see module doc)."""
+    group), its node indices named as slots (see module doc); a new pool's first row
+    spreads over ``stripe`` nodes (``placement.pooled.stripe_nodes``)."""
     if group.pooled:   # a pool of GPU shares: every member on every node of it
         return pooling.pooled_plan(
             [(int(m.job.job_id), m.turns) for m in group.members], group.train_nodes,
             group.pool_gpus, group.gpus_per_node, step_gpus([m.job for m in group.members]),
-            before, allocs)
+            before, allocs, stripe)
     slot = _slots_for(group, before, allocs)
     plan = GroupPlan(group.rollout_nodes, group.train_nodes,
                      tuple(MemberPlan(int(m.job.job_id), tuple(slot[p] for p in m.rollout_pins),
@@ -155,7 +156,8 @@ def plan_writes(before: ClusterState, after: ClusterState, groups: Sequence[Grou
         row = rows.get(g.group_id)
         out.append((g.group_id, group_label(instance, g.group_id),
                     plan_of(g, row.plan if row is not None else None,
-                            allocs.get(g.group_id, ())), old is None))
+                            allocs.get(g.group_id, ()), stripe_nodes(after.capacity)),
+                    old is None))
     return out
 
 
@@ -174,7 +176,8 @@ def plan_without(capacity: Capacity, group: GroupRow, jobs: Sequence[JobRow],
     model = state.by_id.get(group.group_id)
     after = depart(state, str(job_id)) if model and str(job_id) in model.job_ids else state
     new = after.by_id.get(group.group_id)
-    return plan_of(new, group.plan, allocs) if new is not None else None
+    return plan_of(new, group.plan, allocs, stripe_nodes(capacity)) if new is not None \
+        else None
 
 
 def group_label(instance: str, group_id: int) -> str:

@@ -13,6 +13,12 @@ engines over all of them (the runtime: ``MemberSpec.pool``, runtime/pool.py).
   by less than a node's share; the group is then priced and planned on what it holds
   (:func:`width`), which only shortens its rollouts. Every member is pinned to every
   node of the pool (:func:`member_pool`: its engines follow each node's share).
+- **Stripes** (``placement.pooled.stripe_nodes``): a new pool's first row spreads over
+  as many nodes as one group's rollout may span (``[limits]
+  max_rollout_nodes_per_group``) and the pool has, where its width allows an engine on
+  each: 6 GPUs on two nodes of 8 are 3 + 3, not 6 on one, so that a row of the same
+  shape fits beside it when it widens (6 on one node left 2 GPUs there, and the row for
+  16, 5 + 5, fitted nowhere).
 - **A width change** (:func:`pooled_plan`): Slurm grows no allocation, and a pool's
   members keep warm state on every share it holds. A wider pool keeps its shares and
   asks one new row for what it lacks, spread over as many nodes as it spans already
@@ -78,12 +84,13 @@ def width(plan: GroupPlan, allocs: Sequence[AllocRow] = ()) -> int:
 
 def pooled_plan(members: Sequence[tuple[int, int]], train_nodes: int, pool_gpus: int,
                 gpus_per_node: int, step: int, before: GroupPlan | None,
-                allocs: Sequence[AllocRow]) -> GroupPlan:
+                allocs: Sequence[AllocRow], stripe: int = 1) -> GroupPlan:
     """The stored plan of a pool of ``pool_gpus`` GPUs whose ``members`` are ``(job id,
     turns)`` in cyclic order, which was ``before`` (None: new), over the group's
     allocation rows ``allocs`` (module doc, "A width change"): the shares it holds are
     kept (but rows a narrower pool does without, newest first, and rows whose share is
-    no multiple of ``step``), and what it lacks is one new row of shares."""
+    no multiple of ``step``), and what it lacks is one new row of shares (a pool that
+    keeps none: over ``stripe`` nodes, ``placement.pooled.stripe_nodes``)."""
     total = len(allocplan.rollout_slots(allocs))
     rows: dict[int, list[int]] = {}   # row key -> its kept slots
     gpus: dict[int, int] = {}         # row key -> GPUs of each of its nodes
@@ -96,7 +103,7 @@ def pooled_plan(members: Sequence[tuple[int, int]], train_nodes: int, pool_gpus:
                 gpus[slot.row.key] = slot.row.gpus_per_node
     keys = sorted(rows)   # oldest first; a narrower pool returns whole rows, newest
     keep, new = pool_rows([(len(rows[k]), gpus[k]) for k in keys], pool_gpus,
-                          gpus_per_node, step)   # first, and asks one row for the rest
+                          gpus_per_node, step, stripe)   # first; one row for the rest
     kept = [k for k, on in zip(keys, keep, strict=True) if on]
     slots = sorted(s for k in kept for s in rows[k])
     g = gpus[max(kept)] if kept else None

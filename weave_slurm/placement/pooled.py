@@ -19,7 +19,8 @@ node of the pool holds every member's state per node (``Group.rollout_mem_used_g
 What weaved *holds* for a width (daemon/pooling.py, whose rules these are, and the
 simulator's ``weave-live``, sim/live_pools.py, call the same functions): allocation
 rows of GPU shares (:func:`shares`), kept while a narrower pool still needs them and
-added to when it widens (:func:`pool_rows`); a job whose batch depends on its engine
+added to when it widens (:func:`pool_rows`), a new pool striped over as many nodes as
+the site lets one group's rollout span (:func:`stripe_nodes`); a job whose batch depends on its engine
 count is planned as one no width speeds up (:func:`no_width`), so it is never pooled.
 """
 
@@ -161,27 +162,51 @@ def no_width(job: JobProfile) -> JobProfile:
                    rollout_floor_s=max(job.rollout_max_s, job.rollout_floor_s))
 
 
+def stripe_nodes(cap: Capacity) -> int:
+    """The nodes a new pool's first row spreads over (where its width allows one engine
+    on each): as many as one group's rollout may span and the rollout pool has.
+
+    A pool widens by a row of equal shares on as many nodes as it spans
+    (:func:`pool_rows`), since Slurm grants a row the same GPUs on each node. A first
+    row packed onto the fewest nodes (6 of a node's 8 GPUs) leaves 2 GPUs beside it, and
+    a wider pool's row (5 + 5 for 16) then fits on no two nodes of a two-node pool,
+    although placement counted the GPUs free. Striped (3 + 3), the pool leaves room of
+    its own shape on each node, and its row for 16 (5 + 5) fits beside it. What it
+    costs: a copy of the weights per node of the pool at each sync, which placement's
+    model does not charge (docs/placement.md "Pooled rollout")."""
+    return max(1, min(cap.max_rollout_nodes_per_group, cap.rollout_pool_nodes))
+
+
 def shares(width: int, gpus_per_node: int, step: int = 1, spread: int = 1) -> tuple[int, int]:
-    """``(n, g)``: the fewest nodes of ``gpus_per_node`` GPUs that hold ``width`` GPUs
-    (at least ``spread``, where the width allows one step on each), and the fewest
-    GPUs of each, a multiple of ``step``, with ``n x g >= width`` (daemon/pooling.py,
-    "Shares"). ConfigError where ``step`` does not divide a node's GPUs."""
+    """``(n, g)``: ``n`` nodes of ``gpus_per_node`` GPUs and the fewest GPUs of each, a
+    multiple of ``step``, with ``n x g >= width`` (daemon/pooling.py, "Shares"): of the
+    node counts from the fewest that hold ``width`` up to ``spread`` (where the width
+    allows one step on each), the most nodes whose shares hold at most one step more
+    than the fewest GPUs any of them holds (7 GPUs over up to 2 nodes: 2 x 4; 9 over up
+    to 8: 5 x 2, not 8 x 2). ConfigError where ``step`` does not divide a node's GPUs."""
     if width < 1 or step < 1 or gpus_per_node % step:
         raise ConfigError(f"a pool of {width} GPUs in steps of {step} on nodes of "
                           f"{gpus_per_node} GPUs: valid: a width >= 1 and a step that "
                           f"divides {gpus_per_node}")
-    n = max(-(-width // gpus_per_node), min(spread, width // step))
-    g = -(-width // n)
-    return n, -(-g // step) * step
+    least = -(-width // gpus_per_node)
+
+    def share(n: int) -> int:
+        return -(-(-(-width // n)) // step) * step
+
+    counts = range(least, max(least, min(spread, width // step)) + 1)
+    fewest = min(k * share(k) for k in counts)
+    n = max(k for k in counts if k * share(k) <= fewest + step)
+    return n, share(n)
 
 
-def pool_rows(rows: Sequence[tuple[int, int]], width: int, gpus_per_node: int, step: int
-              ) -> tuple[tuple[bool, ...], tuple[int, int] | None]:
+def pool_rows(rows: Sequence[tuple[int, int]], width: int, gpus_per_node: int, step: int,
+              stripe: int = 1) -> tuple[tuple[bool, ...], tuple[int, int] | None]:
     """A pool of ``width`` GPUs over the allocation ``rows`` it holds (``(nodes, GPUs of
     each)``, oldest first): which rows it keeps (a narrower pool returns whole rows,
     newest first, while the rest still hold ``width``) and the one new row of
-    :func:`shares` it asks for what it then lacks, spread over as many nodes as it keeps
-    (None: nothing; daemon/pooling.py, "A width change")."""
+    :func:`shares` it asks for what it then lacks, spread over as many nodes as it keeps,
+    or where it keeps none over ``stripe`` nodes (:func:`stripe_nodes`) (None: nothing;
+    daemon/pooling.py, "A width change")."""
     keep = [True] * len(rows)
     have = sum(n * g for n, g in rows)
     for i in reversed(range(len(rows))):
@@ -191,5 +216,5 @@ def pool_rows(rows: Sequence[tuple[int, int]], width: int, gpus_per_node: int, s
             keep[i] = False
     if have >= width:
         return tuple(keep), None
-    spread = sum(n for (n, _), kept in zip(rows, keep, strict=True) if kept)
+    spread = sum(n for (n, _), kept in zip(rows, keep, strict=True) if kept) or stripe
     return tuple(keep), shares(width - have, gpus_per_node, step, spread)

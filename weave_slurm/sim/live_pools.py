@@ -5,8 +5,9 @@ needs ``[runtime] gangs = true``), ``weave-live`` places with pools as weaved do
 ``weave`` engine's pooled placement, placement/pooled_placement.py), and then holds each
 pool as weaved holds it, not on the width placement asked for:
 
-- **rows of shares**: a new pool is one allocation row of GPU shares on the fewest
-  nodes; a wider pool keeps its rows and asks one new row for what it lacks, spread
+- **rows of shares**: a new pool is one allocation row of GPU shares striped over as
+  many nodes as one group's rollout may span (``placement.pooled.stripe_nodes``, where
+  its width allows an engine on each); a wider pool keeps its rows and asks one new row for what it lacks, spread
   over as many nodes as it spans; a narrower one returns whole rows, newest first,
   while the rest still hold its width (``placement.pooled.pool_rows``, the function
   weaved's ``pooling.pooled_plan`` calls). A row whose share is no multiple of the
@@ -42,7 +43,7 @@ from dataclasses import dataclass, replace
 from weave_slurm.model.profile import JobProfile
 from weave_slurm.placement.cluster_state import ClusterState
 from weave_slurm.placement.moves import pauses
-from weave_slurm.placement.pooled import no_width, pool_rows, step_gpus
+from weave_slurm.placement.pooled import no_width, pool_rows, step_gpus, stripe_nodes
 
 
 @dataclass(frozen=True)
@@ -58,11 +59,12 @@ class HeldPool:
 
 
 def held_pool(before: HeldPool | None, width: int, gpus_per_node: int,
-              step: int) -> HeldPool:
+              step: int, stripe: int = 1) -> HeldPool:
     """The rows a pool that held ``before`` (None: new) holds at ``width`` GPUs, whose
-    members' engines take ``step`` GPUs (module doc, "rows of shares")."""
+    members' engines take ``step`` GPUs, a new one striped over ``stripe`` nodes
+    (module doc, "rows of shares")."""
     rows = tuple(r for r in (before.rows if before else ()) if r[1] % step == 0)
-    keep, new = pool_rows(rows, width, gpus_per_node, step)
+    keep, new = pool_rows(rows, width, gpus_per_node, step, stripe)
     kept = tuple(r for r, on in zip(rows, keep, strict=True) if on)
     return HeldPool(kept if new is None else (*kept, new))
 
@@ -88,7 +90,8 @@ class LivePools:
                 groups.append(g)
                 continue
             pool = held_pool(self.held.get(g.group_id), g.pool_gpus, g.gpus_per_node,
-                             step_gpus([m.job for m in g.members]))
+                             step_gpus([m.job for m in g.members]),
+                             stripe_nodes(after.capacity))
             self.held[g.group_id] = pool
             changed |= pool.gpus != g.pool_gpus
             groups.append(replace(g, pool_gpus=pool.gpus) if pool.gpus != g.pool_gpus
