@@ -20,8 +20,9 @@ What weaved *holds* for a width (daemon/pooling.py, whose rules these are, and t
 simulator's ``weave-live``, sim/live_pools.py, call the same functions): allocation
 rows of GPU shares (:func:`shares`), kept while a narrower pool still needs them and
 added to when it widens (:func:`pool_rows`), a new pool striped over as many nodes as
-the site lets one group's rollout span (:func:`stripe_nodes`); a job whose batch depends on its engine
-count is planned as one no width speeds up (:func:`no_width`), so it is never pooled.
+the site lets one group's rollout span (:func:`stripe_nodes`); a job whose batch
+depends on its engine count is planned as one no width speeds up (:func:`no_width`),
+so it is never pooled.
 """
 
 from __future__ import annotations
@@ -191,7 +192,8 @@ def shares(width: int, gpus_per_node: int, step: int = 1, spread: int = 1) -> tu
     least = -(-width // gpus_per_node)
 
     def share(n: int) -> int:
-        return -(-(-(-width // n)) // step) * step
+        per_node = -(-width // n)
+        return -(-per_node // step) * step
 
     counts = range(least, max(least, min(spread, width // step)) + 1)
     fewest = min(k * share(k) for k in counts)

@@ -7,10 +7,11 @@ pool as weaved holds it, not on the width placement asked for:
 
 - **rows of shares**: a new pool is one allocation row of GPU shares striped over as
   many nodes as one group's rollout may span (``placement.pooled.stripe_nodes``, where
-  its width allows an engine on each); a wider pool keeps its rows and asks one new row for what it lacks, spread
-  over as many nodes as it spans; a narrower one returns whole rows, newest first,
-  while the rest still hold its width (``placement.pooled.pool_rows``, the function
-  weaved's ``pooling.pooled_plan`` calls). A row whose share is no multiple of the
+  its width allows an engine on each); a wider pool keeps its rows and asks one new
+  row for what it lacks, spread over as many nodes as it spans; a narrower one
+  returns whole rows, newest first, while the rest still hold its width
+  (``placement.pooled.pool_rows``, the function weaved's ``pooling.pooled_plan``
+  calls). A row whose share is no multiple of the
   members' GPUs per engine is left for a new one.
 - **the group is the width it holds** (:meth:`LivePools.hold`): as weaved's placement
   reads a stored pool back (``pooling.width``), the group's ``pool_gpus`` is its rows'
