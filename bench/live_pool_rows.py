@@ -3,18 +3,24 @@
     .venv/bin/python bench/live_pool_rows.py [--trace wild] [--seed 1] [--json OUT]
 
 Replays ``weave-live`` with pooled rollout (consistent accounting, groups of up to 5)
-three times, each pool held by another rule (sim/live_pools.py):
+five times, each pool held by another rule (sim/live_pools.py):
 
 - ``placement's width``: each pool on the GPUs placement asked for (no rows: what
   weave's own pooled replay charges);
 - ``shares rounding only``: each change of a pool asks a new row of shares for its
   whole width (``placement.pooled.shares``): the rounding to equal shares of whole
   engines, no row kept;
-- ``as weaved holds it``: the replay's own rule (rows kept until wholly spare, a wider
-  pool adding one row), what ``weave simulate --rollout pooled --policy weave-live``
-  reports.
+- ``whole rows only``: rows kept until wholly spare, a wider pool adding one row (what
+  weaved did before a pool could replace rows by a smaller one);
+- ``replaced only beside them``: the above, and a pool's newest rows replaced by one
+  smaller row where that pays (``placement.pool_shrink``) and the new row fits beside
+  the rows it replaces, on their nodes;
+- ``as weaved holds it``: the replay's own rule (the above, the new row also where the
+  rollout pool's free GPUs hold it), what ``weave simulate --rollout pooled --policy
+  weave-live`` reports.
 
-The first two are not what weaved does; they say where the third's cost comes from.
+The first four are not what weaved does; they say where the last one's cost comes
+from.
 """
 
 from __future__ import annotations
@@ -41,7 +47,8 @@ from weave_slurm.sim.slo import SloDistribution
 class PlacementWidth(LivePools):
     """Each pool on placement's width (module doc)."""
 
-    def hold(self, before: ClusterState, after: ClusterState) -> ClusterState:
+    def hold(self, before: ClusterState, after: ClusterState,
+             remaining_s: Mapping[str, float] | None = None) -> ClusterState:
         return after
 
     @staticmethod
@@ -53,13 +60,31 @@ class PlacementWidth(LivePools):
 class RoundingOnly(LivePools):
     """Each change of a pool a new row for its whole width (module doc)."""
 
-    def hold(self, before: ClusterState, after: ClusterState) -> ClusterState:
+    def hold(self, before: ClusterState, after: ClusterState,
+             remaining_s: Mapping[str, float] | None = None) -> ClusterState:
         self.held.clear()
-        return super().hold(before, after)
+        return super().hold(before, after, remaining_s)
+
+
+class WholeRows(LivePools):
+    """Rows returned whole only, never replaced (what weaved did before a pool could
+    replace rows by a smaller one)."""
+
+    def __init__(self) -> None:
+        super().__init__(replace_rows=False)
+
+
+class BesideOnly(LivePools):
+    """Rows replaced only where the new row fits beside them, on their nodes."""
+
+    def __init__(self) -> None:
+        super().__init__(beside_only=True)
 
 
 RULES: dict[str, type[LivePools]] = {"placement's width": PlacementWidth,
                                      "shares rounding only": RoundingOnly,
+                                     "whole rows only": WholeRows,
+                                     "replaced only beside them": BesideOnly,
                                      "as weaved holds it": LivePools}
 
 

@@ -20,7 +20,7 @@ from weave_slurm.errors import ConfigError
 from weave_slurm.model.cost import CostRates
 from weave_slurm.model.profile import simple_profile
 from weave_slurm.placement import Capacity, Member
-from weave_slurm.placement.pooled import pool_rows, pooled_group, shares, stripe_nodes
+from weave_slurm.placement.pooled import RowShrink, pool_rows, pooled_group, shares, stripe_nodes
 
 CAP = replace(Capacity(4, 8, 1000.0, 1000.0, 16, 16, CostRates(1.0, 2.85)),
               rollout_pooled=True, rollout_gpus_per_node=8)
@@ -81,6 +81,8 @@ def test_a_pooled_plan_pins_every_member_to_every_share_and_reads_back(
     assert rebuilt.pooled and rebuilt.pool_gpus == 12
     assert rebuilt.job_ids == group.job_ids
     assert rebuilt.schedule.period_s == pytest.approx(group.schedule.period_s)
+    # what a replacement's new row may count on: the rollout pool's GPUs less the pool's
+    assert membership.free_rollout_gpus(CAP, store.groups(), store.jobs(), 2, {}) == 16 * 8 - 12
 
 
 def _row(key: int, nodes: int, gpus: int, state: AllocState = AllocState.HELD) -> AllocRow:
@@ -144,6 +146,52 @@ def test_status_shows_a_pool_as_placement_sees_it_on_the_shares_it_holds(
     assert view["period_s"] == pytest.approx(placed.schedule.period_s)
 
 
+def test_a_narrower_pool_may_replace_rows_and_pins_its_members_to_what_it_keeps() -> None:
+    """Where a replacement pays (``pays``), the newest rows are replaced by one smaller
+    row beside them: every member is pinned to the kept rows and the new one only (the
+    replaced row's slots are surplus, given back once nobody runs on them)."""
+    def always(s: RowShrink) -> bool:
+        return True
+
+    pins = (0, 1, 2, 3)
+    before = GroupPlan(4, 1, (MemberPlan(1, pins), MemberPlan(2, pins)), rollout_gpus=2)
+    held = [_row(1, 2, 5), _row(2, 2, 2)]
+    assert pooling.width(before, held) == 14
+    whole = pooling.pooled_plan([(1, 1), (2, 1)], 1, 11, 8, 1, before, held)
+    assert whole == before   # whole rows: both needed in part, both kept
+    shrunk = pooling.pooled_plan([(1, 1), (2, 1)], 1, 11, 8, 1, before, held, always)
+    assert shrunk == GroupPlan(3, 1, (MemberPlan(1, (0, 1, 4)), MemberPlan(2, (0, 1, 4))),
+                               rollout_gpus=1)
+    assert pooling.slot_gpus(shrunk, held) == {0: 5, 1: 5, 4: 1}
+    assert pooling.width(shrunk, held) == 11
+    # a whole node has no GPUs beside it for the new row, and no GPUs of the rollout
+    # pool are counted on (free_gpus 0): kept whole, whatever pays
+    one = GroupPlan(1, 1, (MemberPlan(1, (0,)),), rollout_gpus=8)
+    node = pooling.pooled_plan([(1, 1)], 1, 4, 8, 1, one, [_row(1, 1, 8)], always)
+    assert node == one
+    # ... unless the rollout pool's free GPUs hold it elsewhere: a new row of 4
+    freed = pooling.pooled_plan([(1, 1)], 1, 4, 8, 1, one, [_row(1, 1, 8)], always, 4)
+    assert freed == GroupPlan(1, 1, (MemberPlan(1, (1,)),), rollout_gpus=4)
+    assert pooling.pooled_plan([(1, 1)], 1, 4, 8, 1, one, [_row(1, 1, 8)], always, 3) == one
+
+
+def test_weaved_replaces_a_pool_row_only_where_the_model_says_it_pays() -> None:
+    """Two members whose training binds the period (tests/placement/test_pooled_shrink):
+    1 x 4 GPUs -> 1 x 2 pays back its overlap in ~0.67 h; over their remaining hour it
+    is taken, over half an hour not, and without a capacity never (as before)."""
+    jobs = [simple_profile(n, 100.0, 600.0, 3.0) for n in ("1", "2")]
+    group = pooled_group(1, tuple(Member(j, (0,)) for j in jobs), 2, 8)
+    before = GroupPlan(1, 1, (MemberPlan(1, (0,)), MemberPlan(2, (0,))), rollout_gpus=4)
+    held = [_row(1, 1, 4)]
+    hour = membership.plan_of(group, before, held, CAP, {"1": 3600.0, "2": 4000.0})
+    assert hour == GroupPlan(1, 1, (MemberPlan(1, (1,)), MemberPlan(2, (1,))),
+                             rollout_gpus=2)
+    assert pooling.member_pool(hour, 1, held) == (2,)
+    half = membership.plan_of(group, before, held, CAP, {"1": 1800.0, "2": 4000.0})
+    assert half == before
+    assert membership.plan_of(group, before, held) == before
+
+
 @pytest.mark.parametrize(("width", "stripe", "want"), [
     (6, 2, (2, 3)), (6, 1, (1, 6)), (12, 2, (2, 6)), (3, 8, (3, 1)), (6, 8, (6, 1)),
     (4, 2, (2, 2)), (7, 2, (2, 4)), (9, 8, (5, 2)), (10, 8, (5, 2))])
@@ -152,7 +200,7 @@ def test_a_new_pool_is_striped_over_the_nodes_a_group_may_span(
     """A new pool's first row spreads over up to ``stripe`` nodes where its width allows
     an engine (here 1 GPU) on each, as long as it holds at most one engine more than on
     its fewest GPUs (7 on two nodes: 4 + 4; 9 on up to eight: 5 x 2, not 8 x 2)."""
-    keep, new = pool_rows((), width, 8, 1, stripe)
+    keep, new = pool_rows((), width, 8, 1, stripe=stripe)
     assert keep == () and new == want
 
 
@@ -164,14 +212,14 @@ def test_a_striped_pool_widens_on_a_row_that_fits_beside_it() -> None:
     cap = replace(CAP, max_rollout_nodes_per_group=8, rollout_pool_nodes=2)
     stripe = stripe_nodes(cap)
     assert stripe == 2
-    first = pooling.pooled_plan([(1, 1)], 1, 6, 8, 1, None, [], stripe)
+    first = pooling.pooled_plan([(1, 1)], 1, 6, 8, 1, None, [], stripe=stripe)
     assert first == GroupPlan(2, 1, (MemberPlan(1, (0, 1)),), rollout_gpus=3)
     allocs = [_row(1, 2, 3)]
-    wider = pooling.pooled_plan([(1, 1), (2, 1)], 1, 16, 8, 1, first, allocs, stripe)
+    wider = pooling.pooled_plan([(1, 1), (2, 1)], 1, 16, 8, 1, first, allocs, stripe=stripe)
     assert pooling.slot_gpus(wider, allocs) == {0: 3, 1: 3, 2: 5, 3: 5}
     per_node = {n: 3 for n in range(2)}   # the new row's two nodes: the pool's two hosts
     assert all(g + 5 <= 8 for g in per_node.values())
-    packed = pooling.pooled_plan([(1, 1)], 1, 6, 8, 1, None, [], 1)   # one node: 6
+    packed = pooling.pooled_plan([(1, 1)], 1, 6, 8, 1, None, [], stripe=1)   # one node: 6
     lacks = pooling.pooled_plan([(1, 1), (2, 1)], 1, 16, 8, 1, packed, [_row(1, 1, 6)])
     assert pooling.slot_gpus(lacks, [_row(1, 1, 6)]) == {0: 6, 1: 5, 2: 5}   # 2 free: no
     assert stripe_nodes(replace(CAP, max_rollout_nodes_per_group=1)) == 1

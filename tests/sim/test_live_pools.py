@@ -13,6 +13,7 @@ from weave_slurm.placement.capacity import Capacity
 from weave_slurm.placement.cluster_state import ClusterState
 from weave_slurm.placement.group import Member
 from weave_slurm.placement.pooled import pooled_group, widens
+from weave_slurm.sim.ledger import Ledger
 from weave_slurm.sim.live_pools import HeldPool, LivePools, held_pool, planned
 
 CAP = replace(Capacity(4, 8, 1000.0, 1000.0, 16, 16, CostRates(1.0, 3.0)),
@@ -33,9 +34,13 @@ CAP = replace(Capacity(4, 8, 1000.0, 1000.0, 16, 16, CostRates(1.0, 3.0)),
 def test_a_pool_holds_rows_of_shares_as_weaved_does(
         before: tuple[tuple[int, int], ...], width: int, step: int,
         rows: tuple[tuple[int, int], ...]) -> None:
-    held = held_pool(HeldPool(before) if before else None, width, 8, step)
-    assert held.rows == rows
+    held, replaced = held_pool(HeldPool(before) if before else None, width, 8, step)
+    assert held.rows == rows and replaced == 0
     assert held.gpus >= width
+
+
+#: A site whose groups span one rollout node: new pools are not striped.
+ONE_NODE = replace(CAP, max_rollout_nodes_per_group=1)
 
 
 def _group(width: int, *names: str):  # type: ignore[no-untyped-def]
@@ -70,3 +75,51 @@ def test_a_job_not_taken_as_width_free_is_never_pooled() -> None:
     p = replace(simple_profile("a", 100.0, 60.0, 2.0), rollout_floor_s=20.0)
     assert widens(planned(p, True))
     assert not widens(planned(p, False))
+
+
+def _pair(width: int):  # type: ignore[no-untyped-def]
+    """Two members whose training binds the period (tests/placement/test_pooled_shrink)."""
+    jobs = [simple_profile(n, 100.0, 600.0, 3.0) for n in "ab"]
+    return pooled_group(1, tuple(Member(j, (0,)) for j in jobs), width, 8)
+
+
+def test_a_pool_replaces_its_row_where_that_pays_and_books_the_overlap() -> None:
+    """1 x 4 GPUs narrowed to 2: over the members' remaining hour the replacement pays
+    (placement.pool_shrink): the pool holds 1 x 2, its members are re-pinned, and the
+    replaced 4 GPUs stay held one period and a re-pin longer (booked by the replay).
+    Pools of one node each (no stripe), the rule alone."""
+    empty = ClusterState(ONE_NODE, next_group_id=1)
+    for remaining, replace_rows, gpus, overlap in (
+            ({"a": 3600.0, "b": 3600.0}, True, 2, 4 * 1202.0),
+            ({"a": 1800.0, "b": 3600.0}, True, 4, 0.0),   # half an hour: does not pay
+            ({"a": 3600.0, "b": 3600.0}, False, 4, 0.0)):   # whole rows only
+        pools = LivePools(replace_rows)
+        first = pools.hold(empty, ClusterState(ONE_NODE, (_pair(4),), 2), remaining)
+        assert pools.held[1] == HeldPool(((1, 4),)) and pools.overlap_gpu_s == 0
+        after = pools.hold(first, ClusterState(ONE_NODE, (_pair(2),), 2), remaining)
+        assert after.groups[0].pool_gpus == gpus
+        assert pools.overlap_gpu_s == pytest.approx(overlap)
+        repinned = set(pools.recharged(first, after, {}))
+        assert repinned == ({"a", "b"} if gpus == 2 else set())
+
+
+def test_the_replays_books_charge_rows_held_beside_a_new_one() -> None:
+    books = Ledger(0.0)
+    books.held_longer(0.5 * 3600, CostRates(1.0, 3.0))   # half a node for an hour
+    assert books.cost == pytest.approx(0.5)
+    assert books.node_s["rollout"] == pytest.approx(1800.0)
+    assert books.busy_s["rollout"] == 0.0   # idle: nobody runs on them
+
+
+def test_a_whole_node_row_is_replaced_only_where_the_pools_free_gpus_hold_the_new_one() -> None:
+    """1 x 8 GPUs narrowed to 2: nothing fits beside the row; the rollout pool's free
+    GPUs (16 nodes of 8, 8 of them held) hold the new row of 2, unless the replay counts
+    only the GPUs beside the rows (``beside_only``)."""
+    empty, hour = ClusterState(ONE_NODE, next_group_id=1), {"a": 3600.0, "b": 3600.0}
+    for beside_only, gpus in ((False, 2), (True, 8)):
+        pools = LivePools(beside_only=beside_only)
+        first = pools.hold(empty, ClusterState(ONE_NODE, (_pair(8),), 2), hour)
+        assert pools.held[1] == HeldPool(((1, 8),))
+        after = pools.hold(first, ClusterState(ONE_NODE, (_pair(2),), 2), hour)
+        assert after.groups[0].pool_gpus == gpus
+        assert pools.overlap_gpu_s == pytest.approx(8 * 1202.0 if gpus == 2 else 0.0)

@@ -28,12 +28,12 @@ does not do (a co-located member is never re-pinned: ``runtime/relayout.py``).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from weave_slurm.daemon import allocplan, pooling
 from weave_slurm.daemon.records import AllocRow, GroupPlan, GroupRow, JobRow, MemberPlan
 from weave_slurm.errors import ConfigError
-from weave_slurm.placement import Capacity, ClusterState, Group, Member, depart
+from weave_slurm.placement import Capacity, ClusterState, Group, Member, depart, pool_shrink
 from weave_slurm.placement.pooled import step_gpus, stripe_nodes
 from weave_slurm.slurm.backend import DEFAULT_INSTANCE
 
@@ -49,15 +49,22 @@ def node_slots(plan: GroupPlan, allocs: Sequence[AllocRow] = ()) -> tuple[int, .
 
 
 def plan_of(group: Group, before: GroupPlan | None = None,
-            allocs: Sequence[AllocRow] = (), stripe: int = 1) -> GroupPlan:
+            allocs: Sequence[AllocRow] = (), capacity: Capacity | None = None,
+            remaining_s: Mapping[str, float] | None = None, free_gpus: int = 0) -> GroupPlan:
     """The stored plan of placement's ``group``, which was ``before`` (None: a new
-    group), its node indices named as slots (see module doc); a new pool's first row
-    spreads over ``stripe`` nodes (``placement.pooled.stripe_nodes``)."""
+    group), its node indices named as slots (see module doc). A pool's rows may be
+    replaced by a smaller row where ``capacity`` is given and that pays over its
+    members' ``remaining_s``, its new row beside the old or in the rollout pool's
+    ``free_gpus`` (daemon/pooling.py, "A replacement of rows"); a new pool's first row
+    is striped over ``capacity``'s ``placement.pooled.stripe_nodes`` (none given: one)."""
     if group.pooled:   # a pool of GPU shares: every member on every node of it
+        pays = None if capacity is None else pool_shrink.shrink_pays(
+            group, capacity, pool_shrink.pool_horizon(group, remaining_s))
         return pooling.pooled_plan(
             [(int(m.job.job_id), m.turns) for m in group.members], group.train_nodes,
             group.pool_gpus, group.gpus_per_node, step_gpus([m.job for m in group.members]),
-            before, allocs, stripe)
+            before, allocs, pays, free_gpus,
+            1 if capacity is None else stripe_nodes(capacity))
     slot = _slots_for(group, before, allocs)
     plan = GroupPlan(group.rollout_nodes, group.train_nodes,
                      tuple(MemberPlan(int(m.job.job_id), tuple(slot[p] for p in m.rollout_pins),
@@ -142,10 +149,14 @@ def kept_places(row: GroupRow, jobs: Mapping[int, JobRow]) -> set[int]:
 
 
 def plan_writes(before: ClusterState, after: ClusterState, groups: Sequence[GroupRow],
-                allocs: GroupAllocs, instance: str) -> list[tuple[int, str, GroupPlan, bool]]:
+                allocs: GroupAllocs, instance: str,
+                remaining_s: Mapping[str, float] | None = None
+                ) -> list[tuple[int, str, GroupPlan, bool]]:
     """The stored plans of the groups a placement batch changed: (group id, label,
-    plan, is new), as :meth:`~weave_slurm.daemon.store.Store.commit_placement` takes."""
+    plan, is new), as :meth:`~weave_slurm.daemon.store.Store.commit_placement` takes
+    (``remaining_s``: each running job's remaining seconds, where known)."""
     rows = {g.group_id: g for g in groups}
+    free = pool_shrink.free_gpus(before, after)
     out = []
     for g in after.groups:
         old = before.by_id.get(g.group_id)
@@ -156,18 +167,30 @@ def plan_writes(before: ClusterState, after: ClusterState, groups: Sequence[Grou
         row = rows.get(g.group_id)
         out.append((g.group_id, group_label(instance, g.group_id),
                     plan_of(g, row.plan if row is not None else None,
-                            allocs.get(g.group_id, ()), stripe_nodes(after.capacity)),
+                            allocs.get(g.group_id, ()), after.capacity, remaining_s,
+                            free),
                     old is None))
     return out
 
 
+def free_rollout_gpus(capacity: Capacity, groups: Sequence[GroupRow], jobs: Sequence[JobRow],
+                      next_group_id: int, allocs: GroupAllocs) -> int:
+    """The rollout pool's GPUs no group holds, as placement counts them
+    (``placement.pool_shrink.free_gpus``), from the store's rows."""
+    state = cluster_state(capacity, groups, jobs, next_group_id, allocs)
+    return pool_shrink.free_gpus(state, state)
+
+
 def plan_without(capacity: Capacity, group: GroupRow, jobs: Sequence[JobRow],
-                 next_group_id: int, job_id: int,
-                 allocs: Sequence[AllocRow] = ()) -> GroupPlan | None:
+                 next_group_id: int, job_id: int, allocs: Sequence[AllocRow] = (),
+                 remaining: Callable[[ClusterState], Mapping[str, float]] | None = None,
+                 free_gpus: int = 0) -> GroupPlan | None:
     """The group's plan once job ``job_id`` has left it (placement's ``depart``: the
     cyclic order re-packed, unpinned nodes dropped, the group compacted); None if no
     live member is left. A group some job keeps its place in only loses the job: the
-    others stay where they are (see module doc)."""
+    others stay where they are (see module doc). ``remaining``: each job's remaining
+    seconds in a state, where known (a pool's horizon), and ``free_gpus``, the rollout
+    pool's GPUs no group holds (:func:`plan_of`)."""
     kept = kept_places(group, {j.job_id: j for j in jobs})
     if kept:
         left = group.plan.without({job_id})
@@ -176,8 +199,10 @@ def plan_without(capacity: Capacity, group: GroupRow, jobs: Sequence[JobRow],
     model = state.by_id.get(group.group_id)
     after = depart(state, str(job_id)) if model and str(job_id) in model.job_ids else state
     new = after.by_id.get(group.group_id)
-    return plan_of(new, group.plan, allocs, stripe_nodes(capacity)) if new is not None \
-        else None
+    if new is None:
+        return None
+    return plan_of(new, group.plan, allocs, capacity,
+                   remaining(after) if remaining is not None else None, free_gpus)
 
 
 def group_label(instance: str, group_id: int) -> str:

@@ -26,16 +26,33 @@ engines over all of them (the runtime: ``MemberSpec.pool``, runtime/pool.py).
   host the group holds a share of already (two nodes of the group: docs/daemon.md
   "Shares"). A narrower pool returns whole rows, newest first, while the rest still
   hold its width (allocplan's surplus, once no phase runs on them); a single row it
-  cannot split is kept whole. A row whose share is no multiple of a newcomer's GPUs per
-  engine is left for a new one.
+  cannot split is kept whole, unless a replacement pays (next). A row whose share is no
+  multiple of a newcomer's GPUs per engine is left for a new one.
+- **A replacement of rows** (``pooled_plan``'s ``pays``): a pool that would still hold
+  more than its width may instead replace its newest rows by one smaller new row of
+  what the older rows lack, every member pinned to the kept rows and the new one only:
+  the members re-pin onto it at their phase boundaries once it is held (as when a pool
+  widens), and the replaced rows are surplus, given back once no phase runs on them.
+  The old rows are held until the members have moved, so the new row needs GPUs free
+  beside them: only where it fits beside the rows it replaces, on their nodes (no
+  more nodes, and a share no larger than the GPUs each of their nodes has beside its
+  own), or else, spread as a wider pool's new row, in the rollout pool's GPUs no
+  group holds as placement counts them (``pool_shrink.free_gpus``: the site's rollout
+  nodes less every group's rows, old and new); and only where it pays
+  (``placement.pool_shrink.shrink_pays``): the GPUs it frees, over its members'
+  shortest remaining time (their iterations left at their planned rate, where weaved's
+  re-planner knows them: re-plans and departures; placement's default hour where it
+  does not: arrivals), beat the members' re-pin pauses and the replaced rows held
+  meanwhile (one period and a pause), by ``placement.moves.pays``' books.
 - **Who is pooled** (:func:`planned`): only a job whose batch does not depend on
   its engine count (workloads/builtins.py ``not_poolable``, shown by ``weave show
   job``); placement sees any other job as one that no width speeds up, so it never
   pools it (``placement.pooled.widens``) and it goes to a pinned group, as declared.
 
 The arithmetic of shares and rows (``shares``, ``pool_rows``, ``no_width``) is
-placement/pooled.py's, so that the simulator's ``weave-live`` (sim/live_pools.py)
-replays a pool's rows by the same functions; this module names them as slots and rows.
+placement/pooled.py's, and whether a replacement pays placement/pool_shrink.py's, so
+that the simulator's ``weave-live`` (sim/live_pools.py) replays a pool's rows by the
+same functions; this module names them as slots and rows.
 """
 
 from __future__ import annotations
@@ -45,7 +62,7 @@ from collections.abc import Sequence
 from weave_slurm.daemon import allocplan
 from weave_slurm.daemon.records import AllocRow, GroupPlan, JobRow, MemberPlan
 from weave_slurm.model.profile import JobProfile
-from weave_slurm.placement.pooled import no_width, pool_rows
+from weave_slurm.placement.pooled import ShrinkPays, no_width, pool_rows
 from weave_slurm.workloads.builtins import not_poolable
 
 
@@ -84,13 +101,17 @@ def width(plan: GroupPlan, allocs: Sequence[AllocRow] = ()) -> int:
 
 def pooled_plan(members: Sequence[tuple[int, int]], train_nodes: int, pool_gpus: int,
                 gpus_per_node: int, step: int, before: GroupPlan | None,
-                allocs: Sequence[AllocRow], stripe: int = 1) -> GroupPlan:
+                allocs: Sequence[AllocRow], pays: ShrinkPays | None = None,
+                free_gpus: int = 0, stripe: int = 1) -> GroupPlan:
     """The stored plan of a pool of ``pool_gpus`` GPUs whose ``members`` are ``(job id,
     turns)`` in cyclic order, which was ``before`` (None: new), over the group's
     allocation rows ``allocs`` (module doc, "A width change"): the shares it holds are
     kept (but rows a narrower pool does without, newest first, and rows whose share is
-    no multiple of ``step``), and what it lacks is one new row of shares (a pool that
-    keeps none: over ``stripe`` nodes, ``placement.pooled.stripe_nodes``)."""
+    no multiple of ``step``), and what it lacks is one new row of shares; or, where
+    ``pays`` says a replacement pays (``placement.pool_shrink.shrink_pays``), its newest
+    rows are replaced by one smaller new row, beside them or in the rollout pool's
+    ``free_gpus`` (module doc, "A replacement of rows"). A pool that keeps no row
+    stripes its new one over ``stripe`` nodes (``placement.pooled.stripe_nodes``)."""
     total = len(allocplan.rollout_slots(allocs))
     rows: dict[int, list[int]] = {}   # row key -> its kept slots
     gpus: dict[int, int] = {}         # row key -> GPUs of each of its nodes
@@ -103,7 +124,7 @@ def pooled_plan(members: Sequence[tuple[int, int]], train_nodes: int, pool_gpus:
                 gpus[slot.row.key] = slot.row.gpus_per_node
     keys = sorted(rows)   # oldest first; a narrower pool returns whole rows, newest
     keep, new = pool_rows([(len(rows[k]), gpus[k]) for k in keys], pool_gpus,
-                          gpus_per_node, step, stripe)   # first; one row for the rest
+                          gpus_per_node, step, pays, free_gpus, stripe)   # one new row
     kept = [k for k, on in zip(keys, keep, strict=True) if on]
     slots = sorted(s for k in kept for s in rows[k])
     g = gpus[max(kept)] if kept else None

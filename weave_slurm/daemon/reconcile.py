@@ -319,10 +319,19 @@ class Reconciler:
         if group is None or group.state.final or (job.job_id not in group.plan.job_ids
                                                   and job.job_id not in group.plan.next_ids):
             return
-        plan = membership.plan_without(colocating.running(self.capacity), group,
-                                       self.store.jobs(_LIVE_JOB),
-                                       self.store.next_group_id(), job.job_id,
-                                       self.store.allocs(group.group_id, live_only=False))
+        capacity, jobs = colocating.running(self.capacity), self.store.jobs(_LIVE_JOB)
+        free = 0
+        if group.plan.rollout_gpus is not None:   # a pool: what a new row may count on
+            allocs: dict[int, list[AllocRow]] = {}
+            for a in self.store.allocs(live_only=False):
+                allocs.setdefault(a.group_id, []).append(a)
+            free = membership.free_rollout_gpus(capacity, self.store.groups(), jobs,
+                                                self.store.next_group_id(), allocs)
+        plan = membership.plan_without(capacity, group, jobs, self.store.next_group_id(),
+                                       job.job_id,
+                                       self.store.allocs(group.group_id, live_only=False),
+                                       self.replanner.remaining
+                                       if self.replanner is not None else None, free)
         self.store.update("group", group.group_id, plan=(plan or GroupPlan(
             group.plan.rollout_nodes, group.plan.train_nodes, ())).to_json())
         if plan is None and group.state is not GroupState.DRAINING:

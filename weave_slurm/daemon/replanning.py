@@ -84,7 +84,7 @@ class Replanner:
             self.departed |= departed   # one re-plan at a time: the next tick looks again
             return
         groups, allocs, before, movable = self._view()
-        remaining = self._remaining(before)
+        remaining = self.remaining(before)
         for gid in sorted(departed):
             shrunk = before.by_id.get(gid)
             if shrunk is not None and set(shrunk.job_ids) <= movable and self._take(
@@ -124,7 +124,7 @@ class Replanner:
                    and j.group_id in active and _hosted(j)}
         return groups, allocs, state, movable
 
-    def _remaining(self, state: ClusterState) -> dict[str, float]:
+    def remaining(self, state: ClusterState) -> dict[str, float]:
         """Seconds each running job still needs: its iterations left at its planned
         rate (its version as the runtime shows it)."""
         out = {}
@@ -165,7 +165,8 @@ class Replanner:
             log.info("%s: not taken, it needs nodes weaved does not hold yet (group(s) %s) "
                      "and %s", what, ", ".join(map(str, grows)), why)
             return False
-        writes = membership.plan_writes(before, after, groups, allocs, self.instance)
+        writes = membership.plan_writes(before, after, groups, allocs, self.instance,
+                                        self.remaining(before))
         rows = {g.group_id: g for g in groups}
         for gid in sorted(set(before.by_id) - set(after.by_id)):   # emptied: drains later
             row = rows[gid]

@@ -20,16 +20,17 @@ What weaved *holds* for a width (daemon/pooling.py, whose rules these are, and t
 simulator's ``weave-live``, sim/live_pools.py, call the same functions): allocation
 rows of GPU shares (:func:`shares`), kept while a narrower pool still needs them and
 added to when it widens (:func:`pool_rows`), a new pool striped over as many nodes as
-the site lets one group's rollout span (:func:`stripe_nodes`); a job whose batch
-depends on its engine count is planned as one no width speeds up (:func:`no_width`),
-so it is never pooled.
+the site lets one group's rollout span (:func:`stripe_nodes`), or its newest rows
+replaced by one smaller row beside them where that pays (``pool_rows``' ``pays``:
+placement/pool_shrink.py); a job whose batch depends on its engine count is planned as
+one no width speeds up (:func:`no_width`), so it is never pooled.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from weave_slurm.errors import ConfigError
@@ -201,14 +202,84 @@ def shares(width: int, gpus_per_node: int, step: int = 1, spread: int = 1) -> tu
     return n, share(n)
 
 
+@dataclass(frozen=True, slots=True)
+class RowShrink:
+    """A pool's rows replaced by one smaller new row (:func:`pool_rows`), in GPUs: what
+    it held (``was``), what the rule of whole rows would hold (``kept``), what it holds
+    once the replacement is done (``shrunk``), the new row, and the held rows it gives
+    back beyond the rule of whole rows (``replaced``: held beside the new row until every
+    member has re-pinned onto it)."""
+
+    was: int
+    kept: int
+    shrunk: int
+    new_row: int
+    replaced: int
+
+
+#: Whether a :class:`RowShrink` pays (placement/pool_shrink.py ``shrink_pays``).
+ShrinkPays = Callable[[RowShrink], bool]
+
+
 def pool_rows(rows: Sequence[tuple[int, int]], width: int, gpus_per_node: int, step: int,
-              stripe: int = 1) -> tuple[tuple[bool, ...], tuple[int, int] | None]:
+              pays: ShrinkPays | None = None, free_gpus: int = 0, stripe: int = 1
+              ) -> tuple[tuple[bool, ...], tuple[int, int] | None]:
     """A pool of ``width`` GPUs over the allocation ``rows`` it holds (``(nodes, GPUs of
     each)``, oldest first): which rows it keeps (a narrower pool returns whole rows,
     newest first, while the rest still hold ``width``) and the one new row of
     :func:`shares` it asks for what it then lacks, spread over as many nodes as it keeps,
     or where it keeps none over ``stripe`` nodes (:func:`stripe_nodes`) (None: nothing;
-    daemon/pooling.py, "A width change")."""
+    daemon/pooling.py, "A width change").
+
+    ``pays`` (None: never): a pool that would still hold more than ``width`` may instead
+    replace its newest rows by one new row of what the older ones lack (:func:`replacement`:
+    where it fits beside the rows it replaces, or in ``free_gpus``, the rollout pool's
+    GPUs no group holds), where that pays (``pays``); of those, the one that holds fewest
+    GPUs."""
+    keep, new = _whole_rows(rows, width, gpus_per_node, step, stripe)
+    if pays is None:
+        return keep, new
+    kept = sum(n * g for (n, g), on in zip(rows, keep, strict=True) if on)
+    held = kept + (new[0] * new[1] if new else 0)
+    best: tuple[int, tuple[tuple[bool, ...], tuple[int, int]]] | None = None
+    for k in range(len(rows)):   # keep the k oldest rows, replace the others
+        row = replacement(rows, k, width, gpus_per_node, step, free_gpus, stripe)
+        if row is None:
+            continue
+        gpus = sum(n * g for n, g in rows[:k]) + row[0] * row[1]
+        gone = sum(n * g for (n, g), on in zip(rows[k:], keep[k:], strict=True) if on)
+        if gpus < held and (best is None or gpus < best[0]) and pays(
+                RowShrink(sum(n * g for n, g in rows), held, gpus, row[0] * row[1], gone)):
+            best = (gpus, ((True,) * k + (False,) * (len(rows) - k), row))
+    return best[1] if best is not None else (keep, new)
+
+
+def replacement(rows: Sequence[tuple[int, int]], k: int, width: int, gpus_per_node: int,
+                step: int, free_gpus: int = 0, stripe: int = 1) -> tuple[int, int] | None:
+    """The one new row that, with the ``k`` oldest ``rows``, holds ``width``, in place
+    of the newer rows; None where the ``k`` rows hold it alone or the new row fits
+    nowhere the pool can count on. The old rows are given back only once every member
+    has re-pinned, so the new row needs GPUs that are free while they are held: beside
+    the rows it replaces, on their nodes (a row of no more nodes than they span, each
+    share no larger than the GPUs each of their nodes has beside its own), the *cheap
+    case*; or else, spread as a wider pool's new row is (over as many nodes as the kept
+    rows span, or ``stripe`` nodes where it keeps none), within ``free_gpus``, the
+    rollout pool's GPUs no group holds (0: none counted on: only the cheap case)."""
+    lack = width - sum(n * g for n, g in rows[:k])
+    gone = rows[k:]
+    if lack <= 0 or not gone:
+        return None
+    nodes = sum(n for n, _ in gone)
+    n, g = shares(lack, gpus_per_node, step, nodes)
+    if n <= nodes and g <= gpus_per_node - max(g for _, g in gone):
+        return n, g
+    n, g = shares(lack, gpus_per_node, step, sum(n for n, _ in rows[:k]) or stripe)
+    return (n, g) if n * g <= free_gpus else None
+
+
+def _whole_rows(rows: Sequence[tuple[int, int]], width: int, gpus_per_node: int, step: int,
+                stripe: int) -> tuple[tuple[bool, ...], tuple[int, int] | None]:
+    """:func:`pool_rows` by whole rows alone (no replacement)."""
     keep = [True] * len(rows)
     have = sum(n * g for n, g in rows)
     for i in reversed(range(len(rows))):

@@ -55,6 +55,13 @@ class Ledger:
             self.busy_s["train"] += self.busy_nodes[1] * dt
         self.last_s = max(self.last_s, now)
 
+    def held_longer(self, rollout_node_s: float, rates: CostRates) -> None:
+        """Rollout node-time held beside a group's own, idle (a pool's replaced rows
+        until its members have re-pinned: sim/live_pools.py)."""
+        self.node_s["rollout"] += rollout_node_s
+        self.reference_units += rollout_node_s / 3
+        self.cost += rates.rollout_node_hour * rollout_node_s / SECONDS_PER_HOUR
+
     def swap(self, old: Group | None, new: Group | None, now: float) -> None:
         """Group ``old`` gives way to ``new`` (either may be None) at ``now``."""
         self._count_busy(old, -1.0)

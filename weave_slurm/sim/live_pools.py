@@ -13,6 +13,14 @@ pool as weaved holds it, not on the width placement asked for:
   (``placement.pooled.pool_rows``, the function weaved's ``pooling.pooled_plan``
   calls). A row whose share is no multiple of the
   members' GPUs per engine is left for a new one.
+- **replaced rows**: as weaved, a pool that would still hold more than its width
+  replaces its newest rows by one smaller row beside them where that pays
+  (``placement.pool_shrink.shrink_pays``, the same call as weaved's, over the members'
+  remaining time where the replay knows it: consistent accounting; else placement's
+  default hour). The replaced rows stay held, idle, beside the new row for one period
+  of the group as it ran and the longest re-pin pause (the time ``shrink_pays``
+  charges them for): the replay books those GPU-seconds as paid, idle rollout time
+  (:attr:`LivePools.overlap_gpu_s`, ``Ledger.held_longer``).
 - **the group is the width it holds** (:meth:`LivePools.hold`): as weaved's placement
   reads a stored pool back (``pooling.width``), the group's ``pool_gpus`` is its rows'
   GPUs together: it is charged for them, and its rollouts run over all of them (which
@@ -32,8 +40,10 @@ each is planned as one no width speeds up, so it goes to a pinned group. A job t
 names no model has no width model and is never pooled either way.
 
 Not modelled: a row Slurm cannot give at once (weaved's group waits for it; here it is
-held and charged from the decision on, even past the rollout pool's nodes), and a
-surplus row's return once no phase runs on it (returned at the decision).
+held and charged from the decision on, even past the rollout pool's nodes; a
+replacement's new row is taken as free beside the rows it replaces, which other groups'
+shares may hold in weaved), and a surplus row's return once no phase runs on it
+(returned at the decision, but a replaced row: above).
 """
 
 from __future__ import annotations
@@ -44,7 +54,14 @@ from dataclasses import dataclass, replace
 from weave_slurm.model.profile import JobProfile
 from weave_slurm.placement.cluster_state import ClusterState
 from weave_slurm.placement.moves import pauses
-from weave_slurm.placement.pooled import no_width, pool_rows, step_gpus, stripe_nodes
+from weave_slurm.placement.pool_shrink import free_gpus, overlap_s, pool_horizon, shrink_pays
+from weave_slurm.placement.pooled import (
+    ShrinkPays,
+    no_width,
+    pool_rows,
+    step_gpus,
+    stripe_nodes,
+)
 
 
 @dataclass(frozen=True)
@@ -60,14 +77,20 @@ class HeldPool:
 
 
 def held_pool(before: HeldPool | None, width: int, gpus_per_node: int,
-              step: int, stripe: int = 1) -> HeldPool:
+              step: int, pays: ShrinkPays | None = None, free: int = 0, stripe: int = 1
+              ) -> tuple[HeldPool, int]:
     """The rows a pool that held ``before`` (None: new) holds at ``width`` GPUs, whose
-    members' engines take ``step`` GPUs, a new one striped over ``stripe`` nodes
-    (module doc, "rows of shares")."""
+    members' engines take ``step`` GPUs, and the GPUs of the rows it replaced (module
+    doc, "rows of shares"; ``pays``: whether a replacement of rows pays, and
+    ``free``, the rollout pool's GPUs its new row may count on; a new pool striped over
+    ``stripe`` nodes: ``pool_rows``')."""
     rows = tuple(r for r in (before.rows if before else ()) if r[1] % step == 0)
-    keep, new = pool_rows(rows, width, gpus_per_node, step, stripe)
+    keep, new = pool_rows(rows, width, gpus_per_node, step, pays, free, stripe)
     kept = tuple(r for r, on in zip(rows, keep, strict=True) if on)
-    return HeldPool(kept if new is None else (*kept, new))
+    whole, _ = pool_rows(rows, width, gpus_per_node, step, stripe=stripe)
+    replaced = sum(n * g for (n, g), w, k in zip(rows, whole, keep, strict=True)
+                   if w and not k)
+    return HeldPool(kept if new is None else (*kept, new)), replaced
 
 
 def planned(p: JobProfile, width_free: bool) -> JobProfile:
@@ -79,20 +102,38 @@ def planned(p: JobProfile, width_free: bool) -> JobProfile:
 class LivePools:
     """Each pooled group's rows, kept from one state of the replay to the next."""
 
-    def __init__(self) -> None:
+    def __init__(self, replace_rows: bool = True, beside_only: bool = False) -> None:
+        #: whether a pool may replace rows by a smaller one where that pays (module
+        #: doc, "replaced rows"; False: whole rows only, as weaved did before), and
+        #: whether its new row may only go beside the rows it replaces (True: the rollout
+        #: pool's free GPUs not counted on)
+        self.replace_rows, self.beside_only = replace_rows, beside_only
         self.held: dict[int, HeldPool] = {}
+        #: GPU-seconds of replaced rows held beside their new rows, by the last
+        #: :meth:`hold` (module doc, "replaced rows"); the replay books them
+        self.overlap_gpu_s = 0.0
 
-    def hold(self, before: ClusterState, after: ClusterState) -> ClusterState:
+    def hold(self, before: ClusterState, after: ClusterState,
+             remaining_s: Mapping[str, float] | None = None) -> ClusterState:
         """``after`` (a decision taken on ``before``, whose pools are as held) with each
-        pool it changed on the GPUs weaved holds for it."""
+        pool it changed on the GPUs weaved holds for it (``remaining_s``: each job's
+        remaining seconds where known, the horizon of a replacement of rows)."""
         groups, changed = [], False
+        self.overlap_gpu_s = 0.0
+        cap = after.capacity
+        free = 0 if self.beside_only else free_gpus(before, after)
         for g in after.groups:
             if not g.pooled or before.by_id.get(g.group_id) is g:
                 groups.append(g)
                 continue
-            pool = held_pool(self.held.get(g.group_id), g.pool_gpus, g.gpus_per_node,
-                             step_gpus([m.job for m in g.members]),
-                             stripe_nodes(after.capacity))
+            was = self.held.get(g.group_id)
+            pool, replaced = held_pool(was, g.pool_gpus, g.gpus_per_node,
+                                       step_gpus([m.job for m in g.members]),
+                                       shrink_pays(g, cap, pool_horizon(g, remaining_s))
+                                       if self.replace_rows else None, free,
+                                       stripe_nodes(cap))
+            if replaced:
+                self.overlap_gpu_s += replaced * overlap_s(g, cap, was.gpus if was else 0)
             self.held[g.group_id] = pool
             changed |= pool.gpus != g.pool_gpus
             groups.append(replace(g, pool_gpus=pool.gpus) if pool.gpus != g.pool_gpus

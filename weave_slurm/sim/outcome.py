@@ -97,5 +97,8 @@ class ReplayResult:
     failures: int = 0
     regroups: int = 0
     optimum_fallbacks: int = 0
+    # rollout node-seconds of pools' replaced rows held beside their new rows, paid and
+    # idle, in no segment (weave-live's pools: sim/live_pools.py)
+    held_longer_node_s: float = 0.0
     extra: dict[str, float] = field(default_factory=dict)
     bound: WorkBound | None = None  # the zero-bubble lower bound (sim/bound.py)

@@ -404,7 +404,10 @@ class Replay:
             new = replace(new, capacity=self.cap, closed=frozenset())
         old = self.state
         if self.pools is not None:   # weave-live: each pool on the GPUs weaved holds
-            new = self.pools.hold(old, new)
+            new = self.pools.hold(old, new, self._remaining())
+            longer = self.pools.overlap_gpu_s / self.cap.rollout_gpus_per_node
+            self.books.held_longer(longer, self.cap.rates)
+            self.result.held_longer_node_s += longer
             if charged is not None:
                 charged = self.pools.recharged(old, new, charged)
         changed = {gid for gid, g in old.by_id.items() if new.by_id.get(gid) is not g}
