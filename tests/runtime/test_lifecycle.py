@@ -229,6 +229,23 @@ def test_a_warm_member_whose_training_node_is_silent_at_adoption_waits_for_it() 
     assert m.state is MemberState.ROLLOUT          # dispatched at once on the rollout node
 
 
+def test_a_warm_member_whose_state_is_not_listed_at_adoption_is_never_dropped() -> None:
+    """The training node answers at adoption but lists no state for it at that moment
+    (issue 33's cut-off test once saw ITER go from 3 to 0): a member seen at a version
+    is not dropped and started afresh; recovery restores its checkpoint."""
+    runner, nodes, log, _clock = _runner()
+    nodes[T].segments = {"weights": {}}   # the listing lacks its state now
+    warm = Resume(ResumeKind.WARM, "rollout node h20-9 lost",
+                  readmit="rollout node h20-9 lost; re-attached on a new allocation",
+                  version=3)
+    m = _adopt(runner, MemberSpec("a", steps=10), warm)
+    assert m.state is MemberState.RECOVERING and not m.version_known
+    assert not [op for _n, op, _j in log if op is Op.DROP]      # nothing of it dropped
+    nodes[T].segments = {"state": {"index": {"version": 3}}, "weights": {}}
+    runner.tick()
+    assert m.version == 3 and m.restarts == 0
+
+
 def test_adopted_after_its_final_checkpoint_is_done() -> None:
     """weaved died after the member's last train step was checkpointed, before DONE."""
     runner, nodes, _log, _clock = _runner()
