@@ -137,12 +137,14 @@ class Lifecycle:
             member.restart_note = resume.note
         info = self.link.best_effort(member.train_node, Op.ATTACH_INFO, job=spec.job_id)
         held = info is not None and contract.STATE in dict(info.get("segments") or {})
-        if resume is not None and resume.kind is ResumeKind.WARM \
-                and resume.version is not None:
-            # its training node kept what it learned (a version of it was seen), but did
-            # not answer now or listed no state at this moment: recovery restores it once
-            # it does (waiting for the node) or says why it cannot, never a silent fresh
-            # start that drops what it learned (its ITER going back to 0)
+        warm = resume.version if resume is not None and resume.kind is ResumeKind.WARM \
+            else None
+        if warm is not None and (info is None or warm > 0):
+            # its training node kept what it learned, but did not answer now, or (having
+            # learned something: a version past 0) listed no state at this moment:
+            # recovery restores it once it does (waiting for the node) or says why it
+            # cannot, never a silent fresh start that drops what it learned (its ITER
+            # going back to 0)
             held = True
         if not held and resume is not None and resume.kind is ResumeKind.CARRIED:
             held = self._move_checkpoint(member, resume)
