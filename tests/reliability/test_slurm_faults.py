@@ -420,7 +420,7 @@ def node_down(p: Place, role: str, name: str, seed: int,
             assert all(r["ok"] for r in call(p.socket, Op.CANCEL, jobs=ids)["results"])
             rows = finish(p, ids, 120)
             assert [r["state"] for r in rows] == ["CANCELLED", "CANCELLED"], rows
-            check_replaced(p, group["group"], alloc)
+            check_replaced(p, group["group"])
             check_released(p)
             return alloc, seen, down, seeds
         rows = finish(p, ids, 240)
@@ -431,7 +431,7 @@ def node_down(p: Place, role: str, name: str, seed: int,
             # fault, unless the re-admission came through a fresh join on the new node)
             shown = call(p.socket, Op.SHOW, kind="job", id=job)
             assert shown["reason"].startswith("reached version"), shown["reason"]
-        check_replaced(p, group["group"], alloc)
+        check_replaced(p, group["group"])
         check_solo_digests(p, seeds, steps)
         check_released(p)
         return alloc, seen, down, seeds
@@ -441,7 +441,7 @@ def node_down(p: Place, role: str, name: str, seed: int,
             undo()
 
 
-def check_replaced(p: Place, group: int, alloc: dict[str, Any]) -> None:
+def check_replaced(p: Place, group: int) -> None:
     """The group went FORMING for a replacement (its reason names the lost allocation
     where it was LOST before the replacement was asked: not always, 1 of 2 set-down
     runs)."""

@@ -98,6 +98,14 @@ def _adopt(runner: GroupRunner, spec: MemberSpec, resume: Resume | None = None
     return runner.members[spec.job_id]
 
 
+def _warm(version: int) -> Resume:
+    """The resume of a member whose lost rollout node's group is re-formed, seen at
+    ``version`` on its kept training node."""
+    return Resume(ResumeKind.WARM, "rollout node h20-9 lost",
+                  readmit="rollout node h20-9 lost; re-attached on a new allocation",
+                  version=version)
+
+
 def _kill(node: FakeNode, job: str, returncode: int = -9) -> None:
     node.worker[job] = {"state": "killed", "returncode": returncode}
 
@@ -213,10 +221,7 @@ def test_a_warm_member_whose_training_node_is_silent_at_adoption_waits_for_it() 
     runner, nodes, log, clock = _runner(recovery_backoff_s=1.0)
     nodes[T].segments = {"state": {"index": {"version": 3}}, "weights": {}}
     nodes[T].raises[Op.ATTACH_INFO] = NodeGone("node daemon at h800-0: timed out")
-    warm = Resume(ResumeKind.WARM, "rollout node h20-9 lost",
-                  readmit="rollout node h20-9 lost; re-attached on a new allocation",
-                  version=3)
-    m = _adopt(runner, MemberSpec("a", steps=10), warm)
+    m = _adopt(runner, MemberSpec("a", steps=10), _warm(3))
     assert m.state is MemberState.RECOVERING and not m.version_known
     assert not [op for _n, op, _j in log if op is Op.DROP]      # nothing of it dropped
     runner.tick()                                  # still silent: tried again later
@@ -235,10 +240,7 @@ def test_a_warm_member_whose_state_is_not_listed_at_adoption_is_never_dropped() 
     is not dropped and started afresh; recovery restores its checkpoint."""
     runner, nodes, log, _clock = _runner()
     nodes[T].segments = {"weights": {}}   # the listing lacks its state now
-    warm = Resume(ResumeKind.WARM, "rollout node h20-9 lost",
-                  readmit="rollout node h20-9 lost; re-attached on a new allocation",
-                  version=3)
-    m = _adopt(runner, MemberSpec("a", steps=10), warm)
+    m = _adopt(runner, MemberSpec("a", steps=10), _warm(3))
     assert m.state is MemberState.RECOVERING and not m.version_known
     assert not [op for _n, op, _j in log if op is Op.DROP]      # nothing of it dropped
     nodes[T].segments = {"state": {"index": {"version": 3}}, "weights": {}}

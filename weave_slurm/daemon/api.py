@@ -40,7 +40,7 @@ from weave_slurm.daemon.job_output import log_files
 from weave_slurm.daemon.job_update import update_job
 from weave_slurm.daemon.layout_view import layout_row
 from weave_slurm.daemon.protocol import Op, PermissionDenied
-from weave_slurm.daemon.records import AllocRow, GroupRow, JobRow, TransitionRow
+from weave_slurm.daemon.records import AllocRow, GroupRow, JobRow, TransitionRow, by_group
 from weave_slurm.daemon.runnable import check_runnable
 from weave_slurm.daemon.states import JobState
 from weave_slurm.daemon.store import Store
@@ -276,9 +276,7 @@ class Api:
             jobs = {j.job_id: j for j in self.store.jobs()}
             groups = {g.group_id: g for g in self.store.groups(live_only=False)}
             rows = self.store.allocs(live_only=False)
-        allocs: dict[int, list[AllocRow]] = {}
-        for a in rows:
-            allocs.setdefault(a.group_id, []).append(a)
+        allocs = by_group(rows)
         models = {gid: m for gid, g in groups.items() if not g.state.final   # as placed
                   for m in [membership.group_model(g, jobs, allocs.get(gid, ()),
                                                    self.capacity)] if m is not None}

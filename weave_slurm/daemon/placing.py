@@ -20,7 +20,7 @@ from weave_slurm.config.site import SiteConfig
 from weave_slurm.daemon import colocating, limits, membership, pooling
 from weave_slurm.daemon.accounting_limits import AccountingFeed
 from weave_slurm.daemon.fault_points import FaultPoint, crossing
-from weave_slurm.daemon.records import AllocRow
+from weave_slurm.daemon.records import by_group
 from weave_slurm.daemon.states import JobState
 from weave_slurm.daemon.store import Store
 from weave_slurm.errors import StalePlacement, StateError
@@ -73,9 +73,7 @@ class Placer:
         if not pending:
             return
         groups = self.store.groups()
-        allocs: dict[int, list[AllocRow]] = {}
-        for a in self.store.allocs(live_only=False):
-            allocs.setdefault(a.group_id, []).append(a)
+        allocs = by_group(self.store.allocs(live_only=False))
         before = membership.cluster_state(self.capacity, groups, self.store.jobs(_LIVE_JOB),
                                           self.store.next_group_id(), allocs)
         started = time.perf_counter()   # how long the decision took: not an input to it

@@ -5,14 +5,15 @@ With the site's ``[limits] rollout = "pooled"``, weaved's placement may put a jo
 rather than whole nodes, and each member's rollout runs, in turn order, as ``W / T``
 engines over all of them (the runtime: ``MemberSpec.pool``, runtime/pool.py).
 
-- **Shares** (``placement.pooled.shares``): weaved holds a new pool as one allocation row of ``n``
-  nodes with ``g`` GPUs of each (``GroupPlan.rollout_gpus``: a *share* of each node,
-  which another group's share may sit beside; daemon/allocplan.py, "Shares"): the
-  fewest nodes that hold ``W``, and on them the fewest GPUs per node, a multiple of
-  every member's GPUs per engine, that hold ``W`` together. ``n x g`` may exceed ``W``
-  by less than a node's share; the group is then priced and planned on what it holds
-  (:func:`width`), which only shortens its rollouts. Every member is pinned to every
-  node of the pool (:func:`member_pool`: its engines follow each node's share).
+- **Shares** (``placement.pooled.shares``): weaved holds a new pool as one allocation
+  row of ``n`` nodes with ``g`` GPUs of each (``GroupPlan.rollout_gpus``: a *share* of
+  each node, which another group's share may sit beside; daemon/allocplan.py,
+  "Shares"): ``n`` nodes as the stripe below says, and on them the fewest GPUs per
+  node, a multiple of every member's GPUs per engine, that hold ``W`` together.
+  ``n x g`` may exceed ``W`` by less than a node's share; the group is then priced and
+  planned on what it holds (:func:`width`), which only shortens its rollouts. Every
+  member is pinned to every node of the pool (:func:`member_pool`: its engines follow
+  each node's share).
 - **Stripes** (``placement.pooled.stripe_nodes``): a new pool's first row spreads over
   as many nodes as one group's rollout may span (``[limits]
   max_rollout_nodes_per_group``) and the pool has, where its width allows an engine on

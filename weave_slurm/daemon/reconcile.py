@@ -29,7 +29,7 @@ from weave_slurm.daemon.fault_points import FaultPoint, crossing
 from weave_slurm.daemon.job_output import JobOutputs, Opener
 from weave_slurm.daemon.job_terms import JobTerms
 from weave_slurm.daemon.placing import Placer
-from weave_slurm.daemon.records import AllocRow, GroupPlan, GroupRow, JobRow, StepRow
+from weave_slurm.daemon.records import AllocRow, GroupPlan, GroupRow, JobRow, StepRow, by_group
 from weave_slurm.daemon.replanning import Replanner
 from weave_slurm.daemon.retries import NodeDaemonRetries, in_words
 from weave_slurm.daemon.states import AllocState, GroupState, JobState, StepRunState
@@ -322,9 +322,7 @@ class Reconciler:
         capacity, jobs = colocating.running(self.capacity), self.store.jobs(_LIVE_JOB)
         free = 0
         if group.plan.rollout_gpus is not None:   # a pool: what a new row may count on
-            allocs: dict[int, list[AllocRow]] = {}
-            for a in self.store.allocs(live_only=False):
-                allocs.setdefault(a.group_id, []).append(a)
+            allocs = by_group(self.store.allocs(live_only=False))
             free = membership.free_rollout_gpus(capacity, self.store.groups(), jobs,
                                                 self.store.next_group_id(), allocs)
         plan = membership.plan_without(capacity, group, jobs, self.store.next_group_id(),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
@@ -190,6 +190,14 @@ class AllocRow:
     account: str | None = None
     qos: str | None = None
     time_limit_min: int | None = None
+
+
+def by_group(rows: Iterable[AllocRow]) -> dict[int, list[AllocRow]]:
+    """Allocation ``rows`` by their group id, each group's in the order given."""
+    out: dict[int, list[AllocRow]] = {}
+    for a in rows:
+        out.setdefault(a.group_id, []).append(a)
+    return out
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from typing import Any
 
 from weave_slurm.config.runtime import RuntimeConfig
 from weave_slurm.daemon import membership
-from weave_slurm.daemon.records import AllocRow, GroupPlan, GroupRow, JobRow
+from weave_slurm.daemon.records import AllocRow, GroupPlan, GroupRow, JobRow, by_group
 from weave_slurm.daemon.states import GroupState, JobState
 from weave_slurm.daemon.store import Store
 from weave_slurm.errors import StateError
@@ -113,9 +113,7 @@ class Replanner:
 
     def _view(self) -> tuple[list[GroupRow], dict[int, list[AllocRow]], ClusterState, set[str]]:
         groups = self.store.groups()
-        allocs: dict[int, list[AllocRow]] = {}
-        for a in self.store.allocs(live_only=False):
-            allocs.setdefault(a.group_id, []).append(a)
+        allocs = by_group(self.store.allocs(live_only=False))
         jobs = self.store.jobs(_LIVE_JOB)
         state = membership.cluster_state(self.capacity, groups, jobs,
                                          self.store.next_group_id(), allocs)

@@ -15,7 +15,7 @@ from typing import Any
 
 from weave_slurm.config.site import SiteConfig
 from weave_slurm.daemon.protocol import PermissionDenied
-from weave_slurm.daemon.records import AllocRow, JobRow, UsageRow
+from weave_slurm.daemon.records import AllocRow, JobRow, UsageRow, by_group
 from weave_slurm.daemon.states import AllocState
 from weave_slurm.daemon.store import Store
 from weave_slurm.daemon.usage_sql import slurm_order
@@ -82,9 +82,7 @@ def sacct(store: Store, site: SiteConfig, uid: int, name: str, admins: Collectio
     if start_s is not None and end_s is not None and end_s < start_s:
         raise ConfigError("sacct: the end time is before the start time; give -E after -S")
     usage = store.usage()
-    allocs: dict[int, list[AllocRow]] = {}
-    for a in store.allocs(live_only=False):
-        allocs.setdefault(a.group_id, []).append(a)
+    allocs = by_group(store.allocs(live_only=False))
     rows = []
     for job in store.jobs():
         if (users and job.user not in users and str(job.uid) not in users) \

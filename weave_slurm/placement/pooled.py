@@ -239,6 +239,7 @@ def pool_rows(rows: Sequence[tuple[int, int]], width: int, gpus_per_node: int, s
     keep, new = _whole_rows(rows, width, gpus_per_node, step, stripe)
     if pays is None:
         return keep, new
+    was = sum(n * g for n, g in rows)
     kept = sum(n * g for (n, g), on in zip(rows, keep, strict=True) if on)
     held = kept + (new[0] * new[1] if new else 0)
     best: tuple[int, tuple[tuple[bool, ...], tuple[int, int]]] | None = None
@@ -249,7 +250,7 @@ def pool_rows(rows: Sequence[tuple[int, int]], width: int, gpus_per_node: int, s
         gpus = sum(n * g for n, g in rows[:k]) + row[0] * row[1]
         gone = sum(n * g for (n, g), on in zip(rows[k:], keep[k:], strict=True) if on)
         if gpus < held and (best is None or gpus < best[0]) and pays(
-                RowShrink(sum(n * g for n, g in rows), held, gpus, row[0] * row[1], gone)):
+                RowShrink(was, held, gpus, row[0] * row[1], gone)):
             best = (gpus, ((True,) * k + (False,) * (len(rows) - k), row))
     return best[1] if best is not None else (keep, new)
 
