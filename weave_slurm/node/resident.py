@@ -50,6 +50,7 @@ from typing import Any
 import torch
 
 from weave_slurm.errors import ConfigError, SegmentMissing, StateError
+from weave_slurm.node import preload
 from weave_slurm.node.index import JobRef, SegmentIndex
 from weave_slurm.node.job_streams import JobStreams
 from weave_slurm.node.segments import AttachedState, SegmentStore, map_file, tensor_views
@@ -216,6 +217,7 @@ def run_phase(request: dict[str, Any], job_id: str, cache: AttachCache,
         job = JobRef(job_id, int(request["uid"]))
         streams.redirect(request.get("output"), request.get("error"))
         os.environ.update({str(k): str(v) for k, v in dict(request.get("env", {})).items()})
+        preload.settle()   # what the zygote imported, kept only under the job's environment
         if request.get("workdir"):
             os.chdir(str(request["workdir"]))
         entry = load_entry(str(request["entry"]), list(request.get("pythonpath", [])))

@@ -1,4 +1,5 @@
-"""The zygote: a pre-started process that has imported torch and forks resident workers.
+"""The zygote: a pre-started process that has imported torch (and the packages
+node/preload.py names) and forks resident workers.
 
 Started by the node daemon as ``python -m weave_slurm.node.zygote <fd>``, where ``fd``
 is its end of a ``SOCK_SEQPACKET`` socket pair; ``python`` is the node daemon's own
@@ -106,6 +107,19 @@ def _fork(ctl: socket.socket, wake_r: int, request: dict[str, Any], fds: list[in
     send(ctl, {"event": "forked", "seq": seq, "pid": pid})
 
 
+def _warm_once() -> None:
+    """Before the first fork: import what node/preload.py names (a zygote that forks
+    nothing imports nothing more than torch)."""
+    from weave_slurm.node import preload
+
+    if preload.warmed():
+        return
+    try:
+        preload.warm()
+    except Exception:  # a broken optional package: its jobs import it (and fail) alone
+        traceback.print_exc()
+
+
 def _reap(ctl: socket.socket, children: set[int]) -> None:
     while children:
         try:
@@ -138,6 +152,7 @@ def run(ctl: socket.socket) -> None:
                 if request is None:
                     return
                 if request.get("op") == "fork":
+                    _warm_once()
                     _fork(ctl, wake_r, request, fds, children)
                 else:
                     for fd in fds:
@@ -162,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch  # noqa: F401  (the point of a zygote: import once, fork many)
 
     from weave_slurm.node import resident  # noqa: F401
+
 
     try:
         run(ctl)
