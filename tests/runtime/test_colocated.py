@@ -165,8 +165,9 @@ def test_colocated_k1_alone_serialises_its_roles_and_matches_solo(local_fleet: A
 @pytest.mark.torch
 def test_colocated_worker_killed_mid_rollout_recovers_to_its_solo_weights(
         local_fleet: Any) -> None:
-    """Its one worker holds both roles: a SIGKILL in its rollout loses both, recovery
-    restores its checkpoint on its node and it still ends as alone; the other member
+    """Its one worker holds both roles: a SIGKILL in its rollout (or the training step
+    right after it) loses both, recovery restores its checkpoint on its node and it
+    still ends as alone; the other member
     training on that node is untouched. Leaving drops it from its one node."""
     layout: GroupLayout = local_fleet.layout
     train = layout.train[0]
@@ -184,8 +185,10 @@ def test_colocated_worker_killed_mid_rollout_recovers_to_its_solo_weights(
         assert [ex.members[s.job_id].state for s in (co, dis)] == [MemberState.DONE] * 2
         assert (ex.members["co3"].recoveries, ex.members["dis3"].recoveries) == (1, 0)
         failed = [s for s in ex.spans if not s.ok]
-        assert [(s.job_id, s.kind, s.node) for s in failed] == \
-            [("co3", Phase.ROLLOUT, train.name)]
+        # the kill is sent once the member is seen in its rollout; a tiny rollout may
+        # have ended by then, and the one worker is in the training step that follows
+        assert [(s.job_id, s.node) for s in failed] == [("co3", train.name)]
+        assert failed[0].kind in (Phase.ROLLOUT, Phase.TRAIN), failed
         for spec in (co, dis):
             assert_same_as_solo(ex, spec)
         assert GroupPort(ex).members["co3"].colocated
