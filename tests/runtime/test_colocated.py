@@ -167,8 +167,8 @@ def test_colocated_worker_killed_mid_rollout_recovers_to_its_solo_weights(
         local_fleet: Any) -> None:
     """Its one worker holds both roles: a SIGKILL in its rollout (or the training step
     right after it) loses both, recovery restores its checkpoint on its node and it
-    still ends as alone; the other member
-    training on that node is untouched. Leaving drops it from its one node."""
+    still ends as alone; the other member training on that node is untouched. Leaving
+    drops it from its one node."""
     layout: GroupLayout = local_fleet.layout
     train = layout.train[0]
     ex, co, dis = _beside(layout, "3", 35)

@@ -32,7 +32,6 @@ import importlib
 import importlib.util
 import os
 import sys
-from collections.abc import Mapping
 
 #: The modules a zygote preloads, and the names it reads from them (a lazy package
 #: imports a name's module only when it is read).
@@ -53,15 +52,10 @@ _seen: dict[str, str] | None = None
 _tried = False
 
 
-def warmed() -> bool:
-    """Whether :func:`warm` ran in this process (or the one it was forked from)."""
-    return _tried
-
-
-def import_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The part of ``env`` the preloaded packages read when imported, with ``~`` as
-    this process's user expands it."""
-    out = {k: v for k, v in env.items()
+def import_env() -> dict[str, str]:
+    """The part of this process's environment the preloaded packages read when
+    imported, with ``~`` as its user expands it."""
+    out = {k: v for k, v in os.environ.items()
            if k.startswith(tuple(p for p in IMPORT_ENV if p.endswith("_"))) or k in IMPORT_ENV}
     out["~"] = os.path.expanduser("~")
     return out
@@ -74,13 +68,15 @@ def gpu_build() -> bool:
     return torch.version.cuda is not None or getattr(torch.version, "hip", None) is not None
 
 
-def warm(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
+def warm() -> tuple[str, ...]:
     """Import :data:`PRELOAD` where installed (not on a GPU build, not when turned off);
-    returns the modules it added."""
+    returns the modules it added. Only the first call in a process (or the process it
+    was forked from) imports anything."""
     global _loaded, _seen, _tried
+    if _tried:
+        return ()
     _tried = True
-    env = os.environ if env is None else env
-    if env.get(OFF_ENV) == "0" or gpu_build():
+    if os.environ.get(OFF_ENV) == "0" or gpu_build():
         return ()
     before = set(sys.modules)
     tops = {n.partition(".")[0] for n in before} | set(sys.stdlib_module_names)
@@ -93,19 +89,19 @@ def warm(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
     # the packages they brought (torch's submodules they imported stay, as torch does)
     _loaded = tuple(sorted(n for n in set(sys.modules) - before
                            if n.partition(".")[0] not in tops))
-    _seen = import_env(env) if _loaded else None
+    _seen = import_env() if _loaded else None
     return _loaded
 
 
-def settle(env: Mapping[str, str] | None = None) -> bool:
-    """In a forked worker, before its first phase (``env``: the phase's, default this
-    process's): keep what the zygote preloaded if it was imported with the same import
-    environment, else drop its Python modules so the job imports them afresh. Returns
-    True when they were dropped; later calls do nothing."""
+def settle() -> bool:
+    """In a forked worker, once its phase's environment is set: keep what the zygote
+    preloaded if it was imported with the same import environment, else drop its Python
+    modules so the job imports them afresh. Returns True when they were dropped; later
+    calls do nothing."""
     global _loaded, _seen
     if _seen is None:
         return False
-    same = import_env(os.environ if env is None else env) == _seen
+    same = import_env() == _seen
     dropped = () if same else _loaded
     for name in dropped:
         module = sys.modules.get(name)

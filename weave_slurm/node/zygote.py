@@ -112,8 +112,6 @@ def _warm_once() -> None:
     nothing imports nothing more than torch)."""
     from weave_slurm.node import preload
 
-    if preload.warmed():
-        return
     try:
         preload.warm()
     except Exception:  # a broken optional package: its jobs import it (and fail) alone
