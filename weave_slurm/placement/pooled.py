@@ -36,7 +36,7 @@ from enum import StrEnum
 from weave_slurm.errors import ConfigError
 from weave_slurm.model.profile import JobProfile
 from weave_slurm.placement.capacity import Capacity
-from weave_slurm.placement.group import Group, Member
+from weave_slurm.placement.group import Group, Member, period
 from weave_slurm.vocab import member_of
 
 _EPS = 1e-9
@@ -83,6 +83,30 @@ def least_gpus(members: Sequence[Member], gpus_per_node: int) -> int:
     return max(1, math.ceil(work / budget - _EPS)) if budget > 0 else 1
 
 
+class _Widths:
+    """One member tuple's periods at any width, without a :class:`Group` per trial:
+    for a pooled group only the period depends on the width (its host and device
+    memory are per node of the pool), so a bisection needs the period alone and builds
+    the group of the width it keeps."""
+
+    def __init__(self, group_id: int, members: Sequence[Member], gpus_per_node: int):
+        self.group_id, self.gpn = group_id, gpus_per_node
+        self.members = tuple(Member(m.job, (0,), m.turns) for m in members)
+        self.budget_s = min((m.turns * m.job.budget_s for m in self.members),
+                            default=math.inf)
+
+    def group(self, gpus: int) -> Group:
+        return pooled_group(self.group_id, self.members, gpus, self.gpn)
+
+    def period_s(self, gpus: int, expected: bool = False) -> float:
+        factors = tuple(m.job.width_factor(gpus, self.gpn) for m in self.members)
+        return period(self.members, expected=expected, factors=factors)
+
+    def within_slo(self, gpus: int) -> bool:
+        """``Group.feasible``'s SLO test of the group on ``gpus`` GPUs."""
+        return self.period_s(gpus) <= self.budget_s * (1 + _EPS) + _EPS
+
+
 def fewest_gpus(group_id: int, members: Sequence[Member], cap: Capacity,
                 lo: int, hi: int) -> Group | None:
     """The pooled group of ``members`` on the fewest GPUs in [``lo``, ``hi``] (multiples
@@ -93,18 +117,18 @@ def fewest_gpus(group_id: int, members: Sequence[Member], cap: Capacity,
     hi = step * (hi // step)
     if hi < lo:
         return None
-    best = pooled_group(group_id, members, hi, gpn)
-    if not cap.fits(best):
+    widths = _Widths(group_id, members, gpn)
+    best = widths.group(hi)
+    if not cap.fits(best):   # every limit, once: below ``hi`` only the SLO can fail
         return None
     a, b = lo // step, hi // step   # feasible at b; find the least such
     while a < b:
         mid = (a + b) // 2
-        trial = pooled_group(group_id, members, mid * step, gpn)
-        if cap.fits(trial):
-            b, best = mid, trial
+        if widths.within_slo(mid * step):
+            b = mid
         else:
             a = mid + 1
-    return best   # the trial at b (the invariant of the bisection)
+    return best if b * step == hi else widths.group(b * step)
 
 
 def cost_per_work(group: Group, cap: Capacity) -> float:
@@ -128,22 +152,27 @@ def efficient_width(group_id: int, members: Sequence[Member], cap: Capacity,
         narrow = fewest_gpus(group_id, members, cap, lo, hi)
     if narrow is None:
         return None
-    gpn, step = cap.rollout_gpus_per_node, step_gpus([m.job for m in members])
-    widest = pooled_group(group_id, members, step * (hi // step), gpn)
-    floor_s = widest.schedule.expected_period_s * (1 + 1e-9)
-    a, b = narrow.pool_gpus // step, widest.pool_gpus // step
+    step = step_gpus([m.job for m in members])
+    widths = _Widths(group_id, members, cap.rollout_gpus_per_node)
+    a, b = narrow.pool_gpus // step, hi // step
+    floor_s = widths.period_s(b * step, expected=True) * (1 + 1e-9)
     while a < b:   # the least width whose period is the widest's
         mid = (a + b) // 2
-        if pooled_group(group_id, members, mid * step, gpn).schedule.expected_period_s \
-                <= floor_s:
+        if widths.period_s(mid * step, expected=True) <= floor_s:
             b = mid
         else:
             a = mid + 1
     first, last = narrow.pool_gpus // step, b
-    widths = sorted({first, last, *(first + (last - first) * k // 4 for k in (1, 2, 3))})
-    groups = [narrow if w == first else pooled_group(group_id, members, w * step, gpn)
-              for w in widths]
-    return min(groups, key=lambda g: (cost_per_work(g, cap), g.pool_gpus))
+    train_nodes = narrow.train_nodes
+
+    def cost(w: int) -> tuple[float, int]:   # cost_per_work of the group on w steps
+        gpus = w * step
+        return (cap.rates.rate(gpus / cap.rollout_gpus_per_node, train_nodes)
+                * widths.period_s(gpus, expected=True), gpus)
+
+    chosen = min(sorted({first, last, *(first + (last - first) * k // 4 for k in (1, 2, 3))}),
+                 key=cost)
+    return narrow if chosen == first else widths.group(chosen * step)
 
 
 def narrowed(group: Group, cap: Capacity) -> Group | None:
