@@ -1,10 +1,23 @@
 from __future__ import annotations
 
+import re
+import tomllib
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
-from weave_slurm.config.site import default_site, load_site, parse_site
+from weave_slurm.config.fairshare import FairShareConfig, JobLimits
+from weave_slurm.config.runtime import RuntimeConfig
+from weave_slurm.config.site import (
+    LimitsConfig,
+    ModelConfig,
+    NetworkConfig,
+    SlurmConfig,
+    default_site,
+    load_site,
+    parse_site,
+)
 from weave_slurm.errors import ConfigError
 from weave_slurm.vocab import Pool
 
@@ -23,6 +36,36 @@ def test_example_site_loads_with_paper_defaults() -> None:
     assert ratio == pytest.approx(2.85, rel=1e-3)
     assert site.network.inter_pool_gbps == 20 and site.network.intra_pool_gbps == 400
     assert site.pool(Pool.ROLLOUT).gpus_per_node == 8
+
+
+def _sections(text: str) -> dict[str, set[str]]:
+    """The keys the example names under each table, set or commented out."""
+    out: dict[str, set[str]] = {}
+    table = ""
+    for line in text.splitlines():
+        if m := re.match(r"^#?\s*\[([a-z_.]+)\]", line):
+            table = m.group(1)
+        elif m := re.match(r"^#?\s*([a-z_][a-z0-9_]*)\s*=", line):
+            out.setdefault(table, set()).add(m.group(1))
+    return out
+
+
+def test_example_site_names_every_key_with_its_default() -> None:
+    """configs/site.example.toml says it lists every key: each field of each table's
+    config is there (set to its default, or commented out where unset is the default)."""
+    text = (ROOT / "configs" / "site.example.toml").read_text()
+    named = _sections(text)
+    tables = {"runtime": RuntimeConfig, "limits": LimitsConfig, "model": ModelConfig,
+              "network": NetworkConfig, "slurm": SlurmConfig, "fairshare": FairShareConfig,
+              "limits.user": JobLimits}
+    inner = {"user", "account", "enabled", "users", "accounts"}   # tables, not keys
+    for table, cls in tables.items():
+        missing = {f.name for f in fields(cls)} - inner - named.get(table, set())
+        assert not missing, f"[{table}] lacks {sorted(missing)}"
+    site = load_site(ROOT / "configs" / "site.example.toml")
+    runtime = tomllib.loads(text)["runtime"]
+    assert {k: getattr(site.runtime, k) for k in runtime} == \
+        {k: getattr(RuntimeConfig(), k) for k in runtime}   # each one its default
 
 
 def test_reference_site_prices_h20_node_at_a_third() -> None:
