@@ -16,7 +16,7 @@ demo: install
 	$(BIN)/weave demo --out out/demo
 
 test: system install spank
-	$(BIN)/pytest -q
+	tests/streams.sh $(BIN)
 
 install: $(STAMP)
 
