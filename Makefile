@@ -16,7 +16,7 @@ demo: install
 	$(BIN)/weave demo --out out/demo
 
 test: system install spank
-	tests/streams.sh $(BIN)
+	$(BIN)/pytest -q
 
 install: $(STAMP)
 

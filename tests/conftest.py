@@ -22,27 +22,7 @@ def _has(mod: str) -> bool:
     return importlib.util.find_spec(mod) is not None
 
 
-#: What makes a test host-wide (``make test`` runs those in a session of their own beside
-#: the others, tests/streams.sh): the session's Slurm cluster, the session's test users,
-#: modes changed on this interpreter's directories, or a README/deploy/demo/wheel run.
-HOST_WIDE_FIXTURES = frozenset({"slurm_cluster", "shared_tmp", "readme_run", "test_users",
-                                "python_for_users"})
-HOST_WIDE_PATHS = ("tests/docs/", "tests/apps/", "tests/reliability/", "tests/cli/test_wheel.py",
-                   "tests/daemon/test_site_check.py", "tests/daemon/test_unit_privileges.py",
-                   "tests/node/test_node_job_output.py", "tests/node/test_node_own_code.py")
-
-
-def host_wide(item: pytest.Item) -> bool:
-    path = Path(str(item.path)).relative_to(Path(__file__).parents[1]).as_posix()
-    return bool(item.get_closest_marker("slurm")) or path.startswith(HOST_WIDE_PATHS) or \
-        not HOST_WIDE_FIXTURES.isdisjoint(getattr(item, "fixturenames", ()))
-
-
-@pytest.hookimpl(tryfirst=True)   # before -m selects on the mark
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        if host_wide(item):
-            item.add_marker(pytest.mark.hostwide)
     reasons = {
         "slurm": None if shutil.which("slurmctld") and shutil.which("munged")
         else "Slurm (slurm-wlm, munge) is not installed",
