@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
@@ -190,14 +189,16 @@ def test_a_cancel_inside_an_import_does_not_poison_the_next_phase(
     functools.singledispatch do), so importing it again in the same process fails."""
     mods = Path(entry).parent / "mods"
     mods.mkdir(mode=0o755)
-    slow = mods / "slow.flag"
+    slow, inside = mods / "slow.flag", mods / "inside.flag"
     slow.touch()
+    mods.chmod(0o777)                             # the worker may run as nobody
     (mods / "registers.py").write_text(
         "import os, sys, time\n"
         "reg = sys.modules.setdefault('_weave_test_registry', type(sys)('r'))\n"
         "if getattr(reg, 'done', False):\n"
         "    raise RuntimeError('registers: registered twice in this process')\n"
         "reg.done = True\n"
+        f"open({str(inside)!r}, 'w').close()\n"
         f"while os.path.exists({str(slow)!r}):\n"
         "    time.sleep(0.05)\n")
     (mods / "registers.py").chmod(0o644)
@@ -211,7 +212,8 @@ def test_a_cancel_inside_an_import_does_not_poison_the_next_phase(
     with NodeClient(resident_node.config.socket) as c:
         c.register("j1", uid=_owner())
         running = c.call(Op.ACTIVATE, job="j1", phase="rollout", entry=f"{mods}/imp.py:run")
-        time.sleep(1.0)                           # well inside the import's loop
+        wait_for(inside.exists, 120, f"{inside} (the import registered, then loops)",
+                 interval_s=0.01)
         stopped = c.call(Op.DEACTIVATE, job="j1")
         slow.unlink()
         after = _run(c, "j1", f"{mods}/imp.py", "run")
