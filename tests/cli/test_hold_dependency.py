@@ -38,8 +38,8 @@ def test_hold_release_and_dependencies(weaved: Running, tmp_path: Path,  # noqa:
     never = submit("--dependency", f"afternotok:{first}")
     wait_for(lambda: "held by its user" in _job(sock, first)["reason"], 20, "held reason")
     assert _job(sock, first)["state"] == "PENDING"
-    assert _job(sock, after)["reason"] == (f"waiting for job {first} to complete "
-                                           f"(afterok:{first}; as squeue's Dependency)")
+    waits = f"waiting for job {first} to complete (afterok:{first}; as squeue's Dependency)"
+    wait_for(lambda: _job(sock, after)["reason"] == waits, 20, "the dependency's reason")
     assert run_app(app, "weave", ["release", str(first), *s]) == 0
     wait_for(lambda: _job(sock, first)["state"] == "RUNNING", 20, "released and placed")
     assert _job(sock, after)["state"] == "PENDING"            # it waits for completion
