@@ -199,8 +199,6 @@ class NodeDaemon:
         with no job registered is removed)."""
         if self._server is not None:
             self._server.shutdown()
-            self._server.server_close()   # serve()'s own close may come after the root's
-            self.config.socket.unlink(missing_ok=True)   # removal below: not in its way
         if self.door is not None:
             self.door.shutdown()
         self._stop.set()
