@@ -262,16 +262,20 @@ class Group:
             # a co-located iteration is an expected time (the simulator's) or an
             # admission bound (profile_job's): within the SLO of the expected solo one
             j = self.members[0].job
-            return j.colo_iter_s > 0 and \
-                j.colo_iter_s <= j.slo * j.solo_mean_s * (1 + _EPS) + _EPS
-        p = self.period_s
-        return p <= self.min_budget_s * (1 + _EPS) + _EPS
+            return j.colo_iter_s > 0 and within_budget(j.colo_iter_s, j.slo * j.solo_mean_s)
+        return within_budget(self.period_s, self.min_budget_s)
 
     @cached_property
     def turns_apart(self) -> bool:
         """:func:`turns_apart` of this group's pins and turns."""
         return turns_apart([m.rollout_pins for m in self.members], self.turns,
                            self.rollout_nodes)
+
+
+def within_budget(period_s: float, budget_s: float) -> bool:
+    """Whether a period keeps within an SLO budget (the one tolerance of placement's
+    SLO tests: a relative and an absolute epsilon)."""
+    return period_s <= budget_s * (1 + _EPS) + _EPS
 
 
 def turns_apart(pins: Sequence[Sequence[int]], turns: Sequence[int],

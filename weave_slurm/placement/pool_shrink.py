@@ -45,13 +45,11 @@ from dataclasses import replace
 
 from weave_slurm.placement.capacity import Capacity
 from weave_slurm.placement.cluster_state import ClusterState
-from weave_slurm.placement.group import Group
+from weave_slurm.placement.group import Group, within_budget
 from weave_slurm.placement.moves import SECONDS_PER_HOUR, MoveBooks, pays
 from weave_slurm.placement.pooled import RowShrink, ShrinkPays
 from weave_slurm.placement.replan import DEFAULT_HORIZON_S, MAX_HORIZON_S
 from weave_slurm.placement.work import group_work_rate, member_work_rate
-
-_EPS = 1e-9
 
 
 def pool_horizon(group: Group, remaining_s: Mapping[str, float] | None = None) -> float:
@@ -119,8 +117,8 @@ def shrink_pays(group: Group, cap: Capacity, horizon_s: float) -> ShrinkPays:
         after = replace(group, pool_gpus=s.shrunk)
         for m in after.members:
             pause = charged.get(m.job.job_id, 0.0)
-            if pause and (horizon_s <= 0 or after.period_s / m.turns * (
-                    1 + pause / horizon_s) > m.job.budget_s * (1 + _EPS) + _EPS):
+            if pause and (horizon_s <= 0 or not within_budget(
+                    after.period_s / m.turns * (1 + pause / horizon_s), m.job.budget_s)):
                 return False
         return True
     return judge

@@ -36,7 +36,7 @@ from enum import StrEnum
 from weave_slurm.errors import ConfigError
 from weave_slurm.model.profile import JobProfile
 from weave_slurm.placement.capacity import Capacity
-from weave_slurm.placement.group import Group, Member, period
+from weave_slurm.placement.group import Group, Member, period, within_budget
 from weave_slurm.vocab import member_of
 
 _EPS = 1e-9
@@ -94,6 +94,7 @@ class _Widths:
         self.members = tuple(Member(m.job, (0,), m.turns) for m in members)
         self.budget_s = min((m.turns * m.job.budget_s for m in self.members),
                             default=math.inf)
+        self.train_nodes = max((m.job.train_nodes for m in self.members), default=0)
 
     def group(self, gpus: int) -> Group:
         return pooled_group(self.group_id, self.members, gpus, self.gpn)
@@ -104,7 +105,12 @@ class _Widths:
 
     def within_slo(self, gpus: int) -> bool:
         """``Group.feasible``'s SLO test of the group on ``gpus`` GPUs."""
-        return self.period_s(gpus) <= self.budget_s * (1 + _EPS) + _EPS
+        return within_budget(self.period_s(gpus), self.budget_s)
+
+    def cost_per_work(self, gpus: int, cap: Capacity) -> float:
+        """:func:`cost_per_work` of the group on ``gpus`` GPUs."""
+        return cap.rates.rate(gpus / self.gpn, self.train_nodes) \
+            * self.period_s(gpus, expected=True)
 
 
 def fewest_gpus(group_id: int, members: Sequence[Member], cap: Capacity,
@@ -163,15 +169,8 @@ def efficient_width(group_id: int, members: Sequence[Member], cap: Capacity,
         else:
             a = mid + 1
     first, last = narrow.pool_gpus // step, b
-    train_nodes = narrow.train_nodes
-
-    def cost(w: int) -> tuple[float, int]:   # cost_per_work of the group on w steps
-        gpus = w * step
-        return (cap.rates.rate(gpus / cap.rollout_gpus_per_node, train_nodes)
-                * widths.period_s(gpus, expected=True), gpus)
-
     chosen = min(sorted({first, last, *(first + (last - first) * k // 4 for k in (1, 2, 3))}),
-                 key=cost)
+                 key=lambda w: (widths.cost_per_work(w * step, cap), w))
     return narrow if chosen == first else widths.group(chosen * step)
 
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 
 from weave_slurm.placement.admission import BatchResult, batch_outcomes, refusals
 from weave_slurm.placement.cluster_state import ClusterState, depart
-from weave_slurm.placement.group import Group
+from weave_slurm.placement.group import Group, within_budget
 from weave_slurm.placement.moves import (
     MoveBooks,
     books,
@@ -218,7 +218,7 @@ def slo_allows(after: ClusterState, charged: Mapping[str, float],
         left = _remaining(job_id, remaining_s)
         if left <= 0:
             return False
-        if g.period_s / k * (1 + pause_s / left) > job.budget_s * (1 + _EPS) + _EPS:
+        if not within_budget(g.period_s / k * (1 + pause_s / left), job.budget_s):
             return False
     return True
 
