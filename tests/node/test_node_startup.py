@@ -53,7 +53,7 @@ def test_daemon_start_readopts_registered_jobs_and_charges_them(
         assert len(report.adopted) == 1
         assert daemon.budget.report().per_job_bytes == {"kept": 4096}
         assert not store.job_dir(stale).exists()
-        second = NodeDaemon(NodeConfig(host_mem_gib=0.01, root=shm_root))
+        second = NodeDaemon(NodeConfig(host_mem_gib=0.01, root=shm_root, root_wait_s=0.3))
         with pytest.raises(StateError, match="another node daemon"):
             second.start()
     finally:

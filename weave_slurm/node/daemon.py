@@ -1,11 +1,11 @@
 """The resident node daemon: holds every member job's warm state and runs its phases.
 
-One daemon per node and store root (a second one is refused by a lock held for the
-daemon's life). At start it loads the job registry, re-adopts the valid segments of
-registered jobs, removes everything else (see ``startup``), then serves the JSON-lines
-protocol of ``protocol`` on a Unix socket, one thread per connection. Every request
-that names a job is checked against the uid the kernel reports for the caller
-(SO_PEERCRED): the job's owner or root only.
+One daemon per node and store root (a lock held for the daemon's life; a second one
+waits for the first to stop, then is refused: ``root_lock``). At start it loads the job
+registry, re-adopts the valid segments of registered jobs, removes everything else (see
+``startup``), then serves the JSON-lines protocol of ``protocol`` on a Unix socket, one
+thread per connection. Every request that names a job is checked against the uid the
+kernel reports for the caller (SO_PEERCRED): the job's owner or root only.
 
 Locking: a short daemon-wide lock guards the registry, the budget and the worker
 table; per job, a *state* lock serialises put/commit/checkpoint/restore/drop and a
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from filelock import FileLock, Timeout
+from filelock import FileLock
 
 from weave_slurm import wire
 from weave_slurm.config.sbatch import host_path
@@ -42,6 +42,7 @@ from weave_slurm.node.index import DEFAULT_ROOT, JobRef, check_name, is_scratch
 from weave_slurm.node.pool import ResidentPool
 from weave_slurm.node.protocol import Op, Request
 from weave_slurm.node.registry import JobRecord, JobRegistry
+from weave_slurm.node.root_lock import RootLock
 from weave_slurm.node.segment_ops import SegmentOps
 from weave_slurm.node.segments import SegmentStore
 from weave_slurm.node.staging import StagingArea
@@ -72,6 +73,9 @@ class NodeConfig:
     checkpoint_root: Path | None = None      # default: /var/tmp/weave-ckpt
     keep_checkpoints: int = 2
     stop_timeout_s: float = 10.0
+    # a daemon still stopping on this root (its allocation ended, a new one started this
+    # one on the same host) is waited for this long before the start is refused
+    root_wait_s: float = 60.0
     checkpoint_interval_s: float = 600.0     # per job; 0 = no periodic checkpoints
     autosave_tick_s: float = 5.0             # how often the timer looks for due jobs
     resident_workers: bool = True            # zygote + one pre-forked worker per job
@@ -116,8 +120,7 @@ class NodeDaemon:
         self.gates = GateOps(self)           # cooperative jobs: the gate, their processes
         self.tenancy = DeviceTenancy(self, config.socket)   # who holds the GPUs; switching them out
         self.door: RemoteDoor | None = None
-        # not thread-local: a signal's shutdown thread releases what the main one took
-        self._life_lock = FileLock(str(config.root / ".daemon.lock"), thread_local=False)
+        self._life_lock = RootLock(config.root)    # held for the daemon's life
         self._node_lock = FileLock(str(config.root / ".lock"))
         self._server: socketserver.ThreadingUnixStreamServer | None = None
         self._handlers: dict[Op, protocol.Handle] = {
@@ -134,12 +137,13 @@ class NodeDaemon:
     # -- life cycle --------------------------------------------------------------
     def start(self) -> StartupReport:
         """Take the root, re-adopt or clean what a previous daemon left behind."""
-        self.config.root.mkdir(mode=0o711, parents=True, exist_ok=True)
-        try:
-            self._life_lock.acquire(timeout=0)
-        except Timeout:
+        def waiting() -> None:
+            log.info("node daemon: another daemon still holds %s; waiting up to %.0f s "
+                     "for it to stop", self.config.root, self.config.root_wait_s)
+
+        if not self._life_lock.acquire(self.config.root_wait_s, waiting):
             raise StateError(f"another node daemon serves {self.config.root} "
-                             f"(lock {self._life_lock.lock_file} is held)") from None
+                             f"(lock {self._life_lock.path} is held)")
         with self._node_lock:
             self.registry.load()
             report = recover_store(self.store, set(self.registry.jobs()))
@@ -211,11 +215,11 @@ class NodeDaemon:
             workers = list(self.workers.values())
         for worker in workers:
             worker.stop(self.config.stop_timeout_s)
-        if self._life_lock.is_locked:
+        if self._life_lock.held:
             with self.lock:
                 empty = not self.registry.jobs()
             if empty:      # nothing warm to keep: leave nothing behind in /dev/shm
-                remove_empty_root(self.config.root)
+                remove_empty_root(self.config.root, self._life_lock)
             self._life_lock.release()
 
     # -- dispatch ----------------------------------------------------------------

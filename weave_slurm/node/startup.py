@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from weave_slurm.node.index import JobRef, is_scratch
+from weave_slurm.node.root_lock import NAME as LOCK_NAME
+from weave_slurm.node.root_lock import RootLock
 from weave_slurm.node.segments import INDEX_SUFFIX, SegmentListing, SegmentStore
 
 log = logging.getLogger(__name__)
@@ -62,15 +64,20 @@ def recover_store(store: SegmentStore, registered: set[JobRef]) -> StartupReport
     return StartupReport(tuple(adopted), tuple(removed))
 
 
-#: What a node daemon itself keeps in its root (the job registry and its locks).
-DAEMON_FILES = ("registry.json", ".lock", ".daemon.lock")
+#: What a node daemon itself keeps in its root beside its life lock (``root_lock``): the
+#: job registry and its lock.
+DAEMON_FILES = ("registry.json", ".lock")
 
 
-def remove_empty_root(root: Path) -> bool:
+def remove_empty_root(root: Path, lock: RootLock | None = None) -> bool:
     """At a clean stop with no job registered: remove the daemon's own files and every
     empty directory under ``root``, then ``root`` itself, so a node the group let go of
     keeps nothing in ``/dev/shm``. A segment still there (a job the registry does not
-    know) is kept and logged. True if ``root`` is gone."""
+    know) is kept and logged. True if ``root`` is gone.
+
+    The root's life lock file goes last, and only with the held ``lock`` of a daemon
+    that is ending (``root_lock``: removed any earlier, a second daemon could serve the
+    root beside this one); without it the lock file and the root stay."""
     for name in DAEMON_FILES:
         (root / name).unlink(missing_ok=True)
     if not root.is_dir():
@@ -85,11 +92,15 @@ def remove_empty_root(root: Path) -> bool:
                 p.name != ".lock" for p in path.parent.iterdir()):
             path.unlink(missing_ok=True)
             path.parent.rmdir()
+    if lock is None:
+        return False
+    lock.release(remove=True)
     try:
         root.rmdir()
     except OSError:
         left = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
-        log.warning("node root %s: kept at stop, it still holds %s", root,
-                    ", ".join(left[:5]) or "directories")
+        if left != [LOCK_NAME]:     # not just the lock of a daemon started meanwhile
+            log.warning("node root %s: kept at stop, it still holds %s", root,
+                        ", ".join(left[:5]) or "directories")
         return False
     return True
