@@ -153,10 +153,17 @@ def _discard_state(daemon: NodeDaemon, why: str) -> None:
     kept), and nothing here is read again; the host's memory is freed once the workers'
     mappings go with the shutdown that follows (docs/reliability.md, F17). The jobs are
     forgotten too, so that the shutdown leaves nothing of them (not even a ``.lock``
-    or the registry) in /dev/shm (issue 33, defect 6 and C4)."""
+    or the registry) in /dev/shm (issue 33, defect 6 and C4).
+
+    The daemon gives its root up at once, its lock file last (node/root_lock.py): Slurm
+    kills what still runs KillWait after its SIGTERM, maybe before the shutdown's
+    workers have stopped, and weaved's next allocation may start a daemon on this host
+    and root meanwhile. From here on the daemon refuses every request (``ended``) and
+    touches the root no more."""
     from weave_slurm.node.startup import remove_empty_root
 
     with daemon.lock:
+        daemon.ended = f"its allocation no longer runs ({why})"
         jobs = sorted({*daemon.store.list_jobs(), *daemon.registry.jobs()},
                       key=lambda j: (j.uid, j.job_id))
         for job in jobs:
@@ -168,9 +175,7 @@ def _discard_state(daemon: NodeDaemon, why: str) -> None:
                 continue
             daemon.registry.remove(job.job_id)
         daemon.registry.save()
-        # the root's own files too, now: Slurm kills what still runs KillWait after its
-        # SIGTERM, maybe before the shutdown's workers have stopped
-        remove_empty_root(daemon.config.root)
+        remove_empty_root(daemon.config.root, daemon.root_lock)
     log.warning("node daemon: removed the segments of %d job(s): its allocation no longer "
                 "runs (%s)", len(jobs), why)
 

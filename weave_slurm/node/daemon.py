@@ -16,6 +16,7 @@ same job. A timer thread checkpoints every job whose interval passed (``autosave
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -42,7 +43,7 @@ from weave_slurm.node.index import DEFAULT_ROOT, JobRef, check_name, is_scratch
 from weave_slurm.node.pool import ResidentPool
 from weave_slurm.node.protocol import Op, Request
 from weave_slurm.node.registry import JobRecord, JobRegistry
-from weave_slurm.node.root_lock import RootLock
+from weave_slurm.node.root_lock import RootLock, file_id, remove_own
 from weave_slurm.node.segment_ops import SegmentOps
 from weave_slurm.node.segments import SegmentStore
 from weave_slurm.node.staging import StagingArea
@@ -120,7 +121,9 @@ class NodeDaemon:
         self.gates = GateOps(self)           # cooperative jobs: the gate, their processes
         self.tenancy = DeviceTenancy(self, config.socket)   # who holds the GPUs; switching them out
         self.door: RemoteDoor | None = None
-        self._life_lock = RootLock(config.root)    # held for the daemon's life
+        self.root_lock = RootLock(config.root)    # held for the daemon's life
+        self.ended: str | None = None   # why it gave its root up (cli/node.py): refuses all
+        self._socket_id: tuple[int, int] | None = None   # the socket file it bound
         self._node_lock = FileLock(str(config.root / ".lock"))
         self._server: socketserver.ThreadingUnixStreamServer | None = None
         self._handlers: dict[Op, protocol.Handle] = {
@@ -141,9 +144,9 @@ class NodeDaemon:
             log.info("node daemon: another daemon still holds %s; waiting up to %.0f s "
                      "for it to stop", self.config.root, self.config.root_wait_s)
 
-        if not self._life_lock.acquire(self.config.root_wait_s, waiting):
+        if not self.root_lock.acquire(self.config.root_wait_s, waiting):
             raise StateError(f"another node daemon serves {self.config.root} "
-                             f"(lock {self._life_lock.path} is held)")
+                             f"(lock {self.root_lock.path} is held)")
         with self._node_lock:
             self.registry.load()
             report = recover_store(self.store, set(self.registry.jobs()))
@@ -185,7 +188,7 @@ class NodeDaemon:
 
         server = _UnixServer(str(path), _Conn)
         os.chmod(path, 0o666)  # anyone may ask; each request is checked by peer uid
-        self._server = server
+        self._server, self._socket_id = server, file_id(path)
         if self.door is not None:
             threading.Thread(target=self.door.serve, name="node-door", daemon=True).start()
             log.info("node daemon %s: weaved's door on %s:%d (trusted uids %s)",
@@ -196,13 +199,15 @@ class NodeDaemon:
             server.serve_forever(poll_interval=0.2)
         finally:
             server.server_close()
-            path.unlink(missing_ok=True)
+            remove_own(path, self._socket_id)   # not a newer daemon's at the same path
 
     def shutdown(self) -> None:
         """Stop serving, stop the workers, release the root (state stays in shm; a root
         with no job registered is removed)."""
         if self._server is not None:
             self._server.shutdown()
+            self._server.server_close()   # serve()'s own close may come after the root's
+            remove_own(self.config.socket, self._socket_id)   # removal below
         if self.door is not None:
             self.door.shutdown()
         self._stop.set()
@@ -215,16 +220,21 @@ class NodeDaemon:
             workers = list(self.workers.values())
         for worker in workers:
             worker.stop(self.config.stop_timeout_s)
-        if self._life_lock.held:
+        if self.root_lock.held:
             with self.lock:
                 empty = not self.registry.jobs()
             if empty:      # nothing warm to keep: leave nothing behind in /dev/shm
-                remove_empty_root(self.config.root, self._life_lock)
-            self._life_lock.release()
+                remove_empty_root(self.config.root, self.root_lock)
+            self.root_lock.release()
+        elif self.ended is not None:   # given up with its socket still in it: if empty
+            with contextlib.suppress(OSError):
+                self.config.root.rmdir()
 
     # -- dispatch ----------------------------------------------------------------
     def handle(self, uid: int, request: Request) -> dict[str, Any]:
         """Answer one request from ``uid``; raises WeaveError on refusal."""
+        if self.ended is not None and request.op is not Op.STATUS:
+            raise StateError(f"this node daemon is stopping: {self.ended}")
         return self._handlers[request.op](uid, request)
 
     def state_lock(self, job_id: str) -> threading.RLock:

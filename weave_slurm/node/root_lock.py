@@ -1,17 +1,22 @@
 """The node daemon's hold on its root: one daemon serves a store root at a time.
 
 A daemon takes its root's lock file (``.daemon.lock``, ``flock``) at start and keeps it
-for its life. It may remove the root when it stops with nothing to keep, or when its
-allocation has ended; it then removes the lock file **last, while it still holds it**:
-a lock file removed earlier would let a second daemon create and lock a new one and
-serve the root beside the first, whose stop would then remove the second one's jobs.
-That happens on a real cluster: a node's allocation ends (node failure, the group's
-allocation replaced) and weaved's next allocation starts a daemon on the same host,
-with the same root, while the old daemon still stops its workers.
+for its life. It removes the lock file only when it gives the root up for good, **last,
+while it still holds it**, and touches nothing in the root after that: at a stop with
+nothing registered (the end of its shutdown), or when its allocation has ended (at once:
+it then refuses every request while its workers stop, ``NodeDaemon.ended``). A lock
+file removed by a daemon that goes on using the root would let a second daemon create
+and lock a new one and serve the root beside it, and the first one's stop would then
+remove the second one's jobs. That happens on a real cluster: a node's allocation ends
+(node failure, the group's allocation replaced) and weaved's next allocation starts a
+daemon on the same host, with the same root and socket path, while the old daemon
+still stops its workers (seen in tests/reliability/test_chaos.py).
 
 So a starting daemon waits for the lock (``wait_s``; its holder is stopping), and, once
 it has it, checks that the file it locked is still the root's lock file: one whose
 holder removed it meanwhile is not, and the daemon takes the root's new one instead.
+A daemon removes its socket only if the file at that path is still the one it bound
+(:func:`remove_own`).
 """
 
 from __future__ import annotations
@@ -68,12 +73,8 @@ class RootLock:
             os.close(fd)     # its holder removed it while we waited: not the root's lock
 
     def _is_current(self, fd: int) -> bool:
-        try:
-            named = os.stat(self.path)
-        except FileNotFoundError:
-            return False
         held = os.fstat(fd)
-        return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
+        return file_id(self.path) == (held.st_dev, held.st_ino)
 
     def release(self, remove: bool = False) -> None:
         """Let go of the root; with ``remove``, its lock file goes first (while held)."""
@@ -83,3 +84,18 @@ class RootLock:
             self.path.unlink(missing_ok=True)
         fd, self._fd = self._fd, None
         os.close(fd)
+
+
+def file_id(path: Path) -> tuple[int, int] | None:
+    """The file at ``path`` (device, inode); None if there is none."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def remove_own(path: Path, own: tuple[int, int] | None) -> None:
+    """Remove ``path`` if it is still the file ``own`` names (not a newer daemon's)."""
+    if own is not None and file_id(path) == own:
+        path.unlink(missing_ok=True)
