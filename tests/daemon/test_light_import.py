@@ -1,6 +1,7 @@
-"""weaved and its clients start without torch or numpy: the wire values they read
-(``WorkerState``, ``WorkerStatus``) live in ``node/protocol.py``, not on the node side
-whose segments map shared memory through torch. Each import runs in a fresh interpreter,
+"""weaved, its clients and the node daemon start without torch or numpy: the wire
+values weaved reads (``WorkerState``, ``WorkerStatus``) live in ``node/protocol.py``, and
+the node daemon works on segments' bytes (node/segment_bytes.py); the node's workers
+map segments through torch. Each import runs in a fresh interpreter,
 since this test process may have imported torch already."""
 
 from __future__ import annotations
@@ -35,12 +36,13 @@ def heavy_after_import(module: str) -> list[str]:
     "weave_slurm.cli.status",          # weave status
     "weave_slurm.cli.sbatch",          # weave-sbatch
     "weave_slurm.node.protocol",       # the wire values themselves
+    "weave_slurm.node.daemon",         # weave node serve (node/segment_bytes.py)
 ])
 def test_weaved_and_its_clients_import_no_torch_or_numpy(module: str) -> None:
     assert heavy_after_import(module) == []
 
 
 def test_the_probe_sees_torch_where_the_node_side_imports_it() -> None:
-    """The node's segment store does need torch: so the probe above can fail."""
+    """A resident worker's loop does need torch: so the probe above can fail."""
     pytest.importorskip("torch")
-    assert "torch" in heavy_after_import("weave_slurm.node.segments")
+    assert "torch" in heavy_after_import("weave_slurm.node.resident")

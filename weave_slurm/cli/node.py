@@ -88,7 +88,7 @@ def serve(
         "--verbose/--quiet", "-v/-q", help="Log at INFO (default), or warnings only.")] = True,
 ) -> None:
     """Run the node daemon in the foreground until SIGTERM/SIGINT."""
-    from weave_slurm.node.daemon import NodeConfig, NodeDaemon  # imports torch: only here
+    from weave_slurm.node.daemon import NodeConfig, NodeDaemon  # no torch (segment_bytes)
 
     setup_logging(logging.INFO if verbose else logging.WARNING, "weave-node", timestamps=True)
     root = _per_node(root)

@@ -23,12 +23,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from io import BufferedWriter
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from weave_slurm.errors import ConfigError, NoCheckpoint, StateError
 from weave_slurm.node.index import JobRef, SegmentIndex, is_scratch
+from weave_slurm.node.segment_bytes import read_in
 from weave_slurm.node.segments import SegmentStore, tensor_views
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -232,14 +235,10 @@ def read_segment(path: Path, name: str) -> tuple[SegmentIndex, dict[str, torch.T
         raise StateError(f"checkpoint {path} has no segment {name!r} (has: "
                          f"{', '.join(have)})") from None
     index.validate(f"checkpoint {path}/{name}")
+    import torch  # a cold reader makes tensors; the node daemon never calls this
+
     buf = torch.empty(index.size_bytes, dtype=torch.uint8)
-    data = buf.numpy()
-    with open(path / f"{name}.seg", "rb", buffering=0) as src:
-        done = 0
-        while done < index.size_bytes:
-            got = src.readinto(data[done:done + _CHUNK_BYTES].data)
-            if not got:
-                raise StateError(f"checkpoint {path}/{name}.seg ends "
-                                 f"{index.size_bytes - done} B early")
-            done += got
+    with open(path / f"{name}.seg", "rb", buffering=0) as src, \
+            buf.numpy().data as view:
+        read_in(src, view, f"checkpoint {path}/{name}.seg")
     return index, tensor_views(buf.untyped_storage(), index)

@@ -15,11 +15,12 @@ from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from weave_slurm.errors import ConfigError, StateError
+from weave_slurm.node import segment_bytes
 from weave_slurm.node.budget import MemoryBudget
-from weave_slurm.node.crc import CRC_KEY, storage_crc32
-from weave_slurm.node.index import JobRef, check_name
+from weave_slurm.node.crc import CRC_KEY
+from weave_slurm.node.index import JobRef, SegmentIndex, check_name
 from weave_slurm.node.protocol import Request
-from weave_slurm.node.segments import SegmentStore, weights_digest
+from weave_slurm.node.segments import SegmentStore
 from weave_slurm.node.staging import Reservation, StagingArea, discard
 
 
@@ -111,16 +112,13 @@ class SegmentOps:
         if as_name == name:
             raise ConfigError(f"copy of {name!r}: as_name must differ from name")
         with self.d.job_state(uid, request) as job:
-            src = self._attached(job, name)
-            crc = storage_crc32(src.storage)
+            crc, src = self._crc32(job, name)
             with self.d.lock:
                 prev = self.d.budget.charged(job, as_name)
-                self.d.budget.charge(job, as_name, src.index.size_bytes)
+                self.d.budget.charge(job, as_name, src.size_bytes)
             try:
-                index = self.d.store.put_state(job, as_name, src.tensors, src.index.version,
-                                               {**src.index.extra, CRC_KEY: crc})
-                written = self.d.store.attach_state(job, as_name)
-                if storage_crc32(written.storage) != crc:
+                index = self.d.store.copy_segment(job, name, as_name, {CRC_KEY: crc})
+                if self._crc32(job, as_name)[0] != crc:
                     raise StateError(f"job {job.job_id}: copy of {name} v{index.version} as "
                                      f"{as_name} does not match its source (CRC32 "
                                      f"{crc:#010x})")
@@ -137,13 +135,18 @@ class SegmentOps:
         """SHA-256 over the segment's tensor names, dtypes, shapes and bytes."""
         name = check_name("segment name", str(request.args.get("name")))
         with self.d.job_state(uid, request) as job:
-            seg = self._attached(job, name)
-            return {"name": name, "version": seg.index.version,
-                    "sha256": weights_digest(seg.tensors)}
+            self._known(job, name)
+            with self.d.store.read_bytes(job, name) as (index, view):
+                return {"name": name, "version": index.version,
+                        "sha256": segment_bytes.digest(view, index)}
 
-    def _attached(self, job: JobRef, name: str) -> Any:
+    def _crc32(self, job: JobRef, name: str) -> tuple[int, SegmentIndex]:
+        self._known(job, name)
+        with self.d.store.read_bytes(job, name) as (index, view):
+            return segment_bytes.crc32(view), index
+
+    def _known(self, job: JobRef, name: str) -> None:
         names = {s.name for s in self.d.store.list_segments(job) if s.index is not None}
         if name not in names:
             raise StateError(f"job {job.job_id}: this node has no segment {name!r} (has "
                              f"{sorted(names)})")
-        return self.d.store.attach_state(job, name)

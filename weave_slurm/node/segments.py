@@ -14,6 +14,10 @@ Any process of the owning uid (or root) attaches a segment zero-copy with
 attached tensors are visible to every other attacher. Other uids cannot traverse the
 job directory. We never use ``multiprocessing.shared_memory``: its resource tracker
 unlinks segments when an attaching process exits.
+
+torch is imported only where tensors are made. What the node daemon does (checkpoint,
+restore, copy, CRC, digest) works on the bytes (:mod:`~weave_slurm.node.segment_bytes`),
+so ``weave node serve`` never imports it.
 """
 
 from __future__ import annotations
@@ -32,9 +36,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, BinaryIO, cast
-
-import torch
+from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 from weave_slurm.errors import ConfigError, InsufficientResources, SegmentMissing, StateError
 from weave_slurm.node.index import (
@@ -45,6 +47,10 @@ from weave_slurm.node.index import (
     check_name,
     plan_layout,
 )
+from weave_slurm.node.segment_bytes import mapped, read_in, write_out
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +58,6 @@ SEG_SUFFIX = ".seg"
 INDEX_SUFFIX = ".json"
 TMP_MARK = ".tmp-"
 STAGE_MARK = ".stage-"       # files the daemon staged for a client's put (``staging``)
-_CHUNK_BYTES = 64 << 20
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -227,27 +232,24 @@ class SegmentStore:
         """Write a segment from raw bytes (a checkpoint file) with a known index."""
         index.validate(f"restore of {job.job_id}/{index.name}")
         self.ensure_job_dir(job)
+        with self.job_lock(job):
+            return self._put_raw_locked(job, index, src)
+
+    def _put_raw_locked(self, job: JobRef, index: SegmentIndex, src: BinaryIO
+                        ) -> SegmentIndex:
         seg = self.seg_path(job, index.name)
         tmp = seg.with_name(f"{seg.name}{TMP_MARK}{os.getpid()}")
-        with self.job_lock(job):
-            try:
-                self.allocate(tmp, index.size_bytes, job.uid)
-                storage = map_file(tmp, index.size_bytes)
-                data = torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
-                done = 0
-                while done < index.size_bytes:
-                    got = src.readinto(data[done:done + _CHUNK_BYTES].data)  # type: ignore[attr-defined]
-                    if not got:
-                        raise StateError(f"restore of {job.job_id}/{index.name}: source "
-                                         f"ends {index.size_bytes - done} B early")
-                    done += got
-                del data, storage
-                self.index_path(job, index.name).unlink(missing_ok=True)
-                os.replace(tmp, seg)
-            except BaseException:
-                tmp.unlink(missing_ok=True)
-                raise
-            self._write_index(job, replace(index, complete=True))
+        try:
+            self.allocate(tmp, index.size_bytes, job.uid)
+            with mapped(tmp, index.size_bytes, write=True) as view:
+                read_in(src, view, f"restore of {job.job_id}/{index.name}")
+            self.index_path(job, index.name).unlink(missing_ok=True)
+            os.replace(tmp, seg)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        index = replace(index, complete=True)
+        self._write_index(job, index)
         return index
 
     def copy_out(self, job: JobRef, name: str, dst: BinaryIO) -> SegmentIndex:
@@ -256,11 +258,23 @@ class SegmentStore:
             index = self.read_index(job, name)
             if not index.complete:
                 raise StateError(f"segment {job.job_id}/{name} is torn; not copied")
-            storage = self._map(job, name, index)
-            data = torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
-            for start in range(0, index.size_bytes, _CHUNK_BYTES):
-                dst.write(data[start:start + _CHUNK_BYTES].data)
+            with mapped(self._checked(job, name, index), index.size_bytes) as view:
+                write_out(view, dst)
         return index
+
+    def copy_segment(self, job: JobRef, name: str, as_name: str,
+                     extra: Mapping[str, Any]) -> SegmentIndex:
+        """Segment ``name``'s bytes and layout as segment ``as_name`` (replacing any old
+        one), its index's ``extra`` updated with ``extra``."""
+        with self.job_lock(job):
+            index = self.read_index(job, name)
+            if not index.complete:
+                raise StateError(f"segment {job.job_id}/{name} is torn; not copied")
+            with open(self._checked(job, name, index), "rb") as src:
+                now = self._clock()
+                copy = replace(index, name=as_name, created_s=now, updated_s=now, crc32=None,
+                               extra={**index.extra, **extra})
+                return self._put_raw_locked(job, copy, src)
 
     # -- read --------------------------------------------------------------------
     def read_index(self, job: JobRef, name: str) -> SegmentIndex:
@@ -271,6 +285,17 @@ class SegmentStore:
             raise SegmentMissing(f"job {job.job_id!r} has no segment {name!r} "
                                  f"(no index at {path})") from None
         return SegmentIndex.loads(text, str(path))
+
+    @contextmanager
+    def read_bytes(self, job: JobRef, name: str) -> Iterator[tuple[SegmentIndex, memoryview]]:
+        """A complete segment's index and its bytes, mapped read-only for the block (no
+        torch: what the node daemon reads; :mod:`~weave_slurm.node.segment_bytes`)."""
+        index = self.read_index(job, name)
+        if not index.complete:
+            raise StateError(f"segment {job.job_id}/{name} is torn: an update of "
+                             f"version {index.version} did not finish")
+        with mapped(self._checked(job, name, index), index.size_bytes) as view:
+            yield index, view
 
     def attach_state(self, job: JobRef, name: str, verify: bool = False) -> AttachedState:
         """Map segment ``name`` zero-copy; raises PermissionError for other uids."""
@@ -360,8 +385,12 @@ class SegmentStore:
         return SegmentListing(job, name, seg, size, None if problem else index, problem)
 
     def _map(self, job: JobRef, name: str, index: SegmentIndex) -> torch.UntypedStorage:
+        return map_file(self._checked(job, name, index), index.size_bytes)
+
+    def _checked(self, job: JobRef, name: str, index: SegmentIndex) -> Path:
+        """The segment's data file, once it is seen to hold what its index says."""
         path = self.seg_path(job, name)
-        fd = os.open(path, os.O_RDWR)  # PermissionError for another uid, before torch
+        fd = os.open(path, os.O_RDWR)  # PermissionError for another uid, before mapping
         try:
             size = os.fstat(fd).st_size
         finally:
@@ -369,7 +398,7 @@ class SegmentStore:
         if size != index.size_bytes:
             raise StateError(f"segment {path} is {size} B, its index says "
                              f"{index.size_bytes} B: torn write")
-        return map_file(path, size)
+        return path
 
     def allocate(self, path: Path, size: int, uid: int) -> None:
         """Create ``path`` (0600, owned by ``uid``) with ``size`` bytes of real tmpfs."""
@@ -416,23 +445,31 @@ class SegmentStore:
 
 def map_file(path: Path, size_bytes: int) -> torch.UntypedStorage:
     """Map ``size_bytes`` of a file MAP_SHARED as an untyped CPU storage."""
+    import torch
+
     storage = torch.UntypedStorage.from_file(str(path), shared=True, nbytes=size_bytes)
     return cast(torch.UntypedStorage, storage)
 
 
 def tensor_views(storage: torch.UntypedStorage, index: SegmentIndex) -> dict[str, torch.Tensor]:
+    import torch
+
     base = torch.empty(0, dtype=torch.uint8).set_(storage)
     return {e.name: base[e.offset_bytes:e.offset_bytes + e.nbytes]
             .view(getattr(torch, e.dtype)).view(e.shape) for e in index.tensors}
 
 
 def _crc32(storage: torch.UntypedStorage) -> int:
+    import torch
+
     data = torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
     return zlib.crc32(data.data) & 0xFFFFFFFF
 
 
 def weights_digest(tensors: Mapping[str, torch.Tensor]) -> str:
     """SHA-256 over names and raw bytes, in name order: equal iff bit-identical."""
+    import torch
+
     h = hashlib.sha256()
     for name in sorted(tensors):
         t = tensors[name].detach().contiguous().cpu()

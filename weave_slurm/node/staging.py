@@ -28,13 +28,14 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from weave_slurm.device.hostmem import fill_host
 from weave_slurm.errors import StateError
 from weave_slurm.node.index import JobRef, SegmentIndex
 from weave_slurm.node.segments import STAGE_MARK, SegmentStore, map_file, tensor_views
+
+if TYPE_CHECKING:
+    import torch
 
 _TOKEN_RE = re.compile(r"^[0-9a-f]{16}$")
 
@@ -157,6 +158,8 @@ def write_staged(seg_path: Path, index_path: Path, index: SegmentIndex,
     Raises ``FileNotFoundError`` when they are gone (the job was dropped, or a newer
     ``put`` of the segment replaced this one).
     """
+    from weave_slurm.device.hostmem import fill_host  # torch: the client's, not the daemon's
+
     fd = os.open(seg_path, os.O_RDWR | os.O_NOFOLLOW)
     try:
         size = os.fstat(fd).st_size
