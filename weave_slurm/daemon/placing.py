@@ -84,8 +84,7 @@ class Placer:
         result = place_batch(self.policy, before, profiles)
         if queue.priority and limits.overtaken(result.decisions):   # fair share first
             result = place_batch(self.policy, before, profiles, ordered=False)
-        if True:
-            self.on_placement(time.perf_counter() - started)
+        self.on_placement(time.perf_counter() - started)
         writes = membership.plan_writes(before, result.state, groups, allocs, self.instance)
         placed = []
         for job, decision in zip(pending, result.decisions, strict=True):
