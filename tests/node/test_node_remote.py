@@ -17,7 +17,14 @@ from weave_slurm import wire
 from weave_slurm.errors import AuthError, NodeGone, StateError
 from weave_slurm.node.auth import Munge, Session, client_hello
 from weave_slurm.node.protocol import Op, Request
-from weave_slurm.node.remote import PURPOSE, RemoteDoor, RemoteNodeClient
+from weave_slurm.node.remote import (
+    ACTIVATE_TIMEOUT_S,
+    PURPOSE,
+    QUICK_TIMEOUT_S,
+    RemoteDoor,
+    RemoteNodeClient,
+    op_timeout,
+)
 
 NOBODY = 65534
 
@@ -207,3 +214,12 @@ def _try_status(port: int, munge_socket: Path) -> str:
     except AuthError as exc:
         return f"refused: {exc}"
     return "served"
+
+
+def test_an_activation_may_wait_for_its_zygote_longer_than_a_quick_op() -> None:
+    # a quick op is held to 15 s; an activation waits for a zygote's torch import (a
+    # minute at most: a node lost mid-activation is still found); a slow op gets it all
+    assert op_timeout(Op.STATUS, 120) == QUICK_TIMEOUT_S
+    assert QUICK_TIMEOUT_S < op_timeout(Op.ACTIVATE, 120) == ACTIVATE_TIMEOUT_S < 120
+    assert op_timeout(Op.CHECKPOINT, 120) == 120
+    assert op_timeout(Op.ACTIVATE, 2) == op_timeout(Op.STATUS, 2) == 2

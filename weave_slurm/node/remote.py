@@ -43,6 +43,19 @@ CONNECT_TIMEOUT_S = 5.0
 #: job's whole state on disk and may take minutes.
 QUICK_TIMEOUT_S = 15.0
 SLOW_OPS = frozenset({Op.CHECKPOINT, Op.RESTORE, Op.ADOPT, Op.DROP, Op.COPY, Op.DIGEST})
+#: An activation waits for its resident worker, and on a new node daemon for the zygote
+#: that forks it to import torch first: over 15 s on a loaded node, and longer from a
+#: slow shared file system (seen in the chaos test under load: the first phase of every
+#: member failed at 15 s). Not a slow op's minutes: a node lost mid-activation is still
+#: found within a minute.
+ACTIVATE_TIMEOUT_S = 60.0
+
+
+def op_timeout(op: Op, timeout_s: float) -> float:
+    """How long a request ``op`` may take, at most ``timeout_s``."""
+    if op in SLOW_OPS:
+        return timeout_s
+    return min(timeout_s, ACTIVATE_TIMEOUT_S if op is Op.ACTIVATE else QUICK_TIMEOUT_S)
 
 
 def ready_line(node: str, port: int) -> str:
@@ -148,8 +161,8 @@ class RemoteNodeClient:
 
     def __init__(self, host: str, port: int, munge: Munge | None = None,
                  timeout_s: float = 120.0) -> None:
-        """``timeout_s``: the longest any request may take (a quick one is held to
-        :data:`QUICK_TIMEOUT_S`); connecting is held to :data:`CONNECT_TIMEOUT_S`."""
+        """``timeout_s``: the longest any request may take (most are held to less:
+        :func:`op_timeout`); connecting is held to :data:`CONNECT_TIMEOUT_S`."""
         self.host, self.port, self.timeout_s = host, port, timeout_s
         self.where = f"node daemon at {host}:{port}"
         munge = munge or Munge()
@@ -184,8 +197,7 @@ class RemoteNodeClient:
     def call(self, op: Op, **args: Any) -> dict[str, Any]:
         """Send one request; its result or the error it names (``NodeGone`` when the
         daemon does not answer in time: a node cut off the network never will)."""
-        self._sock.settimeout(self.timeout_s if op in SLOW_OPS
-                              else min(self.timeout_s, QUICK_TIMEOUT_S))
+        self._sock.settimeout(op_timeout(op, self.timeout_s))
         try:
             self._sock.sendall(self._session.seal({"op": op.value, **args}))
         except OSError as exc:
