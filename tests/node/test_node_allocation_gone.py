@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import torch
 
-from weave_slurm.cli.node import _discard_state
 from weave_slurm.node.daemon import NodeDaemon
 from weave_slurm.node.node_client import NodeClient
 from weave_slurm.node.protocol import Op
+from weave_slurm.node.startup import end_allocation
 
 
 def test_an_ended_allocations_segments_are_removed_and_its_checkpoints_kept(
@@ -22,7 +22,7 @@ def test_an_ended_allocations_segments_are_removed_and_its_checkpoints_kept(
             c.put_state(job, "weights", {"w": torch.ones(4)}, version=1)
         c.call(Op.CHECKPOINT, job="j1")
     assert len(node.store.list_segments()) == 2
-    _discard_state(node, "job 7 is NODE_FAIL")
+    end_allocation(node, "job 7 is NODE_FAIL")
     assert node.store.list_jobs() == [] and node.store.used_bytes() == 0
     assert node.registry.jobs() == []   # forgotten: the shutdown leaves no file of them
     node.shutdown()

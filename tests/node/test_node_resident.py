@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +132,25 @@ def test_a_killed_zygote_is_started_again_and_its_jobs_get_new_workers(
     assert after["state"] == "exited", after
     assert after["result"]["pid"] not in (before["result"]["pid"], running["pid"])
     assert pool.zygote_pids()[Interpreter()] not in (None, old) and pool.broken is None
+
+
+def test_a_zygote_signalled_with_its_stopping_daemon_is_not_started_again(
+        resident_node: NodeDaemon, entry: str) -> None:
+    # Slurm signals every process of a step that ends: the zygote dies as the daemon
+    # begins to stop, and a new one would import torch again only to be killed
+    pool = resident_node.pool
+    assert pool is not None
+    with NodeClient(resident_node.config.socket) as c:
+        c.register("j1", uid=_owner())
+        _run(c, "j1", entry, "report")                   # a ready zygote
+        old = pool.zygote_pids()[Interpreter()]
+        assert old is not None
+        os.kill(old, signal.SIGTERM)    # before the daemon's own stop begins, as it
+        pool.stopping()                   # comes (its handler runs a moment later)
+        time.sleep(pool.RESTART_GRACE_S + 1.0)
+        assert pool.zygote_pids()[Interpreter()] == old  # the dead one: no successor
+        with pytest.raises(NodeUnavailable, match="it is stopping"):
+            c.call(Op.ACTIVATE, job="j1", phase="rollout", entry=f"{entry}:report")
 
 
 def test_a_stopping_pool_refuses_activations_as_node_unavailable(

@@ -11,7 +11,7 @@ import sys
 import threading
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -19,7 +19,7 @@ from rich.table import Table
 
 from weave_slurm.cli.error_lines import run_app
 from weave_slurm.cli.logs import setup_logging
-from weave_slurm.errors import ConfigError, WeaveError
+from weave_slurm.errors import ConfigError
 from weave_slurm.node.index import DEFAULT_ROOT
 from weave_slurm.node.protocol import Op
 from weave_slurm.slurm.allocation_watch import (
@@ -28,9 +28,6 @@ from weave_slurm.slurm.allocation_watch import (
     interval_from,
     start_watch,
 )
-
-if TYPE_CHECKING:
-    from weave_slurm.node.daemon import NodeDaemon
 
 log = logging.getLogger(__name__)
 #: How long a stopping node daemon waits for its shutdown (its workers stop) to end.
@@ -89,6 +86,7 @@ def serve(
 ) -> None:
     """Run the node daemon in the foreground until SIGTERM/SIGINT."""
     from weave_slurm.node.daemon import NodeConfig, NodeDaemon  # no torch (segment_bytes)
+    from weave_slurm.node.startup import end_allocation
 
     setup_logging(logging.INFO if verbose else logging.WARNING, "weave-node", timestamps=True)
     root = _per_node(root)
@@ -111,12 +109,15 @@ def serve(
     watch: AllocationWatch | None = None
 
     def _shutdown(ended: str | None) -> None:
+        # Slurm signals the zygote and the workers too: none is started again
+        if daemon.pool is not None:
+            daemon.pool.stopping()
         # A signal under Slurm: the end of the allocation (a returned host's lost steps
         # ended by Slurm), or a stop whose state is wanted again? Slurm says which.
         if ended is None and watch is not None:
             ended = watch.ended_now()
         if ended is not None:
-            _discard_state(daemon, ended)
+            end_allocation(daemon, ended)
         daemon.shutdown()
 
     stopping: list[threading.Thread] = []
@@ -145,39 +146,6 @@ def serve(
         # (workers stopped, the root's files removed) before the process exits
         for thread in list(stopping):
             thread.join(STOP_JOIN_S)
-
-
-def _discard_state(daemon: NodeDaemon, why: str) -> None:
-    """Remove every job's segments from this node: its allocation has ended, so weaved
-    re-admits the members elsewhere from their checkpoints (on the shared file system,
-    kept), and nothing here is read again; the host's memory is freed once the workers'
-    mappings go with the shutdown that follows (docs/reliability.md, F17). The jobs are
-    forgotten too, so that the shutdown leaves nothing of them (not even a ``.lock``
-    or the registry) in /dev/shm (issue 33, defect 6 and C4).
-
-    The daemon gives its root up at once, its lock file last (node/root_lock.py): Slurm
-    kills what still runs KillWait after its SIGTERM, maybe before the shutdown's
-    workers have stopped, and weaved's next allocation may start a daemon on this host
-    and root meanwhile. From here on the daemon refuses every request (``ended``) and
-    touches the root no more."""
-    from weave_slurm.node.startup import remove_empty_root
-
-    with daemon.lock:
-        daemon.ended = f"its allocation no longer runs ({why})"
-        jobs = sorted({*daemon.store.list_jobs(), *daemon.registry.jobs()},
-                      key=lambda j: (j.uid, j.job_id))
-        for job in jobs:
-            try:
-                daemon.store.delete_job(job)
-            except WeaveError as exc:
-                log.warning("node daemon: could not remove job %s's segments: %s",
-                            job.job_id, exc)
-                continue
-            daemon.registry.remove(job.job_id)
-        daemon.registry.save()
-        remove_empty_root(daemon.config.root, daemon.root_lock)
-    log.warning("node daemon: removed the segments of %d job(s): its allocation no longer "
-                "runs (%s)", len(jobs), why)
 
 
 @node_app.command()

@@ -115,6 +115,8 @@ class ResidentPool:
     #: exit; the socket's end of stream (after that reply) ends it, or this grace does
     #: (a child of the worker may hold the socket open)
     EXIT_GRACE_S = 1.0
+    #: a zygote that died is started again this long after (:meth:`_restart`)
+    RESTART_GRACE_S = 1.0
 
     def __init__(self, root: Path, start_timeout_s: float = 120.0) -> None:
         self.root = root
@@ -166,6 +168,13 @@ class ResidentPool:
             raise StateError("resident pool: zygote or workers not ready after "
                              f"{timeout_s or self.start_timeout_s} s")
 
+    def stopping(self) -> None:
+        """The daemon is stopping (a signal; :meth:`shutdown` follows): from now on no
+        zygote or worker that dies is started again, and no activation is taken."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+
     def shutdown(self) -> None:
         """Stop every worker and every zygote (state in shm is untouched)."""
         with self._cond:
@@ -212,10 +221,21 @@ class ResidentPool:
                 self._give_up(z, why)
                 return
             z.restarts.append(now)
-            log.error("resident pool: the zygote of %s exited (status %s); starting a new "
-                      "one", z.key.words(), rc)
             z.close()
             z.wait(5)
+            timer = threading.Timer(self.RESTART_GRACE_S, self._restart, (z, rc))
+            timer.daemon = True
+            timer.start()
+
+    def _restart(self, z: ZygoteProcess, rc: int | None) -> None:
+        """A dead zygote's successor, after ``RESTART_GRACE_S``: none if the daemon is
+        stopping by then (Slurm signals every process of a step that ends, the zygote
+        too, and a new one would import torch again only to be killed)."""
+        with self._cond:
+            if self._closing or self._zygotes.get(z.key) is not z:
+                return
+            log.error("resident pool: the zygote of %s exited (status %s); starting a new "
+                      "one", z.key.words(), rc)
             new = self._spawn(z.key)
             if new is not None:
                 new.restarts = z.restarts

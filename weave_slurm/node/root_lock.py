@@ -54,23 +54,25 @@ class RootLock:
             self.root.mkdir(mode=0o711, parents=True, exist_ok=True)
             try:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            except FileNotFoundError:     # the root went between mkdir and open
-                continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                if time.monotonic() >= deadline:
-                    return False
-                if not waiting and on_wait is not None:
-                    on_wait()
-                waiting = True
-                time.sleep(self.POLL_S)
-                continue
-            if self._is_current(fd):
-                self._fd = fd
-                return True
-            os.close(fd)     # its holder removed it while we waited: not the root's lock
+            except FileNotFoundError:     # the root went between mkdir and open: again
+                fd = None
+            if fd is not None:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(fd)
+                else:
+                    if self._is_current(fd):
+                        self._fd = fd
+                        return True
+                    os.close(fd)   # its holder removed it while we waited: take the new one
+                    continue
+            if time.monotonic() >= deadline:
+                return False
+            if not waiting and on_wait is not None:
+                on_wait()
+            waiting = True
+            time.sleep(self.POLL_S)
 
     def _is_current(self, fd: int) -> bool:
         held = os.fstat(fd)
