@@ -32,6 +32,12 @@ class InsufficientResources(WeaveError):
     """The request is valid but cannot be satisfied now; retry later."""
 
 
+class ServerBusy(InsufficientResources):
+    """weaved takes no more connections now: the caller's user holds its share of them
+    (or every client slot is taken). Retry once one closes; a closed connection is
+    freed as weaved reads its end."""
+
+
 class NodeUnavailable(InsufficientResources):
     """A node daemon cannot take work now: it is gone, stopping, or restarting its
     worker pool. Not the job's fault: retry after a while, or on a replacement node.

@@ -124,9 +124,12 @@ def test_one_user_holding_connections_cannot_starve_the_others(weaved: Running) 
         def one_more() -> str:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
                 s.connect(str(weaved.socket))
-                return str(json.loads(s.makefile().readline())["message"])
-        assert run_as(NOBODY, one_more) == ("uid 65534 already has 16 connections to weaved "
-                                            "(at most 16 per user); close one and retry")
+                reply = json.loads(s.makefile().readline())
+                return f"{reply['error']}: {reply['message']}"
+        # a typed refusal a client may retry (valid, not satisfiable now)
+        assert run_as(NOBODY, one_more) == (
+            "ServerBusy: uid 65534 already has 16 connections to weaved "
+            "(at most 16 per user); close one and retry")
     finally:
         os.write(done_w, b"y")
         os.waitpid(pid, 0)

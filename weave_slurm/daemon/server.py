@@ -24,7 +24,7 @@ from pathlib import Path
 from weave_slurm import wire
 from weave_slurm.daemon import protocol
 from weave_slurm.daemon.api import Api
-from weave_slurm.errors import StateError, WeaveError
+from weave_slurm.errors import ServerBusy, WeaveError
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class _Handler(socketserver.BaseRequestHandler):
         refusal = srv.admit(uid)
         if refusal is not None:
             with contextlib.suppress(OSError):
-                sock.sendall(protocol.fail(StateError(refusal)))
+                sock.sendall(protocol.fail(ServerBusy(refusal)))   # a client may retry
             return
         try:
             sock.settimeout(srv.client_timeout_s)
