@@ -14,7 +14,7 @@ import os
 import pytest
 
 from tests.harness import weaved
-from tests.harness.hosts import kill_running_worker, weaved_dirs
+from tests.harness.hosts import kill_running_worker, kill_until_recovered, weaved_dirs
 from tests.harness.pooled_run import SITE, end_as_solo, widen_for_a_fourth
 from tests.harness.scratch import public_dir
 from tests.slurm.session_cluster import SessionCluster
@@ -42,10 +42,13 @@ def test_a_pool_widens_on_two_h20_hosts_an_engine_is_killed_and_each_ends_as_sol
             newest = max((a for a in run.rows if a.alloc_id is not None),
                          key=lambda a: a.key)
             node = newest.nodes[-1]
-            killed = kill_running_worker(
+
+            def recoveries() -> int:
+                shown = weaved.call(sock, Op.SHOW, kind="job", id=run.fourth)
+                return int((shown.get("runtime") or {}).get("recoveries") or 0)
+            kill_until_recovered(lambda: kill_running_worker(
                 slurm_cluster.cluster, node, instance, run.fourth, timeout_s=120,
-                key=allocplan.node_key(newest, node, 8), engine=True)
-            assert killed is not None, f"no engine of job {run.fourth} ran on {node}"
+                key=allocplan.node_key(newest, node, 8), engine=True), recoveries)
             end_as_solo(w, sock, run, timeout_s=420)
             shown = weaved.call(sock, Op.SHOW, kind="job", id=run.fourth)
             assert "recover" in shown["reason"], shown["reason"]

@@ -15,7 +15,7 @@ import json
 import os
 import shutil
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from tests.harness.waits import settle
 from weave_slurm.errors import ConfigError, WeaveError
 from weave_slurm.slurm import hosts as separate_hosts
 from weave_slurm.slurm.cluster_config import ClusterLayout, HostMode, PoolShape
@@ -157,11 +158,12 @@ def status(path):
     return json.loads(buf)
 """
 _STATUS = _STATUS_FN + "print(json.dumps(status(sys.argv[1])))\n"
-#: On the node's host: poll the node daemon until ``job``'s worker runs a phase, SIGKILL
-#: it at once and print {"pid", "phase"}; exit 1 after the timeout.
+#: On the node's host: poll the node daemon until ``job``'s worker runs a phase (argv 5:
+#: that phase, or any), SIGKILL it at once (argv 6: unless "watch") and print {"pid",
+#: "phase"}; exit 1 after the timeout.
 _KILL_RUNNING = _STATUS_FN + """\
 sock, job, end = sys.argv[1], sys.argv[2], time.monotonic() + float(sys.argv[3])
-engine = sys.argv[4] == "engine"
+engine, phase, kill = sys.argv[4] == "engine", sys.argv[5], sys.argv[6] != "watch"
 while time.monotonic() < end:
     try:
         jobs = status(sock)["result"]["jobs"]
@@ -171,8 +173,10 @@ while time.monotonic() < end:
         act = j.get("worker") or {}
         ref = str(j["job"])
         if (ref == job or ref.startswith(job + ".e") and engine) \
-                and act.get("state") == "running" and act.get("pid"):
-            os.kill(int(act["pid"]), signal.SIGKILL)
+                and act.get("state") == "running" and act.get("pid") \
+                and phase in ("", act.get("phase")):
+            if kill:
+                os.kill(int(act["pid"]), signal.SIGKILL)
             print(json.dumps({"pid": int(act["pid"]), "phase": act.get("phase")}))
             sys.exit(0)
     time.sleep(0.01)
@@ -182,20 +186,38 @@ sys.exit(1)
 
 def kill_running_worker(cluster: LocalCluster, node: str, instance: str, job: int,
                         timeout_s: float = 60, *, key: str | None = None,
-                        engine: bool = False) -> dict[str, Any] | None:
-    """SIGKILL ``job``'s worker on ``node`` while it runs a phase, from the node's own
-    host (the status read and the kill a few ms apart, as an admin there would);
-    {"pid", "phase"} of the killed worker, or None if none ran within ``timeout_s``.
-    ``key``: the node daemon's (a share's ``<node>.<job id>``; default ``node``);
-    ``engine``: one of the job's rollout engines (``<job>.e<e>``) will do."""
+                        engine: bool = False, phase: str = "",
+                        watch: bool = False) -> dict[str, Any] | None:
+    """SIGKILL ``job``'s worker on ``node`` while it runs a phase (``phase``, or any),
+    from the node's own host (the status read and the kill a few ms apart, as an admin
+    there would); {"pid", "phase"} of the killed worker, or None if none ran within
+    ``timeout_s``. ``key``: the node daemon's (a share's ``<node>.<job id>``; default
+    ``node``); ``engine``: one of the job's rollout engines (``<job>.e<e>``) will do;
+    ``watch``: only return once it runs, no kill."""
     res = run_on_host(cluster, node, [sys.executable, "-c", _KILL_RUNNING,
                                       str(node_socket(instance, key or node)), str(job),
-                                      str(timeout_s), "engine" if engine else "worker"],
+                                      str(timeout_s), "engine" if engine else "worker",
+                                      phase, "watch" if watch else "kill"],
                       timeout_s=timeout_s + 30)
     if res.returncode != 0:
         return None
     killed: dict[str, Any] = json.loads(res.stdout)
     return killed
+
+
+def kill_until_recovered(kill: Callable[[], dict[str, Any] | None],
+                         recoveries: Callable[[], int], tries: int = 4,
+                         settle_s: float = 20) -> dict[str, Any]:
+    """``kill`` (one :func:`kill_running_worker`) until the job counts a recovery: the
+    status read and the kill are a few ms apart, but a short phase may still end in
+    between (the daemon then replaces the idle worker silently, and nothing is
+    recovered), more often on a loaded machine. The kill that landed, or
+    AssertionError after ``tries``."""
+    for _ in range(tries):
+        killed = kill()
+        if killed and settle(recoveries, settle_s, interval_s=0.3, until=lambda n: n >= 1):
+            return killed
+    raise AssertionError(f"no kill landed mid-phase in {tries} tries")
 
 
 def node_status(cluster: LocalCluster, node: str, instance: str) -> dict[str, Any] | None:

@@ -47,7 +47,7 @@ from tests.reliability.conftest import TestUser
 from tests.reliability.test_multiuser import as_user
 from tests.reliability.test_slurm_faults import WATCH_S, Place, set_down, stop_slurmd
 from weave_slurm.daemon.protocol import Op
-from weave_slurm.errors import WeaveError
+from weave_slurm.errors import ServerBusy, WeaveError
 from weave_slurm.node.segments import SEG_SUFFIX, weights_digest
 from weave_slurm.runtime.group import MemberSpec
 from weave_slurm.slurm.allocation_watch import ENV_INTERVAL
@@ -273,8 +273,8 @@ def flood(sock: Path, plan: ChaosPlan) -> dict[str, Any]:
     for i in range(plan.flood_jobs):
         name = f"flood{i}"
         try:
-            spec = job_spec(name, 200 + i, plan.flood_steps)
-            out["accepted"][name] = call(sock, Op.SUBMIT, spec=spec, source=name)["job"]
+            out["accepted"][name] = _submit_busy(sock, job_spec(name, 200 + i,
+                                                                 plan.flood_steps), name)
         except WeaveError as exc:
             if "limits.user" in str(exc):
                 out["refused"].append(str(exc))
@@ -284,6 +284,19 @@ def flood(sock: Path, plan: ChaosPlan) -> dict[str, Any]:
         with contextlib.suppress(WeaveError, OSError):
             call(sock, Op.PING)
     return out
+
+
+def _submit_busy(sock: Path, spec: str, name: str, patience_s: float = 30) -> Any:
+    """Submit, again while weaved says it is busy (ServerBusy): it frees the connections
+    the flood held as it reads their ends, later on a loaded machine."""
+    end = time.monotonic() + patience_s
+    while True:
+        try:
+            return call(sock, Op.SUBMIT, spec=spec, source=name)["job"]
+        except ServerBusy:
+            if time.monotonic() >= end:
+                raise
+            time.sleep(0.2)
 
 
 # -- the scenario -----------------------------------------------------------------------
@@ -372,12 +385,15 @@ def _kill_and_restart(p: Place, proc: subprocess.Popen[bytes], site: Path, watch
     proc.wait(timeout=10)
     proc = spawn(p, site)
     kill.answer_s = time.monotonic() - t0 - kill.at_s
-    def moved() -> bool:
+    def moved() -> bool | list[tuple[Any, ...]]:
+        """True once it moved; else what weaved says of each job (the failure's words)."""
         rows = _rows_or_none(watch)
-        return watch.progress() > before or (bool(rows) and all(
-            r["state"] in FINAL for r in rows or []))
+        if watch.progress() > before or (bool(rows) and all(
+                r["state"] in FINAL for r in rows or [])):
+            return True
+        return [(r["job"], r["state"], r["iter"], r["reason"]) for r in rows or []]
     wait_for(moved, 120, "a job's ITER moving again after the kill (or every job ended)",
-             interval_s=0.3)
+             interval_s=0.3, until=lambda v: v is True)
     kill.progress_s = time.monotonic() - t0 - kill.at_s
     rep.kills.append(kill)
     return proc

@@ -42,7 +42,8 @@ def test_chaos_kills_down_node_stopped_slurmd_and_a_flooding_user(
     print(f"chaos: flood errors {rep.flood_errors}, refused {rep.refused}, "
           f"{rep.conn_refused}")
     print(f"chaos: {len(rep.jobs)} jobs, {len(rep.kills)} kills, {rep.wall_s:.0f} s; "
-          f"kills: {rep.kills}; placed after: {rep.placed_s}")
+          f"kills: {rep.kills}; placed after: {rep.placed_s}; down {rep.down_node}, "
+          f"slurmd stopped {rep.stopped_slurmd}")
     assert len(rep.kills) == plan.kills
     assert rep.lost == [] and rep.duplicated == [], (rep.lost, rep.duplicated)
     owners = sorted(rep.owners.values())

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import stat
 import threading
 import time
@@ -67,13 +68,17 @@ class Served:
 
 
 @contextlib.contextmanager
-def weaved(public: Path, env: dict[str, str], instance: str, step_s: float) -> Iterator[Served]:
-    """An in-process weaved on Slurm whose jobs' steps sleep ``step_s`` and exit 0; at
-    the end it is stopped and whatever it still holds is released."""
+def weaved(public: Path, env: dict[str, str], instance: str,
+           step: float | Path) -> Iterator[Served]:
+    """An in-process weaved on Slurm whose jobs' steps exit 0 after ``step``: seconds,
+    or once that file exists (a gate the test opens: no race with how long Slurm takes);
+    at the end it is stopped and whatever it still holds is released."""
     state = public / f"state-{instance or DEFAULT_INSTANCE}"
     cfg = DaemonConfig(state_dir=state, backend="slurm", instance=instance, tick_s=0.3,
                        node_command=("sleep", "infinity"), client_timeout_s=5.0, env=env)
-    w = Weaved(cfg, driver=IdleDriver(("sleep", f"{step_s:g}")))
+    argv = (("sleep", f"{step:g}") if not isinstance(step, Path) else
+            ("sh", "-c", f"until [ -e '{step}' ]; do sleep 0.2; done"))
+    w = Weaved(cfg, driver=IdleDriver(argv))
     thread = threading.Thread(target=w.run, daemon=True)
     thread.start()
     served = Served(w, thread, instance or DEFAULT_INSTANCE)
@@ -155,7 +160,7 @@ def test_an_ordinary_users_job_named_like_ours_survives_a_weaved_tick_cycle(
             time.sleep(0.5)   # its script is exec'd (a failed exec ends it at once)
         assert slurm_state(env, foreign) == "RUNNING"
         caplog.set_level(logging.INFO, logger="weave_slurm.daemon.reconcile")
-        with weaved(public_dir, env, "", step_s=2) as w:   # no --instance: prefix weave-g
+        with weaved(public_dir, env, "", 2) as w:   # no --instance: prefix weave-g
             assert w.weaved.reconciler.prefix == "weave-g"
             job = submit(w, "own")
             assert until_ended(w, job)["state"] == "COMPLETED"
@@ -175,20 +180,26 @@ def test_two_instances_on_one_slurm_each_complete_a_job_and_keep_the_others(
     env = dict(slurm_cluster.env)
     named = f"i{os.getpid()}"
     caplog.set_level(logging.INFO, logger="weave_slurm.daemon.reconcile")
-    with weaved(public_dir, env, "", step_s=3) as plain, \
-            weaved(public_dir, env, named, step_s=8) as b:
+    # the gates on the cluster's shared file system (a host's /tmp is its own)
+    gates = slurm_cluster.cluster.paths.shared.work / f"gates-{named}"
+    gates.mkdir(parents=True, exist_ok=True)
+    gate_a, gate_b = gates / "a", gates / "b"
+    with weaved(public_dir, env, "", gate_a) as plain, weaved(public_dir, env, named, gate_b) as b:
         ja, jb = submit(plain, "a"), submit(b, "b")
-        wait_for(lambda: (job_row(plain, ja)["state"], job_row(b, jb)["state"]), 60,
+        wait_for(lambda: (job_row(plain, ja)["state"], job_row(b, jb)["state"]), 120,
                  "both jobs running", until=lambda s: s == ("RUNNING", "RUNNING"))
         held_a, held_b = plain.allocations(), b.allocations()
         assert len(held_a) == len(held_b) == 2 and not held_a & held_b
         names = dict(line.split("|") for line in run_command(
             ["squeue", "-h", "-o", "%i|%j"], env=env, timeout_s=20).stdout.splitlines())
         assert all(names[i].startswith("weave-g") for i in held_a | held_b)  # one prefix...
+        gate_a.touch()
         assert until_ended(plain, ja)["state"] == "COMPLETED"
         wait_for(lambda: not plain.allocations(), 30, "the plain weaved's allocations released")
         assert b.allocations() == held_b   # ... but the plain one kept to its own
         assert job_row(b, jb)["state"] == "RUNNING"
+        gate_b.touch()
         assert until_ended(b, jb)["state"] == "COMPLETED"
         wait_for(lambda: not b.allocations(), 30, "the named weaved's allocations released")
+    shutil.rmtree(gates)
     assert "orphan" not in caplog.text

@@ -44,6 +44,7 @@ import pytest
 from tests.harness.hosts import (
     WeavedDirs,
     kill_running_worker,
+    kill_until_recovered,
     link_down,
     link_up,
     naming_jobs,
@@ -545,19 +546,16 @@ def group_nodes(p: Place) -> set[str]:
             for n in a["nodes"]}
 
 
-def _workers(p: Place, job: int, phase: str | None = None) -> dict[str, dict[str, Any]]:
-    """``job``'s resident worker per node (optionally: only those running ``phase`` now),
-    from the node daemons' own status, asked on each node's host."""
+def _workers(p: Place, job: int) -> dict[str, dict[str, Any]]:
+    """``job``'s resident worker per node, from the node daemons' own status, asked on
+    each node's host."""
     out = {}
     for node in sorted(group_nodes(p)):
         status = node_status(p.cluster, node, p.instance)
         for j in status["jobs"] if status else ():
-            act = j.get("worker") or {}
-            if j["job"] != str(job):
-                continue
-            if phase is None or (act.get("state") == "running" and act.get("phase") == phase
-                                 and act.get("pid")):
-                out[node] = {"resident": j.get("resident") or {}, "worker": act}
+            if j["job"] == str(job):
+                out[node] = {"resident": j.get("resident") or {},
+                             "worker": j.get("worker") or {}}
     return out
 
 
@@ -577,16 +575,14 @@ def kill_mid_phase(p: Place, job: int, ids: list[int], tries: int = 4) -> None:
     (group,) = call(p.socket, Op.GROUPS)["groups"]
     nodes = [str(a["nodes"][0]) for role in ("train", "rollout")
              for a in group["allocations"] if a["role"] == role]
-    for i in range(tries):
-        killed = kill_running_worker(p.cluster, nodes[i % len(nodes)], p.instance, job)
+    turn = iter(range(tries))
 
-        def recoveries() -> int:
-            observe(p, ids)
-            shown = call(p.socket, Op.SHOW, kind="job", id=job)
-            return int((shown.get("runtime") or {}).get("recoveries") or 0)
-        if killed and settle(recoveries, 20, interval_s=0.3, until=lambda n: n >= 1):
-            return
-    raise AssertionError(f"no kill of job {job}'s worker landed mid-phase in {tries} tries")
+    def recoveries() -> int:
+        observe(p, ids)
+        shown = call(p.socket, Op.SHOW, kind="job", id=job)
+        return int((shown.get("runtime") or {}).get("recoveries") or 0)
+    kill_until_recovered(lambda: kill_running_worker(
+        p.cluster, nodes[next(turn) % len(nodes)], p.instance, job), recoveries, tries)
 
 
 @pytest.mark.slow
@@ -604,10 +600,15 @@ def test_worker_killed_and_job_cancelled_mid_rollout_on_slurm(place: Place) -> N
         victim, cancelled, bystander = list(seeds)
         kill_mid_phase(place, victim, list(seeds))
 
-        def cancelled_rolling_out() -> dict[str, dict[str, Any]] | None:
-            observe(place, list(seeds))
-            return _workers(place, cancelled, "rollout") or None
-        wait_for(cancelled_rolling_out, 240, "the second job in a rollout")
+        # watched on its rollout node's host (a rollout is a tenth of a second: a poll
+        # from here, a process per node, misses most of them on a loaded machine)
+        (group,) = call(place.socket, Op.GROUPS)["groups"]
+        (rollout,) = [str(a["nodes"][0]) for a in group["allocations"]
+                      if a["role"] == "rollout"]
+        rolling = kill_running_worker(place.cluster, rollout, place.instance, cancelled,
+                                      timeout_s=240, phase="rollout", watch=True)
+        assert rolling, (f"job {cancelled} never ran a rollout on {rollout}: "
+                         f"{observe(place, list(seeds))}")
         pids = {int(w["resident"]["pid"]) for w in _workers(place, cancelled).values()
                 if w["resident"].get("pid")}
         assert pids, "no resident worker of the cancelled job found"
