@@ -30,13 +30,12 @@ import subprocess
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from weave_slurm.errors import ConfigError, InsufficientResources, NodeUnavailable, StateError
 from weave_slurm.node.index import JobRef
+from weave_slurm.node.pool_records import Activation, ResidentState, Slot, Worker
 from weave_slurm.node.protocol import WorkerState
 from weave_slurm.node.segments import gid_of
 from weave_slurm.node.seqpacket import receive, send
@@ -46,62 +45,6 @@ from weave_slurm.vocab import Phase
 log = logging.getLogger(__name__)
 
 LOG_NAME = "resident.log"
-
-
-class ResidentState(StrEnum):
-    STARTING = "starting"    # fork requested, the worker has not said ready
-    IDLE = "idle"            # alive, waiting for an activation
-    BUSY = "busy"            # running an activation
-    DEAD = "dead"            # exited; replaced unless the job is gone
-
-
-@dataclass
-class Activation:
-    """One activation of a resident worker (mutable: filled in as it runs)."""
-
-    seq: int
-    phase: Phase
-    pid: int
-    started_s: float
-    log_path: str
-    state: WorkerState = WorkerState.RUNNING
-    returncode: int | None = None
-    result: object = None
-    error: str | None = None
-    timing: dict[str, float] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, object]:
-        return {"phase": self.phase.value, "pid": self.pid, "state": self.state.value,
-                "returncode": self.returncode, "started_s": self.started_s,
-                "log_path": self.log_path, "resident": True, "activation": self.seq,
-                "result": self.result, "error": self.error, **self.timing}
-
-
-@dataclass
-class _Worker:
-    job: JobRef
-    sock: socket.socket
-    log_path: Path
-    fork_seq: int
-    zygote: ZygoteProcess
-    state: ResidentState = ResidentState.STARTING
-    pid: int = 0
-    uid: int = -1
-    forked_s: float = field(default_factory=time.time)
-    exit_rc: int | None = None    # from the zygote, which may tell before the socket ends
-
-
-@dataclass
-class _Slot:
-    job: JobRef
-    log_dir: Path
-    worker: _Worker | None = None
-    last: Activation | None = None
-    activations: int = 0
-    restarts: int = 0
-    wanted: bool = True
-    key: Interpreter = field(default_factory=Interpreter)   # its workers' interpreter
-    error: str | None = None      # why its interpreter's zygote cannot serve it
 
 
 class ResidentPool:
@@ -123,7 +66,7 @@ class ResidentPool:
         self.start_timeout_s = start_timeout_s
         self.broken: str | None = None   # why the pool gave up (None: it works)
         self._cond = threading.Condition()
-        self._slots: dict[str, _Slot] = {}
+        self._slots: dict[str, Slot] = {}
         self._zygotes: dict[Interpreter, ZygoteProcess] = {}
         self._closing = False
         self._seq = 0
@@ -296,7 +239,7 @@ class ResidentPool:
         for key in [k for k in self._zygotes if k.own and k not in used]:
             self._zygotes.pop(key).stop()
 
-    def _exit_grace(self, slot: _Slot, worker: _Worker) -> None:
+    def _exit_grace(self, slot: Slot, worker: Worker) -> None:
         with self._cond:
             if worker.state is not ResidentState.DEAD:
                 self._died(slot, worker, worker.exit_rc)
@@ -306,11 +249,11 @@ class ResidentPool:
     def ensure(self, job: JobRef, log_dir: Path) -> None:
         """Make sure ``job`` has a resident worker (forked now or when the zygote is up)."""
         with self._cond:
-            slot = self._slots.setdefault(job.job_id, _Slot(job, log_dir))
+            slot = self._slots.setdefault(job.job_id, Slot(job, log_dir))
             slot.wanted = True
             self._want_worker(slot)
 
-    def _want_worker(self, slot: _Slot) -> None:
+    def _want_worker(self, slot: Slot) -> None:
         """Fork ``slot``'s worker now if its zygote is ready; else once it is (its
         zygote started if none runs). Caller holds the condition."""
         if slot.worker is not None or self._closing:
@@ -321,7 +264,7 @@ class ResidentPool:
         if z is not None and z.ready:
             self._fork(slot)
 
-    def _switch(self, slot: _Slot, key: Interpreter) -> None:
+    def _switch(self, slot: Slot, key: Interpreter) -> None:
         """``slot``'s job now runs with ``key``'s interpreter: its idle worker (of the
         other interpreter) goes; a zygote no job needs any more is stopped."""
         old, slot.worker, slot.key, slot.error = slot.worker, None, key, None
@@ -329,7 +272,7 @@ class ResidentPool:
             self._kill(old)     # its reader sees the end; slot.worker is not it: no refork
         self._retire_unused()
 
-    def _fork(self, slot: _Slot) -> None:
+    def _fork(self, slot: Slot) -> None:
         """Ask the slot's zygote for a worker of ``slot.job`` (caller holds the
         condition and saw that zygote ready)."""
         z = self._zygotes.get(slot.key)
@@ -343,7 +286,7 @@ class ResidentPool:
             if os.geteuid() == 0 and job.uid != 0:
                 os.fchown(fd, job.uid, gid_of(job.uid))
             self._seq += 1
-            worker = _Worker(job, ours, log_path, self._seq, z)
+            worker = Worker(job, ours, log_path, self._seq, z)
             z.send({"op": "fork", "seq": self._seq, "job": job.job_id, "uid": job.uid,
                     "gid": gid_of(job.uid), "cwd": str(log_path.parent)},
                    [theirs.fileno(), fd])
@@ -354,7 +297,7 @@ class ResidentPool:
         threading.Thread(target=self._read_worker, args=(slot, worker),
                          name=f"resident-{job.job_id}", daemon=True).start()
 
-    def _read_worker(self, slot: _Slot, worker: _Worker) -> None:
+    def _read_worker(self, slot: Slot, worker: Worker) -> None:
         while True:
             try:
                 msg, fds = receive(worker.sock)
@@ -386,7 +329,7 @@ class ResidentPool:
         act.timing = {k: float(msg[k]) for k in ("attach_s", "elapsed_s", "t_recv",
                                                    "t_done") if k in msg}
 
-    def _died(self, slot: _Slot, worker: _Worker, returncode: int | None,
+    def _died(self, slot: Slot, worker: Worker, returncode: int | None,
               how: str = "died") -> None:
         """Record a worker's end; fork its replacement (caller holds the condition)."""
         if returncode is None:
@@ -511,7 +454,7 @@ class ResidentPool:
             return slot.last if slot else None
 
     @staticmethod
-    def _kill(worker: _Worker) -> None:
+    def _kill(worker: Worker) -> None:
         if worker.pid > 0:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(worker.pid, signal.SIGKILL)

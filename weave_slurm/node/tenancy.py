@@ -30,7 +30,8 @@ from typing import Any, Protocol
 from weave_slurm.errors import WeaveError
 from weave_slurm.node.budget import MemoryBudget
 from weave_slurm.node.index import JobRef
-from weave_slurm.node.pool import ResidentPool, ResidentState
+from weave_slurm.node.pool import ResidentPool
+from weave_slurm.node.pool_records import ResidentState
 from weave_slurm.node.protocol import WorkerState
 from weave_slurm.node.registry import JobRegistry
 from weave_slurm.node.segments import SegmentStore
