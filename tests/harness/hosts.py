@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.harness.waits import settle
+from tests.harness.waits import settle, wait_for
 from weave_slurm.errors import ConfigError, WeaveError
 from weave_slurm.slurm import hosts as separate_hosts
 from weave_slurm.slurm.cluster_config import ClusterLayout, HostMode, PoolShape
@@ -160,24 +160,41 @@ def status(path):
 _STATUS = _STATUS_FN + "print(json.dumps(status(sys.argv[1])))\n"
 #: On the node's host: poll the node daemon until ``job``'s worker runs a phase (argv 5:
 #: that phase, or any), SIGKILL it at once (argv 6: unless "watch") and print {"pid",
-#: "phase"}; exit 1 after the timeout.
+#: "phase", "job"} and, after a kill, "outcome": the state the daemon then gives that
+#: activation ("killed": it landed mid-phase; "exited": the phase had ended first), or
+#: "replaced" (a newer activation came first) or null (none seen in 30 s); exit 1 if
+#: none ran within the timeout.
 _KILL_RUNNING = _STATUS_FN + """\
 sock, job, end = sys.argv[1], sys.argv[2], time.monotonic() + float(sys.argv[3])
 engine, phase, kill = sys.argv[4] == "engine", sys.argv[5], sys.argv[6] != "watch"
-while time.monotonic() < end:
+def jobs():
     try:
-        jobs = status(sock)["result"]["jobs"]
+        return status(sock)["result"]["jobs"]
     except (OSError, ValueError, KeyError):
-        jobs = []
-    for j in jobs:
+        return []
+def outcome(ref, pid):
+    end = time.monotonic() + 30
+    while time.monotonic() < end:
+        for j in jobs():
+            act = j.get("worker") or {}
+            if str(j["job"]) == ref and act.get("pid") != pid:
+                return "replaced"
+            if str(j["job"]) == ref and act.get("state") != "running":
+                return act.get("state")
+        time.sleep(0.01)
+    return None
+while time.monotonic() < end:
+    for j in jobs():
         act = j.get("worker") or {}
         ref = str(j["job"])
         if (ref == job or ref.startswith(job + ".e") and engine) \
                 and act.get("state") == "running" and act.get("pid") \
                 and phase in ("", act.get("phase")):
+            out = {"pid": int(act["pid"]), "phase": act.get("phase"), "job": ref}
             if kill:
-                os.kill(int(act["pid"]), signal.SIGKILL)
-            print(json.dumps({"pid": int(act["pid"]), "phase": act.get("phase")}))
+                os.kill(out["pid"], signal.SIGKILL)
+                out["outcome"] = outcome(ref, act["pid"])
+            print(json.dumps(out))
             sys.exit(0)
     time.sleep(0.01)
 sys.exit(1)
@@ -193,12 +210,13 @@ def kill_running_worker(cluster: LocalCluster, node: str, instance: str, job: in
     there would); {"pid", "phase"} of the killed worker, or None if none ran within
     ``timeout_s``. ``key``: the node daemon's (a share's ``<node>.<job id>``; default
     ``node``); ``engine``: one of the job's rollout engines (``<job>.e<e>``) will do;
-    ``watch``: only return once it runs, no kill."""
+    ``watch``: only return once it runs, no kill. After a kill, its "outcome" as the
+    daemon tells it (``_KILL_RUNNING``)."""
     res = run_on_host(cluster, node, [sys.executable, "-c", _KILL_RUNNING,
                                       str(node_socket(instance, key or node)), str(job),
                                       str(timeout_s), "engine" if engine else "worker",
                                       phase, "watch" if watch else "kill"],
-                      timeout_s=timeout_s + 30)
+                      timeout_s=timeout_s + 60)
     if res.returncode != 0:
         return None
     killed: dict[str, Any] = json.loads(res.stdout)
@@ -207,17 +225,26 @@ def kill_running_worker(cluster: LocalCluster, node: str, instance: str, job: in
 
 def kill_until_recovered(kill: Callable[[], dict[str, Any] | None],
                          recoveries: Callable[[], int], tries: int = 4,
-                         settle_s: float = 20) -> dict[str, Any]:
-    """``kill`` (one :func:`kill_running_worker`) until the job counts a recovery: the
-    status read and the kill are a few ms apart, but a short phase may still end in
-    between (the daemon then replaces the idle worker silently, and nothing is
-    recovered), more often on a loaded machine. The kill that landed, or
-    AssertionError after ``tries``."""
+                         recover_s: float = 240) -> dict[str, Any]:
+    """``kill`` (one :func:`kill_running_worker`) until a kill lands mid-phase, then wait
+    for the job to count its recovery (``recover_s``: a killed engine is found once its
+    gang's peers give up on it, later on a loaded machine). The status read and the
+    kill are a few ms apart, but a short phase may still end in between: the daemon
+    then says the activation "exited" and replaces the idle worker silently, nothing
+    to recover, and the next try kills again. The kill that landed; AssertionError
+    after ``tries`` misses, or when a landed kill is never recovered."""
+    seen: list[dict[str, Any] | None] = []
     for _ in range(tries):
         killed = kill()
-        if killed and settle(recoveries, settle_s, interval_s=0.3, until=lambda n: n >= 1):
-            return killed
-    raise AssertionError(f"no kill landed mid-phase in {tries} tries")
+        seen.append(killed)
+        if killed is None or killed.get("outcome") in ("exited", "replaced"):
+            if settle(recoveries, 5, interval_s=0.3, until=lambda n: n >= 1):
+                return killed or {}
+            continue
+        wait_for(recoveries, recover_s, f"a recovery after the kill {killed}",
+                 interval_s=0.5, until=lambda n: n >= 1)
+        return killed
+    raise AssertionError(f"no kill landed mid-phase in {tries} tries: {seen}")
 
 
 def node_status(cluster: LocalCluster, node: str, instance: str) -> dict[str, Any] | None:

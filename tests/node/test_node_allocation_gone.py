@@ -9,9 +9,9 @@ from __future__ import annotations
 import torch
 
 from weave_slurm.node.daemon import NodeDaemon
+from weave_slurm.node.ending import end_allocation
 from weave_slurm.node.node_client import NodeClient
 from weave_slurm.node.protocol import Op
-from weave_slurm.node.startup import end_allocation
 
 
 def test_an_ended_allocations_segments_are_removed_and_its_checkpoints_kept(

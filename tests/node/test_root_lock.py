@@ -11,11 +11,11 @@ import pytest
 
 from weave_slurm.errors import StateError
 from weave_slurm.node.daemon import NodeConfig, NodeDaemon
+from weave_slurm.node.ending import end_allocation
 from weave_slurm.node.index import JobRef
 from weave_slurm.node.node_client import NodeClient
 from weave_slurm.node.protocol import Op, Request
 from weave_slurm.node.root_lock import RootLock
-from weave_slurm.node.startup import end_allocation
 
 
 def test_a_second_holder_waits_and_takes_the_file_its_holder_made_anew(

@@ -86,7 +86,7 @@ def serve(
 ) -> None:
     """Run the node daemon in the foreground until SIGTERM/SIGINT."""
     from weave_slurm.node.daemon import NodeConfig, NodeDaemon  # no torch (segment_bytes)
-    from weave_slurm.node.startup import end_allocation
+    from weave_slurm.node.ending import end_allocation
 
     setup_logging(logging.INFO if verbose else logging.WARNING, "weave-node", timestamps=True)
     root = _per_node(root)
