@@ -42,13 +42,10 @@ def test_a_pool_widens_on_two_h20_hosts_an_engine_is_killed_and_each_ends_as_sol
             newest = max((a for a in run.rows if a.alloc_id is not None),
                          key=lambda a: a.key)
             node = newest.nodes[-1]
-
-            def recoveries() -> int:
-                shown = weaved.call(sock, Op.SHOW, kind="job", id=run.fourth)
-                return int((shown.get("runtime") or {}).get("recoveries") or 0)
             kill_until_recovered(lambda: kill_running_worker(
                 slurm_cluster.cluster, node, instance, run.fourth, timeout_s=120,
-                key=allocplan.node_key(newest, node, 8), engine=True), recoveries)
+                key=allocplan.node_key(newest, node, 8), engine=True),
+                lambda: weaved.recoveries(sock, run.fourth))
             end_as_solo(w, sock, run, timeout_s=420)
             shown = weaved.call(sock, Op.SHOW, kind="job", id=run.fourth)
             assert "recover" in shown["reason"], shown["reason"]

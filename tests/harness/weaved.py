@@ -30,6 +30,12 @@ def call(sock: Path, op: Op, **args: Any) -> dict[str, Any]:
         return dict(client.call(op, **args))
 
 
+def recoveries(sock: Path, job: int) -> int:
+    """How many times weaved's runtime has recovered ``job`` (``weave show job``)."""
+    shown = call(sock, Op.SHOW, kind="job", id=job)
+    return int((shown.get("runtime") or {}).get("recoveries") or 0)
+
+
 def pings(sock: Path) -> bool:
     """True if a weaved answers on ``sock`` now (a probe: no wait for one starting)."""
     try:

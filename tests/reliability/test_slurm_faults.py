@@ -59,7 +59,7 @@ from tests.harness.processes import daemons_gone
 from tests.harness.solo import run_solo
 from tests.harness.specs import OPTIONS, job_spec
 from tests.harness.waits import settle, wait_for
-from tests.harness.weaved import call, pings
+from tests.harness.weaved import call, pings, recoveries
 from tests.slurm.session_cluster import SessionCluster
 from weave_slurm.daemon.driver import DriverKind
 from weave_slurm.daemon.protocol import Op
@@ -577,12 +577,11 @@ def kill_mid_phase(p: Place, job: int, ids: list[int], tries: int = 4) -> None:
              for a in group["allocations"] if a["role"] == role]
     turn = iter(range(tries))
 
-    def recoveries() -> int:
+    def count() -> int:
         observe(p, ids)
-        shown = call(p.socket, Op.SHOW, kind="job", id=job)
-        return int((shown.get("runtime") or {}).get("recoveries") or 0)
+        return recoveries(p.socket, job)
     kill_until_recovered(lambda: kill_running_worker(
-        p.cluster, nodes[next(turn) % len(nodes)], p.instance, job), recoveries, tries)
+        p.cluster, nodes[next(turn) % len(nodes)], p.instance, job), count, tries)
 
 
 @pytest.mark.slow

@@ -52,27 +52,36 @@ class RootLock:
         waiting = False
         while True:
             self.root.mkdir(mode=0o711, parents=True, exist_ok=True)
-            try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            except FileNotFoundError:     # the root went between mkdir and open: again
-                fd = None
-            if fd is not None:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    os.close(fd)
-                else:
-                    if self._is_current(fd):
-                        self._fd = fd
-                        return True
-                    os.close(fd)   # its holder removed it while we waited: take the new one
-                    continue
+            took = self._try_take()
+            if took:
+                return True
+            if took is None:     # its holder removed the file we locked: take the new one
+                continue
             if time.monotonic() >= deadline:
                 return False
             if not waiting and on_wait is not None:
                 on_wait()
             waiting = True
             time.sleep(self.POLL_S)
+
+    def _try_take(self) -> bool | None:
+        """One try: True, the root's lock file is held now; False, another daemon holds
+        it (or the root went between mkdir and open): wait; None, the file locked was
+        removed by its holder meanwhile: try again at once."""
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        if self._is_current(fd):
+            self._fd = fd
+            return True
+        os.close(fd)
+        return None
 
     def _is_current(self, fd: int) -> bool:
         held = os.fstat(fd)
