@@ -3,7 +3,7 @@
     .venv/bin/python bench/live_pool_rows.py [--trace wild] [--seed 1] [--json OUT]
 
 Replays ``weave-live`` with pooled rollout (consistent accounting, groups of up to 5)
-five times, each pool held by another rule (sim/live_pools.py):
+six times, each pool held by another rule (sim/live_pools.py):
 
 - ``placement's width``: each pool on the GPUs placement asked for (no rows: what
   weave's own pooled replay charges);
@@ -17,10 +17,14 @@ five times, each pool held by another rule (sim/live_pools.py):
   the rows it replaces, on their nodes;
 - ``as weaved holds it``: the replay's own rule (the above, the new row also where the
   rollout pool's free GPUs hold it), what ``weave simulate --rollout pooled --policy
-  weave-live`` reports.
+  weave-live`` reports;
+- ``rows shrunk by nodes (not weaved's yet)``: as weaved holds it, but a narrower pool
+  first gives back the single nodes of its rows it can spare (``held_pool``'s
+  ``shrink_nodes``: Slurm shrinks a running allocation by nodes, ``scontrol update
+  JobId=X NodeList=...``), newest rows first.
 
-The first four are not what weaved does; they say where the last one's cost comes
-from.
+Only the fifth is what weaved does; the first four say where its cost comes from, and
+the sixth what a shrink of rows by nodes would gain.
 """
 
 from __future__ import annotations
@@ -81,11 +85,20 @@ class BesideOnly(LivePools):
         super().__init__(beside_only=True)
 
 
+class ShrunkNodes(LivePools):
+    """A narrower pool gives back single nodes of its rows (Slurm's shrink of a running
+    allocation); not what weaved does yet."""
+
+    def __init__(self) -> None:
+        super().__init__(shrink_nodes=True)
+
+
 RULES: dict[str, type[LivePools]] = {"placement's width": PlacementWidth,
                                      "shares rounding only": RoundingOnly,
                                      "whole rows only": WholeRows,
                                      "replaced only beside them": BesideOnly,
-                                     "as weaved holds it": LivePools}
+                                     "as weaved holds it": LivePools,
+                                     "rows shrunk by nodes (not weaved's yet)": ShrunkNodes}
 
 
 def run(trace_name: str, seed: int) -> dict[str, Any]:

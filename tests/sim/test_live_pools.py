@@ -14,7 +14,7 @@ from weave_slurm.placement.cluster_state import ClusterState
 from weave_slurm.placement.group import Member
 from weave_slurm.placement.pooled import pooled_group, widens
 from weave_slurm.sim.ledger import Ledger
-from weave_slurm.sim.live_pools import HeldPool, LivePools, held_pool, planned
+from weave_slurm.sim.live_pools import HeldPool, LivePools, held_pool, planned, shrunk_rows
 
 CAP = replace(Capacity(4, 8, 1000.0, 1000.0, 16, 16, CostRates(1.0, 3.0)),
               rollout_pooled=True, rollout_gpus_per_node=8)
@@ -37,6 +37,23 @@ def test_a_pool_holds_rows_of_shares_as_weaved_does(
     held, replaced = held_pool(HeldPool(before) if before else None, width, 8, step)
     assert held.rows == rows and replaced == 0
     assert held.gpus >= width
+
+
+@pytest.mark.parametrize(("before", "width", "rows"), [
+    (((5, 2),), 6, ((3, 2),)),              # a striped row gives back single nodes
+    (((5, 2),), 5, ((3, 2),)),              # ... down to what still holds the width
+    (((2, 6),), 4, ((1, 6),)),              # ... keeping one node of each row
+    (((2, 5), (2, 2)), 11, ((2, 5), (1, 2))),   # the newest row first
+    (((2, 5), (2, 2)), 7, ((2, 5),)),       # a wholly spare row goes whole
+    (((2, 5),), 14, ((2, 5), (2, 2))),      # wider: as without shrinking
+])
+def test_a_pool_that_may_shrink_rows_gives_back_their_spare_nodes(
+        before: tuple[tuple[int, int], ...], width: int,
+        rows: tuple[tuple[int, int], ...]) -> None:
+    held, replaced = held_pool(HeldPool(before), width, 8, 1, shrink_nodes=True)
+    assert held.rows == rows and replaced == 0
+    assert held.gpus >= width
+    assert shrunk_rows(before, 10**6) == before          # nothing spare: unchanged
 
 
 #: A site whose groups span one rollout node: new pools are not striped.
