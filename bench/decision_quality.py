@@ -3,7 +3,7 @@ mixes"; issue #35 item 3).
 
     .venv/bin/python bench/decision_quality.py [--jobs 200] [--days 14] [--seeds 1,2,3]
         [--mixes rollout-heavy,train-heavy,mixed,synthetic-train-heavy]
-        [--slos tight,loose] [--json OUT]
+        [--slos tight,loose] [--rollout pooled|pinned] [--no-colocation] [--json OUT]
 
 Every trace is ``weave trace generate --jobs N --days D --seed S --mix MIX --slo-dist
 SLO`` (the same ``generate_trace`` call): the mixes of ``sim.generate`` (kinds chosen by
@@ -12,7 +12,8 @@ their solo rollout / training time per iteration: rollout-heavy >= 2.0, train-he
 profiles are the reference generator's train-heavy classes, 0.125-0.5), tight SLOs
 ``uniform:1.0,1.2`` and loose ones ``uniform:1.5,2``, three seeds each. Each trace is
 replayed in both accountings (``reference``, ``consistent``) with weave (default flags:
-pinned rollout, co-location as an admission option, charged re-planning, groups <= 5;
+pooled rollout, co-location as an admission option, charged re-planning, groups <= 5;
+``--rollout pinned``: whole rollout nodes, weave's default before 2026-12-07;
 ``--no-colocation``: without co-location), isolated and co-located on the
 reference's site, and reports weave's cost against isolated, co-located and the
 zero-bubble lower bound, its SLO attainment and its bubbles per pool. ``loses`` marks a
@@ -71,8 +72,9 @@ def row(policies: dict[str, Any]) -> dict[str, Any]:
 
 
 def run(jobs: int, days: float, seeds: list[int], mixes: list[TraceMix],
-        slos: list[str], echo: bool = True, colocation: bool = True) -> dict[str, Any]:
-    cap = Capacity.from_site(reference_site(), 5, colocation=colocation)
+        slos: list[str], echo: bool = True, colocation: bool = True,
+        pooled: bool = True) -> dict[str, Any]:
+    cap = Capacity.from_site(reference_site(), 5, pooled=pooled, colocation=colocation)
     cases: dict[str, Any] = {}
     for mix in mixes:
         for slo in slos:
@@ -95,7 +97,7 @@ def run(jobs: int, days: float, seeds: list[int], mixes: list[TraceMix],
                         print(f"{name}: {case['cpu_s']} s CPU", file=sys.stderr)
     return {"jobs": jobs, "days": days, "seeds": seeds, "policies": list(POLICIES),
             "max_group_size": 5, "site": "reference", "slos": {s: SLOS[s] for s in slos},
-            "colocation": colocation,
+            "colocation": colocation, "rollout": "pooled" if pooled else "pinned",
             "cases": cases,
             "losses": [name for name, c in cases.items() if c["loses"]]}
 
@@ -142,6 +144,9 @@ def main() -> None:
     ap.add_argument("--slos", default=",".join(SLOS))
     ap.add_argument("--no-colocation", action="store_true",
                     help="weave without co-location as an admission option (as before it)")
+    ap.add_argument("--rollout", choices=("pinned", "pooled"), default="pooled",
+                    help="how weave's groups hold their rollout side (weave simulate "
+                    "--rollout; pooled: weave's default)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     try:
@@ -157,7 +162,7 @@ def main() -> None:
             raise ConfigError(f"--days {args.days!r}: expected a positive number of days")
         c0 = time.process_time()
         out = run(args.jobs, args.days, seeds, mixes, slos,
-                  colocation=not args.no_colocation)
+                  colocation=not args.no_colocation, pooled=args.rollout == "pooled")
     except ConfigError as exc:
         print(f"decision_quality.py: error: {exc}", file=sys.stderr)
         sys.exit(exc.exit_code)

@@ -71,11 +71,12 @@ def simulate(
     staleness_mix: Annotated[str, typer.Option(
         "--staleness-mix", help="FRACTION:K: that fraction of jobs (drawn per job) declares "
         "staleness K, e.g. 0.3:1.")] = "0:1",
-    rollout: Annotated[str, typer.Option(
+    rollout: Annotated[str | None, typer.Option(
         "--rollout", help="How weave's groups hold their rollout side: pinned (whole "
         "nodes) or pooled (GPUs every member's rollout spans in turn; docs/placement.md; "
         "weave-live: rows of GPU shares as weaved holds them, its \\[limits] rollout = "
-        "\"pooled\").")] = "pinned",
+        "\"pooled\"). Default: pooled for weave; weave-live as weaved, the site's "
+        "\\[limits] rollout; pinned for the others (docs/simulator.md).")] = None,
     colocation: Annotated[bool | None, typer.Option(
         "--colocation/--no-colocation", help="Whether weave may admit a job co-located "
         "(its rollout on its own training nodes; docs/placement.md). Default: the site's "
@@ -94,8 +95,8 @@ def simulate(
     site_cfg = load_site(site) if site is not None else reference_site()
     names = parse_policies(policy)
     acc = Accounting.parse(accounting)
-    pooled = RolloutSharing.parse(rollout) is RolloutSharing.POOLED
-    if pooled:
+    pooled = {n: _pooled(rollout, site_cfg.limits.rollout, n) for n in names}
+    if rollout is not None and any(pooled.values()):
         refuse_pooled(names, site_cfg.runtime.gangs)   # before any replay runs
     if not 0 < rollout_mean <= 1:
         raise ConfigError(f"--rollout-mean {rollout_mean!r}: expected a fraction in (0, 1]")
@@ -111,7 +112,7 @@ def simulate(
         failures=FailureModel(failure_rate, seed=seed) if failure_rate > 0 else None,
         drift=DriftModel(DriftPattern.parse(drift), seed=seed) if drift else None,
         gang_gpus=site_cfg.train.gpus_per_node if site_cfg.runtime.gangs else None)
-    caps = {n: Capacity.from_site(site_cfg, max_group_size, pooled=pooled,
+    caps = {n: Capacity.from_site(site_cfg, max_group_size, pooled=pooled[n],
                                   colocation=_colocation(colocation, site_cfg.limits.colocation,
                                                          SimPolicy.make(n).weaved_moves))
             for n in names}
@@ -122,13 +123,28 @@ def simulate(
     report = build_report(results, gpus, grouped if verify else ())
     report["trace"] = {"source": tr.source, "jobs": len(tr.jobs), "span_h": tr.end_s / 3600}
     report["site"] = {"name": site_cfg.name, "currency": site_cfg.currency,
-                      "max_group_size": cap.max_group_size, "rollout": rollout,
+                      "max_group_size": cap.max_group_size,
+                      "rollout": {n: "pooled" if r.capacity.rollout_pooled else "pinned"
+                                  for n, r in results.items()},
                       "colocation": {n: r.capacity.colocation for n, r in results.items()}}
     render(report["policies"], site_cfg.currency, Console())
     if json_out is not None:
         _write_json(json_out, report)
     if plot is not None:
         _plot(results, plot, site_cfg, gpus)
+
+
+def _pooled(flag: str | None, site: str, policy: str) -> bool:
+    """Whether a policy's groups may pool rollout GPUs: ``--rollout`` where given, else
+    pooled for ``weave`` (not worse than pinned on any shipped trace in either
+    accounting: docs/simulator.md "Pooled rollout"), the site's ``[limits] rollout`` for
+    ``weave-live`` (weaved's own setting), pinned for the other policies
+    (``weave-online`` pooled is dearer than pinned in the reference accounting)."""
+    if flag is not None:
+        return RolloutSharing.parse(flag) is RolloutSharing.POOLED
+    if SimPolicy.make(policy).weaved_moves:
+        return RolloutSharing.parse(site, "[limits] rollout") is RolloutSharing.POOLED
+    return policy == "weave"
 
 
 def _colocation(flag: bool | None, site: bool | None, weaved: bool) -> bool:
