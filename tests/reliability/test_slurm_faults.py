@@ -254,19 +254,30 @@ def stop_inproc(w: Weaved, t: threading.Thread) -> None:
 
 def set_down(p: Place, node: str) -> Callable[[], None]:
     """``scontrol update state=down`` (an admin takes the node out; its host stays up);
-    the undo resumes it."""
+    the undo resumes it. Its slurmd still answers, so Slurm may give the node back
+    within seconds (ReturnToService=2), even to the replacement allocation."""
     scontrol(p.env, f"nodename={node}", "state=down", "reason=weave-fault-test")
     # "resume" is refused when it already returned to service
     return lambda: run_command(["scontrol", "update", f"nodename={node}", "state=resume"],
                                env=p.env, timeout_s=20, check=False)
 
 
+def set_down_for_repair(p: Place, node: str) -> Callable[[], None]:
+    """:func:`set_down`, then drained, as an admin takes a node out for repair: its
+    allocations end at once, and Slurm grants it to no one until the undo resumes it
+    (a DOWN node that registers again stays DRAIN)."""
+    undo = set_down(p, node)
+    scontrol(p.env, f"nodename={node}", "state=drain", "reason=weave-fault-test")
+    return undo
+
+
 def back_in_service(p: Place, node: str) -> None:
-    """Wait until Slurm has ``node`` back (ReturnToService=2; resumed if it stays DOWN)."""
+    """Wait until Slurm has ``node`` back (ReturnToService=2; resumed if it stays DOWN
+    or drained)."""
     def back() -> bool:
         out = run_command(["sinfo", "-h", "-n", node, "-o", "%t"], env=p.env,
                           timeout_s=20, check=False).stdout.strip()
-        if out.startswith("down") or out.endswith("*"):
+        if out.startswith(("down", "drain", "drng")) or out.endswith("*"):
             run_command(["scontrol", "update", f"nodename={node}", "state=resume"],
                         env=p.env, timeout_s=20, check=False)
             return False
@@ -485,9 +496,11 @@ def test_training_node_down_moves_its_checkpoints_and_readmits(place: Place) -> 
     """The training node holds the warm train state; its checkpoints are on the file
     system weaved shares with the nodes, so the members are re-admitted on the
     replacement training node from there and end with their solo weights. The node is
-    set DOWN by the admin: Slurm ends the allocation at once while the host is up (its
-    node daemon is told to stop, not cut off)."""
-    _, seen, down, seeds = node_down(place, "train", "tn", 85)
+    set DOWN and drained by the admin: Slurm ends the allocation at once while the host
+    is up (its node daemon is told to stop, not cut off), and the replacement is on the
+    other training host (set DOWN alone, the node may come back within seconds and be
+    the replacement: its checkpoints then stay where they are, ``_move_checkpoint``)."""
+    _, seen, down, seeds = node_down(place, "train", "tn", 85, fault=set_down_for_repair)
     said = " | ".join(str(r["reason"]) for r in seen)
     assert "from its last checkpoint" in said, said   # weaved's: check_replaced
     lost_root = place.dirs.node_ckpt / down   # on the shared root
