@@ -59,8 +59,8 @@ def place_pooled(state: ClusterState, job: JobProfile, join_turns: bool) -> Deci
     fresh = _fresh(state, job, free_gpus)
     if fresh is not None:
         best = ((round(ratio(None, fresh), 12), -_slack(fresh.group), math.inf), fresh)
-    groups = [(_bound(g, job, cap, cost, work, join_turns), g) for g in state.open_groups()
-              if g.pooled and may_fit(g, job, cap, free_t, join_turns)]
+    groups = [(_bound(g, job, cap, cost, work, join_turns), g) for g in _open_pools(state)
+              if may_fit(g, job, cap, free_t, join_turns)]
     groups.sort(key=lambda bg: (bg[0], bg[1].group_id))
     for bound, g in groups:
         if best is not None and bound > best[0][0] + 1e-9:
@@ -78,6 +78,17 @@ def place_pooled(state: ClusterState, job: JobProfile, join_turns: bool) -> Deci
         if best is None or key < best[0]:
             best = (key, joined)
     return best[1] if best is not None else capacity_refusal(state, job)
+
+
+def _open_pools(state: ClusterState) -> tuple[Group, ...]:
+    """The open pooled groups of ``state`` with room for one more member; computed once
+    per state (a batch, a re-plan and the benchmark place many jobs on one)."""
+    hit = state.memo.get("open_pools")
+    if hit is None:
+        most = state.capacity.max_group_size
+        hit = state.memo["open_pools"] = tuple(
+            g for g in state.open_groups() if g.pooled and g.size < most)
+    return hit   # type: ignore[return-value]
 
 
 def _bound(g: Group, job: JobProfile, cap: Capacity, cost: float, work: float,
