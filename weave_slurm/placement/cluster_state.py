@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from typing import TypeVar, cast
 
 from weave_slurm.errors import StateError
 from weave_slurm.placement.capacity import Capacity
@@ -13,6 +15,8 @@ from weave_slurm.placement.decision import Placement
 from weave_slurm.placement.group import Group, Member
 from weave_slurm.placement.pooled import narrowed
 from weave_slurm.placement.work import group_work_rate
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -24,9 +28,16 @@ class ClusterState:
     # so they run a plan placement does not see whole); their nodes still count as used
     closed: frozenset[int] = frozenset()
     # what placement worked out of this state once (it never changes; a new state,
-    # from ``replace`` too, starts empty): engine._pinned_groups
+    # from ``replace`` too, starts empty): :meth:`once`
     memo: dict[str, object] = field(default_factory=dict, init=False, compare=False,
                                     repr=False)
+
+    def once(self, key: str, build: Callable[[], T]) -> T:
+        """``build()``, worked out once per state under ``key`` (a batch, a re-plan and
+        the benchmark place many jobs on one state)."""
+        if key not in self.memo:
+            self.memo[key] = build()
+        return cast(T, self.memo[key])
 
     def open_groups(self) -> tuple[Group, ...]:
         """The groups a job may join."""

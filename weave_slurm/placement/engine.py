@@ -362,18 +362,15 @@ class WeavePolicy:
 
 def _pinned_groups(state: ClusterState) -> tuple[tuple[Group, ...], tuple[Group, ...]]:
     """The open node-pinned groups of ``state``, and its open co-located groups a
-    newcomer may join (``colocation.may_join_colocated``'s per-group part); computed
-    once per state (a batch, a re-plan and the benchmark place many jobs on one)."""
-    hit = state.memo.get("pinned_groups")
-    if hit is not None:
-        return hit   # type: ignore[return-value]
-    cap = state.capacity
-    opened = state.open_groups()
-    pinned = tuple(g for g in opened if not g.pooled and not g.colocated)
-    joinable = tuple(g for g in opened if g.colocated and cap.colocation
-                     and may_join_colocated(g, None, cap, 0))
-    state.memo["pinned_groups"] = (pinned, joinable)
-    return pinned, joinable
+    newcomer may join (``colocation.may_join_colocated``'s per-group part); worked out
+    once per state (``ClusterState.once``)."""
+    def split() -> tuple[tuple[Group, ...], tuple[Group, ...]]:
+        cap = state.capacity
+        opened = state.open_groups()
+        return (tuple(g for g in opened if not g.pooled and not g.colocated),
+                tuple(g for g in opened if g.colocated and cap.colocation
+                      and may_join_colocated(g, None, cap, 0)))
+    return state.once("pinned_groups", split)
 
 
 @dataclass(frozen=True, slots=True)

@@ -81,14 +81,10 @@ def place_pooled(state: ClusterState, job: JobProfile, join_turns: bool) -> Deci
 
 
 def _open_pools(state: ClusterState) -> tuple[Group, ...]:
-    """The open pooled groups of ``state`` with room for one more member; computed once
-    per state (a batch, a re-plan and the benchmark place many jobs on one)."""
-    hit = state.memo.get("open_pools")
-    if hit is None:
-        most = state.capacity.max_group_size
-        hit = state.memo["open_pools"] = tuple(
-            g for g in state.open_groups() if g.pooled and g.size < most)
-    return hit   # type: ignore[return-value]
+    """The open pooled groups of ``state`` with room for one more member."""
+    most = state.capacity.max_group_size
+    return state.once("open_pools", lambda: tuple(
+        g for g in state.open_groups() if g.pooled and g.size < most))
 
 
 def _bound(g: Group, job: JobProfile, cap: Capacity, cost: float, work: float,
