@@ -15,16 +15,15 @@ six times, each pool held by another rule (sim/live_pools.py):
 - ``replaced only beside them``: the above, and a pool's newest rows replaced by one
   smaller row where that pays (``placement.pool_shrink``) and the new row fits beside
   the rows it replaces, on their nodes;
-- ``as weaved holds it``: the replay's own rule (the above, the new row also where the
-  rollout pool's free GPUs hold it), what ``weave simulate --rollout pooled --policy
-  weave-live`` reports;
-- ``rows shrunk by nodes (not weaved's yet)``: as weaved holds it, but a narrower pool
-  first gives back the single nodes of its rows it can spare (``held_pool``'s
-  ``shrink_nodes``: Slurm shrinks a running allocation by nodes, ``scontrol update
-  JobId=X NodeList=...``), newest rows first.
+- ``rows only``: the above, the new row also where the rollout pool's free GPUs hold
+  it (what weaved did before it shrank rows by nodes);
+- ``as weaved holds it``: the replay's own rule, what ``weave simulate --rollout pooled
+  --policy weave-live`` reports: as ``rows only``, but a narrower pool first gives back
+  the single nodes of its rows it can spare (``held_pool``'s ``shrink_nodes``: Slurm
+  shrinks a running allocation by nodes, ``scontrol update JobId=X NodeList=...``),
+  newest rows first.
 
-Only the fifth is what weaved does; the first four say where its cost comes from, and
-the sixth what a shrink of rows by nodes would gain.
+Only the last is what weaved does; the others say where its cost comes from.
 """
 
 from __future__ import annotations
@@ -75,30 +74,29 @@ class WholeRows(LivePools):
     replace rows by a smaller one)."""
 
     def __init__(self) -> None:
-        super().__init__(replace_rows=False)
+        super().__init__(replace_rows=False, shrink_nodes=False)
 
 
 class BesideOnly(LivePools):
     """Rows replaced only where the new row fits beside them, on their nodes."""
 
     def __init__(self) -> None:
-        super().__init__(beside_only=True)
+        super().__init__(beside_only=True, shrink_nodes=False)
 
 
-class ShrunkNodes(LivePools):
-    """A narrower pool gives back single nodes of its rows (Slurm's shrink of a running
-    allocation); not what weaved does yet."""
+class RowsOnly(LivePools):
+    """Rows returned or replaced, never shrunk by nodes (what weaved did before)."""
 
     def __init__(self) -> None:
-        super().__init__(shrink_nodes=True)
+        super().__init__(shrink_nodes=False)
 
 
 RULES: dict[str, type[LivePools]] = {"placement's width": PlacementWidth,
                                      "shares rounding only": RoundingOnly,
                                      "whole rows only": WholeRows,
                                      "replaced only beside them": BesideOnly,
-                                     "as weaved holds it": LivePools,
-                                     "rows shrunk by nodes (not weaved's yet)": ShrunkNodes}
+                                     "rows only (weaved before)": RowsOnly,
+                                     "as weaved holds it (rows shrunk by nodes)": LivePools}
 
 
 def run(trace_name: str, seed: int) -> dict[str, Any]:

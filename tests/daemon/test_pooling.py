@@ -11,7 +11,7 @@ import pytest
 from tests.harness.specs import stored
 from weave_slurm.config.render import job_spec_toml
 from weave_slurm.config.site import default_site
-from weave_slurm.daemon import membership, pooling
+from weave_slurm.daemon import allocplan, membership, pooling
 from weave_slurm.daemon.api import Api
 from weave_slurm.daemon.records import AllocRow, GroupPlan, MemberPlan
 from weave_slurm.daemon.states import AllocState
@@ -146,10 +146,12 @@ def test_status_shows_a_pool_as_placement_sees_it_on_the_shares_it_holds(
     assert view["period_s"] == pytest.approx(placed.schedule.period_s)
 
 
-def test_a_narrower_pool_may_replace_rows_and_pins_its_members_to_what_it_keeps() -> None:
-    """Where a replacement pays (``pays``), the newest rows are replaced by one smaller
-    row beside them: every member is pinned to the kept rows and the new one only (the
-    replaced row's slots are surplus, given back once nobody runs on them)."""
+def test_a_narrower_pool_gives_back_its_spare_nodes_and_replaces_no_row() -> None:
+    """A narrower pool keeps the rows it needs and gives back the nodes of them it can
+    spare, newest rows first, each row keeping its first node (Slurm's batch host):
+    its members are pinned to the nodes it keeps, and the others are what weaved gives
+    back to Slurm (allocplan's "Spare nodes"). It is offered no replacement of rows,
+    whatever pays (docs/simulator.md: with the shrink a replacement costs more)."""
     def always(s: RowShrink) -> bool:
         return True
 
@@ -157,39 +159,38 @@ def test_a_narrower_pool_may_replace_rows_and_pins_its_members_to_what_it_keeps(
     before = GroupPlan(4, 1, (MemberPlan(1, pins), MemberPlan(2, pins)), rollout_gpus=2)
     held = [_row(1, 2, 5), _row(2, 2, 2)]
     assert pooling.width(before, held) == 14
-    whole = pooling.pooled_plan([(1, 1), (2, 1)], 1, 11, 8, 1, before, held)
-    assert whole == before   # whole rows: both needed in part, both kept
-    shrunk = pooling.pooled_plan([(1, 1), (2, 1)], 1, 11, 8, 1, before, held, always)
-    assert shrunk == GroupPlan(3, 1, (MemberPlan(1, (0, 1, 4)), MemberPlan(2, (0, 1, 4))),
-                               rollout_gpus=1)
-    assert pooling.slot_gpus(shrunk, held) == {0: 5, 1: 5, 4: 1}
-    assert pooling.width(shrunk, held) == 11
-    # a whole node has no GPUs beside it for the new row, and no GPUs of the rollout
-    # pool are counted on (free_gpus 0): kept whole, whatever pays
+    for pays in (None, always):
+        shrunk = pooling.pooled_plan([(1, 1), (2, 1)], 1, 11, 8, 1, before, held, pays, 64)
+        assert shrunk == GroupPlan(3, 1, (MemberPlan(1, (0, 1, 2)), MemberPlan(2, (0, 1, 2))),
+                                   rollout_gpus=2)
+    assert pooling.width(shrunk, held) == 12
+    assert allocplan.spare_nodes(shrunk, held) == [(held[1], ("h20-1",))]
+    assert [(a.key, n) for a, n in allocplan.kept_nodes(shrunk, held)] == [
+        (1, "h20-0"), (1, "h20-1"), (2, "h20-0")]
+    # once given back, its slot is retired: the plan reads back the same, nothing spare
+    gone = [held[0], replace(held[1], gone=("h20-1",))]
+    assert allocplan.spare_nodes(shrunk, gone) == []
+    assert pooling.pooled_plan([(1, 1), (2, 1)], 1, 11, 8, 1, shrunk, gone) == shrunk
+    assert [w for w in allocplan.needs(shrunk, gone).wants if w.role == "rollout"] == []
+    # a pool of one node keeps it whole, whatever pays: there is nothing to give back
     one = GroupPlan(1, 1, (MemberPlan(1, (0,)),), rollout_gpus=8)
-    node = pooling.pooled_plan([(1, 1)], 1, 4, 8, 1, one, [_row(1, 1, 8)], always)
-    assert node == one
-    # ... unless the rollout pool's free GPUs hold it elsewhere: a new row of 4
-    freed = pooling.pooled_plan([(1, 1)], 1, 4, 8, 1, one, [_row(1, 1, 8)], always, 4)
-    assert freed == GroupPlan(1, 1, (MemberPlan(1, (1,)),), rollout_gpus=4)
-    assert pooling.pooled_plan([(1, 1)], 1, 4, 8, 1, one, [_row(1, 1, 8)], always, 3) == one
+    assert pooling.pooled_plan([(1, 1)], 1, 4, 8, 1, one, [_row(1, 1, 8)], always, 64) == one
+    # a pinned group keeps an unpinned node of a row it holds, as before
+    pinned = GroupPlan(2, 1, (MemberPlan(1, (0,)),))
+    assert allocplan.spare_nodes(pinned, [_row(1, 2, 8)]) == []
 
 
-def test_weaved_replaces_a_pool_row_only_where_the_model_says_it_pays() -> None:
-    """Two members whose training binds the period (tests/placement/test_pooled_shrink):
-    1 x 4 GPUs -> 1 x 2 pays back its overlap in ~0.67 h; over their remaining hour it
-    is taken, over half an hour not, and without a capacity never (as before)."""
+def test_a_wider_pool_may_replace_rows_only_where_the_model_says_it_pays() -> None:
+    """A wider pool's new row is judged by ``placement.pool_shrink`` (the model's
+    books), as before; without a capacity it never replaces."""
     jobs = [simple_profile(n, 100.0, 600.0, 3.0) for n in ("1", "2")]
-    group = pooled_group(1, tuple(Member(j, (0,)) for j in jobs), 2, 8)
+    group = pooled_group(1, tuple(Member(j, (0,)) for j in jobs), 6, 8)
     before = GroupPlan(1, 1, (MemberPlan(1, (0,)), MemberPlan(2, (0,))), rollout_gpus=4)
     held = [_row(1, 1, 4)]
-    hour = membership.plan_of(group, before, held, CAP, {"1": 3600.0, "2": 4000.0})
-    assert hour == GroupPlan(1, 1, (MemberPlan(1, (1,)), MemberPlan(2, (1,))),
-                             rollout_gpus=2)
-    assert pooling.member_pool(hour, 1, held) == (2,)
-    half = membership.plan_of(group, before, held, CAP, {"1": 1800.0, "2": 4000.0})
-    assert half == before
-    assert membership.plan_of(group, before, held) == before
+    plain = membership.plan_of(group, before, held)
+    assert plain == GroupPlan(2, 1, (MemberPlan(1, (0, 1)), MemberPlan(2, (0, 1))),
+                              rollout_gpus=2)
+    assert pooling.width(plain, held) == 6
 
 
 @pytest.mark.parametrize(("width", "stripe", "want"), [

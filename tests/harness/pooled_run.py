@@ -85,11 +85,13 @@ def _at_version(w: Weaved, jobs: list[int], what: str) -> None:
         raise AssertionError(f"{exc}; plans {plans}; allocations {rows}") from None
 
 
-def widen_for_a_fourth(w: Weaved, sock: Path, seed: int, steps: int = STEPS) -> Widened:
+def widen_for_a_fourth(w: Weaved, sock: Path, seed: int, steps: int = STEPS,
+                       fourth_steps: int = STEPS) -> Widened:
     """Three jobs (seeds ``seed``, +1, +2; ``steps`` each: enough that they outlive the
-    fourth's arrival) pooled in one group; a fourth (+3, ``STEPS``), with a rollout
-    eight times longer, joins it and the pool widens. Returns once the fourth is at
-    version 1 (the others still running)."""
+    fourth's arrival) pooled in one group; a fourth (+3, ``fourth_steps``: more where a
+    test must catch one of its short phases running), with a rollout eight times
+    longer, joins it and the pool widens. Returns once the fourth is at version 1 (the
+    others still running)."""
     seeds = {_submit(sock, k, seed + k, steps, hold=True): seed + k for k in range(3)}
     first = list(seeds)   # released together: placed in one tick, as one pool
     assert all(r["ok"] for r in weaved.call(sock, Op.RELEASE, jobs=first)["results"])
@@ -98,7 +100,7 @@ def widen_for_a_fourth(w: Weaved, sock: Path, seed: int, steps: int = STEPS) -> 
     before = group.plan
     assert before.rollout_gpus is not None and set(before.job_ids) == set(first), before
     assert all(m.rollout_pins == before.members[0].rollout_pins for m in before.members)
-    fourth = _submit(sock, 3, seed + 3, STEPS, rollout_gpu_s=480.0)   # a long rollout: a wider pool
+    fourth = _submit(sock, 3, seed + 3, fourth_steps, rollout_gpu_s=480.0)   # a wider pool
     seeds[fourth] = seed + 3
     after = wait_for(lambda: w.store.groups()[0].plan, 60, f"job {fourth} placed in the pool",
                      interval_s=0.2, until=lambda plan: fourth in plan.job_ids)
@@ -110,7 +112,7 @@ def widen_for_a_fourth(w: Weaved, sock: Path, seed: int, steps: int = STEPS) -> 
     _at_version(w, [fourth], f"job {fourth} at version 1")
     allocs = w.store.allocs(group.group_id, live_only=False)
     rows = tuple(a for a in allocs if a.role == "rollout")
-    return Widened(seeds, {**{j: steps for j in first}, fourth: STEPS}, fourth,
+    return Widened(seeds, {**{j: steps for j in first}, fourth: fourth_steps}, fourth,
                    group.group_id, before, after, rows)
 
 
@@ -126,3 +128,63 @@ def end_as_solo(w: Weaved, sock: Path, run: Widened, timeout_s: float = 300) -> 
         solo = run_solo(MemberSpec(str(j), seed=seed, steps=run.steps[j], options=POOLED))
         live = w.driver.live(j)
         assert live is not None and live["weights_sha256"] == weights_digest(solo.weights)
+
+
+@dataclass(frozen=True)
+class Narrowed:
+    """What the narrowing scenario saw: the jobs (id -> seed, steps), the one left, the
+    group and the rollout row that gave a node back."""
+
+    seeds: dict[int, int]
+    steps: dict[int, int]
+    left: int
+    group: int
+    row: AllocRow
+
+
+def narrow_after_a_departure(w: Weaved, sock: Path, seed: int, steps: int = 120,
+                             short: int = 4) -> Narrowed:
+    """Two jobs pooled in one group striped over both rollout hosts: one whose rollout
+    is declared long (the pool is wide) and of ``short`` steps, one whose rollout is
+    declared short (alone it needs a few GPUs) and of ``steps`` (it takes more turns:
+    enough steps to outlive the first). Once the first completes, the pool narrows to
+    what the other needs alone and gives back a node of its row (daemon/allocplan.py
+    "Spare nodes"). Returns once weaved wrote the node given back (the other still
+    running)."""
+    wide = _submit(sock, 0, seed, short, hold=True)
+    narrow = _submit(sock, 1, seed + 1, steps, rollout_gpu_s=5.0, hold=True)
+    assert all(r["ok"] for r in weaved.call(sock, Op.RELEASE, jobs=[wide, narrow])["results"])
+    _at_version(w, [wide, narrow], "two jobs at version 1")
+    (group,) = w.store.groups()
+    assert group.plan.rollout_gpus is not None and set(group.plan.job_ids) == {wide, narrow}
+    weaved.wait_states(sock, [wide], {"COMPLETED"}, 120, [])
+
+    plans: list[GroupPlan] = []
+
+    def rows() -> list[AllocRow]:
+        now = w.store.group(group.group_id)
+        if now is not None and (not plans or plans[-1] != now.plan):
+            plans.append(now.plan)
+        return [a for a in w.store.allocs(group.group_id) if a.role == "rollout" and a.gone]
+
+    try:
+        (row,) = wait_for(rows, 60, "a node of the pool given back", interval_s=0.1,
+                          until=bool)
+    except AssertionError as exc:   # what weaved planned and held, for the reader
+        held = [(a.key, a.gpus_per_node, a.nodes, a.gone, a.state.value, a.reason)
+                for a in w.store.allocs(group.group_id, live_only=False)]
+        raise AssertionError(f"{exc}; plans {plans}; rows {held}") from None
+    assert weaved.state_of(sock, narrow) == "RUNNING"   # given back while it runs
+    return Narrowed({wide: seed, narrow: seed + 1}, {wide: short, narrow: steps}, narrow,
+                    group.group_id, row)
+
+
+def end_narrowed_as_solo(w: Weaved, sock: Path, run: Narrowed, timeout_s: float = 300) -> None:
+    """Both jobs COMPLETED with their solo run's weights."""
+    rows = weaved.wait_states(sock, list(run.seeds), {"COMPLETED", "FAILED"}, timeout_s, [])
+    assert [r["state"] for r in rows] == ["COMPLETED"] * 2, rows
+    for j, seed in run.seeds.items():
+        solo = run_solo(MemberSpec(str(j), seed=seed, steps=run.steps[j], options=POOLED))
+        live = w.driver.live(j)
+        assert live is not None and live["weights_sha256"] == weights_digest(solo.weights)
+

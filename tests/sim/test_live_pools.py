@@ -12,9 +12,9 @@ from weave_slurm.model.profile import simple_profile
 from weave_slurm.placement.capacity import Capacity
 from weave_slurm.placement.cluster_state import ClusterState
 from weave_slurm.placement.group import Member
-from weave_slurm.placement.pooled import pooled_group, widens
+from weave_slurm.placement.pooled import pooled_group, shrunk_rows, widens
 from weave_slurm.sim.ledger import Ledger
-from weave_slurm.sim.live_pools import HeldPool, LivePools, held_pool, planned, shrunk_rows
+from weave_slurm.sim.live_pools import HeldPool, LivePools, held_pool, planned
 
 CAP = replace(Capacity(4, 8, 1000.0, 1000.0, 16, 16, CostRates(1.0, 3.0)),
               rollout_pooled=True, rollout_gpus_per_node=8)
@@ -27,8 +27,9 @@ CAP = replace(Capacity(4, 8, 1000.0, 1000.0, 16, 16, CostRates(1.0, 3.0)),
     (((2, 5),), 14, 1, ((2, 5), (2, 2))),   # wider: keeps its row, asks one as spread
     (((1, 4),), 7, 1, ((1, 4), (1, 3))),
     (((2, 5), (2, 2)), 10, 1, ((2, 5),)),   # narrower: the newest row, wholly spare
-    (((2, 5), (2, 2)), 11, 1, ((2, 5), (2, 2))),   # ... not spare: both kept (14)
-    (((2, 6),), 4, 1, ((2, 6),)),           # a single row it cannot split: kept whole
+    (((2, 5), (2, 2)), 11, 1, ((2, 5), (1, 2))),   # ... in part: a node of it given back
+    (((2, 6),), 4, 1, ((1, 6),)),           # a single row: its spare node given back
+    (((1, 6),), 4, 1, ((1, 6),)),           # ... but not its first: kept whole
     (((1, 3),), 8, 2, ((1, 8),)),           # a share no newcomer's engine fits: a new row
 ])
 def test_a_pool_holds_rows_of_shares_as_weaved_does(
@@ -72,16 +73,18 @@ def test_a_pool_is_charged_for_the_gpus_it_holds_not_its_width() -> None:
     assert g.pool_gpus == 10   # striped (up to 8 nodes): five shares of 2 GPUs
     assert pools.held[1].rows == ((5, 2),)
     assert first.cost_per_hour == pytest.approx(10 / 8 * 1.0 + 3.0)
-    # b leaves and placement narrows the pool to 6 GPUs: its one row is kept whole
+    # b leaves and placement narrows the pool to 6 GPUs: two nodes of its row go back
     narrow = ClusterState(CAP, (_group(6, "a"),), 2)
     after = pools.hold(first, narrow)
-    assert after.groups[0].pool_gpus == 10
+    assert after.groups[0].pool_gpus == 6 and pools.held[1].rows == ((3, 2),)
+    assert set(pools.recharged(first, after, {"a": 30.0})) == {"a"}   # re-pinned
     # a member whose pool holds what it held is not re-pinned; the caller's pause goes
-    assert pools.recharged(first, after, {"a": 30.0}) == {}
+    same = pools.hold(after, ClusterState(CAP, (_group(6, "a"),), 2))
+    assert pools.recharged(after, same, {"a": 30.0}) == {}
     # a pool that takes a row re-pins its members
-    wide = pools.hold(after, ClusterState(CAP, (_group(15, "a", "c"),), 2))
-    assert wide.groups[0].pool_gpus == 15   # (5 x 2) + (5 x 1): as many nodes again
-    assert set(pools.recharged(after, wide, {})) == {"a"}
+    wide = pools.hold(same, ClusterState(CAP, (_group(15, "a", "c"),), 2))
+    assert wide.groups[0].pool_gpus == 15   # (3 x 2) + (3 x 3): as many nodes again
+    assert set(pools.recharged(same, wide, {})) == {"a"}
     # a group placement left alone is left as held; a group gone drops its rows
     assert pools.hold(wide, wide) is wide
     pools.hold(wide, ClusterState(CAP, (), 2))
@@ -104,13 +107,14 @@ def test_a_pool_replaces_its_row_where_that_pays_and_books_the_overlap() -> None
     """1 x 4 GPUs narrowed to 2: over the members' remaining hour the replacement pays
     (placement.pool_shrink): the pool holds 1 x 2, its members are re-pinned, and the
     replaced 4 GPUs stay held one period and a re-pin longer (booked by the replay).
-    Pools of one node each (no stripe), the rule alone."""
+    Pools of one node each (no stripe), the rule of rows alone (weaved before it shrank
+    rows by nodes: a narrower pool now replaces no row)."""
     empty = ClusterState(ONE_NODE, next_group_id=1)
     for remaining, replace_rows, gpus, overlap in (
             ({"a": 3600.0, "b": 3600.0}, True, 2, 4 * 1202.0),
             ({"a": 1800.0, "b": 3600.0}, True, 4, 0.0),   # half an hour: does not pay
             ({"a": 3600.0, "b": 3600.0}, False, 4, 0.0)):   # whole rows only
-        pools = LivePools(replace_rows)
+        pools = LivePools(replace_rows, shrink_nodes=False)
         first = pools.hold(empty, ClusterState(ONE_NODE, (_pair(4),), 2), remaining)
         assert pools.held[1] == HeldPool(((1, 4),)) and pools.overlap_gpu_s == 0
         after = pools.hold(first, ClusterState(ONE_NODE, (_pair(2),), 2), remaining)
@@ -134,7 +138,7 @@ def test_a_whole_node_row_is_replaced_only_where_the_pools_free_gpus_hold_the_ne
     only the GPUs beside the rows (``beside_only``)."""
     empty, hour = ClusterState(ONE_NODE, next_group_id=1), {"a": 3600.0, "b": 3600.0}
     for beside_only, gpus in ((False, 2), (True, 8)):
-        pools = LivePools(beside_only=beside_only)
+        pools = LivePools(beside_only=beside_only, shrink_nodes=False)
         first = pools.hold(empty, ClusterState(ONE_NODE, (_pair(8),), 2), hour)
         assert pools.held[1] == HeldPool(((1, 8),))
         after = pools.hold(first, ClusterState(ONE_NODE, (_pair(2),), 2), hour)

@@ -121,6 +121,28 @@ def test_overlapping_gpu_steps_share_the_first_gpus(backend: SlurmCliBackend,
     assert all(backend.poll_step(h).state is StepState.CANCELLED for h in handles)
 
 
+def test_a_running_share_gives_back_a_node_and_goes_on_on_the_other(
+        backend: SlurmCliBackend) -> None:
+    """``shrink`` (a pooled group's spare node, daemon/allocplan.py): Slurm gives the
+    node's GPUs back, ends the step's task there, and the job and the step go on on the
+    node kept; asking again is no error."""
+    share = ResourceSpec("h20", 2, 2, "h20", 2)
+    alloc = backend.allocate(AllocationRequest("47", "h20", (share,), time_limit_min=10))
+    assert alloc.nodes == ("h20-0", "h20-1")
+    step = backend.launch_step(alloc.alloc_id, StepSpec("node-d", ("sleep", "60"), ntasks=2,
+                                                        node_count=2))
+    wait_until(lambda: [s.name for s in backend.list_steps(alloc.alloc_id)] == ["node-d"],
+               "the two-node step in squeue")
+    backend.shrink(alloc.alloc_id, ("h20-0",))
+    (now,) = [a for a in backend.list_allocations() if a.alloc_id == alloc.alloc_id]
+    assert now.nodes == ("h20-0",) and now.components[0].gpus_per_node == 2
+    free = {n.name: n.state for n in backend.nodes()}
+    assert free["h20-1"] == "idle", free   # its share is Slurm's again
+    time.sleep(1)
+    assert backend.poll_step(step).state is StepState.RUNNING   # its task on h20-0
+    backend.shrink(alloc.alloc_id, ("h20-0",))   # again (a weaved restart): no error
+
+
 def test_refusals_name_the_next_move(backend: SlurmCliBackend) -> None:
     with pytest.raises(InfeasibleRequest, match="not available"):
         backend.allocate(AllocationRequest("44", "h20", (ResourceSpec("h20", 1, 9, "h20"),)))

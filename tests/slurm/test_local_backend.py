@@ -48,6 +48,24 @@ def test_allocations_take_free_gpus_and_refuse_when_full(tmp_path: Path) -> None
     assert a3.nodes == ("h20-0",)
 
 
+def test_a_shrunk_allocation_frees_a_node_and_ends_only_its_tasks_there(
+        tmp_path: Path) -> None:
+    """As Slurm's ``scontrol update JobId=X NodeList=...``: the node given back is free
+    again, the step's task on it ends, the other goes on."""
+    b = LocalBackend(tmp_path)
+    a = b.allocate(AllocationRequest("1", "h20", (_h20(gpus=8),)))
+    step = b.launch_step(a.alloc_id, StepSpec("d", ("sleep", "60"), ntasks=2, node_count=2))
+    b.shrink(a.alloc_id, ("h20-0",))
+    (now,) = b.list_allocations()
+    assert now.nodes == ("h20-0",)
+    assert {n.name: n.state for n in b.nodes()}["h20-1"] == "idle"
+    assert b.poll_step(step).state is StepState.RUNNING
+    b.shrink(a.alloc_id, ("h20-0",))   # again: nothing to do
+    with pytest.raises(ConfigError, match="keep at least one"):
+        b.shrink(a.alloc_id, ("h20-1",))
+    b.release(a.alloc_id)
+
+
 @pytest.mark.parametrize(("spec", "match"), [
     (ResourceSpec("a100", 1, 1), "does not exist; valid: \\['h20', 'h800'\\]"),
     (ResourceSpec("h20", 3, 1), "node_count=3"),

@@ -133,6 +133,8 @@ def serve(
     def _allocation_gone(reason: str) -> None:   # the watch knows: no second question
         _begin(reason)
 
+    daemon.on_leave = _allocation_gone   # weaved gives the node back (Op.LEAVE)
+
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     watch = start_watch(os.environ, interval_from(allocation_watch_s, os.environ),

@@ -190,11 +190,48 @@ class GroupAllocations:
                          row.role, row.alloc_id or row.pool, why)
                 self.release(row, now, why)
 
+    def give_back_spare(self, now: float) -> None:
+        """Give back to Slurm the nodes of a pooled group's rows that its plan no longer
+        pins (allocplan's "Spare nodes"), once no job step runs in the row and the driver
+        no longer uses them (its members re-pinned off them at a phase boundary): their
+        node daemons are told to end (``Driver.leave``: each drops its state and root
+        before Slurm would SIGKILL it), the nodes are written as given back, and the
+        next tick's reconcile asks Slurm to shrink the allocation to the rest
+        (:meth:`shrink`: whenever Slurm still lists a node written as given back, after
+        a restart too), once the daemons had a tick to end."""
+        for group in self._groups():
+            rows = self.store.allocs(group.group_id, live_only=False)
+            for row, nodes in allocplan.spare_nodes(group.plan, rows):
+                if row.state is not AllocState.HELD or row.alloc_id is None:
+                    continue
+                gpus = self.pools[row.role].gpus_per_node
+                keys = {allocplan.node_key(row, n, gpus) for n in nodes}
+                if keys & self.driver.in_use(group.group_id) or any(
+                        s.job_id is not None for s in self.store.steps(alloc_key=row.key)):
+                    continue
+                try:
+                    self.driver.leave(row, nodes)   # their node daemons end themselves
+                except WeaveError as exc:   # not reachable: Slurm's shrink ends them
+                    log.warning("group %s: node daemons on %s: %s", group.group_id,
+                                ",".join(nodes), exc)
+                gone = (*row.gone, *nodes)
+                why = (f"gave back node(s) {','.join(nodes)} to Slurm: no member of group "
+                       f"{group.group_id} is pinned to them any more (a narrower pool)")
+                self.store.update("alloc", row.key, gone=json.dumps(list(gone)), reason=why,
+                                  updated_s=now)
+                log.info("group %s: %s allocation %s: %s", group.group_id, row.role,
+                         row.alloc_id, why)
+
+    def shrink(self, row: AllocRow) -> None:
+        """Ask Slurm to hold only ``row``'s nodes not given back (``AllocRow.gone``)."""
+        if row.alloc_id is not None and row.held_nodes:
+            self.backend.shrink(row.alloc_id, row.held_nodes)
+
     def _keys(self, row: AllocRow) -> set[str]:
         """How the driver names ``row``'s nodes (a share's: its node daemons' keys, so
         another share of the same node in use keeps only its own row)."""
         gpus = self.pools[row.role].gpus_per_node
-        return {allocplan.node_key(row, n, gpus) for n in row.nodes}
+        return {allocplan.node_key(row, n, gpus) for n in row.held_nodes}
 
     def release(self, alloc: AllocRow, now: float, why: str = "") -> None:
         if alloc.state is AllocState.WANTED:

@@ -32,6 +32,16 @@ Slurm for ``--gres=gpu:<type>:g`` and the CPUs weaved asks per whole node in pro
 may be placed beside it on the same node (each node daemon of a share keeps its state
 apart: daemon/node_daemons.py). A share row is an allocation row like any other: its
 nodes are slots, it is wanted, held and returned as above.
+
+**Spare nodes** (:func:`spare_nodes`): Slurm shrinks a running allocation by nodes
+(``scontrol update JobId=X NodeList=...``), so a pooled group gives back the nodes of a
+row its narrower plan no longer pins while it keeps the others (daemon/pooling.py, "A
+narrower pool"). Those nodes leave the group's runtime (:func:`kept_nodes` names only
+pinned nodes of a pooled plan's rows) and, once no phase runs on them, are given back
+(``AllocRow.gone``, written before Slurm is asked): their slots are retired, like those
+of a row that ended, and no slot is renumbered. A row keeps its first node (Slurm's
+batch host); a row with no pinned slot left is returned whole (``surplus``). A pinned
+group keeps an unpinned node of a row it holds, as before.
 """
 
 from __future__ import annotations
@@ -56,13 +66,19 @@ class Slot:
     index: int
 
     @property
+    def gone(self) -> bool:
+        """Its node was given back while its row is held (module doc, "Spare nodes")."""
+        return self.index < len(self.row.nodes) and self.row.nodes[self.index] in self.row.gone
+
+    @property
     def live(self) -> bool:
-        return self.row.state in _LIVE
+        return self.row.state in _LIVE and not self.gone
 
     @property
     def node(self) -> str | None:
-        """The node it names, once its row is held."""
-        if self.row.state is not AllocState.HELD or self.index >= len(self.row.nodes):
+        """The node it names, once its row is held (None: given back)."""
+        if self.row.state is not AllocState.HELD or self.index >= len(self.row.nodes) \
+                or self.gone:
             return None
         return self.row.nodes[self.index]
 
@@ -108,12 +124,38 @@ def member_nodes(plan: GroupPlan, job_id: int,
 
 def kept_nodes(plan: GroupPlan, allocs: Sequence[AllocRow]) -> list[tuple[AllocRow, str]]:
     """The rollout nodes the group keeps and its runtime drives: every node of each held
-    row with a pinned slot (an unpinned node of such a row too: the row is one
-    allocation), in slot order."""
+    row with a pinned slot (of a pinned plan, an unpinned node of such a row too: the
+    row is one allocation; of a pooled plan, only its pinned nodes: the others are
+    given back, module doc "Spare nodes"), in slot order."""
     used = pinned(plan)
     slots = rollout_slots(allocs)
     keep = {s.row.key for s in slots if s.number in used}
-    return [(s.row, node) for s in slots if s.row.key in keep and (node := s.node) is not None]
+    spare = {s.number for s in _spare(plan, allocs)}
+    return [(s.row, node) for s in slots if s.row.key in keep and s.number not in spare
+            and (node := s.node) is not None]
+
+
+def _spare(plan: GroupPlan, allocs: Sequence[AllocRow]) -> list[Slot]:
+    """The held slots of a pooled plan's rows that neither it nor the plan it takes
+    next pins, in rows where one of them pins a slot (module doc, "Spare nodes")."""
+    if plan.rollout_gpus is None:
+        return []
+    used = pinned(plan) | (pinned(plan.then) if plan.then is not None else set())
+    slots = [s for s in rollout_slots(allocs) if s.live]
+    rows = {s.row.key for s in slots if s.number in used}
+    return [s for s in slots if s.row.key in rows and s.number not in used
+            and s.node is not None and s.index > 0]
+
+
+def spare_nodes(plan: GroupPlan,
+                allocs: Sequence[AllocRow]) -> list[tuple[AllocRow, tuple[str, ...]]]:
+    """Each held row of a pooled plan with nodes it no longer pins, and those nodes (in
+    key order): what weaved gives back to Slurm once no phase runs on them (module
+    doc, "Spare nodes"; never a row's first node)."""
+    out: dict[int, tuple[AllocRow, list[str]]] = {}
+    for s in _spare(plan, allocs):
+        out.setdefault(s.row.key, (s.row, []))[1].append(s.row.nodes[s.index])
+    return [(row, tuple(nodes)) for row, nodes in out.values()]
 
 
 def normalized(plan: GroupPlan, allocs: Sequence[AllocRow]) -> GroupPlan:

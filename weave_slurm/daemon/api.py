@@ -381,7 +381,9 @@ class Api:
                 "train_bubble": 1.0 - sched.train_busy if sched else None,
                 "allocations": [{"id": a.alloc_id, "role": a.role, "pool": a.pool,
                                  "partition": a.partition, "state": a.state.value,
-                                 "nodes": list(a.nodes), "node_count": a.node_count}
+                                 "nodes": list(a.held_nodes),
+                                 "node_count": a.node_count - len(a.gone),
+                                 "given_back": list(a.gone)}
                                 for a in allocs],
                 "created_s": g.created_s}
 

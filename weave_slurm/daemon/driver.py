@@ -36,7 +36,7 @@ class JobStep:
 def pool_nodes(allocs: Sequence[AllocRow], role: str) -> list[tuple[AllocRow, str]]:
     """A group's held nodes of one role, in allocation order: (allocation, node)."""
     return [(a, n) for a in allocs if a.role == role and a.state is AllocState.HELD
-            for n in a.nodes]
+            for n in a.held_nodes]
 
 
 def pinned_nodes(job: JobRow, group: GroupRow,
@@ -99,6 +99,11 @@ class Driver(Protocol):
         is returned only once none of its nodes is among them."""
         ...
 
+    def leave(self, alloc: AllocRow, nodes: Sequence[str]) -> None:
+        """Before ``nodes`` of ``alloc`` are given back to Slurm (a shrink): end their
+        node daemons, best effort (allocplan's "Spare nodes")."""
+        ...
+
     def start(self) -> None: ...
 
     def close(self) -> None: ...
@@ -130,6 +135,9 @@ class IdleDriver:
 
     def in_use(self, group_id: int) -> frozenset[str]:
         return frozenset()   # its idle steps are job steps: the loop sees them
+
+    def leave(self, alloc: AllocRow, nodes: Sequence[str]) -> None:
+        return None   # no node daemon of its own
 
     def start(self) -> None:
         return None

@@ -65,7 +65,7 @@ from weave_slurm.daemon.driver import JobOutcome, JobStep, pool_nodes
 from weave_slurm.daemon.group_workers import GroupSlot, Rounds, Workers, acquire_all
 from weave_slurm.daemon.handoff import Handoffs
 from weave_slurm.daemon.member_specs import member_spec
-from weave_slurm.daemon.node_answers import first_silent
+from weave_slurm.daemon.node_answers import first_silent, tell_to_leave
 from weave_slurm.daemon.records import AllocRow, GroupRow, JobRow
 from weave_slurm.daemon.runtime_view import LiveRows, member_row
 from weave_slurm.daemon.states import AllocState, GroupState, JobState
@@ -348,6 +348,14 @@ class GroupRuntime:
         layout = port.layout
         return frozenset(n.name for n in (*layout.rollout, *layout.train))
 
+    def leave(self, alloc: AllocRow, nodes: Sequence[str]) -> None:
+        """Tell the node daemons of ``alloc`` on ``nodes`` to end: weaved gives the nodes
+        back to Slurm next (node/ending.py ``leave``); one not told is ended by Slurm."""
+        refs = [self.node_ref(alloc, node, Pool.ROLLOUT) for node in nodes]
+        for ref, exc in tell_to_leave(refs, self.config.ping_timeout_s,
+                                      self.config.runner.munge_socket):
+            log.warning("node daemon %s not told to leave (%s): Slurm ends it", ref.name, exc)
+
     def _detach_if_lost(self, slot: GroupSlot,
                         allocs: Sequence[AllocRow]) -> list[JobOutcome]:
         """A node of the group's layout is no longer in a held allocation (it went down):
@@ -355,7 +363,8 @@ class GroupRuntime:
         ``Detach`` decides once the group is active on a new allocation."""
         gid, port = slot.group_id, slot.port
         assert port is not None
-        held = {self.key(a, n) for a in allocs if a.state is AllocState.HELD for n in a.nodes}
+        held = {self.key(a, n) for a in allocs if a.state is AllocState.HELD
+                for n in a.held_nodes}
         lost = [r for r in (*port.layout.rollout, *port.layout.train) if r.name not in held]
         if not lost:
             return []

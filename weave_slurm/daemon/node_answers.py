@@ -1,5 +1,6 @@
 """Whether a group's node daemons answer: one connect-and-ping each, before weaved
-builds a group's runtime on them or extends it to new nodes.
+builds a group's runtime on them or extends it to new nodes; and telling the daemons of
+nodes weaved gives back to Slurm to end (:func:`tell_to_leave`).
 
 A daemon that does not answer yet is not an error here: the error is returned as a
 value, and its type says why (:func:`~weave_slurm.daemon.waits.answer_cause`: munge
@@ -40,3 +41,25 @@ def first_silent(refs: Sequence[NodeRef], timeout_s: float,
         if error is not None:
             return ref, error
     return None
+
+
+def tell_to_leave(refs: Sequence[NodeRef], timeout_s: float,
+                  munge_socket: str | None) -> list[tuple[NodeRef, Exception]]:
+    """Ask each of ``refs``' daemons to end (``Op.LEAVE``: its node is given back to
+    Slurm next); the ones that could not be told, with their error (Slurm's shrink then
+    ends them)."""
+    failed: list[tuple[NodeRef, Exception]] = []
+    for ref in refs:
+        try:
+            client = connect(ref, timeout_s, munge_socket)
+        except (WeaveError, OSError) as exc:
+            failed.append((ref, exc))
+            continue
+        try:
+            client.call(Op.LEAVE)
+        except (WeaveError, OSError) as exc:
+            failed.append((ref, exc))
+        finally:
+            client.close()
+    return failed
+

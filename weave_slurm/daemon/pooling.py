@@ -25,12 +25,18 @@ engines over all of them (the runtime: ``MemberSpec.pool``, runtime/pool.py).
   asks one new row for what it lacks, spread over as many nodes as it spans already
   (beside its own shares, where free GPUs are likeliest); the new row may land on a
   host the group holds a share of already (two nodes of the group: docs/daemon.md
-  "Shares"). A narrower pool returns whole rows, newest first, while the rest still
-  hold its width (allocplan's surplus, once no phase runs on them); a single row it
-  cannot split is kept whole, unless a replacement pays (next). A row whose share is no
-  multiple of a newcomer's GPUs per engine is left for a new one.
-- **A replacement of rows** (``pooled_plan``'s ``pays``): a pool that would still hold
-  more than its width may instead replace its newest rows by one smaller new row of
+  "Shares"). A row whose share is no multiple of a newcomer's GPUs per engine is left
+  for a new one.
+- **A narrower pool** returns whole rows, newest first, while the rest still hold its
+  width (allocplan's surplus, once no phase runs on them), then gives back the nodes of
+  its rows it can spare, newest rows first, each row keeping its first node
+  (``placement.pooled.shrunk_rows``): its members are pinned to the nodes it keeps,
+  re-pin at their next phase boundary, and the spare nodes are given back to Slurm
+  (``scontrol update JobId=X NodeList=...``) once no phase runs on them (allocplan's
+  "Spare nodes"). A narrower pool is not offered a replacement of rows (next): with
+  the shrink it costs more than it saves (docs/simulator.md, "weaved's pools").
+- **A replacement of rows** (``pooled_plan``'s ``pays``): a wider pool that would hold
+  more than its width with its new row may instead replace its newest rows by one smaller new row of
   what the older rows lack, every member pinned to the kept rows and the new one only:
   the members re-pin onto it at their phase boundaries once it is held (as when a pool
   widens), and the replaced rows are surplus, given back once no phase runs on them.
@@ -63,7 +69,7 @@ from collections.abc import Sequence
 from weave_slurm.daemon import allocplan
 from weave_slurm.daemon.records import AllocRow, GroupPlan, JobRow, MemberPlan
 from weave_slurm.model.profile import JobProfile
-from weave_slurm.placement.pooled import ShrinkPays, no_width, pool_rows
+from weave_slurm.placement.pooled import ShrinkPays, no_width, pool_rows, shrunk_rows
 from weave_slurm.workloads.builtins import not_poolable
 
 
@@ -124,10 +130,18 @@ def pooled_plan(members: Sequence[tuple[int, int]], train_nodes: int, pool_gpus:
                 rows.setdefault(slot.row.key, []).append(slot.number)
                 gpus[slot.row.key] = slot.row.gpus_per_node
     keys = sorted(rows)   # oldest first; a narrower pool returns whole rows, newest
-    keep, new = pool_rows([(len(rows[k]), gpus[k]) for k in keys], pool_gpus,
-                          gpus_per_node, step, pays, free_gpus, stripe)   # one new row
-    kept = [k for k, on in zip(keys, keep, strict=True) if on]
-    slots = sorted(s for k in kept for s in rows[k])
+    shape = [(len(rows[k]), gpus[k]) for k in keys]
+    keep, new = pool_rows(shape, pool_gpus, gpus_per_node, step, stripe=stripe)
+    if new is None:   # no wider: whole rows back, then the spare nodes of the rest
+        kept = [k for k, on in zip(keys, keep, strict=True) if on]
+        counts = shrunk_rows(tuple((len(rows[k]), gpus[k]) for k in kept), pool_gpus)
+        slots = sorted(s for k, (n, _) in zip(kept, counts, strict=True)
+                       for s in sorted(rows[k])[:n])
+    else:   # one new row, or a replacement of rows where that pays
+        keep, new = pool_rows(shape, pool_gpus, gpus_per_node, step, pays, free_gpus,
+                              stripe)
+        kept = [k for k, on in zip(keys, keep, strict=True) if on]
+        slots = sorted(s for k in kept for s in rows[k])
     g = gpus[max(kept)] if kept else None
     if new is not None:   # what it lacks: one row of shares beside those it holds
         n, g = new

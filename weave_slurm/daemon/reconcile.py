@@ -136,6 +136,7 @@ class Reconciler:
                     lambda: self.replanner.tick(now) if self.replanner else None,
                     lambda: self.allocations.ensure(now),
                     lambda: self.allocations.return_surplus(now),
+                    lambda: self.allocations.give_back_spare(now),
                     lambda: self._launch_node_daemons(world, now),
                     lambda: self._activate_groups(now),
                     lambda: self._launch_jobs(world, now),
@@ -191,6 +192,9 @@ class Reconciler:
                                            group_id=row.group_id):
                     self.store.update("job", job.job_id, reason=f"{why}; asking for a new "
                                       "allocation, then re-admitting from checkpoint")
+            elif row.state is AllocState.HELD and set(row.gone) & set(
+                    world.allocations[row.alloc_id or ""].nodes):
+                self.allocations.shrink(row)   # written as given back: Slurm shrinks it
             elif row.state is AllocState.RELEASING:
                 self.allocations.release(row, now)
         gone = {a.alloc_id for a in self.store.allocs(live_only=False)

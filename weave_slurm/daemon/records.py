@@ -190,6 +190,14 @@ class AllocRow:
     account: str | None = None
     qos: str | None = None
     time_limit_min: int | None = None
+    #: nodes given back to Slurm while the rest is held (a shrink by nodes,
+    #: daemon/allocplan.py "Spare nodes"); their slots are retired
+    gone: tuple[str, ...] = ()
+
+    @property
+    def held_nodes(self) -> tuple[str, ...]:
+        """Its nodes Slurm still gives it (all but those given back)."""
+        return tuple(n for n in self.nodes if n not in self.gone)
 
 
 def by_group(rows: Iterable[AllocRow]) -> dict[int, list[AllocRow]]:

@@ -15,7 +15,7 @@ from weave_slurm.config.job_codec import spec_to_json
 from weave_slurm.daemon import usage_sql
 from weave_slurm.errors import WeaveError
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 #: version -> statements that bring a file of that version to the next one
 MIGRATIONS: dict[str, tuple[str, ...]] = {
     # 2: the runtime's measured planning profile of a job (NULL until measured)
@@ -36,6 +36,8 @@ MIGRATIONS: dict[str, tuple[str, ...]] = {
     "6": ("ALTER TABLE jobs ADD COLUMN held INTEGER NOT NULL DEFAULT 0",),
     # 8: a job's recoveries so far, across weaved restarts (its REASON counts them)
     "7": ("ALTER TABLE jobs ADD COLUMN recoveries INTEGER NOT NULL DEFAULT 0",),
+    # 9: the nodes of a held allocation given back to Slurm (a shrink by nodes)
+    "8": ("ALTER TABLE allocations ADD COLUMN gone TEXT NOT NULL DEFAULT '[]'",),
 }
 
 
@@ -73,7 +75,7 @@ CREATE TABLE allocations (
   gpus_per_node INTEGER NOT NULL, gpu_type TEXT, cpus_per_node INTEGER NOT NULL,
   state TEXT NOT NULL, alloc_id TEXT, nodes TEXT NOT NULL DEFAULT '[]',
   reason TEXT NOT NULL DEFAULT '', updated_s REAL NOT NULL, account TEXT, qos TEXT,
-  time_limit_min INTEGER);
+  time_limit_min INTEGER, gone TEXT NOT NULL DEFAULT '[]');
 CREATE TABLE steps (
   key INTEGER PRIMARY KEY AUTOINCREMENT, alloc_key INTEGER NOT NULL, job_id INTEGER,
   name TEXT NOT NULL, state TEXT NOT NULL, launcher_pid INTEGER,

@@ -56,7 +56,7 @@ _ENTITIES: dict[str, tuple[str, str, type[State]]] = {
 _FIELDS = {"jobs": {"reason", "group_id", "started_s", "ended_s", "moving_from",
                     "weights_sha256", "held"},
            "groups": {"reason", "plan"},
-           "allocations": {"reason", "alloc_id", "nodes", "updated_s"},
+           "allocations": {"reason", "alloc_id", "nodes", "updated_s", "gone"},
            "steps": {"reason", "launcher_pid", "updated_s"}}
 
 
@@ -355,7 +355,7 @@ class Store:
                         r["node_count"], r["gpus_per_node"], r["gpu_type"], r["cpus_per_node"],
                         state_of(AllocState, r["state"]), r["alloc_id"],
                         tuple(json.loads(r["nodes"])), r["reason"], r["account"], r["qos"],
-                        r["time_limit_min"])
+                        r["time_limit_min"], tuple(json.loads(r["gone"])))
 
     def allocs(self, group_id: int | None = None, live_only: bool = True) -> list[AllocRow]:
         sql, args = "SELECT * FROM allocations WHERE 1=1", []

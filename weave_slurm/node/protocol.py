@@ -56,6 +56,7 @@ class Op(StrEnum):
     GATE = "gate"                # job, action (wait/done: the job's process; refuse:
                                  # weaved) -> a cooperative job's phase gate (gate_ops)
     LAUNCH = "launch"            # job, role, command, env (weaved) -> the job's process
+    LEAVE = "leave"              # (weaved) its node is given back: state dropped, it ends
 
 
 @dataclass(frozen=True)

@@ -320,3 +320,21 @@ def _whole_rows(rows: Sequence[tuple[int, int]], width: int, gpus_per_node: int,
         return tuple(keep), None
     spread = sum(n for (n, _), kept in zip(rows, keep, strict=True) if kept) or stripe
     return tuple(keep), shares(width - have, gpus_per_node, step, spread)
+
+
+def shrunk_rows(rows: tuple[tuple[int, int], ...], width: int
+                ) -> tuple[tuple[int, int], ...]:
+    """``rows`` (each ``(nodes, GPUs of each)``, oldest first) holding at least ``width``
+    with the nodes they can give back given back, newest rows first, each keeping at
+    least one node (its first: Slurm's batch host): Slurm shrinks a running allocation
+    by nodes (``scontrol update JobId=X NodeList=...``), so a row gives back whole nodes
+    of its share (daemon/pooling.py, "A narrower pool")."""
+    have = sum(n * g for n, g in rows)
+    out = list(rows)
+    for i in reversed(range(len(out))):
+        n, g = out[i]
+        drop = min(n - 1, max(0, have - width) // g)
+        if drop:
+            out[i] = (n - drop, g)
+            have -= drop * g
+    return tuple(out)

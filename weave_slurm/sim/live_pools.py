@@ -59,6 +59,7 @@ from weave_slurm.placement.pooled import (
     ShrinkPays,
     no_width,
     pool_rows,
+    shrunk_rows,
     step_gpus,
     stripe_nodes,
 )
@@ -78,17 +79,18 @@ class HeldPool:
 
 def held_pool(before: HeldPool | None, width: int, gpus_per_node: int,
               step: int, pays: ShrinkPays | None = None, free: int = 0, stripe: int = 1,
-              shrink_nodes: bool = False) -> tuple[HeldPool, int]:
+              shrink_nodes: bool = True) -> tuple[HeldPool, int]:
     """The rows a pool that held ``before`` (None: new) holds at ``width`` GPUs, whose
     members' engines take ``step`` GPUs, and the GPUs of the rows it replaced (module
     doc, "rows of shares"; ``pays``: whether a replacement of rows pays, and
     ``free``, the rollout pool's GPUs its new row may count on; a new pool striped over
     ``stripe`` nodes: ``pool_rows``'; ``shrink_nodes``: a narrower pool gives back
-    single nodes of its rows, :func:`shrunk_rows`, not weaved's yet)."""
+    single nodes of its rows first, ``placement.pooled.shrunk_rows``, as weaved does;
+    False: rows only, as weaved did before)."""
     rows = tuple(r for r in (before.rows if before else ()) if r[1] % step == 0)
-    if shrink_nodes:
+    if shrink_nodes:   # no wider: whole rows back, then the spare nodes of the rest
         keep, new = pool_rows(rows, width, gpus_per_node, step, stripe=stripe)
-        if new is None:
+        if new is None:   # and no replacement of rows (daemon/pooling.py)
             return HeldPool(shrunk_rows(tuple(r for r, on in zip(rows, keep, strict=True)
                                               if on), width)), 0
     keep, new = pool_rows(rows, width, gpus_per_node, step, pays, free, stripe)
@@ -97,23 +99,6 @@ def held_pool(before: HeldPool | None, width: int, gpus_per_node: int,
     replaced = sum(n * g for (n, g), w, k in zip(rows, whole, keep, strict=True)
                    if w and not k)
     return HeldPool(kept if new is None else (*kept, new)), replaced
-
-
-def shrunk_rows(rows: tuple[tuple[int, int], ...], width: int
-                ) -> tuple[tuple[int, int], ...]:
-    """``rows`` (each ``(nodes, GPUs of each)``, oldest first) holding at least ``width``
-    with the nodes they can give back given back, newest rows first, each keeping at
-    least one node: Slurm shrinks a running allocation by nodes (``scontrol update
-    JobId=X NodeList=...``), so a row gives back whole nodes of its share."""
-    have = sum(n * g for n, g in rows)
-    out = list(rows)
-    for i in reversed(range(len(out))):
-        n, g = out[i]
-        drop = min(n - 1, max(0, have - width) // g)
-        if drop:
-            out[i] = (n - drop, g)
-            have -= drop * g
-    return tuple(out)
 
 
 def planned(p: JobProfile, width_free: bool) -> JobProfile:
@@ -126,14 +111,14 @@ class LivePools:
     """Each pooled group's rows, kept from one state of the replay to the next."""
 
     def __init__(self, replace_rows: bool = True, beside_only: bool = False,
-                 shrink_nodes: bool = False) -> None:
+                 shrink_nodes: bool = True) -> None:
         #: whether a pool may replace rows by a smaller one where that pays (module
         #: doc, "replaced rows"; False: whole rows only, as weaved did before), and
         #: whether its new row may only go beside the rows it replaces (True: the rollout
         #: pool's free GPUs not counted on)
         self.replace_rows, self.beside_only = replace_rows, beside_only
         #: whether a narrower pool gives back single nodes of its rows (``held_pool``'s
-        #: ``shrink_nodes``: an ablation, not what weaved does yet)
+        #: ``shrink_nodes``: as weaved does; False: rows only, as weaved did before)
         self.shrink_nodes = shrink_nodes
         self.held: dict[int, HeldPool] = {}
         #: GPU-seconds of replaced rows held beside their new rows, by the last

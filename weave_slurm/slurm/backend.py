@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -277,6 +277,12 @@ class Backend(Protocol):
     def allocate(self, request: AllocationRequest) -> Allocation: ...
 
     def release(self, alloc_id: str) -> None: ...
+
+    def shrink(self, alloc_id: str, keep: Sequence[str]) -> None:
+        """Give back every node of the running allocation but ``keep`` (Slurm: ``scontrol
+        update JobId=X NodeList=...``, which ends its steps' tasks on the others); the
+        allocation goes on on ``keep``. Asking again once it is done is not an error."""
+        ...
 
     def launch_step(self, alloc_id: str, spec: StepSpec) -> StepHandle: ...
 

@@ -14,7 +14,7 @@ import os
 import signal
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -165,6 +165,21 @@ class SlurmCliBackend:
                 raise
         for key in [k for k in self._steps if k[0] == alloc_id]:
             self._steps[key].cancelled = True
+
+    def shrink(self, alloc_id: str, keep: Sequence[str]) -> None:
+        """``scontrol update JobId=<id> NodeList=<keep>``: Slurm ends the steps' tasks on
+        the other nodes and the job goes on on ``keep`` (Slurm's FAQ, "Can I change my
+        job's size after it has started running?"). Refused because it holds ``keep``
+        only already (asked again after a restart): not an error."""
+        if not keep:
+            raise ConfigError(f"shrink of allocation {alloc_id}: keep at least one node")
+        try:
+            self._run(["scontrol", "update", f"JobId={alloc_id}",
+                       f"NodeList={','.join(keep)}"])
+        except SlurmCommandError:
+            now = [a for a in self.list_allocations("") if a.alloc_id == alloc_id]
+            if not now or not set(now[0].nodes) <= set(keep):
+                raise
 
     def list_allocations(self, prefix: str = NAME_PREFIX, *,
                          instance: str | None = None) -> tuple[Allocation, ...]:

@@ -20,7 +20,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -234,6 +234,25 @@ class LocalBackend:
             for proc in self._launched[key].procs:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(timeout=10)
+
+    def shrink(self, alloc_id: str, keep: Sequence[str]) -> None:
+        """Give back every node of the allocation but ``keep``: their GPUs and CPUs are
+        free again and its steps' tasks on them are ended (SIGTERM, then SIGKILL), the
+        others go on, as under Slurm's ``scontrol update JobId=X NodeList=...``."""
+        doomed: list[list[int]] = []
+        with self._state() as state:
+            rec = self._alloc(state, alloc_id)
+            if not any(n in keep for c in rec["components"] for n in c["nodes"]):
+                raise ConfigError(f"shrink of allocation {alloc_id} to {list(keep)}: keep at "
+                                  "least one of its nodes")
+            for comp in rec["components"]:
+                comp["nodes"] = [n for n in comp["nodes"] if n in keep]
+                comp["gpus"] = {n: g for n, g in comp["gpus"].items() if n in keep}
+            for step in rec["steps"].values():
+                on = _spread(step["ntasks"], step["nodes"])
+                doomed += [t for t, n in zip(step["tasks"], on, strict=False) if n not in keep]
+        self._terminate(doomed)
+        log.info("local allocation %s shrunk to %s", alloc_id, ",".join(keep))
 
     def nodes(self) -> tuple[NodeInfo, ...]:
         with self._state() as state:
