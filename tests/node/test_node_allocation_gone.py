@@ -13,7 +13,8 @@ import torch
 
 from weave_slurm.errors import StateError
 from weave_slurm.node.daemon import NodeDaemon
-from weave_slurm.node.ending import end_allocation, leave
+from weave_slurm.node.ending import end_allocation
+from weave_slurm.node.leaving import leave
 from weave_slurm.node.node_client import NodeClient
 from weave_slurm.node.protocol import Op
 
@@ -48,4 +49,4 @@ def test_a_node_weaved_gives_back_ends_its_daemon_when_weaved_asks(
         assert c.call(Op.LEAVE) == {"leaving": True}
     assert asked == ["weaved gave this node back to Slurm"]
     with pytest.raises(StateError, match="only weaved"):
-        leave(node, os.geteuid() + 1 if os.geteuid() else 4242)
+        leave(node.on_leave, os.geteuid() + 1 if os.geteuid() else 4242)

@@ -24,7 +24,7 @@ import pytest
 from tests.harness.processes import daemons_gone, node_status
 from tests.harness.scratch import public_dir, shm_dir
 from tests.harness.solo import run_solo
-from tests.harness.specs import OPTIONS, job_spec
+from tests.harness.specs import OPTIONS
 from tests.harness.waits import wait_for
 from tests.harness.weaved import call, rl_config, serving, smoke_site, wait_states
 from weave_slurm.config.render import job_spec_toml
@@ -37,6 +37,11 @@ from weave_slurm.runtime.group import MemberSpec
 pytestmark = pytest.mark.torch
 
 STEPS = 2
+#: The jobs the kills aim at: phases of the toy's default batch (8 prompts x 8 draws),
+#: four times :data:`OPTIONS`' rows, so that a probe polling the node daemons sees one
+#: running (on a fast machine with warm caches, the small batch's phases ran out between
+#: polls and a 4-step job ended unseen)
+BUSY = {**OPTIONS, "prompts_per_step": 8, "group_size": 8}
 
 
 @dataclass
@@ -86,7 +91,8 @@ def busy_worker(rig: Rig, job: int, min_version: int) -> tuple[int, str, str]:
         assert row["state"] in ("PENDING", "PLACED", "RUNNING"), \
             f"job {job} ended before a phase at v>={min_version} was seen: {row}"
         return None
-    return wait_for(find, 180, f"job {job} running a phase at v>={min_version}")  # type: ignore[return-value]
+    return wait_for(find, 180, f"job {job} running a phase at v>={min_version}",  # type: ignore[return-value]
+                    interval_s=0.01)
 
 
 def statuses(sock: Path) -> list[dict[str, Any]]:
@@ -118,7 +124,7 @@ def node_daemon_pid(sock: Path) -> int:
 
 
 def submit(rig: Rig, name: str, seed: int, steps: int = STEPS) -> int:
-    spec = job_spec(name, seed, steps)
+    spec = job_spec_toml(name, iterations=steps, seed=seed, options=BUSY)
     return int(call(rig.socket, Op.SUBMIT, spec=spec, source=f"{name}.toml")["job"])
 
 
@@ -127,7 +133,7 @@ def check_solo(rig: Rig, jobs: dict[int, int], steps: int = STEPS) -> None:
     for job, seed in jobs.items():
         live = rig.weaved.driver.live(job)
         assert live is not None and live["version"] == steps, live
-        solo = run_solo(MemberSpec(str(job), seed=seed, steps=steps, options=OPTIONS))
+        solo = run_solo(MemberSpec(str(job), seed=seed, steps=steps, options=BUSY))
         assert live["weights_sha256"] == weights_digest(solo.weights), f"job {job} differs"
 
 

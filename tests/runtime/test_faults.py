@@ -22,7 +22,7 @@ from weave_slurm.node.segments import SegmentStore
 from weave_slurm.runtime.faults import Fault, FaultKind, error_kind
 from weave_slurm.runtime.group import MemberSpec, MemberState, NodeRef
 from weave_slurm.runtime.member import RunningMember
-from weave_slurm.runtime.resume import ResumeKind, plan_detach
+from weave_slurm.runtime.resume import ResumeKind, forget_checkpoints, plan_detach
 from weave_slurm.sync.sync_errors import AgentDidNotStart, SyncError
 from weave_slurm.vocab import Phase, Pool
 
@@ -144,3 +144,22 @@ def test_a_gang_whose_second_node_was_lost_carries_every_ranks_checkpoint(
     assert plan.rank_roots == (base / "h800-0", base / "h800-1", base / "h800-1")
     m.gang = Gang.of(spec, m.job, (t0, t1), whole=False)     # one rank: h800-1 is not its
     assert plan_detach([m], [t1], base)["g"].kind is ResumeKind.WARM
+
+
+def test_a_member_that_ends_as_its_training_node_goes_leaves_no_checkpoint_there(
+        tmp_path: Path) -> None:
+    """A member that ended just as its training node was lost: the node cannot drop its
+    checkpoints, so weaved removes them from that node's root on the shared file system
+    (``forget_checkpoints``, called by ``Lifecycle.leave``); another job's stay."""
+    t0, r0 = NodeRef("h800-0", Pool.TRAIN, Path("t0")), NodeRef("h20-0", Pool.ROLLOUT, Path("r0"))
+    done, other = _member("1", t0, r0, MemberState.DONE, True), _member("2", t0, r0,
+                                                                        MemberState.READY, True)
+    shm = SegmentStore(tmp_path / "shm")
+    root = CheckpointStore(tmp_path / "ckpt" / "h800-0")
+    for m in (done, other):
+        shm.put_state(m.job, "state", {"w": torch.ones(3)}, version=4)
+        root.save(shm, m.job)
+    assert forget_checkpoints(done, tmp_path / "ckpt", [t0]) == [tmp_path / "ckpt" / "h800-0"]
+    assert not root.job_dir(done.job).exists() and root.checkpoints(other.job)
+    assert forget_checkpoints(done, tmp_path / "ckpt", [t0]) == []   # nothing left
+    assert forget_checkpoints(other, None, [t0]) == [] and root.checkpoints(other.job)

@@ -235,7 +235,8 @@ class Weaved:
         from weave_slurm.runtime.member import RunnerConfig
 
         base = self.nodes.checkpoint_base
-        runner = RunnerConfig.from_site(self.site.runtime, munge_socket=self.nodes.s.munge_socket)
+        runner = RunnerConfig.from_site(self.site.runtime, munge_socket=self.nodes.s.munge_socket,
+                                        checkpoint_base=base)
         return GroupRuntime(self.nodes.ref, GroupRuntimeConfig(
             poll_s=cfg.runtime_poll_s, runner=runner, checkpoint_base=base),
             launcher=self.nodes.launch_agent if self.nodes.s.remote else None,

@@ -23,7 +23,7 @@ import socket
 import socketserver
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,9 +38,9 @@ from weave_slurm.node import protocol
 from weave_slurm.node.autosave import AutosaveTimer, check_interval, run_timer
 from weave_slurm.node.budget import MemoryBudget
 from weave_slurm.node.checkpoint import CheckpointStore
-from weave_slurm.node.ending import leave
 from weave_slurm.node.gate_ops import GateOps
 from weave_slurm.node.index import DEFAULT_ROOT, JobRef, check_name, is_scratch
+from weave_slurm.node.leaving import OnLeave, leave
 from weave_slurm.node.pool import ResidentPool
 from weave_slurm.node.protocol import Op, Request
 from weave_slurm.node.registry import JobRecord, JobRegistry
@@ -136,10 +136,9 @@ class NodeDaemon:
             Op.CHECKPOINT: self._checkpoint, Op.RESTORE: self._restore, Op.DROP: self._drop,
             Op.STATUS: lambda uid, _: node_status(self, uid), Op.ADOPT: self._adopt,
             Op.GATE: self.gates.gate, Op.LAUNCH: self.gates.launch,
-            Op.LEAVE: lambda uid, _: leave(self, uid),
+            Op.LEAVE: lambda uid, _: leave(self.on_leave, uid),
         }
-        #: how the process ends itself (``weave node serve`` sets it; None: it cannot)
-        self.on_leave: Callable[[str], None] | None = None
+        self.on_leave: OnLeave | None = None   # set by ``weave node serve``
 
     # -- life cycle --------------------------------------------------------------
     def start(self) -> StartupReport:

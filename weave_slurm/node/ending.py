@@ -1,15 +1,14 @@
 """What a node daemon does when its allocation has ended (``weave node serve``, on the
-signal or the allocation watch that says so) or weaved gives its node back to Slurm
-(``Op.LEAVE``, :func:`leave`): it gives up its jobs' state and its root at once, and
-serves nothing more."""
+signal or the allocation watch that says so, or weaved gives its node back to Slurm:
+node/leaving.py): it gives up its jobs' state and its root at once, and serves nothing
+more."""
 
 from __future__ import annotations
 
 import logging
-import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from weave_slurm.errors import StateError, WeaveError
+from weave_slurm.errors import WeaveError
 from weave_slurm.node.startup import remove_empty_root
 
 if TYPE_CHECKING:
@@ -47,21 +46,3 @@ def end_allocation(daemon: NodeDaemon, why: str) -> None:
         remove_empty_root(daemon.config.root, daemon.root_lock)
     log.warning("node daemon: removed the segments of %d job(s): its allocation no longer "
                 "runs (%s)", len(jobs), why)
-
-
-def leave(daemon: NodeDaemon, uid: int) -> dict[str, Any]:
-    """``Op.LEAVE``: weaved is about to give this node back to Slurm while the rest of
-    the allocation is held (a pooled group's spare node, daemon/allocplan.py "Spare
-    nodes"). Slurm would SIGKILL this daemon's task there (``scontrol update
-    JobId=X NodeList=...``), leaving its root in /dev/shm; so it ends itself first, as
-    on the end of its allocation: every job's state dropped, the root removed, the
-    process gone (``on_leave``, set by ``weave node serve``). Only weaved (root or this
-    daemon's uid) may ask."""
-    if uid not in (0, os.geteuid()):
-        raise StateError(f"leave: only weaved (root or this daemon's uid) may ask; uid "
-                         f"{uid} may not")
-    if daemon.on_leave is None:
-        raise StateError("leave: this node daemon does not run as its own process")
-    daemon.on_leave("weaved gave this node back to Slurm")
-    return {"leaving": True}
-

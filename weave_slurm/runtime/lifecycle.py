@@ -39,7 +39,13 @@ from weave_slurm.runtime.nodes import NodeLink
 from weave_slurm.runtime.ordering import turn_slots
 from weave_slurm.runtime.port_events import Outbox
 from weave_slurm.runtime.profiler import LiveProfiler
-from weave_slurm.runtime.resume import Resume, ResumeKind, handoff_resume, plan_detach
+from weave_slurm.runtime.resume import (
+    Resume,
+    ResumeKind,
+    forget_checkpoints,
+    handoff_resume,
+    plan_detach,
+)
 from weave_slurm.runtime.staleness import VersionLog
 
 log = logging.getLogger(__name__)
@@ -197,12 +203,17 @@ class Lifecycle:
         return True
 
     def leave(self, job_id: str) -> None:
-        """Cancel a member: stop its phase, drop its state, workers and checkpoints."""
+        """Cancel a member: stop its phase, drop its state, workers and checkpoints (a
+        training node that cannot drop them, e.g. lost just as the member ended: removed
+        from its root on the shared file system, :func:`forget_checkpoints`)."""
         member = self.member(job_id)
         for run in list(member.runs.values()):
             self.release(member, run)
-        for node in member_nodes(member):   # unregistered there, or the node is gone
-            self.link.best_effort(node, Op.DROP, job=job_id)
+        unreached = [node for node in member_nodes(member)   # unregistered there, or gone
+                     if self.link.best_effort(node, Op.DROP, job=job_id) is None]
+        if member.state is not MemberState.MOVED:   # a moved one's go to its new group
+            forget_checkpoints(member, self.config.checkpoint_base,
+                               [n for n in unreached if n == member.train_node])
         for gang in self.ranks(member):
             gang.drop(self.link)
         self.mover.transfer.forget(member.job)

@@ -43,6 +43,8 @@ class RunnerConfig(RuntimeConfig):
     records_dir: Path | None = None     # where <job>.versions.jsonl logs are kept
     progress_poll_s: float = 0.02      # least time between two reads of a rollout's progress
     munge_socket: str | None = None    # munged's socket for remote node daemons (default: munge's)
+    # the shared root of the nodes' checkpoint roots (<base>/<node>), where weaved sees it
+    checkpoint_base: Path | None = None
     gang_ports: GangPorts = field(default_factory=GangPorts)   # training gangs' rendezvous
     transfer: TransferConfig = field(init=False)   # weights train -> rollout (derived)
 

@@ -165,6 +165,27 @@ def carried_checkpoint(m: RunningMember, base: Path | None) -> tuple[Path, int] 
     return (root, version) if version is not None else None
 
 
+def forget_checkpoints(m: RunningMember, base: Path | None,
+                       nodes: Sequence[NodeRef]) -> list[Path]:
+    """Remove ``m``'s checkpoints from the roots of ``nodes`` (its training nodes that
+    could not drop them) on the file system weaved shares with the nodes (``base``;
+    None: none, nothing removed); the roots it removed some from."""
+    from weave_slurm.node.checkpoint import CheckpointStore
+
+    done = []
+    for node in nodes if base is not None else ():
+        assert base is not None
+        root = base / node.slurm_host
+        try:
+            store = CheckpointStore(root)
+            if store.job_dir(m.job).is_dir():
+                store.delete_job(m.job)
+                done.append(root)
+        except (WeaveError, OSError) as exc:
+            m.warn(f"its checkpoints under {root} could not be removed: {exc}")
+    return done
+
+
 def checkpoint_version(root: Path, job: JobRef) -> int | None:
     """The version of ``job``'s newest checkpoint under the node checkpoint root
     ``root`` (None: none readable there)."""
