@@ -128,12 +128,14 @@ def submit(rig: Rig, name: str, seed: int, steps: int = STEPS) -> int:
     return int(call(rig.socket, Op.SUBMIT, spec=spec, source=f"{name}.toml")["job"])
 
 
-def check_solo(rig: Rig, jobs: dict[int, int], steps: int = STEPS) -> None:
-    """Each job's final weights equal its solo run's (job id -> seed)."""
+def check_solo(rig: Rig, jobs: dict[int, int], steps: int = STEPS,
+               options: dict[str, int] = BUSY) -> None:
+    """Each job's final weights equal its solo run's (job id -> seed; ``options``: the
+    jobs', :data:`BUSY` as :func:`submit` gives them)."""
     for job, seed in jobs.items():
         live = rig.weaved.driver.live(job)
         assert live is not None and live["version"] == steps, live
-        solo = run_solo(MemberSpec(str(job), seed=seed, steps=steps, options=BUSY))
+        solo = run_solo(MemberSpec(str(job), seed=seed, steps=steps, options=options))
         assert live["weights_sha256"] == weights_digest(solo.weights), f"job {job} differs"
 
 
@@ -267,5 +269,5 @@ def test_state_over_host_memory_budget_fails_only_that_job(tiny_rig: Rig) -> Non
     reason = states[bad]["reason"]
     assert "host_mem_gib" in reason or "budget" in reason, reason
     assert "\n" not in reason
-    check_solo(rig, {ok: 61}, steps=2)
+    check_solo(rig, {ok: 61}, steps=2, options=OPTIONS)
     check_clean(rig, [ok, bad])
