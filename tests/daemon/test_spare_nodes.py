@@ -97,7 +97,7 @@ def test_a_node_written_as_given_back_but_not_shrunk_is_asked_again_after_a_rest
         pool: Pool) -> None:
     """weaved killed between writing ``gone`` and ``scontrol update``: the next tick sees
     Slurm still hold the node and asks again."""
-    pool.store.update("alloc", pool.row().key, gone=json.dumps(["h20-1"]))
+    pool.store.update("alloc", pool.row().key, gone=json.dumps([["h20-1", T0]]))
     pool.rec.tick()
     assert ("scontrol", "update", f"JobId={pool.alloc_id}", "NodeList=h20-0") \
         in pool.updates()

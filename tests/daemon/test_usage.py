@@ -97,6 +97,32 @@ def test_a_member_that_ended_stops_paying_and_the_rest_pay_all(store: Store) -> 
     assert rows[1].cost + rows[2].cost == pytest.approx(3 * (10.0 + 30.0))
 
 
+def test_a_node_given_back_is_charged_until_it_was_given_back(tmp_path: Path) -> None:
+    """A pooled group's row of two nodes gives one back to Slurm at 1 h (a shrink,
+    daemon/allocplan.py "Spare nodes"): two nodes charged for 1 h, one after; the
+    metrics' held nodes count only the one."""
+    s = Store(tmp_path / "w.db")
+    a = _job(s, "a", 0.0)
+    plan = GroupPlan(1, 1, (MemberPlan(a, (0,)),), rollout_gpus=4)
+    s.commit_placement([(1, "1", plan, True)], [(a, 1, "new")], 0.0)
+    key = s.add_alloc(group_id=1, role="rollout", pool="h20-0", partition="h20",
+                      node_count=2, gpus_per_node=4, gpu_type=None, cpus_per_node=1,
+                      now=0.0, reason="initial")
+    s.transition("alloc", key, AllocState.ALLOCATING, "asking", 0.0)
+    s.transition("alloc", key, AllocState.HELD, "granted", 0.0, alloc_id="101",
+                 nodes='["h20-0", "h20-1"]')
+    _alloc(s, "train", "102", 0.0)
+    s.transition("job", a, JobState.RUNNING, "launched", 0.0, started_s=0.0)
+    s.update("alloc", key, gone='[["h20-1", 3600.0]]')
+    (row,) = [x for x in s.allocs(1) if x.role == "rollout"]
+    assert (row.gone, row.gone_s, row.held_nodes) == (("h20-1",), (H,), ("h20-0",))
+    UsageMeter(s, RATES).advance(3 * H)
+    assert s.usage()[a].gpu_s["rollout"] == pytest.approx(4 * 2 * H + 4 * 2 * H)
+    assert s.usage()[a].node_s["rollout"] == pytest.approx(2 * H + 2 * H)   # nodes x time
+    held = {(r[0], r[2]): r[4] for r in s.counts()["allocations"]}
+    assert held[("rollout", "HELD")] == 1
+
+
 def test_a_released_group_is_closed_and_idle_time_kept_apart(store: Store) -> None:
     meter = UsageMeter(store, RATES)
     _end(store, 1, 1 * H)

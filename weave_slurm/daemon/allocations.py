@@ -214,10 +214,10 @@ class GroupAllocations:
                 except WeaveError as exc:   # not reachable: Slurm's shrink ends them
                     log.warning("group %s: node daemons on %s: %s", group.group_id,
                                 ",".join(nodes), exc)
-                gone = (*row.gone, *nodes)
+                gone = [*zip(row.gone, row.gone_s, strict=True), *((n, now) for n in nodes)]
                 why = (f"gave back node(s) {','.join(nodes)} to Slurm: no member of group "
                        f"{group.group_id} is pinned to them any more (a narrower pool)")
-                self.store.update("alloc", row.key, gone=json.dumps(list(gone)), reason=why,
+                self.store.update("alloc", row.key, gone=json.dumps(gone), reason=why,
                                   updated_s=now)
                 log.info("group %s: %s allocation %s: %s", group.group_id, row.role,
                          row.alloc_id, why)

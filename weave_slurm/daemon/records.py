@@ -193,6 +193,8 @@ class AllocRow:
     #: nodes given back to Slurm while the rest is held (a shrink by nodes,
     #: daemon/allocplan.py "Spare nodes"); their slots are retired
     gone: tuple[str, ...] = ()
+    #: when each of ``gone`` was given back (store time; accounting charges it until then)
+    gone_s: tuple[float, ...] = ()
 
     @property
     def held_nodes(self) -> tuple[str, ...]:

@@ -60,6 +60,13 @@ _FIELDS = {"jobs": {"reason", "group_id", "started_s", "ended_s", "moving_from",
            "steps": {"reason", "launcher_pid", "updated_s"}}
 
 
+
+def _given_back(text: str) -> tuple[tuple[str, ...], tuple[float, ...]]:
+    """``allocations.gone`` (JSON ``[[node, given back at], ...]``) as the row's nodes
+    given back and when."""
+    pairs = [(str(n), float(t)) for n, t in json.loads(text)]
+    return tuple(n for n, _ in pairs), tuple(t for _, t in pairs)
+
 def _parse_state(kind: type[State], value: str) -> State:
     if kind is JobState:
         return state_of(JobState, value)
@@ -299,7 +306,8 @@ class Store:
         count, nodes)."""
         sql = {"jobs": "SELECT state, COUNT(*) FROM jobs GROUP BY state",
                "groups": "SELECT state, COUNT(*) FROM groups GROUP BY state",
-               "allocations": "SELECT role, partition, state, COUNT(*), SUM(node_count) "
+               "allocations": "SELECT role, partition, state, COUNT(*), "
+                              "SUM(node_count - json_array_length(gone)) "
                               "FROM allocations GROUP BY role, partition, state"}
         return {table: [tuple(r) for r in self._rows(q)] for table, q in sql.items()}
 
@@ -355,7 +363,7 @@ class Store:
                         r["node_count"], r["gpus_per_node"], r["gpu_type"], r["cpus_per_node"],
                         state_of(AllocState, r["state"]), r["alloc_id"],
                         tuple(json.loads(r["nodes"])), r["reason"], r["account"], r["qos"],
-                        r["time_limit_min"], tuple(json.loads(r["gone"])))
+                        r["time_limit_min"], *_given_back(r["gone"]))
 
     def allocs(self, group_id: int | None = None, live_only: bool = True) -> list[AllocRow]:
         sql, args = "SELECT * FROM allocations WHERE 1=1", []

@@ -84,7 +84,8 @@ class UsageMeter:
     def _held(self, group: GroupRow, now: float) -> list[Held]:
         """Each allocation of the group over the time it was held (its transitions: an
         allocation is HELD once at most; what a row says once it is no longer held, or
-        since when it is held, never changes, so it is read once)."""
+        since when it is held, never changes, so it is read once); a node it gave back
+        to Slurm (a shrink: ``AllocRow.gone_s``) until it was given back."""
         out = []
         for alloc in self.store.allocs(group.group_id, live_only=False):
             if alloc.alloc_id is None:
@@ -95,8 +96,11 @@ class UsageMeter:
                 if span is None:
                     continue
                 self._spans[alloc.key] = span
-            out.append(Held(alloc.alloc_id, Pool(alloc.role), alloc.node_count,
-                            alloc.gpus_per_node, span[0], now if span[1] is None else span[1]))
+            start, end = span[0], now if span[1] is None else span[1]
+            out.append(Held(alloc.alloc_id, Pool(alloc.role), alloc.node_count - len(alloc.gone),
+                            alloc.gpus_per_node, start, end))
+            out += [Held(alloc.alloc_id, Pool(alloc.role), 1, alloc.gpus_per_node, start,
+                         max(start, min(at, end))) for at in alloc.gone_s]   # given back
         return out
 
     def _held_span(self, key: int) -> tuple[float, float | None] | None:
