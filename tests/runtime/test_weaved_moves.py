@@ -38,6 +38,7 @@ from weave_slurm.slurm.local_backend import LocalBackend
 pytestmark = pytest.mark.torch
 
 LONG = 60   # iterations of a and b; c runs until it is cancelled
+NEVER_STEPS = 4 * LONG   # ... where a move must wait out move_wait_s (5 s) first
 
 SITE = """
 [pools.rollout]
@@ -132,14 +133,14 @@ def test_a_weaved_restart_mid_move_adopts_the_job_from_its_newest_checkpoint(
         release_all(served.weaved.backend)
 
 
-def _growing_move(w: Weaved, sock: Path, seeds: tuple[int, int, int]
+def _growing_move(w: Weaved, sock: Path, seeds: tuple[int, int, int], steps: int = LONG
                   ) -> tuple[int, int, int, int, int]:
-    """The scene where a and b cannot share a rollout node (100 s rollouts, SLO 1.5),
-    only a training node, and c (10 s, SLO 10) shares a's: c is cancelled and
-    consolidation commits a move into a group that must grow. (a, b, the mover, the
-    group it leaves, the group it joins.)"""
+    """The scene where a and b (``steps`` each) cannot share a rollout node (100 s
+    rollouts, SLO 1.5), only a training node, and c (10 s, SLO 10) shares a's: c is
+    cancelled and consolidation commits a move into a group that must grow. (a, b, the
+    mover, the group it leaves, the group it joins.)"""
     slow = {"rollout_s": 100.0, "slo": 1.5}
-    a, b = consolidating(w, sock, seeds, LONG, 3, 120, declared={
+    a, b = consolidating(w, sock, seeds, steps, 3, 120, declared={
         "a": slow, "b": slow, "c": {"rollout_s": 10.0, "slo": 10.0}})
     (mover,) = wait_for(lambda: [j for j in (a, b) if row(w, j).moving_from], 120,
                         "a committed move", interval_s=0.02)
@@ -197,10 +198,13 @@ def test_a_move_whose_node_is_never_granted_is_withdrawn_and_the_job_runs_on(
     served = serve(cfg, backend)
     try:
         w, sock = served.weaved, cfg.socket
-        a, b, mover, src, gid = _growing_move(w, sock, (91, 92, 93))
+        # enough steps that the mover outlives the 5 s wait (60 ended first on a fast
+        # machine: the move was never withdrawn)
+        a, b, mover, src, gid = _growing_move(w, sock, (91, 92, 93), NEVER_STEPS)
         back = settle(lambda: row(w, mover), 60, interval_s=0.1,
                       until=lambda r: r.moving_from is None)
-        assert (back.group_id, back.moving_from) == (src, None)
+        assert (back.group_id, back.moving_from) == (src, None), (
+            back.reason, [(t.src, t.dst, t.reason) for t in w.store.transitions("job", mover)])
         assert back.reason == (f"its move to group {gid} was withdrawn: the nodes it needs "
                                f"there were not held within 5 s ([runtime] move_wait_s); "
                                f"it runs on in group {src}")
@@ -209,7 +213,7 @@ def test_a_move_whose_node_is_never_granted_is_withdrawn_and_the_job_runs_on(
                                 if x.role == "rollout"], 30, interval_s=0.1,
                        until=lambda rows: len(rows) == 2 and rows[1].state.final)
         assert len(asked) == 2 and asked[1].state.final and not asked[1].nodes, asked
-        ended_as_solo(w, sock, {a: 91, b: 92}, LONG, 300)
+        ended_as_solo(w, sock, {a: 91, b: 92}, NEVER_STEPS, 300)
         stayed = w.driver.live(mover)
         assert stayed is not None and stayed["recoveries"] == 0, stayed
         assert not nodes(w, gid, mover)   # it never ran in the group it was to join
