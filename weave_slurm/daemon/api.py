@@ -382,7 +382,7 @@ class Api:
                 "allocations": [{"id": a.alloc_id, "role": a.role, "pool": a.pool,
                                  "partition": a.partition, "state": a.state.value,
                                  "nodes": list(a.held_nodes),
-                                 "node_count": a.node_count - len(a.gone),
+                                 "node_count": a.held_count,
                                  "given_back": list(a.gone)}
                                 for a in allocs],
                 "created_s": g.created_s}

@@ -350,7 +350,7 @@ class GroupRuntime:
 
     def leave(self, alloc: AllocRow, nodes: Sequence[str]) -> None:
         """Tell the node daemons of ``alloc`` on ``nodes`` to end: weaved gives the nodes
-        back to Slurm next (node/ending.py ``leave``); one not told is ended by Slurm."""
+        back to Slurm next (node/leaving.py); one not told is ended by Slurm."""
         refs = [self.node_ref(alloc, node, Pool.ROLLOUT) for node in nodes]
         for ref, exc in tell_to_leave(refs, self.config.ping_timeout_s,
                                       self.config.runner.munge_socket):

@@ -20,12 +20,18 @@ from weave_slurm.runtime.nodes import connect
 
 def answers(ref: NodeRef, timeout_s: float, munge_socket: str | None) -> Exception | None:
     """None when ``ref``'s daemon answers a STATUS within ``timeout_s``; else the error."""
+    return _ask(ref, Op.STATUS, timeout_s, munge_socket)
+
+
+def _ask(ref: NodeRef, op: Op, timeout_s: float, munge_socket: str | None) -> Exception | None:
+    """One ``op`` to ``ref``'s daemon on a connection of its own: None when it answered,
+    else the error."""
     try:
         client = connect(ref, timeout_s, munge_socket)
     except (WeaveError, OSError) as exc:
         return exc
     try:
-        client.call(Op.STATUS)
+        client.call(op)
     except (WeaveError, OSError) as exc:
         return exc
     finally:
@@ -48,18 +54,6 @@ def tell_to_leave(refs: Sequence[NodeRef], timeout_s: float,
     """Ask each of ``refs``' daemons to end (``Op.LEAVE``: its node is given back to
     Slurm next); the ones that could not be told, with their error (Slurm's shrink then
     ends them)."""
-    failed: list[tuple[NodeRef, Exception]] = []
-    for ref in refs:
-        try:
-            client = connect(ref, timeout_s, munge_socket)
-        except (WeaveError, OSError) as exc:
-            failed.append((ref, exc))
-            continue
-        try:
-            client.call(Op.LEAVE)
-        except (WeaveError, OSError) as exc:
-            failed.append((ref, exc))
-        finally:
-            client.close()
-    return failed
+    failed = [(ref, _ask(ref, Op.LEAVE, timeout_s, munge_socket)) for ref in refs]
+    return [(ref, exc) for ref, exc in failed if exc is not None]
 

@@ -208,6 +208,5 @@ class NodeDaemons:
         env = {"WEAVE_GROUP": group.label, "WEAVE_POOL": alloc.pool,
                "WEAVE_SHM_BUDGET_GIB": f"{self.budget_gib(alloc):g}",
                "WEAVE_NODE_SOCKET_DIR": str(self.socket_dir)}
-        nodes = len(alloc.held_nodes) if alloc.nodes else alloc.node_count   # less given back
-        return StepSpec(name=NODE_STEP, argv=self.command(alloc), ntasks=nodes,
-                        node_count=nodes, env=env, log_path=self.log_path(alloc))
+        return StepSpec(name=NODE_STEP, argv=self.command(alloc), ntasks=alloc.held_count,
+                        node_count=alloc.held_count, env=env, log_path=self.log_path(alloc))

@@ -197,6 +197,11 @@ class AllocRow:
     gone_s: tuple[float, ...] = ()
 
     @property
+    def held_count(self) -> int:
+        """How many nodes it holds or asks for: its node count less those given back."""
+        return self.node_count - len(self.gone)
+
+    @property
     def held_nodes(self) -> tuple[str, ...]:
         """Its nodes Slurm still gives it (all but those given back)."""
         return tuple(n for n in self.nodes if n not in self.gone)

@@ -97,7 +97,7 @@ class UsageMeter:
                     continue
                 self._spans[alloc.key] = span
             start, end = span[0], now if span[1] is None else span[1]
-            out.append(Held(alloc.alloc_id, Pool(alloc.role), alloc.node_count - len(alloc.gone),
+            out.append(Held(alloc.alloc_id, Pool(alloc.role), alloc.held_count,
                             alloc.gpus_per_node, start, end))
             out += [Held(alloc.alloc_id, Pool(alloc.role), 1, alloc.gpus_per_node, start,
                          max(start, min(at, end))) for at in alloc.gone_s]   # given back

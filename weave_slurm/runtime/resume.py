@@ -172,9 +172,10 @@ def forget_checkpoints(m: RunningMember, base: Path | None,
     None: none, nothing removed); the roots it removed some from."""
     from weave_slurm.node.checkpoint import CheckpointStore
 
+    if base is None:
+        return []
     done = []
-    for node in nodes if base is not None else ():
-        assert base is not None
+    for node in nodes:
         root = base / node.slurm_host
         try:
             store = CheckpointStore(root)
