@@ -155,6 +155,33 @@ def test_a_status_read_while_a_job_leaves_sees_it_in_its_group_or_ended(
     assert [r["state"] for r in seen] == ["CANCELLED"], seen
 
 
+def test_jobs_released_in_one_call_are_seen_released_together(
+        weaved: Running, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`weave release 1 2 3` releases the three as one: a tick between two of the
+    writes placed the first alone (a pool sized for one, which the others then joined:
+    CI failed on it once, tests/runtime/test_weaved_pooled.py). A reader of the store
+    between the first write and the last waits for the last."""
+    sock = weaved.socket
+    spec = job_spec_toml("held") + "\n[slurm]\nhold = true\n"
+    jobs = [call(sock, Op.SUBMIT, spec=spec, source="h.toml")["job"] for _ in range(3)]
+    store = weaved.weaved.store
+    seen: list[list[bool]] = []
+    reader = threading.Thread(target=lambda: seen.append(
+        [j.held for j in store.jobs() if j.job_id in jobs]))
+    update = store.update
+
+    def first_then_read(entity: str, key: int, **fields: Any) -> None:
+        update(entity, key, **fields)
+        if reader.ident is None:   # after the first job's write
+            reader.start()
+            reader.join(0.5)   # a read that does not wait answers well within this
+
+    monkeypatch.setattr(store, "update", first_then_read)
+    assert all(r["ok"] for r in call(sock, Op.RELEASE, jobs=jobs)["results"])
+    reader.join(10)
+    assert seen == [[False, False, False]], seen
+
+
 def test_a_job_without_a_weights_digest_says_why_in_words() -> None:
     """``weave show job``'s ``weights_sha256``: the stored digest, else why there is none
     (a cooperative job's weights are its own; a job still running; one that failed)."""

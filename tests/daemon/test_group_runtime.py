@@ -152,9 +152,14 @@ def test_a_group_whose_node_hangs_holds_no_other_group_nor_status(
         assert _within(1, lambda: rt.live(a)) is None   # group 2 still waits on t2 in a's join
         live = _within(1, lambda: rt.live(b))
         assert live is not None and live["phase"] == "-"
+        assert rt.ports[1].view(str(b)) is not None   # it leaves once its end is stored
+        store.transition("job", b, JobState.COMPLETED, "as weaved stores it", T0 + 3)
         nodes.signal("t2", signal.SIGCONT)   # the node goes on: a joins
         wait_for(lambda: _within(5, lambda: rt.drive(store, T0 + 4)) == [] and
                  rt.live(a) is not None, 60, "job a joining group 2")
+        left = rt.ports[1].view(str(b))   # its end stored, b left (its last row kept)
+        assert left is None or left.state is MemberState.CANCELLED, left
+        assert rt.live(b) == live
     finally:
         nodes.signal("t2", signal.SIGCONT)
         rt.close()

@@ -62,8 +62,10 @@ from tests.harness.waits import settle, wait_for
 from tests.harness.weaved import call, pings, recoveries
 from tests.slurm.session_cluster import SessionCluster
 from weave_slurm.daemon.driver import DriverKind
+from weave_slurm.daemon.fault_points import ENV, EXIT_CODE, FaultPoint
 from weave_slurm.daemon.protocol import Op
 from weave_slurm.daemon.service import DaemonConfig, Weaved
+from weave_slurm.errors import WeaveError
 from weave_slurm.node.segments import SEG_SUFFIX, weights_digest
 from weave_slurm.runtime.group import MemberSpec
 from weave_slurm.slurm import daemons
@@ -83,6 +85,7 @@ LAUNCH = """\
 import json, logging, sys
 from pathlib import Path
 from weave_slurm.daemon.service import DaemonConfig, Weaved
+from weave_slurm.errors import WeaveError
 a = json.loads(sys.argv[1])
 logging.basicConfig(level=logging.INFO, format="%(asctime)s weaved %(message)s")
 Weaved(DaemonConfig(state_dir=Path(a["state"]), backend="slurm", instance=a["instance"],
@@ -145,12 +148,15 @@ def place(slurm_cluster: SessionCluster) -> Iterator[Place]:
             on_host(p.cluster, node, ["rm", "-rf", str(node_shm(instance, node).parent)])
 
 
-def spawn(p: Place) -> subprocess.Popen[bytes]:
+def spawn(p: Place, fault: FaultPoint | None = None) -> subprocess.Popen[bytes]:
+    """weaved as a process of its own (``fault``: it dies as if SIGKILLed at its first
+    crossing of that point, daemon/fault_points.py)."""
     args = {"state": str(p.state), "instance": p.instance, "ckpt": str(p.dirs.ckpt),
             "env": p.env}
+    env = None if fault is None else {**os.environ, ENV: fault.value}
     log = open(p.public / "weaved.log", "ab")  # noqa: SIM115 (kept by the child)
     proc = subprocess.Popen([sys.executable, "-c", LAUNCH, json.dumps(args)],
-                            stdout=log, stderr=log)
+                            stdout=log, stderr=log, env=env)
     log.close()
     wait_for(lambda: pings(p.socket), 60, "weaved answers")
     return proc
@@ -209,8 +215,16 @@ def test_weaved_sigkill_on_slurm_keeps_jobs_and_allocations(place: Place) -> Non
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
         assert p.allocations() == before   # Slurm keeps them while weaved is dead
-        proc = spawn(p)
-        rows = finish(p, ids, 240)
+        proc = spawn(p, FaultPoint.JOB_ENDED)   # killed again as a job's end is reported
+
+        def killed() -> bool:   # ITER watched to the end (observe): none goes back after
+            with contextlib.suppress(WeaveError, OSError):
+                observe(p, ids)
+            return proc.poll() is not None
+        wait_for(killed, 240, "weaved killed as a job's end was reported", interval_s=0.3)
+        assert proc.returncode == EXIT_CODE, proc.returncode
+        proc = spawn(p)   # each job ended on its nodes, its end not stored: it re-attaches
+        rows = finish(p, ids, 240)   # there at its last step, not started afresh
         assert [r["state"] for r in rows] == ["COMPLETED", "COMPLETED"], rows
         assert {r["iter"] for r in rows} == {f"{STEPS}/{STEPS}"}
         for job in ids:   # resumed from a checkpoint, not from scratch

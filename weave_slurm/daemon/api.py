@@ -240,21 +240,24 @@ class Api:
 
     def hold(self, uid: int, ids: list[int], held: bool) -> dict[str, Any]:
         """Hold (or release) pending jobs, as scontrol hold/release: a held job is not
-        placed until it is released (daemon/dependencies.py)."""
+        placed until it is released (daemon/dependencies.py). The jobs of one call change
+        as one: a tick sees all of them released or none, so jobs released together are
+        placed together."""
         if not ids:
             raise ConfigError(f"{'hold' if held else 'release'}: give at least one job id")
         results = []
-        for job_id in ids:
-            try:
-                job = self._own_job(uid, job_id)
-                if job.state is not JobState.PENDING:
-                    raise StateError(f"Job {job_id} is {job.state.value}: only a pending job "
-                                     f"can be {'held' if held else 'released'}")
-                self.store.update("job", job_id, held=int(held))
-                results.append({"job": job_id, "ok": True,
-                                "message": f"job {job_id} {'held' if held else 'released'}"})
-            except WeaveError as exc:
-                results.append({"job": job_id, "ok": False, "message": str(exc)})
+        with self.store.held():   # released together, placed together: no tick between
+            for job_id in ids:
+                try:
+                    job = self._own_job(uid, job_id)
+                    if job.state is not JobState.PENDING:
+                        raise StateError(f"Job {job_id} is {job.state.value}: only a pending "
+                                         f"job can be {'held' if held else 'released'}")
+                    self.store.update("job", job_id, held=int(held))
+                    results.append({"job": job_id, "ok": True,
+                                    "message": f"job {job_id} {'held' if held else 'released'}"})
+                except WeaveError as exc:
+                    results.append({"job": job_id, "ok": False, "message": str(exc)})
         self.wake()
         return {"results": results}
 

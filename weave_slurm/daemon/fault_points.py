@@ -31,6 +31,7 @@ class FaultPoint(StrEnum):
     STEP_LAUNCHED = "step.launched"  # launch call returned, RUNNING not written
     GROUP_ACTIVE = "group.active"  # group FORMING -> ACTIVE written
     JOB_RUNNING = "job.running"  # job PLACED -> RUNNING written (its phase starts)
+    JOB_ENDED = "job.ended"  # the runtime reported a job's end, its end not yet stored
     CANCEL_STOPPING = "cancel.stopping"  # step STOPPING written, cancel call not made
     CANCEL_STOPPED = "cancel.stopped"  # a cancelled job's steps stopped, CANCELLED not written
     RELEASE_INTENT = "release.intent"  # RELEASING written, release call not made

@@ -377,8 +377,9 @@ class GroupRuntime:
             if not isinstance(event, Detached):
                 continue
             job_id, resume, member = int(event.job_id), event.resume, views[event.job_id]
-            if resume.kind is ResumeKind.ENDED:
+            if resume.kind is ResumeKind.ENDED:   # its port closes below: it leaves now
                 outcomes.append(member_exit.ended(port, self.rows, job_id, member))
+                member_exit.leave(port, self.rows, member)
                 continue
             self.rows.put(job_id, {**member_row(member), "phase": "recover",
                                    "event": resume.why})
@@ -437,8 +438,8 @@ class GroupRuntime:
             if member.state in (MemberState.DONE, MemberState.FAILED):
                 return member_exit.ended(port, self.rows, job.job_id, member)
         elif job.state in _ENDED and member is not None \
-                and member.state is not MemberState.CANCELLED:
-            member_exit.leave(port, self.rows, member)
+                and member.state is not MemberState.CANCELLED:   # its end is stored:
+            member_exit.leave(port, self.rows, member)   # it leaves (member_exit.ended)
         return None
 
     def release_group(self, group_id: int) -> None:

@@ -171,15 +171,17 @@ class Handoffs:
               movers: list[JobRow]) -> list[tuple[int, GroupPort, MemberView]]:
         """Members that reached their last step (or gave up) while their move was
         pending: their old group reports them (job id, its port, the member), and
-        their place in its plan goes. A job that ended (cancelled) while it was moving is
-        let go by its old group."""
+        their place in its plan goes. A job whose end (a cancel, or the end reported
+        here) is stored while it was moving is let go by its old group."""
         moving = {j.job_id for j in movers if j.moving_from != j.group_id}
+        gone = store.jobs(_ENDED, moving=True)   # stored as ended: let go, not reported
+        stored = {j.job_id for j in gone}
         out = [(int(key), port, m) for port in self.groups.values()
                for key, m in port.members.items()
-               if (m.handoff or int(key) in moving)
+               if (m.handoff or int(key) in moving) and int(key) not in stored
                and m.state in (MemberState.DONE, MemberState.FAILED)]
         self.ending.update(job_id for job_id, _, _ in out)
-        for job in store.jobs(_ENDED, moving=True):
+        for job in gone:
             if job.moving_from not in self.busy:
                 self._let_go(store, job)
         return out

@@ -296,6 +296,7 @@ class Reconciler:
         for outcome in self.driver.drive(self.store, now):
             job = self.store.job(outcome.job_id)
             if job is not None and job.state is JobState.RUNNING:
+                crossing(FaultPoint.JOB_ENDED)
                 self._finish_job(job, outcome.state, outcome.reason, now,
                                  outcome.weights_sha256)
 

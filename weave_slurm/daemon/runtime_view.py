@@ -66,6 +66,14 @@ def outcome_words(m: MemberView) -> str:
     return why
 
 
+def kept_final(row: dict[str, Any] | None, m: MemberView) -> bool:
+    """Whether ``row`` is the last row kept of ``m``, ended and not yet left
+    (daemon/member_exit.py: the final row holds its weights' digest)."""
+    return row is not None and row.get("phase") == "-" \
+        and row.get("member_state") == m.state.value \
+        and m.state in (MemberState.DONE, MemberState.FAILED)
+
+
 class LiveRows:
     """Each job's status row (:func:`member_row`), as ``weave status`` reads it: a
     snapshot of each group's port, refreshed at most every ``every_s`` by that group's
@@ -85,8 +93,10 @@ class LiveRows:
         if not force and last is not None and now - last < self.every_s:
             return
         self._at[group_id] = now
+        rows = self._rows
         new = {int(key): member_row(m) for key, m in port.members.items()
-               if m.state is not MemberState.CANCELLED}
+               if m.state is not MemberState.CANCELLED
+               and not kept_final(rows.get(int(key)), m)}   # an ended one's last row stays
         with self._write:   # one swap: a reader sees the old rows or the new ones
             self._rows = {**self._rows, **new}
 
