@@ -58,6 +58,7 @@ def test_long_tail_migration_reaches_weaved_executor(tmp_path: Path) -> None:
     ("[runtime]\ntail_fraction = 1.5\n", "'runtime.tail_fraction' = 1.5: must be <= 0.99"),
     ("[runtime]\nlong_tail_migration = 'yes'\n", "runtime.long_tail_migration"),
     ("[runtime]\nplan_from_measurements = 1\n", "runtime.plan_from_measurements"),
+    ("[runtime]\nrecent_jobs = -1\n", "'runtime.recent_jobs' = -1: must be >= 0"),
 ])
 def test_bad_runtime_key_is_one_clear_line(text: str, needle: str) -> None:
     with pytest.raises(ConfigError) as err:
@@ -82,3 +83,8 @@ def test_device_switch_is_read_and_checked() -> None:
     with pytest.raises(ConfigError,
                        match=r"runtime.device_switch. = .gpu.: valid choices: auto, off, on"):
         parse_site(MINIMAL + "[runtime]\ndevice_switch = 'gpu'\n")
+
+
+def test_recent_jobs_is_read() -> None:
+    assert parse_site(MINIMAL).runtime.recent_jobs == 6
+    assert parse_site(MINIMAL + "[runtime]\nrecent_jobs = 0\n").runtime.recent_jobs == 0

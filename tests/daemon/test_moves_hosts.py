@@ -45,6 +45,7 @@ max_group_size = 2
 gangs = false
 plan_from_measurements = false
 replan_interval_s = 0
+recent_jobs = 0
 """
 
 

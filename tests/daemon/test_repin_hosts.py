@@ -53,6 +53,7 @@ max_group_size = 3
 gangs = false
 plan_from_measurements = false
 replan_interval_s = 0
+recent_jobs = 0
 """
 
 

@@ -14,7 +14,9 @@ import pytest
 from tests.harness.specs import stored
 from weave_slurm.config.render import job_spec_toml
 from weave_slurm.config.runtime import RUNTIME_DEFAULTS
+from weave_slurm.config.site import default_site
 from weave_slurm.daemon import allocplan, membership
+from weave_slurm.daemon.placing import Placer
 from weave_slurm.daemon.records import GroupPlan, MemberPlan
 from weave_slurm.daemon.replanning import Replanner
 from weave_slurm.daemon.states import GroupState, JobState
@@ -238,3 +240,56 @@ def test_a_move_into_a_group_that_waits_for_its_leaver_waits_for_its_new_plan(
     state = membership.cluster_state(replace(CAP, max_group_size=3), store.groups(),
                                      store.jobs(), 5)
     assert state.closed == {1, 4}
+
+
+def _arrival(store: Store, name: str, spec: str = SPEC) -> int:
+    return store.add_job(uid=1000, user="alice", name=name,
+                         **stored(name, spec.replace("{name}", name)),
+                         source=f"{name}.toml", now=T0,
+                         profile=simple_profile(name, 10.0, 10, 3.0))
+
+
+def _placer(store: Store, recent_jobs: int = 6) -> Placer:
+    cap = replace(CAP, max_group_size=3)
+    placer = Placer(store, cap, WeavePolicy(), default_site(), "", lambda s: None)
+    r = Replanner(store, cap, WeavePolicy(), "",
+                  replace(RUNTIME_DEFAULTS, recent_jobs=recent_jobs, consolidate=False),
+                  lambda job: None, T0)
+    placer.with_arrivals = r.with_arrivals
+    return placer
+
+
+def test_an_arrival_re_places_the_running_jobs_placed_last_where_it_pays(
+        store: Store) -> None:
+    """a and b run alone in groups 1 and 2; c arrives. Placed alone, c joins one of them
+    and the other stays alone; placed again together (c at no charge: not started), the
+    three share one group, and the one running job that moves pays for its move. The
+    placement and the move are written in one transaction."""
+    a, b = _two_lone_jobs(store)
+    c = _arrival(store, "c")
+    _placer(store).place(T0 + 1)
+    row = store.job(c)
+    assert row is not None and row.state is JobState.PLACED, row
+    (mover,) = [j for j in store.jobs([JobState.RUNNING]) if j.moving_from is not None]
+    assert mover.job_id in (a, b) and mover.group_id == row.group_id
+    assert mover.reason.startswith(f"moving from group {mover.moving_from} to group "
+                                   f"{row.group_id}: re-placement of job(s) ")
+    assert f"with the arrival(s) {c} costs" in mover.reason
+    group = store.group(row.group_id or 0)
+    assert group is not None and set(group.plan.job_ids) == {a, b, c}
+    assert store.transitions("job", c)[-1].reason.endswith("re-placed with recent arrivals")
+
+
+def test_with_recent_jobs_0_or_a_move_in_flight_an_arrival_is_placed_alone(
+        store: Store) -> None:
+    a, _ = _two_lone_jobs(store)
+    c = _arrival(store, "c")
+    _placer(store, recent_jobs=0).place(T0 + 1)
+    assert all(j.moving_from is None for j in store.jobs())
+    assert store.job(c).state is JobState.PLACED   # type: ignore[union-attr]
+    d = _arrival(store, "d")
+    store.update("job", a, moving_from=1)   # a move in flight: one re-plan at a time
+    _placer(store).place(T0 + 2)
+    row = store.job(d)
+    assert row is not None and row.state is JobState.PLACED
+    assert [j.job_id for j in store.jobs() if j.moving_from is not None] == [a]

@@ -48,6 +48,7 @@ max_group_size = 2
 [runtime]
 plan_from_measurements = false
 replan_interval_s = 0
+recent_jobs = 0
 """
 
 

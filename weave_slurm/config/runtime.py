@@ -55,7 +55,9 @@ class RuntimeConfig:
     switch), ``off`` never (every resident member keeps its GPU memory).
     Re-planning running jobs (docs/daemon.md): every ``replan_interval_s`` (0: never)
     the members of the ``replan_groups`` least efficient groups are placed again, and
-    after a departure (``consolidate``) the members left behind; a re-plan is taken only
+    after a departure (``consolidate``) the members left behind, and with each placement
+    the ``recent_jobs`` running jobs placed last (0: never), as the simulator's ``weave``
+    re-places recent arrivals with a new one; a re-plan is taken only
     when it pays once its moves are charged, and needs node checkpoints on a file system
     weaved shares with the nodes. A move into a group that is new or grows waits for
     its nodes while the job runs on where it is, at most ``move_wait_s`` (0: such moves
@@ -85,6 +87,7 @@ class RuntimeConfig:
     replan_interval_s: float = 3600.0
     replan_groups: int = 8
     consolidate: bool = True
+    recent_jobs: int = 6
     move_wait_s: float = 900.0
     node_start_wait_s: float = 300.0
     auth_wait_s: float = 60.0
@@ -136,6 +139,7 @@ def read_runtime(table: TableReader | None) -> RuntimeConfig:
         replan_interval_s=table.number("replan_interval_s", d.replan_interval_s, ge=0),
         replan_groups=table.integer("replan_groups", d.replan_groups, ge=1),
         consolidate=table.boolean("consolidate", d.consolidate),
+        recent_jobs=table.integer("recent_jobs", d.recent_jobs, ge=0),
         move_wait_s=table.number("move_wait_s", d.move_wait_s, ge=0),
         node_start_wait_s=table.number("node_start_wait_s", d.node_start_wait_s, gt=0),
         auth_wait_s=table.number("auth_wait_s", d.auth_wait_s, gt=0),

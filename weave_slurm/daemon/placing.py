@@ -8,25 +8,44 @@ meanwhile (cancelled while the batch was being decided), not at all and decided 
 A job that can never be placed is REFUSED; one that waits for room says why in REASON.
 With the site's ``[limits] colocation``, placement may co-locate a job, except one
 weaved's runtime cannot run so (:mod:`~weave_slurm.daemon.colocating`).
+
+The running jobs placed last (``[runtime] recent_jobs``) are placed again together with
+the batch's arrivals, the arrivals at no charge (not started), and where that pays once
+the running jobs' moves are charged, the arrivals are placed where it puts them and the
+moves are written in the same transaction (``Replanner.with_arrivals``,
+daemon/replanning.py; the group runtime carries the moves out at step boundaries).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
 from weave_slurm.config.site import SiteConfig
 from weave_slurm.daemon import colocating, limits, membership, pooling
 from weave_slurm.daemon.accounting_limits import AccountingFeed
 from weave_slurm.daemon.fault_points import FaultPoint, crossing
-from weave_slurm.daemon.records import by_group
+from weave_slurm.daemon.records import AllocRow, GroupRow, by_group
+from weave_slurm.daemon.replanning import Accepted
 from weave_slurm.daemon.states import JobState
 from weave_slurm.daemon.store import Store
 from weave_slurm.errors import StalePlacement, StateError
-from weave_slurm.placement import Capacity, Placement, Policy, Refusal, place_batch
+from weave_slurm.placement import (
+    Capacity,
+    ClusterState,
+    Placement,
+    Policy,
+    Refusal,
+    place_batch,
+)
 
 log = logging.getLogger(__name__)
+
+#: (cluster as stored, cluster with the arrivals placed, their job ids, group rows,
+#: allocation rows by group) -> what to write instead of the plain placement, or None
+WithArrivals = Callable[[ClusterState, ClusterState, Sequence[int], Sequence[GroupRow],
+                         Mapping[int, Sequence[AllocRow]]], Accepted | None]
 
 _LIVE_JOB = (JobState.PLACED, JobState.RUNNING, JobState.CANCELLING)
 #: How often one tick decides a placement again when jobs changed while it decided.
@@ -43,6 +62,9 @@ class Placer:
         self.accounting = accounting   # Slurm's limits ([limits] from_slurm)
         self.site, self.instance = site, instance
         self.on_placement = on_placement   # told each decision's seconds (metrics)
+        #: the running jobs placed last re-placed with the arrivals: what to write with
+        #: them (daemon/replanning.py, ``Replanner.with_arrivals``; None: never)
+        self.with_arrivals: WithArrivals | None = None
 
     def place(self, now: float) -> None:
         """Place the pending jobs as one batch. A job cancelled while the batch was being
@@ -59,7 +81,7 @@ class Placer:
         log.warning("placement: jobs kept changing while being placed (%d tries); next "
                     "tick again", _PLACE_TRIES)
 
-    def _place_batch(self, now: float) -> None:
+    def _place_batch(self, now: float, with_arrivals: bool = True) -> None:
         waiting = self.store.jobs([JobState.PENDING])
         if not waiting:
             return
@@ -85,12 +107,19 @@ class Placer:
         if queue.priority and limits.overtaken(result.decisions):   # fair share first
             result = place_batch(self.policy, before, profiles, ordered=False)
         self.on_placement(time.perf_counter() - started)
-        writes = membership.plan_writes(before, result.state, groups, allocs, self.instance)
+        arrivals = [j.job_id for j, d in zip(pending, result.decisions, strict=True)
+                    if isinstance(d, Placement)]
+        joint = None if self.with_arrivals is None or not arrivals or not with_arrivals else \
+            self.with_arrivals(before, result.state, arrivals, groups, allocs)
+        after = result.state if joint is None else joint.state
+        writes = membership.plan_writes(before, result.state, groups, allocs, self.instance) \
+            if joint is None else joint.writes
         placed = []
         for job, decision in zip(pending, result.decisions, strict=True):
             if isinstance(decision, Placement):
-                placed.append((job.job_id, decision.group_id,
-                               f"{decision.admission.value} into group {decision.group_id}"))
+                gid = after.job_group[str(job.job_id)]
+                placed.append((job.job_id, gid, f"{decision.admission.value} into group {gid}"
+                               + ("" if joint is None else ", re-placed with recent arrivals")))
                 why = colocating.barrier(job, self.site) if colo else None
                 if why is not None:
                     log.info("job %s: placed disaggregated, never co-located: %s",
@@ -104,7 +133,21 @@ class Placer:
                     continue
             elif decision.message() != job.reason:
                 self.store.update("job", job.job_id, reason=decision.message())
-        if placed:
+        if not placed:
+            return
+        if joint is not None:
+            try:
+                self.store.commit_placement(writes, placed, now, joint.moves)
+            except StalePlacement:
+                raise   # an arrival changed meanwhile: :meth:`place` decides again
+            except StateError as exc:   # a moved job ended meanwhile: place them alone
+                log.info("placement: re-placement with recent arrivals dropped: %s", exc)
+                self._place_batch(now, with_arrivals=False)
+                return
+            log.info("placed jobs %s, re-placing job(s) %s with them (%.1f%% less per unit "
+                     "of work)", [p[0] for p in placed], [m[0] for m in joint.moves],
+                     joint.gain)
+        else:
             self.store.commit_placement(writes, placed, now)
-            crossing(FaultPoint.PLACE_COMMITTED)
             log.info("placed jobs %s", [p[0] for p in placed])
+        crossing(FaultPoint.PLACE_COMMITTED)

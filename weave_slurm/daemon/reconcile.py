@@ -111,6 +111,8 @@ class Reconciler:
         self.replanner = None if replan is None else Replanner(
             store, colocating.running(capacity), self.policy, instance, replan, driver.live,
             clock.now())
+        if self.replanner is not None:   # recent arrivals re-placed with new ones
+            self.placer.with_arrivals = self.replanner.with_arrivals
         self.ticks = 0
         # since when reading the world (squeue) fails, and the last error in words
         self.world_error: tuple[float, str] | None = None

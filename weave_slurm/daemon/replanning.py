@@ -1,13 +1,16 @@
 """Re-planning running jobs inside weaved, charged as the simulator charges it
 (docs/daemon.md, "Re-planning running jobs"; the decisions: placement/replan.py).
 
-Two triggers, as in ``weave simulate``'s ``weave`` policy:
+Three triggers, as in ``weave simulate``'s ``weave`` policy:
 
 - **consolidation**: a job left a group; the members left behind are placed again into
   the rest of the cluster (``placement.consolidate.consolidation``);
 - **the periodic re-plan**: every ``[runtime] replan_interval_s``, the members of the
   ``replan_groups`` least efficient groups placed again together
-  (``placement.replan.replace_jobs`` over ``worst_groups``).
+  (``placement.replan.replace_jobs`` over ``worst_groups``);
+- **arrivals**: the running jobs placed last placed again with the jobs a placement
+  batch places (``[runtime] recent_jobs``; :meth:`Replanner.with_arrivals`, which the
+  placer calls and whose moves it writes with the placement).
 
 A proposal is taken only when it pays once its moves are charged (each moved job's
 warm state over the site's links plus a restart, over the time it has left: its
@@ -30,7 +33,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from weave_slurm.config.runtime import RuntimeConfig
@@ -137,36 +140,89 @@ class Replanner:
                 out[m.job.job_id] = max(left, 0) * g.schedule.expected_period_s / m.turns
         return out
 
+    def with_arrivals(self, before: ClusterState, placed: ClusterState,
+                      arrivals: Sequence[int], groups: Sequence[GroupRow],
+                      allocs: Mapping[int, Sequence[AllocRow]]) -> Accepted | None:
+        """The running jobs placed last (with the arrivals, ``recent_jobs``), placed
+        again together with the ``arrivals`` a batch just placed (``placed``: the cluster
+        with them, ``before``: without), the arrivals moved at no charge (not started);
+        what to write with the placement (None: nothing pays, or nothing to re-place).
+        As the simulator's ``weave`` re-places recent arrivals: online placement nearer
+        a batch's."""
+        n = self.config.recent_jobs
+        running = self.store.jobs([JobState.RUNNING])
+        if n <= 0 or not arrivals or any(j.moving_from is not None for j in running):
+            return None   # one re-plan at a time
+        active = {g.group_id for g in groups if g.state is GroupState.ACTIVE
+                  and not g.plan.colocated}   # a co-located member keeps its way
+        keep = n - len(arrivals)   # the arrivals count among the ``n`` most recent
+        if keep <= 0:
+            return None
+        recent = sorted((j for j in running if j.group_id in active and _hosted(j)),
+                        key=lambda j: (j.started_s or 0.0, j.job_id))[-keep:]
+        if not recent:
+            return None
+        view = replace(placed, capacity=self.capacity)   # co-location off, as re-plans
+        ids = [str(j.job_id) for j in recent]
+        new = [str(j) for j in arrivals]
+        what = f"re-placement of job(s) {', '.join(ids)} with the arrival(s) {', '.join(new)}"
+        return self._accept(replace_jobs(self.policy, view, [*ids, *new],
+                                         self.remaining(view), free=new),
+                            view, groups, allocs, set(ids), what, frozenset(new), before)
+
     def _take(self, plan: Replan | None, before: ClusterState, groups: Sequence[GroupRow],
               allocs: Mapping[int, Sequence[AllocRow]], movable: set[str], now: float,
               what: str) -> bool:
         """Commit an accepted proposal (None: nothing pays); True if committed."""
+        accepted = self._accept(plan, before, groups, allocs, movable, what)
+        if accepted is None:
+            return False
+        try:
+            self.store.commit_moves(accepted.writes, accepted.moves, now)
+        except StateError as exc:   # a job ended meanwhile: the next trigger looks again
+            log.info("re-plan dropped: %s", exc)
+            return False
+        log.info("%s: %d job(s) moved (%s), %d group plan(s) written; %.1f%% less per "
+                 "unit of work", what, len(accepted.moves),
+                 ", ".join(str(m[0]) for m in accepted.moves), len(accepted.writes),
+                 accepted.gain)
+        return True
+
+    def _accept(self, plan: Replan | None, before: ClusterState, groups: Sequence[GroupRow],
+                allocs: Mapping[int, Sequence[AllocRow]], movable: set[str], what: str,
+                free: frozenset[str] = frozenset(),
+                stored: ClusterState | None = None) -> Accepted | None:
+        """A proposal as weaved writes it, if it can carry out every move (None: no
+        proposal, or one it cannot). ``free``: jobs placed in this very decision, not
+        started: they go where the proposal puts them, no move; ``stored``: the cluster as
+        the store holds it, where ``before`` has them placed already."""
         if plan is None:
             log.info("%s: no proposal pays once its moves are charged", what)
-            return False
+            return None
         after = plan.state
         moved = moved_jobs(before, after)   # job -> (from, to)
-        if not set(moved) <= movable:   # placement's relabelling moved another job instead
+        if not set(moved) <= movable | free:   # relabelling moved another job instead
             log.info("%s: not taken, it moves job(s) %s, which weaved cannot move now", what,
-                     ", ".join(sorted(set(moved) - movable)))
-            return False
+                     ", ".join(sorted(set(moved) - movable - free)))
+            return None
         # a move into a group that is new, grows or is not active yet waits for its nodes
         # while the job runs on in its old group, which keeps its plan until it is out
         active = {g.group_id for g in groups if g.state is GroupState.ACTIVE}
-        forming = {to for _, to in moved.values()} - active
+        forming = {to for j, (_, to) in moved.items() if j not in free} - active
         why = waiting_refusal(before, after, forming)
-        waiting = waiting_moves(before, after, forming) or frozenset()
+        waiting = (waiting_moves(before, after, forming) or frozenset()) - free
         if why is None and waiting and self.config.move_wait_s <= 0:
             why = "[runtime] move_wait_s = 0"
         if why is not None:
             grows = sorted(set(needs_nodes(before, after)) | forming)
             log.info("%s: not taken, it needs nodes weaved does not hold yet (group(s) %s) "
                      "and %s", what, ", ".join(map(str, grows)), why)
-            return False
-        writes = membership.plan_writes(before, after, groups, allocs, self.instance,
-                                        self.remaining(before))
+            return None
+        base = before if stored is None else stored
+        writes = membership.plan_writes(base, after, groups, allocs, self.instance,
+                                        self.remaining(base))
         rows = {g.group_id: g for g in groups}
-        for gid in sorted(set(before.by_id) - set(after.by_id)):   # emptied: drains later
+        for gid in sorted(set(base.by_id) - set(after.by_id)):   # emptied: drains later
             row = rows[gid]
             writes.append((gid, row.label, GroupPlan(row.plan.rollout_nodes,
                                                      row.plan.train_nodes, ()), False))
@@ -177,16 +233,20 @@ class Replanner:
         moves = [(int(job_id), src, gid,
                   f"moving from group {src} to group {gid}: {what} costs {gain:.1f}% less "
                   f"per unit of work, its move charged {plan.pauses.get(job_id, 0.0):.0f} s")
-                 for job_id, (src, gid) in sorted(moved.items())]
-        try:
-            self.store.commit_moves(writes, moves, now)
-        except StateError as exc:   # a job ended meanwhile: the next trigger looks again
-            log.info("re-plan dropped: %s", exc)
-            return False
-        log.info("%s: %d job(s) moved (%s), %d group plan(s) written; %.1f%% less per "
-                 "unit of work", what, len(moves), ", ".join(str(m[0]) for m in moves),
-                 len(writes), gain)
-        return True
+                 for job_id, (src, gid) in sorted(moved.items()) if job_id not in free]
+        return Accepted(after, writes, moves, gain)
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """A proposal weaved can carry out: the cluster after it, the group plans to write
+    (as :meth:`Store.commit_placement` takes them) and each running job's move (job,
+    from group, to group, reason); ``gain``: percent less per unit of work."""
+
+    state: ClusterState
+    writes: list[tuple[int, str, GroupPlan, bool]]
+    moves: list[tuple[int, int, int, str]]
+    gain: float
 
 
 def _deferred(write: tuple[int, str, GroupPlan, bool], rows: Mapping[int, GroupRow],

@@ -210,7 +210,8 @@ class Weaved:
         its group runtime, with node checkpoints on a file system it shares."""
         rt = self.site.runtime
         if not isinstance(self.driver, GroupRuntime) or self.driver.config.checkpoint_base \
-                is None or (rt.replan_interval_s == 0 and not rt.consolidate):
+                is None or (rt.replan_interval_s == 0 and not rt.consolidate
+                            and rt.recent_jobs == 0):
             log.info("weaved: running jobs are not re-planned (%s)",
                      "switched off in [runtime]" if isinstance(self.driver, GroupRuntime)
                      and self.driver.config.checkpoint_base is not None

@@ -429,14 +429,18 @@ class Store:
         it is moving from (``moves``: job id, from group, to group, reason)."""
         with self._tx() as db:
             self._write_plans(db, groups, now)
-            for job_id, src, dst, reason in moves:
-                if db.execute("UPDATE jobs SET group_id=?, moving_from=?, reason=? "
-                              "WHERE job_id=? AND state=? AND group_id=?",
-                              (dst, src, reason, job_id, JobState.RUNNING.value,
-                               src)).rowcount != 1:
-                    raise StateError(f"job {job_id} is no longer RUNNING in group {src}; "
-                                     "the re-plan is dropped")
-                self._log(db, now, "job", job_id, JobState.RUNNING, JobState.RUNNING, reason)
+            self._move(db, moves, now)
+
+    def _move(self, db: sqlite3.Connection, moves: Sequence[tuple[int, int, int, str]],
+              now: float) -> None:
+        for job_id, src, dst, reason in moves:
+            if db.execute("UPDATE jobs SET group_id=?, moving_from=?, reason=? "
+                          "WHERE job_id=? AND state=? AND group_id=?",
+                          (dst, src, reason, job_id, JobState.RUNNING.value,
+                           src)).rowcount != 1:
+                raise StateError(f"job {job_id} is no longer RUNNING in group {src}; "
+                                 "the re-plan is dropped")
+            self._log(db, now, "job", job_id, JobState.RUNNING, JobState.RUNNING, reason)
 
     def withdraw_move(self, job_id: int, src: int, dst: int, dst_plan: GroupPlan,
                       reason: str, now: float, src_plan: GroupPlan | None = None) -> None:
@@ -469,11 +473,14 @@ class Store:
                 db.execute("UPDATE groups SET plan=? WHERE group_id=?", (plan.to_json(), gid))
 
     def commit_placement(self, groups: Sequence[tuple[int, str, GroupPlan, bool]],
-                         placed: Sequence[tuple[int, int, str]], now: float) -> None:
+                         placed: Sequence[tuple[int, int, str]], now: float,
+                         moves: Sequence[tuple[int, int, int, str]] = ()) -> None:
         """Write new/changed group plans and move jobs PENDING -> PLACED, atomically.
 
-        ``groups``: (group id, label, plan, is_new); ``placed``: (job id, group id, reason).
-        StalePlacement (nothing written) if one of them is no longer PENDING.
+        ``groups``: (group id, label, plan, is_new); ``placed``: (job id, group id, reason);
+        ``moves``: running jobs re-placed with them (as :meth:`commit_moves`).
+        StalePlacement (nothing written) if one of them is no longer PENDING; StateError
+        (nothing written) if a moved one is no longer RUNNING where it was.
         """
         with self._tx() as db:
             ids = [job_id for job_id, _, _ in placed]
@@ -490,3 +497,4 @@ class Store:
                 db.execute("UPDATE jobs SET state=?, group_id=?, reason='' WHERE job_id=?",
                            (JobState.PLACED.value, gid, job_id))
                 self._log(db, now, "job", job_id, src, JobState.PLACED, reason)
+            self._move(db, moves, now)

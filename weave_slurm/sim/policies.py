@@ -184,7 +184,7 @@ class SimPolicy:
     # re-plans taken only where weaved can carry every move out: onto nodes the new
     # group holds, or waiting for them while the old group's plan stays the one the job
     # runs (placement.replan.waiting_moves); ``weave-live``: consolidation and the
-    # periodic re-plan, no re-placement of recent arrivals (docs/daemon.md
+    # periodic re-plan, and recent arrivals re-placed with each new one (docs/daemon.md
     # "Re-planning running jobs")
     weaved_moves: bool = False
     regroup: bool = False
@@ -205,7 +205,7 @@ class SimPolicy:
                 "regroup": "weave"}.get(name, name)
         weave, live = name == "weave", name == "weave-live"
         return cls(name, make_policy(base, seed), consolidate=weave or live,
-                   replace_recent=weave, replan=weave or live, weaved_moves=live,
+                   replace_recent=weave or live, replan=weave or live, weaved_moves=live,
                    regroup=name == "regroup", optimal=name == "optimal",
                    pooling=base == "weave", colocating=base == "weave")
 

@@ -185,7 +185,7 @@ class Replay:
         if self.policy.replace_recent and self.opt.recent_jobs > 0:
             active = [j for j in self.recent if self.runs[j].group_id is not None]
             self.recent = active[-self.opt.recent_jobs:]
-            self._take(replace_jobs(self.policy.placement, self.state, self.recent,
+            self._take(replace_jobs(self.policy.placement, self._planning(), self.recent,
                                     self._remaining(), free=[j.job_id for j in jobs],
                                     local=self.opt.recent_local))
 
