@@ -124,20 +124,24 @@ def end_as_solo(w: Weaved, sock: Path, run: Widened, timeout_s: float = 300) -> 
     shares = [a for a in w.store.allocs(run.group, live_only=False) if a.role == "rollout"]
     assert all(a.gpus_per_node < 8 for a in shares), shares   # shares, not nodes
     assert len(shares) >= 2, shares   # the first row and the one the fourth added
-    for j, seed in run.seeds.items():
-        solo = run_solo(MemberSpec(str(j), seed=seed, steps=run.steps[j], options=POOLED))
+    _each_as_solo(w, run.seeds, run.steps)
+
+
+def _each_as_solo(w: Weaved, seeds: dict[int, int], steps: dict[int, int]) -> None:
+    """Each job's final weights are its solo run's (job -> seed, job -> steps)."""
+    for j, seed in seeds.items():
+        solo = run_solo(MemberSpec(str(j), seed=seed, steps=steps[j], options=POOLED))
         live = w.driver.live(j)
         assert live is not None and live["weights_sha256"] == weights_digest(solo.weights)
 
 
 @dataclass(frozen=True)
 class Narrowed:
-    """What the narrowing scenario saw: the jobs (id -> seed, steps), the one left, the
-    group and the rollout row that gave a node back."""
+    """What the narrowing scenario saw: the jobs (id -> seed, steps), the group and the
+    rollout row that gave a node back."""
 
     seeds: dict[int, int]
     steps: dict[int, int]
-    left: int
     group: int
     row: AllocRow
 
@@ -175,7 +179,7 @@ def narrow_after_a_departure(w: Weaved, sock: Path, seed: int, steps: int = 120,
                 for a in w.store.allocs(group.group_id, live_only=False)]
         raise AssertionError(f"{exc}; plans {plans}; rows {held}") from None
     assert weaved.state_of(sock, narrow) == "RUNNING"   # given back while it runs
-    return Narrowed({wide: seed, narrow: seed + 1}, {wide: short, narrow: steps}, narrow,
+    return Narrowed({wide: seed, narrow: seed + 1}, {wide: short, narrow: steps},
                     group.group_id, row)
 
 
@@ -183,8 +187,5 @@ def end_narrowed_as_solo(w: Weaved, sock: Path, run: Narrowed, timeout_s: float 
     """Both jobs COMPLETED with their solo run's weights."""
     rows = weaved.wait_states(sock, list(run.seeds), {"COMPLETED", "FAILED"}, timeout_s, [])
     assert [r["state"] for r in rows] == ["COMPLETED"] * 2, rows
-    for j, seed in run.seeds.items():
-        solo = run_solo(MemberSpec(str(j), seed=seed, steps=run.steps[j], options=POOLED))
-        live = w.driver.live(j)
-        assert live is not None and live["weights_sha256"] == weights_digest(solo.weights)
+    _each_as_solo(w, run.seeds, run.steps)
 

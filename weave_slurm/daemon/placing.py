@@ -111,13 +111,13 @@ class Placer:
                     if isinstance(d, Placement)]
         joint = None if self.with_arrivals is None or not arrivals or not with_arrivals else \
             self.with_arrivals(before, result.state, arrivals, groups, allocs)
-        after = result.state if joint is None else joint.state
         writes = membership.plan_writes(before, result.state, groups, allocs, self.instance) \
             if joint is None else joint.writes
         placed = []
         for job, decision in zip(pending, result.decisions, strict=True):
             if isinstance(decision, Placement):
-                gid = after.job_group[str(job.job_id)]
+                gid = decision.group_id if joint is None else \
+                    joint.state.job_group[str(job.job_id)]
                 placed.append((job.job_id, gid, f"{decision.admission.value} into group {gid}"
                                + ("" if joint is None else ", re-placed with recent arrivals")))
                 why = colocating.barrier(job, self.site) if colo else None
