@@ -5,6 +5,7 @@ rollout rows hold some GPUs of a node, not the node; their shape, the wants a pl
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +14,8 @@ from weave_slurm.daemon.allocplan import ROLLOUT, RowShape, Want
 from weave_slurm.daemon.records import AllocRow, GroupPlan, MemberPlan
 from weave_slurm.daemon.states import AllocState
 from weave_slurm.errors import ConfigError
+from weave_slurm.runtime.group import NodeRef
+from weave_slurm.vocab import Pool
 
 
 def _share(key: int, node: str, gpus: int, state: AllocState = AllocState.HELD) -> AllocRow:
@@ -69,3 +72,27 @@ def test_a_pooled_plan_is_stored_with_its_width() -> None:
     assert plan.without({8}) == replace(plan, members=plan.members[:1])   # keeps its width
     nested = replace(plan, then=replace(plan, members=plan.members[1:]))
     assert GroupPlan.from_json(nested.to_json()) == nested
+
+
+def test_a_node_whose_allocation_ended_is_lost_though_another_holds_it_again() -> None:
+    """Slurm gave a node set DOWN back, to the allocation that replaced the lost one:
+    the runtime's node of the old allocation is lost all the same (its daemon is gone;
+    the new allocation's is another). Without allocation ids (the local backend) a
+    node is lost only when no held allocation names it."""
+    def ref(name: str, alloc_id: str | None) -> NodeRef:
+        return NodeRef(name, Pool.ROLLOUT, Path(f"/run/{name}.sock"),
+                       None if alloc_id is None else "10.0.0.1", 1, alloc_id)
+
+    old = _share(1, "h20-0", 8, AllocState.LOST)   # alloc id 101
+    new = _share(2, "h20-0", 8)                   # alloc id 102, the same node
+    other = _share(3, "h20-1", 8)                  # alloc id 103
+
+    def by_node(_: AllocRow, node: str) -> str:
+        return node
+
+    layout = (ref("h20-0", "101"), ref("h20-1", "103"))
+    assert allocplan.lost_nodes(layout, (old, new, other), by_node) == [layout[0]]
+    assert allocplan.lost_nodes((ref("h20-0", "102"),), (old, new), by_node) == []
+    assert allocplan.lost_nodes((ref("h20-0", None),), (old, new), by_node) == []
+    assert allocplan.lost_nodes((ref("h20-0", None),), (old,), by_node) \
+        == [ref("h20-0", None)]

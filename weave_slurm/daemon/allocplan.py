@@ -46,12 +46,16 @@ group keeps an unpinned node of a row it holds, as before.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from weave_slurm.daemon.records import AllocRow, GroupPlan, MemberPlan
 from weave_slurm.daemon.states import AllocState
 from weave_slurm.errors import ConfigError, StateError
+
+if TYPE_CHECKING:
+    from weave_slurm.runtime.group import NodeRef
 
 ROLLOUT, TRAIN = "rollout", "train"
 _LIVE = frozenset({AllocState.WANTED, AllocState.ALLOCATING, AllocState.HELD})
@@ -264,3 +268,18 @@ def needs(plan: GroupPlan, allocs: Sequence[AllocRow]) -> Needs:
         wants.append(Want(TRAIN, fixed.train_nodes - have,
                           replaces=any(a.state is AllocState.LOST for a in train)))
     return Needs(fixed, tuple(wants), tuple(surplus(fixed, allocs)))
+
+
+def lost_nodes(refs: Sequence[NodeRef], allocs: Sequence[AllocRow],
+               key: Callable[[AllocRow, str], str]) -> list[NodeRef]:
+    """The nodes of ``refs`` (a group runtime's layout) that no held allocation holds
+    now (``key``: a node's daemon key in a row). A node whose allocation is known
+    (``NodeRef.alloc_id``: on Slurm) is lost once that allocation is, even where
+    another one holds the same node again: Slurm may give a node set DOWN and back to
+    the allocation that replaces the lost one, whose node daemon is another (its own
+    port), and the runtime must attach to that one."""
+    held = {(key(a, n), a.alloc_id) for a in allocs if a.state is AllocState.HELD
+            for n in a.held_nodes}
+    names = {name for name, _ in held}
+    return [r for r in refs if r.name not in names
+            or (r.alloc_id is not None and (r.name, r.alloc_id) not in held)]

@@ -68,7 +68,7 @@ from weave_slurm.daemon.member_specs import member_spec
 from weave_slurm.daemon.node_answers import first_silent, tell_to_leave
 from weave_slurm.daemon.records import AllocRow, GroupRow, JobRow
 from weave_slurm.daemon.runtime_view import LiveRows, member_row
-from weave_slurm.daemon.states import AllocState, GroupState, JobState
+from weave_slurm.daemon.states import GroupState, JobState
 from weave_slurm.daemon.store import Store
 from weave_slurm.daemon.waits import Deadlines, GroupWaits, WaitCause, answer_cause
 from weave_slurm.errors import WeaveError
@@ -363,9 +363,8 @@ class GroupRuntime:
         ``Detach`` decides once the group is active on a new allocation."""
         gid, port = slot.group_id, slot.port
         assert port is not None
-        held = {self.key(a, n) for a in allocs if a.state is AllocState.HELD
-                for n in a.held_nodes}
-        lost = [r for r in (*port.layout.rollout, *port.layout.train) if r.name not in held]
+        lost = allocplan.lost_nodes((*port.layout.rollout, *port.layout.train), allocs,
+                                    self.key)
         if not lost:
             return []
         log.warning("group %s: lost %s; detaching its runtime until it is active again", gid,
