@@ -33,10 +33,11 @@ def plan(
     policy: Annotated[str, typer.Option(help="weave, isolated or colocated.")] = "weave",
     max_group_size: Annotated[int | None, typer.Option(min=1, help="Override the site's "
                                                        "limits.max_group_size.")] = None,
-    rollout: Annotated[str, typer.Option(
-        "--rollout", help="weave's groups: pinned (whole rollout nodes, as weaved runs them) "
-        "or pooled (rollout GPUs every member spans in turn; docs/placement.md).")
-                       ] = "pinned",
+    rollout: Annotated[str | None, typer.Option(
+        "--rollout", help="weave's groups: pinned (whole rollout nodes, each member pinned "
+        "to some) or pooled (rollout GPUs every member spans in turn; docs/placement.md). "
+        "Default: the site's \\[limits] rollout, as weaved runs them.")
+                       ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
     out: Annotated[Path | None, typer.Option("--out", help="Also write the JSON here.")] = None,
 ) -> None:
@@ -45,8 +46,8 @@ def plan(
         sim_only = ", ".join(sorted(set(POLICIES) - set(PLAN_POLICIES)))
         raise ConfigError(f"--policy '{policy}': valid choices: {', '.join(PLAN_POLICIES)}"
                           f" (the simulator also has: {sim_only})")
-    pooled = RolloutSharing.parse(rollout) is RolloutSharing.POOLED
     site_cfg = load_site_or_default(site)
+    pooled = RolloutSharing.parse(rollout or site_cfg.limits.rollout) is RolloutSharing.POOLED
     specs = [load_job(p) for p in jobs]
     seen: dict[str, str] = {}
     profiles = []
