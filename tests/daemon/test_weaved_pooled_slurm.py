@@ -5,7 +5,8 @@ group on GPU shares of the two h20 hosts, a fourth arrives and the pool widens m
 Each share's node daemon is a step of its own allocation on its host; every engine of a
 member is a worker there. One of the fourth's engines on the new row is SIGKILLed from
 its host while it rolls out: the member is recovered. Each job ends with its solo run's
-weights."""
+weights. A pool as wide as both h20 hosts gives one back (``scontrol update``) to admit a
+job that waits, whose own pool Slurm then grants there (daemon/room.py)."""
 
 from __future__ import annotations
 
@@ -19,9 +20,11 @@ from tests.harness import weaved
 from tests.harness.hosts import kill_running_worker, kill_until_recovered, weaved_dirs
 from tests.harness.pooled_run import (
     SITE,
+    end_admitted_as_solo,
     end_as_solo,
     end_narrowed_as_solo,
     narrow_after_a_departure,
+    narrow_to_admit,
     widen_for_a_fourth,
 )
 from tests.harness.scratch import public_dir
@@ -37,12 +40,14 @@ pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.slow,
 
 
 @contextmanager
-def pooled_weaved(slurm_cluster: SessionCluster, instance: str) -> Iterator[Weaved]:
-    """A weaved of the group runtime with pools on (``SITE``) on the session's cluster."""
+def pooled_weaved(slurm_cluster: SessionCluster, instance: str, text: str = SITE
+                  ) -> Iterator[Weaved]:
+    """A weaved of the group runtime with pools on (``text``: its site) on the session's
+    cluster."""
     dirs = weaved_dirs(slurm_cluster.cluster, instance)
     with public_dir(f"weaved-slurm-{instance}-") as public:
         site = public / "site.toml"
-        site.write_text(weaved.smoke_site(SITE))
+        site.write_text(weaved.smoke_site(text))
         with weaved.serving_on_slurm(weaved.rl_on_slurm(dirs, instance,
                                                         dict(slurm_cluster.env), public,
                                                         site)) as w:
@@ -85,3 +90,22 @@ def test_a_narrower_pool_gives_a_node_back_to_slurm_and_its_member_ends_as_solo(
                  f"Slurm to list allocation {row.alloc_id} on {row.held_nodes}",
                  interval_s=0.2, until=lambda listed: listed.get(row.alloc_id) == row.held_nodes)
         end_narrowed_as_solo(w, w.config.socket, run)
+
+
+def test_a_pool_gives_a_host_back_to_admit_a_job_and_each_ends_as_solo(
+        slurm_cluster: SessionCluster) -> None:
+    """The first job's pool holds all 8 GPUs of both h20 hosts; the second may not join
+    it (groups of one), so weaved narrows it to one host: its members re-pinned there,
+    the other host given back to Slurm, on which Slurm then grants the second's pool."""
+    one = SITE.replace('rollout = "pooled"', 'rollout = "pooled"\nmax_group_size = 1')
+    with pooled_weaved(slurm_cluster, f"pa{os.getpid()}", one) as w:
+        run = narrow_to_admit(w, w.config.socket, 41)
+        assert run.was == 16, run
+        slurm = SlurmCliBackend(env=slurm_cluster.env)
+        listed = {a.alloc_id: a.nodes for a in slurm.list_allocations()}
+        rows = [a for g in (run.wide, run.second)
+                for a in w.store.allocs(g, live_only=False) if a.role == "rollout"]
+        held = [listed.get(a.alloc_id) for a in rows if a.alloc_id in listed]
+        assert sorted(len(n) for n in held) == [1, 1], (rows, listed)   # a host each
+        assert len({n for nodes in held for n in nodes}) == 2, (rows, listed)
+        end_admitted_as_solo(w, w.config.socket, run, timeout_s=420)

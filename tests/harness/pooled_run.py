@@ -189,3 +189,43 @@ def end_narrowed_as_solo(w: Weaved, sock: Path, run: Narrowed, timeout_s: float 
     assert [r["state"] for r in rows] == ["COMPLETED"] * 2, rows
     _each_as_solo(w, run.seeds, run.steps)
 
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """What the admission scenario saw: the jobs (id -> seed, steps), the wide pool's
+    group and the width it held before the second job came, the second's group."""
+
+    seeds: dict[int, int]
+    steps: dict[int, int]
+    wide: int
+    was: int
+    second: int
+
+
+def narrow_to_admit(w: Weaved, sock: Path, seed: int, steps: int = 40,
+                    second_steps: int = 6) -> Admitted:
+    """A job alone in a pool as wide as the rollout partition (its rollout declared
+    long: widening it is the cheapest per unit of work), and a second job that cannot
+    join it (the site's ``max_group_size = 1``): weaved narrows the first pool to the
+    whole nodes it keeps and gives the others back, and the second's pool is granted on
+    them (daemon/room.py). Returns once the second is at version 1 (the first still
+    running)."""
+    first = _submit(sock, 0, seed, steps, rollout_gpu_s=480.0)
+    _at_version(w, [first], "the first job at version 1")
+    (group,) = w.store.groups()
+    was = pooling.width(group.plan, w.store.allocs(group.group_id, live_only=False))
+    second = _submit(sock, 1, seed + 1, second_steps)
+    _at_version(w, [second], f"job {second} at version 1 beside the narrowed pool")
+    assert weaved.state_of(sock, first) == "RUNNING"   # narrowed while it runs
+    row = w.store.job(second)
+    assert row is not None and row.group_id is not None, row
+    return Admitted({first: seed, second: seed + 1}, {first: steps, second: second_steps},
+                    group.group_id, was, row.group_id)
+
+
+def end_admitted_as_solo(w: Weaved, sock: Path, run: Admitted, timeout_s: float = 300) -> None:
+    """Both jobs COMPLETED with their solo run's weights."""
+    rows = weaved.wait_states(sock, list(run.seeds), {"COMPLETED", "FAILED"}, timeout_s, [])
+    assert [r["state"] for r in rows] == ["COMPLETED"] * 2, rows
+    _each_as_solo(w, run.seeds, run.steps)

@@ -1,6 +1,7 @@
 """Pooled groups through weaved, on the LocalBackend with real node daemons
 (tests/harness/pooled_run.py): three poolable jobs in one pooled group of GPU shares, a
-fourth widens it mid-run, each ends with its solo run's weights."""
+fourth widens it mid-run, each ends with its solo run's weights; a pool as wide as the
+rollout partition is narrowed to admit a job that waits (daemon/room.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,14 @@ from collections.abc import Iterator
 import pytest
 
 from tests.harness import weaved
-from tests.harness.pooled_run import SITE, end_as_solo, widen_for_a_fourth
+from tests.harness.pooled_run import (
+    SITE,
+    end_admitted_as_solo,
+    end_as_solo,
+    narrow_to_admit,
+    widen_for_a_fourth,
+)
+from weave_slurm.daemon import pooling
 from weave_slurm.daemon.service import DaemonConfig
 
 pytestmark = [pytest.mark.torch]
@@ -28,3 +36,29 @@ def test_a_pool_of_three_widens_for_a_fourth_and_each_ends_as_solo(cfg: DaemonCo
         end_as_solo(served.weaved, cfg.socket, run)
     finally:
         weaved.stop_released(served)
+
+
+def test_a_wide_pool_is_narrowed_to_admit_a_job_and_each_ends_as_solo() -> None:
+    """The first job's pool takes both rollout nodes (16 GPUs); the second, which may not
+    join it, is placed once weaved narrows that pool to one node: the first's members
+    are re-pinned onto it, the other node is given back, and the second's pool of 8
+    GPUs is granted there. Both end with their solo weights."""
+    site = SITE.replace('rollout = "pooled"', 'rollout = "pooled"\nmax_group_size = 1')
+    with weaved.rl_site("weaved-room-", site) as cfg:
+        served = weaved.serve(cfg)
+        try:
+            w = served.weaved
+            run = narrow_to_admit(w, cfg.socket, 61)
+            assert run.was == 16, run   # both rollout nodes, 8 GPUs of each
+            first = w.store.group(run.wide)
+            assert first is not None
+            rows = [a for a in w.store.allocs(run.wide, live_only=False)
+                    if a.role == "rollout"]
+            assert pooling.width(first.plan, rows) == 8, (first.plan, rows)
+            assert [a.gone for a in rows if a.gone], rows   # a node given back
+            second = [a for a in w.store.allocs(run.second, live_only=False)
+                      if a.role == "rollout"]
+            assert [(a.node_count, a.gpus_per_node) for a in second] == [(1, 8)], second
+            end_admitted_as_solo(w, cfg.socket, run)
+        finally:
+            weaved.stop_released(served)

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 
-from weave_slurm.daemon import allocplan, pooling
+from weave_slurm.daemon import allocplan, pooling, room
 from weave_slurm.daemon.records import AllocRow, GroupPlan, GroupRow, JobRow, MemberPlan
 from weave_slurm.errors import ConfigError
 from weave_slurm.placement import Capacity, ClusterState, Group, Member, depart, pool_shrink
@@ -39,8 +39,7 @@ from weave_slurm.slurm.backend import DEFAULT_INSTANCE
 
 #: Members of a group in these states count for placement (they hold warm state).
 _LIVE = frozenset({"PLACED", "RUNNING", "CANCELLING"})
-#: Each group's allocation rows (every state), by group id.
-GroupAllocs = Mapping[int, Sequence[AllocRow]]
+GroupAllocs = room.GroupAllocs
 
 
 def node_slots(plan: GroupPlan, allocs: Sequence[AllocRow] = ()) -> tuple[int, ...]:
@@ -50,13 +49,15 @@ def node_slots(plan: GroupPlan, allocs: Sequence[AllocRow] = ()) -> tuple[int, .
 
 def plan_of(group: Group, before: GroupPlan | None = None,
             allocs: Sequence[AllocRow] = (), capacity: Capacity | None = None,
-            remaining_s: Mapping[str, float] | None = None, free_gpus: int = 0) -> GroupPlan:
+            remaining_s: Mapping[str, float] | None = None, free_gpus: int = 0,
+            stripe: int | None = None) -> GroupPlan:
     """The stored plan of placement's ``group``, which was ``before`` (None: a new
     group), its node indices named as slots (see module doc). A pool's rows may be
     replaced by a smaller row where ``capacity`` is given and that pays over its
     members' ``remaining_s``, its new row beside the old or in the rollout pool's
     ``free_gpus`` (daemon/pooling.py, "A replacement of rows"); a new pool's first row
-    is striped over ``capacity``'s ``placement.pooled.stripe_nodes`` (none given: one)."""
+    is striped over ``stripe`` nodes (None: ``capacity``'s ``placement.pooled.stripe_nodes``;
+    no capacity either: one; daemon/room.py ``stripe``)."""
     if group.pooled:   # a pool of GPU shares: every member on every node of it
         pays = None if capacity is None else pool_shrink.shrink_pays(
             group, capacity, pool_shrink.pool_horizon(group, remaining_s))
@@ -64,7 +65,7 @@ def plan_of(group: Group, before: GroupPlan | None = None,
             [(int(m.job.job_id), m.turns) for m in group.members], group.train_nodes,
             group.pool_gpus, group.gpus_per_node, step_gpus([m.job for m in group.members]),
             before, allocs, pays, free_gpus,
-            1 if capacity is None else stripe_nodes(capacity))
+            stripe if stripe is not None else 1 if capacity is None else stripe_nodes(capacity))
     slot = _slots_for(group, before, allocs)
     plan = GroupPlan(group.rollout_nodes, group.train_nodes,
                      tuple(MemberPlan(int(m.job.job_id), tuple(slot[p] for p in m.rollout_pins),
@@ -157,20 +158,24 @@ def plan_writes(before: ClusterState, after: ClusterState, groups: Sequence[Grou
     (``remaining_s``: each running job's remaining seconds, where known)."""
     rows = {g.group_id: g for g in groups}
     free = pool_shrink.free_gpus(before, after)
-    out = []
-    for g in after.groups:
+    plans = {g.group_id: g.plan for g in groups if g.state.value in ("FORMING", "ACTIVE")}
+    out: dict[int, tuple[int, str, GroupPlan, bool]] = {}
+    # the groups it had first, then the new ones: a new pool stripes over the nodes
+    # the others leave wholly free (daemon/room.py ``stripe``)
+    for g in sorted(after.groups, key=lambda g: (g.group_id not in rows, g.group_id)):
         old = before.by_id.get(g.group_id)
         if old is not None and (old.members, old.rollout_nodes, old.train_nodes,
                                 old.colocated, old.pool_gpus) \
                 == (g.members, g.rollout_nodes, g.train_nodes, g.colocated, g.pool_gpus):
             continue
         row = rows.get(g.group_id)
-        out.append((g.group_id, group_label(instance, g.group_id),
-                    plan_of(g, row.plan if row is not None else None,
-                            allocs.get(g.group_id, ()), after.capacity, remaining_s,
-                            free),
-                    old is None))
-    return out
+        stripe = room.stripe(after.capacity, g.pool_gpus, plans, allocs) \
+            if g.pooled and row is None else None
+        plan = plan_of(g, row.plan if row is not None else None, allocs.get(g.group_id, ()),
+                       after.capacity, remaining_s, free, stripe)
+        plans[g.group_id] = plan
+        out[g.group_id] = (g.group_id, group_label(instance, g.group_id), plan, old is None)
+    return [out[g.group_id] for g in after.groups if g.group_id in out]
 
 
 def free_rollout_gpus(capacity: Capacity, groups: Sequence[GroupRow], jobs: Sequence[JobRow],

@@ -14,6 +14,10 @@ the batch's arrivals, the arrivals at no charge (not started), and where that pa
 the running jobs' moves are charged, the arrivals are placed where it puts them and the
 moves are written in the same transaction (``Replanner.with_arrivals``,
 daemon/replanning.py; the group runtime carries the moves out at step boundaries).
+
+Where weaved pools rollout and a batch leaves jobs waiting for room, pools are narrowed
+to admit them, one more at a time, and the batch is placed again; where that places
+more, the narrower plans are written with the placement (daemon/room.py).
 """
 
 from __future__ import annotations
@@ -23,15 +27,17 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from weave_slurm.config.site import SiteConfig
-from weave_slurm.daemon import colocating, limits, membership, pooling
+from weave_slurm.daemon import colocating, limits, membership, pooling, room
 from weave_slurm.daemon.accounting_limits import AccountingFeed
 from weave_slurm.daemon.fault_points import FaultPoint, crossing
-from weave_slurm.daemon.records import AllocRow, GroupRow, by_group
+from weave_slurm.daemon.records import AllocRow, GroupRow, JobRow, by_group
 from weave_slurm.daemon.replanning import Accepted
 from weave_slurm.daemon.states import JobState
 from weave_slurm.daemon.store import Store
 from weave_slurm.errors import StalePlacement, StateError
+from weave_slurm.model.profile import JobProfile
 from weave_slurm.placement import (
+    BatchResult,
     Capacity,
     ClusterState,
     Placement,
@@ -96,7 +102,8 @@ class Placer:
             return
         groups = self.store.groups()
         allocs = by_group(self.store.allocs(live_only=False))
-        before = membership.cluster_state(self.capacity, groups, self.store.jobs(_LIVE_JOB),
+        live = self.store.jobs(_LIVE_JOB)
+        before = membership.cluster_state(self.capacity, groups, live,
                                           self.store.next_group_id(), allocs)
         started = time.perf_counter()   # how long the decision took: not an input to it
         colo = self.capacity.colocation
@@ -106,10 +113,14 @@ class Placer:
         result = place_batch(self.policy, before, profiles)
         if queue.priority and limits.overtaken(result.decisions):   # fair share first
             result = place_batch(self.policy, before, profiles, ordered=False)
+        roomier = self._make_room(before, result, profiles, groups, live, allocs) \
+            if pooled else None
+        result = roomier or result
         self.on_placement(time.perf_counter() - started)
         arrivals = [j.job_id for j, d in zip(pending, result.decisions, strict=True)
                     if isinstance(d, Placement)]
-        joint = None if self.with_arrivals is None or not arrivals or not with_arrivals else \
+        joint = None if self.with_arrivals is None or not arrivals or not with_arrivals \
+            or roomier is not None else \
             self.with_arrivals(before, result.state, arrivals, groups, allocs)
         writes = membership.plan_writes(before, result.state, groups, allocs, self.instance) \
             if joint is None else joint.writes
@@ -149,5 +160,28 @@ class Placer:
                      joint.gain)
         else:
             self.store.commit_placement(writes, placed, now)
-            log.info("placed jobs %s", [p[0] for p in placed])
+            log.info("placed jobs %s%s", [p[0] for p in placed], "" if roomier is None else
+                     ", narrowing the pool(s) of group(s) " + ", ".join(
+                         str(g.group_id) for g in roomier.state.groups
+                         if (b := before.by_id.get(g.group_id)) is not None
+                         and b.pool_gpus > g.pool_gpus and b.members == g.members))
         crossing(FaultPoint.PLACE_COMMITTED)
+
+    def _make_room(self, before: ClusterState, result: BatchResult,
+                   profiles: Sequence[JobProfile], groups: Sequence[GroupRow],
+                   live: Sequence[JobRow], allocs: Mapping[int, Sequence[AllocRow]]
+                   ) -> BatchResult | None:
+        """The batch placed again with pools narrowed to admit jobs that wait for room
+        (daemon/room.py), where that places more of it; None otherwise."""
+        if not any(isinstance(d, Refusal) and d.retry for d in result.decisions):
+            return None
+        placed = _placed(result)
+        for state in room.narrowings(before, groups, live, allocs):
+            again = place_batch(self.policy, state, profiles)
+            if _placed(again) > placed:
+                return again
+        return None
+
+
+def _placed(result: BatchResult) -> int:
+    return sum(isinstance(d, Placement) for d in result.decisions)
