@@ -101,7 +101,10 @@ def test_status_long_and_show_job_print_each_members_layout(
     wide = call(sock, Op.SUBMIT, spec=job_spec_toml(
         "wide", rollout_gpus=16, train_gpus=16, engine_gpus=2,
         options={"sampling": "per_prompt"}))["job"]
-    one = call(sock, Op.SUBMIT, spec=job_spec_toml("one", rollout_gpus=1, train_gpus=1))["job"]
+    # both poolable: the default site pools rollout, and a job whose batch depends on
+    # its engine count would wait for nodes of its own (the local cluster has no more)
+    one = call(sock, Op.SUBMIT, spec=job_spec_toml(
+        "one", rollout_gpus=1, train_gpus=1, options={"sampling": "per_prompt"}))["job"]
     wait_for(lambda: all(j["state"] == "RUNNING" for j in call(sock, Op.STATUS)["jobs"]), 20,
              "both jobs running")
     s = ["--socket", str(sock)]

@@ -128,8 +128,14 @@ def test_colocation_is_unset_by_default_and_read_as_a_boolean() -> None:
         parse_site(MINIMAL + "[limits]\ncolocation = 'yes'\n", "site.toml")
 
 
-def test_rollout_sharing_is_pinned_by_default_and_one_of_two_words() -> None:
-    assert parse_site(MINIMAL).limits.rollout == "pinned"
+def test_rollout_sharing_is_pooled_by_default_where_gangs_run_and_one_of_two_words() -> None:
+    assert parse_site(MINIMAL).limits.rollout == "pooled"
+    assert parse_site(MINIMAL + "[limits]\nmax_group_size = 3\n").limits.rollout == "pooled"
+    one_process = "[runtime]\ngangs = false\n"
+    assert parse_site(MINIMAL + one_process).limits.rollout == "pinned"
+    assert parse_site(MINIMAL + "[limits]\nmax_group_size = 3\n" + one_process
+                      ).limits.rollout == "pinned"
+    assert parse_site(MINIMAL + "[limits]\nrollout = 'pinned'\n").limits.rollout == "pinned"
     assert parse_site(MINIMAL + "[limits]\nrollout = 'pooled'\n").limits.rollout == "pooled"
     with pytest.raises(ConfigError, match=r"'limits.rollout'.*valid choices: pinned, pooled"):
         parse_site(MINIMAL + "[limits]\nrollout = 'shared'\n", "site.toml")

@@ -203,7 +203,7 @@ class Admitted:
     second: int
 
 
-def narrow_to_admit(w: Weaved, sock: Path, seed: int, steps: int = 40,
+def narrow_to_admit(w: Weaved, sock: Path, seed: int, steps: int = 160,
                     second_steps: int = 6) -> Admitted:
     """A job alone in a pool as wide as the rollout partition (its rollout declared
     long: widening it is the cheapest per unit of work), and a second job that cannot
@@ -216,8 +216,16 @@ def narrow_to_admit(w: Weaved, sock: Path, seed: int, steps: int = 40,
     (group,) = w.store.groups()
     was = pooling.width(group.plan, w.store.allocs(group.group_id, live_only=False))
     second = _submit(sock, 1, seed + 1, second_steps)
-    _at_version(w, [second], f"job {second} at version 1 beside the narrowed pool")
+
+    def width() -> int:
+        now = w.store.group(group.group_id)
+        assert now is not None, f"group {group.group_id} gone"
+        return pooling.width(now.plan, w.store.allocs(group.group_id, live_only=False))
+    wait_for(width, 60, f"group {group.group_id}'s pool narrowed for job {second}",
+             interval_s=0.1, until=lambda gpus: gpus < was)
     assert weaved.state_of(sock, first) == "RUNNING"   # narrowed while it runs
+    _at_version(w, [second], f"job {second} at version 1 beside the narrowed pool")
+    assert weaved.state_of(sock, first) == "RUNNING"   # still: a host was given back
     row = w.store.job(second)
     assert row is not None and row.group_id is not None, row
     return Admitted({first: seed, second: seed + 1}, {first: steps, second: second_steps},

@@ -111,12 +111,13 @@ def test_simulate_takes_rollout_pooled(tmp_path: Path,
     doc = json.loads(out.read_text())
     assert doc["site"]["rollout"] == {"weave-online": "pooled", "isolated": "pinned"}
     assert doc["policies"]["weave-online"]["slo_violations"] == 0
-    # unset: weave pools, weave-live as the site (the reference's: pinned), others pinned
+    # unset: weave pools, weave-live as the site (the reference's: gangs on, so
+    # pooled), others pinned
     assert run_app(app, "weave", ["simulate", str(src), "--policy", "weave,weave-live,"
                                   "weave-online,isolated", "--no-verify", "--json",
                                   str(out)]) == 0
     assert json.loads(out.read_text())["site"]["rollout"] == {
-        "weave": "pooled", "weave-live": "pinned", "weave-online": "pinned",
+        "weave": "pooled", "weave-live": "pooled", "weave-online": "pinned",
         "isolated": "pinned"}
     capsys.readouterr()
     assert run_app(app, "weave", ["simulate", str(src), "--rollout", "bogus"]) == 2

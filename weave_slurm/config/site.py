@@ -7,7 +7,7 @@ documents every key. Frozen dataclasses, units in names.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from weave_slurm.config.fairshare import (
@@ -75,8 +75,9 @@ class LimitsConfig:
     colocation: bool | None = None
     # how weaved's groups hold their rollout side: "pinned" (whole nodes, each member
     # pinned to some) or "pooled" (GPU shares every member's rollout spans in turn:
-    # daemon/pooling.py); the simulator's is its --rollout flag
-    rollout: str = "pinned"
+    # daemon/pooling.py); unset: pooled where [runtime] gangs is on (a pooled rollout
+    # runs as engines), else pinned (``_rollout``); the simulator's is its --rollout flag
+    rollout: str = "pooled"
     user: JobLimits = NO_LIMITS        # [limits.user]: what one user may have
     account: JobLimits = NO_LIMITS     # [limits.account]: one account, its users together
     # Slurm's associations and QOS limits too, read with sacctmgr (docs/fairshare.md)
@@ -210,7 +211,7 @@ def _site_from_data(data: object, source: str) -> SiteConfig:
             intra_pool_gbps=ntab.number("intra_pool_gbps", network.intra_pool_gbps, gt=0),
             inter_pool_gbps=ntab.number("inter_pool_gbps", network.inter_pool_gbps, gt=0))
         ntab.done()
-    limits = base.limits
+    limits = replace(base.limits, rollout="")   # unset until the site says it
     ltab = top.table("limits", required=False)
     if ltab is not None:
         limits = LimitsConfig(
@@ -219,7 +220,8 @@ def _site_from_data(data: object, source: str) -> SiteConfig:
                 "max_rollout_nodes_per_group", limits.max_rollout_nodes_per_group, ge=1),
             colocation=ltab.boolean("colocation", False) if ltab.has("colocation")
             else limits.colocation,
-            rollout=ltab.string("rollout", limits.rollout, choices=("pinned", "pooled")),
+            rollout=ltab.string("rollout", "", choices=("pinned", "pooled"))
+            if ltab.has("rollout") else "",
             user=read_limits(ltab.table("user", required=False)),
             account=read_limits(ltab.table("account", required=False)),
             from_slurm=ltab.boolean("from_slurm", limits.from_slurm),
@@ -245,15 +247,23 @@ def _site_from_data(data: object, source: str) -> SiteConfig:
         default_slo = defaults.number("slo", default_slo, ge=1.0)
         defaults.done()
     top.done()
-    if limits.rollout == "pooled" and not runtime.gangs:
-        raise ConfigError(f"{source}: [limits] rollout = 'pooled' with [runtime] gangs = "
-                          "false: a pooled member's rollout runs as one engine per GPU of its "
-                          "pool, which a member of one process cannot; valid: gangs = true, "
-                          "or rollout = 'pinned'")
+    limits = replace(limits, rollout=_rollout(limits.rollout, runtime.gangs, source))
     return SiteConfig(name=name, currency=currency, rollout=rollout, train=train,
                       network=network, limits=limits, model=model, runtime=runtime,
                       slurm=slurm, fairshare=fairshare, default_slo=default_slo,
                       source=source)
+
+
+def _rollout(said: str, gangs: bool, source: str) -> str:
+    """``[limits] rollout`` as the site said it (``""``: unset), or its default: pooled
+    where ``[runtime] gangs`` is on (not worse than pinned on any trace we ship:
+    docs/simulator.md "Pooled rollout"), else pinned."""
+    if said == "pooled" and not gangs:
+        raise ConfigError(f"{source}: [limits] rollout = 'pooled' with [runtime] gangs = "
+                          "false: a pooled member's rollout runs as one engine per GPU of its "
+                          "pool, which a member of one process cannot; valid: gangs = true, "
+                          "or rollout = 'pinned'")
+    return said or ("pooled" if gangs else "pinned")
 
 
 def _pool(r: TableReader, role: Pool, base: PoolConfig, gpus: dict[str, GpuSpec]) -> PoolConfig:

@@ -1,6 +1,7 @@
 """Pooled groups in weaved (pure): placement's pools as allocation shares, and back.
 
-With the site's ``[limits] rollout = "pooled"``, weaved's placement may put a job in a
+With the site's ``[limits] rollout = "pooled"`` (its default where ``[runtime] gangs`` is
+on: config/site.py ``_rollout``), weaved's placement may put a job in a
 *pooled* group (placement/pooled.py): the group holds ``W`` GPUs of the rollout pool
 rather than whole nodes, and each member's rollout runs, in turn order, as ``W / T``
 engines over all of them (the runtime: ``MemberSpec.pool``, runtime/pool.py).
