@@ -194,13 +194,16 @@ def end_narrowed_as_solo(w: Weaved, sock: Path, run: Narrowed, timeout_s: float 
 @dataclass(frozen=True)
 class Admitted:
     """What the admission scenario saw: the jobs (id -> seed, steps), the wide pool's
-    group and the width it held before the second job came, the second's group."""
+    group, the width it held before the second job came and its rollout row once it
+    gave a node back, and the second's group and rollout rows."""
 
     seeds: dict[int, int]
     steps: dict[int, int]
     wide: int
     was: int
+    row: AllocRow
     second: int
+    second_rows: tuple[AllocRow, ...]
 
 
 def narrow_to_admit(w: Weaved, sock: Path, seed: int, steps: int = 160,
@@ -208,32 +211,42 @@ def narrow_to_admit(w: Weaved, sock: Path, seed: int, steps: int = 160,
     """A job alone in a pool as wide as the rollout partition (its rollout declared
     long: widening it is the cheapest per unit of work), and a second job that cannot
     join it (the site's ``max_group_size = 1``): weaved narrows the first pool to the
-    whole nodes it keeps and gives the others back, and the second's pool is granted on
-    them (daemon/room.py). Returns once the second is at version 1 (the first still
-    running)."""
+    whole nodes it keeps and gives the others back while the first runs, and the
+    second's pool is granted on them (daemon/room.py). Returns once the second is at
+    version 1."""
     first = _submit(sock, 0, seed, steps, rollout_gpu_s=480.0)
     _at_version(w, [first], "the first job at version 1")
     (group,) = w.store.groups()
-    was = pooling.width(group.plan, w.store.allocs(group.group_id, live_only=False))
+    gid = group.group_id
+    was = pooling.width(group.plan, w.store.allocs(gid, live_only=False))
     second = _submit(sock, 1, seed + 1, second_steps)
 
     def width() -> int:
-        now = w.store.group(group.group_id)
-        assert now is not None, f"group {group.group_id} gone"
-        return pooling.width(now.plan, w.store.allocs(group.group_id, live_only=False))
-    wait_for(width, 60, f"group {group.group_id}'s pool narrowed for job {second}",
-             interval_s=0.1, until=lambda gpus: gpus < was)
+        now = w.store.group(gid)
+        assert now is not None, f"group {gid} gone"
+        return pooling.width(now.plan, w.store.allocs(gid, live_only=False))
+    wait_for(width, 60, f"group {gid}'s pool narrowed for job {second}", interval_s=0.1,
+             until=lambda gpus: gpus < was)
     assert weaved.state_of(sock, first) == "RUNNING"   # narrowed while it runs
+    (row,) = wait_for(lambda: [a for a in w.store.allocs(gid) if a.role == "rollout"
+                               and a.gone], 90, f"group {gid}'s pool giving a node back",
+                      interval_s=0.1, until=bool)
+    assert weaved.state_of(sock, first) == "RUNNING"   # given back while it runs
     _at_version(w, [second], f"job {second} at version 1 beside the narrowed pool")
-    assert weaved.state_of(sock, first) == "RUNNING"   # still: a host was given back
-    row = w.store.job(second)
-    assert row is not None and row.group_id is not None, row
+    job = w.store.job(second)
+    assert job is not None and job.group_id is not None, job
+    rows = tuple(a for a in w.store.allocs(job.group_id, live_only=False)
+                 if a.role == "rollout")
     return Admitted({first: seed, second: seed + 1}, {first: steps, second: second_steps},
-                    group.group_id, was, row.group_id)
+                    gid, was, row, job.group_id, rows)
 
 
 def end_admitted_as_solo(w: Weaved, sock: Path, run: Admitted, timeout_s: float = 300) -> None:
-    """Both jobs COMPLETED with their solo run's weights."""
+    """Both jobs COMPLETED with their solo run's weights; the first pool held both
+    rollout nodes and gave one back, on which the second's pool was granted."""
+    assert run.was == 16, run   # both rollout nodes, 8 GPUs of each
+    assert len(run.row.nodes) == 2 and len(run.row.gone) == 1, run.row
+    assert [(a.nodes, a.gpus_per_node) for a in run.second_rows] == [(run.row.gone, 8)], run
     rows = weaved.wait_states(sock, list(run.seeds), {"COMPLETED", "FAILED"}, timeout_s, [])
     assert [r["state"] for r in rows] == ["COMPLETED"] * 2, rows
     _each_as_solo(w, run.seeds, run.steps)
