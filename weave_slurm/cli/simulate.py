@@ -138,8 +138,9 @@ def _pooled(flag: str | None, site: str, policy: str) -> bool:
     """Whether a policy's groups may pool rollout GPUs: ``--rollout`` where given, else
     pooled for ``weave`` (not worse than pinned on any shipped trace in either
     accounting: docs/simulator.md "Pooled rollout"), the site's ``[limits] rollout`` for
-    ``weave-live`` (weaved's own setting: pooled where ``[runtime] gangs`` is on), pinned for the other policies
-    (``weave-online`` pooled is dearer than pinned in the reference accounting)."""
+    ``weave-live`` (weaved's own setting: pooled where ``[runtime] gangs`` is on), pinned
+    for the other policies (``weave-online`` pooled is dearer than pinned in the
+    reference accounting)."""
     if flag is not None:
         return RolloutSharing.parse(flag) is RolloutSharing.POOLED
     if SimPolicy.make(policy).weaved_moves:
