@@ -52,6 +52,11 @@ def alloc_request(group: GroupRow, alloc: AllocRow, immediate_s: int,
         time_limit_min=alloc.time_limit_min, account=alloc.account, qos=alloc.qos)
 
 
+#: How long (s) a rollout allocation may pend before it is asked again while a pool of
+#: this weaved still gives nodes back (daemon/room.py): it likely waits for those nodes,
+#: and weaved's loop, which the give-back needs, waits for it meanwhile.
+GIVING_BACK_IMMEDIATE_S = 1
+
 #: Fail a group's PLACED jobs with this reason (Slurm refuses its allocation as asked).
 FailPlaced = Callable[[int, str, float], None]
 #: End a step row with this reason (its allocation is being returned).
@@ -72,8 +77,9 @@ class GroupAllocations:
         self.fail_placed, self.end_step = fail_placed, end_step
         self.retry = Backoff()   # per alloc key: failed or hung allocate calls
 
-    def request(self, group: GroupRow, alloc: AllocRow) -> AllocationRequest:
-        return alloc_request(group, alloc, self.immediate_s, self.tag)
+    def request(self, group: GroupRow, alloc: AllocRow,
+                immediate_s: int | None = None) -> AllocationRequest:
+        return alloc_request(group, alloc, immediate_s or self.immediate_s, self.tag)
 
     def held(self, row: AllocRow, a: Allocation, now: float, reason: str) -> None:
         self.store.transition("alloc", row.key, AllocState.HELD, reason, now,
@@ -83,8 +89,13 @@ class GroupAllocations:
     # -- asking ------------------------------------------------------------------------
 
     def ensure(self, now: float) -> None:
-        """Ask for what each group's plan needs (pins off lost nodes first)."""
-        for group in self._groups():
+        """Ask for what each group's plan needs (pins off lost nodes first). While a pool
+        still has nodes to give back, a rollout allocation pends for at most
+        :data:`GIVING_BACK_IMMEDIATE_S` before it is asked again."""
+        groups = self._groups()
+        giving_back = any(allocplan.spare_nodes(
+            g.plan, self.store.allocs(g.group_id, live_only=False)) for g in groups)
+        for group in groups:
             rows = self.store.allocs(group.group_id, live_only=False)
             needs = allocplan.needs(group.plan, rows)
             if needs.plan != group.plan:   # before the rows that hold its new slots
@@ -97,7 +108,10 @@ class GroupAllocations:
                         and self.retry.ready(alloc.key, now):
                     if not self._wants_nodes(group.group_id):
                         break   # a sibling's refusal failed its members: it is draining
-                    self._allocate(group, alloc, now)
+                    short = giving_back and alloc.role == allocplan.ROLLOUT
+                    self._allocate(group, alloc, now,
+                                   min(self.immediate_s, GIVING_BACK_IMMEDIATE_S) if short
+                                   else None)
 
     def _groups(self) -> list[GroupRow]:
         return [g for g in self.store.groups()
@@ -144,8 +158,9 @@ class GroupAllocations:
         last = self.store.transitions("alloc", max(a.key for a in lost))
         return f": {last[-1].reason}" if last else ""
 
-    def _allocate(self, group: GroupRow, alloc: AllocRow, now: float) -> None:
-        request = self.request(group, alloc)
+    def _allocate(self, group: GroupRow, alloc: AllocRow, now: float,
+                  immediate_s: int | None = None) -> None:
+        request = self.request(group, alloc, immediate_s)
         self.store.transition("alloc", alloc.key, AllocState.ALLOCATING,
                               f"requesting {request.job_name}", now, expect=AllocState.WANTED)
         crossing(FaultPoint.ALLOC_INTENT)
