@@ -6,6 +6,7 @@ rollout partition is narrowed to admit a job that waits (daemon/room.py)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -17,24 +18,27 @@ from tests.harness.pooled_run import (
     narrow_to_admit,
     widen_for_a_fourth,
 )
-from weave_slurm.daemon.service import DaemonConfig
+from weave_slurm.daemon.service import Weaved
 
 pytestmark = [pytest.mark.torch]
 
 
-@pytest.fixture
-def cfg() -> Iterator[DaemonConfig]:
-    with weaved.rl_site("weaved-pool-", SITE) as config:
-        yield config
+@contextmanager
+def serving(prefix: str, site: str) -> Iterator[Weaved]:
+    """A weaved of the group runtime on the site ``site``, stopped with its allocations
+    released."""
+    with weaved.rl_site(prefix, site) as cfg:
+        served = weaved.serve(cfg)
+        try:
+            yield served.weaved
+        finally:
+            weaved.stop_released(served)
 
 
-def test_a_pool_of_three_widens_for_a_fourth_and_each_ends_as_solo(cfg: DaemonConfig) -> None:
-    served = weaved.serve(cfg)
-    try:
-        run = widen_for_a_fourth(served.weaved, cfg.socket, 81)
-        end_as_solo(served.weaved, cfg.socket, run)
-    finally:
-        weaved.stop_released(served)
+def test_a_pool_of_three_widens_for_a_fourth_and_each_ends_as_solo() -> None:
+    with serving("weaved-pool-", SITE) as w:
+        run = widen_for_a_fourth(w, w.config.socket, 81)
+        end_as_solo(w, w.config.socket, run)
 
 
 def test_a_wide_pool_is_narrowed_to_admit_a_job_and_each_ends_as_solo() -> None:
@@ -43,10 +47,6 @@ def test_a_wide_pool_is_narrowed_to_admit_a_job_and_each_ends_as_solo() -> None:
     are re-pinned onto it, the other node is given back, and the second's pool of 8
     GPUs is granted there. Both end with their solo weights."""
     site = SITE.replace('rollout = "pooled"', 'rollout = "pooled"\nmax_group_size = 1')
-    with weaved.rl_site("weaved-room-", site) as cfg:
-        served = weaved.serve(cfg)
-        try:
-            run = narrow_to_admit(served.weaved, cfg.socket, 61)
-            end_admitted_as_solo(served.weaved, cfg.socket, run)
-        finally:
-            weaved.stop_released(served)
+    with serving("weaved-room-", site) as w:
+        run = narrow_to_admit(w, w.config.socket, 61)
+        end_admitted_as_solo(w, w.config.socket, run)
