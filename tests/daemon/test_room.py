@@ -62,22 +62,23 @@ def _wide() -> tuple[ClusterState, list[GroupRow], list[JobRow], dict[int, list[
 
 def test_a_pool_is_narrowed_to_the_whole_nodes_it_keeps() -> None:
     state, groups, jobs, allocs = _wide()
-    (narrower,) = list(room.narrowings(state, groups, jobs, allocs))
-    assert narrower.by_id[1].pool_gpus == 8   # one node of 8: Slurm shrinks by nodes
+    (pool,) = room.candidates(state, groups, jobs, allocs)
+    assert pool.pool_gpus == 8   # one node of 8: Slurm shrinks by nodes
+    (narrower,) = room.narrowings(state, [pool])
     assert narrower.rollout_nodes_used == 1 and state.rollout_nodes_used == 2
 
 
 def test_no_pool_is_narrowed_while_it_changes() -> None:
     state, groups, jobs, allocs = _wide()
     moving = [_job(1, 1, moving_from=3)]
-    assert not list(room.narrowings(state, groups, moving, allocs))
+    assert not room.candidates(state, groups, moving, allocs)
     placed = [_job(1, 1, JobState.PLACED)]
-    assert not list(room.narrowings(state, groups, placed, allocs))
+    assert not room.candidates(state, groups, placed, allocs)
     shrinking = {1: [_row(1, 1, ["h20-0", "h20-1"], 8, gone=("h20-1",))]}
-    assert not list(room.narrowings(state, groups, jobs, shrinking))
+    assert not room.candidates(state, groups, jobs, shrinking)
     asking = {1: [_row(1, 1, [], 8, AllocState.ALLOCATING)]}
-    assert not list(room.narrowings(state, groups, jobs, asking))
+    assert not room.candidates(state, groups, jobs, asking)
     draining = [replace(groups[0], state=GroupState.DRAINING)]
-    assert not list(room.narrowings(state, draining, jobs, allocs))
+    assert not room.candidates(state, draining, jobs, allocs)
     closed = replace(state, closed=frozenset({1}))
-    assert not list(room.narrowings(closed, groups, jobs, allocs))
+    assert not room.candidates(closed, groups, jobs, allocs)

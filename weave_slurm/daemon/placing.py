@@ -17,7 +17,9 @@ daemon/replanning.py; the group runtime carries the moves out at step boundaries
 
 Where weaved pools rollout and a batch leaves jobs waiting for room, pools are narrowed
 to admit them, one more at a time, and the batch is placed again; where that places
-more, the narrower plans are written with the placement (daemon/room.py).
+more, the narrower plans are written with the placement (daemon/room.py). A narrowing
+that placed nothing more is tried again only once the batch, the groups or the pools
+that may be narrowed changed.
 """
 
 from __future__ import annotations
@@ -71,6 +73,9 @@ class Placer:
         #: the running jobs placed last re-placed with the arrivals: what to write with
         #: them (daemon/replanning.py, ``Replanner.with_arrivals``; None: never)
         self.with_arrivals: WithArrivals | None = None
+        #: the batch and groups of the last narrowing that placed nothing more: tried
+        #: again only once one of them changed (each try places the batch again)
+        self._no_room: object = None
 
     def place(self, now: float) -> None:
         """Place the pending jobs as one batch. A job cancelled while the batch was being
@@ -175,11 +180,18 @@ class Placer:
         (daemon/room.py), where that places more of it; None otherwise."""
         if not any(isinstance(d, Refusal) and d.retry for d in result.decisions):
             return None
+        narrower = room.candidates(before, groups, live, allocs)
+        key = (tuple(p.job_id for p in profiles),
+               tuple((g.group_id, g.pool_gpus) for g in narrower),
+               tuple((g.group_id, g.pool_gpus, g.job_ids) for g in before.groups))
+        if not narrower or key == self._no_room:
+            return None
         placed = _placed(result)
-        for state in room.narrowings(before, groups, live, allocs):
+        for state in room.narrowings(before, narrower):
             again = place_batch(self.policy, state, profiles)
             if _placed(again) > placed:
                 return again
+        self._no_room = key
         return None
 
 

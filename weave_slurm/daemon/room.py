@@ -6,7 +6,7 @@ on README's cluster the first example's pool took both rollout hosts (16 GPUs fo
 job of 8). That width above the fewest its members' SLOs allow is only worth taking
 from GPUs no other job needs. Two rules keep it so:
 
-- **Narrowing to admit** (:func:`narrowings`). When a placement batch leaves jobs
+- **Narrowing to admit** (:func:`candidates`). When a placement batch leaves jobs
   waiting for room, weaved narrows pools that can give back whole nodes to the fewest
   GPUs their members' SLOs allow, most GPUs freed first, one more pool at a time, and
   places the batch again (daemon/placing.py). Where that places more jobs, the narrower
@@ -77,10 +77,10 @@ def narrowed(row: GroupRow, model: Group, allocs: Sequence[AllocRow],
     return pooled_group(model.group_id, model.members, held, model.gpus_per_node)
 
 
-def narrowings(state: ClusterState, groups: Sequence[GroupRow], jobs: Sequence[JobRow],
-               allocs: GroupAllocs) -> Iterator[ClusterState]:
-    """``state`` with one more pool narrowed each time (module doc), most GPUs freed
-    first, at most :data:`MOST_NARROWED`."""
+def candidates(state: ClusterState, groups: Sequence[GroupRow], jobs: Sequence[JobRow],
+               allocs: GroupAllocs) -> list[Group]:
+    """The pools that may be narrowed now, each on the width it would hold (module doc),
+    most GPUs freed first, at most :data:`MOST_NARROWED`."""
     by_id = {j.job_id: j for j in jobs}
     found: list[tuple[int, int, Group]] = []
     for row in groups:
@@ -93,9 +93,15 @@ def narrowings(state: ClusterState, groups: Sequence[GroupRow], jobs: Sequence[J
         if narrow is not None:
             found.append((model.pool_gpus - narrow.pool_gpus, row.group_id, narrow))
     found.sort(key=lambda f: (-f[0], f[1]))
+    return [narrow for _, _, narrow in found[:MOST_NARROWED]]
+
+
+def narrowings(state: ClusterState, narrower: Sequence[Group]) -> Iterator[ClusterState]:
+    """``state`` with one more of the ``narrower`` pools (:func:`candidates`) in place of
+    its own each time."""
     swap: dict[int, Group] = {}
-    for _, gid, narrow in found[:MOST_NARROWED]:
-        swap[gid] = narrow
+    for narrow in narrower:
+        swap[narrow.group_id] = narrow
         yield ClusterState(state.capacity, tuple(swap.get(g.group_id, g) for g in state.groups),
                            state.next_group_id, state.closed)
 
