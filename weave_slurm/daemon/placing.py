@@ -135,7 +135,8 @@ class Placer:
                 gid = decision.group_id if joint is None else \
                     joint.state.job_group[str(job.job_id)]
                 placed.append((job.job_id, gid, f"{decision.admission.value} into group {gid}"
-                               + ("" if joint is None else ", re-placed with recent arrivals")))
+                               + ("" if joint is None else ", re-placed with recent arrivals")
+                               + ("" if roomier is None else ", a pool narrowed to make room")))
                 why = colocating.barrier(job, self.site) if colo else None
                 if why is not None:
                     log.info("job %s: placed disaggregated, never co-located: %s",
