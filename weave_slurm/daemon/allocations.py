@@ -93,10 +93,10 @@ class GroupAllocations:
         still has nodes to give back, a rollout allocation pends for at most
         :data:`GIVING_BACK_IMMEDIATE_S` before it is asked again."""
         groups = self._groups()
-        giving_back = any(allocplan.spare_nodes(
-            g.plan, self.store.allocs(g.group_id, live_only=False)) for g in groups)
+        held = {g.group_id: self.store.allocs(g.group_id, live_only=False) for g in groups}
+        giving_back = any(allocplan.spare_nodes(g.plan, held[g.group_id]) for g in groups)
         for group in groups:
-            rows = self.store.allocs(group.group_id, live_only=False)
+            rows = held[group.group_id]   # only this group's own acts below change them
             needs = allocplan.needs(group.plan, rows)
             if needs.plan != group.plan:   # before the rows that hold its new slots
                 self.store.update("group", group.group_id, plan=needs.plan.to_json())
