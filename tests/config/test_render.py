@@ -153,3 +153,16 @@ def test_the_code_keys_are_top_level_keys() -> None:
     assert 'workdir = "/home/a/proj"\n' in head and 'python = "/home/a/venv/bin/python"\n' \
         in head and 'pythonpath = ["/home/a/proj/src", "/home/a/x y"]\n' in head
     assert "workdir" not in job_spec_toml("plain")
+
+
+def test_a_key_that_ends_in_a_newline_is_quoted_not_written_bare() -> None:
+    """A bare-key check anchored with ``$`` let "0\\n" through (``$`` matches before a
+    final newline), and the key was written bare, as "0": two keys became one."""
+    text = job_spec_toml("x", options={"0": "", "0\n": {"k": "v"}})
+    assert options_dict(parse_job(text).options) == {"0": "", "0\n": {"k": "v"}}
+
+
+@pytest.mark.parametrize("name", ["job\n", "job\n#SBATCH --uid=0"])
+def test_a_job_name_with_a_newline_is_refused(name: str) -> None:
+    with pytest.raises(ConfigError, match="name"):
+        parse_job(job_spec_toml(name))

@@ -22,9 +22,9 @@ FORMS = ("YYYY-MM-DD[THH:MM[:SS]]", "HH:MM[:SS]", "now[{+|-}N[seconds|minutes|ho
          "weeks]]", "today", "midnight", "noon")
 _UNITS = {"": 1, "s": 1, "sec": 1, "second": 1, "min": 60, "minute": 60, "h": 3600,
           "hour": 3600, "d": 86400, "day": 86400, "w": 604800, "week": 604800}
-_NOW = re.compile(r"^now(?:([+-])(\d+)([a-z]*))?$")
-_DATE = re.compile(r"^(\d{4})-(\d{2})-(\d{2})(?:T(\d{2}):(\d{2})(?::(\d{2}))?)?$")
-_CLOCK = re.compile(r"^(\d{2}):(\d{2})(?::(\d{2}))?$")
+_NOW = re.compile(r"^now(?:([+-])(\d+)([a-z]*))?\Z")
+_DATE = re.compile(r"^(\d{4})-(\d{2})-(\d{2})(?:T(\d{2}):(\d{2})(?::(\d{2}))?)?\Z")
+_CLOCK = re.compile(r"^(\d{2}):(\d{2})(?::(\d{2}))?\Z")
 
 
 def parse_time(text: str, now: float, flag: str = "") -> float:

@@ -36,7 +36,7 @@ class Algorithm(StrEnum):
         return self is Algorithm.PPO
 
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 #: ``builtin:<name>`` or ``package.module:factory`` (what workloads.entry can load).
 _DOTTED = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
 ENTRY_RE = re.compile(rf"^(?:builtin:[A-Za-z0-9][A-Za-z0-9._-]*|{_DOTTED}:{_DOTTED})$")

@@ -25,7 +25,7 @@ OptionInput = Scalar | Sequence[Scalar] | Mapping[str, "OptionInput"]
 #: A value of a spec's table: a scalar, a list of scalars (``pythonpath``) or a table.
 Value = OptionInput
 
-_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+\Z")
 
 
 def job_spec_toml(name: str, *, slo: float | None = 3.0,

@@ -29,7 +29,7 @@ from weave_slurm.config.site import MAX_TIME_LIMIT_MIN, SlurmConfig
 from weave_slurm.errors import ConfigError, InfeasibleRequest
 
 #: A Slurm account or QOS name (as the site's ``[slurm]`` table takes them).
-SLURM_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+SLURM_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}\Z")
 TIME_FORMATS = "M, M:S, H:M:S, D-H, D-H:M or D-H:M:S (e.g. 90, 1:30:00, 2-12)"
 #: Longest ``--output``/``--error`` pattern accepted.
 MAX_LOG_PATTERN = 1024

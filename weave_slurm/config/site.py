@@ -98,7 +98,7 @@ class ModelConfig:
 
 #: What Slurm accepts in an account or QOS name (sacctmgr's own rule is looser; these
 #: never need quoting in an argv, a comment or a log line).
-_SLURM_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_SLURM_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}\Z")
 #: The longest time limit a site may set (365 days, in minutes).
 MAX_TIME_LIMIT_MIN = 365 * 24 * 60
 

@@ -104,7 +104,7 @@ BY_FLAG = {d.flag: d for d in DIRECTIVES}
 SCRIPT_REQUIRED = ("model-params-b", "rollout-gpus", "train-gpus", "max-tokens")
 SCRIPT_DEFAULTS: dict[str, Any] = {"rollout": {"prompts_per_step": 64, "samples_per_prompt": 8}}
 _NAME_BAD = re.compile(r"[^A-Za-z0-9._-]")
-_BARE = re.compile(r"^[A-Za-z0-9_-]+$")
+_BARE = re.compile(r"^[A-Za-z0-9_-]+\Z")
 _SWITCHES = ("cooperative", "solo", "hold")   # options that take no value (on when given)
 
 

@@ -26,7 +26,7 @@ DEFAULT_ROOT = Path("/dev/shm/weave")
 
 INDEX_FORMAT = 1
 DEFAULT_ALIGN_BYTES = 64
-NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$")
+NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}\Z")
 
 # dtype name -> bytes per element; the only dtypes a segment can hold.
 DTYPE_ITEMSIZE: dict[str, int] = {

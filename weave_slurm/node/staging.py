@@ -37,7 +37,7 @@ from weave_slurm.node.segments import STAGE_MARK, SegmentStore, map_file, tensor
 if TYPE_CHECKING:
     import torch
 
-_TOKEN_RE = re.compile(r"^[0-9a-f]{16}$")
+_TOKEN_RE = re.compile(r"^[0-9a-f]{16}\Z")
 
 
 @dataclass(frozen=True)

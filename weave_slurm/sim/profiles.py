@@ -26,7 +26,7 @@ from weave_slurm.data import reference_file
 from weave_slurm.errors import ConfigError
 
 PLACEMENTS = ("disagg", "colo")
-_KIND_RE = re.compile(r"^(\d+(?:\.\d+)?)B_(\d+)k$")
+_KIND_RE = re.compile(r"^(\d+(?:\.\d+)?)B_(\d+)k\Z")
 
 
 @dataclass(frozen=True, slots=True)

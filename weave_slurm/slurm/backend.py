@@ -28,10 +28,10 @@ from weave_slurm.slurm.command_runner import PipedProcess
 NAME_PREFIX = "weave-"
 #: The instance tag of a weaved started without ``--instance``.
 DEFAULT_INSTANCE = "default"
-_INSTANCE_RE = re.compile(r"^[A-Za-z0-9_]+$")
-_GROUP_RE = re.compile(r"^[A-Za-z0-9_.]+$")
-_POOL_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
-_CHARGE_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")   # an account or QOS name
+_INSTANCE_RE = re.compile(r"^[A-Za-z0-9_]+\Z")
+_GROUP_RE = re.compile(r"^[A-Za-z0-9_.]+\Z")
+_POOL_RE = re.compile(r"^[A-Za-z0-9_.-]+\Z")
+_CHARGE_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}\Z")   # an account or QOS name
 
 
 class AllocationState(enum.Enum):

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 from weave_slurm.errors import ConfigError
 
-_RANGE_RE = re.compile(r"^(\d+)(?:-(\d+))?$")
+_RANGE_RE = re.compile(r"^(\d+)(?:-(\d+))?\Z")
 
 
 def _split_top(expr: str) -> list[str]:
@@ -56,7 +56,7 @@ def expand(expr: str) -> tuple[str, ...]:
     return tuple(name for item in _split_top(expr) for name in _expand_one(item, expr))
 
 
-_NAME_RE = re.compile(r"^(.*?)(\d+)$")
+_NAME_RE = re.compile(r"^(.*?)(\d+)\Z")
 
 
 def compress(names: Iterable[str]) -> str:

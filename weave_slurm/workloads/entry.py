@@ -19,7 +19,7 @@ from weave_slurm.workloads.builtins import targets
 #: Built-in jobs: name -> "module:factory" (imported lazily; workloads/builtins.py).
 BUILTINS: dict[str, str] = dict(targets())
 
-_DOTTED = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
+_DOTTED = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*\Z")
 
 
 def resolve(entry_point: str) -> str:
